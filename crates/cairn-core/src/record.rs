@@ -1,0 +1,267 @@
+//! What the journal and the event log hold: step records, lifecycle records and errors.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::time::Timestamp;
+
+/// An error as Cairn stores and shows it: Cloudflare's `{name, message}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// The error's class, e.g. `Error`, `NonRetryableError`, `WorkflowTimeoutError`.
+    pub name: String,
+    /// The human-readable message.
+    pub message: String,
+}
+
+impl ErrorInfo {
+    /// Builds an error record.
+    pub fn new(name: impl Into<String>, message: impl Into<String>) -> Self {
+        ErrorInfo {
+            name: name.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ErrorInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.message.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}: {}", self.name, self.message)
+        }
+    }
+}
+
+/// The kind of a durable op. Each kind has its own name counters (SPEC §3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StepKind {
+    /// `step.run` (Cloudflare's `step.do`).
+    #[serde(rename = "do")]
+    Run,
+    /// `step.sleep` and `step.sleep_until`.
+    Sleep,
+    /// `step.wait_for_event`.
+    WaitForEvent,
+}
+
+impl StepKind {
+    /// Stored code.
+    pub fn code(self) -> i64 {
+        match self {
+            StepKind::Run => 0,
+            StepKind::Sleep => 1,
+            StepKind::WaitForEvent => 2,
+        }
+    }
+
+    /// The kind with stored code `code`.
+    pub fn from_code(code: i64) -> Option<Self> {
+        [StepKind::Run, StepKind::Sleep, StepKind::WaitForEvent]
+            .into_iter()
+            .find(|k| k.code() == code)
+    }
+
+    /// Cloudflare's name: `do`, `sleep`, `waitForEvent`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepKind::Run => "do",
+            StepKind::Sleep => "sleep",
+            StepKind::WaitForEvent => "waitForEvent",
+        }
+    }
+}
+
+/// A step's identity within an instance: `(kind, name, count)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StepKey {
+    /// The op kind.
+    pub kind: StepKind,
+    /// The step name.
+    pub name: String,
+    /// 1-based occurrence of `name` among ops of `kind` in this run.
+    pub count: u32,
+}
+
+impl StepKey {
+    /// Cloudflare's log target, `"<name>-<count>"`.
+    pub fn target(&self) -> String {
+        format!("{}-{}", self.name, self.count)
+    }
+}
+
+/// Where a step is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StepState {
+    /// Started, no final outcome yet.
+    Running,
+    /// Finished with an output.
+    Succeeded,
+    /// Finished with a final error.
+    Failed,
+}
+
+impl StepState {
+    /// Stored code.
+    pub fn code(self) -> i64 {
+        match self {
+            StepState::Running => 0,
+            StepState::Succeeded => 1,
+            StepState::Failed => 2,
+        }
+    }
+
+    /// The state with stored code `code`.
+    pub fn from_code(code: i64) -> Option<Self> {
+        [StepState::Running, StepState::Succeeded, StepState::Failed]
+            .into_iter()
+            .find(|s| s.code() == code)
+    }
+}
+
+/// One journal entry: everything replay needs to know about a step, plus what the details
+/// view shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Identity.
+    pub key: StepKey,
+    /// Start order within the instance (1-based): the order of rollbacks and of the details view.
+    pub seq: u32,
+    /// Where the step is.
+    pub state: StepState,
+    /// The resolved config, persisted on the first execution (see `ResolvedConfig::to_persisted_json`).
+    pub config: serde_json::Value,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// Whether the latest attempt started and has no recorded outcome. Found true on load,
+    /// it means the process running it died: the attempt is recorded as failed.
+    pub in_flight: bool,
+    /// When the next attempt (or a sleep) is due.
+    pub wake_at: Option<Timestamp>,
+    /// The output as JSON text, when succeeded.
+    pub output: Option<String>,
+    /// The final error, when failed.
+    pub error: Option<ErrorInfo>,
+    /// When the first attempt started.
+    pub started_at: Timestamp,
+    /// When the final outcome was recorded.
+    pub ended_at: Option<Timestamp>,
+    /// Whether the step registered a rollback handler.
+    pub has_rollback: bool,
+}
+
+macro_rules! log_kinds {
+    ($($variant:ident = $code:literal, $name:literal;)*) => {
+        /// A lifecycle record kind, with Cloudflare's numeric codes (SPEC §6.1).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+        #[allow(missing_docs)] // each variant is the record of the same name in SPEC §6.1
+        pub enum LogKind { $($variant,)* }
+
+        impl LogKind {
+            /// Every kind.
+            pub const ALL: &'static [LogKind] = &[$(LogKind::$variant,)*];
+
+            /// Cloudflare's numeric code, also the stored form.
+            pub fn code(self) -> i64 {
+                match self { $(LogKind::$variant => $code,)* }
+            }
+
+            /// The kind with code `code`.
+            pub fn from_code(code: i64) -> Option<Self> {
+                match code { $($code => Some(LogKind::$variant),)* _ => None }
+            }
+
+            /// The record's name, e.g. `STEP_START`.
+            pub fn as_str(self) -> &'static str {
+                match self { $(LogKind::$variant => $name,)* }
+            }
+        }
+    };
+}
+
+log_kinds! {
+    WorkflowQueued = 0, "WORKFLOW_QUEUED";
+    WorkflowStart = 1, "WORKFLOW_START";
+    WorkflowSuccess = 2, "WORKFLOW_SUCCESS";
+    WorkflowFailure = 3, "WORKFLOW_FAILURE";
+    WorkflowTerminated = 4, "WORKFLOW_TERMINATED";
+    StepStart = 5, "STEP_START";
+    StepSuccess = 6, "STEP_SUCCESS";
+    StepFailure = 7, "STEP_FAILURE";
+    SleepStart = 8, "SLEEP_START";
+    SleepComplete = 9, "SLEEP_COMPLETE";
+    AttemptStart = 10, "ATTEMPT_START";
+    AttemptSuccess = 11, "ATTEMPT_SUCCESS";
+    AttemptFailure = 12, "ATTEMPT_FAILURE";
+    WaitStart = 14, "WAIT_START";
+    WaitComplete = 15, "WAIT_COMPLETE";
+    WaitTimedOut = 16, "WAIT_TIMED_OUT";
+    RollbackStart = 17, "ROLLBACK_START";
+    RollbackStepStart = 18, "ROLLBACK_STEP_START";
+    RollbackAttemptStart = 19, "ROLLBACK_ATTEMPT_START";
+    RollbackAttemptSuccess = 20, "ROLLBACK_ATTEMPT_SUCCESS";
+    RollbackAttemptFailure = 21, "ROLLBACK_ATTEMPT_FAILURE";
+    RollbackStepSuccess = 22, "ROLLBACK_STEP_SUCCESS";
+    RollbackStepFailure = 23, "ROLLBACK_STEP_FAILURE";
+    RollbackComplete = 24, "ROLLBACK_COMPLETE";
+    RollbackFailed = 25, "ROLLBACK_FAILED";
+    WorkflowPaused = 100, "WORKFLOW_PAUSED";
+    WorkflowResumed = 101, "WORKFLOW_RESUMED";
+    WorkflowWaiting = 102, "WORKFLOW_WAITING";
+}
+
+impl fmt::Display for LogKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A lifecycle record to append to an instance's event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// What happened.
+    pub kind: LogKind,
+    /// When.
+    pub at: Timestamp,
+    /// The step it concerns, if any.
+    pub step: Option<StepKey>,
+    /// The record's metadata (SPEC §6.1), e.g. `{attempt, error, retryDelayMs}`.
+    pub meta: serde_json::Value,
+}
+
+/// A stored lifecycle record with its monotonic id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// Monotonic across the whole store: a record with a larger id was committed later.
+    pub id: u64,
+    /// The record.
+    #[serde(flatten)]
+    pub entry: LogEntry,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_kind_codes_round_trip() {
+        for kind in LogKind::ALL {
+            assert_eq!(LogKind::from_code(kind.code()), Some(*kind));
+        }
+        assert_eq!(LogKind::AttemptFailure.code(), 12);
+        assert_eq!(LogKind::RollbackFailed.code(), 25);
+        assert_eq!(serde_json::to_value(LogKind::StepStart).expect("ser"), "STEP_START");
+    }
+
+    #[test]
+    fn step_key_target() {
+        let key = StepKey { kind: StepKind::Run, name: "charge".into(), count: 2 };
+        assert_eq!(key.target(), "charge-2");
+        assert_eq!(serde_json::to_value(StepKind::Run).expect("ser"), "do");
+    }
+}
