@@ -1,1 +1,412 @@
-//! placeholder
+//! Cairn's embedded store: SQLite in WAL mode behind one writer thread with group commit.
+//!
+//! [`SqliteStore::open`] creates or opens a database file, takes an exclusive lock file
+//! beside it (one engine per database), migrates the schema, and takes over the leases of
+//! the previous owner (which held the lock and so must be dead): their running instances
+//! become claimable at once.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let store = cairn_sqlite::SqliteStore::open(dir.path().join("cairn.db"), Default::default())?;
+//! store.close().await;
+//! # Ok(()) }
+//! ```
+
+mod rows;
+mod schema;
+mod worker;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use cairn_core::{InstanceId, InstanceStatus, Timestamp, WorkflowName};
+use cairn_store::{
+    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewInstance, Result,
+    Store, StoreFuture, Write,
+};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use std::sync::mpsc::Sender;
+use tokio::sync::oneshot;
+
+use crate::worker::{ReadJob, Readers, WriteJob, map_sqlite};
+
+/// How durable a commit is (SQLite's `synchronous` pragma).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// `synchronous=FULL`: a committed write survives power loss. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: a committed write survives a process crash but may be lost on
+    /// power loss. Faster.
+    Normal,
+}
+
+/// Options for [`SqliteStore::open`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Options {
+    /// Commit durability.
+    pub durability: Durability,
+    /// Read connections (and threads).
+    pub readers: usize,
+    /// How long to wait for another engine to release the database's lock file.
+    pub lock_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            durability: Durability::Full,
+            readers: 2,
+            lock_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Options {
+    /// Sets the commit durability.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+}
+
+/// Why a database could not be opened; the message names the file and the cause.
+#[derive(Debug)]
+pub struct OpenError(String);
+
+impl std::error::Error for OpenError {}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The SQLite store. Cheap to share behind an `Arc`; see the crate docs.
+pub struct SqliteStore {
+    writer: Mutex<Option<Sender<WriteJob>>>,
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
+    readers: Readers,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+    }
+}
+
+fn configure(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    let sync = match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    conn.pragma_update(None, "cache_size", -16_000)?;
+    Ok(())
+}
+
+fn lock_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push("-cairn.lock");
+    PathBuf::from(name)
+}
+
+fn acquire_lock(db: &Path, timeout: Duration) -> std::result::Result<std::fs::File, OpenError> {
+    let path = lock_path(db);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| OpenError(format!("open lock file {}: {e}", path.display())))?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                // Another engine (or one that is shutting down in this process) holds it.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(OpenError(format!(
+                    "database {} is in use by another Cairn engine (lock file {})",
+                    db.display(),
+                    path.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(OpenError(format!("lock {}: {e}", path.display())));
+            }
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`.
+    ///
+    /// Blocks briefly (file IO, migrations): call it before serving, or from
+    /// `spawn_blocking`.
+    ///
+    /// # Errors
+    /// When the file cannot be opened or locked, or the schema is newer than this build.
+    pub fn open(path: impl AsRef<Path>, options: Options) -> std::result::Result<Self, OpenError> {
+        let path = path.as_ref().to_path_buf();
+        let err = |what: &str, e: &dyn std::fmt::Display| {
+            OpenError(format!("{what} {}: {e}", path.display()))
+        };
+        let lock = acquire_lock(&path, options.lock_timeout)?;
+        let mut conn = Connection::open(&path).map_err(|e| err("open", &e))?;
+        configure(&conn, options.durability).map_err(|e| err("configure", &e))?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| err("read schema version of", &e))?;
+        let version = usize::try_from(version).unwrap_or(usize::MAX);
+        if version > schema::current_version() {
+            return Err(OpenError(format!(
+                "database {} has schema version {version}, newer than this build's {}",
+                path.display(),
+                schema::current_version()
+            )));
+        }
+        schema::migrate(&mut conn).map_err(|e| err("migrate", &e))?;
+        take_over(&conn, Timestamp::from_system_time(std::time::SystemTime::now()))
+            .map_err(|e| err("recover leases in", &e))?;
+
+        let mut read_conns = Vec::new();
+        for _ in 0..options.readers.max(1) {
+            let rc = Connection::open_with_flags(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(|e| err("open reader for", &e))?;
+            rc.busy_timeout(Duration::from_secs(5))
+                .map_err(|e| err("configure reader for", &e))?;
+            read_conns.push(rc);
+        }
+        let readers = Readers::spawn(read_conns).map_err(|e| err("spawn readers for", &e))?;
+        let (writer, writer_thread) =
+            worker::spawn_writer(conn, lock).map_err(|e| err("spawn writer for", &e))?;
+        Ok(SqliteStore {
+            writer: Mutex::new(Some(writer)),
+            writer_thread: Mutex::new(Some(writer_thread)),
+            readers,
+            path,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops the threads after the queued work is done and releases the lock file.
+    pub async fn close(&self) {
+        if let Ok(mut w) = self.writer.lock() {
+            w.take();
+        }
+        let mut handles = self.readers.close();
+        if let Some(h) = self.writer_thread.lock().ok().and_then(|mut t| t.take()) {
+            handles.push(h);
+        }
+        // Joining is quick (the threads finish their queue) but blocking: do it off the runtime.
+        let join = move || {
+            for h in handles {
+                let _ = h.join();
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => {
+                let (tx, rx) = oneshot::channel();
+                std::thread::spawn(move || {
+                    join();
+                    let _ = tx.send(());
+                });
+                let _ = rx.await;
+            }
+            Err(_) => join(),
+        }
+    }
+
+    fn write<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> StoreFuture<'_, R> {
+        let (tx, rx) = oneshot::channel::<Result<R>>();
+        let job: WriteJob = Box::new(move |conn| {
+            let result = f(conn);
+            let keep = result.is_ok();
+            (
+                keep,
+                Box::new(move |commit: Result<()>| {
+                    let _ = tx.send(commit.and(result));
+                }),
+            )
+        });
+        let sent = self
+            .writer
+            .lock()
+            .ok()
+            .and_then(|w| w.as_ref().map(|w| w.send(job).is_ok()))
+            .unwrap_or(false);
+        Box::pin(async move {
+            if !sent {
+                return Err(Error::Unavailable("the store is closed".into()));
+            }
+            rx.await.map_err(|_| {
+                Error::Unavailable("the sqlite writer dropped the request".into())
+            })?
+        })
+    }
+
+    fn read<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> StoreFuture<'_, R> {
+        let (tx, rx) = oneshot::channel::<Result<R>>();
+        let job: ReadJob = Box::new(move |conn| {
+            let _ = tx.send(f(conn));
+        });
+        let sent = self.readers.send(job);
+        Box::pin(async move {
+            sent?;
+            rx.await
+                .map_err(|_| Error::Unavailable("the sqlite reader dropped the request".into()))?
+        })
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        // Let the threads finish their queues and exit; they release the lock file.
+        if let Ok(mut w) = self.writer.lock() {
+            w.take();
+        }
+        drop(self.readers.close());
+    }
+}
+
+/// The previous owner held the lock file and is gone: its leased instances are claimable
+/// now (ahead of new ones), and a pause it was waiting for takes effect (SPEC E26).
+fn take_over(conn: &Connection, now: Timestamp) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE instances SET lease_owner = NULL, lease_until = NULL, ready_at = ?1, ready_rank = 0
+         WHERE lease_owner IS NOT NULL AND status IN (0, 1, 7)",
+        params![now.as_millis()],
+    )?;
+    conn.execute(
+        "UPDATE instances SET status = 2, lease_owner = NULL, lease_until = NULL, ready_at = NULL
+         WHERE status = 6",
+        [],
+    )?;
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
+        self.write(move |conn| {
+            let mut out = Vec::with_capacity(batch.len());
+            for new in batch {
+                out.push(rows::insert_instance(conn, &new)?);
+            }
+            Ok(out)
+        })
+    }
+
+    fn instance(
+        &self,
+        workflow: &WorkflowName,
+        id: &InstanceId,
+    ) -> StoreFuture<'_, Option<InstanceRecord>> {
+        let (workflow, id) = (workflow.to_string(), id.to_string());
+        self.read(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {} FROM instances WHERE workflow = ?1 AND id = ?2",
+                rows::INSTANCE_COLUMNS
+            ))
+            .and_then(|mut st| st.query_row(params![workflow, id], rows::instance).optional())
+            .map_err(map_sqlite)?
+            .transpose()
+        })
+    }
+
+    fn list(&self, query: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>> {
+        self.read(move |conn| rows::list(conn, &query))
+    }
+
+    fn claim(
+        &self,
+        owner: &str,
+        workflows: &[WorkflowName],
+        now: Timestamp,
+        ttl: Duration,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Claimed>> {
+        let owner = owner.to_owned();
+        let workflows: Vec<String> = workflows.iter().map(ToString::to_string).collect();
+        self.write(move |conn| rows::claim(conn, &owner, &workflows, now, ttl, limit))
+    }
+
+    fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()> {
+        let owner = owner.to_owned();
+        self.write(move |conn| {
+            conn.prepare_cached("UPDATE instances SET lease_until = ?1 WHERE lease_owner = ?2")
+                .and_then(|mut st| st.execute(params![until.as_millis(), owner]))
+                .map_err(map_sqlite)?;
+            Ok(())
+        })
+    }
+
+    fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<cairn_core::StepRecord>> {
+        self.read(move |conn| rows::journal(conn, instance))
+    }
+
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, ()> {
+        self.write(move |conn| {
+            rows::check_lease(conn, lease)?;
+            for write in writes {
+                rows::apply(conn, lease.instance, write)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn log(
+        &self,
+        instance: InstanceRef,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<cairn_core::LogRecord>> {
+        self.read(move |conn| rows::log(conn, instance, after, limit))
+    }
+}
+
+/// The status codes an engine replays on claim (queued, running, waiting).
+pub(crate) const RUNNABLE: [InstanceStatus; 3] = [
+    InstanceStatus::Queued,
+    InstanceStatus::Running,
+    InstanceStatus::Waiting,
+];
+
+#[cfg(test)]
+mod tests {
+    fn factory() -> impl std::future::Future<Output = std::sync::Arc<dyn cairn_store::Store>> {
+        async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.keep().join("conformance.db");
+            let store = crate::SqliteStore::open(path, crate::Options::default()).expect("open");
+            std::sync::Arc::new(store) as std::sync::Arc<dyn cairn_store::Store>
+        }
+    }
+
+    cairn_store::conformance_tests!(factory);
+}

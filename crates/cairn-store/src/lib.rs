@@ -1,1 +1,239 @@
-//! placeholder
+//! The storage contract Cairn's engine runs on.
+//!
+//! A backend implements [`Store`]; the engine never sees SQL. Durable state changes only in
+//! [`Store::commit`] (and the other writing methods), each of which is atomic: all of its
+//! writes land or none do.
+//!
+//! # Leases and fencing
+//!
+//! An engine executes an instance only while it holds the instance's lease, taken by
+//! [`Store::claim`]. Every claim increments the instance's lease *epoch*; every
+//! [`Store::commit`] carries the [`Lease`] it was made under and fails with
+//! [`Error::LeaseLost`] if the epoch moved on, so an engine that lost an instance (its lease
+//! expired and another engine claimed it, or a user terminated it) can never write to it
+//! again. SQLite implements the same contract as PostgreSQL, with one engine per file.
+//!
+//! # Conformance
+//!
+//! The feature `conformance` exports [`conformance`], the suite every backend must pass:
+//! `cairn_store::conformance_tests!(factory)` expands one `#[tokio::test]` per case.
+//!
+//! ```
+//! use cairn_store::{Write, Lease, InstanceRef};
+//! let lease = Lease { instance: InstanceRef(1), epoch: 3 };
+//! let writes: Vec<Write> = Vec::new();
+//! assert_eq!(lease.epoch, 3);
+//! # let _ = writes;
+//! ```
+
+use std::time::Duration;
+
+use cairn_core::{
+    ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogRecord, StepRecord, Timestamp,
+    WorkflowName,
+};
+use futures::future::BoxFuture;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+/// What a store operation can fail with. The engine decides what to do from the variant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The write was fenced off: the caller's lease epoch is no longer the instance's.
+    #[error("lease lost on instance {0:?}: another owner holds it or it was stopped")]
+    LeaseLost(InstanceRef),
+    /// The instance does not exist (any more).
+    #[error("instance {0:?} not found")]
+    NotFound(InstanceRef),
+    /// The store cannot be reached or failed to commit; nothing was written. Retry later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// Stored data could not be decoded.
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// Result of a store operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The future every store method returns.
+pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T>>;
+
+/// A store's internal, stable reference to one instance (a row id). It changes when an
+/// instance is deleted and its id reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstanceRef(pub i64);
+
+/// The right to write to one instance, obtained from [`Store::claim`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// The instance.
+    pub instance: InstanceRef,
+    /// The epoch the claim set; every write is checked against it.
+    pub epoch: u64,
+}
+
+/// A new instance to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewInstance {
+    /// Its workflow.
+    pub workflow: WorkflowName,
+    /// Its id, unique per workflow.
+    pub id: InstanceId,
+    /// The params as JSON text.
+    pub params: String,
+    /// Creation time: the event timestamp.
+    pub created_at: Timestamp,
+    /// The `WORKFLOW_QUEUED` record written with it.
+    pub queued: LogEntry,
+}
+
+/// The outcome of creating one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Created {
+    /// Created with this reference.
+    New(InstanceRef),
+    /// An instance of the same workflow with the same id exists; nothing was written.
+    AlreadyExists,
+}
+
+/// An instance row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceRecord {
+    /// Store reference.
+    pub instance: InstanceRef,
+    /// Its workflow.
+    pub workflow: WorkflowName,
+    /// Its id.
+    pub id: InstanceId,
+    /// Current status.
+    pub status: InstanceStatus,
+    /// Params as JSON text.
+    pub params: String,
+    /// Creation time.
+    pub created_at: Timestamp,
+    /// First start time.
+    pub started_at: Option<Timestamp>,
+    /// When it reached a terminal status.
+    pub ended_at: Option<Timestamp>,
+    /// The output as JSON text, when complete.
+    pub output: Option<String>,
+    /// The error, when errored.
+    pub error: Option<ErrorInfo>,
+    /// When it next becomes claimable by itself (queued, or a due timer).
+    pub ready_at: Option<Timestamp>,
+}
+
+/// A claimed instance: its row and the lease to write under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    /// The row as claimed.
+    pub record: InstanceRecord,
+    /// The lease.
+    pub lease: Lease,
+}
+
+/// A status change of the leased instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusChange {
+    /// New status.
+    pub status: InstanceStatus,
+    /// Set `started_at` if it is not set yet.
+    pub started_at: Option<Timestamp>,
+    /// Set `ended_at`.
+    pub ended_at: Option<Timestamp>,
+    /// Set the output (JSON text).
+    pub output: Option<String>,
+    /// Set the error.
+    pub error: Option<ErrorInfo>,
+    /// When the instance becomes claimable again; `None` keeps it unclaimable.
+    pub ready_at: Option<Timestamp>,
+    /// Give the lease up with this change.
+    pub release: bool,
+}
+
+impl StatusChange {
+    /// A change to `status` that touches nothing else.
+    pub fn to(status: InstanceStatus) -> Self {
+        StatusChange {
+            status,
+            started_at: None,
+            ended_at: None,
+            output: None,
+            error: None,
+            ready_at: None,
+            release: false,
+        }
+    }
+}
+
+/// One write in an atomic [`Store::commit`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// Insert or replace the journal entry with this step's key.
+    Step(StepRecord),
+    /// Append a lifecycle record.
+    Log(LogEntry),
+    /// Change the instance's status.
+    Status(StatusChange),
+}
+
+/// Which instances [`Store::list`] returns, newest first.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ListQuery {
+    /// Only this workflow's instances.
+    pub workflow: Option<WorkflowName>,
+    /// Only instances in this status.
+    pub status: Option<InstanceStatus>,
+    /// Only instances older than this reference (cursor pagination).
+    pub before: Option<InstanceRef>,
+    /// At most this many.
+    pub limit: usize,
+}
+
+/// The storage contract. Every method is atomic and cancel-safe in this sense: dropping the
+/// returned future may or may not let the operation happen, but never half of it.
+pub trait Store: Send + Sync + 'static {
+    /// Creates instances, each with its `WORKFLOW_QUEUED` record, in one transaction.
+    /// Returns one outcome per input, in input order; an existing id is not an error here.
+    fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>>;
+
+    /// Reads one instance by workflow and id.
+    fn instance(&self, workflow: &WorkflowName, id: &InstanceId)
+    -> StoreFuture<'_, Option<InstanceRecord>>;
+
+    /// Lists instances, newest first.
+    fn list(&self, query: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>>;
+
+    /// Claims up to `limit` runnable instances of `workflows` for `owner`: those whose
+    /// `ready_at` has come (instances resuming from a wait before newly queued ones, then
+    /// oldest first) and those whose lease expired. Each claim increments the epoch, sets
+    /// the lease until `now + ttl` and clears `ready_at`.
+    fn claim(
+        &self,
+        owner: &str,
+        workflows: &[WorkflowName],
+        now: Timestamp,
+        ttl: Duration,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Claimed>>;
+
+    /// Extends every lease `owner` holds to `until`.
+    fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()>;
+
+    /// The journal of an instance, in step start order.
+    fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>>;
+
+    /// Applies `writes` atomically if `lease` is still current.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] (nothing written) when the epoch moved on; [`Error::NotFound`]
+    /// when the instance is gone; [`Error::Unavailable`] when the commit failed.
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, ()>;
+
+    /// An instance's lifecycle records with id greater than `after`, oldest first.
+    fn log(&self, instance: InstanceRef, after: u64, limit: usize)
+    -> StoreFuture<'_, Vec<LogRecord>>;
+}

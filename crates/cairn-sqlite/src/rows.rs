@@ -1,0 +1,393 @@
+//! SQL for each store operation and the mapping between rows and records.
+
+use std::time::Duration;
+
+use cairn_core::{
+    ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, StepKey, StepKind,
+    StepRecord, StepState, Timestamp, WorkflowName,
+};
+use cairn_store::{
+    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewInstance, Result,
+    StatusChange, Write,
+};
+use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
+
+use crate::RUNNABLE;
+use crate::worker::map_sqlite;
+
+pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at";
+
+fn corrupt(what: impl std::fmt::Display) -> Error {
+    Error::Corrupt(what.to_string())
+}
+
+fn ts(ms: Option<i64>) -> Option<Timestamp> {
+    ms.map(Timestamp::from_millis)
+}
+
+fn error_info(name: Option<String>, message: Option<String>) -> Option<ErrorInfo> {
+    name.map(|name| ErrorInfo::new(name, message.unwrap_or_default()))
+}
+
+/// Maps a row selected with [`INSTANCE_COLUMNS`]. The outer `Result` is SQLite's, the inner
+/// one reports undecodable data.
+pub(crate) fn instance(row: &Row<'_>) -> rusqlite::Result<Result<InstanceRecord>> {
+    instance_at(row, 0)
+}
+
+pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Created> {
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at)
+             VALUES (?1, ?2, 0, ?3, ?4, 1, ?4)
+             ON CONFLICT (workflow, id) DO NOTHING",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                new.workflow.as_str(),
+                new.id.as_str(),
+                new.params,
+                new.created_at.as_millis()
+            ])
+        })
+        .map_err(map_sqlite)?;
+    if inserted == 0 {
+        return Ok(Created::AlreadyExists);
+    }
+    let instance = InstanceRef(conn.last_insert_rowid());
+    append_log(conn, instance, &new.queued)?;
+    Ok(Created::New(instance))
+}
+
+pub(crate) fn list(conn: &Connection, query: &ListQuery) -> Result<Vec<InstanceRecord>> {
+    let mut sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE 1 = 1");
+    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    if let Some(workflow) = &query.workflow {
+        sql.push_str(" AND workflow = ?");
+        args.push(workflow.to_string().into());
+    }
+    if let Some(status) = query.status {
+        sql.push_str(" AND status = ?");
+        args.push(status.code().into());
+    }
+    if let Some(before) = query.before {
+        sql.push_str(" AND iid < ?");
+        args.push(before.0.into());
+    }
+    sql.push_str(" ORDER BY iid DESC LIMIT ?");
+    args.push(i64::try_from(query.limit).unwrap_or(i64::MAX).into());
+    let mut st = conn.prepare_cached(&sql).map_err(map_sqlite)?;
+    let rows = st
+        .query_map(params_from_iter(args), instance)
+        .map_err(map_sqlite)?;
+    rows.map(|r| r.map_err(map_sqlite)?).collect()
+}
+
+pub(crate) fn claim(
+    conn: &Connection,
+    owner: &str,
+    workflows: &[String],
+    now: Timestamp,
+    ttl: Duration,
+    limit: usize,
+) -> Result<Vec<Claimed>> {
+    if workflows.is_empty() || limit == 0 {
+        return Ok(Vec::new());
+    }
+    let marks = vec!["?"; workflows.len()].join(", ");
+    let runnable = RUNNABLE
+        .iter()
+        .map(|s| s.code().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "SELECT iid FROM (
+             SELECT iid, ready_rank AS rank, ready_at AS at FROM instances
+             WHERE ready_at IS NOT NULL AND ready_at <= ? AND workflow IN ({marks})
+             UNION ALL
+             SELECT iid, 0 AS rank, lease_until AS at FROM instances
+             WHERE lease_owner IS NOT NULL AND lease_until < ? AND status IN ({runnable})
+               AND workflow IN ({marks})
+         ) ORDER BY rank, at, iid LIMIT ?"
+    );
+    let mut args: Vec<rusqlite::types::Value> = vec![now.as_millis().into()];
+    args.extend(workflows.iter().map(|w| w.clone().into()));
+    args.push(now.as_millis().into());
+    args.extend(workflows.iter().map(|w| w.clone().into()));
+    args.push(i64::try_from(limit).unwrap_or(i64::MAX).into());
+    let iids: Vec<i64> = conn
+        .prepare_cached(&sql)
+        .and_then(|mut st| {
+            st.query_map(params_from_iter(args), |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()
+        })
+        .map_err(map_sqlite)?;
+    let until = now.saturating_add(ttl).as_millis();
+    let mut claimed = Vec::with_capacity(iids.len());
+    let mut st = conn
+        .prepare_cached(&format!(
+            "UPDATE instances SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_until = ?2,
+                 ready_at = NULL
+             WHERE iid = ?3
+             RETURNING lease_epoch, {INSTANCE_COLUMNS}"
+        ))
+        .map_err(map_sqlite)?;
+    for iid in iids {
+        let (epoch, record) = st
+            .query_row(params![owner, until, iid], |row| {
+                let epoch: i64 = row.get(0)?;
+                Ok((epoch, instance_at(row, 1)?))
+            })
+            .map_err(map_sqlite)?;
+        let record = record?;
+        claimed.push(Claimed {
+            lease: Lease {
+                instance: record.instance,
+                epoch: u64::try_from(epoch).map_err(corrupt)?,
+            },
+            record,
+        });
+    }
+    Ok(claimed)
+}
+
+/// [`instance`] for a row whose instance columns start at `offset`.
+fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<InstanceRecord>> {
+    let g = |i: usize| offset + i;
+    let workflow: String = row.get(g(1))?;
+    let id: String = row.get(g(2))?;
+    let status: i64 = row.get(g(3))?;
+    let iid: i64 = row.get(g(0))?;
+    let params: String = row.get(g(4))?;
+    let created_at: i64 = row.get(g(5))?;
+    let started_at: Option<i64> = row.get(g(6))?;
+    let ended_at: Option<i64> = row.get(g(7))?;
+    let output: Option<String> = row.get(g(8))?;
+    let error_name: Option<String> = row.get(g(9))?;
+    let error_message: Option<String> = row.get(g(10))?;
+    let ready_at: Option<i64> = row.get(g(11))?;
+    Ok((|| {
+        Ok(InstanceRecord {
+            instance: InstanceRef(iid),
+            workflow: WorkflowName::new(workflow).map_err(corrupt)?,
+            id: InstanceId::new(id).map_err(corrupt)?,
+            status: InstanceStatus::from_code(status)
+                .ok_or_else(|| corrupt(format!("unknown status code {status}")))?,
+            params,
+            created_at: Timestamp::from_millis(created_at),
+            started_at: ts(started_at),
+            ended_at: ts(ended_at),
+            output,
+            error: error_info(error_name, error_message),
+            ready_at: ts(ready_at),
+        })
+    })())
+}
+
+pub(crate) fn check_lease(conn: &Connection, lease: Lease) -> Result<()> {
+    let epoch: Option<i64> = conn
+        .prepare_cached("SELECT lease_epoch FROM instances WHERE iid = ?1 AND lease_owner IS NOT NULL")
+        .and_then(|mut st| st.query_row([lease.instance.0], |r| r.get(0)).optional())
+        .map_err(map_sqlite)?;
+    match epoch {
+        Some(e) if u64::try_from(e).ok() == Some(lease.epoch) => Ok(()),
+        Some(_) => Err(Error::LeaseLost(lease.instance)),
+        None => {
+            let exists: bool = conn
+                .prepare_cached("SELECT 1 FROM instances WHERE iid = ?1")
+                .and_then(|mut st| st.exists([lease.instance.0]))
+                .map_err(map_sqlite)?;
+            if exists {
+                Err(Error::LeaseLost(lease.instance))
+            } else {
+                Err(Error::NotFound(lease.instance))
+            }
+        }
+    }
+}
+
+pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
+    match write {
+        Write::Step(step) => upsert_step(conn, instance, &step),
+        Write::Log(entry) => append_log(conn, instance, &entry),
+        Write::Status(change) => change_status(conn, instance, &change),
+    }
+}
+
+fn upsert_step(conn: &Connection, instance: InstanceRef, s: &StepRecord) -> Result<()> {
+    let config = serde_json::to_string(&s.config).map_err(corrupt)?;
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
+             in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            instance.0,
+            s.key.kind.code(),
+            s.key.name,
+            s.key.count,
+            s.seq,
+            s.state.code(),
+            config,
+            s.attempts,
+            s.in_flight,
+            s.wake_at.map(Timestamp::as_millis),
+            s.output,
+            s.error.as_ref().map(|e| e.name.as_str()),
+            s.error.as_ref().map(|e| e.message.as_str()),
+            s.started_at.as_millis(),
+            s.ended_at.map(Timestamp::as_millis),
+            s.has_rollback,
+        ])
+    })
+    .map_err(map_sqlite)?;
+    Ok(())
+}
+
+pub(crate) fn append_log(conn: &Connection, instance: InstanceRef, e: &LogEntry) -> Result<()> {
+    let meta = serde_json::to_string(&e.meta).map_err(corrupt)?;
+    conn.prepare_cached(
+        "INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            instance.0,
+            e.at.as_millis(),
+            e.kind.code(),
+            e.step.as_ref().map(|k| k.kind.code()),
+            e.step.as_ref().map(|k| k.name.as_str()),
+            e.step.as_ref().map(|k| k.count),
+            meta,
+        ])
+    })
+    .map_err(map_sqlite)?;
+    Ok(())
+}
+
+fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE instances SET
+             status = ?2,
+             started_at = COALESCE(started_at, ?3),
+             ended_at = COALESCE(?4, ended_at),
+             output = COALESCE(?5, output),
+             error_name = COALESCE(?6, error_name),
+             error_message = COALESCE(?7, error_message),
+             ready_at = ?8,
+             ready_rank = CASE WHEN ?2 = 0 THEN 1 ELSE 0 END,
+             lease_owner = CASE WHEN ?9 THEN NULL ELSE lease_owner END,
+             lease_until = CASE WHEN ?9 THEN NULL ELSE lease_until END
+         WHERE iid = ?1",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            instance.0,
+            c.status.code(),
+            c.started_at.map(Timestamp::as_millis),
+            c.ended_at.map(Timestamp::as_millis),
+            c.output,
+            c.error.as_ref().map(|e| e.name.as_str()),
+            c.error.as_ref().map(|e| e.message.as_str()),
+            c.ready_at.map(Timestamp::as_millis),
+            c.release,
+        ])
+    })
+    .map_err(map_sqlite)?;
+    Ok(())
+}
+
+pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<StepRecord>> {
+    let mut st = conn
+        .prepare_cached(
+            "SELECT kind, name, count, seq, state, config, attempts, in_flight, wake_at, output,
+                 error_name, error_message, started_at, ended_at, has_rollback
+             FROM steps WHERE iid = ?1 ORDER BY seq",
+        )
+        .map_err(map_sqlite)?;
+    let rows = st
+        .query_map([instance.0], |r| {
+            let kind: i64 = r.get(0)?;
+            let state: i64 = r.get(4)?;
+            let config: String = r.get(5)?;
+            Ok((|| {
+                Ok(StepRecord {
+                    key: StepKey {
+                        kind: StepKind::from_code(kind)
+                            .ok_or_else(|| corrupt(format!("unknown step kind {kind}")))?,
+                        name: r.get(1).map_err(map_sqlite)?,
+                        count: r.get(2).map_err(map_sqlite)?,
+                    },
+                    seq: r.get(3).map_err(map_sqlite)?,
+                    state: StepState::from_code(state)
+                        .ok_or_else(|| corrupt(format!("unknown step state {state}")))?,
+                    config: serde_json::from_str(&config).map_err(corrupt)?,
+                    attempts: r.get(6).map_err(map_sqlite)?,
+                    in_flight: r.get(7).map_err(map_sqlite)?,
+                    wake_at: ts(r.get(8).map_err(map_sqlite)?),
+                    output: r.get(9).map_err(map_sqlite)?,
+                    error: error_info(r.get(10).map_err(map_sqlite)?, r.get(11).map_err(map_sqlite)?),
+                    started_at: Timestamp::from_millis(r.get(12).map_err(map_sqlite)?),
+                    ended_at: ts(r.get(13).map_err(map_sqlite)?),
+                    has_rollback: r.get(14).map_err(map_sqlite)?,
+                })
+            })())
+        })
+        .map_err(map_sqlite)?;
+    rows.map(|r| r.map_err(map_sqlite)?).collect()
+}
+
+pub(crate) fn log(
+    conn: &Connection,
+    instance: InstanceRef,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<LogRecord>> {
+    let mut st = conn
+        .prepare_cached(
+            "SELECT id, at, kind, step_kind, step_name, step_count, meta FROM log
+             WHERE iid = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+        )
+        .map_err(map_sqlite)?;
+    let rows = st
+        .query_map(
+            params![
+                instance.0,
+                i64::try_from(after).unwrap_or(i64::MAX),
+                i64::try_from(limit).unwrap_or(i64::MAX)
+            ],
+            |r| {
+                let id: i64 = r.get(0)?;
+                let kind: i64 = r.get(2)?;
+                let step_kind: Option<i64> = r.get(3)?;
+                let step_name: Option<String> = r.get(4)?;
+                let step_count: Option<u32> = r.get(5)?;
+                let meta: String = r.get(6)?;
+                let at: i64 = r.get(1)?;
+                Ok((|| {
+                    let step = match (step_kind, step_name, step_count) {
+                        (Some(k), Some(name), Some(count)) => Some(StepKey {
+                            kind: StepKind::from_code(k)
+                                .ok_or_else(|| corrupt(format!("unknown step kind {k}")))?,
+                            name,
+                            count,
+                        }),
+                        _ => None,
+                    };
+                    Ok(LogRecord {
+                        id: u64::try_from(id).map_err(corrupt)?,
+                        entry: LogEntry {
+                            kind: LogKind::from_code(kind)
+                                .ok_or_else(|| corrupt(format!("unknown log kind {kind}")))?,
+                            at: Timestamp::from_millis(at),
+                            step,
+                            meta: serde_json::from_str(&meta).map_err(corrupt)?,
+                        },
+                    })
+                })())
+            },
+        )
+        .map_err(map_sqlite)?;
+    rows.map(|r| r.map_err(map_sqlite)?).collect()
+}

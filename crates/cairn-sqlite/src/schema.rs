@@ -1,0 +1,83 @@
+//! The schema and its migrations. Each migration runs once, in order, recorded in
+//! `PRAGMA user_version`.
+
+use rusqlite::Connection;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: instances, the journal and the event log.
+    "
+    CREATE TABLE instances (
+        iid           INTEGER PRIMARY KEY,
+        workflow      TEXT NOT NULL,
+        id            TEXT NOT NULL,
+        status        INTEGER NOT NULL,
+        params        TEXT NOT NULL,
+        created_at    INTEGER NOT NULL,
+        started_at    INTEGER,
+        ended_at      INTEGER,
+        output        TEXT,
+        error_name    TEXT,
+        error_message TEXT,
+        -- claimable from ready_at on; rank 0 (resuming) is claimed before rank 1 (new)
+        ready_rank    INTEGER NOT NULL DEFAULT 1,
+        ready_at      INTEGER,
+        lease_owner   TEXT,
+        lease_epoch   INTEGER NOT NULL DEFAULT 0,
+        lease_until   INTEGER,
+        UNIQUE (workflow, id)
+    );
+    CREATE INDEX instances_ready ON instances (ready_rank, ready_at) WHERE ready_at IS NOT NULL;
+    CREATE INDEX instances_lease ON instances (lease_until) WHERE lease_owner IS NOT NULL;
+    CREATE INDEX instances_by_status ON instances (workflow, status, iid);
+
+    CREATE TABLE steps (
+        iid           INTEGER NOT NULL,
+        kind          INTEGER NOT NULL,
+        name          TEXT NOT NULL,
+        count         INTEGER NOT NULL,
+        seq           INTEGER NOT NULL,
+        state         INTEGER NOT NULL,
+        config        TEXT NOT NULL,
+        attempts      INTEGER NOT NULL,
+        in_flight     INTEGER NOT NULL,
+        wake_at       INTEGER,
+        output        TEXT,
+        error_name    TEXT,
+        error_message TEXT,
+        started_at    INTEGER NOT NULL,
+        ended_at      INTEGER,
+        has_rollback  INTEGER NOT NULL,
+        PRIMARY KEY (iid, kind, name, count)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE log (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        iid        INTEGER NOT NULL,
+        at         INTEGER NOT NULL,
+        kind       INTEGER NOT NULL,
+        step_kind  INTEGER,
+        step_name  TEXT,
+        step_count INTEGER,
+        meta       TEXT NOT NULL
+    );
+    CREATE INDEX log_by_instance ON log (iid, id);
+    ",
+];
+
+/// Brings the schema up to date.
+pub(crate) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let version = usize::try_from(version).unwrap_or(0);
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", i64::try_from(i + 1).unwrap_or(i64::MAX))?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// The schema version this build writes.
+pub(crate) fn current_version() -> usize {
+    MIGRATIONS.len()
+}
