@@ -388,6 +388,13 @@ impl Store for SqliteStore {
     ) -> StoreFuture<'_, Vec<cairn_core::LogRecord>> {
         self.read(move |conn| rows::log(conn, instance, after, limit))
     }
+
+    fn close(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async {
+            SqliteStore::close(self).await;
+            Ok(())
+        })
+    }
 }
 
 /// The status codes an engine replays on claim (queued, running, waiting).

@@ -236,4 +236,10 @@ pub trait Store: Send + Sync + 'static {
     /// An instance's lifecycle records with id greater than `after`, oldest first.
     fn log(&self, instance: InstanceRef, after: u64, limit: usize)
     -> StoreFuture<'_, Vec<LogRecord>>;
+
+    /// Finishes queued work and releases the store's resources (threads, locks,
+    /// connections). Later calls fail with [`Error::Unavailable`].
+    fn close(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
 }

@@ -1,1 +1,45 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+
+mod client;
+mod clock;
+mod config;
+mod details;
+mod driver;
+mod engine;
+mod error;
+mod failure;
+mod gate;
+mod replay;
+mod step;
+mod workflow;
+
+pub use cairn_core::{
+    Backoff, ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord,
+    ResolvedConfig, RetryDelay, StepKey, StepKind, StepName, Timestamp, WorkflowName,
+    format_duration, parse_duration,
+};
+pub use client::{BatchCreated, BatchError, CreateOptions, Instance, Status, UntypedWorkflow, WorkflowClient};
+pub use clock::Clock;
+pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
+pub use details::{AttemptDetails, InstanceDetails, StepDetails};
+pub use engine::{DEFAULT_MAX_RUNNING, Engine, EngineBuilder};
+pub use error::Error;
+pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowError};
+pub use step::{RunOp, StepContext, StepId, WorkflowStep};
+pub use workflow::{Workflow, WorkflowEvent};
+
+/// Re-exported so users need not depend on it.
+pub use cairn_store as store;
+#[cfg(feature = "sqlite")]
+pub use cairn_sqlite as sqlite;
+
+/// Everything a workflow author needs, in one import.
+pub mod prelude {
+    pub use crate::{
+        Backoff, CreateOptions, Delay, Engine, InstanceStatus, NonRetryableError, ResultExt,
+        Retries, StepConfig, StepContext, StepError, Workflow, WorkflowError, WorkflowEvent,
+        WorkflowStep,
+    };
+    pub use serde::{Deserialize, Serialize};
+    pub use std::time::Duration;
+}

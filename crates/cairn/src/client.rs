@@ -1,0 +1,554 @@
+//! Managing instances: [`WorkflowClient`] (typed) and [`UntypedWorkflow`] (JSON) to create
+//! and look up instances, and [`Instance`] to read their status, details and event log.
+
+use std::marker::PhantomData;
+
+use cairn_core::{
+    ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, MAX_BATCH, WorkflowName,
+};
+use cairn_store::{Created, InstanceRecord, NewInstance};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::details::InstanceDetails;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::workflow::Workflow;
+
+/// Options for creating one instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreateOptions<P> {
+    /// The instance id; generated (a UUID) when `None`.
+    pub id: Option<String>,
+    /// The params, the workflow's `event.payload`.
+    pub params: P,
+}
+
+impl<P> CreateOptions<P> {
+    /// An instance with these params and a generated id.
+    pub fn new(params: P) -> Self {
+        CreateOptions { id: None, params }
+    }
+
+    /// Sets the instance id.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+}
+
+impl<P: Default> Default for CreateOptions<P> {
+    fn default() -> Self {
+        Self::new(P::default())
+    }
+}
+
+/// One entry a detailed batch create could not create.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BatchError {
+    /// Its position in the batch.
+    pub index: usize,
+    /// Its id, if it had a valid one.
+    pub id: Option<String>,
+    /// The stable error code, e.g. `instance.already_exists`.
+    pub code: String,
+    /// What was wrong.
+    pub message: String,
+}
+
+/// The result of [`WorkflowClient::create_batch_detailed`].
+#[derive(Debug, Clone)]
+pub struct BatchCreated<O> {
+    /// The instances created, in input order.
+    pub created: Vec<Instance<O>>,
+    /// One entry per input that was not created.
+    pub errors: Vec<BatchError>,
+}
+
+/// An instance's status: Cloudflare's `{status, output, error}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Status<O> {
+    /// Where the instance is.
+    pub status: InstanceStatus,
+    /// `run`'s return value, when complete.
+    pub output: Option<O>,
+    /// The error that escaped `run`, when errored.
+    pub error: Option<ErrorInfo>,
+}
+
+/// A handle to one workflow's instances, typed by the workflow.
+pub struct WorkflowClient<W> {
+    untyped: UntypedWorkflow,
+    _workflow: PhantomData<fn() -> W>,
+}
+
+impl<W> Clone for WorkflowClient<W> {
+    fn clone(&self) -> Self {
+        WorkflowClient {
+            untyped: self.untyped.clone(),
+            _workflow: PhantomData,
+        }
+    }
+}
+
+/// A handle to one workflow's instances with params and outputs as JSON: what the HTTP API
+/// and the CLI use.
+#[derive(Clone, Debug)]
+pub struct UntypedWorkflow {
+    engine: Engine,
+    name: WorkflowName,
+}
+
+/// A handle to one instance. Its output decodes as `O`.
+pub struct Instance<O = serde_json::Value> {
+    engine: Engine,
+    workflow: WorkflowName,
+    id: InstanceId,
+    _output: PhantomData<fn() -> O>,
+}
+
+impl<O> Clone for Instance<O> {
+    fn clone(&self) -> Self {
+        Instance {
+            engine: self.engine.clone(),
+            workflow: self.workflow.clone(),
+            id: self.id.clone(),
+            _output: PhantomData,
+        }
+    }
+}
+
+impl<O> std::fmt::Debug for Instance<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instance")
+            .field("workflow", &self.workflow)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// The typed handle of workflow `W`. Calls on it fail with
+    /// [`Error::UnknownWorkflow`] if `W` was not registered.
+    pub fn workflow<W: Workflow>(&self) -> WorkflowClient<W> {
+        WorkflowClient {
+            untyped: UntypedWorkflow {
+                engine: self.clone(),
+                name: WorkflowName::new(W::NAME).unwrap_or_else(|_| {
+                    // An invalid NAME cannot have been registered; any valid placeholder keeps
+                    // every call failing with UnknownWorkflow naming it.
+                    WorkflowName::new("_invalid_workflow_name").expect("valid literal")
+                }),
+            },
+            _workflow: PhantomData,
+        }
+    }
+
+    /// The JSON handle of the workflow named `name`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`] for an invalid name, [`Error::UnknownWorkflow`] if none is registered.
+    pub fn workflow_by_name(&self, name: &str) -> Result<UntypedWorkflow, Error> {
+        let name = WorkflowName::new(name)?;
+        if !self.inner.workflows.contains_key(&name) {
+            return Err(Error::UnknownWorkflow(name.to_string()));
+        }
+        Ok(UntypedWorkflow {
+            engine: self.clone(),
+            name,
+        })
+    }
+}
+
+impl<W: Workflow> WorkflowClient<W> {
+    /// Creates an instance; it runs as soon as a slot is free.
+    ///
+    /// # Errors
+    /// An invalid id, an id already used by an instance of this workflow
+    /// ([`Error::AlreadyExists`]), params over the size limit, or a store failure.
+    pub async fn create(&self, options: CreateOptions<W::Params>) -> Result<Instance<W::Output>, Error> {
+        let params = to_json(&options.params)?;
+        self.untyped
+            .create(CreateOptions { id: options.id, params })
+            .await
+            .map(Instance::typed)
+    }
+
+    /// Creates up to 100 instances at once. Ids that already exist are skipped and left out
+    /// of the result, which is in input order; any other invalid entry fails the whole batch.
+    ///
+    /// # Errors
+    /// An empty batch, more than 100 entries, an invalid entry, or a store failure.
+    pub async fn create_batch(
+        &self,
+        batch: Vec<CreateOptions<W::Params>>,
+    ) -> Result<Vec<Instance<W::Output>>, Error> {
+        let batch = batch
+            .into_iter()
+            .map(|o| Ok(CreateOptions { id: o.id, params: to_json(&o.params)? }))
+            .collect::<Result<Vec<_>, Error>>()?;
+        let created = self.untyped.create_batch(batch).await?;
+        Ok(created.into_iter().map(Instance::typed).collect())
+    }
+
+    /// Creates up to 100 instances, reporting every entry it could not create (existing ids,
+    /// ids repeated within the batch, invalid ids or params) instead of failing or skipping.
+    ///
+    /// # Errors
+    /// An empty batch, more than 100 entries, or a store failure.
+    pub async fn create_batch_detailed(
+        &self,
+        batch: Vec<CreateOptions<W::Params>>,
+    ) -> Result<BatchCreated<W::Output>, Error> {
+        let batch = batch
+            .into_iter()
+            .map(|o| Ok(CreateOptions { id: o.id, params: to_json(&o.params)? }))
+            .collect::<Result<Vec<_>, Error>>()?;
+        let result = self.untyped.create_batch_detailed(batch).await?;
+        Ok(BatchCreated {
+            created: result.created.into_iter().map(Instance::typed).collect(),
+            errors: result.errors,
+        })
+    }
+
+    /// The instance with this id.
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`] or [`Error::InstanceNotFound`].
+    pub async fn get(&self, id: &str) -> Result<Instance<W::Output>, Error> {
+        self.untyped.get(id).await.map(Instance::typed)
+    }
+
+    /// The JSON view of this workflow.
+    pub fn untyped(&self) -> &UntypedWorkflow {
+        &self.untyped
+    }
+}
+
+fn to_json<P: Serialize>(params: &P) -> Result<serde_json::Value, Error> {
+    serde_json::to_value(params).map_err(|e| Error::InvalidParams {
+        workflow: String::new(),
+        reason: e.to_string(),
+    })
+}
+
+/// One entry of a batch after validation.
+struct Prepared {
+    index: usize,
+    id: InstanceId,
+    new: NewInstance,
+}
+
+impl UntypedWorkflow {
+    /// The workflow's name.
+    pub fn name(&self) -> &WorkflowName {
+        &self.name
+    }
+
+    fn prepare(
+        &self,
+        index: usize,
+        options: CreateOptions<serde_json::Value>,
+    ) -> Result<Prepared, (Option<String>, Error)> {
+        let id = match options.id {
+            Some(id) => InstanceId::new(id.clone()).map_err(|e| (Some(id), e.into()))?,
+            None => InstanceId::new(uuid::Uuid::new_v4().to_string())
+                .expect("a UUID is a valid instance id"),
+        };
+        let fail = |e: Error| (Some(id.to_string()), e);
+        let workflow = self
+            .engine
+            .inner
+            .workflows
+            .get(&self.name)
+            .ok_or_else(|| fail(Error::UnknownWorkflow(self.name.to_string())))?;
+        let params = options.params;
+        let text = params.to_string();
+        let limit = self.engine.inner.shared.limits.payload_limit;
+        if text.len() > limit {
+            return Err(fail(Error::PayloadTooLarge {
+                what: "params",
+                size: text.len(),
+                limit,
+            }));
+        }
+        workflow.check_params(&params).map_err(|reason| {
+            fail(Error::InvalidParams {
+                workflow: self.name.to_string(),
+                reason,
+            })
+        })?;
+        let now = self.engine.inner.shared.clock.now();
+        Ok(Prepared {
+            index,
+            id: id.clone(),
+            new: NewInstance {
+                workflow: self.name.clone(),
+                id,
+                params: text,
+                created_at: now,
+                queued: LogEntry {
+                    kind: LogKind::WorkflowQueued,
+                    at: now,
+                    step: None,
+                    meta: json!({ "params": params, "trigger": { "source": "api" } }),
+                },
+            },
+        })
+    }
+
+    async fn insert(&self, prepared: Vec<Prepared>) -> Result<Vec<(Prepared, Created)>, Error> {
+        let news = prepared.iter().map(|p| p.new.clone()).collect();
+        let created = self.engine.inner.shared.store.create(news).await?;
+        if created.iter().any(|c| matches!(c, Created::New(_))) {
+            self.engine.inner.wake.notify_one();
+            self.engine.inner.changed();
+        }
+        Ok(prepared.into_iter().zip(created).collect())
+    }
+
+    fn instance(&self, id: InstanceId) -> Instance {
+        Instance {
+            engine: self.engine.clone(),
+            workflow: self.name.clone(),
+            id,
+            _output: PhantomData,
+        }
+    }
+
+    /// Creates an instance with JSON params (`{}` is Cloudflare's default).
+    ///
+    /// # Errors
+    /// As [`WorkflowClient::create`], plus [`Error::InvalidParams`] when the params do not
+    /// decode as the workflow's `Params`.
+    pub async fn create(&self, options: CreateOptions<serde_json::Value>) -> Result<Instance, Error> {
+        let prepared = self.prepare(0, options).map_err(|(_, e)| e)?;
+        let id = prepared.id.clone();
+        match self.insert(vec![prepared]).await?[..] {
+            [(_, Created::New(_))] => Ok(self.instance(id)),
+            _ => Err(Error::AlreadyExists {
+                workflow: self.name.to_string(),
+                id: id.to_string(),
+            }),
+        }
+    }
+
+    fn check_batch_size(len: usize) -> Result<(), Error> {
+        if len == 0 {
+            return Err(Error::BatchEmpty("batchCreate"));
+        }
+        if len > MAX_BATCH {
+            return Err(Error::BatchTooLarge {
+                operation: "batchCreate",
+                len,
+                max: MAX_BATCH,
+            });
+        }
+        Ok(())
+    }
+
+    /// Array-form batch create with JSON params; see [`WorkflowClient::create_batch`].
+    ///
+    /// # Errors
+    /// As [`WorkflowClient::create_batch`].
+    pub async fn create_batch(
+        &self,
+        batch: Vec<CreateOptions<serde_json::Value>>,
+    ) -> Result<Vec<Instance>, Error> {
+        Self::check_batch_size(batch.len())?;
+        let prepared = batch
+            .into_iter()
+            .enumerate()
+            .map(|(i, o)| self.prepare(i, o).map_err(|(_, e)| e))
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(self
+            .insert(prepared)
+            .await?
+            .into_iter()
+            .filter(|(_, c)| matches!(c, Created::New(_)))
+            .map(|(p, _)| self.instance(p.id))
+            .collect())
+    }
+
+    /// Detailed batch create with JSON params; see [`WorkflowClient::create_batch_detailed`].
+    ///
+    /// # Errors
+    /// As [`WorkflowClient::create_batch_detailed`].
+    pub async fn create_batch_detailed(
+        &self,
+        batch: Vec<CreateOptions<serde_json::Value>>,
+    ) -> Result<BatchCreated<serde_json::Value>, Error> {
+        Self::check_batch_size(batch.len())?;
+        let mut errors = Vec::new();
+        let mut prepared = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, options) in batch.into_iter().enumerate() {
+            match self.prepare(i, options) {
+                Ok(p) if !seen.insert(p.id.clone()) => errors.push(BatchError {
+                    index: i,
+                    id: Some(p.id.to_string()),
+                    code: "instance.already_exists".into(),
+                    message: format!("instance id {:?} is repeated within the batch", p.id.as_str()),
+                }),
+                Ok(p) => prepared.push(p),
+                Err((id, e)) => errors.push(BatchError {
+                    index: i,
+                    id,
+                    code: e.code().into(),
+                    message: e.to_string(),
+                }),
+            }
+        }
+        let mut created = Vec::new();
+        if !prepared.is_empty() {
+            for (p, outcome) in self.insert(prepared).await? {
+                match outcome {
+                    Created::New(_) => created.push(self.instance(p.id)),
+                    Created::AlreadyExists => errors.push(BatchError {
+                        index: p.index,
+                        id: Some(p.id.to_string()),
+                        code: "instance.already_exists".into(),
+                        message: Error::AlreadyExists {
+                            workflow: self.name.to_string(),
+                            id: p.id.to_string(),
+                        }
+                        .to_string(),
+                    }),
+                }
+            }
+        }
+        errors.sort_by_key(|e| e.index);
+        Ok(BatchCreated { created, errors })
+    }
+
+    /// The instance with this id.
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`] or [`Error::InstanceNotFound`].
+    pub async fn get(&self, id: &str) -> Result<Instance, Error> {
+        let id = InstanceId::new(id)?;
+        let instance = self.instance(id);
+        instance.record().await?;
+        Ok(instance)
+    }
+}
+
+impl Instance<serde_json::Value> {
+    fn typed<O>(self) -> Instance<O> {
+        Instance {
+            engine: self.engine,
+            workflow: self.workflow,
+            id: self.id,
+            _output: PhantomData,
+        }
+    }
+}
+
+impl<O: DeserializeOwned> Instance<O> {
+    /// The instance id.
+    pub fn id(&self) -> &InstanceId {
+        &self.id
+    }
+
+    /// The workflow's name.
+    pub fn workflow(&self) -> &WorkflowName {
+        &self.workflow
+    }
+
+    pub(crate) async fn record(&self) -> Result<InstanceRecord, Error> {
+        self.engine
+            .inner
+            .shared
+            .store
+            .instance(&self.workflow, &self.id)
+            .await?
+            .ok_or_else(|| Error::InstanceNotFound {
+                workflow: self.workflow.to_string(),
+                id: self.id.to_string(),
+            })
+    }
+
+    /// The instance's status, output and error.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`] once the instance is deleted; [`Error::Store`] when the
+    /// stored output does not decode as `O`.
+    pub async fn status(&self) -> Result<Status<O>, Error> {
+        let record = self.record().await?;
+        let output = match (&record.output, record.status) {
+            (Some(json), InstanceStatus::Complete) => Some(serde_json::from_str(json).map_err(|e| {
+                Error::Store(cairn_store::Error::Corrupt(format!(
+                    "the output of instance {:?} does not decode as the expected type: {e}",
+                    self.id.as_str()
+                )))
+            })?),
+            _ => None,
+        };
+        Ok(Status {
+            status: record.status,
+            output,
+            error: record.error.filter(|_| record.status == InstanceStatus::Errored),
+        })
+    }
+
+    /// Waits until the instance's status satisfies `done`, and returns it.
+    ///
+    /// # Errors
+    /// As [`Instance::status`].
+    pub async fn wait_for(&self, mut done: impl FnMut(&Status<O>) -> bool) -> Result<Status<O>, Error> {
+        let mut changes = self.engine.inner.changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            let status = self.status().await?;
+            if done(&status) {
+                return Ok(status);
+            }
+            if changes.changed().await.is_err() {
+                return Ok(status);
+            }
+        }
+    }
+
+    /// Waits until the instance is complete, errored or terminated, and returns its status.
+    ///
+    /// # Errors
+    /// As [`Instance::status`].
+    pub async fn wait(&self) -> Result<Status<O>, Error> {
+        self.wait_for(|s| s.status.is_terminal()).await
+    }
+
+    /// The instance's lifecycle records with id greater than `after`, oldest first.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`] or a store failure.
+    pub async fn log(&self, after: u64) -> Result<Vec<LogRecord>, Error> {
+        let record = self.record().await?;
+        let store = &self.engine.inner.shared.store;
+        let mut out = Vec::new();
+        let mut cursor = after;
+        loop {
+            let page = store.log(record.instance, cursor, 1_000).await?;
+            let Some(last) = page.last() else { break };
+            cursor = last.id;
+            let full = page.len() == 1_000;
+            out.extend(page);
+            if !full {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Everything about the instance: status, params, timings and its steps with their
+    /// attempts, in start order. Sensitive outputs show as `[REDACTED]`.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`] or a store failure.
+    pub async fn details(&self) -> Result<InstanceDetails, Error> {
+        let record = self.record().await?;
+        let journal = self.engine.inner.shared.store.journal(record.instance).await?;
+        let log = self.log(0).await?;
+        Ok(InstanceDetails::build(&record, &journal, &log))
+    }
+}

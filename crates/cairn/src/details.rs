@@ -1,0 +1,207 @@
+//! The instance details view (SPEC §6.2): what `describe` and the dashboard show, built
+//! from the instance row, its journal and its event log.
+
+use std::collections::HashMap;
+
+use cairn_core::{
+    ErrorInfo, InstanceStatus, LogKind, LogRecord, REDACTED, StepKey, StepKind, StepRecord,
+    StepState, Timestamp,
+};
+use cairn_store::InstanceRecord;
+use serde::{Serialize, Serializer};
+
+fn iso<S: Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&t.to_rfc3339())
+}
+
+fn iso_opt<S: Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_str(&t.to_rfc3339()),
+        None => s.serialize_none(),
+    }
+}
+
+/// Everything about one instance.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct InstanceDetails {
+    /// The workflow.
+    pub workflow: String,
+    /// The instance id.
+    pub id: String,
+    /// Its status.
+    pub status: InstanceStatus,
+    /// The params it was created with.
+    pub params: serde_json::Value,
+    /// What created it: `{"source": "api"}`.
+    pub trigger: serde_json::Value,
+    /// When it was created.
+    #[serde(serialize_with = "iso")]
+    pub queued: Timestamp,
+    /// When it first started.
+    #[serde(serialize_with = "iso_opt")]
+    pub start: Option<Timestamp>,
+    /// When it finished.
+    #[serde(serialize_with = "iso_opt")]
+    pub end: Option<Timestamp>,
+    /// `true` when complete, `false` when errored or terminated, `null` before.
+    pub success: Option<bool>,
+    /// The error, when errored.
+    pub error: Option<ErrorInfo>,
+    /// The output, when complete.
+    pub output: Option<serde_json::Value>,
+    /// Its steps in start order.
+    pub steps: Vec<StepDetails>,
+}
+
+/// One step of an instance.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct StepDetails {
+    /// `step`, `sleep` or `waitForEvent`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The step name.
+    pub name: String,
+    /// Its occurrence count.
+    pub count: u32,
+    /// When it started.
+    #[serde(serialize_with = "iso")]
+    pub start: Timestamp,
+    /// When it finished.
+    #[serde(serialize_with = "iso_opt")]
+    pub end: Option<Timestamp>,
+    /// `true`/`false` once finished, `null` while running.
+    pub success: Option<bool>,
+    /// The resolved config it ran with.
+    pub config: serde_json::Value,
+    /// Its output (`"[REDACTED]"` for a sensitive step).
+    pub output: Option<serde_json::Value>,
+    /// Its final error.
+    pub error: Option<ErrorInfo>,
+    /// When its next attempt is due, while it waits for a retry.
+    #[serde(serialize_with = "iso_opt", rename = "retriesAt")]
+    pub retries_at: Option<Timestamp>,
+    /// Its attempts, in order.
+    pub attempts: Vec<AttemptDetails>,
+}
+
+/// One attempt of a step.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct AttemptDetails {
+    /// 1-based attempt number.
+    pub attempt: u32,
+    /// When it started.
+    #[serde(serialize_with = "iso")]
+    pub start: Timestamp,
+    /// When it ended.
+    #[serde(serialize_with = "iso_opt")]
+    pub end: Option<Timestamp>,
+    /// `true`/`false` once ended, `null` while running.
+    pub success: Option<bool>,
+    /// Why it failed.
+    pub error: Option<ErrorInfo>,
+    /// The wait before the next attempt, when one was scheduled.
+    #[serde(rename = "retryDelayMs")]
+    pub retry_delay_ms: Option<u64>,
+}
+
+fn kind_label(kind: StepKind) -> &'static str {
+    match kind {
+        StepKind::Run => "step",
+        StepKind::Sleep => "sleep",
+        StepKind::WaitForEvent => "waitForEvent",
+    }
+}
+
+impl InstanceDetails {
+    pub(crate) fn build(record: &InstanceRecord, journal: &[StepRecord], log: &[LogRecord]) -> Self {
+        let mut attempts: HashMap<&StepKey, Vec<AttemptDetails>> = HashMap::new();
+        for r in log {
+            let Some(key) = r.entry.step.as_ref() else {
+                continue;
+            };
+            let meta = &r.entry.meta;
+            let number = meta
+                .get("attempt")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0);
+            let list = attempts.entry(key).or_default();
+            match r.entry.kind {
+                LogKind::AttemptStart => list.push(AttemptDetails {
+                    attempt: number,
+                    start: r.entry.at,
+                    end: None,
+                    success: None,
+                    error: None,
+                    retry_delay_ms: None,
+                }),
+                LogKind::AttemptSuccess | LogKind::AttemptFailure => {
+                    if let Some(a) = list.iter_mut().rev().find(|a| a.attempt == number) {
+                        a.end = Some(r.entry.at);
+                        a.success = Some(r.entry.kind == LogKind::AttemptSuccess);
+                        a.error = meta
+                            .get("error")
+                            .and_then(|e| serde_json::from_value(e.clone()).ok());
+                        a.retry_delay_ms = meta.get("retryDelayMs").and_then(serde_json::Value::as_u64);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let steps = journal
+            .iter()
+            .map(|s| {
+                let sensitive = s.config.get("sensitive").is_some();
+                StepDetails {
+                    kind: kind_label(s.key.kind),
+                    name: s.key.name.clone(),
+                    count: s.key.count,
+                    start: s.started_at,
+                    end: s.ended_at,
+                    success: match s.state {
+                        StepState::Running => None,
+                        StepState::Succeeded => Some(true),
+                        StepState::Failed => Some(false),
+                    },
+                    config: s.config.clone(),
+                    output: s.output.as_deref().map(|json| {
+                        if sensitive {
+                            serde_json::Value::from(REDACTED)
+                        } else {
+                            serde_json::from_str(json).unwrap_or(serde_json::Value::Null)
+                        }
+                    }),
+                    error: s.error.clone(),
+                    retries_at: s.wake_at.filter(|_| s.state == StepState::Running && !s.in_flight),
+                    attempts: attempts.remove(&s.key).unwrap_or_default(),
+                }
+            })
+            .collect();
+        let success = match record.status {
+            InstanceStatus::Complete => Some(true),
+            InstanceStatus::Errored | InstanceStatus::Terminated => Some(false),
+            _ => None,
+        };
+        InstanceDetails {
+            workflow: record.workflow.to_string(),
+            id: record.id.to_string(),
+            status: record.status,
+            params: serde_json::from_str(&record.params).unwrap_or(serde_json::Value::Null),
+            trigger: serde_json::json!({ "source": "api" }),
+            queued: record.created_at,
+            start: record.started_at,
+            end: record.ended_at,
+            success,
+            error: record.error.clone().filter(|_| record.status == InstanceStatus::Errored),
+            output: record
+                .output
+                .as_deref()
+                .filter(|_| record.status == InstanceStatus::Complete)
+                .and_then(|json| serde_json::from_str(json).ok()),
+            steps,
+        }
+    }
+}

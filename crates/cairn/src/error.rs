@@ -1,0 +1,89 @@
+//! [`Error`]: what the management API (create, get, status, …) fails with. Each variant
+//! names what was wrong and has a stable [`Error::code`], the code the HTTP API returns.
+
+use cairn_core::IdError;
+
+/// A management call that could not be done. Nothing was changed when it is returned.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An id, name or event type is invalid; the message quotes it.
+    #[error(transparent)]
+    InvalidId(#[from] IdError),
+    /// No instance with this id exists in this workflow.
+    #[error("Instance {id:?} of workflow {workflow:?} does not exist")]
+    InstanceNotFound {
+        /// The workflow.
+        workflow: String,
+        /// The id looked up.
+        id: String,
+    },
+    /// An instance with this id exists in this workflow (ids are unique for as long as the
+    /// instance is retained).
+    #[error("Workflow instance with id {id:?} already exists in workflow {workflow:?}")]
+    AlreadyExists {
+        /// The workflow.
+        workflow: String,
+        /// The duplicate id.
+        id: String,
+    },
+    /// No workflow with this name is registered on the engine.
+    #[error("no workflow named {0:?} is registered on this engine")]
+    UnknownWorkflow(String),
+    /// The params do not decode as the workflow's `Params` type.
+    #[error("params for workflow {workflow:?} do not match its Params type: {reason}")]
+    InvalidParams {
+        /// The workflow.
+        workflow: String,
+        /// The decoding error.
+        reason: String,
+    },
+    /// A payload is larger than the configured limit.
+    #[error("{what} is {size} bytes; the limit is {limit} bytes")]
+    PayloadTooLarge {
+        /// What was too large (e.g. "params").
+        what: &'static str,
+        /// Its size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// A batch with no entries.
+    #[error("{0} should have at least 1 instance")]
+    BatchEmpty(&'static str),
+    /// A batch with more entries than allowed.
+    #[error("{operation} only supports {max} instances at a time, got {len}")]
+    BatchTooLarge {
+        /// The operation, e.g. `batchCreate`.
+        operation: &'static str,
+        /// Entries given.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// The engine could not be built or started as configured.
+    #[error("engine configuration: {0}")]
+    Config(String),
+    /// The store failed; nothing was changed.
+    #[error("store: {0}")]
+    Store(#[from] cairn_store::Error),
+}
+
+impl Error {
+    /// The stable code of this error, e.g. `instance.not_found`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::InvalidId(e) => e.code(),
+            Error::InstanceNotFound { .. } => "instance.not_found",
+            Error::AlreadyExists { .. } => "instance.already_exists",
+            Error::UnknownWorkflow(_) => "workflow.not_found",
+            Error::InvalidParams { .. } => "params.invalid",
+            Error::PayloadTooLarge { .. } => "payload.too_large",
+            Error::BatchEmpty(_) => "batch.empty",
+            Error::BatchTooLarge { .. } => "batch.too_large",
+            Error::Config(_) => "engine.config",
+            Error::Store(cairn_store::Error::Unavailable(_)) => "store.unavailable",
+            Error::Store(_) => "internal",
+        }
+    }
+}

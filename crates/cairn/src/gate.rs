@@ -1,0 +1,89 @@
+//! Keeps virtual time still while the store works.
+//!
+//! Under tokio's paused clock, time jumps to the next timer whenever the runtime has nothing
+//! to do, including while it waits for the SQLite writer thread. That would fire a
+//! 10-minute step timeout while a commit is in flight. tokio does not advance paused time
+//! while a `spawn_blocking` task runs, so with a virtual clock every store call is made
+//! from one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_core::{InstanceId, LogRecord, StepRecord, Timestamp, WorkflowName};
+use cairn_store::{
+    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewInstance, Store,
+    StoreFuture, Write,
+};
+
+pub(crate) struct Gate(pub(crate) Arc<dyn Store>);
+
+fn blocking<T, F>(store: &Arc<dyn Store>, call: F) -> StoreFuture<'static, T>
+where
+    T: Send + 'static,
+    F: for<'a> FnOnce(&'a dyn Store) -> StoreFuture<'a, T> + Send + 'static,
+{
+    let store = Arc::clone(store);
+    Box::pin(async move {
+        tokio::task::spawn_blocking(move || futures::executor::block_on(call(&*store)))
+            .await
+            .map_err(|e| Error::Unavailable(format!("store call did not finish: {e}")))?
+    })
+}
+
+impl Store for Gate {
+    fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
+        blocking(&self.0, move |s| s.create(batch))
+    }
+
+    fn instance(
+        &self,
+        workflow: &WorkflowName,
+        id: &InstanceId,
+    ) -> StoreFuture<'_, Option<InstanceRecord>> {
+        let (workflow, id) = (workflow.clone(), id.clone());
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.instance(&workflow, &id).await })
+        })
+    }
+
+    fn list(&self, query: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>> {
+        blocking(&self.0, move |s| s.list(query))
+    }
+
+    fn claim(
+        &self,
+        owner: &str,
+        workflows: &[WorkflowName],
+        now: Timestamp,
+        ttl: Duration,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Claimed>> {
+        let (owner, workflows) = (owner.to_owned(), workflows.to_vec());
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.claim(&owner, &workflows, now, ttl, limit).await })
+        })
+    }
+
+    fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()> {
+        let owner = owner.to_owned();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.renew(&owner, until).await })
+        })
+    }
+
+    fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {
+        blocking(&self.0, move |s| s.journal(instance))
+    }
+
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, ()> {
+        blocking(&self.0, move |s| s.commit(lease, writes))
+    }
+
+    fn log(&self, instance: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
+        blocking(&self.0, move |s| s.log(instance, after, limit))
+    }
+
+    fn close(&self) -> StoreFuture<'_, ()> {
+        blocking(&self.0, |s| s.close())
+    }
+}

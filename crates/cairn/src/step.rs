@@ -1,0 +1,495 @@
+//! [`WorkflowStep`], the handle workflow code calls durable ops on, and the `step.run` op.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use cairn_core::{
+    DEFAULT_RETRY_DELAY, ErrorInfo, LogKind, REDACTED, ResolvedConfig, RetryDelay, StepKey,
+    StepKind, StepRecord, StepState, parse_duration,
+};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Either, select};
+use std::panic::AssertUnwindSafe;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::config::{DelayContext, DelayFn, DelayValue, Retries, StepConfig};
+use crate::failure::{DELAY_FAILED, INTERNAL, StepError, TIMEOUT, WorkflowError};
+use crate::replay::RunState;
+
+/// How long a delay function may take.
+const DELAY_FN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The handle workflow code runs durable ops on. Cheap to clone; every clone belongs to the
+/// same instance run.
+#[derive(Clone)]
+pub struct WorkflowStep {
+    pub(crate) run: Arc<RunState>,
+}
+
+impl std::fmt::Debug for WorkflowStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkflowStep")
+            .field("workflow", &self.run.workflow)
+            .field("instance", &self.run.instance_id)
+            .finish()
+    }
+}
+
+/// A step's name and its occurrence count in this run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepId {
+    /// The name given to the op.
+    pub name: String,
+    /// 1-based occurrence of `name` among ops of the same kind in this run.
+    pub count: u32,
+}
+
+/// What a step body receives on each attempt.
+#[derive(Debug, Clone)]
+pub struct StepContext {
+    /// The step's name and count.
+    pub step: StepId,
+    /// 1 on the first attempt, 2 on the first retry, …
+    pub attempt: u32,
+    /// The resolved config, defaults merged in. A fresh copy per attempt: changing it
+    /// changes nothing.
+    pub config: ResolvedConfig,
+    idempotency_key: String,
+}
+
+impl StepContext {
+    /// A key that is the same for every attempt and every replay of this step of this
+    /// instance, and differs for every other step and instance: pass it to external APIs
+    /// so an effect repeated by a retry happens once.
+    pub fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+}
+
+impl WorkflowStep {
+    /// Runs `body` as a durable step named `name` (Cloudflare's `step.do`).
+    ///
+    /// The body is called once per attempt until it succeeds or its retries run out; its
+    /// result is stored and returned now and on every replay, without calling it again. Any
+    /// error the body returns is retried; a [`NonRetryableError`](crate::NonRetryableError)
+    /// is not. The final outcome (output or error) is cached either way.
+    ///
+    /// The step's identity, `(name, count)`, is taken when this is called, not when it is
+    /// first polled, so concurrent steps (`futures::try_join!`) replay deterministically.
+    #[doc(alias = "do")]
+    pub fn run<'a, T, F, Fut>(&self, name: impl Into<String>, body: F) -> RunOp<'a, T, F>
+    where
+        F: FnMut(StepContext) -> Fut + Send + 'a,
+        Fut: Future<Output = Result<T, StepError>> + Send + 'a,
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
+        RunOp {
+            state: Arc::clone(&self.run),
+            key: self.run.claim(StepKind::Run, name.into()),
+            config: StepConfig::default(),
+            body: Some(body),
+            running: None,
+            _output: PhantomData,
+        }
+    }
+}
+
+/// A `step.run` op: a future with chained, consuming config methods.
+///
+/// # Cancel safety
+/// Dropping it loses nothing durable: a started attempt without an outcome is recorded as
+/// interrupted on the next replay and retried.
+#[must_use = "a step does nothing unless awaited"]
+pub struct RunOp<'a, T, F> {
+    state: Arc<RunState>,
+    key: Result<StepKey, WorkflowError>,
+    config: StepConfig,
+    body: Option<F>,
+    running: Option<BoxFuture<'a, Result<T, WorkflowError>>>,
+    _output: PhantomData<fn() -> T>,
+}
+
+// The op never pins its fields in place: the body is moved into a boxed future on first poll.
+impl<T, F> Unpin for RunOp<'_, T, F> {}
+
+impl<'a, T, F> RunOp<'a, T, F> {
+    /// Sets the retry policy.
+    pub fn retries(mut self, retries: Retries) -> Self {
+        self.config.retries = Some(retries);
+        self
+    }
+
+    /// Sets the per-attempt timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.config.timeout = Some(timeout);
+        self
+    }
+
+    /// Shows the output as `[REDACTED]` in every log and status view; workflow code still
+    /// gets the real value.
+    pub fn sensitive(mut self) -> Self {
+        self.config.sensitive = true;
+        self
+    }
+
+    /// Uses a shared config (replacing anything set before).
+    pub fn config(mut self, config: &StepConfig) -> Self {
+        self.config = config.clone();
+        self
+    }
+}
+
+impl<'a, T, F, Fut> Future for RunOp<'a, T, F>
+where
+    F: FnMut(StepContext) -> Fut + Send + 'a,
+    Fut: Future<Output = Result<T, StepError>> + Send + 'a,
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
+    type Output = Result<T, WorkflowError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.running.is_none() {
+            let Some(body) = this.body.take() else {
+                return Poll::Ready(Err(WorkflowError::new(INTERNAL, "step polled after completion")));
+            };
+            let key = std::mem::replace(
+                &mut this.key,
+                Err(WorkflowError::new(INTERNAL, "step already started")),
+            );
+            let run = Execution {
+                state: Arc::clone(&this.state),
+                config: std::mem::take(&mut this.config),
+            };
+            this.running = Some(Box::pin(async move { run.execute(key?, body).await }));
+        }
+        match this.running.as_mut() {
+            Some(running) => running.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+}
+
+struct Execution {
+    state: Arc<RunState>,
+    config: StepConfig,
+}
+
+/// How one attempt ended.
+enum Outcome {
+    Success(String),
+    Failure(ErrorInfo, bool),
+}
+
+impl Execution {
+    async fn execute<T, F, Fut>(self, key: StepKey, mut body: F) -> Result<T, WorkflowError>
+    where
+        F: FnMut(StepContext) -> Fut,
+        Fut: Future<Output = Result<T, StepError>>,
+        T: Serialize + DeserializeOwned,
+    {
+        let state = &*self.state;
+        let (overrides, delay_fn) = self.config.overrides();
+        let resolved = overrides
+            .resolve_over(ResolvedConfig::default())
+            .map_err(|e| {
+                WorkflowError::new(
+                    crate::failure::ERROR,
+                    format!("Step config for \"{}\" is in a invalid format: {e}", key.name),
+                )
+            })?;
+
+        // `loaded`: the record comes from the journal, written by an earlier lifetime.
+        let (mut record, loaded) = match state.take_record(&key) {
+            Some(rec) if rec.state == StepState::Succeeded => return decode(&key, &rec),
+            Some(rec) if rec.state == StepState::Failed => {
+                return Err(WorkflowError::from_info(
+                    rec.error
+                        .unwrap_or_else(|| ErrorInfo::new(INTERNAL, "step failed")),
+                ));
+            }
+            Some(rec) => (rec, true),
+            None => (self.start_first_attempt(&key, &resolved).await, false),
+        };
+        // The config persisted at the first execution wins: changing code does not change a
+        // step already in progress.
+        let config = ResolvedConfig::from_persisted_json(&record.config).unwrap_or(resolved);
+
+        if loaded && record.in_flight {
+            // The lifetime that ran this attempt died before recording its outcome: the
+            // attempt failed and counts (SPEC Part A.7).
+            let error = ErrorInfo::new(INTERNAL, "Attempt failed due to internal workflows error");
+            self.record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
+                .await?;
+        }
+
+        loop {
+            if !record.in_flight {
+                if let Some(wake_at) = record.wake_at {
+                    state.shared.clock.sleep_until(wake_at).await;
+                }
+                self.start_next_attempt(&key, &mut record).await;
+            }
+            let ctx = StepContext {
+                step: StepId {
+                    name: key.name.clone(),
+                    count: key.count,
+                },
+                attempt: record.attempts,
+                config,
+                idempotency_key: state.idempotency_key(&key),
+            };
+            let attempt = std::pin::pin!(AssertUnwindSafe(body(ctx)).catch_unwind());
+            let timed = select(attempt, state.shared.clock.sleep(config.timeout)).await;
+            let outcome = match timed {
+                Either::Left((Ok(Ok(value)), _)) => match serde_json::to_string(&value) {
+                    Ok(json) if json.len() > state.shared.limits.payload_limit => Outcome::Failure(
+                        ErrorInfo::new(
+                            INTERNAL,
+                            format!(
+                                "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
+                                key.target(),
+                                json.len(),
+                                state.shared.limits.payload_limit,
+                                human_bytes(state.shared.limits.payload_limit)
+                            ),
+                        ),
+                        false,
+                    ),
+                    Ok(json) => Outcome::Success(json),
+                    Err(e) => Outcome::Failure(
+                        ErrorInfo::new(
+                            INTERNAL,
+                            format!("Value returned from step \"{}\" is not serialisable: {e}", key.name),
+                        ),
+                        false,
+                    ),
+                },
+                Either::Left((Ok(Err(e)), _)) => Outcome::Failure(e.info, e.retryable),
+                Either::Left((Err(panic), _)) => Outcome::Failure(
+                    ErrorInfo::new(
+                        crate::failure::ERROR,
+                        format!("the step body panicked: {}", crate::driver::panic_message(&*panic)),
+                    ),
+                    true,
+                ),
+                Either::Right(((), _)) => Outcome::Failure(
+                    ErrorInfo::new(
+                        TIMEOUT,
+                        format!("Execution timed out after {}ms", config.timeout.as_millis()),
+                    ),
+                    true,
+                ),
+            };
+            match outcome {
+                Outcome::Success(json) => {
+                    self.record_success(&key, &mut record, &config, json.clone()).await;
+                    return serde_json::from_str(&json).map_err(|e| decode_error(&key, &e));
+                }
+                Outcome::Failure(error, retryable) => {
+                    self.record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, retryable)
+                        .await?;
+                }
+            }
+        }
+    }
+
+    async fn start_first_attempt(&self, key: &StepKey, config: &ResolvedConfig) -> StepRecord {
+        let state = &*self.state;
+        let now = state.now();
+        let persisted = config.to_persisted_json();
+        let record = StepRecord {
+            key: key.clone(),
+            seq: state.next_seq(),
+            state: StepState::Running,
+            config: persisted.clone(),
+            attempts: 1,
+            in_flight: true,
+            wake_at: None,
+            output: None,
+            error: None,
+            started_at: now,
+            ended_at: None,
+            has_rollback: false,
+        };
+        state
+            .commit(vec![
+                state.log(LogKind::StepStart, Some(key), json!({ "config": persisted })),
+                state.log(LogKind::AttemptStart, Some(key), json!({ "attempt": 1 })),
+                cairn_store::Write::Step(record.clone()),
+            ])
+            .await;
+        record
+    }
+
+    async fn start_next_attempt(&self, key: &StepKey, record: &mut StepRecord) {
+        let state = &*self.state;
+        record.attempts += 1;
+        record.in_flight = true;
+        record.wake_at = None;
+        state
+            .commit(vec![
+                state.log(LogKind::AttemptStart, Some(key), json!({ "attempt": record.attempts })),
+                cairn_store::Write::Step(record.clone()),
+            ])
+            .await;
+    }
+
+    async fn record_success(
+        &self,
+        key: &StepKey,
+        record: &mut StepRecord,
+        config: &ResolvedConfig,
+        json: String,
+    ) {
+        let state = &*self.state;
+        let now = state.now();
+        let shown = if config.sensitive {
+            serde_json::Value::from(REDACTED)
+        } else {
+            serde_json::from_str(&json).unwrap_or(serde_json::Value::Null)
+        };
+        record.state = StepState::Succeeded;
+        record.in_flight = false;
+        record.output = Some(json);
+        record.ended_at = Some(now);
+        state
+            .commit(vec![
+                state.log(LogKind::AttemptSuccess, Some(key), json!({ "attempt": record.attempts })),
+                state.log(LogKind::StepSuccess, Some(key), json!({ "result": shown })),
+                cairn_store::Write::Step(record.clone()),
+            ])
+            .await;
+    }
+
+    /// Records a failed attempt. Returns `Ok` when another attempt is scheduled (the record
+    /// then holds its wake time) and the step's final error otherwise.
+    async fn record_failure(
+        &self,
+        key: &StepKey,
+        record: &mut StepRecord,
+        config: &ResolvedConfig,
+        delay_fn: Option<&DelayFn>,
+        error: ErrorInfo,
+        retryable: bool,
+    ) -> Result<(), WorkflowError> {
+        let state = &*self.state;
+        let attempt = record.attempts;
+        let mut final_error = error.clone();
+        if retryable && config.will_retry(attempt) {
+            match self.base_delay(key, record, config, delay_fn, &error).await {
+                Ok(base) => {
+                    let wait = config.retry_wait(base, attempt);
+                    record.in_flight = false;
+                    record.wake_at = Some(state.now().saturating_add(wait));
+                    state
+                        .commit(vec![
+                            state.log(
+                                LogKind::AttemptFailure,
+                                Some(key),
+                                json!({ "attempt": attempt, "error": error, "retryDelayMs": wait.as_millis() as u64 }),
+                            ),
+                            cairn_store::Write::Step(record.clone()),
+                        ])
+                        .await;
+                    return Ok(());
+                }
+                Err(delay_error) => final_error = delay_error,
+            }
+        }
+        record.state = StepState::Failed;
+        record.in_flight = false;
+        record.wake_at = None;
+        record.error = Some(final_error.clone());
+        record.ended_at = Some(state.now());
+        state
+            .commit(vec![
+                state.log(
+                    LogKind::AttemptFailure,
+                    Some(key),
+                    json!({ "attempt": attempt, "error": error }),
+                ),
+                state.log(LogKind::StepFailure, Some(key), json!({ "error": final_error })),
+                cairn_store::Write::Step(record.clone()),
+            ])
+            .await;
+        Err(WorkflowError::from_info(final_error))
+    }
+
+    /// The base of the back-off for the retry after `error`: the fixed delay, or the delay
+    /// function's answer. A failing delay function is the step's final error.
+    async fn base_delay(
+        &self,
+        key: &StepKey,
+        record: &StepRecord,
+        config: &ResolvedConfig,
+        delay_fn: Option<&DelayFn>,
+        error: &ErrorInfo,
+    ) -> Result<Duration, ErrorInfo> {
+        let state = &*self.state;
+        let function = match (config.retries.delay, delay_fn) {
+            (RetryDelay::Fixed(d), _) => return Ok(d),
+            // The code no longer has the function the step started with: use the default.
+            (RetryDelay::Dynamic, None) => return Ok(DEFAULT_RETRY_DELAY),
+            (RetryDelay::Dynamic, Some(f)) => f,
+        };
+        let fail = |what: String| {
+            ErrorInfo::new(
+                DELAY_FAILED,
+                format!("The delay function for step \"{}\" {what}", key.target()),
+            )
+        };
+        let ctx = DelayContext {
+            ctx: StepContext {
+                step: StepId {
+                    name: key.name.clone(),
+                    count: key.count,
+                },
+                attempt: record.attempts,
+                config: *config,
+                idempotency_key: state.idempotency_key(key),
+            },
+            error: error.clone(),
+        };
+        let call = (function.0)(ctx);
+        match select(call, state.shared.clock.sleep(DELAY_FN_TIMEOUT)).await {
+            Either::Left((Ok(DelayValue::Duration(d)), _)) => Ok(d),
+            Either::Left((Ok(DelayValue::Text(s)), _)) => parse_duration(&s).map_err(|_| {
+                fail("returned an invalid delay value (expected a number of ms or a duration string like \"30 seconds\")".into())
+            }),
+            Either::Left((Err(e), _)) => Err(fail(format!("threw an error: {e}"))),
+            Either::Right(((), _)) => Err(fail("did not return within 5 seconds".into())),
+        }
+    }
+}
+
+fn human_bytes(n: usize) -> String {
+    if n % (1 << 20) == 0 {
+        format!("{}MiB", n >> 20)
+    } else if n % (1 << 10) == 0 {
+        format!("{}KiB", n >> 10)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+fn decode<T: DeserializeOwned>(key: &StepKey, record: &StepRecord) -> Result<T, WorkflowError> {
+    let json = record.output.as_deref().unwrap_or("null");
+    serde_json::from_str(json).map_err(|e| decode_error(key, &e))
+}
+
+fn decode_error(key: &StepKey, e: &serde_json::Error) -> WorkflowError {
+    WorkflowError::new(
+        INTERNAL,
+        format!(
+            "Step \"{}\" has a stored output that does not decode as the type this code expects: {e}",
+            key.target()
+        ),
+    )
+}

@@ -1,0 +1,101 @@
+//! The [`Workflow`] trait users implement, the [`WorkflowEvent`] it receives, and the
+//! type-erased form the engine keeps in its registry.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use cairn_core::{InstanceId, Timestamp, WorkflowName};
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::failure::WorkflowError;
+use crate::step::WorkflowStep;
+
+/// A durable workflow: async Rust whose side effects live in named steps.
+///
+/// `run` is called from the top on every start and every replay; each step returns its
+/// stored result instead of running again once it has one. Code outside steps therefore
+/// runs many times and must be deterministic (see the guide "Rules of workflows").
+///
+/// App dependencies (clients, pools) live on the implementing struct.
+pub trait Workflow: Send + Sync + 'static {
+    /// The workflow's name, unique within an engine (1–64 characters of `[a-zA-Z0-9_-]`).
+    const NAME: &'static str;
+    /// The params given at creation, stored as JSON.
+    type Params: Serialize + DeserializeOwned + Send + Sync + 'static;
+    /// What `run` returns: the instance's output, stored as JSON.
+    type Output: Serialize + DeserializeOwned + Send + 'static;
+
+    /// Runs (or replays) one instance.
+    fn run(
+        &self,
+        event: WorkflowEvent<Self::Params>,
+        step: WorkflowStep,
+    ) -> impl Future<Output = Result<Self::Output, WorkflowError>> + Send;
+}
+
+/// The first argument of [`Workflow::run`]: the instance's params and identity. It is the
+/// same on every replay and after a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowEvent<P> {
+    /// The params given at creation.
+    pub payload: P,
+    /// When the instance was created.
+    pub timestamp: Timestamp,
+    /// The instance's id.
+    pub instance_id: InstanceId,
+    /// The workflow's name.
+    pub workflow_name: WorkflowName,
+}
+
+/// A workflow with its types erased to JSON, as the registry holds it.
+pub(crate) trait ErasedWorkflow: Send + Sync + 'static {
+    /// Checks that `params` decode as the workflow's `Params`.
+    fn check_params(&self, params: &serde_json::Value) -> Result<(), String>;
+
+    /// Runs the workflow on JSON params, returning the output as JSON.
+    fn run(
+        self: Arc<Self>,
+        event: WorkflowEvent<serde_json::Value>,
+        step: WorkflowStep,
+    ) -> BoxFuture<'static, Result<serde_json::Value, WorkflowError>>;
+}
+
+pub(crate) struct Registered<W>(pub(crate) W);
+
+impl<W: Workflow> ErasedWorkflow for Registered<W> {
+    fn check_params(&self, params: &serde_json::Value) -> Result<(), String> {
+        W::Params::deserialize(params)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn run(
+        self: Arc<Self>,
+        event: WorkflowEvent<serde_json::Value>,
+        step: WorkflowStep,
+    ) -> BoxFuture<'static, Result<serde_json::Value, WorkflowError>> {
+        Box::pin(async move {
+            let payload = W::Params::deserialize(&event.payload).map_err(|e| {
+                WorkflowError::new(
+                    crate::failure::INTERNAL,
+                    format!("the stored params do not decode as this workflow's params: {e}"),
+                )
+            })?;
+            let event = WorkflowEvent {
+                payload,
+                timestamp: event.timestamp,
+                instance_id: event.instance_id,
+                workflow_name: event.workflow_name,
+            };
+            let output = self.0.run(event, step).await?;
+            serde_json::to_value(&output).map_err(|e| {
+                WorkflowError::new(
+                    crate::failure::INTERNAL,
+                    format!("the workflow's output is not serialisable: {e}"),
+                )
+            })
+        })
+    }
+}
