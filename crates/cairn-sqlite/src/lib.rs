@@ -179,8 +179,7 @@ impl SqliteStore {
             )));
         }
         schema::migrate(&mut conn).map_err(|e| err("migrate", &e))?;
-        take_over(&conn, Timestamp::from_system_time(std::time::SystemTime::now()))
-            .map_err(|e| err("recover leases in", &e))?;
+        take_over(&conn).map_err(|e| err("recover leases in", &e))?;
 
         let mut read_conns = Vec::new();
         for _ in 0..options.readers.max(1) {
@@ -296,12 +295,15 @@ impl Drop for SqliteStore {
 }
 
 /// The previous owner held the lock file and is gone: its leased instances are claimable
-/// now (ahead of new ones), and a pause it was waiting for takes effect (SPEC E26).
-fn take_over(conn: &Connection, now: Timestamp) -> rusqlite::Result<()> {
+/// at once (ahead of new ones), and a pause it was waiting for takes effect (SPEC E26).
+///
+/// "At once" is `ready_at = created_at`, not the system time: the engine claims by its own
+/// clock (possibly virtual), and the creation time came from that clock.
+fn take_over(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute(
-        "UPDATE instances SET lease_owner = NULL, lease_until = NULL, ready_at = ?1, ready_rank = 0
+        "UPDATE instances SET lease_owner = NULL, lease_until = NULL, ready_at = created_at, ready_rank = 0
          WHERE lease_owner IS NOT NULL AND status IN (0, 1, 7)",
-        params![now.as_millis()],
+        [],
     )?;
     conn.execute(
         "UPDATE instances SET status = 2, lease_owner = NULL, lease_until = NULL, ready_at = NULL

@@ -36,7 +36,7 @@ pub use cairn_sqlite as sqlite;
 /// Everything a workflow author needs, in one import.
 pub mod prelude {
     pub use crate::{
-        Backoff, CreateOptions, Delay, Engine, InstanceStatus, NonRetryableError, ResultExt,
+        Backoff, CreateOptions, Delay, DelayContext, Engine, InstanceStatus, NonRetryableError, ResultExt,
         Retries, StepConfig, StepContext, StepError, Workflow, WorkflowError, WorkflowEvent,
         WorkflowStep,
     };
