@@ -15,7 +15,8 @@ mod workflow;
 
 pub use cairn_core::{
     Backoff, ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord,
-    ResolvedConfig, RetryDelay, StepKey, StepKind, StepName, Timestamp, WorkflowName,
+    ResolvedConfig, RetryDelay, StepKey, StepKind, StepName, StepRecord, StepState, Timestamp,
+    WorkflowName,
     format_duration, parse_duration,
 };
 pub use client::{BatchCreated, BatchError, CreateOptions, Instance, Status, UntypedWorkflow, WorkflowClient};

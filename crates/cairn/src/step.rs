@@ -1,7 +1,6 @@
 //! [`WorkflowStep`], the handle workflow code calls durable ops on, and the `step.run` op.
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -83,42 +82,44 @@ impl WorkflowStep {
     /// The step's identity, `(name, count)`, is taken when this is called, not when it is
     /// first polled, so concurrent steps (`futures::try_join!`) replay deterministically.
     #[doc(alias = "do")]
-    pub fn run<'a, T, F, Fut>(&self, name: impl Into<String>, body: F) -> RunOp<'a, T, F>
+    pub fn run<'a, T, F, Fut>(&self, name: impl Into<String>, body: F) -> RunOp<'a, T>
     where
         F: FnMut(StepContext) -> Fut + Send + 'a,
         Fut: Future<Output = Result<T, StepError>> + Send + 'a,
         T: Serialize + DeserializeOwned + Send + 'static,
     {
+        let state = Arc::clone(&self.run);
+        let key = self.run.claim(StepKind::Run, name.into());
         RunOp {
-            state: Arc::clone(&self.run),
-            key: self.run.claim(StepKind::Run, name.into()),
             config: StepConfig::default(),
-            body: Some(body),
+            start: Some(Box::new(move |config| {
+                let run = Execution { state, config };
+                Box::pin(async move { run.execute(key?, body).await })
+            })),
             running: None,
-            _output: PhantomData,
         }
     }
 }
 
+type Started<'a, T> = BoxFuture<'a, Result<T, WorkflowError>>;
+
 /// A `step.run` op: a future with chained, consuming config methods.
+///
+/// The body's type is erased when the op is created, so the op's `Future` impl has no
+/// bounds that mention the body's lifetimes: ops whose bodies borrow workflow locals can be
+/// combined with `futures::try_join!` inside a `Send` workflow future.
 ///
 /// # Cancel safety
 /// Dropping it loses nothing durable: a started attempt without an outcome is recorded as
 /// interrupted on the next replay and retried.
 #[must_use = "a step does nothing unless awaited"]
-pub struct RunOp<'a, T, F> {
-    state: Arc<RunState>,
-    key: Result<StepKey, WorkflowError>,
+pub struct RunOp<'a, T> {
     config: StepConfig,
-    body: Option<F>,
-    running: Option<BoxFuture<'a, Result<T, WorkflowError>>>,
-    _output: PhantomData<fn() -> T>,
+    start: Option<Box<dyn FnOnce(StepConfig) -> Started<'a, T> + Send + 'a>>,
+    running: Option<Started<'a, T>>,
 }
 
-// The op never pins its fields in place: the body is moved into a boxed future on first poll.
-impl<T, F> Unpin for RunOp<'_, T, F> {}
-
-impl<'a, T, F> RunOp<'a, T, F> {
+impl<T> RunOp<'_, T> {
     /// Sets the retry policy.
     pub fn retries(mut self, retries: Retries) -> Self {
         self.config.retries = Some(retries);
@@ -145,33 +146,17 @@ impl<'a, T, F> RunOp<'a, T, F> {
     }
 }
 
-impl<'a, T, F, Fut> Future for RunOp<'a, T, F>
-where
-    F: FnMut(StepContext) -> Fut + Send + 'a,
-    Fut: Future<Output = Result<T, StepError>> + Send + 'a,
-    T: Serialize + DeserializeOwned + Send + 'static,
-{
+impl<T> Future for RunOp<'_, T> {
     type Output = Result<T, WorkflowError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if this.running.is_none() {
-            let Some(body) = this.body.take() else {
-                return Poll::Ready(Err(WorkflowError::new(INTERNAL, "step polled after completion")));
-            };
-            let key = std::mem::replace(
-                &mut this.key,
-                Err(WorkflowError::new(INTERNAL, "step already started")),
-            );
-            let run = Execution {
-                state: Arc::clone(&this.state),
-                config: std::mem::take(&mut this.config),
-            };
-            this.running = Some(Box::pin(async move { run.execute(key?, body).await }));
+        if let Some(start) = this.start.take() {
+            this.running = Some(start(std::mem::take(&mut this.config)));
         }
         match this.running.as_mut() {
             Some(running) => running.as_mut().poll(cx),
-            None => Poll::Pending,
+            None => Poll::Ready(Err(WorkflowError::new(INTERNAL, "step polled after completion"))),
         }
     }
 }

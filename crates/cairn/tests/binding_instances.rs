@@ -552,3 +552,25 @@ async fn details_show_steps_attempts_and_timings_in_start_order() {
     assert_eq!(tail.first().map(|r| r.id), Some(ids[3]), "cursor resumes strictly after");
     engine.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn try_join_works_with_step_bodies_that_borrow_workflow_locals() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|event, step| async move {
+            let words: Vec<String> = serde_json::from_value(event.payload["words"].clone())?;
+            // Both bodies borrow `words`, a local of the workflow future.
+            let (count, longest) = futures::try_join!(
+                step.run("count", |_| { let n = words.len(); async move { Ok(n) } }),
+                step.run("longest", |_| {
+                    let l = words.iter().map(String::len).max().unwrap_or(0);
+                    async move { Ok(l) }
+                }),
+            )?;
+            Ok(json!([count, longest]))
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({"words": ["a", "abc", "ab"]})).await;
+    assert_eq!(instance.status().await.unwrap().output, Some(json!([3, 3])));
+    engine.shutdown().await;
+}

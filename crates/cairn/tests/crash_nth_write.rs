@@ -1,0 +1,230 @@
+//! Crash consistency: a store that fails at the Nth commit, for every N of a multi-step
+//! instance, with the write either not landing or landing but reported as failed. A new
+//! engine on the same database must then finish the instance with the same output, and a
+//! step whose result was committed must never run again.
+
+#[path = "support/lib.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn::prelude::*;
+use cairn::sqlite::{Durability, Options, SqliteStore};
+use cairn::store::{
+    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewInstance, Store,
+    StoreFuture, Write,
+};
+use cairn::{Clock, InstanceId, LogRecord, StepRecord, Timestamp, WorkflowName};
+use serde_json::json;
+use support::{FnWorkflow, wf};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// The Nth commit does not land.
+    Lost,
+    /// The Nth commit lands but the caller is told it failed.
+    LandedButReportedFailed,
+}
+
+/// Delegates to a real store until the Nth commit, then fails that one and every later call.
+struct FailingStore {
+    inner: Arc<dyn Store>,
+    fail_at: usize,
+    mode: Mode,
+    commits: AtomicUsize,
+    tripped: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl FailingStore {
+    fn dead(&self) -> bool {
+        self.tripped.load(Ordering::SeqCst)
+    }
+}
+
+fn down<'a, T: Send + 'a>() -> StoreFuture<'a, T> {
+    Box::pin(async { Err(Error::Unavailable("injected failure".into())) })
+}
+
+impl Store for FailingStore {
+    fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
+        if self.dead() { return down(); }
+        self.inner.create(batch)
+    }
+    fn instance(&self, w: &WorkflowName, id: &InstanceId) -> StoreFuture<'_, Option<InstanceRecord>> {
+        self.inner.instance(w, id)
+    }
+    fn list(&self, q: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>> {
+        self.inner.list(q)
+    }
+    fn claim(&self, owner: &str, w: &[WorkflowName], now: Timestamp, ttl: Duration, limit: usize) -> StoreFuture<'_, Vec<Claimed>> {
+        if self.dead() { return down(); }
+        self.inner.claim(owner, w, now, ttl, limit)
+    }
+    fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()> {
+        self.inner.renew(owner, until)
+    }
+    fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {
+        self.inner.journal(i)
+    }
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, ()> {
+        if self.dead() {
+            return down();
+        }
+        let n = self.commits.fetch_add(1, Ordering::SeqCst) + 1;
+        if n < self.fail_at {
+            return self.inner.commit(lease, writes);
+        }
+        self.tripped.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+        match self.mode {
+            Mode::Lost => down(),
+            Mode::LandedButReportedFailed => {
+                let landed = self.inner.commit(lease, writes);
+                Box::pin(async move {
+                    landed.await?;
+                    Err(Error::Unavailable("injected failure after the write landed".into()))
+                })
+            }
+        }
+    }
+    fn log(&self, i: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
+        self.inner.log(i, after, limit)
+    }
+    fn close(&self) -> StoreFuture<'_, ()> {
+        self.inner.close()
+    }
+}
+
+/// How many times each step body ran, by step name.
+type Runs = Arc<Mutex<HashMap<String, u32>>>;
+
+fn bump(runs: &Runs, name: &'static str) {
+    *runs.lock().unwrap().entry(name.to_owned()).or_insert(0) += 1;
+}
+
+/// Four steps, each feeding the next, one of them retried once, so the journal has
+/// starts, failures, retries and successes.
+fn workflow(runs: Runs) -> FnWorkflow {
+    wf(move |event, step| {
+        let runs = runs.clone();
+        async move {
+            let bump = |name: &'static str| bump(&runs, name);
+            let base = event.payload["base"].as_u64().unwrap_or(0);
+            let a: u64 = step.run("a", |_| { bump("a"); async move { Ok(base + 1) } }).await?;
+            let b: u64 = step
+                .run("b", |ctx| { bump("b"); async move { if ctx.attempt == 1 { Err("flaky".into()) } else { Ok(a * 10) } } })
+                .retries(Retries::constant(3, Duration::from_secs(1)))
+                .await?;
+            let (c, d): (u64, u64) = futures::try_join!(
+                step.run("c", |_| { bump("c"); async move { Ok(b + 2) } }),
+                step.run("d", |_| { bump("d"); async move { Ok(b + 3) } }),
+            )?;
+            Ok(json!(a + b + c + d))
+        }
+    })
+}
+
+const EXPECTED: u64 = 1 + 10 + 12 + 13;
+
+fn open_store(path: &std::path::Path) -> Arc<dyn Store> {
+    Arc::new(SqliteStore::open(path, Options::default().durability(Durability::Normal)).unwrap())
+}
+
+async fn total_commits() -> usize {
+    let (_dir, path) = support::temp_db();
+    let counting = Arc::new(FailingStore {
+        inner: open_store(&path),
+        fail_at: usize::MAX,
+        mode: Mode::Lost,
+        commits: AtomicUsize::new(0),
+        tripped: AtomicBool::new(false),
+        notify: tokio::sync::Notify::new(),
+    });
+    let engine = Engine::builder()
+        .store(counting.clone())
+        .clock(Clock::virtual_now())
+        .register(workflow(Runs::default()))
+        .start()
+        .await
+        .unwrap();
+    let i = engine.workflow::<FnWorkflow>().create(CreateOptions::new(json!({"base": 0})).id("x")).await.unwrap();
+    assert_eq!(i.wait().await.unwrap().output, Some(json!(EXPECTED)));
+    engine.shutdown().await;
+    counting.commits.load(Ordering::SeqCst)
+}
+
+async fn crash_at(fail_at: usize, mode: Mode) {
+    let (_dir, path) = support::temp_db();
+    let runs = Runs::default();
+    let failing = Arc::new(FailingStore {
+        inner: open_store(&path),
+        fail_at,
+        mode,
+        commits: AtomicUsize::new(0),
+        tripped: AtomicBool::new(false),
+        notify: tokio::sync::Notify::new(),
+    });
+    let first = Engine::builder()
+        .store(failing.clone())
+        .clock(Clock::virtual_now())
+        .register(workflow(runs.clone()))
+        .start()
+        .await
+        .unwrap();
+    let instance = first.workflow::<FnWorkflow>().create(CreateOptions::new(json!({"base": 0})).id("x")).await.unwrap();
+    tokio::select! {
+        () = failing.notify.notified() => {}
+        status = instance.wait() => panic!("write {fail_at} never happened: {status:?}"),
+    }
+    // The "crash": whatever was in flight stops where it is.
+    first.shutdown().await;
+    let committed: Vec<String> = {
+        let store = open_store(&path);
+        let rec = store
+            .instance(&WorkflowName::new("test").unwrap(), &InstanceId::new("x").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        let journal = store.journal(rec.instance).await.unwrap();
+        store.close().await.unwrap();
+        journal
+            .into_iter()
+            .filter(|s| s.state == cairn::StepState::Succeeded)
+            .map(|s| s.key.name)
+            .collect()
+    };
+    let before = runs.lock().unwrap().clone();
+
+    let second = support::builder_at(&path).register(workflow(runs.clone())).start().await.unwrap();
+    let instance = second.workflow::<FnWorkflow>().get("x").await.unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!(EXPECTED)), "crash at write {fail_at} ({mode:?})");
+    let after = runs.lock().unwrap().clone();
+    for name in &committed {
+        assert_eq!(
+            before.get(name),
+            after.get(name),
+            "step {name:?} was committed before the crash at write {fail_at} ({mode:?}) and ran again"
+        );
+    }
+    for name in ["a", "b", "c", "d"] {
+        assert!(after.get(name).copied().unwrap_or(0) >= 1, "step {name} ran");
+    }
+    second.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_commit_can_fail_and_a_new_engine_finishes_with_the_same_output() {
+    let total = total_commits().await;
+    assert!(total >= 10, "the workflow makes {total} commits");
+    eprintln!("crashing at each of the {total} commits, two ways");
+    for mode in [Mode::Lost, Mode::LandedButReportedFailed] {
+        for n in 1..=total {
+            crash_at(n, mode).await;
+        }
+    }
+}
