@@ -1,0 +1,108 @@
+//! Each seed example, run as a test: the examples' own `demo` functions on a temporary
+//! database with the virtual clock, with their outcomes asserted.
+
+#[path = "support/lib.rs"]
+mod support;
+
+macro_rules! example {
+    ($name:ident, $path:literal) => {
+        #[allow(dead_code, missing_docs, unreachable_pub)]
+        #[path = $path]
+        mod $name;
+    };
+}
+
+example!(idempotent_charge, "../examples/idempotent_charge.rs");
+example!(granular_steps, "../examples/granular_steps.rs");
+example!(state_from_steps, "../examples/state_from_steps.rs");
+example!(deterministic_names, "../examples/deterministic_names.rs");
+example!(race_in_one_step, "../examples/race_in_one_step.rs");
+example!(conditional_steps, "../examples/conditional_steps.rs");
+example!(batch_create, "../examples/batch_create.rs");
+example!(large_data_by_reference, "../examples/large_data_by_reference.rs");
+example!(retry_delay_function, "../examples/retry_delay_function.rs");
+example!(caught_non_retryable, "../examples/caught_non_retryable.rs");
+
+use cairn::{Clock, InstanceStatus};
+
+fn builder() -> (tempfile::TempDir, cairn::EngineBuilder) {
+    let (dir, path) = support::temp_db();
+    (dir, support::builder_at(&path))
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_charge_charges_once_despite_a_lost_reply() {
+    let (_dir, b) = builder();
+    let (output, charged) = idempotent_charge::demo(b).await.unwrap();
+    assert_eq!(output, "already charged (attempt 2)");
+    assert_eq!(charged, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn granular_steps_retry_independently() {
+    let (_dir, b) = builder();
+    let (output, kv, images) = granular_steps::demo(b).await.unwrap();
+    assert_eq!(output, "<image of cat 418>");
+    assert_eq!((kv, images), (1, 3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn state_from_steps_is_rebuilt_after_a_restart() {
+    let (_dir, path) = support::temp_db();
+    let output = state_from_steps::demo(&path, Clock::virtual_now()).await.unwrap();
+    assert_eq!(output, r#"downloaded cat-2 of ["cat-1", "cat-2"]"#);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deterministic_names_come_from_a_step_output() {
+    let (_dir, b) = builder();
+    let names = deterministic_names::demo(b).await.unwrap();
+    assert_eq!(names, ["get cat list from KV", "get cat: tom", "get cat: felix", "get cat: garfield"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_race_inside_one_step_keeps_its_winner_across_a_restart() {
+    let (_dir, path) = support::temp_db();
+    let output = race_in_one_step::demo(&path, Clock::virtual_now()).await.unwrap();
+    assert_eq!(output, "the race was won by second");
+}
+
+#[tokio::test(start_paused = true)]
+async fn conditions_on_step_outputs_and_payload() {
+    let (_dir, b) = builder();
+    let outputs = conditional_steps::demo(b).await.unwrap();
+    assert_eq!(outputs[0][..2], ["send email", "premium processing"]);
+    assert_eq!(outputs[1][0], "send email");
+    assert!(!outputs[1].contains(&"premium processing".to_string()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn batch_create_is_idempotent() {
+    let (_dir, b) = builder();
+    let (created, again) = batch_create::demo(b).await.unwrap();
+    assert_eq!(created, ["user1", "user2", "user3", "user4"]);
+    assert!(again.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn large_data_goes_by_reference() {
+    let (_dir, b) = builder();
+    let (error, sum) = large_data_by_reference::demo(b).await.unwrap();
+    assert!(error.contains("output is too large"), "{error}");
+    assert_eq!(sum, (0..400_000u64).sum::<u64>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_delay_function_decides_each_wait() {
+    let (_dir, b) = builder();
+    let delays = retry_delay_function::demo(b).await.unwrap();
+    assert_eq!(delays, [30_000, 120_000, 40_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caught_non_retryable_error_lets_the_workflow_continue() {
+    let (_dir, b) = builder();
+    let (log, status) = caught_non_retryable::demo(b).await.unwrap();
+    assert_eq!(log, ["task done", "Step failed: oh no", "cleaned up", "next task done"]);
+    assert_eq!(status, InstanceStatus::Complete);
+}
