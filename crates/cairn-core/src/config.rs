@@ -151,7 +151,7 @@ impl ResolvedConfig {
     ///
     /// # Errors
     /// A retry limit above [`MAX_RETRY_LIMIT`] or a zero timeout.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(self) -> Result<(), ConfigError> {
         if self.retries.limit > MAX_RETRY_LIMIT {
             return Err(ConfigError(format!(
                 "retries.limit {} exceeds the maximum of {MAX_RETRY_LIMIT}",
@@ -166,27 +166,27 @@ impl ResolvedConfig {
 
     /// The wait before the next attempt after attempt `failed_attempt` failed, given the
     /// base delay (the fixed one, or the delay function's result).
-    pub fn retry_wait(&self, base: Duration, failed_attempt: u32) -> Duration {
+    pub fn retry_wait(self, base: Duration, failed_attempt: u32) -> Duration {
         self.retries.backoff.delay(base, failed_attempt)
     }
 
     /// Whether a failure of attempt `attempt` (1-based) will be retried.
-    pub fn will_retry(&self, attempt: u32) -> bool {
+    pub fn will_retry(self, attempt: u32) -> bool {
         attempt <= self.retries.limit
     }
 
     /// The view the step body sees in `ctx.config`: a delay function is omitted, never leaked
     /// as its marker.
-    pub fn to_context_json(&self) -> serde_json::Value {
+    pub fn to_context_json(self) -> serde_json::Value {
         self.to_json(false)
     }
 
     /// The form stored in the journal and shown in logs: a delay function is `"[dynamic]"`.
-    pub fn to_persisted_json(&self) -> serde_json::Value {
+    pub fn to_persisted_json(self) -> serde_json::Value {
         self.to_json(true)
     }
 
-    fn to_json(&self, with_marker: bool) -> serde_json::Value {
+    fn to_json(self, with_marker: bool) -> serde_json::Value {
         let mut retries = serde_json::Map::new();
         retries.insert("limit".into(), self.retries.limit.into());
         match self.retries.delay {
@@ -366,7 +366,12 @@ mod tests {
         ];
         for (backoff, expected) in table {
             for (i, secs) in expected.iter().enumerate() {
-                assert_eq!(backoff.delay(S, i as u32 + 1), S * *secs, "{backoff:?} n={}", i + 1);
+                assert_eq!(
+                    backoff.delay(S, i as u32 + 1),
+                    S * *secs,
+                    "{backoff:?} n={}",
+                    i + 1
+                );
             }
         }
     }
@@ -374,7 +379,9 @@ mod tests {
     #[test]
     fn prod_default_delays() {
         let c = ResolvedConfig::default();
-        let waits: Vec<u64> = (1..=5).map(|n| c.retry_wait(DEFAULT_RETRY_DELAY, n).as_secs()).collect();
+        let waits: Vec<u64> = (1..=5)
+            .map(|n| c.retry_wait(DEFAULT_RETRY_DELAY, n).as_secs())
+            .collect();
         assert_eq!(waits, [10, 20, 40, 80, 160]);
         assert!(c.will_retry(5));
         assert!(!c.will_retry(6), "limit 5 means 6 attempts");
@@ -395,26 +402,43 @@ mod tests {
 
     #[test]
     fn limits_are_validated() {
-        let too_many = ConfigOverrides { limit: Some(10_001), ..Default::default() };
-        let err = too_many.resolve_over(ResolvedConfig::default()).expect_err("too many");
+        let too_many = ConfigOverrides {
+            limit: Some(10_001),
+            ..Default::default()
+        };
+        let err = too_many
+            .resolve_over(ResolvedConfig::default())
+            .expect_err("too many");
         assert!(err.0.contains("10001") && err.0.contains("10000"), "{err}");
-        let zero = ConfigOverrides { timeout: Some(Duration::ZERO), ..Default::default() };
+        let zero = ConfigOverrides {
+            timeout: Some(Duration::ZERO),
+            ..Default::default()
+        };
         assert!(zero.resolve_over(ResolvedConfig::default()).is_err());
     }
 
     #[test]
     fn json_views_of_a_dynamic_delay() {
         let c = ResolvedConfig {
-            retries: ResolvedRetries { delay: RetryDelay::Dynamic, ..ResolvedConfig::default().retries },
+            retries: ResolvedRetries {
+                delay: RetryDelay::Dynamic,
+                ..ResolvedConfig::default().retries
+            },
             ..ResolvedConfig::default()
         };
         assert!(c.to_context_json()["retries"].get("delay").is_none());
         assert_eq!(c.to_persisted_json()["retries"]["delay"], "[dynamic]");
-        assert_eq!(ResolvedConfig::from_persisted_json(&c.to_persisted_json()), Ok(c));
+        assert_eq!(
+            ResolvedConfig::from_persisted_json(&c.to_persisted_json()),
+            Ok(c)
+        );
         let d = ResolvedConfig::default();
         assert_eq!(d.to_context_json()["retries"]["delay"], 10_000);
         assert_eq!(d.to_context_json()["timeout"], "10 minutes");
-        assert_eq!(ResolvedConfig::from_persisted_json(&d.to_persisted_json()), Ok(d));
+        assert_eq!(
+            ResolvedConfig::from_persisted_json(&d.to_persisted_json()),
+            Ok(d)
+        );
     }
 
     #[test]
@@ -432,7 +456,10 @@ mod tests {
             r#"{"retries":{"limit":1,"delay":-5}}"#,
             "not json",
         ] {
-            assert!(StepConfigSpec::parse(bad).is_err(), "{bad} should be rejected");
+            assert!(
+                StepConfigSpec::parse(bad).is_err(),
+                "{bad} should be rejected"
+            );
         }
         for good in [
             r#"{"retries":{"limit":0,"delay":0}}"#,
@@ -440,7 +467,10 @@ mod tests {
             r#"{"sensitive":"output"}"#,
             "{}",
         ] {
-            assert!(StepConfigSpec::parse(good).is_ok(), "{good} should be accepted");
+            assert!(
+                StepConfigSpec::parse(good).is_ok(),
+                "{good} should be accepted"
+            );
         }
     }
 

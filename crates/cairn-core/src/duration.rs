@@ -82,7 +82,7 @@ pub fn format_duration(d: Duration) -> String {
         (1, "millisecond"),
     ];
     for (size, name) in units {
-        if ms >= size && ms % size == 0 {
+        if ms >= size && ms.is_multiple_of(size) {
             let n = ms / size;
             return format!("{n} {name}{}", if n == 1 { "" } else { "s" });
         }
@@ -125,8 +125,20 @@ mod tests {
     #[test]
     fn rejects_everything_else_quoting_the_input() {
         for input in [
-            "", "1hour", "1 Hour", "1 fortnight", "-1 second", "one second", "1e3", "NaN", "inf",
-            "1 second later", "1.2.3 seconds", "seconds", "1 s", "1 sec",
+            "",
+            "1hour",
+            "1 Hour",
+            "1 fortnight",
+            "-1 second",
+            "one second",
+            "1e3",
+            "NaN",
+            "inf",
+            "1 second later",
+            "1.2.3 seconds",
+            "seconds",
+            "1 s",
+            "1 sec",
         ] {
             let err = parse_duration(input).expect_err(input);
             assert!(err.to_string().contains(&format!("{input:?}")), "{err}");
@@ -137,7 +149,10 @@ mod tests {
     fn formats_like_cloudflare() {
         assert_eq!(format_duration(Duration::from_secs(600)), "10 minutes");
         assert_eq!(format_duration(Duration::from_secs(1)), "1 second");
-        assert_eq!(format_duration(Duration::from_millis(1500)), "1500 milliseconds");
+        assert_eq!(
+            format_duration(Duration::from_millis(1500)),
+            "1500 milliseconds"
+        );
         assert_eq!(format_duration(Duration::ZERO), "0 milliseconds");
     }
 

@@ -163,7 +163,17 @@ mod tests {
         for ok in ["abc", "NAME_123-hello", &"a".repeat(64), "_x"] {
             assert!(WorkflowName::new(ok).is_ok(), "{ok:?} should be accepted");
         }
-        for bad in ["", " ", "a b", "\nabc", &"a".repeat(65), "a.b", "-abc", "ab!", "é"] {
+        for bad in [
+            "",
+            " ",
+            "a b",
+            "\nabc",
+            &"a".repeat(65),
+            "a.b",
+            "-abc",
+            "ab!",
+            "é",
+        ] {
             let err = WorkflowName::new(bad).expect_err(bad);
             assert_eq!(err.code(), "workflow.invalid_name");
         }
@@ -184,7 +194,10 @@ mod tests {
     fn step_names() {
         assert!(StepName::new("charge customer 123 for the month").is_ok());
         assert!(StepName::new("💤💤💤").is_ok());
-        assert!(StepName::new("é".repeat(256)).is_ok(), "limit counts characters");
+        assert!(
+            StepName::new("é".repeat(256)).is_ok(),
+            "limit counts characters"
+        );
         assert!(StepName::new("").is_ok());
         let err = StepName::new("a".repeat(257)).expect_err("too long");
         assert!(err.to_string().contains("exceeds max length (256 chars)"));
@@ -197,7 +210,10 @@ mod tests {
         assert!(EventType::new("approved").is_ok());
         assert!(EventType::new("order-paid_2").is_ok());
         for bad in ["", "a.b", &"e".repeat(101), "with space"] {
-            assert_eq!(EventType::new(bad).expect_err(bad).code(), "event.invalid_type");
+            assert_eq!(
+                EventType::new(bad).expect_err(bad).code(),
+                "event.invalid_type"
+            );
         }
     }
 

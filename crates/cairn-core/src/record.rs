@@ -255,12 +255,19 @@ mod tests {
         }
         assert_eq!(LogKind::AttemptFailure.code(), 12);
         assert_eq!(LogKind::RollbackFailed.code(), 25);
-        assert_eq!(serde_json::to_value(LogKind::StepStart).expect("ser"), "STEP_START");
+        assert_eq!(
+            serde_json::to_value(LogKind::StepStart).expect("ser"),
+            "STEP_START"
+        );
     }
 
     #[test]
     fn step_key_target() {
-        let key = StepKey { kind: StepKind::Run, name: "charge".into(), count: 2 };
+        let key = StepKey {
+            kind: StepKind::Run,
+            name: "charge".into(),
+            count: 2,
+        };
         assert_eq!(key.target(), "charge-2");
         assert_eq!(serde_json::to_value(StepKind::Run).expect("ser"), "do");
     }

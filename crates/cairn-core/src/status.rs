@@ -123,10 +123,17 @@ mod tests {
 
     #[test]
     fn terminal_set() {
-        let terminal: Vec<_> = InstanceStatus::ALL.into_iter().filter(|s| s.is_terminal()).collect();
+        let terminal: Vec<_> = InstanceStatus::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .collect();
         assert_eq!(
             terminal,
-            [InstanceStatus::Errored, InstanceStatus::Terminated, InstanceStatus::Complete]
+            [
+                InstanceStatus::Errored,
+                InstanceStatus::Terminated,
+                InstanceStatus::Complete
+            ]
         );
     }
 }

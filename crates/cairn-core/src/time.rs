@@ -70,7 +70,10 @@ mod tests {
 
     #[test]
     fn formats_rfc3339() {
-        assert_eq!(Timestamp::from_millis(0).to_rfc3339(), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            Timestamp::from_millis(0).to_rfc3339(),
+            "1970-01-01T00:00:00.000Z"
+        );
         assert_eq!(
             Timestamp::from_millis(1_729_774_800_123).to_rfc3339(),
             "2024-10-24T13:00:00.123Z"
@@ -81,7 +84,12 @@ mod tests {
     fn arithmetic_saturates() {
         let t = Timestamp::from_millis(1_000);
         assert_eq!(t.saturating_add(Duration::from_secs(1)).as_millis(), 2_000);
-        assert_eq!(Timestamp::from_millis(i64::MAX).saturating_add(Duration::MAX).as_millis(), i64::MAX);
+        assert_eq!(
+            Timestamp::from_millis(i64::MAX)
+                .saturating_add(Duration::MAX)
+                .as_millis(),
+            i64::MAX
+        );
         assert_eq!(t.since(Timestamp::from_millis(5_000)), Duration::ZERO);
         let st = SystemTime::now();
         let ts = Timestamp::from_system_time(st);

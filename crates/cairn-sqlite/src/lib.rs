@@ -98,7 +98,9 @@ pub struct SqliteStore {
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -261,9 +263,8 @@ impl SqliteStore {
             if !sent {
                 return Err(Error::Unavailable("the store is closed".into()));
             }
-            rx.await.map_err(|_| {
-                Error::Unavailable("the sqlite writer dropped the request".into())
-            })?
+            rx.await
+                .map_err(|_| Error::Unavailable("the sqlite writer dropped the request".into()))?
         })
     }
 
@@ -335,7 +336,10 @@ impl Store for SqliteStore {
                 "SELECT {} FROM instances WHERE workflow = ?1 AND id = ?2",
                 rows::INSTANCE_COLUMNS
             ))
-            .and_then(|mut st| st.query_row(params![workflow, id], rows::instance).optional())
+            .and_then(|mut st| {
+                st.query_row(params![workflow, id], rows::instance)
+                    .optional()
+            })
             .map_err(map_sqlite)?
             .transpose()
         })
@@ -408,13 +412,11 @@ pub(crate) const RUNNABLE: [InstanceStatus; 3] = [
 
 #[cfg(test)]
 mod tests {
-    fn factory() -> impl std::future::Future<Output = std::sync::Arc<dyn cairn_store::Store>> {
-        async {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let path = dir.keep().join("conformance.db");
-            let store = crate::SqliteStore::open(path, crate::Options::default()).expect("open");
-            std::sync::Arc::new(store) as std::sync::Arc<dyn cairn_store::Store>
-        }
+    async fn factory() -> std::sync::Arc<dyn cairn_store::Store> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.keep().join("conformance.db");
+        let store = crate::SqliteStore::open(path, crate::Options::default()).expect("open");
+        std::sync::Arc::new(store)
     }
 
     cairn_store::conformance_tests!(factory);

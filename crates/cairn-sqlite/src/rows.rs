@@ -186,7 +186,9 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
 
 pub(crate) fn check_lease(conn: &Connection, lease: Lease) -> Result<()> {
     let epoch: Option<i64> = conn
-        .prepare_cached("SELECT lease_epoch FROM instances WHERE iid = ?1 AND lease_owner IS NOT NULL")
+        .prepare_cached(
+            "SELECT lease_epoch FROM instances WHERE iid = ?1 AND lease_owner IS NOT NULL",
+        )
         .and_then(|mut st| st.query_row([lease.instance.0], |r| r.get(0)).optional())
         .map_err(map_sqlite)?;
     match epoch {
@@ -327,7 +329,10 @@ pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<St
                     in_flight: r.get(7).map_err(map_sqlite)?,
                     wake_at: ts(r.get(8).map_err(map_sqlite)?),
                     output: r.get(9).map_err(map_sqlite)?,
-                    error: error_info(r.get(10).map_err(map_sqlite)?, r.get(11).map_err(map_sqlite)?),
+                    error: error_info(
+                        r.get(10).map_err(map_sqlite)?,
+                        r.get(11).map_err(map_sqlite)?,
+                    ),
                     started_at: Timestamp::from_millis(r.get(12).map_err(map_sqlite)?),
                     ended_at: ts(r.get(13).map_err(map_sqlite)?),
                     has_rollback: r.get(14).map_err(map_sqlite)?,

@@ -3,7 +3,7 @@
 //! Each case is an `async fn(Arc<dyn Store>)` that panics on a violation. A backend runs them
 //! all with one macro call, given an async factory producing a fresh, empty store:
 //!
-//! ```ignore
+//! ```text
 //! cairn_store::conformance_tests!(my_factory);
 //! ```
 
@@ -37,12 +37,21 @@ fn new_instance(workflow: &str, id: &str) -> NewInstance {
 }
 
 fn log(kind: LogKind, step: Option<StepKey>) -> LogEntry {
-    LogEntry { kind, at: T0, step, meta: serde_json::json!({}) }
+    LogEntry {
+        kind,
+        at: T0,
+        step,
+        meta: serde_json::json!({}),
+    }
 }
 
 fn step(name: &str, count: u32, seq: u32, state: StepState) -> StepRecord {
     StepRecord {
-        key: StepKey { kind: StepKind::Run, name: name.into(), count },
+        key: StepKey {
+            kind: StepKind::Run,
+            name: name.into(),
+            count,
+        },
         seq,
         state,
         config: serde_json::json!({"retries": {"limit": 5}}),
@@ -58,7 +67,11 @@ fn step(name: &str, count: u32, seq: u32, state: StepState) -> StepRecord {
 }
 
 async fn create_one(store: &dyn Store, workflow: &str, id: &str) -> crate::InstanceRef {
-    match store.create(vec![new_instance(workflow, id)]).await.unwrap()[..] {
+    match store
+        .create(vec![new_instance(workflow, id)])
+        .await
+        .unwrap()[..]
+    {
         [Created::New(r)] => r,
         ref other => panic!("expected a new instance, got {other:?}"),
     }
@@ -66,7 +79,11 @@ async fn create_one(store: &dyn Store, workflow: &str, id: &str) -> crate::Insta
 
 pub async fn create_and_read(store: Arc<dyn Store>) {
     let r = create_one(&*store, "wf", "a").await;
-    let rec = store.instance(&wf("wf"), &InstanceId::new("a").unwrap()).await.unwrap().unwrap();
+    let rec = store
+        .instance(&wf("wf"), &InstanceId::new("a").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(rec.instance, r);
     assert_eq!(rec.status, InstanceStatus::Queued);
     assert_eq!(rec.params, r#"{"n":1}"#);
@@ -75,17 +92,30 @@ pub async fn create_and_read(store: Arc<dyn Store>) {
     let logs = store.log(r, 0, 10).await.unwrap();
     assert_eq!(logs.len(), 1);
     assert_eq!(logs[0].entry.kind, LogKind::WorkflowQueued);
-    assert!(store.instance(&wf("wf"), &InstanceId::new("b").unwrap()).await.unwrap().is_none());
+    assert!(
+        store
+            .instance(&wf("wf"), &InstanceId::new("b").unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 pub async fn ids_are_unique_per_workflow(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
     let out = store
-        .create(vec![new_instance("wf", "a"), new_instance("other", "a"), new_instance("wf", "b")])
+        .create(vec![
+            new_instance("wf", "a"),
+            new_instance("other", "a"),
+            new_instance("wf", "b"),
+        ])
         .await
         .unwrap();
     assert_eq!(out[0], Created::AlreadyExists);
-    assert!(matches!(out[1], Created::New(_)), "same id in another workflow is allowed");
+    assert!(
+        matches!(out[1], Created::New(_)),
+        "same id in another workflow is allowed"
+    );
     assert!(matches!(out[2], Created::New(_)));
 }
 
@@ -93,10 +123,16 @@ pub async fn claim_takes_each_ready_instance_once(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
     create_one(&*store, "wf", "b").await;
     create_one(&*store, "unregistered", "c").await;
-    let first = store.claim("owner-1", &[wf("wf")], T0, TTL, 10).await.unwrap();
+    let first = store
+        .claim("owner-1", &[wf("wf")], T0, TTL, 10)
+        .await
+        .unwrap();
     assert_eq!(first.len(), 2, "only instances of the given workflows");
     assert!(first.iter().all(|c| c.lease.epoch == 1));
-    let again = store.claim("owner-2", &[wf("wf")], T0, TTL, 10).await.unwrap();
+    let again = store
+        .claim("owner-2", &[wf("wf")], T0, TTL, 10)
+        .await
+        .unwrap();
     assert!(again.is_empty(), "a leased instance is not claimed twice");
 }
 
@@ -105,7 +141,13 @@ pub async fn claim_respects_limit_and_ready_time(store: Arc<dyn Store>) {
         create_one(&*store, "wf", id).await;
     }
     let early = Timestamp::from_millis(T0.as_millis() - 1);
-    assert!(store.claim("o", &[wf("wf")], early, TTL, 10).await.unwrap().is_empty());
+    assert!(
+        store
+            .claim("o", &[wf("wf")], early, TTL, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let some = store.claim("o", &[wf("wf")], T0, TTL, 2).await.unwrap();
     assert_eq!(some.len(), 2);
     assert_eq!(some[0].record.id.as_str(), "a", "oldest first");
@@ -113,49 +155,97 @@ pub async fn claim_respects_limit_and_ready_time(store: Arc<dyn Store>) {
 
 pub async fn stale_lease_is_fenced(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
-    let claimed = store.claim("owner-1", &[wf("wf")], T0, TTL, 1).await.unwrap().remove(0);
+    let claimed = store
+        .claim("owner-1", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0);
     let lease = claimed.lease;
-    store.commit(lease, vec![Write::Step(step("s", 1, 1, StepState::Running))]).await.unwrap();
+    store
+        .commit(
+            lease,
+            vec![Write::Step(step("s", 1, 1, StepState::Running))],
+        )
+        .await
+        .unwrap();
 
     // The lease expires; another owner claims the instance and the epoch moves on.
     let later = T0.saturating_add(TTL * 2);
-    let stolen = store.claim("owner-2", &[wf("wf")], later, TTL, 1).await.unwrap();
+    let stolen = store
+        .claim("owner-2", &[wf("wf")], later, TTL, 1)
+        .await
+        .unwrap();
     assert_eq!(stolen.len(), 1, "an expired lease is claimable");
     assert_eq!(stolen[0].lease.epoch, lease.epoch + 1);
 
     let err = store
-        .commit(lease, vec![Write::Step(step("s", 1, 1, StepState::Succeeded))])
+        .commit(
+            lease,
+            vec![Write::Step(step("s", 1, 1, StepState::Succeeded))],
+        )
         .await
         .unwrap_err();
     assert_eq!(err, Error::LeaseLost(lease.instance));
     let journal = store.journal(lease.instance).await.unwrap();
-    assert_eq!(journal[0].state, StepState::Running, "the fenced write did not land");
+    assert_eq!(
+        journal[0].state,
+        StepState::Running,
+        "the fenced write did not land"
+    );
 }
 
 pub async fn renew_keeps_a_lease(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
-    store.claim("owner-1", &[wf("wf")], T0, TTL, 1).await.unwrap();
-    store.renew("owner-1", T0.saturating_add(TTL * 10)).await.unwrap();
+    store
+        .claim("owner-1", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap();
+    store
+        .renew("owner-1", T0.saturating_add(TTL * 10))
+        .await
+        .unwrap();
     let later = T0.saturating_add(TTL * 2);
-    assert!(store.claim("owner-2", &[wf("wf")], later, TTL, 1).await.unwrap().is_empty());
+    assert!(
+        store
+            .claim("owner-2", &[wf("wf")], later, TTL, 1)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn commit_is_atomic(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
-    let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap().remove(0).lease;
-    let key = StepKey { kind: StepKind::Run, name: "s".into(), count: 1 };
+    let lease = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0)
+        .lease;
+    let key = StepKey {
+        kind: StepKind::Run,
+        name: "s".into(),
+        count: 1,
+    };
     store
         .commit(
             lease,
             vec![
                 Write::Step(step("s", 1, 1, StepState::Succeeded)),
                 Write::Log(log(LogKind::StepSuccess, Some(key.clone()))),
-                Write::Status(StatusChange { started_at: Some(T0), ..StatusChange::to(InstanceStatus::Running) }),
+                Write::Status(StatusChange {
+                    started_at: Some(T0),
+                    ..StatusChange::to(InstanceStatus::Running)
+                }),
             ],
         )
         .await
         .unwrap();
-    let rec = store.instance(&wf("wf"), &InstanceId::new("a").unwrap()).await.unwrap().unwrap();
+    let rec = store
+        .instance(&wf("wf"), &InstanceId::new("a").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(rec.status, InstanceStatus::Running);
     assert_eq!(rec.started_at, Some(T0));
     let journal = store.journal(lease.instance).await.unwrap();
@@ -166,7 +256,12 @@ pub async fn commit_is_atomic(store: Arc<dyn Store>) {
 
 pub async fn journal_upserts_by_key_in_start_order(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
-    let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap().remove(0).lease;
+    let lease = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0)
+        .lease;
     store
         .commit(
             lease,
@@ -177,7 +272,10 @@ pub async fn journal_upserts_by_key_in_start_order(store: Arc<dyn Store>) {
         )
         .await
         .unwrap();
-    store.commit(lease, vec![Write::Step(step("b", 1, 2, StepState::Failed))]).await.unwrap();
+    store
+        .commit(lease, vec![Write::Step(step("b", 1, 2, StepState::Failed))])
+        .await
+        .unwrap();
     let journal = store.journal(lease.instance).await.unwrap();
     assert_eq!(journal.len(), 2);
     assert_eq!(journal[0].key.name, "a");
@@ -191,7 +289,10 @@ pub async fn log_ids_are_monotonic_and_paged(store: Arc<dyn Store>) {
     let leases = store.claim("o", &[wf("wf")], T0, TTL, 2).await.unwrap();
     for _ in 0..3 {
         for c in &leases {
-            store.commit(c.lease, vec![Write::Log(log(LogKind::WorkflowStart, None))]).await.unwrap();
+            store
+                .commit(c.lease, vec![Write::Log(log(LogKind::WorkflowStart, None))])
+                .await
+                .unwrap();
         }
     }
     let la = store.log(a, 0, 100).await.unwrap();
@@ -206,7 +307,11 @@ pub async fn log_ids_are_monotonic_and_paged(store: Arc<dyn Store>) {
 
 pub async fn release_makes_an_instance_claimable_again(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
-    let first = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap().remove(0);
+    let first = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0);
     let wake = T0.saturating_add(Duration::from_secs(60));
     store
         .commit(
@@ -219,17 +324,32 @@ pub async fn release_makes_an_instance_claimable_again(store: Arc<dyn Store>) {
         )
         .await
         .unwrap();
-    assert!(store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap().is_empty(), "not before its wake time");
+    assert!(
+        store
+            .claim("o", &[wf("wf")], T0, TTL, 1)
+            .await
+            .unwrap()
+            .is_empty(),
+        "not before its wake time"
+    );
     let again = store.claim("o", &[wf("wf")], wake, TTL, 1).await.unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].lease.epoch, first.lease.epoch + 1);
     let err = store.commit(first.lease, vec![]).await.unwrap_err();
-    assert_eq!(err, Error::LeaseLost(first.lease.instance), "the old lease is fenced");
+    assert_eq!(
+        err,
+        Error::LeaseLost(first.lease.instance),
+        "the old lease is fenced"
+    );
 }
 
 pub async fn resuming_instances_are_claimed_before_new_ones(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "old").await;
-    let old = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap().remove(0);
+    let old = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0);
     create_one(&*store, "wf", "new").await;
     store
         .commit(
@@ -253,26 +373,45 @@ pub async fn list_is_newest_first_with_filters(store: Arc<dyn Store>) {
     }
     create_one(&*store, "other", "z").await;
     let all = store
-        .list(ListQuery { workflow: Some(wf("wf")), limit: 10, ..Default::default() })
+        .list(ListQuery {
+            workflow: Some(wf("wf")),
+            limit: 10,
+            ..Default::default()
+        })
         .await
         .unwrap();
     let ids: Vec<_> = all.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, ["c", "b", "a"]);
     let page = store
-        .list(ListQuery { workflow: Some(wf("wf")), before: Some(all[0].instance), limit: 1, ..Default::default() })
+        .list(ListQuery {
+            workflow: Some(wf("wf")),
+            before: Some(all[0].instance),
+            limit: 1,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(page[0].id.as_str(), "b");
     let running = store
-        .list(ListQuery { status: Some(InstanceStatus::Running), limit: 10, ..Default::default() })
+        .list(ListQuery {
+            status: Some(InstanceStatus::Running),
+            limit: 10,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert!(running.is_empty());
 }
 
 pub async fn commit_to_a_missing_instance_is_not_found(store: Arc<dyn Store>) {
-    let lease = crate::Lease { instance: crate::InstanceRef(987_654), epoch: 1 };
-    assert_eq!(store.commit(lease, vec![]).await.unwrap_err(), Error::NotFound(lease.instance));
+    let lease = crate::Lease {
+        instance: crate::InstanceRef(987_654),
+        epoch: 1,
+    };
+    assert_eq!(
+        store.commit(lease, vec![]).await.unwrap_err(),
+        Error::NotFound(lease.instance)
+    );
 }
 
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`

@@ -15,7 +15,7 @@
 //!
 //! # Conformance
 //!
-//! The feature `conformance` exports [`conformance`], the suite every backend must pass:
+//! The feature `conformance` exports the `conformance` module, the suite every backend must pass:
 //! `cairn_store::conformance_tests!(factory)` expands one `#[tokio::test]` per case.
 //!
 //! ```
@@ -29,8 +29,7 @@
 use std::time::Duration;
 
 use cairn_core::{
-    ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogRecord, StepRecord, Timestamp,
-    WorkflowName,
+    ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogRecord, StepRecord, Timestamp, WorkflowName,
 };
 use futures::future::BoxFuture;
 
@@ -201,8 +200,11 @@ pub trait Store: Send + Sync + 'static {
     fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>>;
 
     /// Reads one instance by workflow and id.
-    fn instance(&self, workflow: &WorkflowName, id: &InstanceId)
-    -> StoreFuture<'_, Option<InstanceRecord>>;
+    fn instance(
+        &self,
+        workflow: &WorkflowName,
+        id: &InstanceId,
+    ) -> StoreFuture<'_, Option<InstanceRecord>>;
 
     /// Lists instances, newest first.
     fn list(&self, query: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>>;
@@ -234,8 +236,12 @@ pub trait Store: Send + Sync + 'static {
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, ()>;
 
     /// An instance's lifecycle records with id greater than `after`, oldest first.
-    fn log(&self, instance: InstanceRef, after: u64, limit: usize)
-    -> StoreFuture<'_, Vec<LogRecord>>;
+    fn log(
+        &self,
+        instance: InstanceRef,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<LogRecord>>;
 
     /// Finishes queued work and releases the store's resources (threads, locks,
     /// connections). Later calls fail with [`Error::Unavailable`].

@@ -21,7 +21,11 @@ impl Workflow for Welcome {
     type Params = User;
     type Output = String;
 
-    async fn run(&self, event: WorkflowEvent<User>, step: WorkflowStep) -> Result<String, WorkflowError> {
+    async fn run(
+        &self,
+        event: WorkflowEvent<User>,
+        step: WorkflowStep,
+    ) -> Result<String, WorkflowError> {
         let name = event.payload.name;
         step.run("greet", |_| {
             let name = name.clone();
@@ -32,17 +36,41 @@ impl Workflow for Welcome {
 }
 
 /// Creates four instances in one call, then again (all skipped); returns both results' ids.
-pub async fn demo(builder: cairn::EngineBuilder) -> Result<(Vec<String>, Vec<String>), Box<dyn std::error::Error>> {
+pub async fn demo(
+    builder: cairn::EngineBuilder,
+) -> Result<(Vec<String>, Vec<String>), Box<dyn std::error::Error>> {
     let engine = builder.register(Welcome).start().await?;
-    let users = [("user1", "John"), ("user2", "Jane"), ("user3", "Alice"), ("user4", "Bob")];
-    let batch = || users.iter().map(|(id, name)| CreateOptions::new(User { name: (*name).into() }).id(*id)).collect();
+    let users = [
+        ("user1", "John"),
+        ("user2", "Jane"),
+        ("user3", "Alice"),
+        ("user4", "Bob"),
+    ];
+    let batch = || {
+        users
+            .iter()
+            .map(|(id, name)| {
+                CreateOptions::new(User {
+                    name: (*name).into(),
+                })
+                .id(*id)
+            })
+            .collect()
+    };
     let client = engine.workflow::<Welcome>();
     let created = client.create_batch(batch()).await?;
     for instance in &created {
-        println!("{}: {}", instance.id(), instance.wait().await?.output.unwrap_or_default());
+        println!(
+            "{}: {}",
+            instance.id(),
+            instance.wait().await?.output.unwrap_or_default()
+        );
     }
     let again = client.create_batch(batch()).await?;
-    println!("the same batch again created {} instances (existing ids are skipped)", again.len());
+    println!(
+        "the same batch again created {} instances (existing ids are skipped)",
+        again.len()
+    );
     let ids = |v: &[cairn::Instance<String>]| v.iter().map(|i| i.id().to_string()).collect();
     let result = (ids(&created), ids(&again));
     engine.shutdown().await;

@@ -14,7 +14,11 @@ impl Workflow for Tolerant {
     type Params = ();
     type Output = Vec<String>;
 
-    async fn run(&self, _: WorkflowEvent<()>, step: WorkflowStep) -> Result<Vec<String>, WorkflowError> {
+    async fn run(
+        &self,
+        _: WorkflowEvent<()>,
+        step: WorkflowStep,
+    ) -> Result<Vec<String>, WorkflowError> {
         let mut log = Vec::new();
         step.run("task", |_| async { Ok(()) }).await?;
         log.push("task done".to_string());
@@ -36,9 +40,14 @@ impl Workflow for Tolerant {
 }
 
 /// Runs the example; returns the workflow's log and its final status.
-pub async fn demo(builder: cairn::EngineBuilder) -> Result<(Vec<String>, InstanceStatus), Box<dyn std::error::Error>> {
+pub async fn demo(
+    builder: cairn::EngineBuilder,
+) -> Result<(Vec<String>, InstanceStatus), Box<dyn std::error::Error>> {
     let engine = builder.register(Tolerant).start().await?;
-    let instance = engine.workflow::<Tolerant>().create(CreateOptions::new(())).await?;
+    let instance = engine
+        .workflow::<Tolerant>()
+        .create(CreateOptions::new(()))
+        .await?;
     let status = instance.wait().await?;
     let log = status.output.clone().unwrap_or_default();
     for line in &log {

@@ -26,10 +26,18 @@ impl Workflow for Conditional {
     type Params = Params;
     type Output = Vec<String>;
 
-    async fn run(&self, event: WorkflowEvent<Params>, step: WorkflowStep) -> Result<Vec<String>, WorkflowError> {
+    async fn run(
+        &self,
+        event: WorkflowEvent<Params>,
+        step: WorkflowStep,
+    ) -> Result<Vec<String>, WorkflowError> {
         let mut ran = Vec::new();
         let config: FeatureFlags = step
-            .run("fetch config", |_| async { Ok(FeatureFlags { enable_email_notifications: true }) })
+            .run("fetch config", |_| async {
+                Ok(FeatureFlags {
+                    enable_email_notifications: true,
+                })
+            })
             .await?;
         // ✅ Condition on a step output.
         if config.enable_email_notifications {
@@ -44,12 +52,15 @@ impl Workflow for Conditional {
         // ✅ A non-deterministic value, wrapped in a step: decided once, replayed forever.
         let should_process: bool = step
             .run("decide randomly", |_| async {
-                let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos();
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)?
+                    .subsec_nanos();
                 Ok(nanos % 2 == 0)
             })
             .await?;
         if should_process {
-            step.run("conditionally do something", |_| async { Ok(()) }).await?;
+            step.run("conditionally do something", |_| async { Ok(()) })
+                .await?;
             ran.push("conditionally do something".to_string());
         }
         Ok(ran)
@@ -57,13 +68,17 @@ impl Workflow for Conditional {
 }
 
 /// Runs the example for a premium and a free user.
-pub async fn demo(builder: cairn::EngineBuilder) -> Result<Vec<Vec<String>>, Box<dyn std::error::Error>> {
+pub async fn demo(
+    builder: cairn::EngineBuilder,
+) -> Result<Vec<Vec<String>>, Box<dyn std::error::Error>> {
     let engine = builder.register(Conditional).start().await?;
     let mut outputs = Vec::new();
     for user_type in ["premium", "free"] {
         let instance = engine
             .workflow::<Conditional>()
-            .create(CreateOptions::new(Params { user_type: user_type.into() }))
+            .create(CreateOptions::new(Params {
+                user_type: user_type.into(),
+            }))
             .await?;
         let ran = instance.wait().await?.output.unwrap_or_default();
         println!("{user_type} user ran: {ran:?}");

@@ -14,10 +14,20 @@ impl Workflow for CatList {
     type Params = ();
     type Output = Vec<String>;
 
-    async fn run(&self, _: WorkflowEvent<()>, step: WorkflowStep) -> Result<Vec<String>, WorkflowError> {
+    async fn run(
+        &self,
+        _: WorkflowEvent<()>,
+        step: WorkflowStep,
+    ) -> Result<Vec<String>, WorkflowError> {
         // ✅ A stable name; dynamic values go into the output, not the name.
         let cat_list: Vec<String> = step
-            .run("get cat list from KV", |_| async { Ok(vec!["tom".to_string(), "felix".to_string(), "garfield".to_string()]) })
+            .run("get cat list from KV", |_| async {
+                Ok(vec![
+                    "tom".to_string(),
+                    "felix".to_string(),
+                    "garfield".to_string(),
+                ])
+            })
             .await?;
         let mut cats = Vec::new();
         for cat in &cat_list {
@@ -25,7 +35,12 @@ impl Workflow for CatList {
             let fetched: String = step
                 .run(format!("get cat: {cat}"), |ctx| {
                     let cat = cat.clone();
-                    async move { Ok(format!("{cat} (step {:?} #{})", ctx.step.name, ctx.step.count)) }
+                    async move {
+                        Ok(format!(
+                            "{cat} (step {:?} #{})",
+                            ctx.step.name, ctx.step.count
+                        ))
+                    }
                 })
                 .await?;
             cats.push(fetched);
@@ -35,13 +50,24 @@ impl Workflow for CatList {
 }
 
 /// Runs the example; returns the step names in start order.
-pub async fn demo(builder: cairn::EngineBuilder) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+pub async fn demo(
+    builder: cairn::EngineBuilder,
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let engine = builder.register(CatList).start().await?;
-    let instance = engine.workflow::<CatList>().create(CreateOptions::new(())).await?;
+    let instance = engine
+        .workflow::<CatList>()
+        .create(CreateOptions::new(()))
+        .await?;
     for line in instance.wait().await?.output.unwrap_or_default() {
         println!("{line}");
     }
-    let names: Vec<String> = instance.details().await?.steps.into_iter().map(|s| s.name).collect();
+    let names: Vec<String> = instance
+        .details()
+        .await?
+        .steps
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
     println!("steps: {names:?}");
     engine.shutdown().await;
     Ok(names)

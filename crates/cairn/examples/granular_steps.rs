@@ -56,12 +56,25 @@ impl Workflow for CatWorkflow {
 }
 
 /// Runs the example; returns the output and (KV reads, image fetches).
-pub async fn demo(builder: cairn::EngineBuilder) -> Result<(String, u32, u32), Box<dyn std::error::Error>> {
+pub async fn demo(
+    builder: cairn::EngineBuilder,
+) -> Result<(String, u32, u32), Box<dyn std::error::Error>> {
     let services = Arc::new(Services::default());
-    let engine = builder.register(CatWorkflow { services: services.clone() }).start().await?;
-    let instance = engine.workflow::<CatWorkflow>().create(CreateOptions::new(())).await?;
+    let engine = builder
+        .register(CatWorkflow {
+            services: services.clone(),
+        })
+        .start()
+        .await?;
+    let instance = engine
+        .workflow::<CatWorkflow>()
+        .create(CreateOptions::new(()))
+        .await?;
     let output = instance.wait().await?.output.unwrap_or_default();
-    let (kv, img) = (services.kv_reads.load(Ordering::SeqCst), services.image_fetches.load(Ordering::SeqCst));
+    let (kv, img) = (
+        services.kv_reads.load(Ordering::SeqCst),
+        services.image_fetches.load(Ordering::SeqCst),
+    );
     println!("output: {output}");
     println!("KV reads: {kv} (not repeated), image fetches: {img} (two failures, then success)");
     engine.shutdown().await;
@@ -71,6 +84,11 @@ pub async fn demo(builder: cairn::EngineBuilder) -> Result<(String, u32, u32), B
 #[allow(dead_code)]
 #[tokio::main(flavor = "current_thread", start_paused = true)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    demo(Engine::builder().temporary().clock(cairn::Clock::virtual_now())).await?;
+    demo(
+        Engine::builder()
+            .temporary()
+            .clock(cairn::Clock::virtual_now()),
+    )
+    .await?;
     Ok(())
 }

@@ -42,9 +42,15 @@ impl Workflow for LargeData {
     type Params = ();
     type Output = (String, u64);
 
-    async fn run(&self, _: WorkflowEvent<()>, step: WorkflowStep) -> Result<(String, u64), WorkflowError> {
+    async fn run(
+        &self,
+        _: WorkflowEvent<()>,
+        step: WorkflowStep,
+    ) -> Result<(String, u64), WorkflowError> {
         // 🔴 Returning the data itself fails the step: it is over the 1 MiB limit.
-        let too_large = step.run("fetch large dataset", |_| async { Ok(large_dataset()) }).await;
+        let too_large = step
+            .run("fetch large dataset", |_| async { Ok(large_dataset()) })
+            .await;
         let error = too_large.expect_err("over the limit").message().to_owned();
 
         // ✅ Store it externally and return a reference.
@@ -76,9 +82,19 @@ impl Workflow for LargeData {
 }
 
 /// Runs the example; returns the size error and the processed sum.
-pub async fn demo(builder: cairn::EngineBuilder) -> Result<(String, u64), Box<dyn std::error::Error>> {
-    let engine = builder.register(LargeData { blobs: Arc::new(BlobStore::default()) }).start().await?;
-    let instance = engine.workflow::<LargeData>().create(CreateOptions::new(())).await?;
+pub async fn demo(
+    builder: cairn::EngineBuilder,
+) -> Result<(String, u64), Box<dyn std::error::Error>> {
+    let engine = builder
+        .register(LargeData {
+            blobs: Arc::new(BlobStore::default()),
+        })
+        .start()
+        .await?;
+    let instance = engine
+        .workflow::<LargeData>()
+        .create(CreateOptions::new(()))
+        .await?;
     let (error, sum) = instance.wait().await?.output.ok_or("the instance failed")?;
     println!("returning the data directly: {error}");
     println!("by reference: processed the dataset, sum = {sum}");

@@ -50,19 +50,41 @@ impl Workflow for Race {
 }
 
 /// Runs the example on the database at `path`, restarting the engine after the race.
-pub async fn demo(path: &std::path::Path, clock: cairn::Clock) -> Result<String, Box<dyn std::error::Error>> {
+pub async fn demo(
+    path: &std::path::Path,
+    clock: cairn::Clock,
+) -> Result<String, Box<dyn std::error::Error>> {
     let stop = Arc::new(Notify::new());
     let first = Engine::builder()
         .sqlite(path)
         .clock(clock.clone())
-        .register(Race { stop_after_race: Some(stop.clone()) })
+        .register(Race {
+            stop_after_race: Some(stop.clone()),
+        })
         .start()
         .await?;
-    first.workflow::<Race>().create(CreateOptions::new(()).id("race-1")).await?;
+    first
+        .workflow::<Race>()
+        .create(CreateOptions::new(()).id("race-1"))
+        .await?;
     stop.notified().await;
     first.shutdown().await;
-    let second = Engine::builder().sqlite(path).clock(clock).register(Race { stop_after_race: None }).start().await?;
-    let output = second.workflow::<Race>().get("race-1").await?.wait().await?.output.unwrap_or_default();
+    let second = Engine::builder()
+        .sqlite(path)
+        .clock(clock)
+        .register(Race {
+            stop_after_race: None,
+        })
+        .start()
+        .await?;
+    let output = second
+        .workflow::<Race>()
+        .get("race-1")
+        .await?
+        .wait()
+        .await?
+        .output
+        .unwrap_or_default();
     println!("{output}");
     second.shutdown().await;
     Ok(output)

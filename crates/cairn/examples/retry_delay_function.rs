@@ -60,8 +60,16 @@ impl Workflow for SyncCustomer {
 
 /// Runs the example; returns the retry delays in ms.
 pub async fn demo(builder: cairn::EngineBuilder) -> Result<Vec<u64>, Box<dyn std::error::Error>> {
-    let engine = builder.register(SyncCustomer { api: Arc::new(CustomerApi::default()) }).start().await?;
-    let instance = engine.workflow::<SyncCustomer>().create(CreateOptions::new(())).await?;
+    let engine = builder
+        .register(SyncCustomer {
+            api: Arc::new(CustomerApi::default()),
+        })
+        .start()
+        .await?;
+    let instance = engine
+        .workflow::<SyncCustomer>()
+        .create(CreateOptions::new(()))
+        .await?;
     let attempts = instance.wait().await?.output.unwrap_or_default();
     let details = instance.details().await?;
     let mut delays = Vec::new();
@@ -69,8 +77,11 @@ pub async fn demo(builder: cairn::EngineBuilder) -> Result<Vec<u64>, Box<dyn std
         println!(
             "attempt {}: {} {}",
             a.attempt,
-            a.error.as_ref().map_or("ok".to_string(), |e| e.message.clone()),
-            a.retry_delay_ms.map_or(String::new(), |ms| format!("→ retry in {} s", ms / 1000)),
+            a.error
+                .as_ref()
+                .map_or("ok".to_string(), |e| e.message.clone()),
+            a.retry_delay_ms
+                .map_or(String::new(), |ms| format!("→ retry in {} s", ms / 1000)),
         );
         delays.extend(a.retry_delay_ms);
     }
@@ -82,6 +93,11 @@ pub async fn demo(builder: cairn::EngineBuilder) -> Result<Vec<u64>, Box<dyn std
 #[allow(dead_code)]
 #[tokio::main(flavor = "current_thread", start_paused = true)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    demo(Engine::builder().temporary().clock(cairn::Clock::virtual_now())).await?;
+    demo(
+        Engine::builder()
+            .temporary()
+            .clock(cairn::Clock::virtual_now()),
+    )
+    .await?;
     Ok(())
 }

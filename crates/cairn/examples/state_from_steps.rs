@@ -26,8 +26,12 @@ impl Workflow for PickCat {
     async fn run(&self, _: WorkflowEvent<()>, step: WorkflowStep) -> Result<String, WorkflowError> {
         // ✅ The list is made of step returns: identical in every lifetime.
         let (first, second) = futures::try_join!(
-            step.run("get first cutest cat from KV", |_| async { Ok("cat-1".to_string()) }),
-            step.run("get second cutest cat from KV", |_| async { Ok("cat-2".to_string()) }),
+            step.run("get first cutest cat from KV", |_| async {
+                Ok("cat-1".to_string())
+            }),
+            step.run("get second cutest cat from KV", |_| async {
+                Ok("cat-2".to_string())
+            }),
         )?;
         let image_list = vec![first, second];
         if let Some(stop) = &self.stop_here {
@@ -46,21 +50,41 @@ impl Workflow for PickCat {
 }
 
 /// Runs the example on the database at `path`, restarting the engine midway.
-pub async fn demo(path: &std::path::Path, clock: cairn::Clock) -> Result<String, Box<dyn std::error::Error>> {
+pub async fn demo(
+    path: &std::path::Path,
+    clock: cairn::Clock,
+) -> Result<String, Box<dyn std::error::Error>> {
     let stop = Arc::new(Notify::new());
     let first = Engine::builder()
         .sqlite(path)
         .clock(clock.clone())
-        .register(PickCat { stop_here: Some(stop.clone()) })
+        .register(PickCat {
+            stop_here: Some(stop.clone()),
+        })
         .start()
         .await?;
-    first.workflow::<PickCat>().create(CreateOptions::new(()).id("cats")).await?;
+    first
+        .workflow::<PickCat>()
+        .create(CreateOptions::new(()).id("cats"))
+        .await?;
     stop.notified().await;
     first.shutdown().await;
     println!("first engine stopped after both fetches");
 
-    let second = Engine::builder().sqlite(path).clock(clock).register(PickCat { stop_here: None }).start().await?;
-    let output = second.workflow::<PickCat>().get("cats").await?.wait().await?.output.unwrap_or_default();
+    let second = Engine::builder()
+        .sqlite(path)
+        .clock(clock)
+        .register(PickCat { stop_here: None })
+        .start()
+        .await?;
+    let output = second
+        .workflow::<PickCat>()
+        .get("cats")
+        .await?
+        .wait()
+        .await?
+        .output
+        .unwrap_or_default();
     println!("second engine replayed the fetches from the journal: {output}");
     second.shutdown().await;
     Ok(output)

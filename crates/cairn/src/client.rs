@@ -167,10 +167,16 @@ impl<W: Workflow> WorkflowClient<W> {
     /// # Errors
     /// An invalid id, an id already used by an instance of this workflow
     /// ([`Error::AlreadyExists`]), params over the size limit, or a store failure.
-    pub async fn create(&self, options: CreateOptions<W::Params>) -> Result<Instance<W::Output>, Error> {
+    pub async fn create(
+        &self,
+        options: CreateOptions<W::Params>,
+    ) -> Result<Instance<W::Output>, Error> {
         let params = to_json(&options.params)?;
         self.untyped
-            .create(CreateOptions { id: options.id, params })
+            .create(CreateOptions {
+                id: options.id,
+                params,
+            })
             .await
             .map(Instance::typed)
     }
@@ -186,7 +192,12 @@ impl<W: Workflow> WorkflowClient<W> {
     ) -> Result<Vec<Instance<W::Output>>, Error> {
         let batch = batch
             .into_iter()
-            .map(|o| Ok(CreateOptions { id: o.id, params: to_json(&o.params)? }))
+            .map(|o| {
+                Ok(CreateOptions {
+                    id: o.id,
+                    params: to_json(&o.params)?,
+                })
+            })
             .collect::<Result<Vec<_>, Error>>()?;
         let created = self.untyped.create_batch(batch).await?;
         Ok(created.into_iter().map(Instance::typed).collect())
@@ -203,7 +214,12 @@ impl<W: Workflow> WorkflowClient<W> {
     ) -> Result<BatchCreated<W::Output>, Error> {
         let batch = batch
             .into_iter()
-            .map(|o| Ok(CreateOptions { id: o.id, params: to_json(&o.params)? }))
+            .map(|o| {
+                Ok(CreateOptions {
+                    id: o.id,
+                    params: to_json(&o.params)?,
+                })
+            })
             .collect::<Result<Vec<_>, Error>>()?;
         let result = self.untyped.create_batch_detailed(batch).await?;
         Ok(BatchCreated {
@@ -322,7 +338,10 @@ impl UntypedWorkflow {
     /// # Errors
     /// As [`WorkflowClient::create`], plus [`Error::InvalidParams`] when the params do not
     /// decode as the workflow's `Params`.
-    pub async fn create(&self, options: CreateOptions<serde_json::Value>) -> Result<Instance, Error> {
+    pub async fn create(
+        &self,
+        options: CreateOptions<serde_json::Value>,
+    ) -> Result<Instance, Error> {
         let prepared = self.prepare(0, options).map_err(|(_, e)| e)?;
         let id = prepared.id.clone();
         match self.insert(vec![prepared]).await?[..] {
@@ -389,7 +408,10 @@ impl UntypedWorkflow {
                     index: i,
                     id: Some(p.id.to_string()),
                     code: "instance.already_exists".into(),
-                    message: format!("instance id {:?} is repeated within the batch", p.id.as_str()),
+                    message: format!(
+                        "instance id {:?} is repeated within the batch",
+                        p.id.as_str()
+                    ),
                 }),
                 Ok(p) => prepared.push(p),
                 Err((id, e)) => errors.push(BatchError {
@@ -477,18 +499,22 @@ impl<O: DeserializeOwned> Instance<O> {
     pub async fn status(&self) -> Result<Status<O>, Error> {
         let record = self.record().await?;
         let output = match (&record.output, record.status) {
-            (Some(json), InstanceStatus::Complete) => Some(serde_json::from_str(json).map_err(|e| {
-                Error::Store(cairn_store::Error::Corrupt(format!(
-                    "the output of instance {:?} does not decode as the expected type: {e}",
-                    self.id.as_str()
-                )))
-            })?),
+            (Some(json), InstanceStatus::Complete) => {
+                Some(serde_json::from_str(json).map_err(|e| {
+                    Error::Store(cairn_store::Error::Corrupt(format!(
+                        "the output of instance {:?} does not decode as the expected type: {e}",
+                        self.id.as_str()
+                    )))
+                })?)
+            }
             _ => None,
         };
         Ok(Status {
             status: record.status,
             output,
-            error: record.error.filter(|_| record.status == InstanceStatus::Errored),
+            error: record
+                .error
+                .filter(|_| record.status == InstanceStatus::Errored),
         })
     }
 
@@ -496,7 +522,10 @@ impl<O: DeserializeOwned> Instance<O> {
     ///
     /// # Errors
     /// As [`Instance::status`].
-    pub async fn wait_for(&self, mut done: impl FnMut(&Status<O>) -> bool) -> Result<Status<O>, Error> {
+    pub async fn wait_for(
+        &self,
+        mut done: impl FnMut(&Status<O>) -> bool,
+    ) -> Result<Status<O>, Error> {
         let mut changes = self.engine.inner.changes.subscribe();
         loop {
             changes.borrow_and_update();
@@ -547,7 +576,13 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Error::InstanceNotFound`] or a store failure.
     pub async fn details(&self) -> Result<InstanceDetails, Error> {
         let record = self.record().await?;
-        let journal = self.engine.inner.shared.store.journal(record.instance).await?;
+        let journal = self
+            .engine
+            .inner
+            .shared
+            .store
+            .journal(record.instance)
+            .await?;
         let log = self.log(0).await?;
         Ok(InstanceDetails::build(&record, &journal, &log))
     }

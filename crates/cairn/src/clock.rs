@@ -115,6 +115,10 @@ impl Clock {
 
 impl std::fmt::Debug for Clock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.is_virtual() { "Clock::virtual" } else { "Clock::system" })
+        f.write_str(if self.is_virtual() {
+            "Clock::virtual"
+        } else {
+            "Clock::system"
+        })
     }
 }

@@ -116,7 +116,11 @@ fn kind_label(kind: StepKind) -> &'static str {
 }
 
 impl InstanceDetails {
-    pub(crate) fn build(record: &InstanceRecord, journal: &[StepRecord], log: &[LogRecord]) -> Self {
+    pub(crate) fn build(
+        record: &InstanceRecord,
+        journal: &[StepRecord],
+        log: &[LogRecord],
+    ) -> Self {
         let mut attempts: HashMap<&StepKey, Vec<AttemptDetails>> = HashMap::new();
         for r in log {
             let Some(key) = r.entry.step.as_ref() else {
@@ -145,7 +149,8 @@ impl InstanceDetails {
                         a.error = meta
                             .get("error")
                             .and_then(|e| serde_json::from_value(e.clone()).ok());
-                        a.retry_delay_ms = meta.get("retryDelayMs").and_then(serde_json::Value::as_u64);
+                        a.retry_delay_ms =
+                            meta.get("retryDelayMs").and_then(serde_json::Value::as_u64);
                     }
                 }
                 _ => {}
@@ -175,7 +180,9 @@ impl InstanceDetails {
                         }
                     }),
                     error: s.error.clone(),
-                    retries_at: s.wake_at.filter(|_| s.state == StepState::Running && !s.in_flight),
+                    retries_at: s
+                        .wake_at
+                        .filter(|_| s.state == StepState::Running && !s.in_flight),
                     attempts: attempts.remove(&s.key).unwrap_or_default(),
                 }
             })
@@ -195,7 +202,10 @@ impl InstanceDetails {
             start: record.started_at,
             end: record.ended_at,
             success,
-            error: record.error.clone().filter(|_| record.status == InstanceStatus::Errored),
+            error: record
+                .error
+                .clone()
+                .filter(|_| record.status == InstanceStatus::Errored),
             output: record
                 .output
                 .as_deref()

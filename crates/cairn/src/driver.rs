@@ -104,7 +104,10 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
             if json.len() > limit {
                 Err(ErrorInfo::new(
                     INTERNAL,
-                    format!("The workflow's output is too large: {} bytes; the limit is {limit} bytes.", json.len()),
+                    format!(
+                        "The workflow's output is too large: {} bytes; the limit is {limit} bytes.",
+                        json.len()
+                    ),
                 ))
             } else {
                 Ok(output)

@@ -121,12 +121,7 @@ impl Engine {
     /// An attempt that was in flight is recorded as interrupted on the next start.
     pub async fn shutdown(&self) {
         self.inner.shutdown.send_replace(true);
-        let scheduler = self
-            .inner
-            .scheduler
-            .lock()
-            .ok()
-            .and_then(|mut s| s.take());
+        let scheduler = self.inner.scheduler.lock().ok().and_then(|mut s| s.take());
         if let Some(handle) = scheduler {
             let _ = handle.await;
         }
@@ -227,8 +222,9 @@ impl EngineBuilder {
                 let path = match choice {
                     StoreChoice::Sqlite(path) => path,
                     _ => {
-                        let dir = tempfile::tempdir()
-                            .map_err(|e| Error::Config(format!("create a temporary directory: {e}")))?;
+                        let dir = tempfile::tempdir().map_err(|e| {
+                            Error::Config(format!("create a temporary directory: {e}"))
+                        })?;
                         let path = dir.path().join("cairn.db");
                         temp_dir = Some(dir);
                         path

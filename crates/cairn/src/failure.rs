@@ -187,7 +187,6 @@ impl WorkflowError {
     }
 }
 
-
 impl<E: Into<BoxError>> From<E> for WorkflowError {
     fn from(e: E) -> Self {
         WorkflowError::new(ERROR, e.into().to_string())

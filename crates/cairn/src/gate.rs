@@ -79,7 +79,12 @@ impl Store for Gate {
         blocking(&self.0, move |s| s.commit(lease, writes))
     }
 
-    fn log(&self, instance: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
+    fn log(
+        &self,
+        instance: InstanceRef,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<LogRecord>> {
         blocking(&self.0, move |s| s.log(instance, after, limit))
     }
 

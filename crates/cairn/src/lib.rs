@@ -16,10 +16,11 @@ mod workflow;
 pub use cairn_core::{
     Backoff, ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord,
     ResolvedConfig, RetryDelay, StepKey, StepKind, StepName, StepRecord, StepState, Timestamp,
-    WorkflowName,
-    format_duration, parse_duration,
+    WorkflowName, format_duration, parse_duration,
 };
-pub use client::{BatchCreated, BatchError, CreateOptions, Instance, Status, UntypedWorkflow, WorkflowClient};
+pub use client::{
+    BatchCreated, BatchError, CreateOptions, Instance, Status, UntypedWorkflow, WorkflowClient,
+};
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use details::{AttemptDetails, InstanceDetails, StepDetails};
@@ -29,17 +30,17 @@ pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowErr
 pub use step::{RunOp, StepContext, StepId, WorkflowStep};
 pub use workflow::{Workflow, WorkflowEvent};
 
-/// Re-exported so users need not depend on it.
-pub use cairn_store as store;
 #[cfg(feature = "sqlite")]
 pub use cairn_sqlite as sqlite;
+/// Re-exported so users need not depend on it.
+pub use cairn_store as store;
 
 /// Everything a workflow author needs, in one import.
 pub mod prelude {
     pub use crate::{
-        Backoff, CreateOptions, Delay, DelayContext, Engine, InstanceStatus, NonRetryableError, ResultExt,
-        Retries, StepConfig, StepContext, StepError, Workflow, WorkflowError, WorkflowEvent,
-        WorkflowStep,
+        Backoff, CreateOptions, Delay, DelayContext, Engine, InstanceStatus, NonRetryableError,
+        ResultExt, Retries, StepConfig, StepContext, StepError, Workflow, WorkflowError,
+        WorkflowEvent, WorkflowStep,
     };
     pub use serde::{Deserialize, Serialize};
     pub use std::time::Duration;

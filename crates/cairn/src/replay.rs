@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cairn_core::{
-    InstanceId, LogEntry, LogKind, StepKey, StepKind, StepName, StepRecord, Timestamp,
-    WorkflowName,
+    InstanceId, LogEntry, LogKind, StepKey, StepKind, StepName, StepRecord, Timestamp, WorkflowName,
 };
 use cairn_store::{Lease, Write};
 use tokio::sync::Notify;
@@ -71,15 +70,16 @@ impl RunState {
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding this lock leaves nothing half-updated worth protecting.
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Claims the identity of a new op of `kind` named `name`: validates the name, enforces
     /// the step limit for `run` ops, and takes the next count.
     pub(crate) fn claim(&self, kind: StepKind, name: String) -> Result<StepKey, WorkflowError> {
-        let name = StepName::new(name).map_err(|e| {
-            WorkflowError::new(crate::failure::ERROR, e.to_string())
-        })?;
+        let name = StepName::new(name)
+            .map_err(|e| WorkflowError::new(crate::failure::ERROR, e.to_string()))?;
         let mut inner = self.inner();
         if kind == StepKind::Run {
             inner.run_calls += 1;
@@ -124,7 +124,12 @@ impl RunState {
     }
 
     /// A lifecycle record for `step` at the current time.
-    pub(crate) fn log(&self, kind: LogKind, step: Option<&StepKey>, meta: serde_json::Value) -> Write {
+    pub(crate) fn log(
+        &self,
+        kind: LogKind,
+        step: Option<&StepKey>,
+        meta: serde_json::Value,
+    ) -> Write {
         Write::Log(LogEntry {
             kind,
             at: self.now(),
@@ -148,7 +153,10 @@ impl RunState {
     }
 
     pub(crate) fn abort(&self, reason: Abort) {
-        let mut slot = self.abort.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slot = self
+            .abort
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if slot.is_none() {
             *slot = Some(reason);
         }

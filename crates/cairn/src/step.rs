@@ -12,10 +12,10 @@ use cairn_core::{
 };
 use futures::FutureExt;
 use futures::future::{BoxFuture, Either, select};
-use std::panic::AssertUnwindSafe;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use std::panic::AssertUnwindSafe;
 
 use crate::config::{DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 use crate::failure::{DELAY_FAILED, INTERNAL, StepError, TIMEOUT, WorkflowError};
@@ -156,7 +156,10 @@ impl<T> Future for RunOp<'_, T> {
         }
         match this.running.as_mut() {
             Some(running) => running.as_mut().poll(cx),
-            None => Poll::Ready(Err(WorkflowError::new(INTERNAL, "step polled after completion"))),
+            None => Poll::Ready(Err(WorkflowError::new(
+                INTERNAL,
+                "step polled after completion",
+            ))),
         }
     }
 }
@@ -186,7 +189,10 @@ impl Execution {
             .map_err(|e| {
                 WorkflowError::new(
                     crate::failure::ERROR,
-                    format!("Step config for \"{}\" is in a invalid format: {e}", key.name),
+                    format!(
+                        "Step config for \"{}\" is in a invalid format: {e}",
+                        key.name
+                    ),
                 )
             })?;
 
@@ -251,7 +257,10 @@ impl Execution {
                     Err(e) => Outcome::Failure(
                         ErrorInfo::new(
                             INTERNAL,
-                            format!("Value returned from step \"{}\" is not serialisable: {e}", key.name),
+                            format!(
+                                "Value returned from step \"{}\" is not serialisable: {e}",
+                                key.name
+                            ),
                         ),
                         false,
                     ),
@@ -260,7 +269,10 @@ impl Execution {
                 Either::Left((Err(panic), _)) => Outcome::Failure(
                     ErrorInfo::new(
                         crate::failure::ERROR,
-                        format!("the step body panicked: {}", crate::driver::panic_message(&*panic)),
+                        format!(
+                            "the step body panicked: {}",
+                            crate::driver::panic_message(&*panic)
+                        ),
                     ),
                     true,
                 ),
@@ -274,12 +286,20 @@ impl Execution {
             };
             match outcome {
                 Outcome::Success(json) => {
-                    self.record_success(&key, &mut record, &config, json.clone()).await;
+                    self.record_success(&key, &mut record, &config, json.clone())
+                        .await;
                     return serde_json::from_str(&json).map_err(|e| decode_error(&key, &e));
                 }
                 Outcome::Failure(error, retryable) => {
-                    self.record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, retryable)
-                        .await?;
+                    self.record_failure(
+                        &key,
+                        &mut record,
+                        &config,
+                        delay_fn.as_ref(),
+                        error,
+                        retryable,
+                    )
+                    .await?;
                 }
             }
         }
@@ -305,7 +325,11 @@ impl Execution {
         };
         state
             .commit(vec![
-                state.log(LogKind::StepStart, Some(key), json!({ "config": persisted })),
+                state.log(
+                    LogKind::StepStart,
+                    Some(key),
+                    json!({ "config": persisted }),
+                ),
                 state.log(LogKind::AttemptStart, Some(key), json!({ "attempt": 1 })),
                 cairn_store::Write::Step(record.clone()),
             ])
@@ -320,7 +344,11 @@ impl Execution {
         record.wake_at = None;
         state
             .commit(vec![
-                state.log(LogKind::AttemptStart, Some(key), json!({ "attempt": record.attempts })),
+                state.log(
+                    LogKind::AttemptStart,
+                    Some(key),
+                    json!({ "attempt": record.attempts }),
+                ),
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
@@ -346,7 +374,11 @@ impl Execution {
         record.ended_at = Some(now);
         state
             .commit(vec![
-                state.log(LogKind::AttemptSuccess, Some(key), json!({ "attempt": record.attempts })),
+                state.log(
+                    LogKind::AttemptSuccess,
+                    Some(key),
+                    json!({ "attempt": record.attempts }),
+                ),
                 state.log(LogKind::StepSuccess, Some(key), json!({ "result": shown })),
                 cairn_store::Write::Step(record.clone()),
             ])
@@ -400,7 +432,11 @@ impl Execution {
                     Some(key),
                     json!({ "attempt": attempt, "error": error }),
                 ),
-                state.log(LogKind::StepFailure, Some(key), json!({ "error": final_error })),
+                state.log(
+                    LogKind::StepFailure,
+                    Some(key),
+                    json!({ "error": final_error }),
+                ),
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
@@ -455,9 +491,9 @@ impl Execution {
 }
 
 fn human_bytes(n: usize) -> String {
-    if n % (1 << 20) == 0 {
+    if n.is_multiple_of(1 << 20) {
         format!("{}MiB", n >> 20)
-    } else if n % (1 << 10) == 0 {
+    } else if n.is_multiple_of(1 << 10) {
         format!("{}KiB", n >> 10)
     } else {
         format!("{n} bytes")

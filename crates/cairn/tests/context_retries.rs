@@ -1,5 +1,7 @@
 //! SPEC §7.3: the step context and retries; §7.6 sensitive output; limits on outputs.
 
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
 #[path = "support/lib.rs"]
 mod support;
 
@@ -61,9 +63,18 @@ async fn c3_retry_delays_are_waited() {
             async move {
                 step.run("s", |ctx| {
                     t.push(ctx.attempt);
-                    async move { if ctx.attempt == 1 { Err("first".into()) } else { Ok(()) } }
+                    async move {
+                        if ctx.attempt == 1 {
+                            Err("first".into())
+                        } else {
+                            Ok(())
+                        }
+                    }
                 })
-                .retries(Retries::constant(1, cairn::parse_duration("1 second").unwrap()))
+                .retries(Retries::constant(
+                    1,
+                    cairn::parse_duration("1 second").unwrap(),
+                ))
                 .await?;
                 Ok(Value::Null)
             }
@@ -74,7 +85,10 @@ async fn c3_retry_delays_are_waited() {
     let instance = run_to_end(&engine, json!({})).await;
     let elapsed = engine.clock().now().since(before);
     assert_eq!(times.all(), [1, 2]);
-    assert!(elapsed >= Duration::from_millis(900), "waited {elapsed:?} of virtual time");
+    assert!(
+        elapsed >= Duration::from_millis(900),
+        "waited {elapsed:?} of virtual time"
+    );
     let details = instance.details().await.unwrap();
     let a = &details.steps[0].attempts;
     assert!(a[1].start.since(a[0].end.unwrap()) >= Duration::from_secs(1));
@@ -86,7 +100,13 @@ async fn c4_default_ten_second_backoffs_cost_no_wall_time() {
     let (engine, _dir) = engine(|b| {
         b.register(wf(|_, step| async move {
             let n: u32 = step
-                .run("s", |ctx| async move { if ctx.attempt < 3 { Err("again".into()) } else { Ok(ctx.attempt) } })
+                .run("s", |ctx| async move {
+                    if ctx.attempt < 3 {
+                        Err("again".into())
+                    } else {
+                        Ok(ctx.attempt)
+                    }
+                })
                 .await?;
             Ok(json!(n))
         }))
@@ -96,8 +116,15 @@ async fn c4_default_ten_second_backoffs_cost_no_wall_time() {
     let before = engine.clock().now();
     let instance = run_to_end(&engine, json!({})).await;
     assert_eq!(instance.status().await.unwrap().output, Some(json!(3)));
-    assert!(engine.clock().now().since(before) >= Duration::from_secs(30), "10 s + 20 s of virtual back-off");
-    assert!(wall.elapsed() < Duration::from_secs(5), "no real waiting: {:?}", wall.elapsed());
+    assert!(
+        engine.clock().now().since(before) >= Duration::from_secs(30),
+        "10 s + 20 s of virtual back-off"
+    );
+    assert!(
+        wall.elapsed() < Duration::from_secs(5),
+        "no real waiting: {:?}",
+        wall.elapsed()
+    );
     engine.shutdown().await;
 }
 
@@ -105,13 +132,20 @@ async fn c4_default_ten_second_backoffs_cost_no_wall_time() {
 async fn c5_context_names_the_step_with_count_one() {
     let (engine, _dir) = engine(|b| {
         b.register(wf(|_, step| async move {
-            let id = step.run("my step", |ctx| async move { Ok((ctx.step.name, ctx.step.count)) }).await?;
+            let id = step
+                .run("my step", |ctx| async move {
+                    Ok((ctx.step.name, ctx.step.count))
+                })
+                .await?;
             Ok(json!(id))
         }))
     })
     .await;
     let instance = run_to_end(&engine, json!({})).await;
-    assert_eq!(instance.status().await.unwrap().output, Some(json!(["my step", 1])));
+    assert_eq!(
+        instance.status().await.unwrap().output,
+        Some(json!(["my step", 1]))
+    );
     engine.shutdown().await;
 }
 
@@ -121,14 +155,20 @@ async fn c6_same_name_steps_count_up_and_other_names_start_at_one() {
         b.register(wf(|_, step| async move {
             let mut counts = Vec::new();
             for name in ["a", "a", "b", "a"] {
-                counts.push(step.run(name, |ctx| async move { Ok(ctx.step.count) }).await?);
+                counts.push(
+                    step.run(name, |ctx| async move { Ok(ctx.step.count) })
+                        .await?,
+                );
             }
             Ok(json!(counts))
         }))
     })
     .await;
     let instance = run_to_end(&engine, json!({})).await;
-    assert_eq!(instance.status().await.unwrap().output, Some(json!([1, 2, 1, 3])));
+    assert_eq!(
+        instance.status().await.unwrap().output,
+        Some(json!([1, 2, 1, 3]))
+    );
     engine.shutdown().await;
 }
 
@@ -180,7 +220,11 @@ async fn c8_partial_overrides_merge_with_defaults() {
     run_to_end(&engine, json!({})).await;
     let config: ResolvedConfig = seen.all()[0];
     assert_eq!(config.retries.limit, 3);
-    assert_eq!(config.retries.backoff, Backoff::Exponential, "backoff stays the default");
+    assert_eq!(
+        config.retries.backoff,
+        Backoff::Exponential,
+        "backoff stays the default"
+    );
     assert_eq!(config.timeout, Duration::from_secs(600));
     engine.shutdown().await;
 }
@@ -207,7 +251,11 @@ async fn c9_mutating_the_context_config_changes_nothing() {
     })
     .await;
     run_to_end(&engine, json!({})).await;
-    assert_eq!(calls.get(), 2, "limit 1 means two attempts whatever the body did to its copy");
+    assert_eq!(
+        calls.get(),
+        2,
+        "limit 1 means two attempts whatever the body did to its copy"
+    );
     engine.shutdown().await;
 }
 
@@ -278,18 +326,33 @@ async fn a_timeout_fails_the_attempt_and_is_retried() {
 async fn x1_sensitive_output_is_redacted_in_logs_but_real_in_code() {
     let (engine, _dir) = engine(|b| {
         b.register(wf(|_, step| async move {
-            let secret: String = step.run("token", |_| async { Ok("s3cr3t".to_string()) }).sensitive().await?;
-            let len: usize = step.run("use it", |_| { let n = secret.len(); async move { Ok(n) } }).await?;
+            let secret: String = step
+                .run("token", |_| async { Ok("s3cr3t".to_string()) })
+                .sensitive()
+                .await?;
+            let len: usize = step
+                .run("use it", |_| {
+                    let n = secret.len();
+                    async move { Ok(n) }
+                })
+                .await?;
             Ok(json!(len))
         }))
     })
     .await;
     let instance = run_to_end(&engine, json!({})).await;
-    assert_eq!(instance.status().await.unwrap().output, Some(json!(6)), "downstream code got the real value");
+    assert_eq!(
+        instance.status().await.unwrap().output,
+        Some(json!(6)),
+        "downstream code got the real value"
+    );
     let success = &records(&instance, LogKind::StepSuccess).await[0];
     assert_eq!(success.entry.meta["result"], "[REDACTED]");
     let everything = serde_json::to_string(&instance.log(0).await.unwrap()).unwrap();
-    assert!(!everything.contains("s3cr3t"), "no log record shows the secret");
+    assert!(
+        !everything.contains("s3cr3t"),
+        "no log record shows the secret"
+    );
     engine.shutdown().await;
 }
 
@@ -297,9 +360,13 @@ async fn x1_sensitive_output_is_redacted_in_logs_but_real_in_code() {
 async fn x2_step_details_show_redacted_and_x3_errors_are_not_redacted() {
     let (engine, _dir) = engine(|b| {
         b.register(wf(|_, step| async move {
-            step.run("token", |_| async { Ok("s3cr3t".to_string()) }).sensitive().await?;
+            step.run("token", |_| async { Ok("s3cr3t".to_string()) })
+                .sensitive()
+                .await?;
             let _ = step
-                .run("failing secret", |_| async { Err::<String, _>("visible error".into()) })
+                .run("failing secret", |_| async {
+                    Err::<String, _>("visible error".into())
+                })
                 .sensitive()
                 .retries(Retries::none())
                 .await;
@@ -310,7 +377,10 @@ async fn x2_step_details_show_redacted_and_x3_errors_are_not_redacted() {
     let instance = run_to_end(&engine, json!({})).await;
     let details = instance.details().await.unwrap();
     assert_eq!(details.steps[0].output, Some(json!("[REDACTED]")));
-    assert_eq!(details.steps[1].error.as_ref().unwrap().message, "visible error");
+    assert_eq!(
+        details.steps[1].error.as_ref().unwrap().message,
+        "visible error"
+    );
     assert!(!serde_json::to_string(&details).unwrap().contains("s3cr3t"));
     engine.shutdown().await;
 }
@@ -347,9 +417,16 @@ async fn an_output_over_the_limit_fails_the_step_at_once_naming_step_size_and_li
 async fn the_default_output_limit_is_one_mebibyte() {
     let (engine, _dir) = engine(|b| {
         b.register(wf(|_, step| async move {
-            let ok: String = step.run("just under", |_| async { Ok("x".repeat((1 << 20) - 2)) }).await?;
-            let over = step.run("just over", |_| async { Ok("x".repeat(1 << 20)) }).await;
-            Ok(json!([ok.len(), over.expect_err("over the limit").message()]))
+            let ok: String = step
+                .run("just under", |_| async { Ok("x".repeat((1 << 20) - 2)) })
+                .await?;
+            let over = step
+                .run("just over", |_| async { Ok("x".repeat(1 << 20)) })
+                .await;
+            Ok(json!([
+                ok.len(),
+                over.expect_err("over the limit").message()
+            ]))
         }))
     })
     .await;
@@ -378,7 +455,12 @@ async fn a_panicking_step_body_is_a_retryable_failure() {
     let instance = run_to_end(&engine, json!({})).await;
     assert_eq!(instance.status().await.unwrap().output, Some(json!(2)));
     let failure = &records(&instance, LogKind::AttemptFailure).await[0];
-    assert!(failure.entry.meta["error"]["message"].as_str().unwrap().contains("first attempt explodes"));
+    assert!(
+        failure.entry.meta["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("first attempt explodes")
+    );
     engine.shutdown().await;
 }
 
@@ -392,7 +474,13 @@ async fn idempotency_key_is_stable_across_attempts_and_replays() {
             async move {
                 step.run("charge", |ctx| {
                     k.push(ctx.idempotency_key().to_owned());
-                    async move { if ctx.attempt < 3 { Err("flaky".into()) } else { Ok(()) } }
+                    async move {
+                        if ctx.attempt < 3 {
+                            Err("flaky".into())
+                        } else {
+                            Ok(())
+                        }
+                    }
                 })
                 .retries(Retries::new(5, Duration::ZERO))
                 .await?;

@@ -6,6 +6,8 @@
 //!
 //! The child is this test binary, run again with `CAIRN_CRASH_CHILD` set.
 
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
 #[path = "support/lib.rs"]
 mod support;
 
@@ -26,7 +28,11 @@ const KILLS: usize = 20;
 
 /// Appends one line per step-body execution: `instance step attempt`.
 fn record_effect(path: &Path, line: &str) {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
     f.write_all(format!("{line}\n").as_bytes()).unwrap();
 }
 
@@ -40,7 +46,10 @@ fn workflow(effects: PathBuf) -> FnWorkflow {
                 let (effects, id) = (effects.clone(), id.clone());
                 let v: u64 = step
                     .run(format!("step {i}"), move |ctx| {
-                        record_effect(&effects, &format!("{id} {} {}", ctx.step.name.replace(' ', "_"), ctx.attempt));
+                        record_effect(
+                            &effects,
+                            &format!("{id} {} {}", ctx.step.name.replace(' ', "_"), ctx.attempt),
+                        );
                         // Widen the window in which a kill lands mid-attempt, and make the whole run
                         // (50 × 8 × 3 ms, serial on one thread) outlast 20 kill intervals of at most 50 ms.
                         std::thread::sleep(Duration::from_millis(3));
@@ -77,10 +86,18 @@ fn child_process_entry() {
             .await
             .unwrap();
         let client = engine.workflow::<FnWorkflow>();
-        let batch = (0..INSTANCES).map(|i| CreateOptions::new(json!({})).id(format!("i{i}"))).collect();
+        let batch = (0..INSTANCES)
+            .map(|i| CreateOptions::new(json!({})).id(format!("i{i}")))
+            .collect();
         client.create_batch(batch).await.unwrap();
         for i in 0..INSTANCES {
-            client.get(&format!("i{i}")).await.unwrap().wait().await.unwrap();
+            client
+                .get(&format!("i{i}"))
+                .await
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
         }
         engine.shutdown().await;
     });
@@ -103,7 +120,12 @@ impl Rng {
 
 fn spawn_child(dir: &Path) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["child_process_entry", "--exact", "--test-threads=1", "--nocapture"])
+        .args([
+            "child_process_entry",
+            "--exact",
+            "--test-threads=1",
+            "--nocapture",
+        ])
         .env("CAIRN_CRASH_CHILD", dir)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -117,7 +139,11 @@ fn killed_process_resumes_every_instance_without_rerunning_committed_steps() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
         });
     eprintln!("crash_kill seed: {seed} (rerun with CAIRN_TEST_SEED={seed})");
     let mut rng = Rng(seed);
@@ -149,11 +175,21 @@ fn killed_process_resumes_every_instance_without_rerunning_committed_steps() {
     let mut runs: HashMap<(String, String), Vec<u32>> = HashMap::new();
     for line in effects.lines() {
         let mut parts = line.split(' ');
-        let (id, step, attempt) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
-        runs.entry((id.to_owned(), step.replace('_', " "))).or_default().push(attempt.parse().unwrap());
+        let (id, step, attempt) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        runs.entry((id.to_owned(), step.replace('_', " ")))
+            .or_default()
+            .push(attempt.parse().unwrap());
     }
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
     let interrupted = rt.block_on(async {
         let engine = support::builder_at(&dir.path().join("cairn.db"))
             .register(workflow(dir.path().join("unused.txt")))

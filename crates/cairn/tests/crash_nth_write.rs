@@ -3,6 +3,8 @@
 //! engine on the same database must then finish the instance with the same output, and a
 //! step whose result was committed must never run again.
 
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
 #[path = "support/lib.rs"]
 mod support;
 
@@ -51,17 +53,32 @@ fn down<'a, T: Send + 'a>() -> StoreFuture<'a, T> {
 
 impl Store for FailingStore {
     fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
-        if self.dead() { return down(); }
+        if self.dead() {
+            return down();
+        }
         self.inner.create(batch)
     }
-    fn instance(&self, w: &WorkflowName, id: &InstanceId) -> StoreFuture<'_, Option<InstanceRecord>> {
+    fn instance(
+        &self,
+        w: &WorkflowName,
+        id: &InstanceId,
+    ) -> StoreFuture<'_, Option<InstanceRecord>> {
         self.inner.instance(w, id)
     }
     fn list(&self, q: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>> {
         self.inner.list(q)
     }
-    fn claim(&self, owner: &str, w: &[WorkflowName], now: Timestamp, ttl: Duration, limit: usize) -> StoreFuture<'_, Vec<Claimed>> {
-        if self.dead() { return down(); }
+    fn claim(
+        &self,
+        owner: &str,
+        w: &[WorkflowName],
+        now: Timestamp,
+        ttl: Duration,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Claimed>> {
+        if self.dead() {
+            return down();
+        }
         self.inner.claim(owner, w, now, ttl, limit)
     }
     fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()> {
@@ -86,7 +103,9 @@ impl Store for FailingStore {
                 let landed = self.inner.commit(lease, writes);
                 Box::pin(async move {
                     landed.await?;
-                    Err(Error::Unavailable("injected failure after the write landed".into()))
+                    Err(Error::Unavailable(
+                        "injected failure after the write landed".into(),
+                    ))
                 })
             }
         }
@@ -114,14 +133,34 @@ fn workflow(runs: Runs) -> FnWorkflow {
         async move {
             let bump = |name: &'static str| bump(&runs, name);
             let base = event.payload["base"].as_u64().unwrap_or(0);
-            let a: u64 = step.run("a", |_| { bump("a"); async move { Ok(base + 1) } }).await?;
+            let a: u64 = step
+                .run("a", |_| {
+                    bump("a");
+                    async move { Ok(base + 1) }
+                })
+                .await?;
             let b: u64 = step
-                .run("b", |ctx| { bump("b"); async move { if ctx.attempt == 1 { Err("flaky".into()) } else { Ok(a * 10) } } })
+                .run("b", |ctx| {
+                    bump("b");
+                    async move {
+                        if ctx.attempt == 1 {
+                            Err("flaky".into())
+                        } else {
+                            Ok(a * 10)
+                        }
+                    }
+                })
                 .retries(Retries::constant(3, Duration::from_secs(1)))
                 .await?;
             let (c, d): (u64, u64) = futures::try_join!(
-                step.run("c", |_| { bump("c"); async move { Ok(b + 2) } }),
-                step.run("d", |_| { bump("d"); async move { Ok(b + 3) } }),
+                step.run("c", |_| {
+                    bump("c");
+                    async move { Ok(b + 2) }
+                }),
+                step.run("d", |_| {
+                    bump("d");
+                    async move { Ok(b + 3) }
+                }),
             )?;
             Ok(json!(a + b + c + d))
         }
@@ -151,7 +190,11 @@ async fn total_commits() -> usize {
         .start()
         .await
         .unwrap();
-    let i = engine.workflow::<FnWorkflow>().create(CreateOptions::new(json!({"base": 0})).id("x")).await.unwrap();
+    let i = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({"base": 0})).id("x"))
+        .await
+        .unwrap();
     assert_eq!(i.wait().await.unwrap().output, Some(json!(EXPECTED)));
     engine.shutdown().await;
     counting.commits.load(Ordering::SeqCst)
@@ -175,7 +218,11 @@ async fn crash_at(fail_at: usize, mode: Mode) {
         .start()
         .await
         .unwrap();
-    let instance = first.workflow::<FnWorkflow>().create(CreateOptions::new(json!({"base": 0})).id("x")).await.unwrap();
+    let instance = first
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({"base": 0})).id("x"))
+        .await
+        .unwrap();
     tokio::select! {
         () = failing.notify.notified() => {}
         status = instance.wait() => panic!("write {fail_at} never happened: {status:?}"),
@@ -185,7 +232,10 @@ async fn crash_at(fail_at: usize, mode: Mode) {
     let committed: Vec<String> = {
         let store = open_store(&path);
         let rec = store
-            .instance(&WorkflowName::new("test").unwrap(), &InstanceId::new("x").unwrap())
+            .instance(
+                &WorkflowName::new("test").unwrap(),
+                &InstanceId::new("x").unwrap(),
+            )
             .await
             .unwrap()
             .unwrap();
@@ -199,10 +249,18 @@ async fn crash_at(fail_at: usize, mode: Mode) {
     };
     let before = runs.lock().unwrap().clone();
 
-    let second = support::builder_at(&path).register(workflow(runs.clone())).start().await.unwrap();
+    let second = support::builder_at(&path)
+        .register(workflow(runs.clone()))
+        .start()
+        .await
+        .unwrap();
     let instance = second.workflow::<FnWorkflow>().get("x").await.unwrap();
     let status = instance.wait().await.unwrap();
-    assert_eq!(status.output, Some(json!(EXPECTED)), "crash at write {fail_at} ({mode:?})");
+    assert_eq!(
+        status.output,
+        Some(json!(EXPECTED)),
+        "crash at write {fail_at} ({mode:?})"
+    );
     let after = runs.lock().unwrap().clone();
     for name in &committed {
         assert_eq!(
@@ -212,7 +270,10 @@ async fn crash_at(fail_at: usize, mode: Mode) {
         );
     }
     for name in ["a", "b", "c", "d"] {
-        assert!(after.get(name).copied().unwrap_or(0) >= 1, "step {name} ran");
+        assert!(
+            after.get(name).copied().unwrap_or(0) >= 1,
+            "step {name} ran"
+        );
     }
     second.shutdown().await;
 }

@@ -1,5 +1,7 @@
 //! SPEC §7.1: non-retryable errors, delay functions, restarts and the step limit.
 
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
 #[path = "support/lib.rs"]
 mod support;
 
@@ -34,7 +36,11 @@ async fn e1_non_retryable_error_runs_once() {
     let instance = run_to_end(&engine, json!({})).await;
     let status = instance.status().await.unwrap();
     assert_eq!(status.status, InstanceStatus::Errored);
-    assert_eq!(calls.get(), 1, "a non-retryable error is attempted exactly once");
+    assert_eq!(
+        calls.get(),
+        1,
+        "a non-retryable error is attempted exactly once"
+    );
     assert_eq!(records(&instance, LogKind::AttemptStart).await.len(), 1);
     assert_eq!(records(&instance, LogKind::StepFailure).await.len(), 1);
     engine.shutdown().await;
@@ -44,17 +50,25 @@ async fn e1_non_retryable_error_runs_once() {
 async fn e2_non_retryable_message_is_preserved_in_instance_and_attempt_errors() {
     let (engine, _dir) = engine(|b| {
         b.register(wf(|_, step| async move {
-            step.run("s", |_| async { Err::<(), _>(NonRetryableError::new("original message").into()) })
-                .await?;
+            step.run("s", |_| async {
+                Err::<(), _>(NonRetryableError::new("original message").into())
+            })
+            .await?;
             Ok(Value::Null)
         }))
     })
     .await;
     let instance = run_to_end(&engine, json!({})).await;
     let error = instance.status().await.unwrap().error.unwrap();
-    assert_eq!(error, cairn::ErrorInfo::new("NonRetryableError", "original message"));
+    assert_eq!(
+        error,
+        cairn::ErrorInfo::new("NonRetryableError", "original message")
+    );
     let failure = &records(&instance, LogKind::AttemptFailure).await[0];
-    assert_eq!(failure.entry.meta["error"], json!({"name": "NonRetryableError", "message": "original message"}));
+    assert_eq!(
+        failure.entry.meta["error"],
+        json!({"name": "NonRetryableError", "message": "original message"})
+    );
     assert!(failure.entry.meta.get("retryDelayMs").is_none());
     engine.shutdown().await;
 }
@@ -86,11 +100,17 @@ async fn e4_delay_function_value_is_the_retry_delay() {
         b.register(wf(|_, step| async move {
             let v: u32 = step
                 .run("eventually", |ctx| async move {
-                    if ctx.attempt < 3 { Err("not yet".into()) } else { Ok(ctx.attempt) }
+                    if ctx.attempt < 3 {
+                        Err("not yet".into())
+                    } else {
+                        Ok(ctx.attempt)
+                    }
                 })
                 .retries(Retries::constant(
                     5,
-                    Delay::sync(|d: &DelayContext| Duration::from_millis(250 * u64::from(d.ctx.attempt))),
+                    Delay::sync(|d: &DelayContext| {
+                        Duration::from_millis(250 * u64::from(d.ctx.attempt))
+                    }),
                 ))
                 .await?;
             Ok(json!(v))
@@ -104,7 +124,11 @@ async fn e4_delay_function_value_is_the_retry_delay() {
         .iter()
         .map(|r| r.entry.meta["retryDelayMs"].clone())
         .collect();
-    assert_eq!(delays, [json!(250), json!(500)], "constant back-off uses the returned value as is");
+    assert_eq!(
+        delays,
+        [json!(250), json!(500)],
+        "constant back-off uses the returned value as is"
+    );
     let config = &instance.details().await.unwrap().steps[0].config;
     assert_eq!(config["retries"]["delay"], "[dynamic]");
     engine.shutdown().await;
@@ -114,9 +138,18 @@ async fn e4_delay_function_value_is_the_retry_delay() {
 async fn e4_delay_function_result_is_the_base_of_the_backoff() {
     let (engine, _dir) = engine(|b| {
         b.register(wf(|_, step| async move {
-            step.run("grows", |ctx| async move { if ctx.attempt < 4 { Err("no".into()) } else { Ok(()) } })
-                .retries(Retries::exponential(5, Delay::sync(|_: &DelayContext| "1 second")))
-                .await?;
+            step.run("grows", |ctx| async move {
+                if ctx.attempt < 4 {
+                    Err("no".into())
+                } else {
+                    Ok(())
+                }
+            })
+            .retries(Retries::exponential(
+                5,
+                Delay::sync(|_: &DelayContext| "1 second"),
+            ))
+            .await?;
             Ok(Value::Null)
         }))
     })
@@ -189,8 +222,20 @@ async fn e5_delay_function_returning_an_invalid_duration_or_hanging_fails_the_st
     .await;
     let instance = run_to_end(&engine, json!({})).await;
     let output = instance.status().await.unwrap().output.unwrap();
-    assert!(output[0].as_str().unwrap().contains("returned an invalid delay value"), "{output}");
-    assert!(output[1].as_str().unwrap().contains("did not return within 5 seconds"), "{output}");
+    assert!(
+        output[0]
+            .as_str()
+            .unwrap()
+            .contains("returned an invalid delay value"),
+        "{output}"
+    );
+    assert!(
+        output[1]
+            .as_str()
+            .unwrap()
+            .contains("did not return within 5 seconds"),
+        "{output}"
+    );
     engine.shutdown().await;
 }
 
@@ -207,7 +252,10 @@ async fn e6_context_config_has_no_delay_for_a_function_and_the_exact_value_other
                     s1.push(ctx.config.to_context_json());
                     async { Ok(()) }
                 })
-                .retries(Retries::new(2, Delay::sync(|_: &DelayContext| Duration::from_secs(1))))
+                .retries(Retries::new(
+                    2,
+                    Delay::sync(|_: &DelayContext| Duration::from_secs(1)),
+                ))
                 .await?;
                 let s2 = s.clone();
                 step.run("fixed", move |ctx| {
@@ -223,7 +271,11 @@ async fn e6_context_config_has_no_delay_for_a_function_and_the_exact_value_other
     .await;
     run_to_end(&engine, json!({})).await;
     let configs = seen.all();
-    assert!(configs[0]["retries"].get("delay").is_none(), "{}", configs[0]);
+    assert!(
+        configs[0]["retries"].get("delay").is_none(),
+        "{}",
+        configs[0]
+    );
     assert_eq!(configs[1]["retries"]["delay"], 1500);
     engine.shutdown().await;
 }
@@ -270,16 +322,31 @@ async fn e10_identity_status_and_log_survive_an_engine_restart() {
         .start()
         .await
         .unwrap();
-    let instance = second.workflow::<support::FnWorkflow>().get("survivor").await.unwrap();
+    let instance = second
+        .workflow::<support::FnWorkflow>()
+        .get("survivor")
+        .await
+        .unwrap();
     assert_eq!(instance.id(), created.id());
     let status = instance.wait().await.unwrap();
     assert_eq!(status.output, Some(json!("done")));
-    assert_eq!(records(&instance, LogKind::WorkflowStart).await.len(), 1, "one WORKFLOW_START across both lifetimes");
+    assert_eq!(
+        records(&instance, LogKind::WorkflowStart).await.len(),
+        1,
+        "one WORKFLOW_START across both lifetimes"
+    );
     let details = instance.details().await.unwrap();
     assert_eq!(details.params, json!({"k": 1}));
-    assert_eq!(details.steps[0].attempts.len(), 2, "the interrupted attempt is recorded, then retried");
     assert_eq!(
-        details.steps[0].attempts[0].error.as_ref().map(|e| e.name.as_str()),
+        details.steps[0].attempts.len(),
+        2,
+        "the interrupted attempt is recorded, then retried"
+    );
+    assert_eq!(
+        details.steps[0].attempts[0]
+            .error
+            .as_ref()
+            .map(|e| e.name.as_str()),
         Some("WorkflowInternalError")
     );
     second.shutdown().await;
@@ -289,7 +356,8 @@ async fn e10_identity_status_and_log_survive_an_engine_restart() {
 fn many_steps(n: usize) -> support::FnWorkflow {
     wf(move |_, step| async move {
         for i in 0..n {
-            step.run(format!("step {i}"), |_| async move { Ok(i) }).await?;
+            step.run(format!("step {i}"), |_| async move { Ok(i) })
+                .await?;
         }
         Ok(json!(n))
     })
@@ -301,7 +369,13 @@ async fn e13_a_step_over_the_limit_fails_the_instance() {
     let instance = run_to_end(&engine, json!({})).await;
     let status = instance.status().await.unwrap();
     assert_eq!(status.status, InstanceStatus::Errored);
-    assert!(status.error.unwrap().message.contains("The limit of 3 steps has been reached"));
+    assert!(
+        status
+            .error
+            .unwrap()
+            .message
+            .contains("The limit of 3 steps has been reached")
+    );
     engine.shutdown().await;
 }
 
@@ -327,7 +401,11 @@ async fn e15_the_default_step_limit_is_ten_thousand() {
                 .collect();
             let results = futures::future::join_all(ops).await;
             let ok = results.iter().filter(|r| r.is_ok()).count();
-            let last = results.last().unwrap().as_ref().expect_err("the 10,001st fails");
+            let last = results
+                .last()
+                .unwrap()
+                .as_ref()
+                .expect_err("the 10,001st fails");
             Ok(json!({ "ok": ok, "error": last.message() }))
         }))
     })
@@ -335,10 +413,20 @@ async fn e15_the_default_step_limit_is_ten_thousand() {
     let instance = run_to_end(&engine, json!({})).await;
     let output = instance.status().await.unwrap().output.unwrap();
     assert_eq!(output["ok"], 10_000);
-    assert!(output["error"].as_str().unwrap().contains("The limit of 10000 steps"));
+    assert!(
+        output["error"]
+            .as_str()
+            .unwrap()
+            .contains("The limit of 10000 steps")
+    );
     let details = instance.details().await.unwrap();
     assert_eq!(details.steps.len(), 10_000);
-    assert!(details.steps.iter().all(|s| s.name == "same name" && s.count >= 1));
+    assert!(
+        details
+            .steps
+            .iter()
+            .all(|s| s.name == "same name" && s.count >= 1)
+    );
     assert_eq!(details.steps.last().unwrap().count, 10_000);
     let _ = StepKind::Run;
     engine.shutdown().await;

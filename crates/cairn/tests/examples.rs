@@ -1,6 +1,8 @@
 //! Each seed example, run as a test: the examples' own `demo` functions on a temporary
 //! database with the virtual clock, with their outcomes asserted.
 
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
 #[path = "support/lib.rs"]
 mod support;
 
@@ -19,7 +21,10 @@ example!(deterministic_names, "../examples/deterministic_names.rs");
 example!(race_in_one_step, "../examples/race_in_one_step.rs");
 example!(conditional_steps, "../examples/conditional_steps.rs");
 example!(batch_create, "../examples/batch_create.rs");
-example!(large_data_by_reference, "../examples/large_data_by_reference.rs");
+example!(
+    large_data_by_reference,
+    "../examples/large_data_by_reference.rs"
+);
 example!(retry_delay_function, "../examples/retry_delay_function.rs");
 example!(caught_non_retryable, "../examples/caught_non_retryable.rs");
 
@@ -49,7 +54,9 @@ async fn granular_steps_retry_independently() {
 #[tokio::test(start_paused = true)]
 async fn state_from_steps_is_rebuilt_after_a_restart() {
     let (_dir, path) = support::temp_db();
-    let output = state_from_steps::demo(&path, Clock::virtual_now()).await.unwrap();
+    let output = state_from_steps::demo(&path, Clock::virtual_now())
+        .await
+        .unwrap();
     assert_eq!(output, r#"downloaded cat-2 of ["cat-1", "cat-2"]"#);
 }
 
@@ -57,13 +64,23 @@ async fn state_from_steps_is_rebuilt_after_a_restart() {
 async fn deterministic_names_come_from_a_step_output() {
     let (_dir, b) = builder();
     let names = deterministic_names::demo(b).await.unwrap();
-    assert_eq!(names, ["get cat list from KV", "get cat: tom", "get cat: felix", "get cat: garfield"]);
+    assert_eq!(
+        names,
+        [
+            "get cat list from KV",
+            "get cat: tom",
+            "get cat: felix",
+            "get cat: garfield"
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_race_inside_one_step_keeps_its_winner_across_a_restart() {
     let (_dir, path) = support::temp_db();
-    let output = race_in_one_step::demo(&path, Clock::virtual_now()).await.unwrap();
+    let output = race_in_one_step::demo(&path, Clock::virtual_now())
+        .await
+        .unwrap();
     assert_eq!(output, "the race was won by second");
 }
 
@@ -103,6 +120,14 @@ async fn the_delay_function_decides_each_wait() {
 async fn a_caught_non_retryable_error_lets_the_workflow_continue() {
     let (_dir, b) = builder();
     let (log, status) = caught_non_retryable::demo(b).await.unwrap();
-    assert_eq!(log, ["task done", "Step failed: oh no", "cleaned up", "next task done"]);
+    assert_eq!(
+        log,
+        [
+            "task done",
+            "Step failed: oh no",
+            "cleaned up",
+            "next task done"
+        ]
+    );
     assert_eq!(status, InstanceStatus::Complete);
 }

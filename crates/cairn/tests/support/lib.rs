@@ -26,7 +26,9 @@ pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// A started engine with `register` applied, on a temporary database.
-pub async fn engine(register: impl FnOnce(EngineBuilder) -> EngineBuilder) -> (Engine, tempfile::TempDir) {
+pub async fn engine(
+    register: impl FnOnce(EngineBuilder) -> EngineBuilder,
+) -> (Engine, tempfile::TempDir) {
     let (dir, path) = temp_db();
     let engine = register(builder_at(&path)).start().await.unwrap();
     (engine, dir)
@@ -34,11 +36,20 @@ pub async fn engine(register: impl FnOnce(EngineBuilder) -> EngineBuilder) -> (E
 
 /// The kinds of an instance's log records, in order.
 pub async fn kinds<O: serde::de::DeserializeOwned>(instance: &Instance<O>) -> Vec<LogKind> {
-    instance.log(0).await.unwrap().iter().map(|r| r.entry.kind).collect()
+    instance
+        .log(0)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.entry.kind)
+        .collect()
 }
 
 /// The log records of one kind.
-pub async fn records<O: serde::de::DeserializeOwned>(instance: &Instance<O>, kind: LogKind) -> Vec<LogRecord> {
+pub async fn records<O: serde::de::DeserializeOwned>(
+    instance: &Instance<O>,
+    kind: LogKind,
+) -> Vec<LogRecord> {
     instance
         .log(0)
         .await
@@ -49,11 +60,20 @@ pub async fn records<O: serde::de::DeserializeOwned>(instance: &Instance<O>, kin
 }
 
 /// The step each record of `kind` concerns, in order.
-pub async fn targets<O: serde::de::DeserializeOwned>(instance: &Instance<O>, kind: LogKind) -> Vec<String> {
+pub async fn targets<O: serde::de::DeserializeOwned>(
+    instance: &Instance<O>,
+    kind: LogKind,
+) -> Vec<String> {
     records(instance, kind)
         .await
         .iter()
-        .map(|r| r.entry.step.as_ref().map(StepKey::target).unwrap_or_default())
+        .map(|r| {
+            r.entry
+                .step
+                .as_ref()
+                .map(StepKey::target)
+                .unwrap_or_default()
+        })
         .collect()
 }
 
@@ -89,7 +109,11 @@ use cairn::{Workflow, WorkflowError, WorkflowEvent, WorkflowStep};
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-type RunFn = Arc<dyn Fn(WorkflowEvent<Value>, WorkflowStep) -> BoxFuture<'static, Result<Value, WorkflowError>> + Send + Sync>;
+type RunFn = Arc<
+    dyn Fn(WorkflowEvent<Value>, WorkflowStep) -> BoxFuture<'static, Result<Value, WorkflowError>>
+        + Send
+        + Sync,
+>;
 
 /// A workflow whose `run` is a closure; `N` picks its name from [`NAMES`].
 pub struct FnWorkflow<const N: usize = 0>(RunFn);
@@ -101,7 +125,11 @@ impl<const N: usize> Workflow for FnWorkflow<N> {
     type Params = Value;
     type Output = Value;
 
-    fn run(&self, event: WorkflowEvent<Value>, step: WorkflowStep) -> impl Future<Output = Result<Value, WorkflowError>> + Send {
+    fn run(
+        &self,
+        event: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> impl Future<Output = Result<Value, WorkflowError>> + Send {
         (self.0)(event, step)
     }
 }
