@@ -45,3 +45,8 @@ pub mod prelude {
     pub use serde::{Deserialize, Serialize};
     pub use std::time::Duration;
 }
+
+/// The repository README's example, compiled as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct RepositoryReadme;
