@@ -412,9 +412,14 @@ pub(crate) const RUNNABLE: [InstanceStatus; 3] = [
 
 #[cfg(test)]
 mod tests {
+    /// One directory for the whole test process (removed when it exits normally), one
+    /// database file per case.
     async fn factory() -> std::sync::Arc<dyn cairn_store::Store> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.keep().join("conformance.db");
+        static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = DIR.get_or_init(|| tempfile::tempdir().expect("tempdir"));
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let path = dir.path().join(format!("conformance-{n}.db"));
         let store = crate::SqliteStore::open(path, crate::Options::default()).expect("open");
         std::sync::Arc::new(store)
     }
