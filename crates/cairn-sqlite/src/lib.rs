@@ -23,10 +23,10 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use cairn_core::{InstanceId, InstanceStatus, Timestamp, WorkflowName};
+use cairn_core::{EventType, InstanceId, InstanceStatus, StepKey, Timestamp, WorkflowName};
 use cairn_store::{
-    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewInstance, Result,
-    Store, StoreFuture, Write,
+    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
+    Result, Sent, Store, StoreFuture, StoredEvent, Write,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use std::sync::mpsc::Sender;
@@ -219,23 +219,16 @@ impl SqliteStore {
         if let Some(h) = self.writer_thread.lock().ok().and_then(|mut t| t.take()) {
             handles.push(h);
         }
-        // Joining is quick (the threads finish their queue) but blocking: do it off the runtime.
-        let join = move || {
+        // Joining is quick (the threads finish their queue) but blocking: a helper thread
+        // joins them and reports back, so no async worker thread blocks.
+        let (tx, rx) = oneshot::channel();
+        std::thread::spawn(move || {
             for h in handles {
                 let _ = h.join();
             }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(_) => {
-                let (tx, rx) = oneshot::channel();
-                std::thread::spawn(move || {
-                    join();
-                    let _ = tx.send(());
-                });
-                let _ = rx.await;
-            }
-            Err(_) => join(),
-        }
+            let _ = tx.send(());
+        });
+        let _ = rx.await;
     }
 
     fn write<R: Send + 'static>(
@@ -393,6 +386,31 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> StoreFuture<'_, Vec<cairn_core::LogRecord>> {
         self.read(move |conn| rows::log(conn, instance, after, limit))
+    }
+
+    fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
+        let workflows: Vec<String> = workflows.iter().map(ToString::to_string).collect();
+        self.read(move |conn| rows::next_ready(conn, &workflows))
+    }
+
+    fn send_event(
+        &self,
+        workflow: &WorkflowName,
+        id: &InstanceId,
+        event: NewEvent,
+    ) -> StoreFuture<'_, Sent> {
+        let (workflow, id) = (workflow.to_string(), id.to_string());
+        self.write(move |conn| rows::send_event(conn, &workflow, &id, &event))
+    }
+
+    fn take_event(
+        &self,
+        lease: Lease,
+        step: StepKey,
+        event_type: EventType,
+        at: Timestamp,
+    ) -> StoreFuture<'_, Option<StoredEvent>> {
+        self.write(move |conn| rows::take_event(conn, lease, &step, &event_type, at))
     }
 
     fn close(&self) -> StoreFuture<'_, ()> {

@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use cairn_core::{
-    ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, StepKey, StepKind,
+    ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, StepKey, StepKind,
     StepRecord, StepState, Timestamp, WorkflowName,
 };
 use cairn_store::{
-    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewInstance, Result,
-    StatusChange, Write,
+    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
+    Result, Sent, StatusChange, StoredEvent, Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
@@ -213,7 +213,147 @@ pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> R
         Write::Step(step) => upsert_step(conn, instance, &step),
         Write::Log(entry) => append_log(conn, instance, &entry),
         Write::Status(change) => change_status(conn, instance, &change),
+        Write::Hibernate { wake_at, event_types } => hibernate(conn, instance, wake_at, &event_types),
     }
+}
+
+fn hibernate(
+    conn: &Connection,
+    instance: InstanceRef,
+    wake_at: Timestamp,
+    event_types: &[EventType],
+) -> Result<()> {
+    let mut ready = wake_at.as_millis();
+    let mut st = conn
+        .prepare_cached("SELECT 1 FROM events WHERE iid = ?1 AND type = ?2 LIMIT 1")
+        .map_err(map_sqlite)?;
+    for t in event_types {
+        if st.exists(params![instance.0, t.as_str()]).map_err(map_sqlite)? {
+            // An event is already waiting: be claimable at once.
+            ready = i64::MIN;
+            break;
+        }
+    }
+    conn.prepare_cached(
+        "UPDATE instances SET status = 7, ready_rank = 0,
+             ready_at = CASE WHEN ?2 = -9223372036854775808 THEN created_at ELSE ?2 END,
+             lease_owner = NULL, lease_until = NULL
+         WHERE iid = ?1",
+    )
+    .and_then(|mut st| st.execute(params![instance.0, ready]))
+    .map_err(map_sqlite)?;
+    Ok(())
+}
+
+pub(crate) fn next_ready(conn: &Connection, workflows: &[String]) -> Result<Option<Timestamp>> {
+    if workflows.is_empty() {
+        return Ok(None);
+    }
+    let marks = vec!["?"; workflows.len()].join(", ");
+    let sql = format!(
+        "SELECT MIN(ready_at) FROM instances WHERE ready_at IS NOT NULL AND workflow IN ({marks})"
+    );
+    let at: Option<i64> = conn
+        .prepare_cached(&sql)
+        .and_then(|mut st| st.query_row(params_from_iter(workflows), |r| r.get(0)))
+        .map_err(map_sqlite)?;
+    Ok(ts(at))
+}
+
+pub(crate) fn send_event(
+    conn: &Connection,
+    workflow: &str,
+    id: &str,
+    event: &NewEvent,
+) -> Result<Sent> {
+    let row: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT iid, status FROM instances WHERE workflow = ?1 AND id = ?2")
+        .and_then(|mut st| st.query_row(params![workflow, id], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+        .map_err(map_sqlite)?;
+    let Some((iid, status)) = row else {
+        return Ok(Sent::NotFound);
+    };
+    let status = InstanceStatus::from_code(status)
+        .ok_or_else(|| corrupt(format!("unknown status code {status}")))?;
+    if status.is_terminal() {
+        return Ok(Sent::Finished(status));
+    }
+    conn.prepare_cached("INSERT INTO events (iid, type, payload, at) VALUES (?1, ?2, ?3, ?4)")
+        .and_then(|mut st| {
+            st.execute(params![iid, event.event_type.as_str(), event.payload, event.at.as_millis()])
+        })
+        .map_err(map_sqlite)?;
+    // A hibernating instance wakes up to take it.
+    conn.prepare_cached(
+        "UPDATE instances SET ready_at = created_at, ready_rank = 0 WHERE iid = ?1 AND status = 7",
+    )
+    .and_then(|mut st| st.execute([iid]))
+    .map_err(map_sqlite)?;
+    Ok(Sent::Buffered(InstanceRef(iid)))
+}
+
+pub(crate) fn take_event(
+    conn: &Connection,
+    lease: Lease,
+    step: &StepKey,
+    event_type: &EventType,
+    at: Timestamp,
+) -> Result<Option<StoredEvent>> {
+    check_lease(conn, lease)?;
+    let found: Option<(i64, String, i64)> = conn
+        .prepare_cached(
+            "SELECT id, payload, at FROM events WHERE iid = ?1 AND type = ?2 ORDER BY id LIMIT 1",
+        )
+        .and_then(|mut st| {
+            st.query_row(params![lease.instance.0, event_type.as_str()], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+        })
+        .map_err(map_sqlite)?;
+    let Some((event_id, payload, sent_at)) = found else {
+        return Ok(None);
+    };
+    let payload_value: serde_json::Value = serde_json::from_str(&payload).map_err(corrupt)?;
+    let object = serde_json::json!({
+        "payload": payload_value,
+        "timestamp": sent_at,
+        "type": event_type.as_str(),
+    });
+    let output = object.to_string();
+    conn.prepare_cached("DELETE FROM events WHERE id = ?1")
+        .and_then(|mut st| st.execute([event_id]))
+        .map_err(map_sqlite)?;
+    let updated = conn
+        .prepare_cached(
+            "UPDATE steps SET state = ?5, output = ?6, ended_at = ?7, in_flight = 0, wake_at = NULL
+             WHERE iid = ?1 AND kind = ?2 AND name = ?3 AND count = ?4",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                lease.instance.0,
+                step.kind.code(),
+                step.name,
+                step.count,
+                StepState::Succeeded.code(),
+                output,
+                at.as_millis()
+            ])
+        })
+        .map_err(map_sqlite)?;
+    if updated != 1 {
+        return Err(corrupt(format!("wait {} has no journal entry", step.target())));
+    }
+    append_log(
+        conn,
+        lease.instance,
+        &LogEntry { kind: LogKind::WaitComplete, at, step: Some(step.clone()), meta: object },
+    )?;
+    Ok(Some(StoredEvent {
+        event_type: event_type.clone(),
+        payload,
+        at: Timestamp::from_millis(sent_at),
+    }))
 }
 
 fn upsert_step(conn: &Connection, instance: InstanceRef, s: &StepRecord) -> Result<()> {

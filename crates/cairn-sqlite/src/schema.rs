@@ -62,6 +62,17 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX log_by_instance ON log (iid, id);
     ",
+    // 2: buffered events, first in first out per instance and type.
+    "
+    CREATE TABLE events (
+        id      INTEGER PRIMARY KEY AUTOINCREMENT,
+        iid     INTEGER NOT NULL,
+        type    TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        at      INTEGER NOT NULL
+    );
+    CREATE INDEX events_by_type ON events (iid, type, id);
+    ",
 ];
 
 /// Brings the schema up to date.

@@ -29,7 +29,8 @@
 use std::time::Duration;
 
 use cairn_core::{
-    ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogRecord, StepRecord, Timestamp, WorkflowName,
+    ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogRecord, StepKey, StepRecord,
+    Timestamp, WorkflowName,
 };
 use futures::future::BoxFuture;
 
@@ -177,6 +178,49 @@ pub enum Write {
     Log(LogEntry),
     /// Change the instance's status.
     Status(StatusChange),
+    /// Hibernate: status `waiting`, lease released, claimable again at `wake_at`, or at
+    /// once if an event of one of `event_types` is already buffered. Deciding that in the
+    /// same transaction as [`Store::send_event`]'s wake-up is what makes a concurrent send
+    /// never lost.
+    Hibernate {
+        /// The earliest timer of the instance.
+        wake_at: Timestamp,
+        /// The event types its waits are blocked on.
+        event_types: Vec<EventType>,
+    },
+}
+
+/// An event sent to an instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// Its type.
+    pub event_type: EventType,
+    /// Its payload as JSON text.
+    pub payload: String,
+    /// When it was sent.
+    pub at: Timestamp,
+}
+
+/// A buffered event handed to a wait.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    /// Its type.
+    pub event_type: EventType,
+    /// Its payload as JSON text.
+    pub payload: String,
+    /// When it was sent.
+    pub at: Timestamp,
+}
+
+/// What [`Store::send_event`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// Buffered for the instance; a hibernated instance was made ready.
+    Buffered(InstanceRef),
+    /// No such instance.
+    NotFound,
+    /// The instance has finished; nothing was written.
+    Finished(InstanceStatus),
 }
 
 /// Which instances [`Store::list`] returns, newest first.
@@ -242,6 +286,31 @@ pub trait Store: Send + Sync + 'static {
         after: u64,
         limit: usize,
     ) -> StoreFuture<'_, Vec<LogRecord>>;
+
+    /// The earliest `ready_at` among instances of `workflows` that are not leased: when the
+    /// scheduler should look again.
+    fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>>;
+
+    /// Buffers an event for an instance (per type, first in first out) and, if it is
+    /// hibernating, makes it claimable at once.
+    fn send_event(
+        &self,
+        workflow: &WorkflowName,
+        id: &InstanceId,
+        event: NewEvent,
+    ) -> StoreFuture<'_, Sent>;
+
+    /// Under `lease`, in one transaction: takes the oldest buffered event of `event_type`,
+    /// records it as the output of the wait `step` (state succeeded, ended at `at`) and
+    /// appends its `WAIT_COMPLETE` record. `None` (and nothing written) when no event of that
+    /// type is buffered. An event is thereby delivered exactly once.
+    fn take_event(
+        &self,
+        lease: Lease,
+        step: StepKey,
+        event_type: EventType,
+        at: Timestamp,
+    ) -> StoreFuture<'_, Option<StoredEvent>>;
 
     /// Finishes queued work and releases the store's resources (threads, locks,
     /// connections). Later calls fail with [`Error::Unavailable`].

@@ -569,6 +569,41 @@ impl<O: DeserializeOwned> Instance<O> {
         Ok(out)
     }
 
+    /// Sends an event: it is buffered per type, first in first out, until a
+    /// `wait_for_event` of that type takes it, and wakes the instance if it hibernates.
+    /// Works in every non-terminal status (also `queued` and `paused`).
+    ///
+    /// # Errors
+    /// An invalid event type, a payload over the size limit, [`Error::InstanceNotFound`], or
+    /// [`Error::InstanceFinished`] for a finished instance.
+    pub async fn send_event<P: Serialize>(&self, event_type: &str, payload: &P) -> Result<(), Error> {
+        let event_type = cairn_core::EventType::new(event_type)?;
+        let payload = serde_json::to_string(payload).map_err(|e| Error::InvalidParams {
+            workflow: self.workflow.to_string(),
+            reason: format!("the event payload is not serialisable: {e}"),
+        })?;
+        let limit = self.engine.inner.shared.limits.payload_limit;
+        if payload.len() > limit {
+            return Err(Error::PayloadTooLarge { what: "event payload", size: payload.len(), limit });
+        }
+        let event = cairn_store::NewEvent { event_type, payload, at: self.engine.inner.shared.clock.now() };
+        match self.engine.inner.shared.store.send_event(&self.workflow, &self.id, event).await? {
+            cairn_store::Sent::Buffered(instance) => {
+                self.engine.inner.event_sent(instance);
+                Ok(())
+            }
+            cairn_store::Sent::NotFound => Err(Error::InstanceNotFound {
+                workflow: self.workflow.to_string(),
+                id: self.id.to_string(),
+            }),
+            cairn_store::Sent::Finished(status) => Err(Error::InstanceFinished {
+                workflow: self.workflow.to_string(),
+                id: self.id.to_string(),
+                status,
+            }),
+        }
+    }
+
     /// Everything about the instance: status, params, timings and its steps with their
     /// attempts, in start order. Sensitive outputs show as `[REDACTED]`.
     ///

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::engine::EngineInner;
 use crate::failure::{ERROR, INTERNAL};
-use crate::replay::{Abort, RunState};
+use crate::replay::{Abort, Hibernation, RunState};
 use crate::step::WorkflowStep;
 use crate::workflow::WorkflowEvent;
 
@@ -91,11 +91,27 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
         run: Arc::clone(&state),
     };
     let mut shutdown = inner.shutdown.subscribe();
-    let run = AssertUnwindSafe(workflow.run(event, step)).catch_unwind();
+    let _live = LiveGuard::register(inner, &state);
+    let mut run = std::pin::pin!(AssertUnwindSafe(workflow.run(event, step)).catch_unwind());
+    let threshold = inner.hibernate_after;
+    // Poll the workflow; after each `Pending`, if every op waits durably for longer than
+    // the threshold, hibernate: record the wake-up and drop the future.
+    let next = futures::future::poll_fn(|cx| match run.as_mut().poll(cx) {
+        std::task::Poll::Ready(result) => std::task::Poll::Ready(Next::Done(result)),
+        std::task::Poll::Pending => match state.hibernation() {
+            Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
+                std::task::Poll::Ready(Next::Hibernate(h))
+            }
+            _ => std::task::Poll::Pending,
+        },
+    });
     let result = tokio::select! {
-        result = run => result,
+        next = next => match next {
+            Next::Done(result) => result,
+            Next::Hibernate(h) => return hibernate(inner, &state, h).await,
+        },
         abort = state.aborted() => return Err(abort),
-        _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+        () = stopped(&mut shutdown) => return Ok(()),
     };
     let outcome = match result {
         Ok(Ok(output)) => {
@@ -120,6 +136,56 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
         )),
     };
     finish(&state, outcome).await
+}
+
+type RunResult = Result<Result<serde_json::Value, crate::failure::WorkflowError>, Box<dyn std::any::Any + Send>>;
+
+enum Next {
+    Done(RunResult),
+    Hibernate(Hibernation),
+}
+
+/// Records that the instance waits until `h.wake_at` (or an event) and lets it go.
+async fn hibernate(inner: &EngineInner, state: &RunState, h: Hibernation) -> Result<(), Abort> {
+    inner
+        .shared
+        .store
+        .commit(
+            state.lease,
+            vec![
+                state.log(
+                    LogKind::WorkflowWaiting,
+                    None,
+                    json!({ "wakeAt": h.wake_at.as_millis(), "events": h.event_types }),
+                ),
+                Write::Hibernate {
+                    wake_at: h.wake_at,
+                    event_types: h.event_types,
+                },
+            ],
+        )
+        .await
+        .map_err(Abort::Store)
+}
+
+/// Makes a running lifetime reachable by `send_event` while it lives.
+struct LiveGuard<'a> {
+    inner: &'a EngineInner,
+    instance: cairn_store::InstanceRef,
+}
+
+impl<'a> LiveGuard<'a> {
+    fn register(inner: &'a EngineInner, state: &Arc<RunState>) -> Self {
+        let instance = state.lease.instance;
+        inner.live().insert(instance, Arc::clone(state));
+        LiveGuard { inner, instance }
+    }
+}
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        self.inner.live().remove(&self.instance);
+    }
 }
 
 async fn finish(
@@ -153,6 +219,15 @@ async fn finish(
         .commit(state.lease, writes)
         .await
         .map_err(Abort::Store)
+}
+
+/// Resolves once the engine is shutting down.
+async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not `Send`: drop it before returning.
+    let stop = shutdown.wait_for(|stop| *stop).await.is_err();
+    if stop {
+        std::future::pending::<()>().await;
+    }
 }
 
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

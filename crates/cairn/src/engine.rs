@@ -35,6 +35,10 @@ pub(crate) struct Shared {
 
 pub(crate) struct EngineInner {
     pub(crate) shared: Arc<Shared>,
+    /// Instances with a lifetime in memory now (hibernated ones are not here).
+    live: Mutex<HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>>,
+    /// Waits longer than this hibernate the instance.
+    pub(crate) hibernate_after: Duration,
     pub(crate) workflows: HashMap<WorkflowName, Arc<dyn ErasedWorkflow>>,
     names: Vec<WorkflowName>,
     owner: String,
@@ -51,6 +55,21 @@ pub(crate) struct EngineInner {
 impl EngineInner {
     pub(crate) fn changed(&self) {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    pub(crate) fn live(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>> {
+        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Tells a running lifetime of `instance` that an event arrived, and the scheduler that
+    /// a hibernating one may have become ready.
+    pub(crate) fn event_sent(&self, instance: cairn_store::InstanceRef) {
+        if let Some(state) = self.live().get(&instance) {
+            state.events.notify_waiters();
+        }
+        self.wake.notify_one();
     }
 }
 
@@ -85,9 +104,13 @@ pub struct EngineBuilder {
     max_running: usize,
     step_limit: u32,
     payload_limit: usize,
+    hibernate_after: Duration,
     #[cfg(feature = "sqlite")]
     sqlite: cairn_sqlite::Options,
 }
+
+/// The default hot threshold: waits longer than this hibernate the instance.
+pub const DEFAULT_HIBERNATE_AFTER: Duration = Duration::from_secs(1);
 
 impl Engine {
     /// Starts configuring an engine.
@@ -99,9 +122,16 @@ impl Engine {
             max_running: DEFAULT_MAX_RUNNING,
             step_limit: DEFAULT_STEP_LIMIT,
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
+            hibernate_after: DEFAULT_HIBERNATE_AFTER,
             #[cfg(feature = "sqlite")]
             sqlite: cairn_sqlite::Options::default(),
         }
+    }
+
+    /// How many instances have a run in memory right now. Hibernated instances (sleeping,
+    /// waiting for an event or a retry) are not counted: they hold no memory.
+    pub fn live_instances(&self) -> usize {
+        self.inner.live().len()
     }
 
     /// The engine's clock.
@@ -192,6 +222,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Waits longer than `threshold` hibernate the instance: its wake-up is recorded, its
+    /// future dropped, and it resumes by replay (default 1 second).
+    pub fn hibernate_after(mut self, threshold: Duration) -> Self {
+        self.hibernate_after = threshold;
+        self
+    }
+
     /// Opens the store, recovers what the last engine left running, and starts scheduling.
     ///
     /// # Errors
@@ -249,6 +286,8 @@ impl EngineBuilder {
             store
         };
         let inner = Arc::new(EngineInner {
+            live: Mutex::new(HashMap::new()),
+            hibernate_after: self.hibernate_after,
             shared: Arc::new(Shared {
                 store,
                 clock,
@@ -322,8 +361,23 @@ async fn schedule(inner: Arc<EngineInner>) {
             }
             continue;
         }
+        // Sleep until the earliest timer of a hibernating instance, a wake-up, or a free slot.
+        let next_ready = match inner.shared.store.next_ready(&inner.names).await {
+            Ok(at) => at,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the next wake-up failed");
+                Some(inner.shared.clock.now().saturating_add(Duration::from_secs(1)))
+            }
+        };
+        let timer = async {
+            match next_ready {
+                Some(at) => inner.shared.clock.sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = inner.wake.notified() => {}
+            () = timer => {}
             Some(_) = drivers.join_next(), if !drivers.is_empty() => {}
             _ = shutdown.changed() => {}
         }

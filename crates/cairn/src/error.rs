@@ -27,6 +27,16 @@ pub enum Error {
         /// The duplicate id.
         id: String,
     },
+    /// The instance has finished (complete, errored or terminated): it takes no events.
+    #[error("instance {id:?} of workflow {workflow:?} is {status} and takes no more events")]
+    InstanceFinished {
+        /// The workflow.
+        workflow: String,
+        /// The instance id.
+        id: String,
+        /// Its terminal status.
+        status: cairn_core::InstanceStatus,
+    },
     /// No workflow with this name is registered on the engine.
     #[error("no workflow named {0:?} is registered on this engine")]
     UnknownWorkflow(String),
@@ -76,6 +86,7 @@ impl Error {
             Error::InvalidId(e) => e.code(),
             Error::InstanceNotFound { .. } => "instance.not_found",
             Error::AlreadyExists { .. } => "instance.already_exists",
+            Error::InstanceFinished { .. } => "instance.finished",
             Error::UnknownWorkflow(_) => "workflow.not_found",
             Error::InvalidParams { .. } => "params.invalid",
             Error::PayloadTooLarge { .. } => "payload.too_large",

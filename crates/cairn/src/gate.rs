@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_core::{InstanceId, LogRecord, StepRecord, Timestamp, WorkflowName};
+use cairn_core::{EventType, InstanceId, LogRecord, StepKey, StepRecord, Timestamp, WorkflowName};
 use cairn_store::{
-    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewInstance, Store,
-    StoreFuture, Write,
+    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
+    Sent, Store, StoreFuture, StoredEvent, Write,
 };
 
 pub(crate) struct Gate(pub(crate) Arc<dyn Store>);
@@ -86,6 +86,30 @@ impl Store for Gate {
         limit: usize,
     ) -> StoreFuture<'_, Vec<LogRecord>> {
         blocking(&self.0, move |s| s.log(instance, after, limit))
+    }
+
+    fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
+        let workflows = workflows.to_vec();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.next_ready(&workflows).await })
+        })
+    }
+
+    fn send_event(&self, workflow: &WorkflowName, id: &InstanceId, event: NewEvent) -> StoreFuture<'_, Sent> {
+        let (workflow, id) = (workflow.clone(), id.clone());
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.send_event(&workflow, &id, event).await })
+        })
+    }
+
+    fn take_event(
+        &self,
+        lease: Lease,
+        step: StepKey,
+        event_type: EventType,
+        at: Timestamp,
+    ) -> StoreFuture<'_, Option<StoredEvent>> {
+        blocking(&self.0, move |s| s.take_event(lease, step, event_type, at))
     }
 
     fn close(&self) -> StoreFuture<'_, ()> {

@@ -7,9 +7,11 @@ mod details;
 mod driver;
 mod engine;
 mod error;
+mod event;
 mod failure;
 mod gate;
 mod replay;
+mod sleep;
 mod step;
 mod workflow;
 
@@ -24,7 +26,9 @@ pub use client::{
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use details::{AttemptDetails, InstanceDetails, StepDetails};
-pub use engine::{DEFAULT_MAX_RUNNING, Engine, EngineBuilder};
+pub use engine::{DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, Engine, EngineBuilder};
+pub use event::{DEFAULT_EVENT_TIMEOUT, StepEvent, WaitOp};
+pub use sleep::{IntoDuration, IntoTimestamp, MAX_SLEEP, SleepOp};
 pub use error::Error;
 pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowError};
 pub use step::{RunOp, StepContext, StepId, WorkflowStep};

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cairn_core::{
+    EventType,
     InstanceId, LogEntry, LogKind, StepKey, StepKind, StepName, StepRecord, Timestamp, WorkflowName,
 };
 use cairn_store::{Lease, Write};
@@ -32,6 +33,8 @@ pub(crate) struct RunState {
     inner: Mutex<Inner>,
     abort: Mutex<Option<Abort>>,
     aborted: Notify,
+    /// Notified when an event is sent to this instance.
+    pub(crate) events: Notify,
 }
 
 struct Inner {
@@ -39,6 +42,26 @@ struct Inner {
     counters: HashMap<(StepKind, String), u32>,
     next_seq: u32,
     run_calls: u32,
+    /// Ops doing work now: running a body, committing, or not yet in a durable wait.
+    active: usize,
+    /// Durable waits in progress, by registration id.
+    waits: HashMap<u64, Wait>,
+    next_wait: u64,
+}
+
+/// A durable wait an op is blocked on: it ends at `wake_at`, or earlier when an event of
+/// `event_type` arrives.
+#[derive(Debug, Clone)]
+pub(crate) struct Wait {
+    pub(crate) wake_at: Timestamp,
+    pub(crate) event_type: Option<EventType>,
+}
+
+/// What the driver records when it hibernates the instance.
+#[derive(Debug, Clone)]
+pub(crate) struct Hibernation {
+    pub(crate) wake_at: Timestamp,
+    pub(crate) event_types: Vec<EventType>,
 }
 
 impl RunState {
@@ -62,10 +85,39 @@ impl RunState {
                 counters: HashMap::new(),
                 next_seq,
                 run_calls: 0,
+                active: 0,
+                waits: HashMap::new(),
+                next_wait: 0,
             }),
             abort: Mutex::new(None),
             aborted: Notify::new(),
+            events: Notify::new(),
         }
+    }
+
+    /// Marks an op as doing work until the returned guard is dropped or suspended.
+    pub(crate) fn activity(self: &Arc<Self>) -> Activity {
+        self.inner().active += 1;
+        Activity {
+            state: Arc::clone(self),
+            suspended: None,
+        }
+    }
+
+    /// If every op is blocked on a durable wait, when the instance would wake by itself and
+    /// which events would wake it earlier. Called by the driver right after the workflow
+    /// future returned `Pending`.
+    pub(crate) fn hibernation(&self) -> Option<Hibernation> {
+        let inner = self.inner();
+        if inner.active > 0 || inner.waits.is_empty() {
+            return None;
+        }
+        let wake_at = inner.waits.values().map(|w| w.wake_at).min()?;
+        let mut event_types: Vec<EventType> =
+            inner.waits.values().filter_map(|w| w.event_type.clone()).collect();
+        event_types.sort();
+        event_types.dedup();
+        Some(Hibernation { wake_at, event_types })
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -180,6 +232,27 @@ impl RunState {
         }
     }
 
+    /// Under the lease, takes the oldest buffered event of `event_type` as the output of the
+    /// wait `key`. On a store failure the lifetime is aborted and this never resolves.
+    pub(crate) async fn take_event(
+        &self,
+        key: &StepKey,
+        event_type: &EventType,
+    ) -> Option<cairn_store::StoredEvent> {
+        match self
+            .shared
+            .store
+            .take_event(self.lease, key.clone(), event_type.clone(), self.now())
+            .await
+        {
+            Ok(found) => found,
+            Err(e) => {
+                self.abort(Abort::Store(e));
+                std::future::pending().await
+            }
+        }
+    }
+
     /// A key stable across attempts and replays of one step of this instance, distinct from
     /// any other instance's (also one that reuses this id later).
     pub(crate) fn idempotency_key(&self, key: &StepKey) -> String {
@@ -191,5 +264,65 @@ impl RunState {
             key.name,
             key.count
         )
+    }
+}
+
+/// An op at work. While it exists (and is not suspended in a durable wait) the instance is
+/// busy and cannot hibernate.
+pub(crate) struct Activity {
+    state: Arc<RunState>,
+    /// The wait registration while suspended.
+    suspended: Option<u64>,
+}
+
+impl Activity {
+    /// Waits durably until `wake_at`, or until `until` resolves first (an event arrived):
+    /// meanwhile the op counts as idle, so the instance may hibernate.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the wait registration; nothing durable happens here.
+    pub(crate) async fn wait<F: std::future::Future<Output = ()>>(
+        &mut self,
+        wake_at: Timestamp,
+        event_type: Option<EventType>,
+        until: F,
+    ) -> bool {
+        let sleep = self.state.shared.clock.sleep_until(wake_at);
+        self.suspend(Wait { wake_at, event_type });
+        let woke_by_event = tokio::select! {
+            () = sleep => false,
+            () = until => true,
+        };
+        self.resume();
+        woke_by_event
+    }
+
+    fn suspend(&mut self, wait: Wait) {
+        let mut inner = self.state.inner();
+        let id = inner.next_wait;
+        inner.next_wait += 1;
+        inner.waits.insert(id, wait);
+        inner.active -= 1;
+        self.suspended = Some(id);
+    }
+
+    fn resume(&mut self) {
+        if let Some(id) = self.suspended.take() {
+            let mut inner = self.state.inner();
+            inner.waits.remove(&id);
+            inner.active += 1;
+        }
+    }
+}
+
+impl Drop for Activity {
+    fn drop(&mut self) {
+        let mut inner = self.state.inner();
+        match self.suspended.take() {
+            Some(id) => {
+                inner.waits.remove(&id);
+            }
+            None => inner.active -= 1,
+        }
     }
 }

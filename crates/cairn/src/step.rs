@@ -182,6 +182,7 @@ impl Execution {
         Fut: Future<Output = Result<T, StepError>>,
         T: Serialize + DeserializeOwned,
     {
+        let mut activity = self.state.activity();
         let state = &*self.state;
         let (overrides, delay_fn) = self.config.overrides();
         let resolved = overrides
@@ -223,7 +224,8 @@ impl Execution {
         loop {
             if !record.in_flight {
                 if let Some(wake_at) = record.wake_at {
-                    state.shared.clock.sleep_until(wake_at).await;
+                    // A retry back-off: a durable wait the instance may hibernate through.
+                    activity.wait(wake_at, None, std::future::pending::<()>()).await;
                 }
                 self.start_next_attempt(&key, &mut record).await;
             }

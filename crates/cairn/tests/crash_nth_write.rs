@@ -16,10 +16,10 @@ use std::time::Duration;
 use cairn::prelude::*;
 use cairn::sqlite::{Durability, Options, SqliteStore};
 use cairn::store::{
-    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewInstance, Store,
-    StoreFuture, Write,
+    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
+    Sent, Store, StoreFuture, StoredEvent, Write,
 };
-use cairn::{Clock, InstanceId, LogRecord, StepRecord, Timestamp, WorkflowName};
+use cairn::{Clock, EventType, InstanceId, LogRecord, StepKey, StepRecord, Timestamp, WorkflowName};
 use serde_json::json;
 use support::{FnWorkflow, wf};
 
@@ -112,6 +112,21 @@ impl Store for FailingStore {
     }
     fn log(&self, i: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
         self.inner.log(i, after, limit)
+    }
+    fn next_ready(&self, w: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
+        self.inner.next_ready(w)
+    }
+    fn send_event(&self, w: &WorkflowName, id: &InstanceId, e: NewEvent) -> StoreFuture<'_, Sent> {
+        if self.dead() {
+            return down();
+        }
+        self.inner.send_event(w, id, e)
+    }
+    fn take_event(&self, lease: Lease, step: StepKey, t: EventType, at: Timestamp) -> StoreFuture<'_, Option<StoredEvent>> {
+        if self.dead() {
+            return down();
+        }
+        self.inner.take_event(lease, step, t, at)
     }
     fn close(&self) -> StoreFuture<'_, ()> {
         self.inner.close()

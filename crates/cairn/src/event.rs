@@ -1,0 +1,204 @@
+//! `step.wait_for_event`: wait for an event sent to the instance, with a timeout.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use cairn_core::{
+    DurationError, ErrorInfo, EventType, LogKind, StepKey, StepKind, StepRecord, StepState,
+    Timestamp,
+};
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::failure::{ERROR, INTERNAL, TIMEOUT, WorkflowError};
+use crate::replay::RunState;
+use crate::sleep::{IntoDuration, MAX_SLEEP};
+use crate::step::WorkflowStep;
+
+/// The default `wait_for_event` timeout: 24 hours.
+pub const DEFAULT_EVENT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The shortest allowed timeout.
+pub(crate) const MIN_EVENT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// An event as a wait receives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepEvent<T> {
+    /// The payload sent.
+    pub payload: T,
+    /// When it was sent.
+    pub timestamp: Timestamp,
+    /// Its type.
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+}
+
+type Started<T> = BoxFuture<'static, Result<StepEvent<T>, WorkflowError>>;
+
+/// A `step.wait_for_event` op; set its timeout with [`WaitOp::timeout`].
+///
+/// # Cancel safety
+/// Dropping it loses nothing: an event is consumed only in the same commit that records it
+/// as the wait's result.
+#[must_use = "a wait does nothing unless awaited"]
+pub struct WaitOp<T> {
+    timeout: Result<Duration, DurationError>,
+    start: Option<Box<dyn FnOnce(Result<Duration, DurationError>) -> Started<T> + Send>>,
+    running: Option<Started<T>>,
+    _payload: PhantomData<fn() -> T>,
+}
+
+impl<T> WaitOp<T> {
+    /// How long to wait before failing with `WorkflowTimeoutError` (1 second to 365 days;
+    /// 24 hours by default). A `Duration` or a string like `"1 day"`.
+    pub fn timeout(mut self, timeout: impl IntoDuration) -> Self {
+        self.timeout = timeout.into_duration();
+        self
+    }
+}
+
+impl<T> Future for WaitOp<T> {
+    type Output = Result<StepEvent<T>, WorkflowError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Some(start) = this.start.take() {
+            let timeout = std::mem::replace(&mut this.timeout, Ok(DEFAULT_EVENT_TIMEOUT));
+            this.running = Some(start(timeout));
+        }
+        match this.running.as_mut() {
+            Some(running) => running.as_mut().poll(cx),
+            None => Poll::Ready(Err(WorkflowError::new(INTERNAL, "wait polled after completion"))),
+        }
+    }
+}
+
+impl WorkflowStep {
+    /// Waits for an event of `event_type` sent to this instance, returning it with its
+    /// payload decoded as `T`. Events sent earlier (even before the instance started) are
+    /// buffered per type and taken first in, first out. Consuming an event and recording it
+    /// as this wait's result are one commit: each event is delivered once. A timeout is
+    /// cached like any final outcome. While waiting, the instance may hibernate.
+    pub fn wait_for_event<T>(&self, name: impl Into<String>, event_type: impl Into<String>) -> WaitOp<T>
+    where
+        T: DeserializeOwned + Send + 'static,
+    {
+        let state = Arc::clone(&self.run);
+        let key = self.run.claim(StepKind::WaitForEvent, name.into());
+        let event_type = EventType::new(event_type.into());
+        WaitOp {
+            timeout: Ok(DEFAULT_EVENT_TIMEOUT),
+            start: Some(Box::new(move |timeout| {
+                Box::pin(async move {
+                    let event_type = event_type.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
+                    wait(state, key?, event_type, timeout).await
+                })
+            })),
+            running: None,
+            _payload: PhantomData,
+        }
+    }
+}
+
+fn decode<T: DeserializeOwned>(key: &StepKey, json: &str) -> Result<StepEvent<T>, WorkflowError> {
+    serde_json::from_str(json).map_err(|e| {
+        WorkflowError::new(
+            INTERNAL,
+            format!("the event received by wait \"{}\" does not decode as the expected type: {e}", key.target()),
+        )
+    })
+}
+
+async fn wait<T: DeserializeOwned>(
+    state: Arc<RunState>,
+    key: StepKey,
+    event_type: EventType,
+    timeout: Result<Duration, DurationError>,
+) -> Result<StepEvent<T>, WorkflowError> {
+    let mut activity = state.activity();
+    let mut record = match state.take_record(&key) {
+        Some(rec) if rec.state == StepState::Succeeded => {
+            return decode(&key, rec.output.as_deref().unwrap_or("null"));
+        }
+        Some(rec) if rec.state == StepState::Failed => {
+            return Err(WorkflowError::from_info(
+                rec.error.unwrap_or_else(|| ErrorInfo::new(TIMEOUT, "wait failed")),
+            ));
+        }
+        Some(rec) => rec,
+        None => {
+            let timeout = timeout.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
+            if !(MIN_EVENT_TIMEOUT..=MAX_SLEEP).contains(&timeout) {
+                return Err(WorkflowError::new(
+                    ERROR,
+                    format!(
+                        "wait_for_event \"{}\" timeout of {} ms is out of range (1 second to 365 days)",
+                        key.name,
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+            let now = state.now();
+            let record = StepRecord {
+                key: key.clone(),
+                seq: state.next_seq(),
+                state: StepState::Running,
+                config: json!({ "timeout": cairn_core::format_duration(timeout) }),
+                attempts: 0,
+                in_flight: false,
+                wake_at: Some(now.saturating_add(timeout)),
+                output: None,
+                error: None,
+                started_at: now,
+                ended_at: None,
+                has_rollback: false,
+            };
+            state
+                .commit(vec![
+                    state.log(LogKind::WaitStart, Some(&key), json!({ "event": event_type })),
+                    cairn_store::Write::Step(record.clone()),
+                ])
+                .await;
+            record
+        }
+    };
+    let deadline = record.wake_at.unwrap_or_else(|| state.now());
+    loop {
+        // Listen before looking, so an event sent in between is not missed.
+        let arrived = state.events.notified();
+        let mut arrived = std::pin::pin!(arrived);
+        arrived.as_mut().enable();
+        if let Some(event) = state.take_event(&key, &event_type).await {
+            let object = json!({
+                "payload": serde_json::from_str::<serde_json::Value>(&event.payload).unwrap_or_default(),
+                "timestamp": event.at,
+                "type": event.event_type,
+            });
+            return decode(&key, &object.to_string());
+        }
+        if state.now() >= deadline {
+            break;
+        }
+        if !activity.wait(deadline, Some(event_type.clone()), arrived).await {
+            break;
+        }
+    }
+    let timeout_ms = deadline.since(record.started_at).as_millis();
+    let error = ErrorInfo::new(TIMEOUT, format!("Execution timed out after {timeout_ms}ms"));
+    record.state = StepState::Failed;
+    record.wake_at = None;
+    record.error = Some(error.clone());
+    record.ended_at = Some(state.now());
+    state
+        .commit(vec![
+            state.log(LogKind::WaitTimedOut, Some(&key), serde_json::to_value(&error).unwrap_or_default()),
+            cairn_store::Write::Step(record),
+        ])
+        .await;
+    Err(WorkflowError::from_info(error))
+}

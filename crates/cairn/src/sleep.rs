@@ -1,0 +1,195 @@
+//! `step.sleep` and `step.sleep_until`: durable timers stored as absolute wake times.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use cairn_core::{
+    DurationError, LogKind, StepKey, StepKind, StepRecord, StepState, Timestamp, parse_duration,
+};
+use futures::future::BoxFuture;
+use serde_json::json;
+
+use crate::failure::{ERROR, WorkflowError};
+use crate::replay::RunState;
+use crate::step::WorkflowStep;
+
+/// The longest sleep: 365 days.
+pub const MAX_SLEEP: Duration = Duration::from_secs(365 * 86_400);
+
+/// A duration given as a `Duration` or as a Cloudflare string such as `"1 hour"`.
+pub trait IntoDuration {
+    /// Converts, parsing strings with Cloudflare's grammar.
+    ///
+    /// # Errors
+    /// A string that does not follow the grammar, quoted in the error.
+    fn into_duration(self) -> Result<Duration, DurationError>;
+}
+
+impl IntoDuration for Duration {
+    fn into_duration(self) -> Result<Duration, DurationError> {
+        Ok(self)
+    }
+}
+
+impl IntoDuration for &str {
+    fn into_duration(self) -> Result<Duration, DurationError> {
+        parse_duration(self)
+    }
+}
+
+impl IntoDuration for String {
+    fn into_duration(self) -> Result<Duration, DurationError> {
+        parse_duration(&self)
+    }
+}
+
+/// A point in time to sleep until.
+pub trait IntoTimestamp {
+    /// Converts.
+    fn into_timestamp(self) -> Timestamp;
+}
+
+impl IntoTimestamp for Timestamp {
+    fn into_timestamp(self) -> Timestamp {
+        self
+    }
+}
+
+impl IntoTimestamp for SystemTime {
+    fn into_timestamp(self) -> Timestamp {
+        Timestamp::from_system_time(self)
+    }
+}
+
+/// A `step.sleep` or `step.sleep_until` op.
+///
+/// # Cancel safety
+/// Dropping it loses nothing: the wake time is stored when the sleep starts, and a replay
+/// waits only for what remains.
+#[must_use = "a sleep does nothing unless awaited"]
+pub struct SleepOp(BoxFuture<'static, Result<(), WorkflowError>>);
+
+impl Future for SleepOp {
+    type Output = Result<(), WorkflowError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+enum Target {
+    For(Result<Duration, DurationError>),
+    Until(Timestamp),
+}
+
+impl WorkflowStep {
+    /// Sleeps durably for `duration` (a `Duration` or a string like `"1 hour"`; at most 365
+    /// days). The wake time is stored when the sleep starts: after a restart the instance
+    /// wakes at the original time, and a long sleep costs a database row, not memory.
+    /// Sleeps do not count towards the step limit.
+    pub fn sleep(&self, name: impl Into<String>, duration: impl IntoDuration) -> SleepOp {
+        self.sleep_op(name.into(), Target::For(duration.into_duration()))
+    }
+
+    /// Sleeps durably until `at`. Keyed on its name: a replay after the wake time returns at
+    /// once. A time in the past at the first execution is an error.
+    pub fn sleep_until(&self, name: impl Into<String>, at: impl IntoTimestamp) -> SleepOp {
+        self.sleep_op(name.into(), Target::Until(at.into_timestamp()))
+    }
+
+    fn sleep_op(&self, name: String, target: Target) -> SleepOp {
+        let state = Arc::clone(&self.run);
+        let key = self.run.claim(StepKind::Sleep, name);
+        SleepOp(Box::pin(async move { sleep(state, key?, target).await }))
+    }
+}
+
+async fn sleep(state: Arc<RunState>, key: StepKey, target: Target) -> Result<(), WorkflowError> {
+    let mut activity = state.activity();
+    let record = match state.take_record(&key) {
+        Some(rec) if rec.state == StepState::Succeeded => return Ok(()),
+        Some(rec) => rec,
+        None => {
+            let now = state.now();
+            let wake_at = match target {
+                Target::For(duration) => {
+                    let d = duration.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
+                    if d > MAX_SLEEP {
+                        return Err(WorkflowError::new(
+                            ERROR,
+                            format!(
+                                "sleep \"{}\" of {} ms exceeds the maximum of 365 days",
+                                key.name,
+                                d.as_millis()
+                            ),
+                        ));
+                    }
+                    now.saturating_add(d)
+                }
+                Target::Until(at) if at < now => {
+                    return Err(WorkflowError::new(
+                        ERROR,
+                        "You can't sleep until a time in the past, time-traveler",
+                    ));
+                }
+                Target::Until(at) => {
+                    if at.since(now) > MAX_SLEEP {
+                        return Err(WorkflowError::new(
+                            ERROR,
+                            format!(
+                                "sleep_until \"{}\" targets {at}, more than 365 days away",
+                                key.name
+                            ),
+                        ));
+                    }
+                    at
+                }
+            };
+            let record = StepRecord {
+                key: key.clone(),
+                seq: state.next_seq(),
+                state: StepState::Running,
+                config: json!({}),
+                attempts: 0,
+                in_flight: false,
+                wake_at: Some(wake_at),
+                output: None,
+                error: None,
+                started_at: now,
+                ended_at: None,
+                has_rollback: false,
+            };
+            state
+                .commit(vec![
+                    state.log(
+                        LogKind::SleepStart,
+                        Some(&key),
+                        json!({ "durationMs": wake_at.since(now).as_millis() as u64, "wakeAt": wake_at.as_millis() }),
+                    ),
+                    cairn_store::Write::Step(record.clone()),
+                ])
+                .await;
+            record
+        }
+    };
+    let wake_at = record.wake_at.unwrap_or_else(|| state.now());
+    activity
+        .wait(wake_at, None, std::future::pending::<()>())
+        .await;
+    let done = StepRecord {
+        state: StepState::Succeeded,
+        wake_at: None,
+        ended_at: Some(state.now()),
+        ..record
+    };
+    state
+        .commit(vec![
+            state.log(LogKind::SleepComplete, Some(&key), json!({})),
+            cairn_store::Write::Step(done),
+        ])
+        .await;
+    Ok(())
+}
