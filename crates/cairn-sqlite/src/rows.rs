@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use cairn_core::{
-    ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, StepKey, StepKind,
-    StepRecord, StepState, Timestamp, WorkflowName,
+    ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, StepKey,
+    StepKind, StepRecord, StepState, Timestamp, WorkflowName,
 };
 use cairn_store::{
     Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
@@ -213,7 +213,10 @@ pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> R
         Write::Step(step) => upsert_step(conn, instance, &step),
         Write::Log(entry) => append_log(conn, instance, &entry),
         Write::Status(change) => change_status(conn, instance, &change),
-        Write::Hibernate { wake_at, event_types } => hibernate(conn, instance, wake_at, &event_types),
+        Write::Hibernate {
+            wake_at,
+            event_types,
+        } => hibernate(conn, instance, wake_at, &event_types),
     }
 }
 
@@ -228,7 +231,10 @@ fn hibernate(
         .prepare_cached("SELECT 1 FROM events WHERE iid = ?1 AND type = ?2 LIMIT 1")
         .map_err(map_sqlite)?;
     for t in event_types {
-        if st.exists(params![instance.0, t.as_str()]).map_err(map_sqlite)? {
+        if st
+            .exists(params![instance.0, t.as_str()])
+            .map_err(map_sqlite)?
+        {
             // An event is already waiting: be claimable at once.
             ready = i64::MIN;
             break;
@@ -268,7 +274,10 @@ pub(crate) fn send_event(
 ) -> Result<Sent> {
     let row: Option<(i64, i64)> = conn
         .prepare_cached("SELECT iid, status FROM instances WHERE workflow = ?1 AND id = ?2")
-        .and_then(|mut st| st.query_row(params![workflow, id], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+        .and_then(|mut st| {
+            st.query_row(params![workflow, id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
         .map_err(map_sqlite)?;
     let Some((iid, status)) = row else {
         return Ok(Sent::NotFound);
@@ -280,7 +289,12 @@ pub(crate) fn send_event(
     }
     conn.prepare_cached("INSERT INTO events (iid, type, payload, at) VALUES (?1, ?2, ?3, ?4)")
         .and_then(|mut st| {
-            st.execute(params![iid, event.event_type.as_str(), event.payload, event.at.as_millis()])
+            st.execute(params![
+                iid,
+                event.event_type.as_str(),
+                event.payload,
+                event.at.as_millis()
+            ])
         })
         .map_err(map_sqlite)?;
     // A hibernating instance wakes up to take it.
@@ -342,12 +356,20 @@ pub(crate) fn take_event(
         })
         .map_err(map_sqlite)?;
     if updated != 1 {
-        return Err(corrupt(format!("wait {} has no journal entry", step.target())));
+        return Err(corrupt(format!(
+            "wait {} has no journal entry",
+            step.target()
+        )));
     }
     append_log(
         conn,
         lease.instance,
-        &LogEntry { kind: LogKind::WaitComplete, at, step: Some(step.clone()), meta: object },
+        &LogEntry {
+            kind: LogKind::WaitComplete,
+            at,
+            step: Some(step.clone()),
+            meta: object,
+        },
     )?;
     Ok(Some(StoredEvent {
         event_type: event_type.clone(),

@@ -77,6 +77,21 @@ pub struct Status<O> {
     pub error: Option<ErrorInfo>,
 }
 
+/// One row of an instance listing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceSummary {
+    /// The instance id.
+    pub id: InstanceId,
+    /// Its status.
+    pub status: InstanceStatus,
+    /// When it was created.
+    pub created: cairn_core::Timestamp,
+    /// When it first started.
+    pub started: Option<cairn_core::Timestamp>,
+    /// When it finished.
+    pub ended: Option<cairn_core::Timestamp>,
+}
+
 /// A handle to one workflow's instances, typed by the workflow.
 pub struct WorkflowClient<W> {
     untyped: UntypedWorkflow,
@@ -444,6 +459,45 @@ impl UntypedWorkflow {
         Ok(BatchCreated { created, errors })
     }
 
+    /// This workflow's instances, newest first: at most `limit`, only those in `status` if
+    /// given, only those created before `before` (an id from an earlier page) if given.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`] for an unknown `before`, or a store failure.
+    pub async fn list(
+        &self,
+        status: Option<InstanceStatus>,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<InstanceSummary>, Error> {
+        let before = match before {
+            Some(id) => Some(self.instance(InstanceId::new(id)?).record().await?.instance),
+            None => None,
+        };
+        let rows = self
+            .engine
+            .inner
+            .shared
+            .store
+            .list(cairn_store::ListQuery {
+                workflow: Some(self.name.clone()),
+                status,
+                before,
+                limit,
+            })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| InstanceSummary {
+                id: r.id,
+                status: r.status,
+                created: r.created_at,
+                started: r.started_at,
+                ended: r.ended_at,
+            })
+            .collect())
+    }
+
     /// The instance with this id.
     ///
     /// # Errors
@@ -576,7 +630,11 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// An invalid event type, a payload over the size limit, [`Error::InstanceNotFound`], or
     /// [`Error::InstanceFinished`] for a finished instance.
-    pub async fn send_event<P: Serialize>(&self, event_type: &str, payload: &P) -> Result<(), Error> {
+    pub async fn send_event<P: Serialize>(
+        &self,
+        event_type: &str,
+        payload: &P,
+    ) -> Result<(), Error> {
         let event_type = cairn_core::EventType::new(event_type)?;
         let payload = serde_json::to_string(payload).map_err(|e| Error::InvalidParams {
             workflow: self.workflow.to_string(),
@@ -584,10 +642,25 @@ impl<O: DeserializeOwned> Instance<O> {
         })?;
         let limit = self.engine.inner.shared.limits.payload_limit;
         if payload.len() > limit {
-            return Err(Error::PayloadTooLarge { what: "event payload", size: payload.len(), limit });
+            return Err(Error::PayloadTooLarge {
+                what: "event payload",
+                size: payload.len(),
+                limit,
+            });
         }
-        let event = cairn_store::NewEvent { event_type, payload, at: self.engine.inner.shared.clock.now() };
-        match self.engine.inner.shared.store.send_event(&self.workflow, &self.id, event).await? {
+        let event = cairn_store::NewEvent {
+            event_type,
+            payload,
+            at: self.engine.inner.shared.clock.now(),
+        };
+        match self
+            .engine
+            .inner
+            .shared
+            .store
+            .send_event(&self.workflow, &self.id, event)
+            .await?
+        {
             cairn_store::Sent::Buffered(instance) => {
                 self.engine.inner.event_sent(instance);
                 Ok(())

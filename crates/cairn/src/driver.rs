@@ -138,7 +138,8 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
     finish(&state, outcome).await
 }
 
-type RunResult = Result<Result<serde_json::Value, crate::failure::WorkflowError>, Box<dyn std::any::Any + Send>>;
+type RunResult =
+    Result<Result<serde_json::Value, crate::failure::WorkflowError>, Box<dyn std::any::Any + Send>>;
 
 enum Next {
     Done(RunResult),

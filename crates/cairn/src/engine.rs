@@ -59,8 +59,11 @@ impl EngineInner {
 
     pub(crate) fn live(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>> {
-        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>>
+    {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Tells a running lifetime of `instance` that an event arrived, and the scheduler that
@@ -366,7 +369,13 @@ async fn schedule(inner: Arc<EngineInner>) {
             Ok(at) => at,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the next wake-up failed");
-                Some(inner.shared.clock.now().saturating_add(Duration::from_secs(1)))
+                Some(
+                    inner
+                        .shared
+                        .clock
+                        .now()
+                        .saturating_add(Duration::from_secs(1)),
+                )
             }
         };
         let timer = async {

@@ -73,7 +73,10 @@ impl<T> Future for WaitOp<T> {
         }
         match this.running.as_mut() {
             Some(running) => running.as_mut().poll(cx),
-            None => Poll::Ready(Err(WorkflowError::new(INTERNAL, "wait polled after completion"))),
+            None => Poll::Ready(Err(WorkflowError::new(
+                INTERNAL,
+                "wait polled after completion",
+            ))),
         }
     }
 }
@@ -84,7 +87,11 @@ impl WorkflowStep {
     /// buffered per type and taken first in, first out. Consuming an event and recording it
     /// as this wait's result are one commit: each event is delivered once. A timeout is
     /// cached like any final outcome. While waiting, the instance may hibernate.
-    pub fn wait_for_event<T>(&self, name: impl Into<String>, event_type: impl Into<String>) -> WaitOp<T>
+    pub fn wait_for_event<T>(
+        &self,
+        name: impl Into<String>,
+        event_type: impl Into<String>,
+    ) -> WaitOp<T>
     where
         T: DeserializeOwned + Send + 'static,
     {
@@ -95,7 +102,8 @@ impl WorkflowStep {
             timeout: Ok(DEFAULT_EVENT_TIMEOUT),
             start: Some(Box::new(move |timeout| {
                 Box::pin(async move {
-                    let event_type = event_type.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
+                    let event_type =
+                        event_type.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
                     wait(state, key?, event_type, timeout).await
                 })
             })),
@@ -109,7 +117,10 @@ fn decode<T: DeserializeOwned>(key: &StepKey, json: &str) -> Result<StepEvent<T>
     serde_json::from_str(json).map_err(|e| {
         WorkflowError::new(
             INTERNAL,
-            format!("the event received by wait \"{}\" does not decode as the expected type: {e}", key.target()),
+            format!(
+                "the event received by wait \"{}\" does not decode as the expected type: {e}",
+                key.target()
+            ),
         )
     })
 }
@@ -127,7 +138,8 @@ async fn wait<T: DeserializeOwned>(
         }
         Some(rec) if rec.state == StepState::Failed => {
             return Err(WorkflowError::from_info(
-                rec.error.unwrap_or_else(|| ErrorInfo::new(TIMEOUT, "wait failed")),
+                rec.error
+                    .unwrap_or_else(|| ErrorInfo::new(TIMEOUT, "wait failed")),
             ));
         }
         Some(rec) => rec,
@@ -160,7 +172,11 @@ async fn wait<T: DeserializeOwned>(
             };
             state
                 .commit(vec![
-                    state.log(LogKind::WaitStart, Some(&key), json!({ "event": event_type })),
+                    state.log(
+                        LogKind::WaitStart,
+                        Some(&key),
+                        json!({ "event": event_type }),
+                    ),
                     cairn_store::Write::Step(record.clone()),
                 ])
                 .await;
@@ -184,7 +200,10 @@ async fn wait<T: DeserializeOwned>(
         if state.now() >= deadline {
             break;
         }
-        if !activity.wait(deadline, Some(event_type.clone()), arrived).await {
+        if !activity
+            .wait(deadline, Some(event_type.clone()), arrived)
+            .await
+        {
             break;
         }
     }
@@ -196,7 +215,11 @@ async fn wait<T: DeserializeOwned>(
     record.ended_at = Some(state.now());
     state
         .commit(vec![
-            state.log(LogKind::WaitTimedOut, Some(&key), serde_json::to_value(&error).unwrap_or_default()),
+            state.log(
+                LogKind::WaitTimedOut,
+                Some(&key),
+                serde_json::to_value(&error).unwrap_or_default(),
+            ),
             cairn_store::Write::Step(record),
         ])
         .await;

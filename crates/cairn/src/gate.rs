@@ -95,7 +95,12 @@ impl Store for Gate {
         })
     }
 
-    fn send_event(&self, workflow: &WorkflowName, id: &InstanceId, event: NewEvent) -> StoreFuture<'_, Sent> {
+    fn send_event(
+        &self,
+        workflow: &WorkflowName,
+        id: &InstanceId,
+        event: NewEvent,
+    ) -> StoreFuture<'_, Sent> {
         let (workflow, id) = (workflow.clone(), id.clone());
         blocking(&self.0, move |s| {
             Box::pin(async move { s.send_event(&workflow, &id, event).await })

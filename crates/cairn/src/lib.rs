@@ -27,10 +27,10 @@ pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use details::{AttemptDetails, InstanceDetails, StepDetails};
 pub use engine::{DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, Engine, EngineBuilder};
-pub use event::{DEFAULT_EVENT_TIMEOUT, StepEvent, WaitOp};
-pub use sleep::{IntoDuration, IntoTimestamp, MAX_SLEEP, SleepOp};
 pub use error::Error;
+pub use event::{DEFAULT_EVENT_TIMEOUT, StepEvent, WaitOp};
 pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowError};
+pub use sleep::{IntoDuration, IntoTimestamp, MAX_SLEEP, SleepOp};
 pub use step::{RunOp, StepContext, StepId, WorkflowStep};
 pub use workflow::{Workflow, WorkflowEvent};
 
@@ -43,7 +43,7 @@ pub use cairn_store as store;
 pub mod prelude {
     pub use crate::{
         Backoff, CreateOptions, Delay, DelayContext, Engine, InstanceStatus, NonRetryableError,
-        ResultExt, Retries, StepConfig, StepContext, StepError, Workflow, WorkflowError,
+        ResultExt, Retries, StepConfig, StepContext, StepError, StepEvent, Workflow, WorkflowError,
         WorkflowEvent, WorkflowStep,
     };
     pub use serde::{Deserialize, Serialize};

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cairn_core::{
-    EventType,
-    InstanceId, LogEntry, LogKind, StepKey, StepKind, StepName, StepRecord, Timestamp, WorkflowName,
+    EventType, InstanceId, LogEntry, LogKind, StepKey, StepKind, StepName, StepRecord, Timestamp,
+    WorkflowName,
 };
 use cairn_store::{Lease, Write};
 use tokio::sync::Notify;
@@ -113,11 +113,17 @@ impl RunState {
             return None;
         }
         let wake_at = inner.waits.values().map(|w| w.wake_at).min()?;
-        let mut event_types: Vec<EventType> =
-            inner.waits.values().filter_map(|w| w.event_type.clone()).collect();
+        let mut event_types: Vec<EventType> = inner
+            .waits
+            .values()
+            .filter_map(|w| w.event_type.clone())
+            .collect();
         event_types.sort();
         event_types.dedup();
-        Some(Hibernation { wake_at, event_types })
+        Some(Hibernation {
+            wake_at,
+            event_types,
+        })
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -288,7 +294,10 @@ impl Activity {
         until: F,
     ) -> bool {
         let sleep = self.state.shared.clock.sleep_until(wake_at);
-        self.suspend(Wait { wake_at, event_type });
+        self.suspend(Wait {
+            wake_at,
+            event_type,
+        });
         let woke_by_event = tokio::select! {
             () = sleep => false,
             () = until => true,

@@ -225,7 +225,9 @@ impl Execution {
             if !record.in_flight {
                 if let Some(wake_at) = record.wake_at {
                     // A retry back-off: a durable wait the instance may hibernate through.
-                    activity.wait(wake_at, None, std::future::pending::<()>()).await;
+                    activity
+                        .wait(wake_at, None, std::future::pending::<()>())
+                        .await;
                 }
                 self.start_next_attempt(&key, &mut record).await;
             }

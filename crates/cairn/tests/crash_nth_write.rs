@@ -19,7 +19,9 @@ use cairn::store::{
     Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
     Sent, Store, StoreFuture, StoredEvent, Write,
 };
-use cairn::{Clock, EventType, InstanceId, LogRecord, StepKey, StepRecord, Timestamp, WorkflowName};
+use cairn::{
+    Clock, EventType, InstanceId, LogRecord, StepKey, StepRecord, Timestamp, WorkflowName,
+};
 use serde_json::json;
 use support::{FnWorkflow, wf};
 
@@ -122,7 +124,13 @@ impl Store for FailingStore {
         }
         self.inner.send_event(w, id, e)
     }
-    fn take_event(&self, lease: Lease, step: StepKey, t: EventType, at: Timestamp) -> StoreFuture<'_, Option<StoredEvent>> {
+    fn take_event(
+        &self,
+        lease: Lease,
+        step: StepKey,
+        t: EventType,
+        at: Timestamp,
+    ) -> StoreFuture<'_, Option<StoredEvent>> {
         if self.dead() {
             return down();
         }

@@ -1,0 +1,601 @@
+//! SPEC §1.7–1.8, §2.6, Part A.2/4/6: sleeps, events, and hibernation.
+
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
+#[path = "support/lib.rs"]
+mod support;
+
+use std::time::Duration;
+
+use cairn::prelude::*;
+use cairn::{InstanceStatus, LogKind};
+use serde_json::{Value, json};
+use support::{FnWorkflow, engine, records, run_to_end, wf};
+
+async fn until_status(instance: &cairn::Instance<Value>, status: InstanceStatus) {
+    instance.wait_for(|s| s.status == status).await.unwrap();
+}
+
+/// Polls (in virtual time, 10 ms at a time) until the instance's log has `n` records of
+/// `kind`. Only for records that are due within moments: a long timer would mean many polls.
+async fn until_logged(instance: &cairn::Instance<Value>, kind: LogKind, n: usize) {
+    while records(instance, kind).await.len() < n {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn sleeps_take_durations_and_strings_and_last_that_long() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.sleep("short", Duration::from_secs(2)).await?;
+            step.sleep("long", "3 hours").await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let before = engine.clock().now();
+    let instance = run_to_end(&engine, json!({})).await;
+    let elapsed = engine.clock().now().since(before);
+    assert!(elapsed >= Duration::from_secs(3 * 3600 + 2), "{elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(3 * 3600 + 60),
+        "woke on time: {elapsed:?}"
+    );
+    let starts = records(&instance, LogKind::SleepStart).await;
+    assert_eq!(starts[1].entry.meta["durationMs"], 3 * 3600 * 1000);
+    assert_eq!(records(&instance, LogKind::SleepComplete).await.len(), 2);
+    let d = instance.details().await.unwrap();
+    assert_eq!(
+        d.steps.iter().map(|s| s.kind).collect::<Vec<_>>(),
+        ["sleep", "sleep"]
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_sleeps_are_errors_quoting_the_input() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let bad = step.sleep("bad", "3 fortnights").await.unwrap_err();
+            let long = step.sleep("long", "366 days").await.unwrap_err();
+            let past = step
+                .sleep_until(
+                    "past",
+                    std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1),
+                )
+                .await
+                .unwrap_err();
+            Ok(json!([bad.message(), long.message(), past.message()]))
+        }))
+    })
+    .await;
+    let out = run_to_end(&engine, json!({}))
+        .await
+        .status()
+        .await
+        .unwrap()
+        .output
+        .unwrap();
+    assert!(
+        out[0].as_str().unwrap().contains("\"3 fortnights\""),
+        "{out}"
+    );
+    assert!(out[1].as_str().unwrap().contains("365 days"), "{out}");
+    assert_eq!(
+        out[2],
+        "You can't sleep until a time in the past, time-traveler"
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn sleep_until_wakes_at_its_target_and_replays_after_it_at_once() {
+    let (dir, path) = support::temp_db();
+    let target = std::time::SystemTime::now() + Duration::from_secs(7200);
+    let make = move |stop: bool| {
+        wf(move |_, step| async move {
+            step.sleep_until("launch", target).await?;
+            if stop {
+                std::future::pending::<()>().await;
+            }
+            Ok(json!("launched"))
+        })
+    };
+    let first = support::builder_at(&path)
+        .register(make(true))
+        .start()
+        .await
+        .unwrap();
+    let instance = first
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("s"))
+        .await
+        .unwrap();
+    // It hibernates through the sleep, then runs again (and parks) once woken.
+    until_status(&instance, InstanceStatus::Waiting).await;
+    until_status(&instance, InstanceStatus::Running).await;
+    until_logged(&instance, LogKind::SleepComplete, 1).await;
+    let woke = records(&instance, LogKind::SleepComplete).await[0].entry.at;
+    assert!(
+        woke >= cairn::Timestamp::from_system_time(target),
+        "not before the target"
+    );
+    first.shutdown().await;
+    // A replay long after the target returns at once (keyed on the name, not the remaining time).
+    let second = support::builder_at(&path)
+        .register(make(false))
+        .start()
+        .await
+        .unwrap();
+    let instance = second.workflow::<FnWorkflow>().get("s").await.unwrap();
+    assert_eq!(
+        instance.wait().await.unwrap().output,
+        Some(json!("launched"))
+    );
+    assert_eq!(records(&instance, LogKind::SleepStart).await.len(), 1);
+    second.shutdown().await;
+    drop(dir);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sleep_interrupted_by_a_restart_wakes_at_its_original_time() {
+    let (dir, path) = support::temp_db();
+    let workflow = || {
+        wf(|_, step| async move {
+            step.sleep("nap", "1 hour").await?;
+            Ok(json!("awake"))
+        })
+    };
+    let first = support::builder_at(&path)
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    let instance = first
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("n"))
+        .await
+        .unwrap();
+    until_status(&instance, InstanceStatus::Waiting).await;
+    let started = records(&instance, LogKind::SleepStart).await[0].entry.at;
+    first.shutdown().await;
+
+    let second = support::builder_at(&path)
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    let instance = second.workflow::<FnWorkflow>().get("n").await.unwrap();
+    assert_eq!(instance.wait().await.unwrap().output, Some(json!("awake")));
+    let woke = records(&instance, LogKind::SleepComplete).await[0].entry.at;
+    let slept = woke.since(started);
+    assert!(
+        slept >= Duration::from_secs(3600) && slept < Duration::from_secs(3601),
+        "slept {slept:?}"
+    );
+    second.shutdown().await;
+    drop(dir);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_thousand_sleeping_instances_hold_no_memory() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.sleep("a long time", "30 days").await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let client = engine.workflow::<FnWorkflow>();
+    for chunk in 0..100 {
+        let batch = (0..100)
+            .map(|i| CreateOptions::new(json!({})).id(format!("s{chunk}-{i}")))
+            .collect();
+        client.create_batch(batch).await.unwrap();
+    }
+    let last = client.get("s99-99").await.unwrap();
+    until_status(&last, InstanceStatus::Waiting).await;
+    for id in ["s0-0", "s50-50", "s99-98"] {
+        until_status(&client.get(id).await.unwrap(), InstanceStatus::Waiting).await;
+    }
+    while engine.live_instances() > 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        engine.live_instances(),
+        0,
+        "hibernated instances are only rows"
+    );
+    let waiting = client
+        .untyped()
+        .list(Some(InstanceStatus::Waiting), None, 20_000)
+        .await
+        .unwrap();
+    assert_eq!(waiting.len(), 10_000);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_backoff_hibernates_and_resumes() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let n: u32 = step
+                .run("flaky", |ctx| async move {
+                    if ctx.attempt < 2 {
+                        Err("later".into())
+                    } else {
+                        Ok(ctx.attempt)
+                    }
+                })
+                .retries(Retries::constant(1, Duration::from_secs(600)))
+                .await?;
+            Ok(json!(n))
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&instance, InstanceStatus::Waiting).await;
+    assert_eq!(instance.wait().await.unwrap().output, Some(json!(2)));
+    assert_eq!(records(&instance, LogKind::WorkflowWaiting).await.len(), 1);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn short_waits_stay_in_memory() {
+    let (engine, _dir) = engine(|b| {
+        b.hibernate_after(Duration::from_secs(60))
+            .register(wf(|_, step| async move {
+                step.sleep("blink", "10 seconds").await?;
+                Ok(Value::Null)
+            }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    assert!(
+        records(&instance, LogKind::WorkflowWaiting)
+            .await
+            .is_empty()
+    );
+    engine.shutdown().await;
+}
+
+fn approval_workflow() -> FnWorkflow {
+    wf(|_, step| async move {
+        let event: StepEvent<Value> = step.wait_for_event("approval", "approved").await?;
+        Ok(json!({ "payload": event.payload, "type": event.event_type }))
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn e7_an_event_sent_while_running_resolves_the_wait() {
+    let (engine, _dir) = engine(|b| {
+        b.hibernate_after(Duration::from_secs(365 * 86_400))
+            .register(approval_workflow())
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_logged(&instance, LogKind::WaitStart, 1).await;
+    assert_eq!(engine.live_instances(), 1, "still in memory");
+    instance
+        .send_event("approved", &json!({"by": "ada"}))
+        .await
+        .unwrap();
+    let out = instance.wait().await.unwrap().output.unwrap();
+    assert_eq!(out, json!({"payload": {"by": "ada"}, "type": "approved"}));
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn e8_an_event_wakes_a_hibernated_instance_and_replay_delivers_it() {
+    let (engine, _dir) = engine(|b| b.register(approval_workflow())).await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&instance, InstanceStatus::Waiting).await;
+    assert_eq!(engine.live_instances(), 0, "hibernated");
+    instance.send_event("approved", &json!(42)).await.unwrap();
+    let out = instance.wait().await.unwrap().output.unwrap();
+    assert_eq!(out["payload"], 42);
+    assert_eq!(records(&instance, LogKind::WaitComplete).await.len(), 1);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn e9_after_a_timeout_a_later_event_goes_to_the_next_wait() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let a: StepEvent<u32> = step.wait_for_event("a", "x").await?;
+            let b = step
+                .wait_for_event::<u32>("b", "x")
+                .timeout("1 second")
+                .await;
+            let c: StepEvent<u32> = step.wait_for_event("c", "x").await?;
+            Ok(json!([
+                a.payload,
+                b.map_err(|e| e.message().to_owned()).err(),
+                c.payload
+            ]))
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    instance.send_event("x", &1).await.unwrap();
+    until_logged(&instance, LogKind::WaitTimedOut, 1).await;
+    instance.send_event("x", &3).await.unwrap();
+    let out = instance.wait().await.unwrap().output.unwrap();
+    assert_eq!(out, json!([1, "Execution timed out after 1000ms", 3]));
+    assert_eq!(records(&instance, LogKind::WaitComplete).await.len(), 2);
+    assert_eq!(records(&instance, LogKind::WaitTimedOut).await.len(), 1);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_uncaught_wait_timeout_errors_the_instance_with_the_timeout_error() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.wait_for_event::<Value>("approval", "approved")
+                .timeout("2 hours")
+                .await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let error = instance.status().await.unwrap().error.unwrap();
+    assert_eq!(
+        error,
+        cairn::ErrorInfo::new(
+            "WorkflowTimeoutError",
+            "Execution timed out after 7200000ms"
+        )
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn h1_an_instance_blocked_in_wait_for_event_reports_waiting() {
+    let (engine, _dir) = engine(|b| b.register(approval_workflow())).await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&instance, InstanceStatus::Waiting).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(
+        status.status,
+        InstanceStatus::Waiting,
+        "Part A.2: waiting, not running"
+    );
+    assert_eq!(status.output, None);
+    assert_eq!(status.error, None);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn h6_the_event_payload_and_type_are_delivered() {
+    let (engine, _dir) = engine(|b| b.register(approval_workflow())).await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    instance
+        .send_event("approved", &json!({"amount": 10, "note": "ok"}))
+        .await
+        .unwrap();
+    let out = instance.wait().await.unwrap().output.unwrap();
+    assert_eq!(
+        out,
+        json!({"payload": {"amount": 10, "note": "ok"}, "type": "approved"})
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn h7_sequential_waits_of_different_types_each_get_their_own_event() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let first: StepEvent<String> = step.wait_for_event("one", "first-type").await?;
+            let second: StepEvent<String> = step.wait_for_event("two", "second-type").await?;
+            Ok(json!([first.payload, second.payload]))
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    instance.send_event("second-type", &"B").await.unwrap();
+    instance.send_event("first-type", &"A").await.unwrap();
+    assert_eq!(
+        instance.wait().await.unwrap().output,
+        Some(json!(["A", "B"]))
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn f6_an_event_sent_right_after_create_is_buffered_and_the_default_payload_is_empty() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|event, step| async move {
+            let e: StepEvent<Value> = step.wait_for_event("wait", "go").await?;
+            Ok(json!({ "params": event.payload, "event": e.payload }))
+        }))
+    })
+    .await;
+    let untyped = engine.workflow_by_name("test").unwrap();
+    let instance = untyped.create(CreateOptions::new(json!({}))).await.unwrap();
+    // Sent while the instance is still queued, before its wait is reached.
+    instance
+        .send_event("go", &json!({"early": true}))
+        .await
+        .unwrap();
+    let out = instance.wait().await.unwrap().output.unwrap();
+    assert_eq!(out, json!({"params": {}, "event": {"early": true}}));
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_of_a_type_are_taken_first_in_first_out_each_once() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let mut got = Vec::new();
+            for i in 0..3 {
+                let e: StepEvent<u32> = step.wait_for_event(format!("w{i}"), "n").await?;
+                got.push(e.payload);
+            }
+            Ok(json!(got))
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    for n in [10, 20, 30, 40] {
+        instance.send_event("n", &n).await.unwrap();
+    }
+    assert_eq!(
+        instance.wait().await.unwrap().output,
+        Some(json!([10, 20, 30]))
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_event_rejects_bad_input_and_finished_instances() {
+    let (engine, _dir) = engine(|b| {
+        b.payload_limit(100)
+            .register(wf(|_, _| async { Ok(Value::Null) }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let finished = instance.send_event("late", &1).await.unwrap_err();
+    assert_eq!(finished.code(), "instance.finished");
+    assert!(finished.to_string().contains("complete"), "{finished}");
+    let bad_type = instance.send_event("has.dot", &1).await.unwrap_err();
+    assert_eq!(bad_type.code(), "event.invalid_type");
+    assert!(bad_type.to_string().contains("\"has.dot\""));
+    let big = instance
+        .send_event("ok", &"x".repeat(200))
+        .await
+        .unwrap_err();
+    assert_eq!(big.code(), "payload.too_large");
+    let gone = engine
+        .workflow::<FnWorkflow>()
+        .untyped()
+        .get("nope")
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), "instance.not_found");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_event_types_and_timeouts_fail_the_wait() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let t = step
+                .wait_for_event::<Value>("a", "bad type")
+                .await
+                .unwrap_err();
+            let short = step
+                .wait_for_event::<Value>("b", "ok")
+                .timeout("500 milliseconds")
+                .await
+                .unwrap_err();
+            let long = step
+                .wait_for_event::<Value>("c", "ok")
+                .timeout("366 days")
+                .await
+                .unwrap_err();
+            let unparsable = step
+                .wait_for_event::<Value>("d", "ok")
+                .timeout("soonish")
+                .await
+                .unwrap_err();
+            Ok(json!([
+                t.message(),
+                short.message(),
+                long.message(),
+                unparsable.message()
+            ]))
+        }))
+    })
+    .await;
+    let out = run_to_end(&engine, json!({}))
+        .await
+        .status()
+        .await
+        .unwrap()
+        .output
+        .unwrap();
+    assert!(out[0].as_str().unwrap().contains("\"bad type\""), "{out}");
+    assert!(out[1].as_str().unwrap().contains("out of range"), "{out}");
+    assert!(out[2].as_str().unwrap().contains("out of range"), "{out}");
+    assert!(out[3].as_str().unwrap().contains("\"soonish\""), "{out}");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_buffered_before_a_restart_is_delivered_once() {
+    let (dir, path) = support::temp_db();
+    let workflow = || {
+        wf(|_, step| async move {
+            let first: StepEvent<u32> = step.wait_for_event("first", "t").await?;
+            let second = step
+                .wait_for_event::<u32>("second", "t")
+                .timeout("1 hour")
+                .await;
+            Ok(json!([first.payload, second.is_err()]))
+        })
+    };
+    let first = support::builder_at(&path)
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    let instance = first
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    instance.send_event("t", &7).await.unwrap();
+    first.shutdown().await; // before or after delivery: either way once
+    let second = support::builder_at(&path)
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    let instance = second
+        .workflow::<FnWorkflow>()
+        .get(instance.id().as_str())
+        .await
+        .unwrap();
+    assert_eq!(
+        instance.wait().await.unwrap().output,
+        Some(json!([7, true])),
+        "the second wait timed out"
+    );
+    assert_eq!(records(&instance, LogKind::WaitComplete).await.len(), 1);
+    second.shutdown().await;
+    drop(dir);
+}
