@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use cairn_core::{EventType, InstanceId, InstanceStatus, StepKey, Timestamp, WorkflowName};
 use cairn_store::{
-    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
-    Result, Sent, Store, StoreFuture, StoredEvent, Write,
+    Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
+    ListQuery, NewEvent, NewInstance, Result, Sent, Store, StoreFuture, StoredEvent, Write,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use std::sync::mpsc::Sender;
@@ -369,14 +369,24 @@ impl Store for SqliteStore {
         self.read(move |conn| rows::journal(conn, instance))
     }
 
-    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, ()> {
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         self.write(move |conn| {
             rows::check_lease(conn, lease)?;
             for write in writes {
                 rows::apply(conn, lease.instance, write)?;
             }
-            Ok(())
+            rows::status_of(conn, lease.instance)
         })
+    }
+
+    fn control(
+        &self,
+        workflow: &WorkflowName,
+        id: &InstanceId,
+        request: ControlRequest,
+    ) -> StoreFuture<'_, ControlOutcome> {
+        let (workflow, id) = (workflow.to_string(), id.to_string());
+        self.write(move |conn| rows::control(conn, &workflow, &id, &request))
     }
 
     fn log(

@@ -7,8 +7,8 @@ use cairn_core::{
     StepKind, StepRecord, StepState, Timestamp, WorkflowName,
 };
 use cairn_store::{
-    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
-    Result, Sent, StatusChange, StoredEvent, Write,
+    Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
+    ListQuery, NewEvent, NewInstance, Result, Sent, StatusChange, StoredEvent, Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
@@ -184,6 +184,15 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
     })())
 }
 
+/// The status of an instance known to exist.
+pub(crate) fn status_of(conn: &Connection, instance: InstanceRef) -> Result<InstanceStatus> {
+    let code: i64 = conn
+        .prepare_cached("SELECT status FROM instances WHERE iid = ?1")
+        .and_then(|mut st| st.query_row([instance.0], |r| r.get(0)))
+        .map_err(map_sqlite)?;
+    InstanceStatus::from_code(code).ok_or_else(|| corrupt(format!("unknown status code {code}")))
+}
+
 pub(crate) fn check_lease(conn: &Connection, lease: Lease) -> Result<()> {
     let epoch: Option<i64> = conn
         .prepare_cached(
@@ -217,6 +226,16 @@ pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> R
             wake_at,
             event_types,
         } => hibernate(conn, instance, wake_at, &event_types),
+        Write::Pause { at } => {
+            conn.prepare_cached(
+                "UPDATE instances SET status = 2, paused_at = ?2, lease_owner = NULL, lease_until = NULL,
+                     ready_at = NULL
+                 WHERE iid = ?1 AND status = 6",
+            )
+            .and_then(|mut st| st.execute(params![instance.0, at.as_millis()]))
+            .map_err(map_sqlite)?;
+            Ok(())
+        }
     }
 }
 
@@ -240,9 +259,13 @@ fn hibernate(
             break;
         }
     }
+    // A pending pause wins: the instance is paused, not waiting, and not claimable.
     conn.prepare_cached(
-        "UPDATE instances SET status = 7, ready_rank = 0,
-             ready_at = CASE WHEN ?2 = -9223372036854775808 THEN created_at ELSE ?2 END,
+        "UPDATE instances SET
+             status = CASE WHEN status = 6 THEN 2 ELSE 7 END,
+             ready_rank = 0,
+             ready_at = CASE WHEN status = 6 THEN NULL
+                             WHEN ?2 = -9223372036854775808 THEN created_at ELSE ?2 END,
              lease_owner = NULL, lease_until = NULL
          WHERE iid = ?1",
     )
@@ -433,7 +456,7 @@ pub(crate) fn append_log(conn: &Connection, instance: InstanceRef, e: &LogEntry)
 fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> Result<()> {
     conn.prepare_cached(
         "UPDATE instances SET
-             status = ?2,
+             status = CASE WHEN status = 6 AND ?2 IN (1, 7) THEN status ELSE ?2 END,
              started_at = COALESCE(started_at, ?3),
              ended_at = COALESCE(?4, ended_at),
              output = COALESCE(?5, output),
@@ -557,4 +580,223 @@ pub(crate) fn log(
         )
         .map_err(map_sqlite)?;
     rows.map(|r| r.map_err(map_sqlite)?).collect()
+}
+
+const INSTANCE_KEY_SQL: &str = "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params
+     FROM instances WHERE workflow = ?1 AND id = ?2";
+
+fn log_now(
+    conn: &Connection,
+    instance: InstanceRef,
+    kind: LogKind,
+    at: Timestamp,
+    meta: serde_json::Value,
+) -> Result<()> {
+    append_log(
+        conn,
+        instance,
+        &LogEntry {
+            kind,
+            at,
+            step: None,
+            meta,
+        },
+    )
+}
+
+/// Applies a management request; see `ControlRequest`.
+pub(crate) fn control(
+    conn: &Connection,
+    workflow: &str,
+    id: &str,
+    request: &ControlRequest,
+) -> Result<ControlOutcome> {
+    let row: Option<(i64, i64, bool, Option<i64>, String)> = conn
+        .prepare_cached(INSTANCE_KEY_SQL)
+        .and_then(|mut st| {
+            st.query_row(params![workflow, id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .optional()
+        })
+        .map_err(map_sqlite)?;
+    let Some((iid, code, leased, paused_at, params)) = row else {
+        return Ok(ControlOutcome::NotFound);
+    };
+    let instance = InstanceRef(iid);
+    let from = InstanceStatus::from_code(code)
+        .ok_or_else(|| corrupt(format!("unknown status code {code}")))?;
+    let exec = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> Result<()> {
+        conn.prepare_cached(sql)
+            .and_then(|mut st| st.execute(args))
+            .map_err(map_sqlite)?;
+        Ok(())
+    };
+    let done = |to| Ok(ControlOutcome::Done { instance, from, to });
+    match request {
+        ControlRequest::Pause { at } => {
+            if from.is_terminal() {
+                return Ok(ControlOutcome::Rejected(from));
+            }
+            if matches!(
+                from,
+                InstanceStatus::Paused | InstanceStatus::WaitingForPause
+            ) {
+                return Ok(ControlOutcome::NoOp(from));
+            }
+            if leased {
+                // A lifetime is running: it finishes its in-flight attempts, then pauses.
+                exec(
+                    "UPDATE instances SET status = 6, paused_at = ?2 WHERE iid = ?1",
+                    &[&iid, &at.as_millis()],
+                )?;
+                return done(InstanceStatus::WaitingForPause);
+            }
+            exec(
+                "UPDATE instances SET status = 2, paused_at = ?2, ready_at = NULL WHERE iid = ?1",
+                &[&iid, &at.as_millis()],
+            )?;
+            log_now(
+                conn,
+                instance,
+                LogKind::WorkflowPaused,
+                *at,
+                serde_json::json!({}),
+            )?;
+            done(InstanceStatus::Paused)
+        }
+        ControlRequest::Resume { at } => match from {
+            s if s.is_terminal() => Ok(ControlOutcome::Rejected(from)),
+            InstanceStatus::WaitingForPause => {
+                exec(
+                    "UPDATE instances SET status = 1, paused_at = NULL WHERE iid = ?1",
+                    &[&iid],
+                )?;
+                done(InstanceStatus::Running)
+            }
+            InstanceStatus::Paused => {
+                // Time spent paused does not count against sleeps, back-offs and timeouts.
+                let shift = at
+                    .as_millis()
+                    .saturating_sub(paused_at.unwrap_or(at.as_millis()))
+                    .max(0);
+                exec(
+                    "UPDATE steps SET wake_at = wake_at + ?2 WHERE iid = ?1 AND state = 0 AND wake_at IS NOT NULL",
+                    &[&iid, &shift],
+                )?;
+                exec(
+                    "UPDATE instances SET status = 0, paused_at = NULL, ready_at = created_at, ready_rank = 0
+                     WHERE iid = ?1",
+                    &[&iid],
+                )?;
+                log_now(
+                    conn,
+                    instance,
+                    LogKind::WorkflowResumed,
+                    *at,
+                    serde_json::json!({ "pausedMs": shift }),
+                )?;
+                done(InstanceStatus::Queued)
+            }
+            _ => Ok(ControlOutcome::NoOp(from)),
+        },
+        ControlRequest::Terminate { at } => {
+            if from.is_terminal() {
+                return Ok(ControlOutcome::Rejected(from));
+            }
+            exec(
+                "UPDATE instances SET status = 4, ended_at = ?2, lease_epoch = lease_epoch + 1,
+                     lease_owner = NULL, lease_until = NULL, ready_at = NULL, paused_at = NULL
+                 WHERE iid = ?1",
+                &[&iid, &at.as_millis()],
+            )?;
+            log_now(
+                conn,
+                instance,
+                LogKind::WorkflowTerminated,
+                *at,
+                serde_json::json!({ "trigger": { "source": "api" } }),
+            )?;
+            done(InstanceStatus::Terminated)
+        }
+        ControlRequest::Restart { at, from: step } => {
+            match step {
+                None => {
+                    for sql in [
+                        "DELETE FROM steps WHERE iid = ?1",
+                        "DELETE FROM log WHERE iid = ?1",
+                        "DELETE FROM events WHERE iid = ?1",
+                    ] {
+                        exec(sql, &[&iid])?;
+                    }
+                    let params_value: serde_json::Value =
+                        serde_json::from_str(&params).map_err(corrupt)?;
+                    log_now(
+                        conn,
+                        instance,
+                        LogKind::WorkflowQueued,
+                        *at,
+                        serde_json::json!({ "params": params_value, "trigger": { "source": "api" } }),
+                    )?;
+                    log_now(
+                        conn,
+                        instance,
+                        LogKind::WorkflowStart,
+                        *at,
+                        serde_json::json!({}),
+                    )?;
+                }
+                Some(key) => {
+                    let offset = i64::from(key.count.max(1) - 1);
+                    let seq: Option<i64> = conn
+                        .prepare_cached(
+                            "SELECT seq FROM steps WHERE iid = ?1 AND kind = ?2 AND name = ?3
+                             ORDER BY seq LIMIT 1 OFFSET ?4",
+                        )
+                        .and_then(|mut st| {
+                            st.query_row(params![iid, key.kind.code(), key.name, offset], |r| {
+                                r.get(0)
+                            })
+                            .optional()
+                        })
+                        .map_err(map_sqlite)?;
+                    let Some(seq) = seq else {
+                        return Ok(ControlOutcome::StepNotFound);
+                    };
+                    // Log records of the wiped steps go with them, as do the terminal records.
+                    exec(
+                        "DELETE FROM log WHERE iid = ?1 AND (kind IN (2, 3, 4) OR EXISTS (
+                             SELECT 1 FROM steps s WHERE s.iid = ?1 AND s.seq >= ?2 AND s.kind = log.step_kind
+                                 AND s.name = log.step_name AND s.count = log.step_count))",
+                        &[&iid, &seq],
+                    )?;
+                    exec(
+                        "DELETE FROM steps WHERE iid = ?1 AND seq >= ?2",
+                        &[&iid, &seq],
+                    )?;
+                    exec("DELETE FROM events WHERE iid = ?1", &[&iid])?;
+                }
+            }
+            exec(
+                "UPDATE instances SET status = 1, started_at = COALESCE(CASE WHEN ?3 THEN NULL ELSE started_at END, ?2),
+                     ended_at = NULL, output = NULL, error_name = NULL, error_message = NULL, paused_at = NULL,
+                     lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_until = NULL,
+                     ready_at = created_at, ready_rank = 0
+                 WHERE iid = ?1",
+                &[&iid, &at.as_millis(), &step.is_none()],
+            )?;
+            done(InstanceStatus::Running)
+        }
+        ControlRequest::Delete => {
+            for sql in [
+                "DELETE FROM steps WHERE iid = ?1",
+                "DELETE FROM log WHERE iid = ?1",
+                "DELETE FROM events WHERE iid = ?1",
+                "DELETE FROM instances WHERE iid = ?1",
+            ] {
+                exec(sql, &[&iid])?;
+            }
+            done(from)
+        }
+    }
 }

@@ -73,6 +73,10 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX events_by_type ON events (iid, type, id);
     ",
+    // 3: when a pause was requested (or took effect), to shift timers on resume.
+    "
+    ALTER TABLE instances ADD COLUMN paused_at INTEGER;
+    ",
 ];
 
 /// Brings the schema up to date.

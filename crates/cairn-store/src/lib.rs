@@ -181,13 +181,75 @@ pub enum Write {
     /// Hibernate: status `waiting`, lease released, claimable again at `wake_at`, or at
     /// once if an event of one of `event_types` is already buffered. Deciding that in the
     /// same transaction as [`Store::send_event`]'s wake-up is what makes a concurrent send
-    /// never lost.
+    /// never lost. If a pause is pending, the instance becomes `paused` instead.
     Hibernate {
         /// The earliest timer of the instance.
         wake_at: Timestamp,
         /// The event types its waits are blocked on.
         event_types: Vec<EventType>,
     },
+    /// Complete a pending pause: if the instance is `waitingForPause`, make it `paused` at
+    /// `at` and release the lease; otherwise (the pause was cancelled) change nothing.
+    Pause {
+        /// When.
+        at: Timestamp,
+    },
+}
+
+/// A management request (SPEC §3.8–3.10, Part A.11).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControlRequest {
+    /// `queued`/`waiting` (unleased) → `paused`; `running` (or leased) → `waitingForPause`.
+    /// Already paused or pausing: no-op. Terminal: rejected.
+    Pause {
+        /// When.
+        at: Timestamp,
+    },
+    /// `waitingForPause` → `running`; `paused` → `queued` with every timer shifted by the
+    /// time spent paused. Queued, running or waiting: no-op. Terminal: rejected.
+    Resume {
+        /// When.
+        at: Timestamp,
+    },
+    /// Any non-terminal status → `terminated` (with its `WORKFLOW_TERMINATED` record).
+    /// Terminal: rejected.
+    Terminate {
+        /// When.
+        at: Timestamp,
+    },
+    /// From any status: wipe the journal, log, events and timers (or, with `from`, only the
+    /// step found and every step started after it, plus the terminal records) and run again.
+    Restart {
+        /// When.
+        at: Timestamp,
+        /// Restart from this step: the `count`-th (1-based) step of `kind` named `name`, in
+        /// start order.
+        from: Option<StepKey>,
+    },
+    /// Remove the instance and everything it owns.
+    Delete,
+}
+
+/// What [`Store::control`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlOutcome {
+    /// The transition happened.
+    Done {
+        /// The instance.
+        instance: InstanceRef,
+        /// Its status before.
+        from: InstanceStatus,
+        /// Its status after (for delete: the status it had).
+        to: InstanceStatus,
+    },
+    /// The requested state already holds: nothing was written.
+    NoOp(InstanceStatus),
+    /// Not possible from this status: nothing was written.
+    Rejected(InstanceStatus),
+    /// No such instance.
+    NotFound,
+    /// A restart `from` a step the journal does not have.
+    StepNotFound,
 }
 
 /// An event sent to an instance.
@@ -272,12 +334,27 @@ pub trait Store: Send + Sync + 'static {
     /// The journal of an instance, in step start order.
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>>;
 
-    /// Applies `writes` atomically if `lease` is still current.
+    /// Applies `writes` atomically if `lease` is still current, and returns the instance's
+    /// status after them: how the lease holder learns that a pause was requested.
+    ///
+    /// A driver's status writes never override a pending or completed pause: a write of
+    /// `running` or [`Write::Hibernate`] to an instance in `waitingForPause` keeps it there
+    /// (respectively makes it `paused`).
     ///
     /// # Errors
     /// [`Error::LeaseLost`] (nothing written) when the epoch moved on; [`Error::NotFound`]
     /// when the instance is gone; [`Error::Unavailable`] when the commit failed.
-    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, ()>;
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus>;
+
+    /// Applies a management request to an instance, atomically, whoever holds its lease.
+    /// Terminate, restart and delete move the lease epoch on, fencing off a running
+    /// lifetime. See [`ControlRequest`] for each transition.
+    fn control(
+        &self,
+        workflow: &WorkflowName,
+        id: &InstanceId,
+        request: ControlRequest,
+    ) -> StoreFuture<'_, ControlOutcome>;
 
     /// An instance's lifecycle records with id greater than `after`, oldest first.
     fn log(

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use cairn_core::{
     ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, MAX_BATCH, WorkflowName,
 };
-use cairn_store::{Created, InstanceRecord, NewInstance};
+use cairn_store::{ControlOutcome, ControlRequest, Created, InstanceRecord, NewInstance};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -63,6 +63,15 @@ pub struct BatchCreated<O> {
     /// The instances created, in input order.
     pub created: Vec<Instance<O>>,
     /// One entry per input that was not created.
+    pub errors: Vec<BatchError>,
+}
+
+/// The result of [`UntypedWorkflow::delete_batch`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BatchDeleted {
+    /// The ids deleted, one per input position that named an existing instance.
+    pub deleted: Vec<String>,
+    /// One entry per input position that could not be deleted.
     pub errors: Vec<BatchError>,
 }
 
@@ -498,6 +507,56 @@ impl UntypedWorkflow {
             .collect())
     }
 
+    /// Deletes up to 100 instances. The result has one entry per input position: an id
+    /// given twice is deleted once but reported at both positions; an unknown id is an error
+    /// entry (`instance.not_found`).
+    ///
+    /// # Errors
+    /// An empty list, more than 100 ids, an invalid id, or a store failure.
+    pub async fn delete_batch(&self, ids: &[&str]) -> Result<BatchDeleted, Error> {
+        if ids.is_empty() {
+            return Err(Error::BatchEmpty("batchDeleteInstances"));
+        }
+        if ids.len() > MAX_BATCH {
+            return Err(Error::BatchTooLarge {
+                operation: "batchDeleteInstances",
+                len: ids.len(),
+                max: MAX_BATCH,
+            });
+        }
+        let parsed = ids
+            .iter()
+            .map(|id| InstanceId::new(*id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut outcomes: std::collections::HashMap<InstanceId, Result<(), Error>> =
+            std::collections::HashMap::new();
+        for id in &parsed {
+            if !outcomes.contains_key(id) {
+                let result = self.instance(id.clone()).delete().await;
+                if let Err(e @ Error::Store(_)) = &result {
+                    return Err(e.clone());
+                }
+                outcomes.insert(id.clone(), result);
+            }
+        }
+        let mut result = BatchDeleted {
+            deleted: Vec::new(),
+            errors: Vec::new(),
+        };
+        for (index, id) in parsed.iter().enumerate() {
+            match &outcomes[id] {
+                Ok(()) => result.deleted.push(id.to_string()),
+                Err(e) => result.errors.push(BatchError {
+                    index,
+                    id: Some(id.to_string()),
+                    code: e.code().into(),
+                    message: e.to_string(),
+                }),
+            }
+        }
+        Ok(result)
+    }
+
     /// The instance with this id.
     ///
     /// # Errors
@@ -675,6 +734,141 @@ impl<O: DeserializeOwned> Instance<O> {
                 status,
             }),
         }
+    }
+
+    async fn control(
+        &self,
+        request: cairn_store::ControlRequest,
+        action: &'static str,
+    ) -> Result<(), Error> {
+        let inner = &self.engine.inner;
+        let outcome = inner
+            .shared
+            .store
+            .control(&self.workflow, &self.id, request.clone())
+            .await?;
+        match outcome {
+            ControlOutcome::NotFound => Err(Error::InstanceNotFound {
+                workflow: self.workflow.to_string(),
+                id: self.id.to_string(),
+            }),
+            ControlOutcome::Rejected(status) => Err(Error::CannotTransition {
+                action,
+                id: self.id.to_string(),
+                status,
+            }),
+            ControlOutcome::StepNotFound => Err(Error::StepNotFound {
+                name: match request {
+                    ControlRequest::Restart {
+                        from: Some(key), ..
+                    } => key.name,
+                    _ => String::new(),
+                },
+            }),
+            ControlOutcome::NoOp(_) => Ok(()),
+            ControlOutcome::Done { instance, to, .. } => {
+                let live = inner.live().get(&instance).cloned();
+                match request {
+                    ControlRequest::Pause { .. } | ControlRequest::Resume { .. } => {
+                        if let Some(state) = live {
+                            state.observe(to);
+                        }
+                    }
+                    ControlRequest::Terminate { .. }
+                    | ControlRequest::Restart { .. }
+                    | ControlRequest::Delete => {
+                        if let Some(state) = live {
+                            state.abort(crate::replay::Abort::Stopped);
+                        }
+                    }
+                }
+                inner.wake.notify_one();
+                inner.changed();
+                Ok(())
+            }
+        }
+    }
+
+    /// Pauses the instance. A running instance becomes `waitingForPause`: attempts in flight
+    /// finish and are recorded, no new one starts, and then it is `paused`. A sleeping or
+    /// waiting one is paused at once; its timers stop counting down. Pausing a paused
+    /// instance does nothing.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`]; `instance.cannot_pause` for a finished instance.
+    pub async fn pause(&self) -> Result<(), Error> {
+        let at = self.engine.inner.shared.clock.now();
+        self.control(ControlRequest::Pause { at }, "pause").await
+    }
+
+    /// Resumes a paused instance (its timers shifted by the time spent paused) or cancels a
+    /// pending pause. Resuming a running instance does nothing.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`]; `instance.cannot_resume` for a finished instance.
+    pub async fn resume(&self) -> Result<(), Error> {
+        let at = self.engine.inner.shared.clock.now();
+        self.control(ControlRequest::Resume { at }, "resume").await
+    }
+
+    /// Terminates the instance from any non-terminal status: attempts in flight, sleeps and
+    /// waits are cancelled, and nothing more runs.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`]; `instance.cannot_terminate` for a finished instance.
+    pub async fn terminate(&self) -> Result<(), Error> {
+        let at = self.engine.inner.shared.clock.now();
+        self.control(ControlRequest::Terminate { at }, "terminate")
+            .await
+    }
+
+    /// Restarts the instance from scratch, from any status: its journal, log, buffered
+    /// events and timers are wiped and it runs again with its original params.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`].
+    pub async fn restart(&self) -> Result<(), Error> {
+        let at = self.engine.inner.shared.clock.now();
+        self.control(ControlRequest::Restart { at, from: None }, "restart")
+            .await
+    }
+
+    /// Restarts the instance from a step: the `count`-th (1-based) op of `kind` named
+    /// `name`, in start order. Everything started before it keeps its stored results; it and
+    /// everything after run again.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`]; [`Error::StepNotFound`] (`instance.cannot_restart`) when
+    /// the instance has no such step.
+    pub async fn restart_from(
+        &self,
+        kind: cairn_core::StepKind,
+        name: &str,
+        count: u32,
+    ) -> Result<(), Error> {
+        let at = self.engine.inner.shared.clock.now();
+        let from = cairn_core::StepKey {
+            kind,
+            name: name.to_owned(),
+            count: count.max(1),
+        };
+        self.control(
+            ControlRequest::Restart {
+                at,
+                from: Some(from),
+            },
+            "restart",
+        )
+        .await
+    }
+
+    /// Deletes the instance and everything it owns; a running lifetime stops. The id can be
+    /// used again afterwards.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`].
+    pub async fn delete(&self) -> Result<(), Error> {
+        self.control(ControlRequest::Delete, "delete").await
     }
 
     /// Everything about the instance: status, params, timings and its steps with their

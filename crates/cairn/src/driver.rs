@@ -4,6 +4,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use cairn_core::{ErrorInfo, InstanceStatus, LogKind};
@@ -27,6 +28,7 @@ pub(crate) async fn drive(inner: Arc<EngineInner>, claimed: Claimed) {
                 inner.shared.clock.sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(30));
             }
+            Err(Abort::Stopped) => break,
             Err(Abort::Store(e)) => {
                 // Lease lost, instance deleted or unreadable: this engine is done with it.
                 tracing::debug!(instance = %claimed.record.id, error = %e, "stopped running instance");
@@ -63,14 +65,16 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
             started_at: Some(now),
             ..StatusChange::to(InstanceStatus::Running)
         })];
-        if record.status == InstanceStatus::Queued {
+        // Only the first start is a WORKFLOW_START; resuming or waking is not.
+        if record.started_at.is_none() {
             writes.push(state.log(LogKind::WorkflowStart, None, json!({})));
         }
-        shared
+        let status = shared
             .store
             .commit(claimed.lease, writes)
             .await
             .map_err(Abort::Store)?;
+        state.observe(status);
         inner.changed();
     }
 
@@ -94,24 +98,41 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
     let _live = LiveGuard::register(inner, &state);
     let mut run = std::pin::pin!(AssertUnwindSafe(workflow.run(event, step)).catch_unwind());
     let threshold = inner.hibernate_after;
-    // Poll the workflow; after each `Pending`, if every op waits durably for longer than
-    // the threshold, hibernate: record the wake-up and drop the future.
-    let next = futures::future::poll_fn(|cx| match run.as_mut().poll(cx) {
-        std::task::Poll::Ready(result) => std::task::Poll::Ready(Next::Done(result)),
-        std::task::Poll::Pending => match state.hibernation() {
-            Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
-                std::task::Poll::Ready(Next::Hibernate(h))
-            }
-            _ => std::task::Poll::Pending,
-        },
-    });
-    let result = tokio::select! {
-        next = next => match next {
-            Next::Done(result) => result,
-            Next::Hibernate(h) => return hibernate(inner, &state, h).await,
-        },
-        abort = state.aborted() => return Err(abort),
-        () = stopped(&mut shutdown) => return Ok(()),
+    let result = loop {
+        // Poll the workflow. After each `Pending`: a pending pause takes effect once no
+        // attempt is in flight; if every op waits durably for longer than the threshold,
+        // the instance hibernates (its wake-up recorded, its future dropped).
+        let next = futures::future::poll_fn(|cx| match run.as_mut().poll(cx) {
+            Poll::Ready(result) => Poll::Ready(Next::Done(result)),
+            Poll::Pending if state.pausing() && state.in_flight() == 0 => Poll::Ready(Next::Pause),
+            Poll::Pending => match state.hibernation() {
+                Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
+                    Poll::Ready(Next::Hibernate(h))
+                }
+                _ => Poll::Pending,
+            },
+        });
+        tokio::select! {
+            next = next => match next {
+                Next::Done(result) => break result,
+                Next::Hibernate(h) => return hibernate(inner, &state, h).await,
+                Next::Pause => {
+                    let writes = vec![
+                        state.log(LogKind::WorkflowPaused, None, json!({})),
+                        Write::Pause { at: state.now() },
+                    ];
+                    let status = shared.store.commit(state.lease, writes).await.map_err(Abort::Store)?;
+                    if status == InstanceStatus::Paused {
+                        return Ok(());
+                    }
+                    // Resumed meanwhile: carry on.
+                    state.observe(status);
+                }
+            },
+            () = state.control.notified() => {}
+            abort = state.aborted() => return Err(abort),
+            () = stopped(&mut shutdown) => return Ok(()),
+        }
     };
     let outcome = match result {
         Ok(Ok(output)) => {
@@ -144,6 +165,7 @@ type RunResult =
 enum Next {
     Done(RunResult),
     Hibernate(Hibernation),
+    Pause,
 }
 
 /// Records that the instance waits until `h.wake_at` (or an event) and lets it go.
@@ -166,6 +188,7 @@ async fn hibernate(inner: &EngineInner, state: &RunState, h: Hibernation) -> Res
             ],
         )
         .await
+        .map(drop)
         .map_err(Abort::Store)
 }
 
@@ -173,19 +196,31 @@ async fn hibernate(inner: &EngineInner, state: &RunState, h: Hibernation) -> Res
 struct LiveGuard<'a> {
     inner: &'a EngineInner,
     instance: cairn_store::InstanceRef,
+    state: Arc<RunState>,
 }
 
 impl<'a> LiveGuard<'a> {
     fn register(inner: &'a EngineInner, state: &Arc<RunState>) -> Self {
         let instance = state.lease.instance;
         inner.live().insert(instance, Arc::clone(state));
-        LiveGuard { inner, instance }
+        LiveGuard {
+            inner,
+            instance,
+            state: Arc::clone(state),
+        }
     }
 }
 
 impl Drop for LiveGuard<'_> {
     fn drop(&mut self) {
-        self.inner.live().remove(&self.instance);
+        let mut live = self.inner.live();
+        // A restarted instance may already have a new lifetime: remove only our own entry.
+        if live
+            .get(&self.instance)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.state))
+        {
+            live.remove(&self.instance);
+        }
     }
 }
 
@@ -219,6 +254,7 @@ async fn finish(
         .store
         .commit(state.lease, writes)
         .await
+        .map(drop)
         .map_err(Abort::Store)
 }
 

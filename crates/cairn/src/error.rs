@@ -37,6 +37,23 @@ pub enum Error {
         /// Its terminal status.
         status: cairn_core::InstanceStatus,
     },
+    /// The transition is impossible from the instance's status (e.g. terminating a finished
+    /// instance). `action` is `terminate`, `pause` or `resume`.
+    #[error("Cannot {action} instance {id:?} since it is {status}, a finished state")]
+    CannotTransition {
+        /// The action asked for.
+        action: &'static str,
+        /// The instance id.
+        id: String,
+        /// Its status.
+        status: cairn_core::InstanceStatus,
+    },
+    /// A restart from a step the instance has not run.
+    #[error("Step {name:?} not found in execution history")]
+    StepNotFound {
+        /// The step name asked for.
+        name: String,
+    },
     /// No workflow with this name is registered on the engine.
     #[error("no workflow named {0:?} is registered on this engine")]
     UnknownWorkflow(String),
@@ -87,6 +104,15 @@ impl Error {
             Error::InstanceNotFound { .. } => "instance.not_found",
             Error::AlreadyExists { .. } => "instance.already_exists",
             Error::InstanceFinished { .. } => "instance.finished",
+            Error::CannotTransition {
+                action: "terminate",
+                ..
+            } => "instance.cannot_terminate",
+            Error::CannotTransition {
+                action: "pause", ..
+            } => "instance.cannot_pause",
+            Error::CannotTransition { .. } => "instance.cannot_resume",
+            Error::StepNotFound { .. } => "instance.cannot_restart",
             Error::UnknownWorkflow(_) => "workflow.not_found",
             Error::InvalidParams { .. } => "params.invalid",
             Error::PayloadTooLarge { .. } => "payload.too_large",

@@ -104,7 +104,10 @@ impl WorkflowStep {
                 Box::pin(async move {
                     let event_type =
                         event_type.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
-                    wait(state, key?, event_type, timeout).await
+                    state.pause_gate().await;
+                    let result = wait(Arc::clone(&state), key?, event_type, timeout).await;
+                    state.pause_gate().await;
+                    result
                 })
             })),
             running: None,

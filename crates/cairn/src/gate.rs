@@ -9,10 +9,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_core::{EventType, InstanceId, LogRecord, StepKey, StepRecord, Timestamp, WorkflowName};
+use cairn_core::{
+    EventType, InstanceId, InstanceStatus, LogRecord, StepKey, StepRecord, Timestamp, WorkflowName,
+};
 use cairn_store::{
-    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
-    Sent, Store, StoreFuture, StoredEvent, Write,
+    Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
+    ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
 };
 
 pub(crate) struct Gate(pub(crate) Arc<dyn Store>);
@@ -75,8 +77,20 @@ impl Store for Gate {
         blocking(&self.0, move |s| s.journal(instance))
     }
 
-    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, ()> {
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         blocking(&self.0, move |s| s.commit(lease, writes))
+    }
+
+    fn control(
+        &self,
+        workflow: &WorkflowName,
+        id: &InstanceId,
+        request: ControlRequest,
+    ) -> StoreFuture<'_, ControlOutcome> {
+        let (workflow, id) = (workflow.clone(), id.clone());
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.control(&workflow, &id, request).await })
+        })
     }
 
     fn log(

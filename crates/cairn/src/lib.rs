@@ -21,7 +21,8 @@ pub use cairn_core::{
     WorkflowName, format_duration, parse_duration,
 };
 pub use client::{
-    BatchCreated, BatchError, CreateOptions, Instance, Status, UntypedWorkflow, WorkflowClient,
+    BatchCreated, BatchDeleted, BatchError, CreateOptions, Instance, Status, UntypedWorkflow,
+    WorkflowClient,
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};

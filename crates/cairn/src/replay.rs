@@ -5,11 +5,12 @@
 //! concurrent ops replay deterministically whatever order they are polled in.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cairn_core::{
-    EventType, InstanceId, LogEntry, LogKind, StepKey, StepKind, StepName, StepRecord, Timestamp,
-    WorkflowName,
+    EventType, InstanceId, InstanceStatus, LogEntry, LogKind, StepKey, StepKind, StepName,
+    StepRecord, Timestamp, WorkflowName,
 };
 use cairn_store::{Lease, Write};
 use tokio::sync::Notify;
@@ -22,6 +23,8 @@ use crate::failure::WorkflowError;
 pub(crate) enum Abort {
     /// The store refused or failed a write.
     Store(cairn_store::Error),
+    /// A user terminated, restarted or deleted the instance.
+    Stopped,
 }
 
 pub(crate) struct RunState {
@@ -35,6 +38,14 @@ pub(crate) struct RunState {
     aborted: Notify,
     /// Notified when an event is sent to this instance.
     pub(crate) events: Notify,
+    /// A pause is pending: no new attempts start, and completed ops do not return.
+    pausing: AtomicBool,
+    /// Wakes the driver when the pause state changes.
+    pub(crate) control: Notify,
+    /// Wakes ops held at the pause gate when a pause is cancelled.
+    resumed: Notify,
+    /// Attempts whose outcome is not recorded yet.
+    in_flight: AtomicUsize,
 }
 
 struct Inner {
@@ -92,6 +103,60 @@ impl RunState {
             abort: Mutex::new(None),
             aborted: Notify::new(),
             events: Notify::new(),
+            pausing: AtomicBool::new(false),
+            control: Notify::new(),
+            resumed: Notify::new(),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Learns the instance's status from a commit: a pending pause starts pausing; a pause
+    /// cancelled meanwhile stops it.
+    pub(crate) fn observe(&self, status: InstanceStatus) {
+        match status {
+            InstanceStatus::WaitingForPause => self.set_pausing(true),
+            InstanceStatus::Running if self.pausing() => self.set_pausing(false),
+            _ => {}
+        }
+    }
+
+    pub(crate) fn set_pausing(&self, pausing: bool) {
+        self.pausing.store(pausing, Ordering::SeqCst);
+        if !pausing {
+            self.resumed.notify_waiters();
+        }
+        self.control.notify_one();
+    }
+
+    pub(crate) fn pausing(&self) -> bool {
+        self.pausing.load(Ordering::SeqCst)
+    }
+
+    /// Attempts started and not yet recorded.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn attempt_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn attempt_ended(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Holds an op at a step boundary while a pause is pending; returns when it is
+    /// cancelled. (If the pause takes effect, the lifetime is dropped while waiting here.)
+    pub(crate) async fn pause_gate(&self) {
+        loop {
+            let resumed = self.resumed.notified();
+            let mut resumed = std::pin::pin!(resumed);
+            resumed.as_mut().enable();
+            if !self.pausing() {
+                return;
+            }
+            self.control.notify_one();
+            resumed.await;
         }
     }
 
@@ -203,10 +268,13 @@ impl RunState {
     /// # Cancel safety
     /// Dropping the future may or may not let the commit land, never half of it.
     pub(crate) async fn commit(&self, writes: Vec<Write>) {
-        if let Err(e) = self.shared.store.commit(self.lease, writes).await {
-            tracing::debug!(instance = %self.instance_id, error = %e, "commit failed; stopping this run");
-            self.abort(Abort::Store(e));
-            std::future::pending::<()>().await;
+        match self.shared.store.commit(self.lease, writes).await {
+            Ok(status) => self.observe(status),
+            Err(e) => {
+                tracing::debug!(instance = %self.instance_id, error = %e, "commit failed; stopping this run");
+                self.abort(Abort::Store(e));
+                std::future::pending::<()>().await;
+            }
         }
     }
 

@@ -103,7 +103,12 @@ impl WorkflowStep {
     fn sleep_op(&self, name: String, target: Target) -> SleepOp {
         let state = Arc::clone(&self.run);
         let key = self.run.claim(StepKind::Sleep, name);
-        SleepOp(Box::pin(async move { sleep(state, key?, target).await }))
+        SleepOp(Box::pin(async move {
+            state.pause_gate().await;
+            let result = sleep(Arc::clone(&state), key?, target).await;
+            state.pause_gate().await;
+            result
+        }))
     }
 }
 

@@ -176,7 +176,26 @@ enum Outcome {
 }
 
 impl Execution {
-    async fn execute<T, F, Fut>(self, key: StepKey, mut body: F) -> Result<T, WorkflowError>
+    /// Runs the op between two pause gates: while a pause is pending it neither starts nor
+    /// hands its result back (the code after a completed step does not proceed).
+    async fn execute<T, F, Fut>(self, key: StepKey, body: F) -> Result<T, WorkflowError>
+    where
+        F: FnMut(StepContext) -> Fut,
+        Fut: Future<Output = Result<T, StepError>>,
+        T: Serialize + DeserializeOwned,
+    {
+        let state = Arc::clone(&self.state);
+        state.pause_gate().await;
+        let result = self.execute_attempts(key, body).await;
+        state.pause_gate().await;
+        result
+    }
+
+    async fn execute_attempts<T, F, Fut>(
+        self,
+        key: StepKey,
+        mut body: F,
+    ) -> Result<T, WorkflowError>
     where
         F: FnMut(StepContext) -> Fut,
         Fut: Future<Output = Result<T, StepError>>,
@@ -217,6 +236,8 @@ impl Execution {
             // The lifetime that ran this attempt died before recording its outcome: the
             // attempt failed and counts (SPEC Part A.7).
             let error = ErrorInfo::new(INTERNAL, "Attempt failed due to internal workflows error");
+            // Recording its outcome ends it, like any attempt in flight.
+            state.attempt_started();
             self.record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
                 .await?;
         }
@@ -311,6 +332,9 @@ impl Execution {
 
     async fn start_first_attempt(&self, key: &StepKey, config: &ResolvedConfig) -> StepRecord {
         let state = &*self.state;
+        // No new attempt starts while a pause is pending.
+        state.pause_gate().await;
+        state.attempt_started();
         let now = state.now();
         let persisted = config.to_persisted_json();
         let record = StepRecord {
@@ -343,6 +367,8 @@ impl Execution {
 
     async fn start_next_attempt(&self, key: &StepKey, record: &mut StepRecord) {
         let state = &*self.state;
+        state.pause_gate().await;
+        state.attempt_started();
         record.attempts += 1;
         record.in_flight = true;
         record.wake_at = None;
@@ -387,6 +413,7 @@ impl Execution {
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
+        state.attempt_ended();
     }
 
     /// Records a failed attempt. Returns `Ok` when another attempt is scheduled (the record
@@ -419,6 +446,7 @@ impl Execution {
                             cairn_store::Write::Step(record.clone()),
                         ])
                         .await;
+                    state.attempt_ended();
                     return Ok(());
                 }
                 Err(delay_error) => final_error = delay_error,
@@ -444,6 +472,7 @@ impl Execution {
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
+        state.attempt_ended();
         Err(WorkflowError::from_info(final_error))
     }
 

@@ -16,11 +16,12 @@ use std::time::Duration;
 use cairn::prelude::*;
 use cairn::sqlite::{Durability, Options, SqliteStore};
 use cairn::store::{
-    Claimed, Created, Error, InstanceRecord, InstanceRef, Lease, ListQuery, NewEvent, NewInstance,
-    Sent, Store, StoreFuture, StoredEvent, Write,
+    Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
+    ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
 };
 use cairn::{
-    Clock, EventType, InstanceId, LogRecord, StepKey, StepRecord, Timestamp, WorkflowName,
+    Clock, EventType, InstanceId, InstanceStatus, LogRecord, StepKey, StepRecord, Timestamp,
+    WorkflowName,
 };
 use serde_json::json;
 use support::{FnWorkflow, wf};
@@ -89,7 +90,18 @@ impl Store for FailingStore {
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {
         self.inner.journal(i)
     }
-    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, ()> {
+    fn control(
+        &self,
+        w: &WorkflowName,
+        id: &InstanceId,
+        r: ControlRequest,
+    ) -> StoreFuture<'_, ControlOutcome> {
+        if self.dead() {
+            return down();
+        }
+        self.inner.control(w, id, r)
+    }
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         if self.dead() {
             return down();
         }
