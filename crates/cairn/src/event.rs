@@ -39,6 +39,7 @@ pub struct StepEvent<T> {
 }
 
 type Started<T> = BoxFuture<'static, Result<StepEvent<T>, WorkflowError>>;
+type Start<T> = Box<dyn FnOnce(Result<Duration, DurationError>) -> Started<T> + Send>;
 
 /// A `step.wait_for_event` op; set its timeout with [`WaitOp::timeout`].
 ///
@@ -48,7 +49,7 @@ type Started<T> = BoxFuture<'static, Result<StepEvent<T>, WorkflowError>>;
 #[must_use = "a wait does nothing unless awaited"]
 pub struct WaitOp<T> {
     timeout: Result<Duration, DurationError>,
-    start: Option<Box<dyn FnOnce(Result<Duration, DurationError>) -> Started<T> + Send>>,
+    start: Option<Start<T>>,
     running: Option<Started<T>>,
     _payload: PhantomData<fn() -> T>,
 }
