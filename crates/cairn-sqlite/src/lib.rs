@@ -423,6 +423,14 @@ impl Store for SqliteStore {
         self.write(move |conn| rows::take_event(conn, lease, &step, &event_type, at))
     }
 
+    fn purge(&self, now: Timestamp, limit: usize) -> StoreFuture<'_, usize> {
+        self.write(move |conn| rows::purge(conn, now, limit))
+    }
+
+    fn next_purge(&self) -> StoreFuture<'_, Option<Timestamp>> {
+        self.read(rows::next_purge)
+    }
+
     fn close(&self) -> StoreFuture<'_, ()> {
         Box::pin(async {
             SqliteStore::close(self).await;

@@ -38,8 +38,9 @@ pub(crate) fn instance(row: &Row<'_>) -> rusqlite::Result<Result<InstanceRecord>
 pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Created> {
     let inserted = conn
         .prepare_cached(
-            "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at)
-             VALUES (?1, ?2, 0, ?3, ?4, 1, ?4)
+            "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
+                 retain_success_ms, retain_error_ms)
+             VALUES (?1, ?2, 0, ?3, ?4, 1, ?4, ?5, ?6)
              ON CONFLICT (workflow, id) DO NOTHING",
         )
         .and_then(|mut st| {
@@ -47,7 +48,9 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
                 new.workflow.as_str(),
                 new.id.as_str(),
                 new.params,
-                new.created_at.as_millis()
+                new.created_at.as_millis(),
+                millis(new.retention.success),
+                millis(new.retention.error),
             ])
         })
         .map_err(map_sqlite)?;
@@ -465,7 +468,10 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
              ready_at = ?8,
              ready_rank = CASE WHEN ?2 = 0 THEN 1 ELSE 0 END,
              lease_owner = CASE WHEN ?9 THEN NULL ELSE lease_owner END,
-             lease_until = CASE WHEN ?9 THEN NULL ELSE lease_until END
+             lease_until = CASE WHEN ?9 THEN NULL ELSE lease_until END,
+             purge_at = CASE ?2 WHEN 5 THEN COALESCE(?4, ended_at) + retain_success_ms
+                                WHEN 3 THEN COALESCE(?4, ended_at) + retain_error_ms
+                                ELSE purge_at END
          WHERE iid = ?1",
     )
     .and_then(|mut st| {
@@ -706,7 +712,8 @@ pub(crate) fn control(
             }
             exec(
                 "UPDATE instances SET status = 4, ended_at = ?2, lease_epoch = lease_epoch + 1,
-                     lease_owner = NULL, lease_until = NULL, ready_at = NULL, paused_at = NULL
+                     lease_owner = NULL, lease_until = NULL, ready_at = NULL, paused_at = NULL,
+                     purge_at = ?2 + retain_error_ms
                  WHERE iid = ?1",
                 &[&iid, &at.as_millis()],
             )?;
@@ -780,6 +787,7 @@ pub(crate) fn control(
             exec(
                 "UPDATE instances SET status = 1, started_at = COALESCE(CASE WHEN ?3 THEN NULL ELSE started_at END, ?2),
                      ended_at = NULL, output = NULL, error_name = NULL, error_message = NULL, paused_at = NULL,
+                     purge_at = NULL,
                      lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_until = NULL,
                      ready_at = created_at, ready_rank = 0
                  WHERE iid = ?1",
@@ -799,4 +807,47 @@ pub(crate) fn control(
             done(from)
         }
     }
+}
+
+fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn purge(conn: &Connection, now: Timestamp, limit: usize) -> Result<usize> {
+    let iids: Vec<i64> = conn
+        .prepare_cached(
+            "SELECT iid FROM instances WHERE purge_at IS NOT NULL AND purge_at <= ?1 LIMIT ?2",
+        )
+        .and_then(|mut st| {
+            st.query_map(
+                params![now.as_millis(), i64::try_from(limit).unwrap_or(i64::MAX)],
+                |r| r.get(0),
+            )?
+            .collect::<rusqlite::Result<_>>()
+        })
+        .map_err(map_sqlite)?;
+    for iid in &iids {
+        for sql in [
+            "DELETE FROM steps WHERE iid = ?1",
+            "DELETE FROM log WHERE iid = ?1",
+            "DELETE FROM events WHERE iid = ?1",
+            "DELETE FROM instances WHERE iid = ?1",
+        ] {
+            conn.prepare_cached(sql)
+                .and_then(|mut st| st.execute([iid]))
+                .map_err(map_sqlite)?;
+        }
+    }
+    Ok(iids.len())
+}
+
+pub(crate) fn next_purge(conn: &Connection) -> Result<Option<Timestamp>> {
+    let at: Option<i64> = conn
+        .query_row(
+            "SELECT MIN(purge_at) FROM instances WHERE purge_at IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(map_sqlite)?;
+    Ok(ts(at))
 }

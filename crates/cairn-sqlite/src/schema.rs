@@ -77,6 +77,13 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE instances ADD COLUMN paused_at INTEGER;
     ",
+    // 4: retention: how long to keep a finished instance, and when it is due.
+    "
+    ALTER TABLE instances ADD COLUMN retain_success_ms INTEGER NOT NULL DEFAULT 604800000;
+    ALTER TABLE instances ADD COLUMN retain_error_ms INTEGER NOT NULL DEFAULT 604800000;
+    ALTER TABLE instances ADD COLUMN purge_at INTEGER;
+    CREATE INDEX instances_purge ON instances (purge_at) WHERE purge_at IS NOT NULL;
+    ",
 ];
 
 /// Brings the schema up to date.

@@ -33,6 +33,10 @@ fn new_instance(workflow: &str, id: &str) -> NewInstance {
         params: r#"{"n":1}"#.into(),
         created_at: T0,
         queued: log(LogKind::WorkflowQueued, None),
+        retention: crate::Retention {
+            success: Duration::from_secs(60),
+            error: Duration::from_secs(120),
+        },
     }
 }
 
@@ -414,6 +418,53 @@ pub async fn commit_to_a_missing_instance_is_not_found(store: Arc<dyn Store>) {
     );
 }
 
+pub async fn finished_instances_are_purged_after_their_retention(store: Arc<dyn Store>) {
+    let r = create_one(&*store, "wf", "a").await;
+    let lease = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0)
+        .lease;
+    assert_eq!(
+        store.next_purge().await.unwrap(),
+        None,
+        "a running instance is never purged"
+    );
+    store
+        .commit(
+            lease,
+            vec![Write::Status(StatusChange {
+                ended_at: Some(T0),
+                output: Some("1".into()),
+                release: true,
+                ..StatusChange::to(InstanceStatus::Complete)
+            })],
+        )
+        .await
+        .unwrap();
+    let due = T0.saturating_add(Duration::from_secs(60));
+    assert_eq!(
+        store.next_purge().await.unwrap(),
+        Some(due),
+        "success retention: 60 s"
+    );
+    assert_eq!(store.purge(T0, 10).await.unwrap(), 0);
+    assert_eq!(store.purge(due, 10).await.unwrap(), 1);
+    assert!(
+        store
+            .instance(&wf("wf"), &InstanceId::new("a").unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store.log(r, 0, 10).await.unwrap().is_empty(),
+        "its log went with it"
+    );
+    create_one(&*store, "wf", "a").await; // the id is free again
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -433,6 +484,7 @@ macro_rules! conformance_tests {
             resuming_instances_are_claimed_before_new_ones,
             list_is_newest_first_with_filters,
             commit_to_a_missing_instance_is_not_found,
+            finished_instances_are_purged_after_their_retention,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {

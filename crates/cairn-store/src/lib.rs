@@ -88,6 +88,17 @@ pub struct NewInstance {
     pub created_at: Timestamp,
     /// The `WORKFLOW_QUEUED` record written with it.
     pub queued: LogEntry,
+    /// How long it is kept once finished.
+    pub retention: Retention,
+}
+
+/// How long a finished instance is kept before it is purged (and its id freed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// After completing.
+    pub success: Duration,
+    /// After erroring or being terminated.
+    pub error: Duration,
 }
 
 /// The outcome of creating one instance.
@@ -388,6 +399,13 @@ pub trait Store: Send + Sync + 'static {
         event_type: EventType,
         at: Timestamp,
     ) -> StoreFuture<'_, Option<StoredEvent>>;
+
+    /// Deletes up to `limit` finished instances whose retention ended at or before `now`,
+    /// with everything they own. Returns how many were purged.
+    fn purge(&self, now: Timestamp, limit: usize) -> StoreFuture<'_, usize>;
+
+    /// When the next finished instance is due to be purged.
+    fn next_purge(&self) -> StoreFuture<'_, Option<Timestamp>>;
 
     /// Finishes queued work and releases the store's resources (threads, locks,
     /// connections). Later calls fail with [`Error::Unavailable`].

@@ -23,12 +23,28 @@ pub struct CreateOptions<P> {
     pub id: Option<String>,
     /// The params, the workflow's `event.payload`.
     pub params: P,
+    /// How long to keep the instance once finished; `None` fields keep the workflow's.
+    #[serde(skip)]
+    pub retention: InstanceRetention,
+}
+
+/// A per-instance retention override.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InstanceRetention {
+    /// Kept this long after completing.
+    pub success: Option<std::time::Duration>,
+    /// Kept this long after erroring or being terminated.
+    pub error: Option<std::time::Duration>,
 }
 
 impl<P> CreateOptions<P> {
     /// An instance with these params and a generated id.
     pub fn new(params: P) -> Self {
-        CreateOptions { id: None, params }
+        CreateOptions {
+            id: None,
+            params,
+            retention: InstanceRetention::default(),
+        }
     }
 
     /// Sets the instance id.
@@ -36,11 +52,33 @@ impl<P> CreateOptions<P> {
         self.id = Some(id.into());
         self
     }
+
+    /// Keeps the instance this long after it completes (instead of the workflow's retention).
+    pub fn success_retention(mut self, d: std::time::Duration) -> Self {
+        self.retention.success = Some(d);
+        self
+    }
+
+    /// Keeps the instance this long after it errors or is terminated.
+    pub fn error_retention(mut self, d: std::time::Duration) -> Self {
+        self.retention.error = Some(d);
+        self
+    }
 }
 
 impl<P: Default> Default for CreateOptions<P> {
     fn default() -> Self {
         Self::new(P::default())
+    }
+}
+
+impl<P> CreateOptions<P> {
+    fn with_params<Q>(self, params: Q) -> CreateOptions<Q> {
+        CreateOptions {
+            id: self.id,
+            params,
+            retention: self.retention,
+        }
     }
 }
 
@@ -195,12 +233,8 @@ impl<W: Workflow> WorkflowClient<W> {
         &self,
         options: CreateOptions<W::Params>,
     ) -> Result<Instance<W::Output>, Error> {
-        let params = to_json(&options.params)?;
         self.untyped
-            .create(CreateOptions {
-                id: options.id,
-                params,
-            })
+            .create(options_to_json(options)?)
             .await
             .map(Instance::typed)
     }
@@ -216,12 +250,7 @@ impl<W: Workflow> WorkflowClient<W> {
     ) -> Result<Vec<Instance<W::Output>>, Error> {
         let batch = batch
             .into_iter()
-            .map(|o| {
-                Ok(CreateOptions {
-                    id: o.id,
-                    params: to_json(&o.params)?,
-                })
-            })
+            .map(options_to_json)
             .collect::<Result<Vec<_>, Error>>()?;
         let created = self.untyped.create_batch(batch).await?;
         Ok(created.into_iter().map(Instance::typed).collect())
@@ -238,12 +267,7 @@ impl<W: Workflow> WorkflowClient<W> {
     ) -> Result<BatchCreated<W::Output>, Error> {
         let batch = batch
             .into_iter()
-            .map(|o| {
-                Ok(CreateOptions {
-                    id: o.id,
-                    params: to_json(&o.params)?,
-                })
-            })
+            .map(options_to_json)
             .collect::<Result<Vec<_>, Error>>()?;
         let result = self.untyped.create_batch_detailed(batch).await?;
         Ok(BatchCreated {
@@ -266,11 +290,15 @@ impl<W: Workflow> WorkflowClient<W> {
     }
 }
 
-fn to_json<P: Serialize>(params: &P) -> Result<serde_json::Value, Error> {
-    serde_json::to_value(params).map_err(|e| Error::InvalidParams {
+/// The JSON form of typed create options.
+fn options_to_json<P: Serialize>(
+    options: CreateOptions<P>,
+) -> Result<CreateOptions<serde_json::Value>, Error> {
+    let params = serde_json::to_value(&options.params).map_err(|e| Error::InvalidParams {
         workflow: String::new(),
         reason: e.to_string(),
-    })
+    })?;
+    Ok(options.with_params(params))
 }
 
 /// One entry of a batch after validation.
@@ -320,6 +348,17 @@ impl UntypedWorkflow {
             })
         })?;
         let now = self.engine.inner.shared.clock.now();
+        let defaults = self
+            .engine
+            .inner
+            .retention
+            .get(&self.name)
+            .copied()
+            .unwrap_or(crate::engine::DEFAULT_RETENTION);
+        let retention = cairn_store::Retention {
+            success: options.retention.success.unwrap_or(defaults.success),
+            error: options.retention.error.unwrap_or(defaults.error),
+        };
         Ok(Prepared {
             index,
             id: id.clone(),
@@ -334,6 +373,7 @@ impl UntypedWorkflow {
                     step: None,
                     meta: json!({ "params": params, "trigger": { "source": "api" } }),
                 },
+                retention,
             },
         })
     }

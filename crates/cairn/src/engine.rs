@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_core::{DEFAULT_PAYLOAD_LIMIT, DEFAULT_STEP_LIMIT, WorkflowName};
-use cairn_store::Store;
+use cairn_store::{Retention, Store};
 use tokio::sync::{Notify, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -39,6 +39,8 @@ pub(crate) struct EngineInner {
     live: Mutex<HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>>,
     /// Waits longer than this hibernate the instance.
     pub(crate) hibernate_after: Duration,
+    /// Retention by workflow, defaults applied.
+    pub(crate) retention: HashMap<WorkflowName, Retention>,
     pub(crate) workflows: HashMap<WorkflowName, Arc<dyn ErasedWorkflow>>,
     names: Vec<WorkflowName>,
     owner: String,
@@ -108,9 +110,17 @@ pub struct EngineBuilder {
     step_limit: u32,
     payload_limit: usize,
     hibernate_after: Duration,
+    retention: Retention,
+    workflow_retention: Vec<(String, Retention)>,
     #[cfg(feature = "sqlite")]
     sqlite: cairn_sqlite::Options,
 }
+
+/// The default retention of finished instances: 7 days, after success and after error.
+pub const DEFAULT_RETENTION: Retention = Retention {
+    success: Duration::from_secs(7 * 86_400),
+    error: Duration::from_secs(7 * 86_400),
+};
 
 /// The default hot threshold: waits longer than this hibernate the instance.
 pub const DEFAULT_HIBERNATE_AFTER: Duration = Duration::from_secs(1);
@@ -126,6 +136,8 @@ impl Engine {
             step_limit: DEFAULT_STEP_LIMIT,
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             hibernate_after: DEFAULT_HIBERNATE_AFTER,
+            retention: DEFAULT_RETENTION,
+            workflow_retention: Vec::new(),
             #[cfg(feature = "sqlite")]
             sqlite: cairn_sqlite::Options::default(),
         }
@@ -232,6 +244,20 @@ impl EngineBuilder {
         self
     }
 
+    /// How long finished instances are kept before they are purged and their ids freed
+    /// (default 7 days after success and after error).
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Retention for the instances of one workflow, overriding [`EngineBuilder::retention`].
+    pub fn workflow_retention(mut self, workflow: &str, retention: Retention) -> Self {
+        self.workflow_retention
+            .push((workflow.to_owned(), retention));
+        self
+    }
+
     /// Opens the store, recovers what the last engine left running, and starts scheduling.
     ///
     /// # Errors
@@ -248,6 +274,19 @@ impl EngineBuilder {
                 )));
             }
             names.push(name);
+        }
+        let mut retention: HashMap<WorkflowName, Retention> =
+            names.iter().map(|n| (n.clone(), self.retention)).collect();
+        for (name, r) in self.workflow_retention {
+            let name = WorkflowName::new(name).map_err(|e| Error::Config(e.to_string()))?;
+            match retention.get_mut(&name) {
+                Some(slot) => *slot = r,
+                None => {
+                    return Err(Error::Config(format!(
+                        "retention set for workflow {name:?}, which is not registered"
+                    )));
+                }
+            }
         }
         let mut temp_dir = None;
         let store: Arc<dyn Store> = match self.store {
@@ -291,6 +330,7 @@ impl EngineBuilder {
         let inner = Arc::new(EngineInner {
             live: Mutex::new(HashMap::new()),
             hibernate_after: self.hibernate_after,
+            retention,
             shared: Arc::new(Shared {
                 store,
                 clock,
@@ -364,19 +404,39 @@ async fn schedule(inner: Arc<EngineInner>) {
             }
             continue;
         }
-        // Sleep until the earliest timer of a hibernating instance, a wake-up, or a free slot.
-        let next_ready = match inner.shared.store.next_ready(&inner.names).await {
+        // Purge finished instances whose retention is over.
+        let store = &inner.shared.store;
+        let now = inner.shared.clock.now();
+        let next_purge = match store.next_purge().await {
+            Ok(Some(at)) if at <= now => match store.purge(now, 1_000).await {
+                Ok(purged) => {
+                    tracing::debug!(purged, "purged finished instances");
+                    inner.changed();
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "purging finished instances failed");
+                    Some(now.saturating_add(Duration::from_secs(60)))
+                }
+            },
+            Ok(at) => at,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the next purge failed");
+                Some(now.saturating_add(Duration::from_secs(60)))
+            }
+        };
+        // Sleep until the earliest timer of a hibernating instance or purge, a wake-up, or
+        // a free slot.
+        let next_ready = match store.next_ready(&inner.names).await {
             Ok(at) => at,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the next wake-up failed");
-                Some(
-                    inner
-                        .shared
-                        .clock
-                        .now()
-                        .saturating_add(Duration::from_secs(1)),
-                )
+                Some(now.saturating_add(Duration::from_secs(1)))
             }
+        };
+        let next_ready = match (next_ready, next_purge) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
         let timer = async {
             match next_ready {

@@ -131,6 +131,14 @@ impl Store for Gate {
         blocking(&self.0, move |s| s.take_event(lease, step, event_type, at))
     }
 
+    fn purge(&self, now: Timestamp, limit: usize) -> StoreFuture<'_, usize> {
+        blocking(&self.0, move |s| s.purge(now, limit))
+    }
+
+    fn next_purge(&self) -> StoreFuture<'_, Option<Timestamp>> {
+        blocking(&self.0, |s| s.next_purge())
+    }
+
     fn close(&self) -> StoreFuture<'_, ()> {
         blocking(&self.0, |s| s.close())
     }

@@ -20,14 +20,17 @@ pub use cairn_core::{
     ResolvedConfig, RetryDelay, StepKey, StepKind, StepName, StepRecord, StepState, Timestamp,
     WorkflowName, format_duration, parse_duration,
 };
+pub use cairn_store::Retention;
 pub use client::{
-    BatchCreated, BatchDeleted, BatchError, CreateOptions, Instance, Status, UntypedWorkflow,
-    WorkflowClient,
+    BatchCreated, BatchDeleted, BatchError, CreateOptions, Instance, InstanceRetention, Status,
+    UntypedWorkflow, WorkflowClient,
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use details::{AttemptDetails, InstanceDetails, StepDetails};
-pub use engine::{DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, Engine, EngineBuilder};
+pub use engine::{
+    DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, DEFAULT_RETENTION, Engine, EngineBuilder,
+};
 pub use error::Error;
 pub use event::{DEFAULT_EVENT_TIMEOUT, StepEvent, WaitOp};
 pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowError};

@@ -148,6 +148,15 @@ impl Store for FailingStore {
         }
         self.inner.take_event(lease, step, t, at)
     }
+    fn purge(&self, now: Timestamp, limit: usize) -> StoreFuture<'_, usize> {
+        if self.dead() {
+            return down();
+        }
+        self.inner.purge(now, limit)
+    }
+    fn next_purge(&self) -> StoreFuture<'_, Option<Timestamp>> {
+        self.inner.next_purge()
+    }
     fn close(&self) -> StoreFuture<'_, ()> {
         self.inner.close()
     }
