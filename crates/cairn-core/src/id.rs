@@ -52,6 +52,20 @@ impl IdError {
     }
 }
 
+/// The longest id that lookups accept: cron-generated ids (`<cron>-<ms>`) are longer than
+/// user ids.
+pub const MAX_ADDRESSABLE_ID_LEN: usize = 271;
+
+/// Whether `s` can name an instance in a lookup (get, delete): a user id, or a cron-style
+/// id such as `*/30 * * * *-1786001400000` (`^[a-zA-Z0-9, */#_-]+$`, 1–271 characters).
+/// Such an id is "not found" rather than "invalid" when no instance has it.
+pub fn is_addressable_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_ADDRESSABLE_ID_LEN
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || ", */#_-".contains(c))
+}
+
 /// `^[a-zA-Z0-9_][a-zA-Z0-9-_]*$` with a length bound.
 fn is_plain_id(s: &str, max: usize) -> bool {
     let mut chars = s.chars();
@@ -187,6 +201,22 @@ mod tests {
         for bad in ["", " ", "a\n", &"x".repeat(101), "a/b", "-a", "a.b"] {
             let err = InstanceId::new(bad).expect_err(bad);
             assert!(err.to_string().contains("Workflow instance has invalid id"));
+        }
+    }
+
+    #[test]
+    fn addressable_ids() {
+        for ok in [
+            "*/30 * * * *-1786001400000",
+            "0 0 * * MON#2-1786001400000",
+            "0 0 1,15 * *-1",
+            "NAME_123-/cron",
+            &"1".repeat(271),
+        ] {
+            assert!(is_addressable_id(ok), "{ok:?}");
+        }
+        for bad in ["", "invalid!", "a?b", &"1".repeat(272)] {
+            assert!(!is_addressable_id(bad), "{bad:?}");
         }
     }
 

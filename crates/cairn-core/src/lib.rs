@@ -29,8 +29,9 @@ pub use config::{
 };
 pub use duration::{DurationError, format_duration, parse_duration};
 pub use id::{
-    EventType, IdError, InstanceId, MAX_EVENT_TYPE_LEN, MAX_INSTANCE_ID_LEN, MAX_STEP_NAME_LEN,
-    MAX_WORKFLOW_NAME_LEN, StepName, WorkflowName,
+    EventType, IdError, InstanceId, MAX_ADDRESSABLE_ID_LEN, MAX_EVENT_TYPE_LEN,
+    MAX_INSTANCE_ID_LEN, MAX_STEP_NAME_LEN, MAX_WORKFLOW_NAME_LEN, StepName, WorkflowName,
+    is_addressable_id,
 };
 pub use record::{
     ErrorInfo, LogEntry, LogKind, LogRecord, StepKey, StepKind, StepRecord, StepState,

@@ -314,6 +314,20 @@ impl UntypedWorkflow {
         &self.name
     }
 
+    /// An id given to a lookup: a valid instance id, or else an error. A cron-style id
+    /// (SPEC §2.4 "addressable") is not invalid, but no instance here can have one: it is
+    /// not found.
+    fn lookup_id(&self, id: &str) -> Result<InstanceId, Error> {
+        match InstanceId::new(id) {
+            Ok(id) => Ok(id),
+            Err(_) if cairn_core::is_addressable_id(id) => Err(Error::InstanceNotFound {
+                workflow: self.name.to_string(),
+                id: id.to_owned(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn prepare(
         &self,
         index: usize,
@@ -564,13 +578,19 @@ impl UntypedWorkflow {
                 max: MAX_BATCH,
             });
         }
+        // An invalid id fails the call; a cron-style id that no instance can have is a
+        // per-position "not found".
         let parsed = ids
             .iter()
-            .map(|id| InstanceId::new(*id))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|id| match self.lookup_id(id) {
+                Ok(id) => Ok(Ok(id)),
+                Err(e @ Error::InstanceNotFound { .. }) => Ok(Err(e)),
+                Err(e) => Err(e),
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
         let mut outcomes: std::collections::HashMap<InstanceId, Result<(), Error>> =
             std::collections::HashMap::new();
-        for id in &parsed {
+        for id in parsed.iter().filter_map(|p| p.as_ref().ok()) {
             if !outcomes.contains_key(id) {
                 let result = self.instance(id.clone()).delete().await;
                 if let Err(e @ Error::Store(_)) = &result {
@@ -583,12 +603,16 @@ impl UntypedWorkflow {
             deleted: Vec::new(),
             errors: Vec::new(),
         };
-        for (index, id) in parsed.iter().enumerate() {
-            match &outcomes[id] {
-                Ok(()) => result.deleted.push(id.to_string()),
+        for (index, (given, id)) in ids.iter().zip(&parsed).enumerate() {
+            let outcome = match id {
+                Ok(id) => outcomes[id].as_ref().map(|()| id.to_string()),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(id) => result.deleted.push(id),
                 Err(e) => result.errors.push(BatchError {
                     index,
-                    id: Some(id.to_string()),
+                    id: Some((*given).to_owned()),
                     code: e.code().into(),
                     message: e.to_string(),
                 }),
@@ -602,7 +626,7 @@ impl UntypedWorkflow {
     /// # Errors
     /// [`Error::InvalidId`] or [`Error::InstanceNotFound`].
     pub async fn get(&self, id: &str) -> Result<Instance, Error> {
-        let id = InstanceId::new(id)?;
+        let id = self.lookup_id(id)?;
         let instance = self.instance(id);
         instance.record().await?;
         Ok(instance)
@@ -908,7 +932,13 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// [`Error::InstanceNotFound`].
     pub async fn delete(&self) -> Result<(), Error> {
-        self.control(ControlRequest::Delete, "delete").await
+        self.control(ControlRequest::Delete, "delete").await?;
+        if crate::driver::is_current(&self.workflow, &self.id) {
+            // A workflow deleting its own instance stops at this call: its lifetime is being
+            // dropped, and nothing after the call may run.
+            std::future::pending::<()>().await;
+        }
+        Ok(())
     }
 
     /// Everything about the instance: status, params, timings and its steps with their

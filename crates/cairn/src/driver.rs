@@ -96,7 +96,11 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
     };
     let mut shutdown = inner.shutdown.subscribe();
     let _live = LiveGuard::register(inner, &state);
-    let mut run = std::pin::pin!(AssertUnwindSafe(workflow.run(event, step)).catch_unwind());
+    let current = (record.workflow.clone(), record.id.clone());
+    let mut run = std::pin::pin!(CURRENT.scope(
+        current,
+        AssertUnwindSafe(workflow.run(event, step)).catch_unwind()
+    ));
     let threshold = inner.hibernate_after;
     let result = loop {
         // Poll the workflow. After each `Pending`: a pending pause takes effect once no
@@ -265,6 +269,18 @@ async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
     if stop {
         std::future::pending::<()>().await;
     }
+}
+
+tokio::task_local! {
+    /// The instance whose workflow code the current task is running.
+    static CURRENT: (cairn_core::WorkflowName, cairn_core::InstanceId);
+}
+
+/// Whether the calling code is the workflow of this very instance.
+pub(crate) fn is_current(workflow: &cairn_core::WorkflowName, id: &cairn_core::InstanceId) -> bool {
+    CURRENT
+        .try_with(|(w, i)| w == workflow && i == id)
+        .unwrap_or(false)
 }
 
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -89,7 +89,7 @@ async fn e21_h10_h12_pause_lets_the_step_in_flight_finish_and_stops_before_the_n
 }
 
 #[tokio::test(start_paused = true)]
-async fn h11_resume_after_pause_completes_with_the_right_output() {
+async fn h11_m3_resume_after_pause_completes_with_the_right_output() {
     let gate = Arc::new(Semaphore::new(0));
     let second = Counter::default();
     let (engine, _dir) = engine(|b| b.register(gated(gate.clone(), second.clone()))).await;
@@ -709,7 +709,7 @@ async fn b8_b15_delete_validates_its_input() {
     );
     assert_eq!(
         untyped
-            .delete_batch(&["ok", "not ok"])
+            .delete_batch(&["ok", "not ok!"])
             .await
             .unwrap_err()
             .code(),
@@ -747,5 +747,116 @@ async fn b11_b12_delete_batch_reports_per_position() {
         untyped.get("a").await.unwrap_err().code(),
         "instance.not_found"
     );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn v3_b9_cron_style_ids_are_accepted_by_lookups_and_are_not_found() {
+    let (engine, _dir) = engine(|b| b.register(wf(|_, _| async { Ok(Value::Null) }))).await;
+    let untyped = engine.workflow_by_name("test").unwrap();
+    for id in [
+        "*/30 * * * *-1786001400000",
+        "0 0 * * MON#2-1786001400000",
+        "0 0 1,15 * *-1786001400000",
+        "NAME_123-/cron",
+    ] {
+        assert_eq!(
+            untyped.get(id).await.unwrap_err().code(),
+            "instance.not_found",
+            "{id:?}"
+        );
+    }
+    for id in ["", "invalid!", "what?", &"1".repeat(272)] {
+        assert_eq!(
+            untyped.get(id).await.unwrap_err().code(),
+            "instance.invalid_id",
+            "{id:?}"
+        );
+    }
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn m10_delete_batch_with_duplicates_and_a_missing_cron_id() {
+    let (engine, _dir) = engine(|b| b.register(wf(|_, _| async { Ok(Value::Null) }))).await;
+    create(&engine, "x").await.wait().await.unwrap();
+    let untyped = engine.workflow_by_name("test").unwrap();
+    let result = untyped
+        .delete_batch(&["x", "x", "*/5 * * * *-1"])
+        .await
+        .unwrap();
+    assert_eq!(result.deleted, ["x", "x"]);
+    assert_eq!(result.errors.len(), 1);
+    assert_eq!(
+        (result.errors[0].index, result.errors[0].code.as_str()),
+        (2, "instance.not_found")
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn b6_a_handle_has_its_id_status_and_every_action() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.sleep("s", "1 day").await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    create(&engine, "h").await;
+    let handle = engine.workflow::<FnWorkflow>().get("h").await.unwrap();
+    assert_eq!(handle.id().as_str(), "h");
+    until_status(&handle, InstanceStatus::Waiting).await;
+    handle.pause().await.unwrap();
+    handle.resume().await.unwrap();
+    handle.restart().await.unwrap();
+    handle.terminate().await.unwrap();
+    assert_eq!(
+        handle.status().await.unwrap().status,
+        InstanceStatus::Terminated
+    );
+    handle.delete().await.unwrap();
+    assert_eq!(
+        handle.status().await.unwrap_err().code(),
+        "instance.not_found"
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn b10_m9_a_workflow_deleting_its_own_instance_stops_at_that_call() {
+    let engine_slot: Arc<std::sync::OnceLock<cairn::Engine>> = Arc::default();
+    let after = Counter::default();
+    let (slot, a) = (engine_slot.clone(), after.clone());
+    let (engine, _dir) = engine(move |b| {
+        b.register(wf(move |event, step| {
+            let (slot, a) = (slot.clone(), a.clone());
+            async move {
+                step.wait_for_event::<Value>("go", "delete-yourself")
+                    .await?;
+                let engine = slot.get().expect("set after start").clone();
+                let me = engine
+                    .workflow::<FnWorkflow>()
+                    .get(event.instance_id.as_str())
+                    .await?;
+                me.delete().await?;
+                a.bump(); // never reached
+                Ok(Value::Null)
+            }
+        }))
+    })
+    .await;
+    let _ = engine_slot.set(engine.clone());
+    let instance = create(&engine, "self").await;
+    instance
+        .send_event("delete-yourself", &json!({}))
+        .await
+        .unwrap();
+    while engine.workflow::<FnWorkflow>().get("self").await.is_ok() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(after.get(), 0, "code after the delete call never ran");
+    assert_eq!(engine.live_instances(), 0);
     engine.shutdown().await;
 }

@@ -281,7 +281,7 @@ async fn e6_context_config_has_no_delay_for_a_function_and_the_exact_value_other
 }
 
 #[tokio::test(start_paused = true)]
-async fn e10_identity_status_and_log_survive_an_engine_restart() {
+async fn e10_m2_identity_status_and_log_survive_an_engine_restart() {
     let (dir, path) = support::temp_db();
     let gate = std::sync::Arc::new(tokio::sync::Notify::new());
     let first = {
