@@ -27,6 +27,12 @@ example!(
 );
 example!(retry_delay_function, "../examples/retry_delay_function.rs");
 example!(caught_non_retryable, "../examples/caught_non_retryable.rs");
+example!(sleepy_cats, "../examples/sleepy_cats.rs");
+example!(
+    sleep_and_sleep_until,
+    "../examples/sleep_and_sleep_until.rs"
+);
+example!(approval_flow, "../examples/approval_flow.rs");
 
 use cairn::{Clock, InstanceStatus};
 
@@ -130,4 +136,40 @@ async fn a_caught_non_retryable_error_lets_the_workflow_continue() {
         ]
     );
     assert_eq!(status, InstanceStatus::Complete);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sleepy_cats_hibernate_through_three_hours_and_keep_their_list() {
+    let (_dir, b) = builder();
+    let (status, in_memory, output) = sleepy_cats::demo(b).await.unwrap();
+    assert_eq!(status, InstanceStatus::Waiting);
+    assert_eq!(in_memory, 0);
+    assert!(
+        output.starts_with("downloaded cat-") && output.ends_with(r#"from ["cat-1", "cat-2"]"#),
+        "{output}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sleep_then_sleep_until_the_launch() {
+    let (_dir, path) = support::temp_db();
+    let ends = sleep_and_sleep_until::demo(&path).await.unwrap();
+    let rfc: Vec<String> = ends.iter().map(|t| t.to_rfc3339()).collect();
+    assert_eq!(
+        rfc,
+        ["2024-10-24T11:00:00.000Z", "2024-10-24T13:00:00.000Z"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn approval_flow_approves_one_and_escalates_the_other() {
+    let (_dir, b) = builder();
+    let outputs = approval_flow::demo(b).await.unwrap();
+    assert_eq!(
+        outputs,
+        [
+            "approved by carol",
+            "escalated: Execution timed out after 86400000ms"
+        ]
+    );
 }
