@@ -1,0 +1,242 @@
+//! Crash consistency through sleeps and event waits: a child process running 40 instances of
+//! "step, sleep 10 minutes, wait for an event, step" is SIGKILLed at seeded random moments
+//! (at least 20 times) and restarted on the same database. The child sends each instance its
+//! event itself, so kills also land between a send and its delivery. After the last run:
+//! every instance completed, every sleep woke exactly at its original time (virtual clock),
+//! every wait took exactly one event, and no committed step body ran again.
+//!
+//! The child is this test binary, run again with `CAIRN_CRASH_CHILD` set.
+
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
+#[path = "support/lib.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use cairn::prelude::*;
+use cairn::{InstanceStatus, LogKind};
+use serde_json::json;
+use support::{FnWorkflow, wf};
+
+const INSTANCES: usize = 40;
+const KILLS: usize = 20;
+
+fn record_effect(path: &Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    f.write_all(format!("{line}\n").as_bytes()).unwrap();
+}
+
+fn workflow(effects: PathBuf) -> FnWorkflow {
+    wf(move |event, step| {
+        let effects = effects.clone();
+        async move {
+            let id = event.instance_id.to_string();
+            let body = |name: &'static str| {
+                let (effects, id) = (effects.clone(), id.clone());
+                move |ctx: StepContext| {
+                    record_effect(&effects, &format!("{id} {name} {}", ctx.attempt));
+                    // 40 instances × 2 bodies × 8 ms, serial on one thread, outlast 20 kill
+                    // intervals of at most 25 ms.
+                    std::thread::sleep(Duration::from_millis(8));
+                    async move { Ok(name.len()) }
+                }
+            };
+            let a: usize = step.run("before", body("before")).await?;
+            step.sleep("nap", "10 minutes").await?;
+            let go: StepEvent<u32> = step.wait_for_event("go", "go").timeout("1 hour").await?;
+            let b: usize = step.run("after", body("after")).await?;
+            Ok(json!([a, go.payload, b]))
+        }
+    })
+}
+
+#[test]
+fn child_process_entry_waits() {
+    let Ok(dir) = std::env::var("CAIRN_CRASH_CHILD") else {
+        return; // not a child: nothing to do in a normal test run
+    };
+    let dir = PathBuf::from(dir);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let engine = support::builder_at(&dir.join("cairn.db"))
+            .register(workflow(dir.join("effects.txt")))
+            .start()
+            .await
+            .unwrap();
+        let client = engine.workflow::<FnWorkflow>();
+        let batch = (0..INSTANCES)
+            .map(|i| CreateOptions::new(json!({})).id(format!("i{i}")))
+            .collect();
+        client.create_batch(batch).await.unwrap();
+        for i in 0..INSTANCES {
+            // Sent at most once per marker; a kill between the send and the marker sends twice.
+            let marker = dir.join(format!("sent-{i}"));
+            if !marker.exists() {
+                let instance = client.get(&format!("i{i}")).await.unwrap();
+                if instance.send_event("go", &(i as u32)).await.is_ok() {
+                    std::fs::write(&marker, b"").unwrap();
+                }
+            }
+        }
+        for i in 0..INSTANCES {
+            client
+                .get(&format!("i{i}"))
+                .await
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+        }
+        engine.shutdown().await;
+    });
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        lo + self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % (hi - lo)
+    }
+}
+
+fn spawn_child(dir: &Path) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["child_process_entry_waits", "--exact", "--test-threads=1"])
+        .env("CAIRN_CRASH_CHILD", dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn killed_during_sleeps_and_event_waits_every_timer_and_event_survives() {
+    let seed = std::env::var("CAIRN_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("crash_kill_waits seed: {seed} (rerun with CAIRN_TEST_SEED={seed})");
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let mut kills = 0;
+    while kills < KILLS {
+        let mut child = spawn_child(dir.path());
+        std::thread::sleep(Duration::from_millis(rng.between(5, 25)));
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "child failed: {status}");
+            break;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kills += 1;
+    }
+    assert!(
+        spawn_child(dir.path()).wait().unwrap().success(),
+        "the final run failed"
+    );
+    eprintln!("killed the child {kills} times");
+    assert!(kills >= KILLS, "only {kills} kills landed");
+
+    let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();
+    let mut runs: HashMap<(String, String), Vec<u32>> = HashMap::new();
+    for line in effects.lines() {
+        let mut p = line.split(' ');
+        let (id, step, attempt) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
+        runs.entry((id.into(), step.into()))
+            .or_default()
+            .push(attempt.parse().unwrap());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let engine = support::builder_at(&dir.path().join("cairn.db"))
+            .register(workflow(dir.path().join("unused.txt")))
+            .start()
+            .await
+            .unwrap();
+        let client = engine.workflow::<FnWorkflow>();
+        for i in 0..INSTANCES {
+            let instance = client.get(&format!("i{i}")).await.unwrap();
+            let status = instance.status().await.unwrap();
+            assert_eq!(status.status, InstanceStatus::Complete, "i{i}");
+            assert_eq!(
+                status.output,
+                Some(json!([6, i, 5])),
+                "i{i} got its own event"
+            );
+            let log = instance.log(0).await.unwrap();
+            let at = |kind| {
+                log.iter()
+                    .find(|r| r.entry.kind == kind)
+                    .map(|r| r.entry.at)
+                    .unwrap()
+            };
+            let slept = at(LogKind::SleepComplete).since(at(LogKind::SleepStart));
+            assert!(
+                slept >= Duration::from_secs(600) && slept < Duration::from_secs(601),
+                "i{i} slept {slept:?}: not at its original wake time"
+            );
+            assert_eq!(
+                log.iter()
+                    .filter(|r| r.entry.kind == LogKind::WaitComplete)
+                    .count(),
+                1,
+                "i{i}"
+            );
+            for step in instance
+                .details()
+                .await
+                .unwrap()
+                .steps
+                .iter()
+                .filter(|s| s.kind == "step")
+            {
+                let seen = runs
+                    .get(&(format!("i{i}"), step.name.clone()))
+                    .cloned()
+                    .unwrap_or_default();
+                let last = step.attempts.last().unwrap().attempt;
+                assert!(
+                    seen.iter().all(|a| *a <= last),
+                    "i{i} {} re-ran after commit: {seen:?}",
+                    step.name
+                );
+                let mut unique = seen.clone();
+                unique.sort_unstable();
+                unique.dedup();
+                assert_eq!(
+                    unique.len(),
+                    seen.len(),
+                    "i{i} {}: an attempt ran twice",
+                    step.name
+                );
+            }
+        }
+        engine.shutdown().await;
+    });
+}
