@@ -599,3 +599,32 @@ async fn an_event_buffered_before_a_restart_is_delivered_once() {
     second.shutdown().await;
     drop(dir);
 }
+
+#[tokio::test(start_paused = true)]
+async fn f1_an_instance_stays_running_with_its_first_output_during_a_short_sleep() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let first: String = step
+                .run("first", |_| async { Ok("one".to_string()) })
+                .await?;
+            step.sleep("short", "1 second").await?;
+            Ok(json!(first))
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_logged(&instance, LogKind::SleepStart, 1).await;
+    assert_eq!(
+        instance.status().await.unwrap().status,
+        InstanceStatus::Running,
+        "a 1 s sleep is not long enough to hibernate"
+    );
+    let first = &records(&instance, LogKind::StepSuccess).await[0];
+    assert_eq!(first.entry.meta["result"], "one");
+    assert_eq!(instance.wait().await.unwrap().output, Some(json!("one")));
+    engine.shutdown().await;
+}
