@@ -46,6 +46,8 @@ pub enum StepKind {
     Sleep,
     /// `step.wait_for_event`.
     WaitForEvent,
+    /// The rollback (saga compensation) of the `run` step with the same name and count.
+    Rollback,
 }
 
 impl StepKind {
@@ -55,14 +57,20 @@ impl StepKind {
             StepKind::Run => 0,
             StepKind::Sleep => 1,
             StepKind::WaitForEvent => 2,
+            StepKind::Rollback => 3,
         }
     }
 
     /// The kind with stored code `code`.
     pub fn from_code(code: i64) -> Option<Self> {
-        [StepKind::Run, StepKind::Sleep, StepKind::WaitForEvent]
-            .into_iter()
-            .find(|k| k.code() == code)
+        [
+            StepKind::Run,
+            StepKind::Sleep,
+            StepKind::WaitForEvent,
+            StepKind::Rollback,
+        ]
+        .into_iter()
+        .find(|k| k.code() == code)
     }
 
     /// Cloudflare's name: `do`, `sleep`, `waitForEvent`.
@@ -71,6 +79,7 @@ impl StepKind {
             StepKind::Run => "do",
             StepKind::Sleep => "sleep",
             StepKind::WaitForEvent => "waitForEvent",
+            StepKind::Rollback => "rollback",
         }
     }
 }

@@ -15,7 +15,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 use crate::RUNNABLE;
 use crate::worker::map_sqlite;
 
-pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at";
+pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome";
 
 fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::Corrupt(what.to_string())
@@ -169,6 +169,8 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
     let error_name: Option<String> = row.get(g(9))?;
     let error_message: Option<String> = row.get(g(10))?;
     let ready_at: Option<i64> = row.get(g(11))?;
+    let rollback_trigger: Option<String> = row.get(g(12))?;
+    let rollback_outcome: Option<String> = row.get(g(13))?;
     Ok((|| {
         Ok(InstanceRecord {
             instance: InstanceRef(iid),
@@ -183,6 +185,8 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
             output,
             error: error_info(error_name, error_message),
             ready_at: ts(ready_at),
+            rollback_trigger,
+            rollback_outcome,
         })
     })())
 }
@@ -229,6 +233,12 @@ pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> R
             wake_at,
             event_types,
         } => hibernate(conn, instance, wake_at, &event_types),
+        Write::RollbackTrigger(trigger) => {
+            conn.prepare_cached("UPDATE instances SET rollback_trigger = ?2 WHERE iid = ?1")
+                .and_then(|mut st| st.execute(params![instance.0, trigger]))
+                .map_err(map_sqlite)?;
+            Ok(())
+        }
         Write::Pause { at } => {
             conn.prepare_cached(
                 "UPDATE instances SET status = 2, paused_at = ?2, lease_owner = NULL, lease_until = NULL,
@@ -469,9 +479,10 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
              ready_rank = CASE WHEN ?2 = 0 THEN 1 ELSE 0 END,
              lease_owner = CASE WHEN ?9 THEN NULL ELSE lease_owner END,
              lease_until = CASE WHEN ?9 THEN NULL ELSE lease_until END,
-             purge_at = CASE ?2 WHEN 5 THEN COALESCE(?4, ended_at) + retain_success_ms
-                                WHEN 3 THEN COALESCE(?4, ended_at) + retain_error_ms
-                                ELSE purge_at END
+             rollback_outcome = COALESCE(?10, rollback_outcome),
+             purge_at = CASE WHEN ?2 = 5 THEN COALESCE(?4, ended_at) + retain_success_ms
+                             WHEN ?2 IN (3, 4) THEN COALESCE(?4, ended_at) + retain_error_ms
+                             ELSE purge_at END
          WHERE iid = ?1",
     )
     .and_then(|mut st| {
@@ -485,6 +496,7 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
             c.error.as_ref().map(|e| e.message.as_str()),
             c.ready_at.map(Timestamp::as_millis),
             c.release,
+            c.rollback_outcome,
         ])
     })
     .map_err(map_sqlite)?;
@@ -706,7 +718,25 @@ pub(crate) fn control(
             }
             _ => Ok(ControlOutcome::NoOp(from)),
         },
-        ControlRequest::Terminate { at } => {
+        ControlRequest::Terminate {
+            at,
+            rollback: Some(trigger),
+        } => {
+            if from.is_terminal() {
+                return Ok(ControlOutcome::Rejected(from));
+            }
+            // The current lifetime is fenced off; the next claim compensates, then terminates.
+            exec(
+                "UPDATE instances SET status = 1, rollback_trigger = ?2, paused_at = NULL,
+                     lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_until = NULL,
+                     ready_at = created_at, ready_rank = 0
+                 WHERE iid = ?1",
+                &[&iid, trigger],
+            )?;
+            let _ = at;
+            done(InstanceStatus::Running)
+        }
+        ControlRequest::Terminate { at, rollback: None } => {
             if from.is_terminal() {
                 return Ok(ControlOutcome::Rejected(from));
             }
@@ -787,7 +817,7 @@ pub(crate) fn control(
             exec(
                 "UPDATE instances SET status = 1, started_at = COALESCE(CASE WHEN ?3 THEN NULL ELSE started_at END, ?2),
                      ended_at = NULL, output = NULL, error_name = NULL, error_message = NULL, paused_at = NULL,
-                     purge_at = NULL,
+                     purge_at = NULL, rollback_trigger = NULL, rollback_outcome = NULL,
                      lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_until = NULL,
                      ready_at = created_at, ready_rank = 0
                  WHERE iid = ?1",

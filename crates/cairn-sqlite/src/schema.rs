@@ -84,6 +84,11 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE instances ADD COLUMN purge_at INTEGER;
     CREATE INDEX instances_purge ON instances (purge_at) WHERE purge_at IS NOT NULL;
     ",
+    // 5: saga rollbacks: what triggered one (set when it begins) and how it ended.
+    "
+    ALTER TABLE instances ADD COLUMN rollback_trigger TEXT;
+    ALTER TABLE instances ADD COLUMN rollback_outcome TEXT;
+    ",
 ];
 
 /// Brings the schema up to date.

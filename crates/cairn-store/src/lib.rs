@@ -135,6 +135,11 @@ pub struct InstanceRecord {
     pub error: Option<ErrorInfo>,
     /// When it next becomes claimable by itself (queued, or a due timer).
     pub ready_at: Option<Timestamp>,
+    /// Set once a rollback has begun (or a terminate with rollback was asked): what
+    /// triggered it, as JSON. A lifetime that finds it set finishes the rollback.
+    pub rollback_trigger: Option<String>,
+    /// The outcome of the rollback, as JSON, once it ended.
+    pub rollback_outcome: Option<String>,
 }
 
 /// A claimed instance: its row and the lease to write under.
@@ -163,6 +168,8 @@ pub struct StatusChange {
     pub ready_at: Option<Timestamp>,
     /// Give the lease up with this change.
     pub release: bool,
+    /// Record the rollback's outcome (JSON).
+    pub rollback_outcome: Option<String>,
 }
 
 impl StatusChange {
@@ -176,6 +183,7 @@ impl StatusChange {
             error: None,
             ready_at: None,
             release: false,
+            rollback_outcome: None,
         }
     }
 }
@@ -199,6 +207,9 @@ pub enum Write {
         /// The event types its waits are blocked on.
         event_types: Vec<EventType>,
     },
+    /// Record that a rollback has begun and what triggered it (JSON), so that a crash in
+    /// the middle of it resumes the rollback.
+    RollbackTrigger(String),
     /// Complete a pending pause: if the instance is `waitingForPause`, make it `paused` at
     /// `at` and release the lease; otherwise (the pause was cancelled) change nothing.
     Pause {
@@ -223,10 +234,14 @@ pub enum ControlRequest {
         at: Timestamp,
     },
     /// Any non-terminal status → `terminated` (with its `WORKFLOW_TERMINATED` record).
+    /// With `rollback` (JSON of the trigger), the instance is instead made runnable with
+    /// its rollback trigger set: an engine compensates it and then terminates it.
     /// Terminal: rejected.
     Terminate {
         /// When.
         at: Timestamp,
+        /// Run the rollback handlers first, with this trigger.
+        rollback: Option<String>,
     },
     /// From any status: wipe the journal, log, events and timers (or, with `from`, only the
     /// step found and every step started after it, plus the terminal records) and run again.

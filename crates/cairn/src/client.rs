@@ -122,6 +122,8 @@ pub struct Status<O> {
     pub output: Option<O>,
     /// The error that escaped `run`, when errored.
     pub error: Option<ErrorInfo>,
+    /// How the rollback went, when one ran.
+    pub rollback: Option<crate::rollback::RollbackStatus>,
 }
 
 /// One row of an instance listing.
@@ -691,6 +693,10 @@ impl<O: DeserializeOwned> Instance<O> {
             error: record
                 .error
                 .filter(|_| record.status == InstanceStatus::Errored),
+            rollback: record
+                .rollback_outcome
+                .as_deref()
+                .and_then(|json| serde_json::from_str(json).ok()),
         })
     }
 
@@ -881,8 +887,31 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Error::InstanceNotFound`]; `instance.cannot_terminate` for a finished instance.
     pub async fn terminate(&self) -> Result<(), Error> {
         let at = self.engine.inner.shared.clock.now();
-        self.control(ControlRequest::Terminate { at }, "terminate")
-            .await
+        self.control(
+            ControlRequest::Terminate { at, rollback: None },
+            "terminate",
+        )
+        .await
+    }
+
+    /// Terminates the instance after compensating it: the rollback handlers of its steps
+    /// run (reverse start order, error `Terminated: Instance terminated during rollback`),
+    /// then it ends `terminated`. Works from every non-terminal status, also `paused`.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`]; `instance.cannot_terminate` for a finished instance.
+    pub async fn terminate_with_rollback(&self) -> Result<(), Error> {
+        let at = self.engine.inner.shared.clock.now();
+        let trigger =
+            serde_json::to_string(&crate::rollback::Trigger::terminate()).unwrap_or_default();
+        self.control(
+            ControlRequest::Terminate {
+                at,
+                rollback: Some(trigger),
+            },
+            "terminate",
+        )
+        .await
     }
 
     /// Restarts the instance from scratch, from any status: its journal, log, buffered

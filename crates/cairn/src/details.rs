@@ -112,6 +112,7 @@ fn kind_label(kind: StepKind) -> &'static str {
         StepKind::Run => "step",
         StepKind::Sleep => "sleep",
         StepKind::WaitForEvent => "waitForEvent",
+        StepKind::Rollback => "rollback",
     }
 }
 

@@ -15,6 +15,7 @@ use serde_json::json;
 use crate::engine::EngineInner;
 use crate::failure::{ERROR, INTERNAL};
 use crate::replay::{Abort, Hibernation, RunState};
+use crate::rollback::{RollbackStatus, Trigger};
 use crate::step::WorkflowStep;
 use crate::workflow::WorkflowEvent;
 
@@ -82,7 +83,7 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
         Ok(p) => p,
         Err(e) => {
             let error = ErrorInfo::new(INTERNAL, format!("the stored params are not JSON: {e}"));
-            return finish(&state, Err(error)).await;
+            return finish(&state, Err(error), None, false).await;
         }
     };
     let event = WorkflowEvent {
@@ -96,6 +97,32 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
     };
     let mut shutdown = inner.shutdown.subscribe();
     let _live = LiveGuard::register(inner, &state);
+    if let Some(trigger) = record
+        .rollback_trigger
+        .as_deref()
+        .and_then(|json| serde_json::from_str::<Trigger>(json).ok())
+    {
+        // A rollback to begin (terminate with rollback) or to resume after a crash: its
+        // handlers are not in memory, so replay `run` only to register them.
+        let current = (record.workflow.clone(), record.id.clone());
+        state.start_registering();
+        let mut replay = std::pin::pin!(CURRENT.scope(
+            current,
+            AssertUnwindSafe(workflow.run(event, step)).catch_unwind()
+        ));
+        let registered = futures::future::poll_fn(|cx| match replay.as_mut().poll(cx) {
+            Poll::Ready(_) => Poll::Ready(()),
+            Poll::Pending if state.idle() => Poll::Ready(()),
+            Poll::Pending => Poll::Pending,
+        });
+        tokio::select! {
+            () = registered => {}
+            abort = state.aborted() => return Err(abort),
+            () = stopped(&mut shutdown) => return Ok(()),
+        }
+        let outcome = Err(trigger.error.clone());
+        return roll_back_and_finish(inner, &state, &trigger, outcome, &mut shutdown).await;
+    }
     let current = (record.workflow.clone(), record.id.clone());
     let mut run = std::pin::pin!(CURRENT.scope(
         current,
@@ -160,7 +187,35 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
             format!("the workflow panicked: {}", panic_message(&*panic)),
         )),
     };
-    finish(&state, outcome).await
+    match &outcome {
+        Ok(_) => finish(&state, outcome, None, false).await,
+        Err(error) => {
+            let trigger = Trigger::error(error.clone());
+            roll_back_and_finish(inner, &state, &trigger, outcome, &mut shutdown).await
+        }
+    }
+}
+
+/// Runs the rollback (if any step is eligible), then records the instance's end.
+async fn roll_back_and_finish(
+    inner: &EngineInner,
+    state: &Arc<RunState>,
+    trigger: &Trigger,
+    outcome: Result<serde_json::Value, ErrorInfo>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) -> Result<(), Abort> {
+    let journal = inner
+        .shared
+        .store
+        .journal(state.lease.instance)
+        .await
+        .map_err(Abort::Store)?;
+    let rollback = tokio::select! {
+        rollback = crate::rollback::roll_back(state, trigger, journal) => rollback,
+        abort = state.aborted() => return Err(abort),
+        () = stopped(shutdown) => return Ok(()),
+    };
+    finish(state, outcome, rollback, trigger.terminate).await
 }
 
 type RunResult =
@@ -231,9 +286,26 @@ impl Drop for LiveGuard<'_> {
 async fn finish(
     state: &RunState,
     outcome: Result<serde_json::Value, ErrorInfo>,
+    rollback: Option<RollbackStatus>,
+    terminated: bool,
 ) -> Result<(), Abort> {
     let now = state.now();
+    let rollback_outcome = rollback.map(|r| serde_json::to_string(&r).unwrap_or_default());
     let writes = match outcome {
+        // Terminated with rollback: the handlers ran; now it ends as a terminate does.
+        _ if terminated => vec![
+            Write::Status(StatusChange {
+                ended_at: Some(now),
+                release: true,
+                rollback_outcome,
+                ..StatusChange::to(InstanceStatus::Terminated)
+            }),
+            state.log(
+                LogKind::WorkflowTerminated,
+                None,
+                json!({ "trigger": { "source": "api" } }),
+            ),
+        ],
         Ok(output) => vec![
             Write::Status(StatusChange {
                 ended_at: Some(now),
@@ -248,6 +320,7 @@ async fn finish(
                 ended_at: Some(now),
                 error: Some(error.clone()),
                 release: true,
+                rollback_outcome,
                 ..StatusChange::to(InstanceStatus::Errored)
             }),
             state.log(LogKind::WorkflowFailure, None, json!({ "error": error })),

@@ -135,6 +135,20 @@ async fn wait<T: DeserializeOwned>(
     event_type: EventType,
     timeout: Result<Duration, DurationError>,
 ) -> Result<StepEvent<T>, WorkflowError> {
+    if state.registering() {
+        // Replaying only to register rollback handlers: a finished wait answers from the
+        // journal; anything else consumes nothing and never returns.
+        return match state.take_record(&key) {
+            Some(rec) if rec.state == StepState::Succeeded => {
+                decode(&key, rec.output.as_deref().unwrap_or("null"))
+            }
+            Some(rec) if rec.state == StepState::Failed => Err(WorkflowError::from_info(
+                rec.error
+                    .unwrap_or_else(|| ErrorInfo::new(TIMEOUT, "wait failed")),
+            )),
+            _ => std::future::pending().await,
+        };
+    }
     let mut activity = state.activity();
     let mut record = match state.take_record(&key) {
         Some(rec) if rec.state == StepState::Succeeded => {

@@ -11,6 +11,7 @@ mod event;
 mod failure;
 mod gate;
 mod replay;
+mod rollback;
 mod sleep;
 mod step;
 mod workflow;
@@ -34,6 +35,7 @@ pub use engine::{
 pub use error::Error;
 pub use event::{DEFAULT_EVENT_TIMEOUT, StepEvent, WaitOp};
 pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowError};
+pub use rollback::{Rollback, RollbackStatus};
 pub use sleep::{IntoDuration, IntoTimestamp, MAX_SLEEP, SleepOp};
 pub use step::{RunOp, StepContext, StepId, WorkflowStep};
 pub use workflow::{Workflow, WorkflowEvent};
@@ -47,8 +49,8 @@ pub use cairn_store as store;
 pub mod prelude {
     pub use crate::{
         Backoff, CreateOptions, Delay, DelayContext, Engine, InstanceStatus, NonRetryableError,
-        ResultExt, Retries, StepConfig, StepContext, StepError, StepEvent, Workflow, WorkflowError,
-        WorkflowEvent, WorkflowStep,
+        ResultExt, Retries, Rollback, StepConfig, StepContext, StepError, StepEvent, Workflow,
+        WorkflowError, WorkflowEvent, WorkflowStep,
     };
     pub use serde::{Deserialize, Serialize};
     pub use std::time::Duration;

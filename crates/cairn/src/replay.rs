@@ -46,7 +46,15 @@ pub(crate) struct RunState {
     resumed: Notify,
     /// Attempts whose outcome is not recorded yet.
     in_flight: AtomicUsize,
+    /// Forward, rollback-registration replay, or rollback.
+    phase: std::sync::atomic::AtomicU8,
+    /// Rollback handlers registered by the ops of this lifetime.
+    handlers: Mutex<HashMap<StepKey, crate::rollback::Handler>>,
 }
+
+const FORWARD: u8 = 0;
+const REGISTERING: u8 = 1;
+const ROLLING_BACK: u8 = 2;
 
 struct Inner {
     journal: HashMap<StepKey, StepRecord>,
@@ -107,7 +115,44 @@ impl RunState {
             control: Notify::new(),
             resumed: Notify::new(),
             in_flight: AtomicUsize::new(0),
+            phase: std::sync::atomic::AtomicU8::new(FORWARD),
+            handlers: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Replays `run` only to register rollback handlers: ops return stored outcomes and
+    /// start nothing (SPEC §4.6).
+    pub(crate) fn start_registering(&self) {
+        self.phase.store(REGISTERING, Ordering::SeqCst);
+    }
+
+    pub(crate) fn registering(&self) -> bool {
+        self.phase.load(Ordering::SeqCst) == REGISTERING
+    }
+
+    /// From now on, new step ops are refused.
+    pub(crate) fn enter_rollback_phase(&self) {
+        self.phase.store(ROLLING_BACK, Ordering::SeqCst);
+    }
+
+    pub(crate) fn register_rollback(&self, key: &StepKey, handler: crate::rollback::Handler) {
+        self.handlers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone(), handler);
+    }
+
+    pub(crate) fn rollback_handler(&self, key: &StepKey) -> Option<crate::rollback::Handler> {
+        self.handlers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Whether no op is doing work (all are parked or waiting).
+    pub(crate) fn idle(&self) -> bool {
+        self.inner().active == 0
     }
 
     /// Learns the instance's status from a commit: a pending pause starts pausing; a pause
@@ -201,6 +246,12 @@ impl RunState {
     /// Claims the identity of a new op of `kind` named `name`: validates the name, enforces
     /// the step limit for `run` ops, and takes the next count.
     pub(crate) fn claim(&self, kind: StepKind, name: String) -> Result<StepKey, WorkflowError> {
+        if self.phase.load(Ordering::SeqCst) == ROLLING_BACK {
+            return Err(WorkflowError::new(
+                crate::failure::ERROR,
+                "Cannot execute steps during rollback phase",
+            ));
+        }
         let name = StepName::new(name)
             .map_err(|e| WorkflowError::new(crate::failure::ERROR, e.to_string()))?;
         let mut inner = self.inner();

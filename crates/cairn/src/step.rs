@@ -20,6 +20,7 @@ use std::panic::AssertUnwindSafe;
 use crate::config::{DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 use crate::failure::{DELAY_FAILED, INTERNAL, StepError, TIMEOUT, WorkflowError};
 use crate::replay::RunState;
+use crate::rollback::{Handler, Rollback};
 
 /// How long a delay function may take.
 const DELAY_FN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -63,6 +64,20 @@ pub struct StepContext {
 }
 
 impl StepContext {
+    pub(crate) fn new(
+        step: StepId,
+        attempt: u32,
+        config: ResolvedConfig,
+        idempotency_key: String,
+    ) -> Self {
+        StepContext {
+            step,
+            attempt,
+            config,
+            idempotency_key,
+        }
+    }
+
     /// A key that is the same for every attempt and every replay of this step of this
     /// instance, and differs for every other step and instance: pass it to external APIs
     /// so an effect repeated by a retry happens once.
@@ -92,8 +107,10 @@ impl WorkflowStep {
         let key = self.run.claim(StepKind::Run, name.into());
         RunOp {
             config: StepConfig::default(),
-            start: Some(Box::new(move |config| {
-                let run = Execution { state, config };
+            rollback: None,
+            start: Some(Box::new(move |config, rollback| {
+                let mut run = Execution::new(state, config);
+                run.rollback = rollback;
                 Box::pin(async move { run.execute(key?, body).await })
             })),
             running: None,
@@ -115,9 +132,12 @@ type Started<'a, T> = BoxFuture<'a, Result<T, WorkflowError>>;
 #[must_use = "a step does nothing unless awaited"]
 pub struct RunOp<'a, T> {
     config: StepConfig,
-    start: Option<Box<dyn FnOnce(StepConfig) -> Started<'a, T> + Send + 'a>>,
+    rollback: Option<Handler>,
+    start: Option<Start<'a, T>>,
     running: Option<Started<'a, T>>,
 }
+
+type Start<'a, T> = Box<dyn FnOnce(StepConfig, Option<Handler>) -> Started<'a, T> + Send + 'a>;
 
 impl<T> RunOp<'_, T> {
     /// Sets the retry policy.
@@ -144,6 +164,34 @@ impl<T> RunOp<'_, T> {
         self.config = config.clone();
         self
     }
+
+    /// Declares how to compensate this step (saga rollback). If the instance later fails (or
+    /// is terminated with rollback), the handler of every step that at least started runs,
+    /// one at a time, in reverse start order, as a durable step with its own retries (see
+    /// [`RunOp::rollback_config`]). It receives the error, the step's output (`None` if it
+    /// never returned one) and the step's context. Handlers are `'static`: they may run
+    /// after `run` has returned, or in a later process.
+    pub fn rollback<H, Fut>(mut self, handler: H) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        H: Fn(Rollback<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), StepError>> + Send + 'static,
+    {
+        let config = self.rollback.take().map(|h| h.config).unwrap_or_default();
+        let mut handler = Handler::new(handler);
+        handler.config = config;
+        self.rollback = Some(handler);
+        self
+    }
+
+    /// Retries and timeout of the rollback handler (merged over the step defaults, not over
+    /// this step's config). Call after [`RunOp::rollback`].
+    pub fn rollback_config(mut self, config: &StepConfig) -> Self {
+        if let Some(h) = self.rollback.as_mut() {
+            h.config = config.clone();
+        }
+        self
+    }
 }
 
 impl<T> Future for RunOp<'_, T> {
@@ -152,7 +200,8 @@ impl<T> Future for RunOp<'_, T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         if let Some(start) = this.start.take() {
-            this.running = Some(start(std::mem::take(&mut this.config)));
+            let config = std::mem::take(&mut this.config);
+            this.running = Some(start(config, this.rollback.take()));
         }
         match this.running.as_mut() {
             Some(running) => running.as_mut().poll(cx),
@@ -164,10 +213,30 @@ impl<T> Future for RunOp<'_, T> {
     }
 }
 
-struct Execution {
+pub(crate) struct Execution {
     state: Arc<RunState>,
     config: StepConfig,
+    rollback: Option<Handler>,
 }
+
+/// The lifecycle records an attempt loop writes: a step's or a rollback's.
+pub(crate) struct LogKinds {
+    pub(crate) step_start: LogKind,
+    pub(crate) attempt_start: LogKind,
+    pub(crate) attempt_success: LogKind,
+    pub(crate) attempt_failure: LogKind,
+    pub(crate) step_success: LogKind,
+    pub(crate) step_failure: LogKind,
+}
+
+const RUN_KINDS: LogKinds = LogKinds {
+    step_start: LogKind::StepStart,
+    attempt_start: LogKind::AttemptStart,
+    attempt_success: LogKind::AttemptSuccess,
+    attempt_failure: LogKind::AttemptFailure,
+    step_success: LogKind::StepSuccess,
+    step_failure: LogKind::StepFailure,
+};
 
 /// How one attempt ended.
 enum Outcome {
@@ -176,8 +245,18 @@ enum Outcome {
 }
 
 impl Execution {
+    pub(crate) fn new(state: Arc<RunState>, config: StepConfig) -> Self {
+        Execution {
+            state,
+            config,
+            rollback: None,
+        }
+    }
+
     /// Runs the op between two pause gates: while a pause is pending it neither starts nor
-    /// hands its result back (the code after a completed step does not proceed).
+    /// hands its result back (the code after a completed step does not proceed). In a
+    /// rollback-registration replay it only registers its handler and returns a stored
+    /// outcome; anything else waits forever (the replay is dropped).
     async fn execute<T, F, Fut>(self, key: StepKey, body: F) -> Result<T, WorkflowError>
     where
         F: FnMut(StepContext) -> Fut,
@@ -185,16 +264,32 @@ impl Execution {
         T: Serialize + DeserializeOwned,
     {
         let state = Arc::clone(&self.state);
+        if let Some(handler) = &self.rollback {
+            state.register_rollback(&key, handler.clone());
+        }
+        if state.registering() {
+            return match state.take_record(&key) {
+                Some(rec) if rec.state == StepState::Succeeded => decode(&key, &rec),
+                Some(rec) if rec.state == StepState::Failed => Err(WorkflowError::from_info(
+                    rec.error
+                        .unwrap_or_else(|| ErrorInfo::new(INTERNAL, "step failed")),
+                )),
+                _ => std::future::pending().await,
+            };
+        }
         state.pause_gate().await;
-        let result = self.execute_attempts(key, body).await;
+        let result = self.execute_with(key, body, &RUN_KINDS).await;
         state.pause_gate().await;
         result
     }
 
-    async fn execute_attempts<T, F, Fut>(
+    /// The attempt loop: look the step up, run attempts with retries and timeouts, and
+    /// record each outcome with `kinds`' records.
+    pub(crate) async fn execute_with<T, F, Fut>(
         self,
         key: StepKey,
         mut body: F,
+        kinds: &LogKinds,
     ) -> Result<T, WorkflowError>
     where
         F: FnMut(StepContext) -> Fut,
@@ -226,7 +321,10 @@ impl Execution {
                 ));
             }
             Some(rec) => (rec, true),
-            None => (self.start_first_attempt(&key, &resolved).await, false),
+            None => (
+                self.start_first_attempt(&key, &resolved, kinds).await,
+                false,
+            ),
         };
         // The config persisted at the first execution wins: changing code does not change a
         // step already in progress.
@@ -238,8 +336,16 @@ impl Execution {
             let error = ErrorInfo::new(INTERNAL, "Attempt failed due to internal workflows error");
             // Recording its outcome ends it, like any attempt in flight.
             state.attempt_started();
-            self.record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
-                .await?;
+            self.record_failure(
+                &key,
+                &mut record,
+                &config,
+                delay_fn.as_ref(),
+                error,
+                true,
+                kinds,
+            )
+            .await?;
         }
 
         loop {
@@ -250,7 +356,7 @@ impl Execution {
                         .wait(wake_at, None, std::future::pending::<()>())
                         .await;
                 }
-                self.start_next_attempt(&key, &mut record).await;
+                self.start_next_attempt(&key, &mut record, kinds).await;
             }
             let ctx = StepContext {
                 step: StepId {
@@ -311,7 +417,7 @@ impl Execution {
             };
             match outcome {
                 Outcome::Success(json) => {
-                    self.record_success(&key, &mut record, &config, json.clone())
+                    self.record_success(&key, &mut record, &config, json.clone(), kinds)
                         .await;
                     return serde_json::from_str(&json).map_err(|e| decode_error(&key, &e));
                 }
@@ -323,6 +429,7 @@ impl Execution {
                         delay_fn.as_ref(),
                         error,
                         retryable,
+                        kinds,
                     )
                     .await?;
                 }
@@ -330,7 +437,12 @@ impl Execution {
         }
     }
 
-    async fn start_first_attempt(&self, key: &StepKey, config: &ResolvedConfig) -> StepRecord {
+    async fn start_first_attempt(
+        &self,
+        key: &StepKey,
+        config: &ResolvedConfig,
+        kinds: &LogKinds,
+    ) -> StepRecord {
         let state = &*self.state;
         // No new attempt starts while a pause is pending.
         state.pause_gate().await;
@@ -349,23 +461,23 @@ impl Execution {
             error: None,
             started_at: now,
             ended_at: None,
-            has_rollback: false,
+            has_rollback: self.rollback.is_some(),
         };
         state
             .commit(vec![
                 state.log(
-                    LogKind::StepStart,
+                    kinds.step_start,
                     Some(key),
-                    json!({ "config": persisted }),
+                    json!({ "config": persisted, "hasRollback": self.rollback.is_some() }),
                 ),
-                state.log(LogKind::AttemptStart, Some(key), json!({ "attempt": 1 })),
+                state.log(kinds.attempt_start, Some(key), json!({ "attempt": 1 })),
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
         record
     }
 
-    async fn start_next_attempt(&self, key: &StepKey, record: &mut StepRecord) {
+    async fn start_next_attempt(&self, key: &StepKey, record: &mut StepRecord, kinds: &LogKinds) {
         let state = &*self.state;
         state.pause_gate().await;
         state.attempt_started();
@@ -375,7 +487,7 @@ impl Execution {
         state
             .commit(vec![
                 state.log(
-                    LogKind::AttemptStart,
+                    kinds.attempt_start,
                     Some(key),
                     json!({ "attempt": record.attempts }),
                 ),
@@ -390,6 +502,7 @@ impl Execution {
         record: &mut StepRecord,
         config: &ResolvedConfig,
         json: String,
+        kinds: &LogKinds,
     ) {
         let state = &*self.state;
         let now = state.now();
@@ -405,11 +518,11 @@ impl Execution {
         state
             .commit(vec![
                 state.log(
-                    LogKind::AttemptSuccess,
+                    kinds.attempt_success,
                     Some(key),
                     json!({ "attempt": record.attempts }),
                 ),
-                state.log(LogKind::StepSuccess, Some(key), json!({ "result": shown })),
+                state.log(kinds.step_success, Some(key), json!({ "result": shown })),
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
@@ -426,6 +539,7 @@ impl Execution {
         delay_fn: Option<&DelayFn>,
         error: ErrorInfo,
         retryable: bool,
+        kinds: &LogKinds,
     ) -> Result<(), WorkflowError> {
         let state = &*self.state;
         let attempt = record.attempts;
@@ -439,7 +553,7 @@ impl Execution {
                     state
                         .commit(vec![
                             state.log(
-                                LogKind::AttemptFailure,
+                                kinds.attempt_failure,
                                 Some(key),
                                 json!({ "attempt": attempt, "error": error, "retryDelayMs": wait.as_millis() as u64 }),
                             ),
@@ -460,12 +574,12 @@ impl Execution {
         state
             .commit(vec![
                 state.log(
-                    LogKind::AttemptFailure,
+                    kinds.attempt_failure,
                     Some(key),
                     json!({ "attempt": attempt, "error": error }),
                 ),
                 state.log(
-                    LogKind::StepFailure,
+                    kinds.step_failure,
                     Some(key),
                     json!({ "error": final_error }),
                 ),

@@ -1,0 +1,315 @@
+//! Saga rollbacks (SPEC §4): compensation handlers declared on `step.run`, run one at a time
+//! in reverse step-start order when an instance is about to fail (or is terminated with
+//! rollback), each as a durable rollback step with its own retries.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use cairn_core::{ErrorInfo, LogKind, ResolvedConfig, StepKey, StepKind, StepRecord, StepState};
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::config::StepConfig;
+use crate::failure::{StepError, WorkflowError};
+use crate::replay::RunState;
+use crate::step::{Execution, LogKinds, StepContext, StepId};
+
+/// What a rollback handler receives.
+#[derive(Debug, Clone)]
+pub struct Rollback<T> {
+    /// The error that is failing the instance (for a terminate: `Terminated`).
+    pub error: ErrorInfo,
+    /// The step's stored output, or `None` if it never returned one (it failed, or was
+    /// interrupted). Handlers must cope with `None`.
+    pub output: Option<T>,
+    /// The forward step's context (its name, count, last attempt and config).
+    pub ctx: StepContext,
+    /// `"<name>-<count>"`.
+    pub step_name: String,
+}
+
+/// The erased input of a handler.
+pub(crate) struct RollbackInput {
+    pub(crate) error: ErrorInfo,
+    pub(crate) output: Option<String>,
+    pub(crate) ctx: StepContext,
+    pub(crate) step_name: String,
+}
+
+type HandlerFn = dyn Fn(RollbackInput) -> BoxFuture<'static, Result<(), StepError>> + Send + Sync;
+
+/// A registered handler with its config.
+#[derive(Clone)]
+pub(crate) struct Handler {
+    pub(crate) run: Arc<HandlerFn>,
+    pub(crate) config: StepConfig,
+}
+
+impl Handler {
+    pub(crate) fn new<T, H, Fut>(handler: H) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        H: Fn(Rollback<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), StepError>> + Send + 'static,
+    {
+        let run: Arc<HandlerFn> = Arc::new(move |input: RollbackInput| {
+            let output = match input.output.as_deref().map(serde_json::from_str::<T>) {
+                None => Ok(None),
+                Some(Ok(v)) => Ok(Some(v)),
+                Some(Err(e)) => Err(e),
+            };
+            match output {
+                Ok(output) => Box::pin(handler(Rollback {
+                    error: input.error,
+                    output,
+                    ctx: input.ctx,
+                    step_name: input.step_name,
+                })),
+                Err(e) => {
+                    let message =
+                        format!("the stored output does not decode for the rollback handler: {e}");
+                    Box::pin(async move { Err(crate::NonRetryableError::new(message).into()) })
+                }
+            }
+        });
+        Handler {
+            run,
+            config: StepConfig::default(),
+        }
+    }
+}
+
+/// What triggered a rollback; persisted so a crash in the middle resumes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Trigger {
+    pub(crate) error: ErrorInfo,
+    /// A terminate with rollback: the instance ends `terminated`, not `errored`.
+    #[serde(default)]
+    pub(crate) terminate: bool,
+    /// `ROLLBACK_START` has been recorded.
+    #[serde(default)]
+    pub(crate) started: bool,
+}
+
+impl Trigger {
+    pub(crate) fn terminate() -> Self {
+        Trigger {
+            error: ErrorInfo::new("Terminated", "Instance terminated during rollback"),
+            terminate: true,
+            started: false,
+        }
+    }
+
+    pub(crate) fn error(error: ErrorInfo) -> Self {
+        Trigger {
+            error,
+            terminate: false,
+            started: false,
+        }
+    }
+}
+
+/// How a rollback ended, as `status()` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RollbackStatus {
+    /// `completed` or `failed`.
+    pub outcome: String,
+    /// The handler error that stopped the chain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+}
+
+const ROLLBACK_KINDS: LogKinds = LogKinds {
+    step_start: LogKind::RollbackStepStart,
+    attempt_start: LogKind::RollbackAttemptStart,
+    attempt_success: LogKind::RollbackAttemptSuccess,
+    attempt_failure: LogKind::RollbackAttemptFailure,
+    step_success: LogKind::RollbackStepSuccess,
+    step_failure: LogKind::RollbackStepFailure,
+};
+
+/// Runs the rollback of every eligible step, in reverse start order, stopping at the first
+/// handler that finally fails. `journal` is the instance's current journal. The first time
+/// (`trigger.started` unset) `ROLLBACK_START` and the trigger are recorded, so a crash in
+/// the middle resumes the rollback. Returns `None` when no step is eligible.
+pub(crate) async fn roll_back(
+    state: &Arc<RunState>,
+    trigger: &Trigger,
+    journal: Vec<StepRecord>,
+) -> Option<RollbackStatus> {
+    let done: HashMap<(String, u32), StepRecord> = journal
+        .iter()
+        .filter(|r| r.key.kind == StepKind::Rollback)
+        .map(|r| ((r.key.name.clone(), r.key.count), r.clone()))
+        .collect();
+    let mut eligible: Vec<StepRecord> = journal
+        .into_iter()
+        .filter(|r| r.key.kind == StepKind::Run && r.has_rollback)
+        .collect();
+    eligible.sort_by_key(|r| std::cmp::Reverse(r.seq));
+    if eligible.is_empty() {
+        return None;
+    }
+    let total = eligible.len();
+    state.enter_rollback_phase();
+    if !trigger.started {
+        let started = Trigger {
+            started: true,
+            ..trigger.clone()
+        };
+        let trigger_json = serde_json::to_string(&started).unwrap_or_default();
+        state
+            .commit(vec![
+                cairn_store::Write::RollbackTrigger(trigger_json),
+                state.log(
+                    LogKind::RollbackStart,
+                    None,
+                    json!({ "triggerError": trigger.error, "totalSteps": total }),
+                ),
+            ])
+            .await;
+    }
+    let mut completed = 0;
+    for forward in eligible {
+        let key = StepKey {
+            kind: StepKind::Rollback,
+            name: forward.key.name.clone(),
+            count: forward.key.count,
+        };
+        match done
+            .get(&(key.name.clone(), key.count))
+            .map(|r| (r.state, r.error.clone()))
+        {
+            Some((StepState::Succeeded, _)) => {
+                completed += 1;
+                continue;
+            }
+            Some((StepState::Failed, error)) => {
+                // A handler already failed finally: the chain stopped there.
+                let error = error.unwrap_or_else(|| ErrorInfo::new("Error", "rollback failed"));
+                return Some(finish(state, total, completed, Some(error)).await);
+            }
+            _ => {}
+        }
+        let result = match state.rollback_handler(&forward.key) {
+            Some(handler) => run_handler(state, trigger, &forward, key, handler).await,
+            None => missing(state, &forward, key).await,
+        };
+        match result {
+            Ok(()) => completed += 1,
+            Err(e) => return Some(finish(state, total, completed, Some(e.into_info())).await),
+        }
+    }
+    Some(finish(state, total, completed, None).await)
+}
+
+async fn finish(
+    state: &RunState,
+    total: usize,
+    completed: usize,
+    error: Option<ErrorInfo>,
+) -> RollbackStatus {
+    let kind = if error.is_some() {
+        LogKind::RollbackFailed
+    } else {
+        LogKind::RollbackComplete
+    };
+    state
+        .commit(vec![state.log(
+            kind,
+            None,
+            json!({ "totalSteps": total, "completedSteps": completed }),
+        )])
+        .await;
+    RollbackStatus {
+        outcome: if error.is_some() {
+            "failed"
+        } else {
+            "completed"
+        }
+        .into(),
+        error,
+    }
+}
+
+/// The forward step's context, as its handler sees it.
+fn forward_context(state: &RunState, forward: &StepRecord) -> StepContext {
+    let config = ResolvedConfig::from_persisted_json(&forward.config).unwrap_or_default();
+    StepContext::new(
+        StepId {
+            name: forward.key.name.clone(),
+            count: forward.key.count,
+        },
+        forward.attempts,
+        config,
+        state.idempotency_key(&forward.key),
+    )
+}
+
+async fn run_handler(
+    state: &Arc<RunState>,
+    trigger: &Trigger,
+    forward: &StepRecord,
+    key: StepKey,
+    handler: Handler,
+) -> Result<(), WorkflowError> {
+    let ctx = forward_context(state, forward);
+    let output = (forward.state == StepState::Succeeded)
+        .then(|| forward.output.clone())
+        .flatten();
+    let step_name = forward.key.target();
+    let error = trigger.error.clone();
+    let run = handler.run.clone();
+    let body = move |_attempt: StepContext| {
+        (run)(RollbackInput {
+            error: error.clone(),
+            output: output.clone(),
+            ctx: ctx.clone(),
+            step_name: step_name.clone(),
+        })
+    };
+    Execution::new(Arc::clone(state), handler.config)
+        .execute_with(key, body, &ROLLBACK_KINDS)
+        .await
+}
+
+/// A handler that replay no longer reaches: the rollback of that step fails.
+async fn missing(
+    state: &RunState,
+    forward: &StepRecord,
+    key: StepKey,
+) -> Result<(), WorkflowError> {
+    let error = ErrorInfo::new(
+        "RollbackMissing",
+        "Rollback function not available in registry",
+    );
+    let now = state.now();
+    let record = StepRecord {
+        key: key.clone(),
+        seq: state.next_seq(),
+        state: StepState::Failed,
+        config: forward.config.clone(),
+        attempts: 0,
+        in_flight: false,
+        wake_at: None,
+        output: None,
+        error: Some(error.clone()),
+        started_at: now,
+        ended_at: Some(now),
+        has_rollback: false,
+    };
+    state
+        .commit(vec![
+            state.log(
+                LogKind::RollbackStepFailure,
+                Some(&key),
+                json!({ "error": error }),
+            ),
+            cairn_store::Write::Step(record),
+        ])
+        .await;
+    Err(WorkflowError::from_info(error))
+}
