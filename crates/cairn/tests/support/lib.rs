@@ -91,8 +91,14 @@ impl Counter {
 }
 
 /// Records values seen by workflow code.
-#[derive(Clone, Default, Debug)]
+#[derive(Clone, Debug)]
 pub struct Seen<T>(Arc<Mutex<Vec<T>>>);
+
+impl<T> Default for Seen<T> {
+    fn default() -> Self {
+        Seen(Arc::default())
+    }
+}
 
 impl<T: Clone> Seen<T> {
     pub fn push(&self, value: T) {
