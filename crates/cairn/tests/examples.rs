@@ -33,6 +33,9 @@ example!(
     "../examples/sleep_and_sleep_until.rs"
 );
 example!(approval_flow, "../examples/approval_flow.rs");
+example!(bank_transfer, "../examples/bank_transfer.rs");
+example!(order_rollback, "../examples/order_rollback.rs");
+example!(bank_transfer_before_rollback, "../examples/bank_transfer_before_rollback.rs");
 
 use cairn::{Clock, InstanceStatus};
 
@@ -172,4 +175,28 @@ async fn approval_flow_approves_one_and_escalates_the_other() {
             "escalated: Execution timed out after 86400000ms"
         ]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_bank_transfer_restores_both_balances() {
+    let (_dir, b) = builder();
+    let (balances, outcome) = bank_transfer::demo(b).await.unwrap();
+    assert_eq!(balances, [(7_500, 2_500), (7_500, 2_500)], "the failed transfer left no trace");
+    assert_eq!(outcome, "completed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_charge_releases_the_reservation() {
+    let (_dir, b) = builder();
+    let (before, after, status, error, rollback) = order_rollback::demo(b).await.unwrap();
+    assert_eq!((before, after), (3, 3));
+    assert_eq!(status, InstanceStatus::Errored);
+    assert_eq!(error, "NonRetryableError: payment processor rejected the charge");
+    assert_eq!(rollback, "completed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_hand_written_undo_reaches_the_same_balances() {
+    let (_dir, b) = builder();
+    assert_eq!(bank_transfer_before_rollback::demo(b).await.unwrap(), (10_000, 0));
 }
