@@ -35,7 +35,10 @@ example!(
 example!(approval_flow, "../examples/approval_flow.rs");
 example!(bank_transfer, "../examples/bank_transfer.rs");
 example!(order_rollback, "../examples/order_rollback.rs");
-example!(bank_transfer_before_rollback, "../examples/bank_transfer_before_rollback.rs");
+example!(
+    bank_transfer_before_rollback,
+    "../examples/bank_transfer_before_rollback.rs"
+);
 
 use cairn::{Clock, InstanceStatus};
 
@@ -181,7 +184,11 @@ async fn approval_flow_approves_one_and_escalates_the_other() {
 async fn a_failed_bank_transfer_restores_both_balances() {
     let (_dir, b) = builder();
     let (balances, outcome) = bank_transfer::demo(b).await.unwrap();
-    assert_eq!(balances, [(7_500, 2_500), (7_500, 2_500)], "the failed transfer left no trace");
+    assert_eq!(
+        balances,
+        [(7_500, 2_500), (7_500, 2_500)],
+        "the failed transfer left no trace"
+    );
     assert_eq!(outcome, "completed");
 }
 
@@ -191,12 +198,18 @@ async fn a_rejected_charge_releases_the_reservation() {
     let (before, after, status, error, rollback) = order_rollback::demo(b).await.unwrap();
     assert_eq!((before, after), (3, 3));
     assert_eq!(status, InstanceStatus::Errored);
-    assert_eq!(error, "NonRetryableError: payment processor rejected the charge");
+    assert_eq!(
+        error,
+        "NonRetryableError: payment processor rejected the charge"
+    );
     assert_eq!(rollback, "completed");
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_hand_written_undo_reaches_the_same_balances() {
     let (_dir, b) = builder();
-    assert_eq!(bank_transfer_before_rollback::demo(b).await.unwrap(), (10_000, 0));
+    assert_eq!(
+        bank_transfer_before_rollback::demo(b).await.unwrap(),
+        (10_000, 0)
+    );
 }
