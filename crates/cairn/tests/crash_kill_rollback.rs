@@ -1,0 +1,255 @@
+//! Crash consistency of rollbacks: a child process running 20 instances, each with four
+//! compensated steps and then a failure, is SIGKILLed at seeded random moments (at least 20
+//! times): during forward steps, during handlers and between them. After the last run every
+//! instance is errored with its rollback completed; each step was compensated (recorded)
+//! exactly once, in reverse start order; a handler ran again only for an attempt recorded as
+//! interrupted; and each compensation's effect (idempotent by key) happened once.
+
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
+#[path = "support/lib.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use cairn::prelude::*;
+use cairn::{InstanceStatus, LogKind};
+use serde_json::{Value, json};
+use support::{FnWorkflow, wf};
+
+const INSTANCES: usize = 20;
+const STEPS: usize = 4;
+const KILLS: usize = 20;
+
+fn append(path: &Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    f.write_all(format!("{line}\n").as_bytes()).unwrap();
+}
+
+fn workflow(dir: PathBuf) -> FnWorkflow {
+    wf(move |event, step| {
+        let dir = dir.clone();
+        async move {
+            let id = event.instance_id.to_string();
+            for i in 0..STEPS {
+                let (dir, id) = (dir.clone(), id.clone());
+                step.run(format!("s{i}"), |_| async {
+                    std::thread::sleep(Duration::from_millis(3));
+                    Ok(i)
+                })
+                .rollback(move |rb: Rollback<usize>| {
+                    let (dir, id) = (dir.clone(), id.clone());
+                    async move {
+                        // Every execution is counted; the effect is applied once per key.
+                        append(
+                            &dir.join("executions.txt"),
+                            &format!("{id} {}", rb.ctx.step.name),
+                        );
+                        std::thread::sleep(Duration::from_millis(6));
+                        let key = format!("{id} {}", rb.ctx.step.name);
+                        let effects = dir.join("effects.txt");
+                        let done = std::fs::read_to_string(&effects).unwrap_or_default();
+                        if !done.lines().any(|l| l == key) {
+                            append(&effects, &key);
+                        }
+                        Ok(())
+                    }
+                })
+                .await?;
+            }
+            Err::<Value, _>("the last step failed".into())
+        }
+    })
+}
+
+#[test]
+fn child_process_entry_rollback() {
+    let Ok(dir) = std::env::var("CAIRN_CRASH_CHILD") else {
+        return; // not a child: nothing to do in a normal test run
+    };
+    let dir = PathBuf::from(dir);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let engine = support::builder_at(&dir.join("cairn.db"))
+            .register(workflow(dir.clone()))
+            .start()
+            .await
+            .unwrap();
+        let client = engine.workflow::<FnWorkflow>();
+        let batch = (0..INSTANCES)
+            .map(|i| CreateOptions::new(json!({})).id(format!("i{i}")))
+            .collect();
+        client.create_batch(batch).await.unwrap();
+        for i in 0..INSTANCES {
+            client
+                .get(&format!("i{i}"))
+                .await
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+        }
+        engine.shutdown().await;
+    });
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        lo + self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % (hi - lo)
+    }
+}
+
+fn spawn_child(dir: &Path) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_process_entry_rollback",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env("CAIRN_CRASH_CHILD", dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn killed_during_rollbacks_every_compensation_completes_once_in_order() {
+    let seed = std::env::var("CAIRN_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("crash_kill_rollback seed: {seed} (rerun with CAIRN_TEST_SEED={seed})");
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let mut kills = 0;
+    while kills < KILLS {
+        let mut child = spawn_child(dir.path());
+        std::thread::sleep(Duration::from_millis(rng.between(5, 25)));
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "child failed: {status}");
+            break;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kills += 1;
+    }
+    assert!(
+        spawn_child(dir.path()).wait().unwrap().success(),
+        "the final run failed"
+    );
+    eprintln!("killed the child {kills} times");
+    assert!(kills >= KILLS, "only {kills} kills landed");
+
+    let mut executions: HashMap<String, usize> = HashMap::new();
+    for line in std::fs::read_to_string(dir.path().join("executions.txt"))
+        .unwrap()
+        .lines()
+    {
+        *executions.entry(line.to_owned()).or_default() += 1;
+    }
+    let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let engine = support::builder_at(&dir.path().join("cairn.db"))
+            .register(workflow(dir.path().join("unused")))
+            .start()
+            .await
+            .unwrap();
+        let client = engine.workflow::<FnWorkflow>();
+        let mut interrupted_total = 0;
+        for i in 0..INSTANCES {
+            let id = format!("i{i}");
+            let instance = client.get(&id).await.unwrap();
+            let status = instance.status().await.unwrap();
+            assert_eq!(status.status, InstanceStatus::Errored, "{id}");
+            assert_eq!(
+                status.error.unwrap().message,
+                "the last step failed",
+                "{id}"
+            );
+            assert_eq!(status.rollback.unwrap().outcome, "completed", "{id}");
+            let log = instance.log(0).await.unwrap();
+            let compensated: Vec<String> = log
+                .iter()
+                .filter(|r| r.entry.kind == LogKind::RollbackStepSuccess)
+                .map(|r| r.entry.step.as_ref().unwrap().name.clone())
+                .collect();
+            assert_eq!(
+                compensated,
+                ["s3", "s2", "s1", "s0"],
+                "{id}: once each, reverse start order"
+            );
+            assert_eq!(
+                log.iter()
+                    .filter(|r| r.entry.kind == LogKind::RollbackStart)
+                    .count(),
+                1,
+                "{id}"
+            );
+            assert_eq!(
+                log.iter()
+                    .filter(|r| r.entry.kind == LogKind::RollbackComplete)
+                    .count(),
+                1,
+                "{id}"
+            );
+            for s in 0..STEPS {
+                let name = format!("s{s}");
+                let interrupted = log
+                    .iter()
+                    .filter(|r| {
+                        r.entry.kind == LogKind::RollbackAttemptFailure
+                            && r.entry.step.as_ref().is_some_and(|k| k.name == name)
+                    })
+                    .count();
+                interrupted_total += interrupted;
+                let ran = executions
+                    .get(&format!("{id} {name}"))
+                    .copied()
+                    .unwrap_or(0);
+                assert!(
+                    ran >= 1 && ran <= 1 + interrupted,
+                    "{id} {name}: ran {ran} times, {interrupted} interrupted"
+                );
+                let effect_lines = effects
+                    .lines()
+                    .filter(|l| *l == format!("{id} {name}"))
+                    .count();
+                assert_eq!(
+                    effect_lines, 1,
+                    "{id} {name}: the compensation's effect happened once"
+                );
+            }
+        }
+        eprintln!("{interrupted_total} interrupted rollback attempts were recorded and retried");
+        engine.shutdown().await;
+    });
+}
