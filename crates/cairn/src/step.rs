@@ -217,6 +217,8 @@ pub(crate) struct Execution {
     state: Arc<RunState>,
     config: StepConfig,
     rollback: Option<Handler>,
+    /// The records this execution writes: a step's or a rollback's.
+    kinds: &'static LogKinds,
 }
 
 /// The lifecycle records an attempt loop writes: a step's or a rollback's.
@@ -250,6 +252,7 @@ impl Execution {
             state,
             config,
             rollback: None,
+            kinds: &RUN_KINDS,
         }
     }
 
@@ -286,16 +289,17 @@ impl Execution {
     /// The attempt loop: look the step up, run attempts with retries and timeouts, and
     /// record each outcome with `kinds`' records.
     pub(crate) async fn execute_with<T, F, Fut>(
-        self,
+        mut self,
         key: StepKey,
         mut body: F,
-        kinds: &LogKinds,
+        kinds: &'static LogKinds,
     ) -> Result<T, WorkflowError>
     where
         F: FnMut(StepContext) -> Fut,
         Fut: Future<Output = Result<T, StepError>>,
         T: Serialize + DeserializeOwned,
     {
+        self.kinds = kinds;
         let mut activity = self.state.activity();
         let state = &*self.state;
         let (overrides, delay_fn) = self.config.overrides();
@@ -321,10 +325,7 @@ impl Execution {
                 ));
             }
             Some(rec) => (rec, true),
-            None => (
-                self.start_first_attempt(&key, &resolved, kinds).await,
-                false,
-            ),
+            None => (self.start_first_attempt(&key, &resolved).await, false),
         };
         // The config persisted at the first execution wins: changing code does not change a
         // step already in progress.
@@ -336,16 +337,8 @@ impl Execution {
             let error = ErrorInfo::new(INTERNAL, "Attempt failed due to internal workflows error");
             // Recording its outcome ends it, like any attempt in flight.
             state.attempt_started();
-            self.record_failure(
-                &key,
-                &mut record,
-                &config,
-                delay_fn.as_ref(),
-                error,
-                true,
-                kinds,
-            )
-            .await?;
+            self.record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
+                .await?;
         }
 
         loop {
@@ -356,7 +349,7 @@ impl Execution {
                         .wait(wake_at, None, std::future::pending::<()>())
                         .await;
                 }
-                self.start_next_attempt(&key, &mut record, kinds).await;
+                self.start_next_attempt(&key, &mut record).await;
             }
             let ctx = StepContext {
                 step: StepId {
@@ -417,7 +410,7 @@ impl Execution {
             };
             match outcome {
                 Outcome::Success(json) => {
-                    self.record_success(&key, &mut record, &config, json.clone(), kinds)
+                    self.record_success(&key, &mut record, &config, json.clone())
                         .await;
                     return serde_json::from_str(&json).map_err(|e| decode_error(&key, &e));
                 }
@@ -429,7 +422,6 @@ impl Execution {
                         delay_fn.as_ref(),
                         error,
                         retryable,
-                        kinds,
                     )
                     .await?;
                 }
@@ -437,12 +429,8 @@ impl Execution {
         }
     }
 
-    async fn start_first_attempt(
-        &self,
-        key: &StepKey,
-        config: &ResolvedConfig,
-        kinds: &LogKinds,
-    ) -> StepRecord {
+    async fn start_first_attempt(&self, key: &StepKey, config: &ResolvedConfig) -> StepRecord {
+        let kinds = self.kinds;
         let state = &*self.state;
         // No new attempt starts while a pause is pending.
         state.pause_gate().await;
@@ -477,7 +465,8 @@ impl Execution {
         record
     }
 
-    async fn start_next_attempt(&self, key: &StepKey, record: &mut StepRecord, kinds: &LogKinds) {
+    async fn start_next_attempt(&self, key: &StepKey, record: &mut StepRecord) {
+        let kinds = self.kinds;
         let state = &*self.state;
         state.pause_gate().await;
         state.attempt_started();
@@ -502,8 +491,8 @@ impl Execution {
         record: &mut StepRecord,
         config: &ResolvedConfig,
         json: String,
-        kinds: &LogKinds,
     ) {
+        let kinds = self.kinds;
         let state = &*self.state;
         let now = state.now();
         let shown = if config.sensitive {
@@ -539,8 +528,8 @@ impl Execution {
         delay_fn: Option<&DelayFn>,
         error: ErrorInfo,
         retryable: bool,
-        kinds: &LogKinds,
     ) -> Result<(), WorkflowError> {
+        let kinds = self.kinds;
         let state = &*self.state;
         let attempt = record.attempts;
         let mut final_error = error.clone();
