@@ -14,9 +14,12 @@
 //! # Ok(()) }
 //! ```
 
+mod raw;
 mod rows;
 mod schema;
 mod worker;
+
+pub use raw::{RawBound, raw_step_writes};
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -78,7 +81,7 @@ impl Options {
 
 /// Why a database could not be opened; the message names the file and the cause.
 #[derive(Debug)]
-pub struct OpenError(String);
+pub struct OpenError(pub(crate) String);
 
 impl std::error::Error for OpenError {}
 

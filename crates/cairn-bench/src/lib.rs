@@ -1,0 +1,603 @@
+//! Cairn's benchmark harness. Each workload returns [`Row`]s; [`print_table`] prints them
+//! as markdown, each engine figure with its ratio to the raw storage bound measured in the
+//! same run (the same rows written by a bare loop on the same SQLite settings), so the
+//! numbers mean something on a noisy machine.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), cairn_bench::BenchError> {
+//! let dir = tempfile::tempdir()?;
+//! let rows = cairn_bench::throughput(dir.path(), cairn_bench::Settings::default(), 100, 10).await?;
+//! cairn_bench::print_table(&rows);
+//! # Ok(()) }
+//! ```
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cairn::prelude::*;
+use cairn::sqlite::{Durability, Options, RawBound, raw_step_writes};
+use cairn::{Clock, Timestamp};
+
+/// A benchmark failure.
+pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One line of the results table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// The workload.
+    pub workload: String,
+    /// What was measured.
+    pub metric: String,
+    /// The value.
+    pub value: f64,
+    /// Its unit.
+    pub unit: &'static str,
+    /// The value as a fraction of the raw storage bound, where one applies.
+    pub ratio: Option<f64>,
+}
+
+impl Row {
+    fn new(workload: &str, metric: impl Into<String>, value: f64, unit: &'static str) -> Self {
+        Row {
+            workload: workload.into(),
+            metric: metric.into(),
+            value,
+            unit,
+            ratio: None,
+        }
+    }
+
+    fn ratio(mut self, ratio: f64) -> Self {
+        self.ratio = Some(ratio);
+        self
+    }
+}
+
+/// Prints rows as a markdown table.
+pub fn print_table(rows: &[Row]) {
+    println!("| workload | metric | value | unit | vs raw bound |");
+    println!("|---|---|---:|---|---:|");
+    for r in rows {
+        let ratio = r.ratio.map_or(String::new(), |x| format!("{x:.2}×"));
+        println!(
+            "| {} | {} | {} | {} | {ratio} |",
+            r.workload,
+            r.metric,
+            fmt(r.value),
+            r.unit
+        );
+    }
+}
+
+fn fmt(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+/// Shared settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// SQLite durability.
+    pub durability: Durability,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            durability: Durability::Full,
+        }
+    }
+}
+
+fn label(s: Settings) -> &'static str {
+    match s.durability {
+        Durability::Normal => "NORMAL",
+        _ => "FULL",
+    }
+}
+
+/// Resident memory of this process in bytes (Linux `/proc/self/status`), if known.
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn mib(bytes: Option<u64>) -> f64 {
+    bytes.map_or(f64::NAN, |b| b as f64 / (1024.0 * 1024.0))
+}
+
+async fn engine_on(
+    path: &Path,
+    s: Settings,
+    register: impl FnOnce(cairn::EngineBuilder) -> cairn::EngineBuilder,
+) -> Result<Engine, BenchError> {
+    engine_with_clock(path, s, Clock::system(), register).await
+}
+
+async fn engine_with_clock(
+    path: &Path,
+    s: Settings,
+    clock: Clock,
+    register: impl FnOnce(cairn::EngineBuilder) -> cairn::EngineBuilder,
+) -> Result<Engine, BenchError> {
+    let builder = Engine::builder()
+        .sqlite(path)
+        .sqlite_options(Options::default().durability(s.durability))
+        .clock(clock)
+        .max_running(100_000)
+        .hibernate_after(Duration::from_millis(100));
+    Ok(register(builder).start().await?)
+}
+
+/// `steps` no-op steps.
+pub struct NoOp;
+
+impl Workflow for NoOp {
+    const NAME: &'static str = "noop";
+    type Params = u32;
+    type Output = u32;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<u32>,
+        step: WorkflowStep,
+    ) -> Result<u32, WorkflowError> {
+        for i in 0..event.payload {
+            step.run(format!("step {i}"), |_| async move { Ok(i) })
+                .await?;
+        }
+        Ok(event.payload)
+    }
+}
+
+async fn create_all<W: Workflow>(
+    engine: &Engine,
+    params: impl Fn(usize) -> W::Params,
+    n: usize,
+    prefix: &str,
+) -> Result<Vec<cairn::Instance<W::Output>>, BenchError> {
+    let client = engine.workflow::<W>();
+    let mut all = Vec::with_capacity(n);
+    for chunk_start in (0..n).step_by(100) {
+        let batch = (chunk_start..n.min(chunk_start + 100))
+            .map(|i| CreateOptions::new(params(i)).id(format!("{prefix}{i}")))
+            .collect();
+        all.extend(client.create_batch(batch).await?);
+    }
+    Ok(all)
+}
+
+/// Measures the raw storage bound twice: one commit per engine write, and batched.
+pub fn raw_bounds(
+    dir: &Path,
+    s: Settings,
+    units: usize,
+) -> Result<(RawBound, RawBound), BenchError> {
+    let per_commit = raw_step_writes(
+        &dir.join("raw-commit.db"),
+        s.durability,
+        units.min(2_000),
+        1,
+    )?;
+    let batched = raw_step_writes(&dir.join("raw-batch.db"), s.durability, units, 512)?;
+    Ok((per_commit, batched))
+}
+
+/// Raw bound rows.
+pub fn raw(dir: &Path, s: Settings, units: usize) -> Result<Vec<Row>, BenchError> {
+    let (one, batch) = raw_bounds(dir, s, units)?;
+    let w = format!("raw bound ({})", label(s));
+    Ok(vec![
+        Row::new(
+            &w,
+            "commits/s, one step write per commit",
+            one.commits_per_sec(),
+            "1/s",
+        ),
+        Row::new(&w, "one commit", 1e3 / one.commits_per_sec(), "ms"),
+        Row::new(
+            &w,
+            "no-op steps/s, 512 writes per commit",
+            batch.steps_per_sec(),
+            "1/s",
+        ),
+    ])
+}
+
+/// `instances` concurrent instances of `steps` no-op steps, created with `create_batch`.
+///
+/// # Errors
+/// When the engine or the database fails.
+pub async fn throughput(
+    dir: &Path,
+    s: Settings,
+    instances: usize,
+    steps: u32,
+) -> Result<Vec<Row>, BenchError> {
+    let (_, raw) = raw_bounds(dir, s, instances * steps as usize * 2)?;
+    let engine = engine_on(&dir.join("throughput.db"), s, |b| b.register(NoOp)).await?;
+    let start = Instant::now();
+    let all = create_all::<NoOp>(&engine, |_| steps, instances, "t").await?;
+    for i in &all {
+        i.wait().await?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let rss = resident_bytes();
+    engine.shutdown().await;
+    let steps_per_sec = (instances * steps as usize) as f64 / elapsed;
+    let w = format!("throughput ({} × {steps} steps, {})", instances, label(s));
+    Ok(vec![
+        Row::new(&w, "durable no-op steps/s", steps_per_sec, "1/s")
+            .ratio(steps_per_sec / raw.steps_per_sec()),
+        Row::new(&w, "instances/s", instances as f64 / elapsed, "1/s"),
+        Row::new(&w, "resident memory", mib(rss), "MiB"),
+    ])
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// One instance at a time, `runs` times, each `steps` no-op steps.
+///
+/// # Errors
+/// When the engine or the database fails.
+pub async fn latency(
+    dir: &Path,
+    s: Settings,
+    runs: usize,
+    steps: u32,
+) -> Result<Vec<Row>, BenchError> {
+    let (one, _) = raw_bounds(dir, s, 2_000)?;
+    let commit_ms = 1e3 / one.commits_per_sec();
+    let engine = engine_on(&dir.join("latency.db"), s, |b| b.register(NoOp)).await?;
+    let client = engine.workflow::<NoOp>();
+    let mut times = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let start = Instant::now();
+        client
+            .create(CreateOptions::new(steps).id(format!("l{i}")))
+            .await?
+            .wait()
+            .await?;
+        times.push(start.elapsed());
+    }
+    engine.shutdown().await;
+    times.sort();
+    let (p50, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
+    // create, claim, status running, two per step, final status.
+    let commits = 4 + 2 * steps as usize;
+    let bound_ms = commits as f64 * commit_ms;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let w = format!("latency ({steps} steps, {runs} runs, {})", label(s));
+    Ok(vec![
+        Row::new(&w, "end to end p50", ms(p50), "ms").ratio(ms(p50) / bound_ms),
+        Row::new(&w, "end to end p99", ms(p99), "ms").ratio(ms(p99) / bound_ms),
+        Row::new(
+            &w,
+            format!("bound: {commits} commits × one commit"),
+            bound_ms,
+            "ms",
+        ),
+        Row::new(
+            &w,
+            "per step (p50 / steps)",
+            ms(p50) / f64::from(steps.max(1)),
+            "ms",
+        ),
+    ])
+}
+
+/// Sleeps for an hour, then finishes.
+pub struct Nap;
+
+impl Workflow for Nap {
+    const NAME: &'static str = "nap";
+    type Params = ();
+    type Output = ();
+
+    async fn run(&self, _: WorkflowEvent<()>, step: WorkflowStep) -> Result<(), WorkflowError> {
+        step.sleep("nap", "1 hour").await?;
+        Ok(())
+    }
+}
+
+async fn until_count(
+    engine: &Engine,
+    workflow: &str,
+    status: InstanceStatus,
+    n: usize,
+) -> Result<(), BenchError> {
+    let client = engine.workflow_by_name(workflow)?;
+    loop {
+        if client.list(Some(status), None, n).await?.len() >= n {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `instances` instances sleeping an hour: resident memory while all are asleep; then an
+/// engine whose clock is an hour ahead wakes them all: wake-ups per second.
+///
+/// # Errors
+/// When the engine or the database fails.
+pub async fn hibernation(
+    dir: &Path,
+    s: Settings,
+    instances: usize,
+) -> Result<Vec<Row>, BenchError> {
+    let path = dir.join("hibernation.db");
+    let before = resident_bytes();
+    let engine = engine_on(&path, s, |b| b.register(Nap)).await?;
+    let start = Instant::now();
+    create_all::<Nap>(&engine, |_| (), instances, "h").await?;
+    until_count(&engine, "nap", InstanceStatus::Waiting, instances).await?;
+    let asleep = start.elapsed();
+    let live = engine.live_instances();
+    let rss = resident_bytes();
+    engine.shutdown().await;
+    // An hour later: every timer is due.
+    let later = Clock::virtual_at(
+        Timestamp::from_system_time(std::time::SystemTime::now())
+            .saturating_add(Duration::from_secs(3601)),
+    );
+    let start = Instant::now();
+    let engine = engine_with_clock(&path, s, later, |b| b.register(Nap)).await?;
+    until_count(&engine, "nap", InstanceStatus::Complete, instances).await?;
+    let woke = start.elapsed().as_secs_f64();
+    engine.shutdown().await;
+    let w = format!("hibernation ({instances} sleeping, {})", label(s));
+    Ok(vec![
+        Row::new(
+            &w,
+            "time to create and hibernate all",
+            asleep.as_secs_f64(),
+            "s",
+        ),
+        Row::new(&w, "instances in memory while asleep", live as f64, ""),
+        Row::new(&w, "resident memory while asleep", mib(rss), "MiB"),
+        Row::new(&w, "resident memory before", mib(before), "MiB"),
+        Row::new(
+            &w,
+            "timer wake-ups/s (to completion)",
+            instances as f64 / woke,
+            "1/s",
+        ),
+    ])
+}
+
+/// Waits for one event.
+pub struct Await;
+
+impl Workflow for Await {
+    const NAME: &'static str = "await";
+    type Params = ();
+    type Output = u64;
+
+    async fn run(&self, _: WorkflowEvent<()>, step: WorkflowStep) -> Result<u64, WorkflowError> {
+        let e: StepEvent<u64> = step.wait_for_event("go", "go").timeout("1 day").await?;
+        Ok(e.payload)
+    }
+}
+
+/// `instances` instances waiting for an event; one `send_event` to each.
+///
+/// # Errors
+/// When the engine or the database fails.
+pub async fn events(dir: &Path, s: Settings, instances: usize) -> Result<Vec<Row>, BenchError> {
+    let engine = engine_on(&dir.join("events.db"), s, |b| b.register(Await)).await?;
+    let all = create_all::<Await>(&engine, |_| (), instances, "e").await?;
+    until_count(&engine, "await", InstanceStatus::Waiting, instances).await?;
+    let start = Instant::now();
+    let mut sent = Vec::with_capacity(instances);
+    for i in &all {
+        sent.push(Timestamp::from_system_time(std::time::SystemTime::now()));
+        i.send_event("go", &1u64).await?;
+    }
+    let sending = start.elapsed().as_secs_f64();
+    let mut latencies = Vec::with_capacity(instances);
+    for (i, at) in all.iter().zip(sent) {
+        i.wait().await?;
+        let done = i
+            .log(0)
+            .await?
+            .into_iter()
+            .find(|r| r.entry.kind == cairn::LogKind::WaitComplete);
+        if let Some(r) = done {
+            latencies.push(r.entry.at.since(at));
+        }
+    }
+    let total = start.elapsed().as_secs_f64();
+    engine.shutdown().await;
+    latencies.sort();
+    let w = format!("events ({instances} waiting, {})", label(s));
+    Ok(vec![
+        Row::new(
+            &w,
+            "deliveries/s (send to resumed)",
+            instances as f64 / total,
+            "1/s",
+        ),
+        Row::new(&w, "send_event calls/s", instances as f64 / sending, "1/s"),
+        Row::new(
+            &w,
+            "send to resume p50",
+            percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+            "ms",
+        ),
+        Row::new(
+            &w,
+            "send to resume p99",
+            percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+            "ms",
+        ),
+    ])
+}
+
+/// `steps` no-op steps, then an event wait.
+pub struct LongJournal;
+
+impl Workflow for LongJournal {
+    const NAME: &'static str = "long-journal";
+    type Params = u32;
+    type Output = u32;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<u32>,
+        step: WorkflowStep,
+    ) -> Result<u32, WorkflowError> {
+        let ops: Vec<_> = (0..event.payload)
+            .map(|i| step.run("step", move |_| async move { Ok(i) }))
+            .collect();
+        futures::future::try_join_all(ops).await?;
+        step.wait_for_event::<()>("go", "go")
+            .timeout("1 day")
+            .await?;
+        Ok(event.payload)
+    }
+}
+
+/// Time to resume one instance whose journal holds `steps` completed steps.
+///
+/// # Errors
+/// When the engine or the database fails.
+pub async fn replay(dir: &Path, s: Settings, steps: u32) -> Result<Vec<Row>, BenchError> {
+    let engine = engine_on(&dir.join("replay.db"), s, |b| {
+        b.step_limit(steps + 1).register(LongJournal)
+    })
+    .await?;
+    let instance = engine
+        .workflow::<LongJournal>()
+        .create(CreateOptions::new(steps).id("r"))
+        .await?;
+    instance
+        .wait_for(|st| st.status == InstanceStatus::Waiting)
+        .await?;
+    let start = Instant::now();
+    instance.send_event("go", &()).await?;
+    instance.wait().await?;
+    let resumed = start.elapsed().as_secs_f64() * 1e3;
+    engine.shutdown().await;
+    let w = format!("replay ({steps}-step journal, {})", label(s));
+    Ok(vec![Row::new(
+        &w,
+        "event sent to complete (claim, load, replay, finish)",
+        resumed,
+        "ms",
+    )])
+}
+
+/// Whether step bodies of [`Hold`] block (the process about to be killed) or return.
+pub static HOLD: AtomicBool = AtomicBool::new(true);
+
+/// One step that blocks while [`HOLD`] is set.
+pub struct Hold;
+
+impl Workflow for Hold {
+    const NAME: &'static str = "hold";
+    type Params = ();
+    type Output = ();
+
+    async fn run(&self, _: WorkflowEvent<()>, step: WorkflowStep) -> Result<(), WorkflowError> {
+        step.run("work", |_| async {
+            while HOLD.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok(())
+        })
+        .retries(Retries::constant(3, Duration::ZERO))
+        .await
+    }
+}
+
+/// The child side of [`recovery`]: creates `instances` instances whose step blocks, and
+/// prints `ready` once all are running, then waits to be killed.
+///
+/// # Errors
+/// When the engine or the database fails.
+pub async fn recovery_child(db: &Path, s: Settings, instances: usize) -> Result<(), BenchError> {
+    let engine = engine_on(db, s, |b| b.register(Hold)).await?;
+    create_all::<Hold>(&engine, |_| (), instances, "k").await?;
+    while engine.live_instances() < instances {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("ready");
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// SIGKILLs a child process with `instances` in-flight instances, restarts on the same
+/// database, and measures the time until all run again and until all complete.
+///
+/// # Errors
+/// When the child or the engine fails.
+pub async fn recovery(
+    dir: &Path,
+    s: Settings,
+    instances: usize,
+    exe: &Path,
+) -> Result<Vec<Row>, BenchError> {
+    use std::io::BufRead as _;
+    let db = dir.join("recovery.db");
+    let mut child = std::process::Command::new(exe)
+        .args(["recovery-child", "--db"])
+        .arg(&db)
+        .args(["--instances", &instances.to_string()])
+        .args(["--durability", label(s)])
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no child stdout")?;
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        return Err(format!("child said {line:?}").into());
+    }
+    child.kill()?;
+    child.wait()?;
+    HOLD.store(false, Ordering::SeqCst);
+    let start = Instant::now();
+    let engine = engine_on(&db, s, |b| b.register(Hold)).await?;
+    let mut running_again = None;
+    let client = engine.workflow_by_name("hold")?;
+    loop {
+        if running_again.is_none() && engine.live_instances() >= instances {
+            running_again = Some(start.elapsed());
+        }
+        if client
+            .list(Some(InstanceStatus::Complete), None, instances)
+            .await?
+            .len()
+            >= instances
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let complete = start.elapsed();
+    let running_again = running_again.unwrap_or(complete);
+    engine.shutdown().await;
+    let w = format!("recovery ({instances} in flight, SIGKILL, {})", label(s));
+    Ok(vec![
+        Row::new(
+            &w,
+            "restart to all running again (or done)",
+            running_again.as_secs_f64(),
+            "s",
+        ),
+        Row::new(&w, "restart to all complete", complete.as_secs_f64(), "s"),
+    ])
+}

@@ -1,0 +1,115 @@
+//! `cairn-bench`: run a workload and print a markdown table.
+
+use std::path::PathBuf;
+
+use cairn::sqlite::Durability;
+use cairn_bench::{BenchError, Settings, print_table};
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(about = "Cairn's benchmark harness: prints a markdown table")]
+struct Cli {
+    /// SQLite synchronous mode.
+    #[arg(long, value_enum, default_value_t = Sync::Full, global = true)]
+    durability: Sync,
+    #[command(subcommand)]
+    workload: Workload,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Sync {
+    /// `synchronous=FULL`: nothing lost on power loss.
+    #[value(name = "FULL", alias = "full")]
+    Full,
+    /// `synchronous=NORMAL`.
+    #[value(name = "NORMAL", alias = "normal")]
+    Normal,
+}
+
+#[derive(Subcommand)]
+enum Workload {
+    /// The raw storage bound on its own.
+    Raw {
+        #[arg(long, default_value_t = 20_000)]
+        units: usize,
+    },
+    /// Many concurrent instances of no-op steps.
+    Throughput {
+        #[arg(long, default_value_t = 1_000)]
+        instances: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: u32,
+    },
+    /// One instance at a time, end to end.
+    Latency {
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: u32,
+    },
+    /// Many sleeping instances, then their wake-ups.
+    Hibernation {
+        #[arg(long, default_value_t = 100_000)]
+        instances: usize,
+    },
+    /// Many instances waiting for an event, then one event each.
+    Events {
+        #[arg(long, default_value_t = 10_000)]
+        instances: usize,
+    },
+    /// Resuming one instance with a long journal.
+    Replay {
+        #[arg(long, default_value_t = 10_000)]
+        steps: u32,
+    },
+    /// SIGKILL with instances in flight, then restart.
+    Recovery {
+        #[arg(long, default_value_t = 10_000)]
+        instances: usize,
+    },
+    /// The child side of `recovery` (not for direct use).
+    #[command(hide = true)]
+    RecoveryChild {
+        #[arg(long)]
+        db: PathBuf,
+        #[arg(long)]
+        instances: usize,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BenchError> {
+    let cli = Cli::parse();
+    let settings = Settings {
+        durability: match cli.durability {
+            Sync::Full => Durability::Full,
+            Sync::Normal => Durability::Normal,
+        },
+    };
+    let dir = tempfile::tempdir()?;
+    let path = dir.path();
+    let rows = match cli.workload {
+        Workload::Raw { units } => cairn_bench::raw(path, settings, units)?,
+        Workload::Throughput { instances, steps } => {
+            cairn_bench::throughput(path, settings, instances, steps).await?
+        }
+        Workload::Latency { runs, steps } => {
+            cairn_bench::latency(path, settings, runs, steps).await?
+        }
+        Workload::Hibernation { instances } => {
+            cairn_bench::hibernation(path, settings, instances).await?
+        }
+        Workload::Events { instances } => cairn_bench::events(path, settings, instances).await?,
+        Workload::Replay { steps } => cairn_bench::replay(path, settings, steps).await?,
+        Workload::Recovery { instances } => {
+            let exe = std::env::current_exe()?;
+            cairn_bench::recovery(path, settings, instances, &exe).await?
+        }
+        Workload::RecoveryChild { db, instances } => {
+            cairn_bench::recovery_child(&db, settings, instances).await?;
+            return Ok(());
+        }
+    };
+    print_table(&rows);
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! The raw storage bound, for the benchmark harness: the rows the engine writes for a no-op
+//! step, written by a bare loop on the same SQLite settings, with nothing else in the way.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, params};
+
+use crate::{Durability, OpenError, configure, schema};
+
+/// What [`raw_step_writes`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct RawBound {
+    /// Commits made.
+    pub commits: usize,
+    /// Step units written (each: a step-row upsert and two log rows).
+    pub units: usize,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl RawBound {
+    /// Commits per second.
+    pub fn commits_per_sec(&self) -> f64 {
+        self.commits as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// No-op steps per second this bound allows: a step is two units.
+    pub fn steps_per_sec(&self) -> f64 {
+        self.units as f64 / 2.0 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Writes `units` step units into a fresh database at `path`, `per_commit` units per
+/// transaction: `per_commit = 1` is one commit per engine write, a large value is the
+/// best case of group commit.
+///
+/// # Errors
+/// When the database cannot be created or written.
+pub fn raw_step_writes(
+    path: &Path,
+    durability: Durability,
+    units: usize,
+    per_commit: usize,
+) -> Result<RawBound, OpenError> {
+    let err = |e: rusqlite::Error| OpenError(format!("raw bound on {}: {e}", path.display()));
+    // A fresh database every time: remove what an earlier measurement left.
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let _ = std::fs::remove_file(&file);
+    }
+    let mut conn = Connection::open(path).map_err(err)?;
+    configure(&conn, durability).map_err(err)?;
+    schema::migrate(&mut conn).map_err(err)?;
+    conn.execute(
+        "INSERT INTO instances (workflow, id, status, params, created_at) VALUES ('raw', 'raw', 1, '{}', 0)",
+        [],
+    )
+    .map_err(err)?;
+    let iid = conn.last_insert_rowid();
+    let per_commit = per_commit.max(1);
+    let start = Instant::now();
+    let mut commits = 0;
+    let mut written = 0;
+    while written < units {
+        let tx = conn.transaction().map_err(err)?;
+        for _ in 0..per_commit.min(units - written) {
+            let n = i64::try_from(written / 2).unwrap_or(i64::MAX);
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
+                     in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)
+                 VALUES (?1, 0, 'step', ?2, ?2, 1, '{\"retries\":{\"limit\":5}}', 1, 0, NULL, 'null', NULL, NULL, 0, 0, 0)",
+            )
+            .and_then(|mut st| st.execute(params![iid, n]))
+            .map_err(err)?;
+            for kind in [10, 11] {
+                tx.prepare_cached(
+                    "INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
+                     VALUES (?1, 0, ?2, 0, 'step', ?3, '{\"attempt\":1}')",
+                )
+                .and_then(|mut st| st.execute(params![iid, kind, n]))
+                .map_err(err)?;
+            }
+            written += 1;
+        }
+        tx.commit().map_err(err)?;
+        commits += 1;
+    }
+    Ok(RawBound {
+        commits,
+        units,
+        elapsed: start.elapsed(),
+    })
+}
