@@ -345,6 +345,19 @@ impl Store for SqliteStore {
         self.read(move |conn| rows::list(conn, &query))
     }
 
+    fn count(&self, workflow: &WorkflowName, status: InstanceStatus) -> StoreFuture<'_, u64> {
+        let workflow = workflow.to_string();
+        self.read(move |conn| {
+            let n: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM instances WHERE workflow = ?1 AND status = ?2",
+                )
+                .and_then(|mut st| st.query_row(params![workflow, status.code()], |r| r.get(0)))
+                .map_err(map_sqlite)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
     fn claim(
         &self,
         owner: &str,

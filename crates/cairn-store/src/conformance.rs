@@ -405,6 +405,20 @@ pub async fn list_is_newest_first_with_filters(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert!(running.is_empty());
+    assert_eq!(
+        store
+            .count(&wf("wf"), InstanceStatus::Queued)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        store
+            .count(&wf("wf"), InstanceStatus::Running)
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 pub async fn commit_to_a_missing_instance_is_not_found(store: Arc<dyn Store>) {

@@ -341,6 +341,9 @@ pub trait Store: Send + Sync + 'static {
     /// Lists instances, newest first.
     fn list(&self, query: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>>;
 
+    /// How many instances of `workflow` are in `status`.
+    fn count(&self, workflow: &WorkflowName, status: InstanceStatus) -> StoreFuture<'_, u64>;
+
     /// Claims up to `limit` runnable instances of `workflows` for `owner`: those whose
     /// `ready_at` has come (instances resuming from a wait before newly queued ones, then
     /// oldest first) and those whose lease expired. Each claim increments the epoch, sets

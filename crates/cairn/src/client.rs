@@ -524,6 +524,20 @@ impl UntypedWorkflow {
         Ok(BatchCreated { created, errors })
     }
 
+    /// How many of this workflow's instances are in `status`.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn count(&self, status: InstanceStatus) -> Result<u64, Error> {
+        Ok(self
+            .engine
+            .inner
+            .shared
+            .store
+            .count(&self.name, status)
+            .await?)
+    }
+
     /// This workflow's instances, newest first: at most `limit`, only those in `status` if
     /// given, only those created before `before` (an id from an earlier page) if given.
     ///

@@ -247,8 +247,10 @@ async fn hibernate(inner: &EngineInner, state: &RunState, h: Hibernation) -> Res
             ],
         )
         .await
-        .map(drop)
-        .map_err(Abort::Store)
+        .map_err(Abort::Store)?;
+    // Its wake-up is a new timer, or (an event already buffered) it is claimable at once.
+    inner.wake.notify_one();
+    Ok(())
 }
 
 /// Makes a running lifetime reachable by `send_event` while it lives.

@@ -362,6 +362,10 @@ async fn schedule(inner: Arc<EngineInner>) {
     let mut drivers = JoinSet::new();
     let mut shutdown = inner.shutdown.subscribe();
     let mut failures = 0u32;
+    // Claim only when there may be something to claim: at start, when woken (new or woken
+    // instances), when a timer is due, or when a slot frees up after a claim that filled
+    // every slot. A lifetime that merely ended changes nothing claimable.
+    let mut claim_now = true;
     loop {
         if *shutdown.borrow_and_update() {
             break;
@@ -369,7 +373,7 @@ async fn schedule(inner: Arc<EngineInner>) {
         while drivers.try_join_next().is_some() {}
         let free = inner.max_running.saturating_sub(drivers.len());
         let mut filled = false;
-        if free > 0 && !inner.names.is_empty() {
+        if std::mem::take(&mut claim_now) && free > 0 && !inner.names.is_empty() {
             let now = inner.shared.clock.now();
             match inner
                 .shared
@@ -392,6 +396,7 @@ async fn schedule(inner: Arc<EngineInner>) {
                         () = inner.shared.clock.sleep(backoff) => {}
                         _ = shutdown.changed() => {}
                     }
+                    claim_now = true;
                     continue;
                 }
             }
@@ -402,6 +407,7 @@ async fn schedule(inner: Arc<EngineInner>) {
                 Some(_) = drivers.join_next() => {}
                 _ = shutdown.changed() => {}
             }
+            claim_now = true;
             continue;
         }
         // Purge finished instances whose retention is over.
@@ -412,6 +418,7 @@ async fn schedule(inner: Arc<EngineInner>) {
                 Ok(purged) => {
                     tracing::debug!(purged, "purged finished instances");
                     inner.changed();
+                    claim_now = true;
                     continue;
                 }
                 Err(e) => {
@@ -445,8 +452,8 @@ async fn schedule(inner: Arc<EngineInner>) {
             }
         };
         tokio::select! {
-            () = inner.wake.notified() => {}
-            () = timer => {}
+            () = inner.wake.notified() => claim_now = true,
+            () = timer => claim_now = true,
             Some(_) = drivers.join_next(), if !drivers.is_empty() => {}
             _ = shutdown.changed() => {}
         }

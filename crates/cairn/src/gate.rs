@@ -52,6 +52,13 @@ impl Store for Gate {
         blocking(&self.0, move |s| s.list(query))
     }
 
+    fn count(&self, workflow: &WorkflowName, status: InstanceStatus) -> StoreFuture<'_, u64> {
+        let workflow = workflow.clone();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.count(&workflow, status).await })
+        })
+    }
+
     fn claim(
         &self,
         owner: &str,

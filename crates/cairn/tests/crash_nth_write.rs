@@ -71,6 +71,9 @@ impl Store for FailingStore {
     fn list(&self, q: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>> {
         self.inner.list(q)
     }
+    fn count(&self, w: &WorkflowName, s: InstanceStatus) -> StoreFuture<'_, u64> {
+        self.inner.count(w, s)
+    }
     fn claim(
         &self,
         owner: &str,
