@@ -8,10 +8,10 @@
 #[path = "support/lib.rs"]
 mod support;
 
+use cairn::InstanceStatus;
 use cairn::prelude::*;
-use cairn::{InstanceStatus, LogKind};
 use serde_json::{Value, json};
-use support::{FnWorkflow, Seen, records, wf};
+use support::{FnWorkflow, Seen, wf};
 
 /// One step of a plan: its name, whether it has a handler, whether it fails.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -134,11 +134,17 @@ async fn handlers_run_for_exactly_the_started_steps_in_reverse_start_order() {
             InstanceStatus::Errored,
             "case {case}: {plan:?}"
         );
-        // The steps that started, from the journal, in start order.
-        let started: Vec<String> = records(&instance, LogKind::StepStart)
+        // The steps that started, in start order: the journal's order (`seq`, assigned
+        // when each op first starts). Log ids follow commit order, which for concurrent
+        // starts may differ.
+        let started: Vec<String> = instance
+            .details()
             .await
+            .unwrap()
+            .steps
             .into_iter()
-            .map(|r| r.entry.step.unwrap().name)
+            .filter(|s| s.kind == "step")
+            .map(|s| s.name)
             .collect();
         // Started = every step of every group up to and including the failing one.
         let mut expected_started = Vec::new();
