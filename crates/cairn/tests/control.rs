@@ -12,19 +12,8 @@ use std::time::Duration;
 use cairn::prelude::*;
 use cairn::{Instance, InstanceStatus, LogKind, StepKind};
 use serde_json::{Value, json};
-use support::{Counter, FnWorkflow, engine, records, run_to_end, wf};
+use support::{Counter, FnWorkflow, engine, records, run_to_end, until_logged, until_status, wf};
 use tokio::sync::Semaphore;
-
-async fn until_status(instance: &Instance<Value>, status: InstanceStatus) {
-    instance.wait_for(|s| s.status == status).await.unwrap();
-}
-
-/// Polls (virtual time, 10 ms steps) until `n` records of `kind` exist: for records due now.
-async fn until_logged(instance: &Instance<Value>, kind: LogKind, n: usize) {
-    while records(instance, kind).await.len() < n {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 async fn create(engine: &cairn::Engine, id: &str) -> Instance<Value> {
     engine

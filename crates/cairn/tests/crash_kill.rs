@@ -14,7 +14,6 @@ mod support;
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cairn::prelude::*;
@@ -103,72 +102,11 @@ fn child_process_entry() {
     });
 }
 
-/// A small seeded generator (xorshift64*), so a failing run can be repeated.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-}
-
-fn spawn_child(dir: &Path) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child_process_entry",
-            "--exact",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env("CAIRN_CRASH_CHILD", dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap()
-}
-
 #[test]
 fn killed_process_resumes_every_instance_without_rerunning_committed_steps() {
-    let seed = std::env::var("CAIRN_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("crash_kill seed: {seed} (rerun with CAIRN_TEST_SEED={seed})");
-    let mut rng = Rng(seed);
+    let seed = support::test_seed("crash_kill");
     let dir = tempfile::tempdir().unwrap();
-
-    let mut kills = 0;
-    while kills < KILLS {
-        let mut child = spawn_child(dir.path());
-        std::thread::sleep(Duration::from_millis(rng.between(5, 50)));
-        match child.try_wait().unwrap() {
-            Some(status) => {
-                assert!(status.success(), "child failed: {status}");
-                break; // finished before we could kill it
-            }
-            None => {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                kills += 1;
-            }
-        }
-    }
-    // Let the last run finish.
-    let status = spawn_child(dir.path()).wait().unwrap();
-    assert!(status.success(), "final child run failed: {status}");
-    eprintln!("killed the child {kills} times");
+    let kills = support::kill_repeatedly(dir.path(), "child_process_entry", seed, KILLS, 50);
     assert!(kills >= KILLS, "only {kills} kills landed");
 
     let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();

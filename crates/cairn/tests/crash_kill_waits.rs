@@ -15,7 +15,6 @@ mod support;
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cairn::prelude::*;
@@ -104,59 +103,11 @@ fn child_process_entry_waits() {
     });
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        lo + self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % (hi - lo)
-    }
-}
-
-fn spawn_child(dir: &Path) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["child_process_entry_waits", "--exact", "--test-threads=1"])
-        .env("CAIRN_CRASH_CHILD", dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap()
-}
-
 #[test]
 fn killed_during_sleeps_and_event_waits_every_timer_and_event_survives() {
-    let seed = std::env::var("CAIRN_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("crash_kill_waits seed: {seed} (rerun with CAIRN_TEST_SEED={seed})");
-    let mut rng = Rng(seed);
+    let seed = support::test_seed("crash_kill_waits");
     let dir = tempfile::tempdir().unwrap();
-    let mut kills = 0;
-    while kills < KILLS {
-        let mut child = spawn_child(dir.path());
-        std::thread::sleep(Duration::from_millis(rng.between(5, 25)));
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "child failed: {status}");
-            break;
-        }
-        child.kill().unwrap();
-        child.wait().unwrap();
-        kills += 1;
-    }
-    assert!(
-        spawn_child(dir.path()).wait().unwrap().success(),
-        "the final run failed"
-    );
-    eprintln!("killed the child {kills} times");
+    let kills = support::kill_repeatedly(dir.path(), "child_process_entry_waits", seed, KILLS, 25);
     assert!(kills >= KILLS, "only {kills} kills landed");
 
     let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();

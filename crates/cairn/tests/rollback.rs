@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn::prelude::*;
-use cairn::{ErrorInfo, Instance, InstanceStatus, LogKind};
+use cairn::{ErrorInfo, InstanceStatus, LogKind};
 use serde_json::{Value, json};
-use support::{FnWorkflow, Seen, engine, records, run_to_end, targets, wf};
+use support::{FnWorkflow, Seen, engine, records, run_to_end, targets, until_status, wf};
 
 /// What each handler saw: (step name, output, trigger error, ctx name, ctx count).
 type Calls = Seen<(String, Option<u32>, ErrorInfo, String, u32)>;
@@ -326,10 +326,6 @@ fn then_sleep(calls: Calls, sleep: &'static str) -> FnWorkflow {
             Ok(Value::Null)
         }
     })
-}
-
-async fn until_status(instance: &Instance<Value>, status: InstanceStatus) {
-    instance.wait_for(|s| s.status == status).await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@ mod support;
 use cairn::InstanceStatus;
 use cairn::prelude::*;
 use serde_json::{Value, json};
-use support::{FnWorkflow, Seen, wf};
+use support::{FnWorkflow, Rng, Seen, wf};
 
 /// One step of a plan: its name, whether it has a handler, whether it fails.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -23,20 +23,6 @@ struct PlanStep {
 
 /// A plan: groups run one after another; the steps of a group run in parallel.
 type Plan = Vec<Vec<PlanStep>>;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn random_plan(rng: &mut Rng) -> Plan {
     let groups = 1 + rng.below(5);
@@ -104,17 +90,7 @@ fn interpreter(calls: Seen<String>) -> FnWorkflow {
 
 #[tokio::test(start_paused = true)]
 async fn handlers_run_for_exactly_the_started_steps_in_reverse_start_order() {
-    let seed = std::env::var("CAIRN_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("rollback property seed: {seed} (rerun with CAIRN_TEST_SEED={seed})");
+    let seed = support::test_seed("rollback property");
     let mut rng = Rng(seed);
     let calls = Seen::<String>::default();
     let (engine, _dir) = support::engine(|b| b.register(interpreter(calls.clone()))).await;

@@ -10,19 +10,7 @@ use std::time::Duration;
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::{Value, json};
-use support::{FnWorkflow, engine, records, run_to_end, wf};
-
-async fn until_status(instance: &cairn::Instance<Value>, status: InstanceStatus) {
-    instance.wait_for(|s| s.status == status).await.unwrap();
-}
-
-/// Polls (in virtual time, 10 ms at a time) until the instance's log has `n` records of
-/// `kind`. Only for records that are due within moments: a long timer would mean many polls.
-async fn until_logged(instance: &cairn::Instance<Value>, kind: LogKind, n: usize) {
-    while records(instance, kind).await.len() < n {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+use support::{FnWorkflow, engine, records, run_to_end, until_logged, until_status, wf};
 
 #[tokio::test(start_paused = true)]
 async fn sleeps_take_durations_and_strings_and_last_that_long() {

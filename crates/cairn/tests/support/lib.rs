@@ -168,3 +168,92 @@ pub async fn run_to_end(engine: &Engine, params: Value) -> Instance<Value> {
     instance.wait().await.unwrap();
     instance
 }
+
+/// Waits until the instance has `status`.
+pub async fn until_status(instance: &Instance<Value>, status: cairn::InstanceStatus) {
+    instance.wait_for(|s| s.status == status).await.unwrap();
+}
+
+/// Polls (in virtual time, 10 ms at a time) until the instance's log has `n` records of
+/// `kind`. Only for records that are due within moments: a long timer would mean many polls.
+pub async fn until_logged(instance: &Instance<Value>, kind: LogKind, n: usize) {
+    while records(instance, kind).await.len() < n {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// The seed of a randomised test: `CAIRN_TEST_SEED` or the clock; printed so a failure can
+/// be repeated.
+pub fn test_seed(test: &str) -> u64 {
+    let seed = std::env::var("CAIRN_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("{test} seed: {seed} (rerun with CAIRN_TEST_SEED={seed})");
+    seed
+}
+
+/// A small seeded generator (xorshift64*).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo)
+    }
+}
+
+/// Runs this test binary's test `child_test` as a child process on `dir` (the child reads
+/// `CAIRN_CRASH_CHILD`), SIGKILLing it after a random 5..`max_ms` ms, `kills` times, then
+/// lets one last run finish. Returns how many kills landed (fewer if a run finished first).
+pub fn kill_repeatedly(
+    dir: &Path,
+    child_test: &str,
+    seed: u64,
+    kills: usize,
+    max_ms: u64,
+) -> usize {
+    use std::process::{Command, Stdio};
+    let spawn = || {
+        Command::new(std::env::current_exe().unwrap())
+            .args([child_test, "--exact", "--test-threads=1"])
+            .env("CAIRN_CRASH_CHILD", dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap()
+    };
+    let mut rng = Rng(seed);
+    let mut landed = 0;
+    while landed < kills {
+        let mut child = spawn();
+        std::thread::sleep(std::time::Duration::from_millis(rng.between(5, max_ms)));
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "child failed: {status}");
+            break; // finished before it could be killed
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        landed += 1;
+    }
+    let last = spawn().wait().unwrap();
+    assert!(last.success(), "the final child run failed: {last}");
+    eprintln!("killed the child {landed} times");
+    landed
+}
