@@ -132,7 +132,6 @@ async fn engine_with_clock(
         .sqlite(path)
         .sqlite_options(Options::default().durability(s.durability))
         .clock(clock)
-        .max_running(100_000)
         .hibernate_after(Duration::from_millis(100));
     Ok(register(builder).start().await?)
 }
@@ -536,7 +535,7 @@ impl Workflow for Hold {
 /// # Errors
 /// When the engine or the database fails.
 pub async fn recovery_child(db: &Path, s: Settings, instances: usize) -> Result<(), BenchError> {
-    let engine = engine_on(db, s, |b| b.register(Hold)).await?;
+    let engine = engine_on(db, s, |b| b.max_running(instances).register(Hold)).await?;
     create_all::<Hold>(&engine, |_| (), instances, "k").await?;
     while engine.live_instances() < instances {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -576,7 +575,7 @@ pub async fn recovery(
     child.wait()?;
     HOLD.store(false, Ordering::SeqCst);
     let start = Instant::now();
-    let engine = engine_on(&db, s, |b| b.register(Hold)).await?;
+    let engine = engine_on(&db, s, |b| b.max_running(instances).register(Hold)).await?;
     // "Running again": every instance has a lifetime in memory, or has already finished
     // (whichever comes first).
     let mut running_again = None;
