@@ -219,6 +219,18 @@ pub(crate) struct Execution {
     rollback: Option<Handler>,
     /// The records this execution writes: a step's or a rollback's.
     kinds: &'static LogKinds,
+    /// An attempt of this execution is in flight (counted in `RunState::in_flight`).
+    attempt_open: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for Execution {
+    /// An execution dropped with its attempt in flight (user code dropped the op, e.g. a
+    /// lost `select!`) gives its count back, so a later pause is not held up by it.
+    fn drop(&mut self) {
+        if *self.attempt_open.get_mut() {
+            self.state.attempt_ended();
+        }
+    }
 }
 
 /// The lifecycle records an attempt loop writes: a step's or a rollback's.
@@ -247,12 +259,28 @@ enum Outcome {
 }
 
 impl Execution {
+    fn attempt_begin(&self) {
+        self.state.attempt_started();
+        self.attempt_open
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn attempt_finish(&self) {
+        if self
+            .attempt_open
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            self.state.attempt_ended();
+        }
+    }
+
     pub(crate) fn new(state: Arc<RunState>, config: StepConfig) -> Self {
         Execution {
             state,
             config,
             rollback: None,
             kinds: &RUN_KINDS,
+            attempt_open: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -336,7 +364,7 @@ impl Execution {
             // attempt failed and counts (SPEC Part A.7).
             let error = ErrorInfo::new(INTERNAL, "Attempt failed due to internal workflows error");
             // Recording its outcome ends it, like any attempt in flight.
-            state.attempt_started();
+            self.attempt_begin();
             self.record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
                 .await?;
         }
@@ -434,7 +462,7 @@ impl Execution {
         let state = &*self.state;
         // No new attempt starts while a pause is pending.
         state.pause_gate().await;
-        state.attempt_started();
+        self.attempt_begin();
         let now = state.now();
         let persisted = config.to_persisted_json();
         let record = StepRecord {
@@ -469,7 +497,7 @@ impl Execution {
         let kinds = self.kinds;
         let state = &*self.state;
         state.pause_gate().await;
-        state.attempt_started();
+        self.attempt_begin();
         record.attempts += 1;
         record.in_flight = true;
         record.wake_at = None;
@@ -515,7 +543,7 @@ impl Execution {
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
-        state.attempt_ended();
+        self.attempt_finish();
     }
 
     /// Records a failed attempt. Returns `Ok` when another attempt is scheduled (the record
@@ -549,7 +577,7 @@ impl Execution {
                             cairn_store::Write::Step(record.clone()),
                         ])
                         .await;
-                    state.attempt_ended();
+                    self.attempt_finish();
                     return Ok(());
                 }
                 Err(delay_error) => final_error = delay_error,
@@ -575,7 +603,7 @@ impl Execution {
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
-        state.attempt_ended();
+        self.attempt_finish();
         Err(WorkflowError::from_info(final_error))
     }
 

@@ -849,3 +849,49 @@ async fn b10_m9_a_workflow_deleting_its_own_instance_stops_at_that_call() {
     assert_eq!(engine.live_instances(), 0);
     engine.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_step_dropped_mid_attempt_does_not_block_a_later_pause() {
+    let gate = Arc::new(Semaphore::new(0));
+    let g = gate.clone();
+    let (engine, _dir) = engine(move |b| {
+        b.hibernate_after(Duration::from_secs(3600))
+            .register(wf(move |_, step| {
+                let g = g.clone();
+                async move {
+                    // The slow step loses the race and is dropped with its attempt in flight.
+                    tokio::select! {
+                        _ = step.run("slow", |_| async {
+                            std::future::pending::<()>().await;
+                            Ok(())
+                        }) => {}
+                        _ = step.sleep("short", "5 seconds") => {}
+                    }
+                    step.run("next", |_| {
+                        let g = g.clone();
+                        async move {
+                            g.acquire().await.map_err(|e| e.to_string())?.forget();
+                            Ok(())
+                        }
+                    })
+                    .await?;
+                    step.run("after", |_| async { Ok(()) }).await?;
+                    Ok(Value::Null)
+                }
+            }))
+    })
+    .await;
+    let instance = create(&engine, "dropped").await;
+    until_logged(&instance, LogKind::AttemptStart, 2).await;
+    instance.pause().await.unwrap();
+    gate.add_permits(1);
+    until_status(&instance, InstanceStatus::Paused).await;
+    assert!(
+        records(&instance, LogKind::StepStart)
+            .await
+            .iter()
+            .all(|r| r.entry.step.as_ref().unwrap().name != "after"),
+        "paused before the next step"
+    );
+    engine.shutdown().await;
+}
