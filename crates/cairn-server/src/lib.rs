@@ -1,0 +1,46 @@
+//! Cairn's HTTP API: routes shaped like Cloudflare's Workflows API under `/api`, over an
+//! [`Engine`]. Embed it with [`router`] or run it with [`serve`].
+//!
+//! Every error is JSON `{"code": "instance.not_found", "message": "…"}` with a stable code
+//! and the matching HTTP status.
+//!
+//! ```no_run
+//! # async fn demo(engine: cairn::Engine) -> std::io::Result<()> {
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8787").await?;
+//! cairn_server::serve(engine, listener, std::future::pending()).await
+//! # }
+//! ```
+
+mod error;
+mod routes;
+
+use std::future::Future;
+
+use axum::Router;
+use cairn::Engine;
+
+pub use error::ApiError;
+
+/// The largest request body accepted: 1 MiB of payload plus room for the envelope.
+pub const MAX_BODY: usize = (1 << 20) + 64 * 1024;
+
+/// The API's routes over `engine`.
+pub fn router(engine: Engine) -> Router {
+    routes::routes()
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(engine)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves.
+///
+/// # Errors
+/// When the listener fails.
+pub async fn serve(
+    engine: Engine,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(engine))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,221 @@
+//! The routes and their handlers.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{get, patch, post};
+use axum::{Json, Router};
+use cairn::{CreateOptions, Engine, InstanceStatus, StepKind, UntypedWorkflow};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+pub(crate) fn routes() -> Router<Engine> {
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({ "ok": true })) }))
+        .route("/api/workflows", get(list_workflows))
+        .route(
+            "/api/workflows/{name}/instances",
+            post(create_instance).get(list_instances),
+        )
+        .route(
+            "/api/workflows/{name}/instances/{id}",
+            get(instance_details).delete(delete_instance),
+        )
+        .route(
+            "/api/workflows/{name}/instances/{id}/status",
+            patch(change_status),
+        )
+        .route(
+            "/api/workflows/{name}/instances/{id}/events/{event_type}",
+            post(send_event),
+        )
+}
+
+/// Maps an extractor's rejection (malformed JSON, wrong content type, oversized body) to
+/// an [`ApiError`].
+fn rejected(status: StatusCode, detail: String) -> ApiError {
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "payload.too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "request.unsupported_media_type",
+        _ => "request.invalid",
+    };
+    ApiError::new(status, code, detail)
+}
+
+fn body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+    body.map(|Json(v)| v)
+        .map_err(|e| rejected(e.status(), e.body_text()))
+}
+
+fn workflow(engine: &Engine, name: &str) -> ApiResult<UntypedWorkflow> {
+    Ok(engine.workflow_by_name(name)?)
+}
+
+async fn list_workflows(State(engine): State<Engine>) -> Json<Value> {
+    let names: Vec<Value> = engine
+        .workflow_names()
+        .iter()
+        .map(|n| json!({ "name": n.as_str() }))
+        .collect();
+    Json(json!({ "workflows": names }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    instance_id: Option<String>,
+    params: Option<Value>,
+}
+
+async fn create_instance(
+    State(engine): State<Engine>,
+    Path(name): Path<String>,
+    payload: Result<Json<CreateBody>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let request = body(payload)?;
+    let workflow = workflow(&engine, &name)?;
+    let mut options = CreateOptions::new(request.params.unwrap_or_else(|| json!({})));
+    options.id = request.instance_id;
+    let instance = workflow.create(options).await?;
+    let status = instance.status().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "id": instance.id().as_str(), "status": status.status })),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    status: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+async fn list_instances(
+    State(engine): State<Engine>,
+    Path(name): Path<String>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
+    let workflow = workflow(&engine, &name)?;
+    let status = match &query.status {
+        Some(s) => Some(s.parse::<InstanceStatus>().map_err(ApiError::bad_request)?),
+        None => None,
+    };
+    let limit = query.limit.unwrap_or(50).clamp(1, 1_000);
+    let page = workflow
+        .list(status, query.cursor.as_deref(), limit)
+        .await?;
+    let cursor = (page.len() == limit)
+        .then(|| page.last().map(|i| i.id.to_string()))
+        .flatten();
+    Ok(Json(json!({ "instances": page, "cursor": cursor })))
+}
+
+async fn instance_details(
+    State(engine): State<Engine>,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    let details = instance.details().await?;
+    let status = instance.status().await?;
+    let mut value = serde_json::to_value(&details)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    if let (Some(map), Some(rollback)) = (value.as_object_mut(), status.rollback) {
+        map.insert("rollback".into(), json!(rollback));
+    }
+    Ok(Json(value))
+}
+
+async fn delete_instance(
+    State(engine): State<Engine>,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    workflow(&engine, &name)?.get(&id).await?.delete().await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct From {
+    name: String,
+    count: Option<u32>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusBody {
+    status: String,
+    from: Option<From>,
+    rollback: Option<bool>,
+}
+
+async fn change_status(
+    State(engine): State<Engine>,
+    Path((name, id)): Path<(String, String)>,
+    payload: Result<Json<StatusBody>, JsonRejection>,
+) -> ApiResult<Json<Value>> {
+    let request = body(payload)?;
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    if request.rollback.is_some() && request.status != "terminate" {
+        return Err(ApiError::bad_request(
+            "'rollback' is only valid when terminating.",
+        ));
+    }
+    if request.from.is_some() && request.status != "restart" {
+        return Err(ApiError::bad_request(
+            "'from' is only valid when restarting.",
+        ));
+    }
+    match request.status.as_str() {
+        "pause" => instance.pause().await?,
+        "resume" => instance.resume().await?,
+        "terminate" if request.rollback == Some(true) => instance.terminate_with_rollback().await?,
+        "terminate" => instance.terminate().await?,
+        "restart" => match request.from {
+            None => instance.restart().await?,
+            Some(from) => {
+                let kind = match from.kind.as_deref() {
+                    None | Some("do") => StepKind::Run,
+                    Some("sleep") => StepKind::Sleep,
+                    Some("waitForEvent") => StepKind::WaitForEvent,
+                    Some(other) => {
+                        return Err(ApiError::bad_request(format!(
+                            "unknown step type {other:?}: expected do, sleep or waitForEvent"
+                        )));
+                    }
+                };
+                instance
+                    .restart_from(kind, &from.name, from.count.unwrap_or(1))
+                    .await?;
+            }
+        },
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "unknown status {other:?}: expected pause, resume, terminate or restart"
+            )));
+        }
+    }
+    Ok(Json(json!({ "status": instance.status().await?.status })))
+}
+
+async fn send_event(
+    State(engine): State<Engine>,
+    Path((name, id, event_type)): Path<(String, String, String)>,
+    payload: Result<Json<Value>, JsonRejection>,
+) -> ApiResult<Json<Value>> {
+    let payload = body(payload)?;
+    workflow(&engine, &name)?
+        .get(&id)
+        .await?
+        .send_event(&event_type, &payload)
+        .await?;
+    Ok(Json(json!({})))
+}

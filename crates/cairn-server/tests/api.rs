@@ -1,0 +1,362 @@
+//! The API through the router, without sockets: every endpoint and its error codes.
+
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use cairn::prelude::*;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+/// Waits for an approval event, then returns the params and the event's payload.
+struct Approval;
+
+impl Workflow for Approval {
+    const NAME: &'static str = "approval";
+    type Params = Value;
+    type Output = Value;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> Result<Value, WorkflowError> {
+        let first: u32 = step.run("first", |_| async { Ok(1) }).await?;
+        let e: StepEvent<Value> = step.wait_for_event("approval", "approved").await?;
+        Ok(json!({ "params": event.payload, "first": first, "event": e.payload }))
+    }
+}
+
+async fn app() -> (cairn::Engine, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::builder()
+        .sqlite(dir.path().join("cairn.db"))
+        .clock(cairn::Clock::virtual_now())
+        .register(Approval)
+        .start()
+        .await
+        .unwrap();
+    (engine, dir)
+}
+
+async fn call(
+    engine: &cairn::Engine,
+    method: Method,
+    uri: &str,
+    body: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
+    let request = request
+        .body(Body::from(body.unwrap_or("").to_owned()))
+        .unwrap();
+    let response = cairn_server::router(engine.clone())
+        .oneshot(request)
+        .await
+        .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    (status, value)
+}
+
+async fn until_status(engine: &cairn::Engine, id: &str, wanted: &str) {
+    loop {
+        let (_, d) = call(
+            engine,
+            Method::GET,
+            &format!("/api/workflows/approval/instances/{id}"),
+            None,
+        )
+        .await;
+        if d["status"] == wanted {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_goes_from_create_to_complete_over_the_api() {
+    let (engine, _dir) = app().await;
+    assert_eq!(
+        call(&engine, Method::GET, "/healthz", None).await.0,
+        StatusCode::OK
+    );
+    let (s, v) = call(&engine, Method::GET, "/api/workflows", None).await;
+    assert_eq!(
+        (s, v),
+        (StatusCode::OK, json!({"workflows": [{"name": "approval"}]}))
+    );
+
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "a1", "params": {"amount": 5}}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(v["id"], "a1");
+    until_status(&engine, "a1", "waiting").await;
+
+    let (s, v) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/approval/instances?status=waiting",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["instances"][0]["id"], "a1");
+
+    let (s, _) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances/a1/events/approved",
+        Some(r#"{"by": "ada"}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    until_status(&engine, "a1", "complete").await;
+    let (_, d) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/approval/instances/a1",
+        None,
+    )
+    .await;
+    assert_eq!(
+        d["output"],
+        json!({"params": {"amount": 5}, "first": 1, "event": {"by": "ada"}})
+    );
+    assert_eq!(d["steps"][0]["name"], "first");
+    assert_eq!(d["steps"][1]["type"], "waitForEvent");
+
+    let (s, _) = call(
+        &engine,
+        Method::DELETE,
+        "/api/workflows/approval/instances/a1",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/approval/instances/a1",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::NOT_FOUND, json!("instance.not_found"))
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_changes_pause_resume_restart_and_terminate() {
+    let (engine, _dir) = app().await;
+    call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "p"}"#),
+    )
+    .await;
+    until_status(&engine, "p", "waiting").await;
+    let patch = |body: &'static str| {
+        call(
+            &engine,
+            Method::PATCH,
+            "/api/workflows/approval/instances/p/status",
+            Some(body),
+        )
+    };
+    assert_eq!(
+        patch(r#"{"status": "pause"}"#).await.1,
+        json!({"status": "paused"})
+    );
+    assert_eq!(patch(r#"{"status": "resume"}"#).await.1["status"], "queued");
+    until_status(&engine, "p", "waiting").await;
+    let (s, v) = patch(r#"{"status": "restart", "from": {"name": "first"}}"#).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v) = patch(r#"{"status": "restart", "from": {"name": "nope"}}"#).await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!("instance.cannot_restart")
+        )
+    );
+    let (s, v) = patch(r#"{"status": "pause", "rollback": true}"#).await;
+    assert_eq!(
+        (s, v["message"].clone()),
+        (
+            StatusCode::BAD_REQUEST,
+            json!("'rollback' is only valid when terminating.")
+        )
+    );
+    assert_eq!(
+        patch(r#"{"status": "terminate"}"#).await.1,
+        json!({"status": "terminated"})
+    );
+    let (s, v) = patch(r#"{"status": "terminate"}"#).await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::CONFLICT, json!("instance.cannot_terminate"))
+    );
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances/p/events/approved",
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::CONFLICT, json!("instance.finished"))
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_input_gets_a_status_and_a_stable_code_and_changes_nothing() {
+    let (engine, _dir) = app().await;
+    let cases: &[(Method, &str, Option<&str>, StatusCode, &str)] = &[
+        (
+            Method::POST,
+            "/api/workflows/approval/instances",
+            Some("{not json"),
+            StatusCode::BAD_REQUEST,
+            "request.invalid",
+        ),
+        (
+            Method::POST,
+            "/api/workflows/approval/instances",
+            Some(r#"{"unknown": 1}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "request.invalid",
+        ),
+        (
+            Method::POST,
+            "/api/workflows/approval/instances",
+            Some(r#"{"instance_id": "bad id!"}"#),
+            StatusCode::BAD_REQUEST,
+            "instance.invalid_id",
+        ),
+        (
+            Method::POST,
+            "/api/workflows/missing/instances",
+            Some("{}"),
+            StatusCode::NOT_FOUND,
+            "workflow.not_found",
+        ),
+        (
+            Method::POST,
+            "/api/workflows/bad.name/instances",
+            Some("{}"),
+            StatusCode::BAD_REQUEST,
+            "workflow.invalid_name",
+        ),
+        (
+            Method::GET,
+            "/api/workflows/approval/instances/nobody",
+            None,
+            StatusCode::NOT_FOUND,
+            "instance.not_found",
+        ),
+        (
+            Method::GET,
+            "/api/workflows/approval/instances?status=sleepy",
+            None,
+            StatusCode::BAD_REQUEST,
+            "request.invalid",
+        ),
+        (
+            Method::GET,
+            "/api/workflows/approval/instances?limit=many",
+            None,
+            StatusCode::BAD_REQUEST,
+            "request.invalid",
+        ),
+        (
+            Method::PATCH,
+            "/api/workflows/approval/instances/nobody/status",
+            Some(r#"{"status": "pause"}"#),
+            StatusCode::NOT_FOUND,
+            "instance.not_found",
+        ),
+    ];
+    for (method, uri, body, status, code) in cases {
+        let (s, v) = call(&engine, method.clone(), uri, *body).await;
+        assert_eq!(
+            (s, v["code"].as_str().unwrap_or("")),
+            (*status, *code),
+            "{method} {uri} {body:?}: {v}"
+        );
+        assert!(!v["message"].as_str().unwrap_or("").is_empty(), "{v}");
+    }
+    // Wrong content type.
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/api/workflows/approval/instances")
+        .header("content-type", "text/plain")
+        .body(Body::from("{}"))
+        .unwrap();
+    let response = cairn_server::router(engine.clone())
+        .oneshot(request)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // Oversized body.
+    let big = format!(r#"{{"params": "{}"}}"#, "x".repeat(2 << 20));
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(&big),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::PAYLOAD_TOO_LARGE, json!("payload.too_large"))
+    );
+    // Nothing was created by any of it.
+    let (_, v) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/approval/instances",
+        None,
+    )
+    .await;
+    assert_eq!(v["instances"], json!([]));
+    // A duplicate id is a conflict.
+    call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "dup"}"#),
+    )
+    .await;
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "dup"}"#),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::CONFLICT, json!("instance.already_exists"))
+    );
+    engine.shutdown().await;
+}
