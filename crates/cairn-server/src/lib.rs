@@ -11,8 +11,11 @@
 //! # }
 //! ```
 
+mod auth;
 mod error;
+mod openapi;
 mod routes;
+mod stream;
 
 use std::future::Future;
 
@@ -24,11 +27,23 @@ pub use error::ApiError;
 /// The largest request body accepted: 1 MiB of payload plus room for the envelope.
 pub const MAX_BODY: usize = (1 << 20) + 64 * 1024;
 
-/// The API's routes over `engine`.
+/// The API's routes over `engine`, open to every caller.
 pub fn router(engine: Engine) -> Router {
-    routes::routes()
+    router_with(engine, None)
+}
+
+/// The API's routes over `engine`; with a `token`, every request must carry
+/// `Authorization: Bearer <token>` (401 `auth.unauthorized` otherwise).
+pub fn router_with(engine: Engine, token: Option<String>) -> Router {
+    let routes = routes::routes()
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(engine)
+        .with_state(engine);
+    match token {
+        Some(token) => routes.layer(axum::middleware::from_fn(move |req, next| {
+            auth::check(token.clone(), req, next)
+        })),
+        None => routes,
+    }
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.

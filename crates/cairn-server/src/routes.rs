@@ -18,6 +18,17 @@ pub(crate) fn routes() -> Router<Engine> {
         .route("/healthz", get(|| async { Json(json!({ "ok": true })) }))
         .route("/api/workflows", get(list_workflows))
         .route(
+            "/api/openapi.json",
+            get(|| async { Json(crate::openapi::document()) }),
+        )
+        .route("/api/workflows/{name}", get(describe_workflow))
+        .route("/api/workflows/{name}/instances/batch", post(create_batch))
+        .route(
+            "/api/workflows/{name}/instances/batch/delete",
+            post(delete_batch),
+        )
+        .route("/api/workflows/{name}/instances/{id}/stream", get(stream))
+        .route(
             "/api/workflows/{name}/instances",
             post(create_instance).get(list_instances),
         )
@@ -218,4 +229,86 @@ async fn send_event(
         .send_event(&event_type, &payload)
         .await?;
     Ok(Json(json!({})))
+}
+
+async fn describe_workflow(
+    State(engine): State<Engine>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let workflow = workflow(&engine, &name)?;
+    let mut counts = serde_json::Map::new();
+    for status in InstanceStatus::ALL {
+        counts.insert(status.as_str().into(), json!(workflow.count(status).await?));
+    }
+    Ok(Json(json!({ "name": name, "instances": counts })))
+}
+
+async fn create_batch(
+    State(engine): State<Engine>,
+    Path(name): Path<String>,
+    payload: Result<Json<Vec<CreateBody>>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let entries = body(payload)?;
+    let workflow = workflow(&engine, &name)?;
+    let batch = entries
+        .into_iter()
+        .map(|e| {
+            let mut options = CreateOptions::new(e.params.unwrap_or_else(|| json!({})));
+            options.id = e.instance_id;
+            options
+        })
+        .collect();
+    let result = workflow.create_batch_detailed(batch).await?;
+    let created: Vec<&str> = result.created.iter().map(|i| i.id().as_str()).collect();
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "created": created, "errors": result.errors })),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteBatchBody {
+    instances: Vec<String>,
+}
+
+async fn delete_batch(
+    State(engine): State<Engine>,
+    Path(name): Path<String>,
+    payload: Result<Json<DeleteBatchBody>, JsonRejection>,
+) -> ApiResult<Json<Value>> {
+    let request = body(payload)?;
+    let ids: Vec<&str> = request.instances.iter().map(String::as_str).collect();
+    let result = workflow(&engine, &name)?.delete_batch(&ids).await?;
+    Ok(Json(json!(result)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamQuery {
+    cursor: Option<u64>,
+}
+
+async fn stream(
+    State(engine): State<Engine>,
+    Path((name, id)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    query: Result<Query<StreamQuery>, QueryRejection>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse as _;
+    let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
+    let from_header = match headers.get("last-event-id") {
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("Last-Event-ID must be an event id (a number)")
+                })?,
+        ),
+        None => None,
+    };
+    let cursor = from_header.or(query.cursor).unwrap_or(0);
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    Ok(crate::stream::follow(instance, cursor).into_response())
 }

@@ -360,3 +360,240 @@ async fn bad_input_gets_a_status_and_a_stable_code_and_changes_nothing() {
     );
     engine.shutdown().await;
 }
+
+async fn raw_call(
+    router: axum::Router,
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (StatusCode, String) {
+    let mut request = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = router
+        .oneshot(request.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_configured_token_is_required_on_every_request() {
+    let (engine, _dir) = app().await;
+    let router = || cairn_server::router_with(engine.clone(), Some("s3cret".into()));
+    let (s, body) = raw_call(router(), Method::GET, "/api/workflows", &[], "").await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert!(body.contains("auth.unauthorized"));
+    let (s, _) = raw_call(
+        router(),
+        Method::GET,
+        "/api/workflows",
+        &[("authorization", "Bearer wrong")],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _) = raw_call(
+        router(),
+        Method::POST,
+        "/api/workflows/approval/instances",
+        &[
+            ("authorization", "Bearer s3cret!"),
+            ("content-type", "application/json"),
+        ],
+        "{}",
+    )
+    .await;
+    assert_eq!(
+        s,
+        StatusCode::UNAUTHORIZED,
+        "nothing is created without the token"
+    );
+    let (s, _) = raw_call(
+        router(),
+        Method::GET,
+        "/api/workflows",
+        &[("authorization", "Bearer s3cret")],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, v) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/approval/instances",
+        None,
+    )
+    .await;
+    assert_eq!(v["instances"], json!([]));
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn batch_create_delete_and_describe() {
+    let (engine, _dir) = app().await;
+    call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "x"}"#),
+    )
+    .await;
+    let (s, v) = call(&engine, Method::POST, "/api/workflows/approval/instances/batch", Some(r#"[{"instance_id": "y"}, {"instance_id": "x"}, {"instance_id": "z", "params": {"n": 1}}]"#)).await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(v["created"], json!(["y", "z"]));
+    assert_eq!(v["errors"][0]["code"], "instance.already_exists");
+    assert_eq!(v["errors"][0]["index"], 1);
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances/batch",
+        Some("[]"),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::BAD_REQUEST, json!("batch.empty"))
+    );
+    for id in ["x", "y", "z"] {
+        until_status(&engine, id, "waiting").await;
+    }
+    let (_, v) = call(&engine, Method::GET, "/api/workflows/approval", None).await;
+    assert_eq!(v["instances"]["waiting"], 3);
+    assert_eq!(v["instances"]["complete"], 0);
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances/batch/delete",
+        Some(r#"{"instances": ["x", "nope", "x"]}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["deleted"], json!(["x", "x"]));
+    assert_eq!(v["errors"][0]["code"], "instance.not_found");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_openapi_document_matches_the_routes() {
+    let (engine, _dir) = app().await;
+    let (s, doc) = call(&engine, Method::GET, "/api/openapi.json", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 10);
+    for (path, methods) in paths {
+        for method in methods.as_object().unwrap().keys() {
+            let uri = path
+                .replace("{name}", "approval")
+                .replace("{id}", "nobody")
+                .replace("{type}", "approved");
+            let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let (status, _) = raw_call(
+                cairn_server::router(engine.clone()),
+                m.clone(),
+                &uri,
+                &[("content-type", "application/json")],
+                "{}",
+            )
+            .await;
+            assert_ne!(
+                status,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path} is documented but not routed"
+            );
+            assert!(
+                status != StatusCode::NOT_FOUND || uri.contains("nobody"),
+                "{method} {path} is documented but not routed"
+            );
+        }
+    }
+    engine.shutdown().await;
+}
+
+/// Parses an SSE body into (id, event name) pairs.
+fn events(body: &str) -> Vec<(u64, String)> {
+    body.split("\n\n")
+        .filter_map(|chunk| {
+            let id = chunk
+                .lines()
+                .find_map(|l| l.strip_prefix("id: "))?
+                .parse()
+                .ok()?;
+            let name = chunk
+                .lines()
+                .find_map(|l| l.strip_prefix("event: "))?
+                .to_owned();
+            Some((id, name))
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stream_replays_follows_and_resumes_from_a_cursor_without_gaps_or_repeats() {
+    let (engine, _dir) = app().await;
+    call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "s"}"#),
+    )
+    .await;
+    until_status(&engine, "s", "waiting").await;
+    // A client connected while the instance waits follows it live to the end.
+    let follower = {
+        let router = cairn_server::router(engine.clone());
+        tokio::spawn(async move {
+            raw_call(
+                router,
+                Method::GET,
+                "/api/workflows/approval/instances/s/stream",
+                &[],
+                "",
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances/s/events/approved",
+        Some("{}"),
+    )
+    .await;
+    let (status, body) = follower.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let all = events(&body);
+    assert_eq!(all.first().map(|e| e.1.as_str()), Some("WORKFLOW_QUEUED"));
+    assert_eq!(
+        all.last().map(|e| e.1.as_str()),
+        Some("WORKFLOW_SUCCESS"),
+        "ends after the terminal record"
+    );
+    assert!(all.windows(2).all(|w| w[0].0 < w[1].0), "ids increase");
+    // Reconnecting after the third record gets exactly the rest.
+    let cursor = all[2].0.to_string();
+    let (_, rest) = raw_call(
+        cairn_server::router(engine.clone()),
+        Method::GET,
+        "/api/workflows/approval/instances/s/stream",
+        &[("last-event-id", cursor.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(events(&rest), all[3..].to_vec());
+    let (s, _) = raw_call(
+        cairn_server::router(engine.clone()),
+        Method::GET,
+        "/api/workflows/approval/instances/s/stream",
+        &[("last-event-id", "soon")],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    engine.shutdown().await;
+}
