@@ -19,7 +19,6 @@ mod stream;
 
 use std::future::Future;
 
-use axum::Router;
 use cairn::Engine;
 
 pub use error::ApiError;
@@ -44,6 +43,22 @@ pub fn router_with(engine: Engine, token: Option<String>) -> Router {
         })),
         None => routes,
     }
+}
+
+pub use axum::Router;
+
+/// Serves an already-built router (see [`router_with`]) on `listener` until `shutdown`.
+///
+/// # Errors
+/// When the listener fails.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.

@@ -1,0 +1,110 @@
+//! `cairn serve` as a real process on a loopback port: it serves the API, runs instances,
+//! and refuses a non-loopback address without a token.
+
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 request; returns the status code and the body.
+fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(db: &std::path::Path, port: u16) -> Server {
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--db"])
+        .arg(db)
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http(port, "GET", "/healthz", "").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+#[test]
+fn serve_runs_the_demo_workflows_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    let (status, body) = http(port, "GET", "/api/workflows", "").unwrap();
+    assert_eq!(status, 200);
+    for name in ["greet", "approval", "nap"] {
+        assert!(body.contains(name), "{body}");
+    }
+    let (status, body) = http(
+        port,
+        "POST",
+        "/api/workflows/greet/instances",
+        r#"{"instance_id": "hi", "params": {"name": "Ada"}}"#,
+    )
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, body) = http(port, "GET", "/api/workflows/greet/instances/hi", "").unwrap();
+        let details: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if details["status"] == "complete" {
+            assert_eq!(details["output"], "Hello, Ada!");
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not complete: {body}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn serve_refuses_a_public_address_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--addr", "0.0.0.0:0", "--db"])
+        .arg(dir.path().join("cairn.db"))
+        .env_remove("CAIRN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("error: refusing to serve on 0.0.0.0:0 without a token"),
+        "{stderr}"
+    );
+}
