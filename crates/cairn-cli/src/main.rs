@@ -1,22 +1,39 @@
-//! `cairn`: run Cairn's engine with its HTTP API on embedded SQLite.
+//! `cairn`: run Cairn's engine with its HTTP API on embedded SQLite, and talk to it.
 //!
 //! `cairn serve [--db cairn.db] [--addr 127.0.0.1:8787] [--token T]` starts the engine with
-//! the demo workflows registered (see `demo.rs`) and serves the API until Ctrl-C.
+//! the demo workflows registered (see `demo.rs`) and serves the API until Ctrl-C. The
+//! `workflows …` and `instances …` commands mirror `wrangler workflows …`.
 
+mod client;
 mod demo;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use serde_json::{Value, json};
 
 #[derive(Parser)]
 #[command(
     name = "cairn",
     version,
-    about = "Durable execution for Rust: the Cairn server"
+    about = "Durable execution for Rust: the Cairn server and its client"
 )]
 struct Cli {
+    /// The server to talk to (client commands).
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_URL",
+        default_value = "http://127.0.0.1:8787"
+    )]
+    url: String,
+    /// Bearer token: required by `serve` for every request, sent by the client commands.
+    #[arg(long, global = true, env = "CAIRN_TOKEN")]
+    token: Option<String>,
+    /// Print JSON instead of tables (client commands).
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -31,9 +48,90 @@ enum Command {
         /// Where to listen. A non-loopback address requires a token.
         #[arg(long, default_value = "127.0.0.1:8787")]
         addr: SocketAddr,
-        /// Require `Authorization: Bearer <token>` on every request.
-        #[arg(long, env = "CAIRN_TOKEN")]
-        token: Option<String>,
+    },
+    /// Workflows: list, describe, trigger.
+    #[command(subcommand)]
+    Workflows(WorkflowsCommand),
+    /// Instances: list, describe, send-event, pause, resume, terminate, restart, delete.
+    #[command(subcommand)]
+    Instances(InstancesCommand),
+}
+
+#[derive(Subcommand)]
+enum WorkflowsCommand {
+    /// The registered workflows.
+    List,
+    /// A workflow's instance counts by status.
+    Describe { name: String },
+    /// Create an instance.
+    Trigger {
+        name: String,
+        /// Params as JSON (default `{}`).
+        params: Option<String>,
+        /// The instance id (generated when omitted).
+        #[arg(long)]
+        id: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum InstancesCommand {
+    /// A workflow's instances, newest first.
+    List {
+        name: String,
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// An instance's status and step timeline (`latest` for the newest).
+    Describe {
+        name: String,
+        #[arg(default_value = "latest")]
+        id: String,
+        /// Show outputs whole instead of cut at 60 characters.
+        #[arg(long)]
+        full_output: bool,
+    },
+    /// Send an event to an instance.
+    SendEvent {
+        name: String,
+        id: String,
+        #[arg(long = "type")]
+        event_type: String,
+        /// The payload as JSON (default `{}`).
+        #[arg(long)]
+        payload: Option<String>,
+    },
+    /// Pause an instance.
+    Pause { name: String, id: String },
+    /// Resume an instance.
+    Resume { name: String, id: String },
+    /// Terminate an instance.
+    Terminate {
+        name: String,
+        id: String,
+        /// Run the rollback handlers first.
+        #[arg(long)]
+        rollback: bool,
+    },
+    /// Restart an instance, from scratch or from a step.
+    Restart {
+        name: String,
+        id: String,
+        #[arg(long)]
+        from_step_name: Option<String>,
+        #[arg(long)]
+        from_step_count: Option<u32>,
+        /// run, sleep or wait_for_event.
+        #[arg(long)]
+        from_step_type: Option<String>,
+    },
+    /// Delete instances.
+    Delete {
+        name: String,
+        #[arg(required = true)]
+        ids: Vec<String>,
     },
 }
 
@@ -46,42 +144,265 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let json = cli.json;
     match cli.command {
-        Command::Serve { db, addr, token } => {
-            if !addr.ip().is_loopback() && token.is_none() {
-                return Err(format!(
-                    "refusing to serve on {addr} without a token: pass --token (or CAIRN_TOKEN), or bind a loopback address"
-                )
-                .into());
-            }
-            let engine = demo::register(cairn::Engine::builder().sqlite(&db))
-                .start()
-                .await
-                .map_err(|e| format!("start the engine on {}: {e}", db.display()))?;
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| format!("listen on {addr}: {e}"))?;
-            let names: Vec<&str> = engine.workflow_names().iter().map(|n| n.as_str()).collect();
-            println!(
-                "cairn: serving http://{addr}/api on {} (workflows: {})",
-                db.display(),
-                names.join(", ")
-            );
-            let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
-            };
-            let router = cairn_server::router_with(engine.clone(), token);
-            let served = axum_serve(listener, router, shutdown).await;
-            engine.shutdown().await;
-            served.map_err(|e| format!("serve: {e}").into())
+        Command::Serve { db, addr } => serve(db, addr, cli.token).await,
+        Command::Workflows(command) => {
+            let client = client::Client::new(cli.url, cli.token);
+            tokio::task::spawn_blocking(move || workflows(&client, command, json)).await??;
+            Ok(())
+        }
+        Command::Instances(command) => {
+            let client = client::Client::new(cli.url, cli.token);
+            tokio::task::spawn_blocking(move || instances(&client, command, json)).await??;
+            Ok(())
         }
     }
 }
 
-async fn axum_serve(
-    listener: tokio::net::TcpListener,
-    router: cairn_server::Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    cairn_server::serve_router(listener, router, shutdown).await
+async fn serve(
+    db: PathBuf,
+    addr: SocketAddr,
+    token: Option<String>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if !addr.ip().is_loopback() && token.is_none() {
+        return Err(format!(
+            "refusing to serve on {addr} without a token: pass --token (or CAIRN_TOKEN), or bind a loopback address"
+        )
+        .into());
+    }
+    let engine = demo::register(cairn::Engine::builder().sqlite(&db))
+        .start()
+        .await
+        .map_err(|e| format!("start the engine on {}: {e}", db.display()))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("listen on {addr}: {e}"))?;
+    let names: Vec<&str> = engine.workflow_names().iter().map(|n| n.as_str()).collect();
+    println!(
+        "cairn: serving http://{addr}/api on {} (workflows: {})",
+        db.display(),
+        names.join(", ")
+    );
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let router = cairn_server::router_with(engine.clone(), token);
+    let served = cairn_server::serve_router(listener, router, shutdown).await;
+    engine.shutdown().await;
+    served.map_err(|e| format!("serve: {e}").into())
+}
+
+fn print(json: bool, value: &Value, human: impl FnOnce()) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
+    } else {
+        human();
+    }
+}
+
+fn rows(value: &Value, cells: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {
+    value
+        .as_array()
+        .map(|a| a.iter().map(cells).collect())
+        .unwrap_or_default()
+}
+
+fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Result<(), String> {
+    match command {
+        WorkflowsCommand::List => {
+            let v = c.call("GET", "/api/workflows", None)?;
+            print(json, &v, || {
+                client::table(
+                    &["NAME"],
+                    &rows(&v["workflows"], |w| vec![client::text(&w["name"])]),
+                );
+            });
+        }
+        WorkflowsCommand::Describe { name } => {
+            let v = c.call("GET", &format!("/api/workflows/{name}"), None)?;
+            print(json, &v, || {
+                println!("Workflow: {name}");
+                let counts: Vec<Vec<String>> = v["instances"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, n)| vec![k.clone(), client::text(n)])
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                client::table(&["STATUS", "INSTANCES"], &counts);
+            });
+        }
+        WorkflowsCommand::Trigger { name, params, id } => {
+            let params = match params {
+                Some(p) => client::parse_json("PARAMS", &p)?,
+                None => client::empty_object(),
+            };
+            let body = json!({ "instance_id": id, "params": params });
+            let v = c.call(
+                "POST",
+                &format!("/api/workflows/{name}/instances"),
+                Some(&body),
+            )?;
+            print(json, &v, || {
+                println!(
+                    "🚀 Workflow instance {:?} has been queued successfully",
+                    client::text(&v["id"])
+                );
+            });
+        }
+    }
+    Ok(())
+}
+
+fn change_status(
+    c: &client::Client,
+    json: bool,
+    name: &str,
+    id: &str,
+    body: Value,
+    done: &str,
+) -> Result<(), String> {
+    let id = c.resolve(name, id)?;
+    let v = c.call(
+        "PATCH",
+        &format!("/api/workflows/{name}/instances/{id}/status"),
+        Some(&body),
+    )?;
+    print(json, &v, || {
+        println!(
+            "{done} instance {id:?} (status: {})",
+            client::text(&v["status"])
+        )
+    });
+    Ok(())
+}
+
+fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Result<(), String> {
+    match command {
+        InstancesCommand::List {
+            name,
+            status,
+            limit,
+        } => {
+            let mut path = format!("/api/workflows/{name}/instances?limit={limit}");
+            if let Some(s) = status {
+                path.push_str(&format!("&status={s}"));
+            }
+            let v = c.call("GET", &path, None)?;
+            print(json, &v, || {
+                let table = rows(&v["instances"], |i| {
+                    vec![
+                        client::text(&i["id"]),
+                        client::text(&i["status"]),
+                        client::text(&i["created"]),
+                        client::text(&i["ended"]),
+                    ]
+                });
+                client::table(&["INSTANCE ID", "STATUS", "CREATED", "ENDED"], &table);
+            });
+        }
+        InstancesCommand::Describe {
+            name,
+            id,
+            full_output,
+        } => {
+            let id = c.resolve(&name, &id)?;
+            let v = c.call(
+                "GET",
+                &format!("/api/workflows/{name}/instances/{id}"),
+                None,
+            )?;
+            print(json, &v, || client::describe(&v, full_output));
+        }
+        InstancesCommand::SendEvent {
+            name,
+            id,
+            event_type,
+            payload,
+        } => {
+            let id = c.resolve(&name, &id)?;
+            let payload = match payload {
+                Some(p) => client::parse_json("--payload", &p)?,
+                None => client::empty_object(),
+            };
+            let path = format!("/api/workflows/{name}/instances/{id}/events/{event_type}");
+            let v = c.call("POST", &path, Some(&payload))?;
+            print(json, &v, || {
+                println!("📤 Event {event_type:?} sent to instance {id:?}")
+            });
+        }
+        InstancesCommand::Pause { name, id } => {
+            change_status(c, json, &name, &id, json!({"status": "pause"}), "⏸️ Paused")?
+        }
+        InstancesCommand::Resume { name, id } => change_status(
+            c,
+            json,
+            &name,
+            &id,
+            json!({"status": "resume"}),
+            "▶️ Resumed",
+        )?,
+        InstancesCommand::Terminate { name, id, rollback } => {
+            let body = if rollback {
+                json!({"status": "terminate", "rollback": true})
+            } else {
+                json!({"status": "terminate"})
+            };
+            change_status(c, json, &name, &id, body, "🥷 Terminated")?;
+        }
+        InstancesCommand::Restart {
+            name,
+            id,
+            from_step_name,
+            from_step_count,
+            from_step_type,
+        } => {
+            let body = match from_step_name {
+                None if from_step_count.is_some() || from_step_type.is_some() => {
+                    return Err("--from-step-name is required when using --from-step-count or --from-step-type".into());
+                }
+                None => json!({"status": "restart"}),
+                Some(step) => {
+                    let kind = match from_step_type.as_deref() {
+                        None | Some("run" | "do") => "do",
+                        Some("sleep") => "sleep",
+                        Some("wait_for_event" | "waitForEvent") => "waitForEvent",
+                        Some(other) => {
+                            return Err(format!(
+                                "--from-step-type {other:?}: expected run, sleep or wait_for_event"
+                            ));
+                        }
+                    };
+                    json!({"status": "restart", "from": {"name": step, "count": from_step_count.unwrap_or(1), "type": kind}})
+                }
+            };
+            change_status(c, json, &name, &id, body, "🔄 Restarted")?;
+        }
+        InstancesCommand::Delete { name, ids } => {
+            let ids = ids
+                .iter()
+                .map(|id| c.resolve(&name, id))
+                .collect::<Result<Vec<_>, _>>()?;
+            let path = format!("/api/workflows/{name}/instances/batch/delete");
+            let v = c.call("POST", &path, Some(&json!({ "instances": ids })))?;
+            print(json, &v, || {
+                for id in v["deleted"].as_array().into_iter().flatten() {
+                    println!("🗑️ Deleted instance {}", client::text(id));
+                }
+            });
+            if let Some(first) = v["errors"].as_array().and_then(|e| e.first()) {
+                return Err(format!(
+                    "{} ({})",
+                    client::text(&first["message"]),
+                    client::text(&first["code"])
+                ));
+            }
+        }
+    }
+    Ok(())
 }

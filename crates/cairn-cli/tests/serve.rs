@@ -108,3 +108,161 @@ fn serve_refuses_a_public_address_without_a_token() {
         "{stderr}"
     );
 }
+
+/// Runs `cairn ARGS --url http://127.0.0.1:PORT`; returns (success, stdout, stderr).
+fn cairn(port: u16, args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(args)
+        .args(["--url", &format!("http://127.0.0.1:{port}")])
+        .env_remove("CAIRN_TOKEN")
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn json_of(port: u16, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let (ok, out, err) = cairn(port, &all);
+    assert!(ok, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+fn until(port: u16, id: &str, status: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while json_of(port, &["instances", "describe", "approval", id])["status"] != status {
+        assert!(Instant::now() < deadline, "{id} never became {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_cli_drives_an_instance_through_its_life() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+
+    let (ok, out, _) = cairn(port, &["workflows", "list"]);
+    assert!(
+        ok && out.contains("approval") && out.starts_with("NAME"),
+        "{out}"
+    );
+    let (ok, out, _) = cairn(
+        port,
+        &[
+            "workflows",
+            "trigger",
+            "approval",
+            r#"{"amount": 42}"#,
+            "--id",
+            "a1",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        out.trim(),
+        "🚀 Workflow instance \"a1\" has been queued successfully"
+    );
+    until(port, "a1", "waiting");
+
+    let (ok, out, _) = cairn(port, &["instances", "describe", "approval", "latest"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("Status    waiting"), "{out}");
+    assert!(
+        out.contains("Steps:")
+            && out.contains("notify approver#1")
+            && out.contains("wait for approval#1"),
+        "{out}"
+    );
+
+    assert_eq!(
+        json_of(port, &["instances", "pause", "approval", "a1"])["status"],
+        "paused"
+    );
+    assert_eq!(
+        json_of(port, &["instances", "resume", "approval", "a1"])["status"],
+        "queued"
+    );
+    until(port, "a1", "waiting");
+    let (ok, _, err) = cairn(
+        port,
+        &[
+            "instances",
+            "send-event",
+            "approval",
+            "a1",
+            "--type",
+            "approved",
+            "--payload",
+            r#"{"by": "ada"}"#,
+        ],
+    );
+    assert!(ok, "{err}");
+    until(port, "a1", "complete");
+    let details = json_of(port, &["instances", "describe", "approval", "a1"]);
+    assert_eq!(
+        details["output"]["approval"],
+        serde_json::json!({"by": "ada"})
+    );
+    assert_eq!(
+        details["output"]["request"],
+        serde_json::json!({"amount": 42})
+    );
+
+    cairn(port, &["workflows", "trigger", "approval", "--id", "a2"]);
+    until(port, "a2", "waiting");
+    assert_eq!(
+        json_of(port, &["instances", "terminate", "approval", "a2"])["status"],
+        "terminated"
+    );
+    let listed = json_of(
+        port,
+        &["instances", "list", "approval", "--status", "terminated"],
+    );
+    assert_eq!(listed["instances"][0]["id"], "a2");
+    let counts = json_of(port, &["workflows", "describe", "approval"]);
+    assert_eq!(
+        (
+            counts["instances"]["complete"].clone(),
+            counts["instances"]["terminated"].clone()
+        ),
+        (serde_json::json!(1), serde_json::json!(1))
+    );
+
+    let (ok, out, _) = cairn(port, &["instances", "delete", "approval", "a1", "a2"]);
+    assert!(
+        ok && out.contains("Deleted instance a1") && out.contains("Deleted instance a2"),
+        "{out}"
+    );
+
+    // Failures: non-zero exit with `error: …` naming the problem and its code.
+    let (ok, _, err) = cairn(port, &["instances", "describe", "approval", "a1"]);
+    assert!(!ok);
+    assert!(
+        err.starts_with("error: ") && err.contains("instance.not_found"),
+        "{err}"
+    );
+    let (ok, _, err) = cairn(port, &["workflows", "trigger", "approval", "{not json"]);
+    assert!(!ok && err.contains("PARAMS is not valid JSON"), "{err}");
+    let (ok, _, err) = cairn(
+        port,
+        &[
+            "instances",
+            "restart",
+            "approval",
+            "a1",
+            "--from-step-count",
+            "2",
+        ],
+    );
+    assert!(!ok && err.contains("--from-step-name is required"), "{err}");
+    let (ok, _, err) = cairn(free_port(), &["workflows", "list"]);
+    assert!(
+        !ok && err.starts_with("error: request GET"),
+        "no server: {err}"
+    );
+}

@@ -1,0 +1,230 @@
+//! The client commands: talk to a running `cairn serve` over HTTP, mirroring
+//! `wrangler workflows …`. Tables for people, `--json` for scripts.
+
+use serde_json::{Value, json};
+
+/// Where the server is and how to authenticate.
+pub(crate) struct Client {
+    pub(crate) url: String,
+    pub(crate) token: Option<String>,
+    agent: ureq::Agent,
+}
+
+type Result<T> = std::result::Result<T, String>;
+
+impl Client {
+    pub(crate) fn new(url: String, token: Option<String>) -> Self {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Client {
+            url: url.trim_end_matches('/').to_owned(),
+            token,
+            agent,
+        }
+    }
+
+    /// One request; a non-2xx answer becomes the server's `message (code)`.
+    pub(crate) fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let url = format!("{}{path}", self.url);
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let response = match (method, body) {
+            ("GET" | "DELETE", _) => {
+                let mut req = if method == "GET" {
+                    self.agent.get(&url)
+                } else {
+                    self.agent.delete(&url)
+                };
+                if let Some(a) = &auth {
+                    req = req.header("Authorization", a);
+                }
+                req.call()
+            }
+            (_, body) => {
+                let text = body.map_or_else(|| "{}".to_owned(), Value::to_string);
+                let mut req = match method {
+                    "PATCH" => self.agent.patch(&url),
+                    _ => self.agent.post(&url),
+                };
+                if let Some(a) = &auth {
+                    req = req.header("Authorization", a);
+                }
+                req.content_type("application/json").send(text.as_str())
+            }
+        };
+        let mut response = response.map_err(|e| format!("request {method} {url}: {e}"))?;
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| format!("read the answer of {method} {url}: {e}"))?;
+        let value: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text)
+                .map_err(|e| format!("the server sent something that is not JSON ({e}): {text}"))?
+        };
+        if (200..300).contains(&status) {
+            Ok(value)
+        } else {
+            let message = value["message"].as_str().unwrap_or(&text).to_owned();
+            let code = value["code"].as_str().unwrap_or("http.error");
+            Err(format!("{message} ({code}, HTTP {status})"))
+        }
+    }
+
+    /// `latest` means the most recently created instance.
+    pub(crate) fn resolve(&self, workflow: &str, id: &str) -> Result<String> {
+        if id != "latest" {
+            return Ok(id.to_owned());
+        }
+        let page = self.call(
+            "GET",
+            &format!("/api/workflows/{workflow}/instances?limit=1"),
+            None,
+        )?;
+        page["instances"][0]["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("workflow {workflow:?} has no instances"))
+    }
+}
+
+/// Prints rows as an aligned table.
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    println!(
+        "{}",
+        line(headers.iter().map(|h| (*h).to_owned()).collect())
+    );
+    for row in rows {
+        println!("{}", line(row.clone()));
+    }
+}
+
+pub(crate) fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The time between two RFC 3339 timestamps, in ms.
+fn millis_between(start: &Value, end: &Value) -> String {
+    let parse = |v: &Value| v.as_str().and_then(|s| humantime::parse_rfc3339(s).ok());
+    match (parse(start), parse(end)) {
+        (Some(a), Some(b)) => b
+            .duration_since(a)
+            .map_or_else(|_| "-".into(), |d| format!("{} ms", d.as_millis())),
+        _ => "-".into(),
+    }
+}
+
+/// `instances describe`: a header, then the step timeline.
+pub(crate) fn describe(details: &Value, full_output: bool) {
+    let rollback = details
+        .get("rollback")
+        .map(|r| text(&r["outcome"]))
+        .unwrap_or_else(|| "-".into());
+    for (k, v) in [
+        ("Workflow", text(&details["workflow"])),
+        ("Instance", text(&details["id"])),
+        ("Status", text(&details["status"])),
+        ("Trigger", text(&details["trigger"]["source"])),
+        ("Queued", text(&details["queued"])),
+        ("Start", text(&details["start"])),
+        ("End", text(&details["end"])),
+        (
+            "Duration",
+            millis_between(&details["start"], &details["end"]),
+        ),
+        ("Success", text(&details["success"])),
+        (
+            "Error",
+            details["error"].as_object().map_or("-".into(), |e| {
+                format!("{}: {}", text(&e["name"]), text(&e["message"]))
+            }),
+        ),
+        ("Rollback", rollback),
+        ("Output", clip(&text(&details["output"]), full_output)),
+    ] {
+        println!("{k:<9} {v}");
+    }
+    println!("\nSteps:");
+    let rows: Vec<Vec<String>> = details["steps"]
+        .as_array()
+        .map(|steps| {
+            steps
+                .iter()
+                .map(|s| {
+                    let attempts = s["attempts"].as_array().map_or(0, Vec::len);
+                    let outcome = match s["success"].as_bool() {
+                        Some(true) => "ok".to_owned(),
+                        Some(false) => format!("failed: {}", text(&s["error"]["message"])),
+                        None => "running".to_owned(),
+                    };
+                    vec![
+                        text(&s["type"]),
+                        format!("{}#{}", text(&s["name"]), text(&s["count"])),
+                        text(&s["start"]),
+                        millis_between(&s["start"], &s["end"]),
+                        attempts.to_string(),
+                        outcome,
+                        text(&s["retriesAt"]),
+                        clip(&text(&s["output"]), full_output),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(
+        &[
+            "KIND",
+            "STEP",
+            "START",
+            "DURATION",
+            "ATTEMPTS",
+            "OUTCOME",
+            "RETRIES AT",
+            "OUTPUT",
+        ],
+        &rows,
+    );
+}
+
+/// Output longer than 60 characters is cut unless `full` (then it is whole).
+fn clip(s: &str, full: bool) -> String {
+    if full || s.chars().count() <= 60 {
+        s.to_owned()
+    } else {
+        format!(
+            "{}… (--full-output to see all)",
+            s.chars().take(60).collect::<String>()
+        )
+    }
+}
+
+pub(crate) fn parse_json(what: &str, s: &str) -> Result<Value> {
+    serde_json::from_str(s).map_err(|e| format!("{what} is not valid JSON ({e}): {s}"))
+}
+
+pub(crate) fn empty_object() -> Value {
+    json!({})
+}
