@@ -74,6 +74,59 @@ impl Client {
         }
     }
 
+    /// Follows an SSE stream at `path`, calling `each(id, event, data)` per record, until
+    /// the server ends it. Reconnects once a dropped connection with the last id seen.
+    pub(crate) fn follow(&self, path: &str, mut each: impl FnMut(u64, &str, &Value)) -> Result<()> {
+        use std::io::BufRead as _;
+        let url = format!("{}{path}", self.url);
+        let mut last: Option<u64> = None;
+        for _ in 0..2 {
+            let mut req = self.agent.get(&url);
+            if let Some(t) = &self.token {
+                req = req.header("Authorization", &format!("Bearer {t}"));
+            }
+            if let Some(id) = last {
+                req = req.header("Last-Event-ID", &id.to_string());
+            }
+            let mut response = req.call().map_err(|e| format!("request GET {url}: {e}"))?;
+            if response.status().as_u16() != 200 {
+                let text = response.body_mut().read_to_string().unwrap_or_default();
+                return Err(format!(
+                    "GET {url}: HTTP {}: {text}",
+                    response.status().as_u16()
+                ));
+            }
+            let reader = std::io::BufReader::new(response.body_mut().as_reader());
+            let (mut id, mut event, mut data) = (None, String::new(), String::new());
+            let mut clean_end = true;
+            for line in reader.lines() {
+                let Ok(line) = line else {
+                    clean_end = false;
+                    break;
+                };
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = v.parse().ok();
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    event = v.to_owned();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                } else if line.is_empty() {
+                    if let Some(n) = id.take() {
+                        let value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                        each(n, &event, &value);
+                        last = Some(n);
+                    }
+                    event.clear();
+                    data.clear();
+                }
+            }
+            if clean_end {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
     /// `latest` means the most recently created instance.
     pub(crate) fn resolve(&self, workflow: &str, id: &str) -> Result<String> {
         if id != "latest" {

@@ -92,6 +92,9 @@ enum InstancesCommand {
         /// Show outputs whole instead of cut at 60 characters.
         #[arg(long)]
         full_output: bool,
+        /// Follow the instance's event log live until it finishes.
+        #[arg(long)]
+        watch: bool,
     },
     /// Send an event to an instance.
     SendEvent {
@@ -310,6 +313,7 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
             name,
             id,
             full_output,
+            watch,
         } => {
             let id = c.resolve(&name, &id)?;
             let v = c.call(
@@ -318,6 +322,20 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                 None,
             )?;
             print(json, &v, || client::describe(&v, full_output));
+            if watch {
+                let path = format!("/api/workflows/{name}/instances/{id}/stream");
+                c.follow(&path, |n, event, record| {
+                    if json {
+                        println!("{}", json!({ "id": n, "event": event, "record": record }));
+                    } else {
+                        let step = record["step"]["name"]
+                            .as_str()
+                            .map(|s| format!(" {s:?}"))
+                            .unwrap_or_default();
+                        println!("{n:>6}  {}  {event}{step}", client::text(&record["at"]));
+                    }
+                })?;
+            }
         }
         InstancesCommand::SendEvent {
             name,

@@ -266,3 +266,37 @@ fn the_cli_drives_an_instance_through_its_life() {
         "no server: {err}"
     );
 }
+
+#[test]
+fn describe_watch_follows_the_live_stream_until_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    cairn(port, &["workflows", "trigger", "approval", "--id", "w"]);
+    until(port, "w", "waiting");
+    let watcher = std::thread::spawn(move || {
+        cairn(port, &["instances", "describe", "approval", "w", "--watch"])
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    cairn(
+        port,
+        &[
+            "instances",
+            "send-event",
+            "approval",
+            "w",
+            "--type",
+            "approved",
+        ],
+    );
+    let (ok, out, err) = watcher.join().unwrap();
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("WORKFLOW_QUEUED") && out.contains("WAIT_COMPLETE \"wait for approval\""),
+        "{out}"
+    );
+    assert!(
+        out.trim_end().ends_with("WORKFLOW_SUCCESS"),
+        "ends with the terminal record: {out}"
+    );
+}
