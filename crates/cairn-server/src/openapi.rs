@@ -58,6 +58,11 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
         "/api/workflows/{name}/instances/{id}/stream",
         "Server-Sent Events: the event log, then live records (Last-Event-ID or cursor)",
     ),
+    (
+        "get",
+        "/api/workflows/{name}/stream",
+        "Server-Sent Events of every instance of the workflow (Last-Event-ID or cursor); does not end",
+    ),
 ];
 
 pub(crate) fn document() -> Value {

@@ -28,6 +28,7 @@ pub(crate) fn routes() -> Router<Engine> {
             post(delete_batch),
         )
         .route("/api/workflows/{name}/instances/{id}/stream", get(stream))
+        .route("/api/workflows/{name}/stream", get(workflow_stream))
         .route(
             "/api/workflows/{name}/instances",
             post(create_instance).get(list_instances),
@@ -223,6 +224,8 @@ async fn send_event(
     payload: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult<Json<Value>> {
     let payload = body(payload)?;
+    // Bad input is reported before any lookup.
+    cairn::EventType::new(event_type.as_str()).map_err(cairn::Error::from)?;
     workflow(&engine, &name)?
         .get(&id)
         .await?
@@ -289,13 +292,23 @@ struct StreamQuery {
     cursor: Option<u64>,
 }
 
-async fn stream(
+async fn workflow_stream(
     State(engine): State<Engine>,
-    Path((name, id)): Path<(String, String)>,
+    Path(name): Path<String>,
     headers: axum::http::HeaderMap,
     query: Result<Query<StreamQuery>, QueryRejection>,
 ) -> ApiResult<axum::response::Response> {
     use axum::response::IntoResponse as _;
+    let cursor = cursor(&headers, query)?;
+    let workflow = workflow(&engine, &name)?;
+    Ok(crate::stream::follow_workflow(workflow, cursor).into_response())
+}
+
+/// The stream cursor: `Last-Event-ID` (a reconnecting client), else `?cursor=`, else 0.
+fn cursor(
+    headers: &axum::http::HeaderMap,
+    query: Result<Query<StreamQuery>, QueryRejection>,
+) -> ApiResult<u64> {
     let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
     let from_header = match headers.get("last-event-id") {
         Some(v) => Some(
@@ -308,7 +321,17 @@ async fn stream(
         ),
         None => None,
     };
-    let cursor = from_header.or(query.cursor).unwrap_or(0);
+    Ok(from_header.or(query.cursor).unwrap_or(0))
+}
+
+async fn stream(
+    State(engine): State<Engine>,
+    Path((name, id)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    query: Result<Query<StreamQuery>, QueryRejection>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse as _;
+    let cursor = cursor(&headers, query)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
     Ok(crate::stream::follow(instance, cursor).into_response())
 }

@@ -65,3 +65,35 @@ pub(crate) fn follow(
     });
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
+
+/// The stream of every record of `workflow`'s instances with ids after `cursor`. It does
+/// not end by itself: instances come and go.
+pub(crate) fn follow_workflow(
+    workflow: cairn::UntypedWorkflow,
+    cursor: u64,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    type Pending = std::collections::VecDeque<(cairn::InstanceId, LogRecord)>;
+    let start = (workflow, cursor, Pending::new());
+    let stream = futures::stream::unfold(start, |(workflow, mut cursor, mut pending)| async move {
+        loop {
+            if let Some((id, record)) = pending.pop_front() {
+                cursor = record.id;
+                let mut value = serde_json::to_value(&record).unwrap_or_default();
+                if let Some(map) = value.as_object_mut() {
+                    map.insert("instanceId".into(), serde_json::json!(id.as_str()));
+                }
+                let event = Event::default()
+                    .id(record.id.to_string())
+                    .event(record.entry.kind.as_str())
+                    .data(value.to_string());
+                return Some((Ok(event), (workflow, cursor, pending)));
+            }
+            match workflow.log(cursor, 500).await {
+                Ok(records) if !records.is_empty() => pending.extend(records),
+                Err(_) => return None,
+                Ok(_) => tokio::time::sleep(POLL).await,
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}

@@ -295,6 +295,13 @@ async fn bad_input_gets_a_status_and_a_stable_code_and_changes_nothing() {
             StatusCode::NOT_FOUND,
             "instance.not_found",
         ),
+        (
+            Method::POST,
+            "/api/workflows/approval/instances/nobody/events/bad.type",
+            Some("{}"),
+            StatusCode::BAD_REQUEST,
+            "event.invalid_type",
+        ),
     ];
     for (method, uri, body, status, code) in cases {
         let (s, v) = call(&engine, method.clone(), uri, *body).await;
@@ -492,14 +499,18 @@ async fn the_openapi_document_matches_the_routes() {
                 .replace("{id}", "nobody")
                 .replace("{type}", "approved");
             let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            let (status, _) = raw_call(
-                cairn_server::router(engine.clone()),
-                m.clone(),
-                &uri,
-                &[("content-type", "application/json")],
-                "{}",
-            )
-            .await;
+            let request = Request::builder()
+                .method(m.clone())
+                .uri(&uri)
+                .header("content-type", "application/json")
+                .body(Body::from("{}"))
+                .unwrap();
+            // Only the status: a stream's body never ends.
+            let status = cairn_server::router(engine.clone())
+                .oneshot(request)
+                .await
+                .unwrap()
+                .status();
             assert_ne!(
                 status,
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -595,5 +606,69 @@ async fn the_stream_replays_follows_and_resumes_from_a_cursor_without_gaps_or_re
     )
     .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_workflow_stream_carries_every_instance_and_resumes_from_a_cursor() {
+    let (engine, _dir) = app().await;
+    for id in ["w1", "w2"] {
+        call(
+            &engine,
+            Method::POST,
+            "/api/workflows/approval/instances",
+            Some(&format!(r#"{{"instance_id": "{id}"}}"#)),
+        )
+        .await;
+        until_status(&engine, id, "waiting").await;
+        call(
+            &engine,
+            Method::POST,
+            &format!("/api/workflows/approval/instances/{id}/events/approved"),
+            Some("{}"),
+        )
+        .await;
+        until_status(&engine, id, "complete").await;
+    }
+    // Read until both terminal records arrived, then drop the connection (it never ends).
+    let read = |last: Option<String>| {
+        let engine = engine.clone();
+        async move {
+            let mut request = Request::builder()
+                .method(Method::GET)
+                .uri("/api/workflows/approval/stream");
+            if let Some(id) = last {
+                request = request.header("last-event-id", id);
+            }
+            let response = cairn_server::router(engine)
+                .oneshot(request.body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            let mut body = response.into_body();
+            let mut text = String::new();
+            while text.matches("WORKFLOW_SUCCESS").count() < 4 {
+                let Some(frame) = body.frame().await else {
+                    break;
+                };
+                if let Ok(data) = frame.unwrap().into_data() {
+                    text.push_str(&String::from_utf8_lossy(&data));
+                }
+                if text.matches("event: WORKFLOW_SUCCESS").count() >= 2 {
+                    break;
+                }
+            }
+            text
+        }
+    };
+    let all = events(&read(None).await);
+    assert_eq!(all.iter().filter(|e| e.1 == "WORKFLOW_SUCCESS").count(), 2);
+    assert_eq!(all.iter().filter(|e| e.1 == "WORKFLOW_QUEUED").count(), 2);
+    assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
+    // A reconnect after the fifth record resumes right after it.
+    let resumed = read(Some(all[4].0.to_string())).await;
+    let rest = events(&resumed);
+    assert_eq!(rest.first().map(|e| e.0), Some(all[5].0));
+    assert!(resumed.contains("\"instanceId\""));
     engine.shutdown().await;
 }

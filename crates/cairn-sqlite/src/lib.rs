@@ -414,6 +414,16 @@ impl Store for SqliteStore {
         self.read(move |conn| rows::log(conn, instance, after, limit))
     }
 
+    fn workflow_log(
+        &self,
+        workflow: &WorkflowName,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<(InstanceId, cairn_core::LogRecord)>> {
+        let workflow = workflow.to_string();
+        self.read(move |conn| rows::workflow_log(conn, &workflow, after, limit))
+    }
+
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         let workflows: Vec<String> = workflows.iter().map(ToString::to_string).collect();
         self.read(move |conn| rows::next_ready(conn, &workflows))

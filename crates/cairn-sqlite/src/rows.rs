@@ -546,6 +546,44 @@ pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<St
     rows.map(|r| r.map_err(map_sqlite)?).collect()
 }
 
+const LOG_COLUMNS: &str = "l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta";
+
+/// Maps a row selected with [`LOG_COLUMNS`].
+fn log_record(r: &Row<'_>) -> rusqlite::Result<Result<LogRecord>> {
+    let id: i64 = r.get(0)?;
+    let at: i64 = r.get(1)?;
+    let kind: i64 = r.get(2)?;
+    let step_kind: Option<i64> = r.get(3)?;
+    let step_name: Option<String> = r.get(4)?;
+    let step_count: Option<u32> = r.get(5)?;
+    let meta: String = r.get(6)?;
+    Ok((|| {
+        let step = match (step_kind, step_name, step_count) {
+            (Some(k), Some(name), Some(count)) => Some(StepKey {
+                kind: StepKind::from_code(k)
+                    .ok_or_else(|| corrupt(format!("unknown step kind {k}")))?,
+                name,
+                count,
+            }),
+            _ => None,
+        };
+        Ok(LogRecord {
+            id: u64::try_from(id).map_err(corrupt)?,
+            entry: LogEntry {
+                kind: LogKind::from_code(kind)
+                    .ok_or_else(|| corrupt(format!("unknown log kind {kind}")))?,
+                at: Timestamp::from_millis(at),
+                step,
+                meta: serde_json::from_str(&meta).map_err(corrupt)?,
+            },
+        })
+    })())
+}
+
+fn sql_int(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
 pub(crate) fn log(
     conn: &Connection,
     instance: InstanceRef,
@@ -553,51 +591,43 @@ pub(crate) fn log(
     limit: usize,
 ) -> Result<Vec<LogRecord>> {
     let mut st = conn
-        .prepare_cached(
-            "SELECT id, at, kind, step_kind, step_name, step_count, meta FROM log
-             WHERE iid = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
-        )
+        .prepare_cached(&format!(
+            "SELECT {LOG_COLUMNS} FROM log l WHERE l.iid = ?1 AND l.id > ?2 ORDER BY l.id LIMIT ?3"
+        ))
         .map_err(map_sqlite)?;
     let rows = st
         .query_map(
-            params![
-                instance.0,
-                i64::try_from(after).unwrap_or(i64::MAX),
-                i64::try_from(limit).unwrap_or(i64::MAX)
-            ],
-            |r| {
-                let id: i64 = r.get(0)?;
-                let kind: i64 = r.get(2)?;
-                let step_kind: Option<i64> = r.get(3)?;
-                let step_name: Option<String> = r.get(4)?;
-                let step_count: Option<u32> = r.get(5)?;
-                let meta: String = r.get(6)?;
-                let at: i64 = r.get(1)?;
-                Ok((|| {
-                    let step = match (step_kind, step_name, step_count) {
-                        (Some(k), Some(name), Some(count)) => Some(StepKey {
-                            kind: StepKind::from_code(k)
-                                .ok_or_else(|| corrupt(format!("unknown step kind {k}")))?,
-                            name,
-                            count,
-                        }),
-                        _ => None,
-                    };
-                    Ok(LogRecord {
-                        id: u64::try_from(id).map_err(corrupt)?,
-                        entry: LogEntry {
-                            kind: LogKind::from_code(kind)
-                                .ok_or_else(|| corrupt(format!("unknown log kind {kind}")))?,
-                            at: Timestamp::from_millis(at),
-                            step,
-                            meta: serde_json::from_str(&meta).map_err(corrupt)?,
-                        },
-                    })
-                })())
-            },
+            params![instance.0, sql_int(after), sql_int(limit)],
+            log_record,
         )
         .map_err(map_sqlite)?;
     rows.map(|r| r.map_err(map_sqlite)?).collect()
+}
+
+pub(crate) fn workflow_log(
+    conn: &Connection,
+    workflow: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<(InstanceId, LogRecord)>> {
+    let mut st = conn
+        .prepare_cached(&format!(
+            "SELECT {LOG_COLUMNS}, i.id FROM log l JOIN instances i ON i.iid = l.iid
+             WHERE i.workflow = ?1 AND l.id > ?2 ORDER BY l.id LIMIT ?3"
+        ))
+        .map_err(map_sqlite)?;
+    let rows = st
+        .query_map(params![workflow, sql_int(after), sql_int(limit)], |r| {
+            let id: String = r.get(7)?;
+            let record = log_record(r)?;
+            Ok((id, record))
+        })
+        .map_err(map_sqlite)?;
+    rows.map(|r| {
+        let (id, record) = r.map_err(map_sqlite)?;
+        Ok((InstanceId::new(id).map_err(corrupt)?, record?))
+    })
+    .collect()
 }
 
 const INSTANCE_KEY_SQL: &str = "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params

@@ -304,6 +304,17 @@ pub async fn log_ids_are_monotonic_and_paged(store: Arc<dyn Store>) {
     assert_eq!(la.len(), 4);
     assert!(la.windows(2).all(|w| w[0].id < w[1].id));
     assert!(la.iter().all(|r| !lb.iter().any(|s| s.id == r.id)));
+    let all = store.workflow_log(&wf("wf"), 0, 100).await.unwrap();
+    assert_eq!(all.len(), 8, "both instances' records");
+    assert!(all.windows(2).all(|w| w[0].1.id < w[1].1.id));
+    assert_eq!(
+        store
+            .workflow_log(&wf("wf"), all[5].1.id, 100)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
     let tail = store.log(a, la[1].id, 100).await.unwrap();
     assert_eq!(tail, la[2..].to_vec(), "resumes strictly after the cursor");
     assert_eq!(store.log(a, 0, 2).await.unwrap().len(), 2);

@@ -393,6 +393,15 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> StoreFuture<'_, Vec<LogRecord>>;
 
+    /// Lifecycle records of every instance of `workflow` with id greater than `after`,
+    /// oldest first, each with its instance id.
+    fn workflow_log(
+        &self,
+        workflow: &WorkflowName,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<(InstanceId, LogRecord)>>;
+
     /// The earliest `ready_at` among instances of `workflows` that are not leased: when the
     /// scheduler should look again.
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>>;

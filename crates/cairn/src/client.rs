@@ -524,6 +524,25 @@ impl UntypedWorkflow {
         Ok(BatchCreated { created, errors })
     }
 
+    /// Lifecycle records of all this workflow's instances with id greater than `after`,
+    /// oldest first (at most `limit`), each with its instance id.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn log(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(InstanceId, LogRecord)>, Error> {
+        Ok(self
+            .engine
+            .inner
+            .shared
+            .store
+            .workflow_log(&self.name, after, limit)
+            .await?)
+    }
+
     /// How many of this workflow's instances are in `status`.
     ///
     /// # Errors

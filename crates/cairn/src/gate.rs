@@ -109,6 +109,18 @@ impl Store for Gate {
         blocking(&self.0, move |s| s.log(instance, after, limit))
     }
 
+    fn workflow_log(
+        &self,
+        workflow: &WorkflowName,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<(InstanceId, LogRecord)>> {
+        let workflow = workflow.clone();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.workflow_log(&workflow, after, limit).await })
+        })
+    }
+
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         let workflows = workflows.to_vec();
         blocking(&self.0, move |s| {

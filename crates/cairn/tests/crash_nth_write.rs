@@ -130,6 +130,14 @@ impl Store for FailingStore {
     fn log(&self, i: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
         self.inner.log(i, after, limit)
     }
+    fn workflow_log(
+        &self,
+        w: &WorkflowName,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<(InstanceId, LogRecord)>> {
+        self.inner.workflow_log(w, after, limit)
+    }
     fn next_ready(&self, w: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         self.inner.next_ready(w)
     }
