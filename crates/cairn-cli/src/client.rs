@@ -162,12 +162,12 @@ pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) {
             .trim_end()
             .to_owned()
     };
-    println!(
+    out!(
         "{}",
         line(headers.iter().map(|h| (*h).to_owned()).collect())
     );
     for row in rows {
-        println!("{}", line(row.clone()));
+        out!("{}", line(row.clone()));
     }
 }
 
@@ -218,9 +218,9 @@ pub(crate) fn describe(details: &Value, full_output: bool) {
         ("Rollback", rollback),
         ("Output", clip(&text(&details["output"]), full_output)),
     ] {
-        println!("{k:<9} {v}");
+        out!("{k:<9} {v}");
     }
-    println!("\nSteps:");
+    out!("\nSteps:");
     let rows: Vec<Vec<String>> = details["steps"]
         .as_array()
         .map(|steps| {

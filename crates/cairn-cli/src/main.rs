@@ -4,6 +4,17 @@
 //! the demo workflows registered (see `demo.rs`) and serves the API until Ctrl-C. The
 //! `workflows …` and `instances …` commands mirror `wrangler workflows …`.
 
+/// `println!` that ends the process quietly when stdout is closed (`cairn … | head`)
+/// instead of panicking on the broken pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 mod client;
 mod demo;
 
@@ -182,7 +193,7 @@ async fn serve(
         .await
         .map_err(|e| format!("listen on {addr}: {e}"))?;
     let names: Vec<&str> = engine.workflow_names().iter().map(|n| n.as_str()).collect();
-    println!(
+    out!(
         "cairn: serving http://{addr}/api on {} (workflows: {})",
         db.display(),
         names.join(", ")
@@ -198,7 +209,7 @@ async fn serve(
 
 fn print(json: bool, value: &Value, human: impl FnOnce()) {
     if json {
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(value).unwrap_or_default()
         );
@@ -228,7 +239,7 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
         WorkflowsCommand::Describe { name } => {
             let v = c.call("GET", &format!("/api/workflows/{name}"), None)?;
             print(json, &v, || {
-                println!("Workflow: {name}");
+                out!("Workflow: {name}");
                 let counts: Vec<Vec<String>> = v["instances"]
                     .as_object()
                     .map(|m| {
@@ -252,7 +263,7 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
                 Some(&body),
             )?;
             print(json, &v, || {
-                println!(
+                out!(
                     "🚀 Workflow instance {:?} has been queued successfully",
                     client::text(&v["id"])
                 );
@@ -277,7 +288,7 @@ fn change_status(
         Some(&body),
     )?;
     print(json, &v, || {
-        println!(
+        out!(
             "{done} instance {id:?} (status: {})",
             client::text(&v["status"])
         )
@@ -326,13 +337,21 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                 let path = format!("/api/workflows/{name}/instances/{id}/stream");
                 c.follow(&path, |n, event, record| {
                     if json {
-                        println!("{}", json!({ "id": n, "event": event, "record": record }));
+                        out!("{}", json!({ "id": n, "event": event, "record": record }));
                     } else {
                         let step = record["step"]["name"]
                             .as_str()
                             .map(|s| format!(" {s:?}"))
                             .unwrap_or_default();
-                        println!("{n:>6}  {}  {event}{step}", client::text(&record["at"]));
+                        let at = record["at"]
+                            .as_u64()
+                            .map(|ms| {
+                                let t =
+                                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+                                humantime::format_rfc3339_millis(t).to_string()
+                            })
+                            .unwrap_or_else(|| client::text(&record["at"]));
+                        out!("{n:>6}  {at}  {event}{step}");
                     }
                 })?;
             }
@@ -351,7 +370,7 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
             let path = format!("/api/workflows/{name}/instances/{id}/events/{event_type}");
             let v = c.call("POST", &path, Some(&payload))?;
             print(json, &v, || {
-                println!("📤 Event {event_type:?} sent to instance {id:?}")
+                out!("📤 Event {event_type:?} sent to instance {id:?}")
             });
         }
         InstancesCommand::Pause { name, id } => {
@@ -410,7 +429,7 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
             let v = c.call("POST", &path, Some(&json!({ "instances": ids })))?;
             print(json, &v, || {
                 for id in v["deleted"].as_array().into_iter().flatten() {
-                    println!("🗑️ Deleted instance {}", client::text(id));
+                    out!("🗑️ Deleted instance {}", client::text(id));
                 }
             });
             if let Some(first) = v["errors"].as_array().and_then(|e| e.first()) {
