@@ -324,6 +324,9 @@ async fn bad_input_gets_a_status_and_a_stable_code_and_changes_nothing() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["code"], "request.unsupported_media_type", "{v}");
     // Oversized body.
     let big = format!(r#"{{"params": "{}"}}"#, "x".repeat(2 << 20));
     let (s, v) = call(
@@ -670,5 +673,144 @@ async fn the_workflow_stream_carries_every_instance_and_resumes_from_a_cursor() 
     let rest = events(&resumed);
     assert_eq!(rest.first().map(|e| e.0), Some(all[5].0));
     assert!(resumed.contains("\"instanceId\""));
+    engine.shutdown().await;
+}
+
+/// Takes typed params, so the API can refuse params of the wrong shape.
+struct Typed;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Order {
+    amount: u64,
+}
+
+impl Workflow for Typed {
+    const NAME: &'static str = "typed";
+    type Params = Order;
+    type Output = u64;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<Order>,
+        _step: WorkflowStep,
+    ) -> Result<u64, WorkflowError> {
+        Ok(event.payload.amount)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn wrong_params_wrong_state_and_oversized_batches_have_their_own_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::builder()
+        .sqlite(dir.path().join("cairn.db"))
+        .clock(cairn::Clock::virtual_now())
+        .register(Approval)
+        .register(Typed)
+        .start()
+        .await
+        .unwrap();
+    // Params that do not deserialize into the workflow's type: 422, nothing created.
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/typed/instances",
+        Some(r#"{"instance_id": "t", "params": {"amount": "ten"}}"#),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::UNPROCESSABLE_ENTITY, json!("params.invalid")),
+        "{v}"
+    );
+    let (s, _) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/typed/instances/t",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/typed/instances",
+        Some(r#"{"instance_id": "t", "params": {"amount": 10}}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+
+    // Pausing or resuming a finished instance: 409.
+    call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "w"}"#),
+    )
+    .await;
+    until_status(&engine, "w", "waiting").await;
+    let patch = |body: &'static str| {
+        call(
+            &engine,
+            Method::PATCH,
+            "/api/workflows/approval/instances/w/status",
+            Some(body),
+        )
+    };
+    // Resuming an instance that is not paused is a no-op (SPEC A: "resume while running").
+    let (s, v) = patch(r#"{"status": "resume"}"#).await;
+    assert_eq!((s, v), (StatusCode::OK, json!({"status": "waiting"})));
+    patch(r#"{"status": "terminate"}"#).await;
+    let (s, v) = patch(r#"{"status": "resume"}"#).await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::CONFLICT, json!("instance.cannot_resume")),
+        "{v}"
+    );
+    let (s, v) = patch(r#"{"status": "pause"}"#).await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::CONFLICT, json!("instance.cannot_pause")),
+        "{v}"
+    );
+    let (_, d) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/approval/instances/w",
+        None,
+    )
+    .await;
+    assert_eq!(
+        d["status"], "terminated",
+        "the refused changes changed nothing"
+    );
+
+    // More than MAX_BATCH entries, to create or to delete: refused whole.
+    let entries: Vec<Value> = (0..=cairn::MAX_BATCH)
+        .map(|i| json!({ "instance_id": format!("b{i}") }))
+        .collect();
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances/batch",
+        Some(&Value::Array(entries).to_string()),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::BAD_REQUEST, json!("batch.too_large")),
+        "{v}"
+    );
+    let (_, list) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/approval/instances",
+        None,
+    )
+    .await;
+    assert_eq!(
+        list["instances"].as_array().unwrap().len(),
+        1,
+        "only `w` exists"
+    );
     engine.shutdown().await;
 }

@@ -18,8 +18,8 @@ mod workflow;
 
 pub use cairn_core::{
     Backoff, ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord,
-    ResolvedConfig, RetryDelay, StepKey, StepKind, StepName, StepRecord, StepState, Timestamp,
-    WorkflowName, format_duration, parse_duration,
+    MAX_BATCH, ResolvedConfig, RetryDelay, StepKey, StepKind, StepName, StepRecord, StepState,
+    Timestamp, WorkflowName, format_duration, parse_duration,
 };
 pub use cairn_store::Retention;
 pub use client::{
