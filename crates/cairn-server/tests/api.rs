@@ -432,6 +432,29 @@ async fn a_configured_token_is_required_on_every_request() {
     )
     .await;
     assert_eq!(s, StatusCode::OK);
+    // Every documented route, without the token: 401 before any handler runs.
+    let (_, doc) = call(&engine, Method::GET, "/api/openapi.json", None).await;
+    let mut checked = 0;
+    for (path, methods) in doc["paths"].as_object().unwrap() {
+        for method in methods.as_object().unwrap().keys() {
+            let uri = path
+                .replace("{name}", "approval")
+                .replace("{id}", "x")
+                .replace("{type}", "approved");
+            let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let (s, body) = raw_call(
+                router(),
+                m,
+                &uri,
+                &[("content-type", "application/json")],
+                r#"{"status": "terminate"}"#,
+            )
+            .await;
+            assert_eq!(s, StatusCode::UNAUTHORIZED, "{method} {path}: {body}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} routes documented");
     let (_, v) = call(
         &engine,
         Method::GET,
