@@ -301,7 +301,7 @@ async fn workflow_stream(
     use axum::response::IntoResponse as _;
     let cursor = cursor(&headers, query)?;
     let workflow = workflow(&engine, &name)?;
-    Ok(crate::stream::follow_workflow(workflow, cursor).into_response())
+    Ok(crate::stream::follow_workflow(workflow, cursor, engine.commits()).into_response())
 }
 
 /// The stream cursor: `Last-Event-ID` (a reconnecting client), else `?cursor=`, else 0.
@@ -333,5 +333,5 @@ async fn stream(
     use axum::response::IntoResponse as _;
     let cursor = cursor(&headers, query)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
-    Ok(crate::stream::follow(instance, cursor).into_response())
+    Ok(crate::stream::follow(instance, cursor, engine.commits()).into_response())
 }

@@ -8,8 +8,19 @@ use std::time::Duration;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use cairn::{Instance, LogKind, LogRecord};
 use futures::Stream;
+use tokio::sync::watch;
 
-const POLL: Duration = Duration::from_millis(100);
+/// How often a stream that has read everything looks again when nothing woke it. The
+/// engine's commits wake it at once; this catches writes by other processes.
+const POLL: Duration = Duration::from_secs(1);
+
+/// Waits for the engine's next commit, or [`POLL`] at most.
+async fn next_commit(commits: &mut watch::Receiver<u64>) {
+    if let Ok(Err(_)) = tokio::time::timeout(POLL, commits.changed()).await {
+        // The engine is gone; `changed` would return at once forever.
+        tokio::time::sleep(POLL).await;
+    }
+}
 
 fn terminal(kind: LogKind) -> bool {
     matches!(
@@ -29,16 +40,19 @@ fn event(record: &LogRecord) -> Event {
 pub(crate) fn follow(
     instance: Instance,
     cursor: u64,
+    commits: watch::Receiver<u64>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     struct State {
         instance: Instance,
         cursor: u64,
+        commits: watch::Receiver<u64>,
         pending: std::collections::VecDeque<LogRecord>,
         done: bool,
     }
     let start = State {
         instance,
         cursor,
+        commits,
         pending: Default::default(),
         done: false,
     };
@@ -55,11 +69,13 @@ pub(crate) fn follow(
             if st.done {
                 return None;
             }
+            // Marked seen before the read, so a commit landing after it wakes the wait.
+            st.commits.borrow_and_update();
             match st.instance.log(st.cursor).await {
                 Ok(records) if !records.is_empty() => st.pending.extend(records),
                 // Deleted, or the store failed: end the stream.
                 Err(_) => return None,
-                Ok(_) => tokio::time::sleep(POLL).await,
+                Ok(_) => next_commit(&mut st.commits).await,
             }
         }
     });
@@ -71,29 +87,34 @@ pub(crate) fn follow(
 pub(crate) fn follow_workflow(
     workflow: cairn::UntypedWorkflow,
     cursor: u64,
+    commits: watch::Receiver<u64>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     type Pending = std::collections::VecDeque<(cairn::InstanceId, LogRecord)>;
-    let start = (workflow, cursor, Pending::new());
-    let stream = futures::stream::unfold(start, |(workflow, mut cursor, mut pending)| async move {
-        loop {
-            if let Some((id, record)) = pending.pop_front() {
-                cursor = record.id;
-                let mut value = serde_json::to_value(&record).unwrap_or_default();
-                if let Some(map) = value.as_object_mut() {
-                    map.insert("instanceId".into(), serde_json::json!(id.as_str()));
+    let start = (workflow, cursor, commits, Pending::new());
+    let stream = futures::stream::unfold(
+        start,
+        |(workflow, mut cursor, mut commits, mut pending)| async move {
+            loop {
+                if let Some((id, record)) = pending.pop_front() {
+                    cursor = record.id;
+                    let mut value = serde_json::to_value(&record).unwrap_or_default();
+                    if let Some(map) = value.as_object_mut() {
+                        map.insert("instanceId".into(), serde_json::json!(id.as_str()));
+                    }
+                    let event = Event::default()
+                        .id(record.id.to_string())
+                        .event(record.entry.kind.as_str())
+                        .data(value.to_string());
+                    return Some((Ok(event), (workflow, cursor, commits, pending)));
                 }
-                let event = Event::default()
-                    .id(record.id.to_string())
-                    .event(record.entry.kind.as_str())
-                    .data(value.to_string());
-                return Some((Ok(event), (workflow, cursor, pending)));
+                commits.borrow_and_update();
+                match workflow.log(cursor, 500).await {
+                    Ok(records) if !records.is_empty() => pending.extend(records),
+                    Err(_) => return None,
+                    Ok(_) => next_commit(&mut commits).await,
+                }
             }
-            match workflow.log(cursor, 500).await {
-                Ok(records) if !records.is_empty() => pending.extend(records),
-                Err(_) => return None,
-                Ok(_) => tokio::time::sleep(POLL).await,
-            }
-        }
-    });
+        },
+    );
     Sse::new(stream).keep_alive(KeepAlive::default())
 }

@@ -49,6 +49,8 @@ pub(crate) struct EngineInner {
     pub(crate) wake: Notify,
     /// Bumped whenever an instance's status may have changed; status waiters watch it.
     pub(crate) changes: watch::Sender<u64>,
+    /// Bumped after every successful store write (see `announce.rs`).
+    commits: Arc<watch::Sender<u64>>,
     pub(crate) shutdown: watch::Sender<bool>,
     scheduler: Mutex<Option<JoinHandle<()>>>,
     _temp_dir: Option<tempfile::TempDir>,
@@ -157,6 +159,13 @@ impl Engine {
     /// The names of the registered workflows, in registration order.
     pub fn workflow_names(&self) -> &[WorkflowName] {
         &self.inner.names
+    }
+
+    /// A receiver that sees a new value after every write this engine commits to its store:
+    /// a live view that has read everything waits on it instead of polling. Writes made by
+    /// other processes sharing the store are not seen.
+    pub fn commits(&self) -> watch::Receiver<u64> {
+        self.inner.commits.subscribe()
     }
 
     /// Stops the engine: no new instances are claimed, running ones stop where they are
@@ -327,6 +336,11 @@ impl EngineBuilder {
         } else {
             store
         };
+        let commits = Arc::new(watch::channel(0).0);
+        let store: Arc<dyn Store> = Arc::new(crate::announce::Announcing {
+            store,
+            commits: Arc::clone(&commits),
+        });
         let inner = Arc::new(EngineInner {
             live: Mutex::new(HashMap::new()),
             hibernate_after: self.hibernate_after,
@@ -345,6 +359,7 @@ impl EngineBuilder {
             max_running: self.max_running,
             wake: Notify::new(),
             changes: watch::channel(0).0,
+            commits,
             shutdown: watch::channel(false).0,
             scheduler: Mutex::new(None),
             _temp_dir: temp_dir,

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod announce;
 mod client;
 mod clock;
 mod config;
