@@ -892,3 +892,40 @@ async fn try_join_works_with_step_bodies_that_borrow_workflow_locals() {
     assert_eq!(instance.status().await.unwrap().output, Some(json!([3, 3])));
     engine.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn commits_announces_the_engines_writes_and_not_refused_requests() {
+    let (engine, _dir) = engine(|b| b.register(Echo)).await;
+    let mut commits = engine.commits();
+    commits.borrow_and_update();
+    let err = engine
+        .workflow::<Echo>()
+        .create(CreateOptions::new(echo_order()).id("bad id"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "instance.invalid_id");
+    assert!(
+        !commits.has_changed().unwrap(),
+        "a refused create wrote nothing"
+    );
+    let instance = engine
+        .workflow::<Echo>()
+        .create(CreateOptions::new(echo_order()).id("c"))
+        .await
+        .unwrap();
+    assert!(commits.has_changed().unwrap(), "the create was announced");
+    // Every record that reaches the log is announced: wait on `commits` alone, re-reading
+    // the log after each wake, until the terminal record appears.
+    loop {
+        commits.borrow_and_update();
+        let log = instance.log(0).await.unwrap();
+        if log.iter().any(|r| r.entry.kind == LogKind::WorkflowSuccess) {
+            break;
+        }
+        tokio::time::timeout(Duration::from_secs(3600), commits.changed())
+            .await
+            .expect("a commit is announced before an hour of virtual time passes")
+            .unwrap();
+    }
+    engine.shutdown().await;
+}
