@@ -231,6 +231,14 @@ pub(crate) fn describe(details: &Value, full_output: bool) {
                     let outcome = match s["success"].as_bool() {
                         Some(true) => "ok".to_owned(),
                         Some(false) => format!("failed: {}", text(&s["error"]["message"])),
+                        None if s["until"].is_string() => {
+                            let verb = if s["type"] == "sleep" {
+                                "sleeping"
+                            } else {
+                                "waiting"
+                            };
+                            format!("{verb} until {}", text(&s["until"]))
+                        }
                         None => "running".to_owned(),
                     };
                     vec![

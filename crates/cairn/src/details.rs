@@ -79,9 +79,12 @@ pub struct StepDetails {
     pub output: Option<serde_json::Value>,
     /// Its final error.
     pub error: Option<ErrorInfo>,
-    /// When its next attempt is due, while it waits for a retry.
+    /// When its next attempt is due, while a step (or rollback) waits for a retry.
     #[serde(serialize_with = "iso_opt", rename = "retriesAt")]
     pub retries_at: Option<Timestamp>,
+    /// When it wakes (a sleep) or times out (a wait for an event), while it is in progress.
+    #[serde(serialize_with = "iso_opt")]
+    pub until: Option<Timestamp>,
     /// Its attempts, in order.
     pub attempts: Vec<AttemptDetails>,
 }
@@ -161,6 +164,10 @@ impl InstanceDetails {
             .iter()
             .map(|s| {
                 let sensitive = s.config.get("sensitive").is_some();
+                let due = s
+                    .wake_at
+                    .filter(|_| s.state == StepState::Running && !s.in_flight);
+                let waits = matches!(s.key.kind, StepKind::Sleep | StepKind::WaitForEvent);
                 StepDetails {
                     kind: kind_label(s.key.kind),
                     name: s.key.name.clone(),
@@ -181,9 +188,8 @@ impl InstanceDetails {
                         }
                     }),
                     error: s.error.clone(),
-                    retries_at: s
-                        .wake_at
-                        .filter(|_| s.state == StepState::Running && !s.in_flight),
+                    retries_at: due.filter(|_| !waits),
+                    until: due.filter(|_| waits),
                     attempts: attempts.remove(&s.key).unwrap_or_default(),
                 }
             })

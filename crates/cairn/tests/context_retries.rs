@@ -504,3 +504,80 @@ async fn idempotency_key_is_stable_across_attempts_and_replays() {
     assert_ne!(keys.all()[4], all[0], "another instance has another key");
     engine.shutdown().await;
 }
+
+/// Polls the details until `ready` accepts them (virtual time moves five minutes per look).
+async fn details_when(
+    instance: &cairn::Instance<Value>,
+    ready: impl Fn(&cairn::InstanceDetails) -> bool,
+) -> cairn::InstanceDetails {
+    for _ in 0..10_000 {
+        let d = instance.details().await.unwrap();
+        if ready(&d) {
+            return d;
+        }
+        tokio::time::sleep(Duration::from_secs(300)).await;
+    }
+    panic!(
+        "the details never got there: {}",
+        serde_json::to_string_pretty(&instance.details().await.unwrap()).unwrap()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn details_say_when_a_retry_is_due_and_when_a_sleep_or_wait_ends() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.run("s", |ctx| async move {
+                if ctx.attempt == 1 {
+                    Err("first".into())
+                } else {
+                    Ok(())
+                }
+            })
+            .retries(Retries::constant(1, Duration::from_secs(3600)))
+            .await?;
+            step.sleep("nap", "1 day").await?;
+            let _: StepEvent<Value> = step.wait_for_event("w", "go").await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<support::FnWorkflow<0>>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    let d = details_when(&instance, |d| {
+        d.steps.first().is_some_and(|s| s.retries_at.is_some())
+    })
+    .await;
+    let s = &d.steps[0];
+    let failed_at = s.attempts[0].end.unwrap();
+    assert_eq!(
+        s.retries_at.unwrap().since(failed_at),
+        Duration::from_secs(3600)
+    );
+    assert_eq!(s.until, None, "a step retries; it does not wait");
+
+    let d = details_when(&instance, |d| d.steps.len() == 2).await;
+    let nap = &d.steps[1];
+    assert_eq!(nap.kind, "sleep");
+    assert_eq!(nap.retries_at, None, "a sleep does not retry");
+    assert_eq!(
+        nap.until.unwrap().since(nap.start),
+        Duration::from_secs(86_400)
+    );
+
+    let d = details_when(&instance, |d| d.steps.len() == 3).await;
+    let wait = &d.steps[2];
+    assert_eq!(wait.kind, "waitForEvent");
+    assert_eq!(wait.retries_at, None);
+    assert_eq!(
+        wait.until.unwrap().since(wait.start),
+        cairn::DEFAULT_EVENT_TIMEOUT,
+        "the wait's timeout"
+    );
+    let json = serde_json::to_value(&d).unwrap();
+    assert!(json["steps"][2]["until"].is_string(), "{json}");
+    engine.shutdown().await;
+}
