@@ -12,11 +12,9 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::json;
 use support::{FnWorkflow, wf};
@@ -24,16 +22,6 @@ use support::{FnWorkflow, wf};
 const INSTANCES: usize = 50;
 const STEPS: u64 = 8;
 const KILLS: usize = 20;
-
-/// Appends one line per step-body execution: `instance step attempt`.
-fn record_effect(path: &Path, line: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap();
-    f.write_all(format!("{line}\n").as_bytes()).unwrap();
-}
 
 fn workflow(effects: PathBuf) -> FnWorkflow {
     wf(move |event, step| {
@@ -45,7 +33,7 @@ fn workflow(effects: PathBuf) -> FnWorkflow {
                 let (effects, id) = (effects.clone(), id.clone());
                 let v: u64 = step
                     .run(format!("step {i}"), move |ctx| {
-                        record_effect(
+                        support::append_line(
                             &effects,
                             &format!("{id} {} {}", ctx.step.name.replace(' ', "_"), ctx.attempt),
                         );
@@ -69,15 +57,10 @@ fn expected() -> u64 {
 /// The child: create the instances (idempotently) and run until all are done.
 #[test]
 fn child_process_entry() {
-    let Ok(dir) = std::env::var("CAIRN_CRASH_CHILD") else {
+    let Some(dir) = support::crash_child_dir() else {
         return; // not a child: nothing to do in a normal test run
     };
-    let dir = PathBuf::from(dir);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = support::paused_runtime();
     rt.block_on(async {
         let engine = support::builder_at(&dir.join("cairn.db"))
             .register(workflow(dir.join("effects.txt")))
@@ -85,19 +68,8 @@ fn child_process_entry() {
             .await
             .unwrap();
         let client = engine.workflow::<FnWorkflow>();
-        let batch = (0..INSTANCES)
-            .map(|i| CreateOptions::new(json!({})).id(format!("i{i}")))
-            .collect();
-        client.create_batch(batch).await.unwrap();
-        for i in 0..INSTANCES {
-            client
-                .get(&format!("i{i}"))
-                .await
-                .unwrap()
-                .wait()
-                .await
-                .unwrap();
-        }
+        support::create_numbered(&client, INSTANCES).await;
+        support::wait_numbered(&client, INSTANCES).await;
         engine.shutdown().await;
     });
 }
@@ -123,11 +95,7 @@ fn killed_process_resumes_every_instance_without_rerunning_committed_steps() {
             .push(attempt.parse().unwrap());
     }
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = support::paused_runtime();
     let interrupted = rt.block_on(async {
         let engine = support::builder_at(&dir.path().join("cairn.db"))
             .register(workflow(dir.path().join("unused.txt")))

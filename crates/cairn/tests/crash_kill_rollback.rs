@@ -11,27 +11,17 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
-use serde_json::{Value, json};
+use serde_json::Value;
 use support::{FnWorkflow, wf};
 
 const INSTANCES: usize = 20;
 const STEPS: usize = 4;
 const KILLS: usize = 20;
-
-fn append(path: &Path, line: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap();
-    f.write_all(format!("{line}\n").as_bytes()).unwrap();
-}
 
 fn workflow(dir: PathBuf) -> FnWorkflow {
     wf(move |event, step| {
@@ -48,7 +38,7 @@ fn workflow(dir: PathBuf) -> FnWorkflow {
                     let (dir, id) = (dir.clone(), id.clone());
                     async move {
                         // Every execution is counted; the effect is applied once per key.
-                        append(
+                        support::append_line(
                             &dir.join("executions.txt"),
                             &format!("{id} {}", rb.ctx.step.name),
                         );
@@ -57,7 +47,7 @@ fn workflow(dir: PathBuf) -> FnWorkflow {
                         let effects = dir.join("effects.txt");
                         let done = std::fs::read_to_string(&effects).unwrap_or_default();
                         if !done.lines().any(|l| l == key) {
-                            append(&effects, &key);
+                            support::append_line(&effects, &key);
                         }
                         Ok(())
                     }
@@ -71,15 +61,10 @@ fn workflow(dir: PathBuf) -> FnWorkflow {
 
 #[test]
 fn child_process_entry_rollback() {
-    let Ok(dir) = std::env::var("CAIRN_CRASH_CHILD") else {
+    let Some(dir) = support::crash_child_dir() else {
         return; // not a child: nothing to do in a normal test run
     };
-    let dir = PathBuf::from(dir);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = support::paused_runtime();
     rt.block_on(async {
         let engine = support::builder_at(&dir.join("cairn.db"))
             .register(workflow(dir.clone()))
@@ -87,19 +72,8 @@ fn child_process_entry_rollback() {
             .await
             .unwrap();
         let client = engine.workflow::<FnWorkflow>();
-        let batch = (0..INSTANCES)
-            .map(|i| CreateOptions::new(json!({})).id(format!("i{i}")))
-            .collect();
-        client.create_batch(batch).await.unwrap();
-        for i in 0..INSTANCES {
-            client
-                .get(&format!("i{i}"))
-                .await
-                .unwrap()
-                .wait()
-                .await
-                .unwrap();
-        }
+        support::create_numbered(&client, INSTANCES).await;
+        support::wait_numbered(&client, INSTANCES).await;
         engine.shutdown().await;
     });
 }
@@ -120,11 +94,7 @@ fn killed_during_rollbacks_every_compensation_completes_once_in_order() {
         *executions.entry(line.to_owned()).or_default() += 1;
     }
     let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = support::paused_runtime();
     rt.block_on(async {
         let engine = support::builder_at(&dir.path().join("cairn.db"))
             .register(workflow(dir.path().join("unused")))

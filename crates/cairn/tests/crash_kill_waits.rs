@@ -13,8 +13,7 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use cairn::prelude::*;
@@ -25,15 +24,6 @@ use support::{FnWorkflow, wf};
 const INSTANCES: usize = 40;
 const KILLS: usize = 20;
 
-fn record_effect(path: &Path, line: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap();
-    f.write_all(format!("{line}\n").as_bytes()).unwrap();
-}
-
 fn workflow(effects: PathBuf) -> FnWorkflow {
     wf(move |event, step| {
         let effects = effects.clone();
@@ -42,7 +32,7 @@ fn workflow(effects: PathBuf) -> FnWorkflow {
             let body = |name: &'static str| {
                 let (effects, id) = (effects.clone(), id.clone());
                 move |ctx: StepContext| {
-                    record_effect(&effects, &format!("{id} {name} {}", ctx.attempt));
+                    support::append_line(&effects, &format!("{id} {name} {}", ctx.attempt));
                     // 40 instances × 2 bodies × 8 ms, serial on one thread, outlast 20 kill
                     // intervals of at most 25 ms.
                     std::thread::sleep(Duration::from_millis(8));
@@ -60,15 +50,10 @@ fn workflow(effects: PathBuf) -> FnWorkflow {
 
 #[test]
 fn child_process_entry_waits() {
-    let Ok(dir) = std::env::var("CAIRN_CRASH_CHILD") else {
+    let Some(dir) = support::crash_child_dir() else {
         return; // not a child: nothing to do in a normal test run
     };
-    let dir = PathBuf::from(dir);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = support::paused_runtime();
     rt.block_on(async {
         let engine = support::builder_at(&dir.join("cairn.db"))
             .register(workflow(dir.join("effects.txt")))
@@ -76,10 +61,7 @@ fn child_process_entry_waits() {
             .await
             .unwrap();
         let client = engine.workflow::<FnWorkflow>();
-        let batch = (0..INSTANCES)
-            .map(|i| CreateOptions::new(json!({})).id(format!("i{i}")))
-            .collect();
-        client.create_batch(batch).await.unwrap();
+        support::create_numbered(&client, INSTANCES).await;
         for i in 0..INSTANCES {
             // Sent at most once per marker; a kill between the send and the marker sends twice.
             let marker = dir.join(format!("sent-{i}"));
@@ -90,15 +72,7 @@ fn child_process_entry_waits() {
                 }
             }
         }
-        for i in 0..INSTANCES {
-            client
-                .get(&format!("i{i}"))
-                .await
-                .unwrap()
-                .wait()
-                .await
-                .unwrap();
-        }
+        support::wait_numbered(&client, INSTANCES).await;
         engine.shutdown().await;
     });
 }
@@ -119,11 +93,7 @@ fn killed_during_sleeps_and_event_waits_every_timer_and_event_survives() {
             .or_default()
             .push(attempt.parse().unwrap());
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = support::paused_runtime();
     rt.block_on(async {
         let engine = support::builder_at(&dir.path().join("cairn.db"))
             .register(workflow(dir.path().join("unused.txt")))

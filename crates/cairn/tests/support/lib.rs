@@ -257,3 +257,55 @@ pub fn kill_repeatedly(
     eprintln!("killed the child {landed} times");
     landed
 }
+
+/// Appends `line` to the file at `path`: crash tests count side effects outside the engine,
+/// where a SIGKILL cannot roll them back.
+pub fn append_line(path: &Path, line: &str) {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    f.write_all(format!("{line}\n").as_bytes()).unwrap();
+}
+
+/// A current-thread runtime on a paused (virtual) clock, for tests that are plain `#[test]`
+/// functions because they may run as a crash child.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// The directory a crash child works in (see [`kill_repeatedly`]); `None` in a normal run.
+pub fn crash_child_dir() -> Option<PathBuf> {
+    std::env::var_os("CAIRN_CRASH_CHILD").map(PathBuf::from)
+}
+
+/// Creates instances `i0`..`i{n-1}` of `W` with empty params; ids that already exist (a
+/// child run after a kill) are skipped.
+pub async fn create_numbered<W: cairn::Workflow<Params = Value>>(
+    client: &cairn::WorkflowClient<W>,
+    n: usize,
+) {
+    let batch = (0..n)
+        .map(|i| cairn::CreateOptions::new(serde_json::json!({})).id(format!("i{i}")))
+        .collect();
+    client.create_batch(batch).await.unwrap();
+}
+
+/// Waits until instances `i0`..`i{n-1}` of `W` have finished.
+pub async fn wait_numbered<W: cairn::Workflow>(client: &cairn::WorkflowClient<W>, n: usize) {
+    for i in 0..n {
+        client
+            .get(&format!("i{i}"))
+            .await
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+    }
+}
