@@ -29,14 +29,19 @@ impl Workflow for Approval {
 }
 
 async fn app() -> (cairn::Engine, tempfile::TempDir) {
+    app_with(|b| b).await
+}
+
+/// [`app`] with more workflows registered by `register`.
+async fn app_with(
+    register: impl FnOnce(cairn::EngineBuilder) -> cairn::EngineBuilder,
+) -> (cairn::Engine, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::builder()
+    let builder = Engine::builder()
         .sqlite(dir.path().join("cairn.db"))
         .clock(cairn::Clock::virtual_now())
-        .register(Approval)
-        .start()
-        .await
-        .unwrap();
+        .register(Approval);
+    let engine = register(builder).start().await.unwrap();
     (engine, dir)
 }
 
@@ -46,23 +51,16 @@ async fn call(
     uri: &str,
     body: Option<&str>,
 ) -> (StatusCode, Value) {
-    let mut request = Request::builder().method(method).uri(uri);
-    if body.is_some() {
-        request = request.header("content-type", "application/json");
-    }
-    let request = request
-        .body(Body::from(body.unwrap_or("").to_owned()))
-        .unwrap();
-    let response = cairn_server::router(engine.clone())
-        .oneshot(request)
-        .await
-        .unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let value = if bytes.is_empty() {
+    let headers: &[(&str, &str)] = match body {
+        Some(_) => &[("content-type", "application/json")],
+        None => &[],
+    };
+    let router = cairn_server::router(engine.clone());
+    let (status, text) = raw_call(router, method, uri, headers, body.unwrap_or("")).await;
+    let value = if text.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(&bytes).unwrap()
+        serde_json::from_str(&text).unwrap()
     };
     (status, value)
 }
@@ -313,19 +311,16 @@ async fn bad_input_gets_a_status_and_a_stable_code_and_changes_nothing() {
         assert!(!v["message"].as_str().unwrap_or("").is_empty(), "{v}");
     }
     // Wrong content type.
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri("/api/workflows/approval/instances")
-        .header("content-type", "text/plain")
-        .body(Body::from("{}"))
-        .unwrap();
-    let response = cairn_server::router(engine.clone())
-        .oneshot(request)
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    let (s, body) = raw_call(
+        cairn_server::router(engine.clone()),
+        Method::POST,
+        "/api/workflows/approval/instances",
+        &[("content-type", "text/plain")],
+        "{}",
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["code"], "request.unsupported_media_type", "{v}");
     // Oversized body.
     let big = format!(r#"{{"params": "{}"}}"#, "x".repeat(2 << 20));
@@ -435,24 +430,17 @@ async fn a_configured_token_is_required_on_every_request() {
     // Every documented route, without the token: 401 before any handler runs.
     let (_, doc) = call(&engine, Method::GET, "/api/openapi.json", None).await;
     let mut checked = 0;
-    for (path, methods) in doc["paths"].as_object().unwrap() {
-        for method in methods.as_object().unwrap().keys() {
-            let uri = path
-                .replace("{name}", "approval")
-                .replace("{id}", "x")
-                .replace("{type}", "approved");
-            let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            let (s, body) = raw_call(
-                router(),
-                m,
-                &uri,
-                &[("content-type", "application/json")],
-                r#"{"status": "terminate"}"#,
-            )
-            .await;
-            assert_eq!(s, StatusCode::UNAUTHORIZED, "{method} {path}: {body}");
-            checked += 1;
-        }
+    for (method, path, uri) in documented_routes(&doc, "x") {
+        let (s, body) = raw_call(
+            router(),
+            method.clone(),
+            &uri,
+            &[("content-type", "application/json")],
+            r#"{"status": "terminate"}"#,
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{method} {path}: {body}");
+        checked += 1;
     }
     assert!(checked >= 10, "only {checked} routes documented");
     let (_, v) = call(
@@ -511,6 +499,23 @@ async fn batch_create_delete_and_describe() {
     engine.shutdown().await;
 }
 
+/// Every (method, path, uri) the OpenAPI document lists, its path filled in with the
+/// `approval` workflow, instance `id` and event type `approved`.
+fn documented_routes(doc: &Value, id: &str) -> Vec<(Method, String, String)> {
+    let mut routes = Vec::new();
+    for (path, methods) in doc["paths"].as_object().unwrap() {
+        for method in methods.as_object().unwrap().keys() {
+            let uri = path
+                .replace("{name}", "approval")
+                .replace("{id}", id)
+                .replace("{type}", "approved");
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            routes.push((method, path.clone(), uri));
+        }
+    }
+    routes
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_openapi_document_matches_the_routes() {
     let (engine, _dir) = app().await;
@@ -518,35 +523,28 @@ async fn the_openapi_document_matches_the_routes() {
     assert_eq!(s, StatusCode::OK);
     let paths = doc["paths"].as_object().unwrap();
     assert!(paths.len() >= 10);
-    for (path, methods) in paths {
-        for method in methods.as_object().unwrap().keys() {
-            let uri = path
-                .replace("{name}", "approval")
-                .replace("{id}", "nobody")
-                .replace("{type}", "approved");
-            let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            let request = Request::builder()
-                .method(m.clone())
-                .uri(&uri)
-                .header("content-type", "application/json")
-                .body(Body::from("{}"))
-                .unwrap();
-            // Only the status: a stream's body never ends.
-            let status = cairn_server::router(engine.clone())
-                .oneshot(request)
-                .await
-                .unwrap()
-                .status();
-            assert_ne!(
-                status,
-                StatusCode::METHOD_NOT_ALLOWED,
-                "{method} {path} is documented but not routed"
-            );
-            assert!(
-                status != StatusCode::NOT_FOUND || uri.contains("nobody"),
-                "{method} {path} is documented but not routed"
-            );
-        }
+    for (method, path, uri) in documented_routes(&doc, "nobody") {
+        let request = Request::builder()
+            .method(method.clone())
+            .uri(&uri)
+            .header("content-type", "application/json")
+            .body(Body::from("{}"))
+            .unwrap();
+        // Only the status: a stream's body never ends.
+        let status = cairn_server::router(engine.clone())
+            .oneshot(request)
+            .await
+            .unwrap()
+            .status();
+        assert_ne!(
+            status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path} is documented but not routed"
+        );
+        assert!(
+            status != StatusCode::NOT_FOUND || uri.contains("nobody"),
+            "{method} {path} is documented but not routed"
+        );
     }
     engine.shutdown().await;
 }
@@ -723,15 +721,7 @@ impl Workflow for Typed {
 
 #[tokio::test(start_paused = true)]
 async fn wrong_params_wrong_state_and_oversized_batches_have_their_own_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::builder()
-        .sqlite(dir.path().join("cairn.db"))
-        .clock(cairn::Clock::virtual_now())
-        .register(Approval)
-        .register(Typed)
-        .start()
-        .await
-        .unwrap();
+    let (engine, _dir) = app_with(|b| b.register(Typed)).await;
     // Params that do not deserialize into the workflow's type: 422, nothing created.
     let (s, v) = call(
         &engine,
