@@ -792,7 +792,7 @@ async fn instances_beyond_the_concurrency_limit_stay_queued() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     for i in &instances[2..] {
         assert_eq!(
-            i.status().await.unwrap().status,
+            support::status_of(i).await,
             InstanceStatus::Queued,
             "{}",
             i.id()

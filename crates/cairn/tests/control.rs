@@ -57,7 +57,7 @@ async fn e21_h10_h12_pause_lets_the_step_in_flight_finish_and_stops_before_the_n
     until_logged(&instance, LogKind::AttemptStart, 1).await;
     instance.pause().await.unwrap();
     assert_eq!(
-        instance.status().await.unwrap().status,
+        support::status_of(&instance).await,
         InstanceStatus::WaitingForPause,
         "H12"
     );
@@ -70,10 +70,7 @@ async fn e21_h10_h12_pause_lets_the_step_in_flight_finish_and_stops_before_the_n
     );
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert_eq!(second.get(), 0, "the next step never ran");
-    assert_eq!(
-        instance.status().await.unwrap().status,
-        InstanceStatus::Paused
-    );
+    assert_eq!(support::status_of(&instance).await, InstanceStatus::Paused);
     engine.shutdown().await;
 }
 
@@ -135,7 +132,7 @@ async fn e22_pause_with_two_steps_in_flight_waits_for_both() {
     gate.add_permits(1);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
-        instance.status().await.unwrap().status,
+        support::status_of(&instance).await,
         InstanceStatus::WaitingForPause,
         "one still in flight"
     );
@@ -156,7 +153,7 @@ async fn e23_resume_while_waiting_for_pause_cancels_the_pause() {
     instance.pause().await.unwrap();
     instance.resume().await.unwrap();
     assert_eq!(
-        instance.status().await.unwrap().status,
+        support::status_of(&instance).await,
         InstanceStatus::Running,
         "running right away"
     );
@@ -181,15 +178,12 @@ async fn e24_pause_during_a_sleep_is_immediate_and_the_sleep_resumes_after() {
     until_status(&instance, InstanceStatus::Waiting).await;
     instance.pause().await.unwrap();
     assert_eq!(
-        instance.status().await.unwrap().status,
+        support::status_of(&instance).await,
         InstanceStatus::Paused,
         "at once"
     );
     tokio::time::sleep(Duration::from_secs(2 * 3600)).await; // paused for two hours
-    assert_eq!(
-        instance.status().await.unwrap().status,
-        InstanceStatus::Paused
-    );
+    assert_eq!(support::status_of(&instance).await, InstanceStatus::Paused);
     instance.resume().await.unwrap();
     assert_eq!(instance.wait().await.unwrap().output, Some(json!("rested")));
     let start = records(&instance, LogKind::SleepStart).await[0].entry.at;
@@ -215,10 +209,7 @@ async fn e25_pause_during_a_wait_then_an_event_after_resume_is_delivered() {
     let instance = create(&engine, "w").await;
     until_status(&instance, InstanceStatus::Waiting).await;
     instance.pause().await.unwrap();
-    assert_eq!(
-        instance.status().await.unwrap().status,
-        InstanceStatus::Paused
-    );
+    assert_eq!(support::status_of(&instance).await, InstanceStatus::Paused);
     instance.resume().await.unwrap();
     instance.send_event("approve", &"yes").await.unwrap();
     assert_eq!(instance.wait().await.unwrap().output, Some(json!("yes")));
@@ -240,7 +231,7 @@ async fn events_sent_while_paused_wait_for_the_resume() {
     instance.send_event("n", &5).await.unwrap();
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(
-        instance.status().await.unwrap().status,
+        support::status_of(&instance).await,
         InstanceStatus::Paused,
         "an event does not unpause"
     );
@@ -274,16 +265,10 @@ async fn e26_an_engine_starting_on_waiting_for_pause_moves_it_to_paused_without_
         .get("p")
         .await
         .unwrap();
-    assert_eq!(
-        instance.status().await.unwrap().status,
-        InstanceStatus::Paused
-    );
+    assert_eq!(support::status_of(&instance).await, InstanceStatus::Paused);
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(runs.get(), 0);
-    assert_eq!(
-        instance.status().await.unwrap().status,
-        InstanceStatus::Paused
-    );
+    assert_eq!(support::status_of(&instance).await, InstanceStatus::Paused);
     second_engine.shutdown().await;
     drop(dir);
 }
@@ -300,16 +285,10 @@ async fn pausing_twice_and_resuming_a_running_instance_are_no_ops() {
     let instance = create(&engine, "x").await;
     until_status(&instance, InstanceStatus::Waiting).await;
     instance.resume().await.unwrap();
-    assert_eq!(
-        instance.status().await.unwrap().status,
-        InstanceStatus::Waiting
-    );
+    assert_eq!(support::status_of(&instance).await, InstanceStatus::Waiting);
     instance.pause().await.unwrap();
     instance.pause().await.unwrap();
-    assert_eq!(
-        instance.status().await.unwrap().status,
-        InstanceStatus::Paused
-    );
+    assert_eq!(support::status_of(&instance).await, InstanceStatus::Paused);
     engine.shutdown().await;
 }
 
@@ -322,7 +301,7 @@ async fn h5_m4_terminate_a_running_instance() {
     until_logged(&instance, LogKind::AttemptStart, 1).await;
     instance.terminate().await.unwrap();
     assert_eq!(
-        instance.status().await.unwrap().status,
+        support::status_of(&instance).await,
         InstanceStatus::Terminated
     );
     gate.add_permits(5);
@@ -362,7 +341,7 @@ async fn h8_terminate_while_waiting_for_an_event() {
     until_status(&instance, InstanceStatus::Waiting).await;
     instance.terminate().await.unwrap();
     assert_eq!(
-        instance.status().await.unwrap().status,
+        support::status_of(&instance).await,
         InstanceStatus::Terminated
     );
     assert_eq!(
@@ -400,7 +379,7 @@ async fn e16_terminating_a_finished_instance_is_an_error() {
         (&errored, "errored"),
         (&terminated, ""),
     ] {
-        let s = instance.status().await.unwrap().status;
+        let s = support::status_of(instance).await;
         let err = instance.terminate().await.unwrap_err();
         assert_eq!(err.code(), "instance.cannot_terminate", "{s}");
         assert!(
@@ -453,10 +432,7 @@ async fn e17_restart_reruns_from_scratch_from_every_status() {
     let client = engine.workflow::<FnWorkflow>();
     let complete = run_to_end(&engine, json!({})).await;
     let errored = run_to_end(&engine, json!({"fail": true})).await;
-    assert_eq!(
-        errored.status().await.unwrap().status,
-        InstanceStatus::Errored
-    );
+    assert_eq!(support::status_of(&errored).await, InstanceStatus::Errored);
     let held = |id: &str| client.create(CreateOptions::new(json!({"hold": true})).id(id));
     let terminated = held("t").await.unwrap();
     until_status(&terminated, InstanceStatus::Waiting).await;
@@ -501,7 +477,7 @@ async fn h9_m11_restart_shows_running_at_once_and_completes() {
     until_logged(&instance, LogKind::AttemptStart, 1).await;
     instance.restart().await.unwrap(); // M11: while running
     assert_eq!(
-        instance.status().await.unwrap().status,
+        support::status_of(&instance).await,
         InstanceStatus::Running,
         "H9"
     );
@@ -801,7 +777,7 @@ async fn b6_a_handle_has_its_id_status_and_every_action() {
     handle.restart().await.unwrap();
     handle.terminate().await.unwrap();
     assert_eq!(
-        handle.status().await.unwrap().status,
+        support::status_of(&handle).await,
         InstanceStatus::Terminated
     );
     handle.delete().await.unwrap();

@@ -386,7 +386,7 @@ async fn e14_exactly_the_limit_of_steps_completes() {
     assert_eq!(records(&instance, LogKind::StepSuccess).await.len(), 3);
     let (engine3, _dir3) = support::engine(|b| b.step_limit(3).register(many_steps(3))).await;
     let ok = run_to_end(&engine3, json!({})).await;
-    assert_eq!(ok.status().await.unwrap().status, InstanceStatus::Complete);
+    assert_eq!(support::status_of(&ok).await, InstanceStatus::Complete);
     engine.shutdown().await;
     engine3.shutdown().await;
 }

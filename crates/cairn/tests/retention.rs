@@ -40,7 +40,7 @@ async fn finished_instances_are_kept_seven_days_by_default_then_purged() {
     bad.wait().await.unwrap();
     tokio::time::sleep(7 * DAY - Duration::from_secs(60)).await;
     assert_eq!(
-        ok.status().await.unwrap().status,
+        support::status_of(&ok).await,
         InstanceStatus::Complete,
         "still retained"
     );
@@ -158,10 +158,7 @@ async fn terminated_instances_use_the_error_retention_and_running_ones_are_never
         client.get("stopped").await.unwrap_err().code(),
         "instance.not_found"
     );
-    assert_eq!(
-        sleeping.status().await.unwrap().status,
-        InstanceStatus::Waiting
-    );
+    assert_eq!(support::status_of(&sleeping).await, InstanceStatus::Waiting);
     engine.shutdown().await;
 }
 

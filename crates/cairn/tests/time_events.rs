@@ -607,7 +607,7 @@ async fn f1_an_instance_stays_running_with_its_first_output_during_a_short_sleep
         .unwrap();
     until_logged(&instance, LogKind::SleepStart, 1).await;
     assert_eq!(
-        instance.status().await.unwrap().status,
+        support::status_of(&instance).await,
         InstanceStatus::Running,
         "a 1 s sleep is not long enough to hibernate"
     );

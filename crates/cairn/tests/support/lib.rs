@@ -169,6 +169,13 @@ pub async fn run_to_end(engine: &Engine, params: Value) -> Instance<Value> {
     instance
 }
 
+/// The instance's status now.
+pub async fn status_of<O: serde::de::DeserializeOwned>(
+    instance: &Instance<O>,
+) -> cairn::InstanceStatus {
+    instance.status().await.unwrap().status
+}
+
 /// Waits until the instance has `status`.
 pub async fn until_status(instance: &Instance<Value>, status: cairn::InstanceStatus) {
     instance.wait_for(|s| s.status == status).await.unwrap();
