@@ -216,8 +216,9 @@ impl ResolvedConfig {
     /// # Errors
     /// When `value` is not a config in the persisted shape.
     pub fn from_persisted_json(value: &serde_json::Value) -> Result<Self, ConfigError> {
-        let spec: StepConfigSpec = serde_json::from_value(value.clone())
-            .map_err(|e| ConfigError(format!("stored step config is unreadable: {e}")))?;
+        let crate::json::Object(spec) =
+            crate::json::Object::<StepConfigSpec>::deserialize(value)
+                .map_err(|e| ConfigError(format!("stored step config is unreadable: {e}")))?;
         let retries = spec
             .retries
             .ok_or_else(|| ConfigError("stored step config has no retries".into()))?;
@@ -293,7 +294,7 @@ pub struct RetriesSpec {
 #[serde(deny_unknown_fields)]
 pub struct StepConfigSpec {
     /// Retry policy.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::json::optional_object")]
     pub retries: Option<RetriesSpec>,
     /// Per-attempt timeout.
     #[serde(default)]
@@ -319,7 +320,7 @@ impl StepConfigSpec {
     /// duration, a zero timeout or a `sensitive` other than `"output"`.
     pub fn parse(json: &str) -> Result<ConfigOverrides, ConfigError> {
         let spec: StepConfigSpec =
-            serde_json::from_str(json).map_err(|e| ConfigError(e.to_string()))?;
+            crate::json::from_str(json).map_err(|e| ConfigError(e.to_string()))?;
         spec.into_overrides()
     }
 
@@ -461,6 +462,21 @@ mod tests {
                 "{bad} should be rejected"
             );
         }
+    }
+
+    #[test]
+    fn json_arrays_are_not_configs() {
+        for bad in [
+            "[]",
+            r#"[[3,"5 seconds","linear"],"1 minute","output"]"#,
+            r#"{"retries":[3,"5 seconds"]}"#,
+            r#"{"retries":[3,"5 seconds","linear"],"timeout":"1 minute"}"#,
+        ] {
+            assert!(
+                StepConfigSpec::parse(bad).is_err(),
+                "{bad} should be rejected"
+            );
+        }
         for good in [
             r#"{"retries":{"limit":0,"delay":0}}"#,
             r#"{"retries":{"limit":3,"delay":"5 seconds","backoff":"linear"},"timeout":"1 minute"}"#,
@@ -471,6 +487,160 @@ mod tests {
                 StepConfigSpec::parse(good).is_ok(),
                 "{good} should be accepted"
             );
+        }
+    }
+
+    /// Random JSON built from the config's own keys and typical values, most of it close to
+    /// a config, some of it arrays and junk.
+    fn config_like() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::{Value, json};
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            prop::sample::select(vec![-1i64, 0, 1, 3, 5, 9_999, 10_000, 10_001, 1 << 40])
+                .prop_map(Value::from),
+            prop::sample::select(vec![0.0f64, 0.4, 0.6, 2.5, 3.0, -0.5, 1e300])
+                .prop_map(Value::from),
+            prop::sample::select(vec![
+                "output",
+                "input",
+                "5 seconds",
+                "1 m",
+                "5 m",
+                "0",
+                "1",
+                "constant",
+                "linear",
+                "exponential",
+                "[dynamic]",
+                "soon",
+                "10 minutes",
+                "2 hours",
+            ])
+            .prop_map(Value::from),
+        ];
+        let key = prop::sample::select(vec![
+            "retries",
+            "timeout",
+            "sensitive",
+            "limit",
+            "delay",
+            "backoff",
+            "jitter",
+        ]);
+        let any_json = leaf.clone().prop_recursive(3, 16, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map(key.clone(), inner, 0..4).prop_map(|m| json!(m)),
+            ]
+        });
+        let maybe = |s: BoxedStrategy<Value>| prop::option::weighted(0.6, s);
+        let retries = (
+            maybe(leaf.clone().boxed()),
+            maybe(leaf.clone().boxed()),
+            maybe(leaf.clone().boxed()),
+        )
+            .prop_map(|(limit, delay, backoff)| {
+                let mut m = serde_json::Map::new();
+                for (k, v) in [("limit", limit), ("delay", delay), ("backoff", backoff)] {
+                    if let Some(v) = v {
+                        m.insert(k.into(), v);
+                    }
+                }
+                Value::Object(m)
+            });
+        let config = (
+            maybe(prop_oneof![3 => retries, 1 => any_json.clone()].boxed()),
+            maybe(leaf.clone().boxed()),
+            maybe(leaf.boxed()),
+        )
+            .prop_map(|(retries, timeout, sensitive)| {
+                let mut m = serde_json::Map::new();
+                for (k, v) in [
+                    ("retries", retries),
+                    ("timeout", timeout),
+                    ("sensitive", sensitive),
+                ] {
+                    if let Some(v) = v {
+                        m.insert(k.into(), v);
+                    }
+                }
+                Value::Object(m)
+            });
+        prop_oneof![4 => config, 1 => any_json]
+    }
+
+    /// SPEC §1.4 and checklist V5, written down independently of serde: what a step config
+    /// written as JSON means, or `None` when it must be rejected.
+    fn config_model(v: &serde_json::Value) -> Option<ConfigOverrides> {
+        use serde_json::Value;
+        let only = |m: &serde_json::Map<String, Value>, keys: &[&str]| {
+            m.keys().all(|k| keys.contains(&k.as_str()))
+        };
+        let duration = |v: &Value| -> Option<Duration> {
+            match v {
+                Value::Number(n) => {
+                    let ms = n.as_f64()?;
+                    (0.0..1.8e19)
+                        .contains(&ms)
+                        .then(|| Duration::from_millis(ms.round() as u64))
+                }
+                Value::String(s) => parse_duration(s).ok(),
+                _ => None,
+            }
+        };
+        let top = v.as_object()?;
+        if !only(top, &["retries", "timeout", "sensitive"]) {
+            return None;
+        }
+        let mut o = ConfigOverrides::default();
+        match top.get("retries") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(r)) => {
+                if !only(r, &["limit", "delay", "backoff"]) {
+                    return None;
+                }
+                let limit = u32::try_from(r.get("limit")?.as_u64()?).ok()?;
+                if limit > MAX_RETRY_LIMIT {
+                    return None;
+                }
+                o.limit = Some(limit);
+                o.delay = Some(RetryDelay::Fixed(duration(r.get("delay")?)?));
+                o.backoff = match r.get("backoff") {
+                    None | Some(Value::Null) => None,
+                    Some(b) => Some(match b.as_str()? {
+                        "constant" => Backoff::Constant,
+                        "linear" => Backoff::Linear,
+                        "exponential" => Backoff::Exponential,
+                        _ => return None,
+                    }),
+                };
+            }
+            Some(_) => return None,
+        }
+        match top.get("timeout") {
+            None | Some(Value::Null) => {}
+            Some(t) => {
+                let t = duration(t)?;
+                if t.is_zero() {
+                    return None;
+                }
+                o.timeout = Some(t);
+            }
+        }
+        match top.get("sensitive") {
+            None | Some(Value::Null) => {}
+            Some(s) if s == "output" => o.sensitive = true,
+            Some(_) => return None,
+        }
+        Some(o)
+    }
+
+    proptest! {
+        #[test]
+        fn config_parser_matches_the_documented_contract(v in config_like()) {
+            let text = v.to_string();
+            prop_assert_eq!(StepConfigSpec::parse(&text).ok(), config_model(&v), "config {}", text);
         }
     }
 

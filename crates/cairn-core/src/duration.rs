@@ -17,31 +17,52 @@ pub struct DurationError {
     pub input: String,
 }
 
-const MS_PER_DAY: f64 = 86_400_000.0;
+/// The longest duration a string can say: `u64::MAX` milliseconds (584 million years).
+/// [`format_duration`] saturates here, so whatever it prints parses back.
+pub const MAX_DURATION: Duration = Duration::from_millis(u64::MAX);
 
-fn unit_ms(unit: &str) -> Option<f64> {
-    let singular = unit.strip_suffix('s').unwrap_or(unit);
-    Some(match singular {
-        "m" | "millisecond" => 1.0, // "ms" with its trailing s stripped
-        "second" => 1_000.0,
-        "minute" => 60_000.0,
-        "hour" => 3_600_000.0,
-        "day" => MS_PER_DAY,
-        "week" => 7.0 * MS_PER_DAY,
-        "month" => 30.0 * MS_PER_DAY,
-        "year" => 365.25 * MS_PER_DAY,
+const MS_PER_DAY: u64 = 86_400_000;
+
+/// Milliseconds per unit. Every unit is a whole number of milliseconds (a year is
+/// 365.25 days = 31,557,600,000 ms), so whole numbers of units convert exactly.
+///
+/// The units are listed in full, singular and plural, rather than derived by stripping an
+/// `s`: stripping turned `"ms"` into `"m"` and so made a bare `"m"` mean milliseconds.
+fn unit_ms(unit: &str) -> Option<u64> {
+    Some(match unit {
+        "ms" | "millisecond" | "milliseconds" => 1,
+        "second" | "seconds" => 1_000,
+        "minute" | "minutes" => 60_000,
+        "hour" | "hours" => 3_600_000,
+        "day" | "days" => MS_PER_DAY,
+        "week" | "weeks" => 7 * MS_PER_DAY,
+        "month" | "months" => 30 * MS_PER_DAY,
+        "year" | "years" => 365 * MS_PER_DAY + MS_PER_DAY / 4,
         _ => return None,
     })
 }
 
 /// A plain decimal number: digits with at most one dot; no sign, exponent, `inf` or `NaN`.
-fn parse_number(s: &str) -> Option<f64> {
+fn is_plain_number(s: &str) -> bool {
     let digits = s.chars().filter(char::is_ascii_digit).count();
     let dots = s.chars().filter(|&c| c == '.').count();
-    if digits == 0 || dots > 1 || digits + dots != s.len() {
+    digits > 0 && dots <= 1 && digits + dots == s.len()
+}
+
+/// `number × unit` in milliseconds, or `None` beyond [`MAX_DURATION`]. Whole numbers are
+/// multiplied exactly; fractions go through `f64` and round to the nearest millisecond.
+fn to_ms(number: &str, unit: u64) -> Option<u64> {
+    if !is_plain_number(number) {
         return None;
     }
-    s.parse().ok()
+    if !number.contains('.') {
+        // Leading zeros are fine; more digits than u128 holds is too large either way.
+        let n: u128 = number.parse().ok()?;
+        return u64::try_from(n.checked_mul(u128::from(unit))?).ok();
+    }
+    let ms = number.parse::<f64>().ok()? * unit as f64;
+    // `u64::MAX as f64` is 2^64, one past the largest u64: `<` keeps the cast exact.
+    (ms.is_finite() && ms.round() < u64::MAX as f64).then(|| ms.round() as u64)
 }
 
 /// Parses a duration string such as `"10 seconds"`, `"1.5 hours"` or `"250"` (milliseconds).
@@ -50,30 +71,30 @@ fn parse_number(s: &str) -> Option<f64> {
 /// rejected: no Cairn duration can be negative.
 ///
 /// # Errors
-/// [`DurationError`] quoting `input` when it does not follow the grammar or is too large.
+/// [`DurationError`] quoting `input` when it does not follow the grammar or is longer than
+/// [`MAX_DURATION`].
 pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
     let err = || DurationError {
         input: input.to_owned(),
     };
     let trimmed = input.trim();
-    let ms = if let Some(n) = parse_number(trimmed) {
-        n
+    let ms = if is_plain_number(trimmed) {
+        to_ms(trimmed, 1)
     } else {
         let (number, unit) = trimmed.split_once(' ').ok_or_else(err)?;
-        let value = parse_number(number).ok_or_else(err)?;
         let unit = unit.trim_start_matches(' ');
-        value * unit_ms(unit).ok_or_else(err)?
+        to_ms(number, unit_ms(unit).ok_or_else(err)?)
     };
-    // u64 milliseconds cover 584 million years; anything beyond is a typo, not a wish.
-    if !ms.is_finite() || ms >= u64::MAX as f64 {
-        return Err(err());
-    }
-    Ok(Duration::from_millis(ms.round() as u64))
+    ms.map(Duration::from_millis).ok_or_else(err)
 }
 
 /// Formats a duration the way Cloudflare shows one: `"10 minutes"`, `"1 second"`, `"1500 milliseconds"`.
+///
+/// Exact for every whole number of milliseconds up to [`MAX_DURATION`], so the result
+/// parses back to the same value; sub-millisecond parts are dropped and longer durations
+/// saturate at [`MAX_DURATION`].
 pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
+    let ms = d.min(MAX_DURATION).as_millis();
     let units: [(u128, &str); 5] = [
         (86_400_000, "day"),
         (3_600_000, "hour"),
@@ -146,6 +167,38 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_m_is_not_a_unit() {
+        for input in ["5 m", "1.5 m", "1 m", "5 mss", "5 s", "5 msec"] {
+            let err = parse_duration(input).expect_err(input);
+            assert!(err.to_string().contains(&format!("{input:?}")), "{err}");
+        }
+        assert_eq!(parse_duration("5 ms"), Ok(Duration::from_millis(5)));
+    }
+
+    #[test]
+    fn durations_beyond_2_pow_53_ms_format_exactly() {
+        for ms in [
+            (1u64 << 53) + 1,
+            (1 << 60) + 7,
+            u64::MAX - 1,
+            u64::MAX,
+            86_400_000 * ((1 << 35) + 3),
+        ] {
+            let d = Duration::from_millis(ms);
+            assert_eq!(parse_duration(&format_duration(d)), Ok(d), "{ms}");
+        }
+        // Beyond the largest duration a string can say, formatting saturates at it.
+        assert_eq!(
+            format_duration(Duration::MAX),
+            format_duration(MAX_DURATION)
+        );
+        assert_eq!(
+            parse_duration(&format_duration(Duration::MAX)),
+            Ok(MAX_DURATION)
+        );
+    }
+
+    #[test]
     fn formats_like_cloudflare() {
         assert_eq!(format_duration(Duration::from_secs(600)), "10 minutes");
         assert_eq!(format_duration(Duration::from_secs(1)), "1 second");
@@ -167,5 +220,115 @@ mod tests {
         fn never_panics(s in ".{0,40}") {
             let _ = parse_duration(&s);
         }
+
+        /// Strings from the grammar's own alphabet (digits, dots, spaces, the letters of the
+        /// unit words, and near misses such as `m`, `s`, `Minute`) against the model.
+        #[test]
+        fn grammar_matches_the_documented_contract(input in grammar_like()) {
+            prop_assert_eq!(
+                parse_duration(&input).ok().map(|d| d.as_millis()),
+                model::parse(&input),
+                "input {:?}", input
+            );
+        }
+    }
+
+    /// SPEC Part A.10 written down independently of the parser: a table of every accepted
+    /// unit spelling, and numbers checked character by character.
+    mod model {
+        const UNITS: &[(&str, u128)] = &[
+            ("ms", 1),
+            ("millisecond", 1),
+            ("milliseconds", 1),
+            ("second", 1_000),
+            ("seconds", 1_000),
+            ("minute", 60_000),
+            ("minutes", 60_000),
+            ("hour", 3_600_000),
+            ("hours", 3_600_000),
+            ("day", 86_400_000),
+            ("days", 86_400_000),
+            ("week", 604_800_000),
+            ("weeks", 604_800_000),
+            ("month", 2_592_000_000),
+            ("months", 2_592_000_000),
+            ("year", 31_557_600_000),
+            ("years", 31_557_600_000),
+        ];
+
+        fn number(s: &str, unit: u128) -> Option<u128> {
+            let (whole, fraction) = s.split_once('.').unwrap_or((s, ""));
+            let digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+            if !digits(whole) || !digits(fraction) || whole.len() + fraction.len() == 0 {
+                return None;
+            }
+            let ms = if s.contains('.') {
+                let v = s.parse::<f64>().ok()? * unit as f64;
+                if v.round() >= 18_446_744_073_709_551_616.0 {
+                    return None;
+                }
+                v.round() as u128
+            } else {
+                whole.parse::<u128>().ok()?.checked_mul(unit)?
+            };
+            (ms <= u128::from(u64::MAX)).then_some(ms)
+        }
+
+        pub(super) fn parse(input: &str) -> Option<u128> {
+            let s = input.trim();
+            if let Some(ms) = number(s, 1) {
+                return Some(ms);
+            }
+            let space = s.find(' ')?;
+            let unit = s[space..].trim_start_matches(' ');
+            let (_, per) = UNITS.iter().find(|(name, _)| *name == unit)?;
+            number(&s[..space], *per)
+        }
+    }
+
+    fn grammar_like() -> impl Strategy<Value = String> {
+        let number = prop_oneof![
+            "[0-9]{1,6}",
+            "[0-9]{0,3}\\.[0-9]{0,3}",
+            "[0-9]{15,22}",
+            "[0-9.\\-+e]{0,5}",
+        ];
+        let unit = prop_oneof![
+            prop::sample::select(vec![
+                "ms",
+                "m",
+                "s",
+                "mss",
+                "msec",
+                "millisecond",
+                "milliseconds",
+                "second",
+                "seconds",
+                "secondss",
+                "sec",
+                "minute",
+                "minutes",
+                "Minute",
+                "min",
+                "hour",
+                "hours",
+                "h",
+                "day",
+                "days",
+                "week",
+                "weeks",
+                "month",
+                "months",
+                "year",
+                "years",
+                "y",
+                "",
+            ])
+            .prop_map(str::to_owned),
+            "[msecondiuthrkywal]{0,12}",
+        ];
+        let spaces = prop_oneof![Just(""), Just(" "), Just("  "), Just("\t")];
+        (spaces.clone(), number, spaces.clone(), unit, spaces)
+            .prop_map(|(a, n, b, u, c)| format!("{a}{n}{b}{u}{c}"))
     }
 }

@@ -18,6 +18,7 @@
 mod config;
 mod duration;
 mod id;
+pub mod json;
 mod record;
 mod status;
 mod time;
@@ -27,7 +28,7 @@ pub use config::{
     DEFAULT_TIMEOUT, DYNAMIC_DELAY_MARKER, DurationSpec, MAX_RETRY_LIMIT, ResolvedConfig,
     ResolvedRetries, RetriesSpec, RetryDelay, SensitiveSpec, StepConfigSpec,
 };
-pub use duration::{DurationError, format_duration, parse_duration};
+pub use duration::{DurationError, MAX_DURATION, format_duration, parse_duration};
 pub use id::{
     EventType, IdError, InstanceId, MAX_ADDRESSABLE_ID_LEN, MAX_EVENT_TYPE_LEN,
     MAX_INSTANCE_ID_LEN, MAX_STEP_NAME_LEN, MAX_WORKFLOW_NAME_LEN, StepName, WorkflowName,

@@ -5,6 +5,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, patch, post};
 use axum::{Json, Router};
+use cairn::json::Object;
 use cairn::{CreateOptions, Engine, InstanceStatus, StepKind, UntypedWorkflow};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -58,6 +59,8 @@ fn rejected(status: StatusCode, detail: String) -> ApiError {
     ApiError::new(status, code, detail)
 }
 
+/// A JSON body; `Object` bodies refuse an array with the same `request.invalid` as any
+/// other malformed body.
 fn body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
     body.map(|Json(v)| v)
         .map_err(|e| rejected(e.status(), e.body_text()))
@@ -86,9 +89,9 @@ struct CreateBody {
 async fn create_instance(
     State(engine): State<Engine>,
     Path(name): Path<String>,
-    payload: Result<Json<CreateBody>, JsonRejection>,
+    payload: Result<Json<Object<CreateBody>>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let request = body(payload)?;
+    let Object(request) = body(payload)?;
     let workflow = workflow(&engine, &name)?;
     let mut options = CreateOptions::new(request.params.unwrap_or_else(|| json!({})));
     options.id = request.instance_id;
@@ -165,6 +168,7 @@ struct From {
 #[serde(deny_unknown_fields)]
 struct StatusBody {
     status: String,
+    #[serde(default, deserialize_with = "cairn::json::optional_object")]
     from: Option<From>,
     rollback: Option<bool>,
 }
@@ -172,9 +176,9 @@ struct StatusBody {
 async fn change_status(
     State(engine): State<Engine>,
     Path((name, id)): Path<(String, String)>,
-    payload: Result<Json<StatusBody>, JsonRejection>,
+    payload: Result<Json<Object<StatusBody>>, JsonRejection>,
 ) -> ApiResult<Json<Value>> {
-    let request = body(payload)?;
+    let Object(request) = body(payload)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
     if request.rollback.is_some() && request.status != "terminate" {
         return Err(ApiError::bad_request(
@@ -249,13 +253,13 @@ async fn describe_workflow(
 async fn create_batch(
     State(engine): State<Engine>,
     Path(name): Path<String>,
-    payload: Result<Json<Vec<CreateBody>>, JsonRejection>,
+    payload: Result<Json<Vec<Object<CreateBody>>>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let entries = body(payload)?;
     let workflow = workflow(&engine, &name)?;
     let batch = entries
         .into_iter()
-        .map(|e| {
+        .map(|Object(e)| {
             let mut options = CreateOptions::new(e.params.unwrap_or_else(|| json!({})));
             options.id = e.instance_id;
             options
@@ -278,9 +282,9 @@ struct DeleteBatchBody {
 async fn delete_batch(
     State(engine): State<Engine>,
     Path(name): Path<String>,
-    payload: Result<Json<DeleteBatchBody>, JsonRejection>,
+    payload: Result<Json<Object<DeleteBatchBody>>, JsonRejection>,
 ) -> ApiResult<Json<Value>> {
-    let request = body(payload)?;
+    let Object(request) = body(payload)?;
     let ids: Vec<&str> = request.instances.iter().map(String::as_str).collect();
     let result = workflow(&engine, &name)?.delete_batch(&ids).await?;
     Ok(Json(json!(result)))
@@ -334,4 +338,96 @@ async fn stream(
     let cursor = cursor(&headers, query)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
     Ok(crate::stream::follow(instance, cursor, engine.commits()).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Map;
+
+    /// Random JSON from the bodies' own keys and value kinds, arrays and junk included.
+    fn body_like() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            prop::sample::select(vec![-1i64, 0, 1, 7, 1 << 40]).prop_map(Value::from),
+            Just(json!(1.5)),
+            prop::sample::select(vec!["pause", "restart", "a", "do", ""]).prop_map(Value::from),
+        ];
+        let key = prop::sample::select(vec![
+            "instance_id",
+            "params",
+            "status",
+            "from",
+            "rollback",
+            "name",
+            "count",
+            "type",
+            "instances",
+            "id",
+        ]);
+        leaf.prop_recursive(3, 24, 5, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map(key.clone(), inner, 0..5).prop_map(|m| json!(m)),
+            ]
+        })
+    }
+
+    fn fields<'a>(v: &'a Value, allowed: &[&str]) -> Option<&'a Map<String, Value>> {
+        let m = v.as_object()?;
+        m.keys().all(|k| allowed.contains(&k.as_str())).then_some(m)
+    }
+
+    fn optional(m: &Map<String, Value>, key: &str, ok: impl Fn(&Value) -> bool) -> bool {
+        m.get(key).is_none_or(|v| v.is_null() || ok(v))
+    }
+
+    /// The documented request bodies, written down without serde.
+    fn create_ok(v: &Value) -> bool {
+        fields(v, &["instance_id", "params"])
+            .is_some_and(|m| optional(m, "instance_id", Value::is_string))
+    }
+
+    fn status_ok(v: &Value) -> bool {
+        let from_ok = |f: &Value| {
+            fields(f, &["name", "count", "type"]).is_some_and(|f| {
+                f.get("name").is_some_and(Value::is_string)
+                    && optional(f, "count", |c| {
+                        c.as_u64().is_some_and(|c| c <= u64::from(u32::MAX))
+                    })
+                    && optional(f, "type", Value::is_string)
+            })
+        };
+        fields(v, &["status", "from", "rollback"]).is_some_and(|m| {
+            m.get("status").is_some_and(Value::is_string)
+                && optional(m, "from", from_ok)
+                && optional(m, "rollback", Value::is_boolean)
+        })
+    }
+
+    fn delete_ok(v: &Value) -> bool {
+        fields(v, &["instances"]).is_some_and(|m| {
+            m.get("instances")
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.iter().all(Value::is_string))
+        })
+    }
+
+    fn parses<T: serde::de::DeserializeOwned>(v: &Value) -> bool {
+        serde_json::from_str::<Object<T>>(&v.to_string()).is_ok()
+    }
+
+    proptest! {
+        #[test]
+        fn body_parsers_match_the_documented_bodies(v in body_like()) {
+            prop_assert_eq!(parses::<CreateBody>(&v), create_ok(&v), "create {}", v);
+            prop_assert_eq!(parses::<StatusBody>(&v), status_ok(&v), "status {}", v);
+            prop_assert_eq!(parses::<DeleteBatchBody>(&v), delete_ok(&v), "delete {}", v);
+            let batch = serde_json::from_str::<Vec<Object<CreateBody>>>(&v.to_string()).is_ok();
+            let batch_ok = v.as_array().is_some_and(|a| a.iter().all(create_ok));
+            prop_assert_eq!(batch, batch_ok, "batch {}", v);
+        }
+    }
 }

@@ -366,6 +366,66 @@ async fn bad_input_gets_a_status_and_a_stable_code_and_changes_nothing() {
     engine.shutdown().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn json_arrays_are_not_request_bodies() {
+    let (engine, _dir) = app().await;
+    call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "there"}"#),
+    )
+    .await;
+    let base = "/api/workflows/approval/instances";
+    let cases: &[(Method, String, &str)] = &[
+        (Method::POST, base.into(), r#"["arr1", {"name": "x"}]"#),
+        (Method::POST, base.into(), "[]"),
+        (Method::POST, format!("{base}/batch"), r#"[["arr2", {}]]"#),
+        (
+            Method::POST,
+            format!("{base}/batch/delete"),
+            r#"[["there"]]"#,
+        ),
+        (
+            Method::PATCH,
+            format!("{base}/there/status"),
+            r#"["terminate"]"#,
+        ),
+        (
+            Method::PATCH,
+            format!("{base}/there/status"),
+            r#"{"status": "restart", "from": ["x", 1]}"#,
+        ),
+    ];
+    for (method, uri, body) in cases {
+        let (s, v) = call(&engine, method.clone(), uri, Some(body)).await;
+        assert_eq!(
+            (s, v["code"].as_str().unwrap_or("")),
+            (StatusCode::UNPROCESSABLE_ENTITY, "request.invalid"),
+            "{method} {uri} {body}: {v}"
+        );
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("expected a map"),
+            "{v}"
+        );
+    }
+    // Nothing was created, deleted or changed.
+    let (_, v) = call(&engine, Method::GET, base, None).await;
+    let ids: Vec<&str> = v["instances"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|i| i["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["there"]);
+    let (_, v) = call(&engine, Method::GET, &format!("{base}/there"), None).await;
+    assert_ne!(v["status"], "terminated", "{v}");
+    engine.shutdown().await;
+}
+
 async fn raw_call(
     router: axum::Router,
     method: Method,

@@ -59,7 +59,14 @@ pub struct Options {
     pub readers: usize,
     /// How long to wait for another engine to release the database's lock file.
     pub lock_timeout: Duration,
+    /// The size the write-ahead log is cut back to whenever it restarts after a checkpoint
+    /// (SQLite's `journal_size_limit`). Without it the WAL keeps the size of its largest
+    /// burst forever. The WAL is also checkpointed and truncated to zero on a clean close.
+    pub wal_size_limit: u64,
 }
+
+/// The default [`Options::wal_size_limit`]: 64 MiB.
+pub const DEFAULT_WAL_SIZE_LIMIT: u64 = 64 << 20;
 
 impl Default for Options {
     fn default() -> Self {
@@ -67,6 +74,7 @@ impl Default for Options {
             durability: Durability::Full,
             readers: 2,
             lock_timeout: Duration::from_secs(5),
+            wal_size_limit: DEFAULT_WAL_SIZE_LIMIT,
         }
     }
 }
@@ -75,6 +83,12 @@ impl Options {
     /// Sets the commit durability.
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// Sets the size the WAL is cut back to after a checkpoint.
+    pub fn wal_size_limit(mut self, bytes: u64) -> Self {
+        self.wal_size_limit = bytes;
         self
     }
 }
@@ -107,10 +121,15 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-fn configure(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
+fn configure(conn: &Connection, options: &Options) -> rusqlite::Result<()> {
     conn.busy_timeout(Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    let sync = match durability {
+    let limit = i64::try_from(options.wal_size_limit).unwrap_or(i64::MAX);
+    // The pragma answers with the new value, so it is a query, not an update.
+    conn.query_row(&format!("PRAGMA journal_size_limit = {limit}"), [], |_| {
+        Ok(())
+    })?;
+    let sync = match options.durability {
         Durability::Full => "FULL",
         Durability::Normal => "NORMAL",
     };
@@ -171,7 +190,7 @@ impl SqliteStore {
         };
         let lock = acquire_lock(&path, options.lock_timeout)?;
         let mut conn = Connection::open(&path).map_err(|e| err("open", &e))?;
-        configure(&conn, options.durability).map_err(|e| err("configure", &e))?;
+        configure(&conn, &options).map_err(|e| err("configure", &e))?;
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(|e| err("read schema version of", &e))?;

@@ -51,7 +51,7 @@ pub fn raw_step_writes(
         let _ = std::fs::remove_file(&file);
     }
     let mut conn = Connection::open(path).map_err(err)?;
-    configure(&conn, durability).map_err(err)?;
+    configure(&conn, &crate::Options::default().durability(durability)).map_err(err)?;
     schema::migrate(&mut conn).map_err(err)?;
     conn.execute(
         "INSERT INTO instances (workflow, id, status, params, created_at) VALUES ('raw', 'raw', 1, '{}', 0)",

@@ -17,6 +17,7 @@ mod sleep;
 mod step;
 mod workflow;
 
+pub use cairn_core::json;
 pub use cairn_core::{
     Backoff, ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord,
     MAX_BATCH, ResolvedConfig, RetryDelay, StepKey, StepKind, StepName, StepRecord, StepState,
