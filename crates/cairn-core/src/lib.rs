@@ -35,7 +35,8 @@ pub use id::{
     is_addressable_id,
 };
 pub use record::{
-    ErrorInfo, LogEntry, LogKind, LogRecord, StepKey, StepKind, StepRecord, StepState,
+    ErrorInfo, LogEntry, LogKind, LogRecord, MAX_ERROR_MESSAGE, StepKey, StepKind, StepRecord,
+    StepState, cap_message,
 };
 pub use status::InstanceStatus;
 pub use time::Timestamp;

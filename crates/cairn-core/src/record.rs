@@ -15,12 +15,32 @@ pub struct ErrorInfo {
     pub message: String,
 }
 
+/// The longest error name or message stored: every failed attempt stores one, so an
+/// unbounded message (a whole response body, a huge debug dump) would grow the journal and
+/// log without limit. Longer ones are cut at a character boundary and marked.
+pub const MAX_ERROR_MESSAGE: usize = 8 * 1024;
+
+/// `text` cut to at most [`MAX_ERROR_MESSAGE`] bytes plus a marker saying how much was cut.
+pub fn cap_message(text: impl Into<String>) -> String {
+    let mut text = text.into();
+    if text.len() > MAX_ERROR_MESSAGE {
+        let mut end = MAX_ERROR_MESSAGE;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = text.len() - end;
+        text.truncate(end);
+        text.push_str(&format!("… [{cut} more bytes truncated]"));
+    }
+    text
+}
+
 impl ErrorInfo {
-    /// Builds an error record.
+    /// Builds an error record; the name and message are capped at [`MAX_ERROR_MESSAGE`].
     pub fn new(name: impl Into<String>, message: impl Into<String>) -> Self {
         ErrorInfo {
-            name: name.into(),
-            message: message.into(),
+            name: cap_message(name),
+            message: cap_message(message),
         }
     }
 }
@@ -256,6 +276,24 @@ pub struct LogRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_messages_are_capped_with_a_marker() {
+        let short = ErrorInfo::new("Error", "boom");
+        assert_eq!(short.message, "boom");
+        let long = ErrorInfo::new("Error", "é".repeat(10_000));
+        assert!(
+            long.message.len() < MAX_ERROR_MESSAGE + 64,
+            "{}",
+            long.message.len()
+        );
+        assert!(
+            long.message.ends_with("… [11808 more bytes truncated]"),
+            "{}",
+            &long.message[8000..]
+        );
+        assert!(long.message.starts_with("éé"));
+    }
 
     #[test]
     fn log_kind_codes_round_trip() {

@@ -89,6 +89,56 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE instances ADD COLUMN rollback_trigger TEXT;
     ALTER TABLE instances ADD COLUMN rollback_outcome TEXT;
     ",
+    // 6: instance refs are never reused. Without AUTOINCREMENT, deleting or purging the
+    // newest instance gave the next one the same rowid, and (at its first claim) the same
+    // lease epoch: a stale lifetime of the deleted instance could then commit into the new
+    // one. SQLite cannot add AUTOINCREMENT to a column, so the table is rebuilt.
+    "
+    CREATE TABLE instances_v6 (
+        iid               INTEGER PRIMARY KEY AUTOINCREMENT,
+        workflow          TEXT NOT NULL,
+        id                TEXT NOT NULL,
+        status            INTEGER NOT NULL,
+        params            TEXT NOT NULL,
+        created_at        INTEGER NOT NULL,
+        started_at        INTEGER,
+        ended_at          INTEGER,
+        output            TEXT,
+        error_name        TEXT,
+        error_message     TEXT,
+        ready_rank        INTEGER NOT NULL DEFAULT 1,
+        ready_at          INTEGER,
+        lease_owner       TEXT,
+        lease_epoch       INTEGER NOT NULL DEFAULT 0,
+        lease_until       INTEGER,
+        paused_at         INTEGER,
+        retain_success_ms INTEGER NOT NULL DEFAULT 604800000,
+        retain_error_ms   INTEGER NOT NULL DEFAULT 604800000,
+        purge_at          INTEGER,
+        rollback_trigger  TEXT,
+        rollback_outcome  TEXT,
+        UNIQUE (workflow, id)
+    );
+    INSERT INTO instances_v6 (iid, workflow, id, status, params, created_at, started_at,
+        ended_at, output, error_name, error_message, ready_rank, ready_at, lease_owner,
+        lease_epoch, lease_until, paused_at, retain_success_ms, retain_error_ms, purge_at,
+        rollback_trigger, rollback_outcome)
+    SELECT iid, workflow, id, status, params, created_at, started_at,
+        ended_at, output, error_name, error_message, ready_rank, ready_at, lease_owner,
+        lease_epoch, lease_until, paused_at, retain_success_ms, retain_error_ms, purge_at,
+        rollback_trigger, rollback_outcome
+    FROM instances;
+    DROP TABLE instances;
+    ALTER TABLE instances_v6 RENAME TO instances;
+    CREATE INDEX instances_ready ON instances (ready_rank, ready_at) WHERE ready_at IS NOT NULL;
+    CREATE INDEX instances_lease ON instances (lease_until) WHERE lease_owner IS NOT NULL;
+    CREATE INDEX instances_by_status ON instances (workflow, status, iid);
+    CREATE INDEX instances_purge ON instances (purge_at) WHERE purge_at IS NOT NULL;
+    -- Rows a reused rowid may have left behind belong to no instance.
+    DELETE FROM steps WHERE iid NOT IN (SELECT iid FROM instances);
+    DELETE FROM log WHERE iid NOT IN (SELECT iid FROM instances);
+    DELETE FROM events WHERE iid NOT IN (SELECT iid FROM instances);
+    ",
 ];
 
 /// Brings the schema up to date.

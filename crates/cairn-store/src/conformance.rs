@@ -17,7 +17,10 @@ use cairn_core::{
     StepState, Timestamp, WorkflowName,
 };
 
-use crate::{Created, Error, ListQuery, NewInstance, StatusChange, Store, Write};
+use crate::{
+    ControlOutcome, ControlRequest, Created, Error, ListQuery, NewInstance, StatusChange, Store,
+    Write,
+};
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 const TTL: Duration = Duration::from_secs(30);
@@ -490,6 +493,67 @@ pub async fn finished_instances_are_purged_after_their_retention(store: Arc<dyn 
     create_one(&*store, "wf", "a").await; // the id is free again
 }
 
+/// A lease of a deleted instance must never commit into a later instance, even one that
+/// took the deleted one's place as the newest row (on SQLite: the same rowid).
+pub async fn fencing_survives_instance_row_reuse(store: Arc<dyn Store>) {
+    let old = create_one(&*store, "wf", "a").await;
+    let stale = store
+        .claim("owner-1", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap();
+    let stale = stale[0].lease;
+    let deleted = store
+        .control(
+            &wf("wf"),
+            &InstanceId::new("a").unwrap(),
+            ControlRequest::Delete,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(deleted, ControlOutcome::Done { .. }),
+        "{deleted:?}"
+    );
+    for id in ["a", "b"] {
+        let new = create_one(&*store, "wf", id).await;
+        assert_ne!(new, old, "an instance ref is never given out twice");
+        let claimed = store
+            .claim("owner-2", &[wf("wf")], T0, TTL, 1)
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1);
+        let err = store
+            .commit(
+                stale,
+                vec![Write::Status(StatusChange::to(InstanceStatus::Complete))],
+            )
+            .await
+            .expect_err("a stale lease of a deleted instance must not commit");
+        assert!(
+            matches!(err, Error::LeaseLost(_) | Error::NotFound(_)),
+            "{err:?}"
+        );
+        let rec = store
+            .instance(&wf("wf"), &InstanceId::new(id).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            rec.status,
+            InstanceStatus::Queued,
+            "untouched by the stale lease"
+        );
+        store
+            .control(
+                &wf("wf"),
+                &InstanceId::new(id).unwrap(),
+                ControlRequest::Delete,
+            )
+            .await
+            .unwrap();
+    }
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -510,6 +574,7 @@ macro_rules! conformance_tests {
             list_is_newest_first_with_filters,
             commit_to_a_missing_instance_is_not_found,
             finished_instances_are_purged_after_their_retention,
+            fencing_survives_instance_row_reuse,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {

@@ -2,14 +2,12 @@
 //! records the outcome. A lifetime whose writes fail is dropped whole and, if the store was
 //! merely unavailable, replayed again after a pause.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use cairn_core::{ErrorInfo, InstanceStatus, LogKind};
-use cairn_store::{Claimed, StatusChange, Write};
-use futures::FutureExt;
+use cairn_core::{ErrorInfo, InstanceStatus, LogEntry, LogKind};
+use cairn_store::{Claimed, InstanceRecord, Lease, StatusChange, Write};
 use serde_json::json;
 
 use crate::engine::EngineInner;
@@ -19,20 +17,42 @@ use crate::rollback::{RollbackStatus, Trigger};
 use crate::step::WorkflowStep;
 use crate::workflow::WorkflowEvent;
 
+/// How long an instance whose lifetime panicked in engine code waits before it is claimed
+/// again: long enough not to spin on a deterministic bug, short enough to recover from a
+/// passing one.
+const PANIC_RETRY: Duration = Duration::from_secs(5);
+
 pub(crate) async fn drive(inner: Arc<EngineInner>, claimed: Claimed) {
+    let lease = claimed.lease;
+    let mut record = claimed.record;
     let mut pause = Duration::from_millis(100);
     loop {
-        match run_lifetime(&inner, &claimed).await {
-            Ok(()) => break,
-            Err(Abort::Store(cairn_store::Error::Unavailable(e))) => {
-                tracing::warn!(instance = %claimed.record.id, error = %e, "store unavailable; replaying later");
+        // The lifetime is registered as live before its first await (inside `run_lifetime`),
+        // and any panic in it, engine code included, is caught here: it must release the
+        // instance, never leave it leased with no lifetime.
+        let lifetime = crate::panic::guarded(|| run_lifetime(&inner, lease, &record)).await;
+        match lifetime {
+            Ok(Ok(()) | Err(Abort::Stopped)) => break,
+            Ok(Err(Abort::Store(cairn_store::Error::Unavailable(e)))) => {
+                tracing::warn!(instance = %record.id, error = %e, "store unavailable; replaying later");
                 inner.shared.clock.sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(30));
+                // Replay from what the store holds now, not from the claim: the last
+                // lifetime may have started the instance, and it may have been deleted.
+                match reread(&inner, lease, &record).await {
+                    Some(fresh) => record = fresh,
+                    None => break,
+                }
             }
-            Err(Abort::Stopped) => break,
-            Err(Abort::Store(e)) => {
+            Ok(Err(Abort::Store(e))) => {
                 // Lease lost, instance deleted or unreadable: this engine is done with it.
-                tracing::debug!(instance = %claimed.record.id, error = %e, "stopped running instance");
+                tracing::debug!(instance = %record.id, error = %e, "stopped running instance");
+                break;
+            }
+            Err(panic) => {
+                let message = crate::panic::message(&*panic);
+                tracing::error!(instance = %record.id, panic = %message, "a lifetime panicked in engine code; releasing the instance");
+                release_after_panic(&inner, lease, &message).await;
                 break;
             }
         }
@@ -41,25 +61,93 @@ pub(crate) async fn drive(inner: Arc<EngineInner>, claimed: Claimed) {
     inner.wake.notify_one();
 }
 
-async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(), Abort> {
-    let record = &claimed.record;
+/// The instance's record as stored now, or `None` when this lifetime must not go on: the
+/// instance is gone, finished, or a different instance under the same name.
+async fn reread(
+    inner: &EngineInner,
+    lease: Lease,
+    stale: &InstanceRecord,
+) -> Option<InstanceRecord> {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match inner
+            .shared
+            .store
+            .instance(&stale.workflow, &stale.id)
+            .await
+        {
+            Ok(Some(fresh)) if fresh.instance == lease.instance && !fresh.status.is_terminal() => {
+                return Some(fresh);
+            }
+            Ok(_) => return None,
+            Err(cairn_store::Error::Unavailable(_)) => {
+                inner.shared.clock.sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Records the panic and lets the instance go, claimable again after [`PANIC_RETRY`]: the
+/// next lifetime replays it, and an attempt the panic interrupted is recorded as such.
+async fn release_after_panic(inner: &EngineInner, lease: Lease, message: &str) {
+    let wake_at = inner.shared.clock.now().saturating_add(PANIC_RETRY);
+    let writes = || {
+        vec![
+            Write::Log(LogEntry {
+                kind: LogKind::WorkflowWaiting,
+                at: inner.shared.clock.now(),
+                step: None,
+                meta: json!({
+                    "wakeAt": wake_at.as_millis(),
+                    "events": [],
+                    "enginePanic": cairn_core::cap_message(message),
+                }),
+            }),
+            Write::Hibernate {
+                wake_at,
+                event_types: Vec::new(),
+            },
+        ]
+    };
+    let mut pause = Duration::from_millis(100);
+    for _ in 0..10 {
+        match inner.shared.store.commit(lease, writes()).await {
+            Err(cairn_store::Error::Unavailable(e)) => {
+                tracing::warn!(error = %e, "store unavailable while releasing a panicked instance");
+                inner.shared.clock.sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+            _ => return,
+        }
+    }
+}
+
+async fn run_lifetime(
+    inner: &Arc<EngineInner>,
+    lease: Lease,
+    record: &InstanceRecord,
+) -> Result<(), Abort> {
     let shared = &inner.shared;
     let Some(workflow) = inner.workflows.get(&record.workflow).cloned() else {
         return Ok(());
     };
-    let journal = shared
-        .store
-        .journal(record.instance)
-        .await
-        .map_err(Abort::Store)?;
     let state = Arc::new(RunState::new(
         Arc::clone(shared),
-        claimed.lease,
+        lease,
         record.workflow.clone(),
         record.id.clone(),
         record.created_at,
-        journal,
     ));
+    // Live before the first await: a terminate, restart or delete from now on aborts this
+    // lifetime in memory, not only through the fence at its next commit.
+    let _live = LiveGuard::register(inner, &state);
+    let journal = tokio::select! {
+        journal = shared.store.journal(record.instance) => journal.map_err(Abort::Store)?,
+        abort = state.aborted() => return Err(abort),
+    };
+    state.load_journal(journal);
     if record.status != InstanceStatus::Running {
         let now = shared.clock.now();
         let mut writes = vec![Write::Status(StatusChange {
@@ -72,7 +160,7 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
         }
         let status = shared
             .store
-            .commit(claimed.lease, writes)
+            .commit(lease, writes)
             .await
             .map_err(Abort::Store)?;
         state.observe(status);
@@ -96,7 +184,6 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
         run: Arc::clone(&state),
     };
     let mut shutdown = inner.shutdown.subscribe();
-    let _live = LiveGuard::register(inner, &state);
     if let Some(trigger) = record
         .rollback_trigger
         .as_deref()
@@ -106,10 +193,9 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
         // handlers are not in memory, so replay `run` only to register them.
         let current = (record.workflow.clone(), record.id.clone());
         state.start_registering();
-        let mut replay = std::pin::pin!(CURRENT.scope(
-            current,
-            AssertUnwindSafe(workflow.run(event, step)).catch_unwind()
-        ));
+        let mut replay = std::pin::pin!(
+            CURRENT.scope(current, crate::panic::guarded(|| workflow.run(event, step)))
+        );
         let registered = futures::future::poll_fn(|cx| match replay.as_mut().poll(cx) {
             Poll::Ready(_) => Poll::Ready(()),
             Poll::Pending if state.idle() => Poll::Ready(()),
@@ -124,10 +210,8 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
         return roll_back_and_finish(inner, &state, &trigger, outcome, &mut shutdown).await;
     }
     let current = (record.workflow.clone(), record.id.clone());
-    let mut run = std::pin::pin!(CURRENT.scope(
-        current,
-        AssertUnwindSafe(workflow.run(event, step)).catch_unwind()
-    ));
+    let mut run =
+        std::pin::pin!(CURRENT.scope(current, crate::panic::guarded(|| workflow.run(event, step))));
     let threshold = inner.hibernate_after;
     let result = loop {
         // Poll the workflow. After each `Pending`: a pending pause takes effect once no
@@ -184,7 +268,7 @@ async fn run_lifetime(inner: &Arc<EngineInner>, claimed: &Claimed) -> Result<(),
         Ok(Err(error)) => Err(error.into_info()),
         Err(panic) => Err(ErrorInfo::new(
             ERROR,
-            format!("the workflow panicked: {}", panic_message(&*panic)),
+            format!("the workflow panicked: {}", crate::panic::message(&*panic)),
         )),
     };
     match &outcome {
@@ -356,14 +440,4 @@ pub(crate) fn is_current(workflow: &cairn_core::WorkflowName, id: &cairn_core::I
     CURRENT
         .try_with(|(w, i)| w == workflow && i == id)
         .unwrap_or(false)
-}
-
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a non-string panic payload".to_owned()
-    }
 }

@@ -11,6 +11,7 @@ mod error;
 mod event;
 mod failure;
 mod gate;
+mod panic;
 mod replay;
 mod rollback;
 mod sleep;
@@ -20,8 +21,8 @@ mod workflow;
 pub use cairn_core::json;
 pub use cairn_core::{
     Backoff, ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord,
-    MAX_BATCH, ResolvedConfig, RetryDelay, StepKey, StepKind, StepName, StepRecord, StepState,
-    Timestamp, WorkflowName, format_duration, parse_duration,
+    MAX_BATCH, MAX_ERROR_MESSAGE, ResolvedConfig, RetryDelay, StepKey, StepKind, StepName,
+    StepRecord, StepState, Timestamp, WorkflowName, format_duration, parse_duration,
 };
 pub use cairn_store::Retention;
 pub use client::{

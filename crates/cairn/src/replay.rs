@@ -90,9 +90,7 @@ impl RunState {
         workflow: WorkflowName,
         instance_id: InstanceId,
         created_at: Timestamp,
-        journal: Vec<StepRecord>,
     ) -> Self {
-        let next_seq = journal.iter().map(|s| s.seq).max().unwrap_or(0) + 1;
         RunState {
             shared,
             lease,
@@ -100,9 +98,9 @@ impl RunState {
             instance_id,
             created_at,
             inner: Mutex::new(Inner {
-                journal: journal.into_iter().map(|s| (s.key.clone(), s)).collect(),
+                journal: HashMap::new(),
                 counters: HashMap::new(),
-                next_seq,
+                next_seq: 1,
                 run_calls: 0,
                 active: 0,
                 waits: HashMap::new(),
@@ -118,6 +116,13 @@ impl RunState {
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
             handlers: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Loads the journal this lifetime replays against; called once, before `run`.
+    pub(crate) fn load_journal(&self, journal: Vec<StepRecord>) {
+        let mut inner = self.inner();
+        inner.next_seq = journal.iter().map(|s| s.seq).max().unwrap_or(0) + 1;
+        inner.journal = journal.into_iter().map(|s| (s.key.clone(), s)).collect();
     }
 
     /// Replays `run` only to register rollback handlers: ops return stored outcomes and

@@ -10,12 +10,10 @@ use cairn_core::{
     DEFAULT_RETRY_DELAY, ErrorInfo, LogKind, REDACTED, ResolvedConfig, RetryDelay, StepKey,
     StepKind, StepRecord, StepState, parse_duration,
 };
-use futures::FutureExt;
 use futures::future::{BoxFuture, Either, select};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use std::panic::AssertUnwindSafe;
 
 use crate::config::{DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 use crate::failure::{DELAY_FAILED, INTERNAL, StepError, TIMEOUT, WorkflowError};
@@ -388,7 +386,8 @@ impl Execution {
                 config,
                 idempotency_key: state.idempotency_key(&key),
             };
-            let attempt = std::pin::pin!(AssertUnwindSafe(body(ctx)).catch_unwind());
+            // A panic while the body builds its future is an attempt failure too.
+            let attempt = std::pin::pin!(crate::panic::guarded(|| body(ctx)));
             let timed = select(attempt, state.shared.clock.sleep(config.timeout)).await;
             let outcome = match timed {
                 Either::Left((Ok(Ok(value)), _)) => match serde_json::to_string(&value) {
@@ -421,10 +420,7 @@ impl Execution {
                 Either::Left((Err(panic), _)) => Outcome::Failure(
                     ErrorInfo::new(
                         crate::failure::ERROR,
-                        format!(
-                            "the step body panicked: {}",
-                            crate::driver::panic_message(&*panic)
-                        ),
+                        format!("the step body panicked: {}", crate::panic::message(&*panic)),
                     ),
                     true,
                 ),
@@ -642,13 +638,17 @@ impl Execution {
             },
             error: error.clone(),
         };
-        let call = (function.0)(ctx);
+        let call = std::pin::pin!(crate::panic::guarded(|| (function.0)(ctx)));
         match select(call, state.shared.clock.sleep(DELAY_FN_TIMEOUT)).await {
-            Either::Left((Ok(DelayValue::Duration(d)), _)) => Ok(d),
-            Either::Left((Ok(DelayValue::Text(s)), _)) => parse_duration(&s).map_err(|_| {
+            Either::Left((Err(panic), _)) => Err(fail(format!(
+                "threw an error: panicked: {}",
+                crate::panic::message(&*panic)
+            ))),
+            Either::Left((Ok(Ok(DelayValue::Duration(d))), _)) => Ok(d),
+            Either::Left((Ok(Ok(DelayValue::Text(s))), _)) => parse_duration(&s).map_err(|_| {
                 fail("returned an invalid delay value (expected a number of ms or a duration string like \"30 seconds\")".into())
             }),
-            Either::Left((Err(e), _)) => Err(fail(format!("threw an error: {e}"))),
+            Either::Left((Ok(Err(e)), _)) => Err(fail(format!("threw an error: {e}"))),
             Either::Right(((), _)) => Err(fail("did not return within 5 seconds".into())),
         }
     }

@@ -316,3 +316,117 @@ pub async fn wait_numbered<W: cairn::Workflow>(client: &cairn::WorkflowClient<W>
             .unwrap();
     }
 }
+
+use cairn::store::{
+    Claimed, ControlOutcome, ControlRequest, Created, InstanceRecord, InstanceRef, Lease,
+    ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
+};
+
+/// A store that calls `before(method)` ahead of every call it delegates to `inner`: the hook
+/// can panic, count or fail to reproduce what a broken backend or engine bug does.
+pub struct Hooked {
+    pub inner: Arc<dyn Store>,
+    pub before: Box<dyn Fn(&'static str) + Send + Sync>,
+}
+
+impl Store for Hooked {
+    fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
+        (self.before)("create");
+        self.inner.create(batch)
+    }
+    fn instance(
+        &self,
+        w: &cairn::WorkflowName,
+        id: &cairn::InstanceId,
+    ) -> StoreFuture<'_, Option<InstanceRecord>> {
+        (self.before)("instance");
+        self.inner.instance(w, id)
+    }
+    fn list(&self, q: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>> {
+        (self.before)("list");
+        self.inner.list(q)
+    }
+    fn count(&self, w: &cairn::WorkflowName, s: cairn::InstanceStatus) -> StoreFuture<'_, u64> {
+        (self.before)("count");
+        self.inner.count(w, s)
+    }
+    fn claim(
+        &self,
+        owner: &str,
+        w: &[cairn::WorkflowName],
+        now: cairn::Timestamp,
+        ttl: std::time::Duration,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Claimed>> {
+        (self.before)("claim");
+        self.inner.claim(owner, w, now, ttl, limit)
+    }
+    fn renew(&self, owner: &str, until: cairn::Timestamp) -> StoreFuture<'_, ()> {
+        (self.before)("renew");
+        self.inner.renew(owner, until)
+    }
+    fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::StepRecord>> {
+        (self.before)("journal");
+        self.inner.journal(i)
+    }
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, cairn::InstanceStatus> {
+        (self.before)("commit");
+        self.inner.commit(lease, writes)
+    }
+    fn control(
+        &self,
+        w: &cairn::WorkflowName,
+        id: &cairn::InstanceId,
+        r: ControlRequest,
+    ) -> StoreFuture<'_, ControlOutcome> {
+        (self.before)("control");
+        self.inner.control(w, id, r)
+    }
+    fn log(&self, i: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
+        (self.before)("log");
+        self.inner.log(i, after, limit)
+    }
+    fn workflow_log(
+        &self,
+        w: &cairn::WorkflowName,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<(cairn::InstanceId, LogRecord)>> {
+        (self.before)("workflow_log");
+        self.inner.workflow_log(w, after, limit)
+    }
+    fn next_ready(&self, w: &[cairn::WorkflowName]) -> StoreFuture<'_, Option<cairn::Timestamp>> {
+        (self.before)("next_ready");
+        self.inner.next_ready(w)
+    }
+    fn send_event(
+        &self,
+        w: &cairn::WorkflowName,
+        id: &cairn::InstanceId,
+        e: NewEvent,
+    ) -> StoreFuture<'_, Sent> {
+        (self.before)("send_event");
+        self.inner.send_event(w, id, e)
+    }
+    fn take_event(
+        &self,
+        lease: Lease,
+        step: StepKey,
+        t: cairn::EventType,
+        at: cairn::Timestamp,
+    ) -> StoreFuture<'_, Option<StoredEvent>> {
+        (self.before)("take_event");
+        self.inner.take_event(lease, step, t, at)
+    }
+    fn purge(&self, now: cairn::Timestamp, limit: usize) -> StoreFuture<'_, usize> {
+        (self.before)("purge");
+        self.inner.purge(now, limit)
+    }
+    fn next_purge(&self) -> StoreFuture<'_, Option<cairn::Timestamp>> {
+        (self.before)("next_purge");
+        self.inner.next_purge()
+    }
+    fn close(&self) -> StoreFuture<'_, ()> {
+        self.inner.close()
+    }
+}

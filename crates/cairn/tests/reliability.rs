@@ -1,0 +1,249 @@
+//! Regression tests for the defects of the reliability review (issue 9), one per defect,
+//! each named after it.
+
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
+#[path = "support/lib.rs"]
+mod support;
+
+use std::time::Duration;
+
+use cairn::prelude::*;
+use cairn::{InstanceStatus, LogKind};
+use serde_json::{Value, json};
+use support::{Counter, Seen, engine, records, run_to_end, targets, until_status, wf};
+
+/// A body that panics while *building* its future (not inside it) on attempt 1 is an
+/// attempt failure, retried per its config; before, the panic escaped the step, errored the
+/// whole workflow and left the step row in flight forever.
+#[tokio::test(start_paused = true)]
+async fn a_panic_while_building_a_step_future_is_a_retried_attempt_failure() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let n = step
+                .run("builds", |ctx| {
+                    assert!(ctx.attempt > 1, "no future on attempt {}", ctx.attempt);
+                    async move { Ok(ctx.attempt) }
+                })
+                .retries(Retries::constant(3, Duration::from_secs(1)))
+                .await?;
+            Ok(json!(n))
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(status.output, Some(json!(2)));
+    let failures = records(&instance, LogKind::AttemptFailure).await;
+    assert_eq!(failures.len(), 1);
+    let message = failures[0].entry.meta["error"]["message"].as_str().unwrap();
+    assert!(message.contains("no future on attempt 1"), "{message}");
+    let details = instance.details().await.unwrap();
+    assert!(
+        details.steps.iter().all(|s| s.end.is_some()),
+        "nothing left in flight"
+    );
+    engine.shutdown().await;
+}
+
+/// A delay function that panics fails the step like one that returns an error, with the
+/// panic's message; before, the panic escaped and errored the workflow as a whole.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_delay_function_fails_the_step_with_its_message() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let caught = step
+                .run("s", |_| async { Err::<(), _>("first".into()) })
+                .retries(Retries {
+                    limit: 3,
+                    delay: Delay::function(
+                        |_ctx| -> std::future::Ready<Result<Duration, cairn::BoxError>> {
+                            panic!("delay exploded")
+                        },
+                    ),
+                    backoff: None,
+                })
+                .await;
+            let error = caught.unwrap_err();
+            Ok(json!(error.message()))
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    let message = status.output.unwrap();
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .contains("threw an error: panicked: delay exploded"),
+        "{message}"
+    );
+    engine.shutdown().await;
+}
+
+/// A rollback handler that panics synchronously (before returning its future) is a failed
+/// rollback attempt, retried; before, the instance stayed `running` forever with no live
+/// lifetime, also after a restart.
+#[tokio::test(start_paused = true)]
+async fn a_rollback_handler_that_panics_synchronously_is_an_attempt_failure() {
+    let calls = Counter::default();
+    let c = calls.clone();
+    let (engine, _dir) = engine(move |b| {
+        let c = c.clone();
+        b.register(wf(move |_, step| {
+            let c = c.clone();
+            async move {
+                step.run("reserve", |_| async { Ok(1u32) })
+                    .rollback(move |_: Rollback<u32>| {
+                        assert!(c.bump() > 1, "handler cannot start");
+                        async { Ok(()) }
+                    })
+                    .rollback_config(&StepConfig {
+                        retries: Some(Retries::constant(2, Duration::from_secs(1))),
+                        ..StepConfig::default()
+                    })
+                    .await?;
+                Err::<Value, _>("boom".into())
+            }
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Errored);
+    assert_eq!(status.rollback.unwrap().outcome, "completed");
+    assert_eq!(calls.get(), 2);
+    let failures = records(&instance, LogKind::RollbackAttemptFailure).await;
+    assert_eq!(failures.len(), 1);
+    assert!(
+        failures[0].entry.meta["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("handler cannot start")
+    );
+    assert_eq!(engine.live_instances(), 0);
+    engine.shutdown().await;
+}
+
+/// `Workflow::run` that panics while building its future errors the instance with the
+/// message instead of taking the driver down with it.
+#[tokio::test(start_paused = true)]
+async fn a_workflow_that_panics_while_building_its_future_errors_with_the_message() {
+    struct Eager;
+    impl cairn::Workflow for Eager {
+        const NAME: &'static str = "eager";
+        type Params = Value;
+        type Output = Value;
+        #[allow(unreachable_code)]
+        fn run(
+            &self,
+            _: cairn::WorkflowEvent<Value>,
+            _: cairn::WorkflowStep,
+        ) -> impl std::future::Future<Output = Result<Value, cairn::WorkflowError>> + Send {
+            panic!("run cannot start");
+            std::future::pending()
+        }
+    }
+    let (engine, _dir) = engine(|b| b.register(Eager)).await;
+    let instance = engine
+        .workflow::<Eager>()
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    instance.wait().await.unwrap();
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Errored);
+    assert!(status.error.unwrap().message.contains("run cannot start"));
+    assert_eq!(engine.live_instances(), 0);
+    engine.shutdown().await;
+}
+
+/// Error messages are capped (8 KiB and a marker) where they are stored, once per attempt.
+#[tokio::test(start_paused = true)]
+async fn error_messages_are_capped_once_per_attempt() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.run("s", |_| async { Err::<(), _>("x".repeat(100_000).into()) })
+                .retries(Retries::none())
+                .await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    let message = status.error.unwrap().message;
+    assert!(
+        message.len() <= cairn::MAX_ERROR_MESSAGE + 64,
+        "{}",
+        message.len()
+    );
+    assert!(
+        message.ends_with("more bytes truncated]"),
+        "{}",
+        &message[8000..]
+    );
+    for r in records(&instance, LogKind::AttemptFailure).await {
+        assert!(r.entry.meta.to_string().len() < 10_000);
+    }
+    engine.shutdown().await;
+}
+
+#[allow(dead_code)]
+fn unused(_: Seen<u32>) {
+    let _ = (targets::<Value>, until_status);
+}
+
+/// A panic in engine code (here: the store call that loads the journal, made on the
+/// driver's task) releases the instance, recorded in its log, and a later lifetime finishes
+/// it; before, the panic was dropped by the scheduler's `JoinSet` and the instance stayed
+/// leased with no lifetime forever (leases do not expire on SQLite).
+///
+/// The system clock: with the virtual clock every store call runs on a blocking thread,
+/// where a panic becomes `store.unavailable` instead.
+#[tokio::test]
+async fn a_panic_in_engine_code_releases_the_instance() {
+    let (_dir, path) = support::temp_db();
+    let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
+    let journal_calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let calls = std::sync::Arc::clone(&journal_calls);
+    let hooked = support::Hooked {
+        inner: std::sync::Arc::new(store),
+        before: Box::new(move |method| {
+            if method == "journal" && calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                panic!("injected engine bug");
+            }
+        }),
+    };
+    let engine = cairn::Engine::builder()
+        .store(std::sync::Arc::new(hooked))
+        .register(wf(|_, step| async move {
+            let n: u32 = step.run("s", |_| async { Ok(7) }).await?;
+            Ok(json!(n))
+        }))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), instance.wait())
+        .await
+        .expect("the instance was released and finished")
+        .unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete);
+    assert_eq!(status.output, Some(json!(7)));
+    let waiting = records(&instance, LogKind::WorkflowWaiting).await;
+    assert!(
+        waiting
+            .iter()
+            .any(|r| r.entry.meta["enginePanic"] == "injected engine bug"),
+        "{waiting:?}"
+    );
+    engine.shutdown().await;
+}
