@@ -1,7 +1,7 @@
 //! Cairn's embedded store: SQLite in WAL mode behind one writer thread with group commit.
 //!
-//! [`SqliteStore::open`] creates or opens a database file, takes an exclusive lock file
-//! beside it (one engine per database), migrates the schema, and takes over the leases of
+//! [`SqliteStore::open`] creates or opens a database file, takes an exclusive lock on the
+//! file itself (one engine per database, whatever path reaches it), migrates the schema, and takes over the leases of
 //! the previous owner (which held the lock and so must be dead): their running instances
 //! become claimable at once.
 //!
@@ -57,7 +57,7 @@ pub struct Options {
     pub durability: Durability,
     /// Read connections (and threads).
     pub readers: usize,
-    /// How long to wait for another engine to release the database's lock file.
+    /// How long to wait for another engine to release the database.
     pub lock_timeout: Duration,
     /// The size the write-ahead log is cut back to whenever it restarts after a checkpoint
     /// (SQLite's `journal_size_limit`). Without it the WAL keeps the size of its largest
@@ -139,20 +139,19 @@ fn configure(conn: &Connection, options: &Options) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn lock_path(db: &Path) -> PathBuf {
-    let mut name = db.as_os_str().to_owned();
-    name.push("-cairn.lock");
-    PathBuf::from(name)
-}
-
+/// Locks the database file itself (an exclusive `flock` on it): one engine per database,
+/// however it is reached. A lock file named after the path would be bypassed by a symlink or
+/// a hard link to the same file. `flock` locks are independent of the POSIX record locks
+/// SQLite takes on the same file; the handle is closed only after every connection is (see
+/// `worker.rs`), because closing any handle of a file drops the process's record locks.
 fn acquire_lock(db: &Path, timeout: Duration) -> std::result::Result<std::fs::File, OpenError> {
-    let path = lock_path(db);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
-        .open(&path)
-        .map_err(|e| OpenError(format!("open lock file {}: {e}", path.display())))?;
+        .open(db)
+        .map_err(|e| OpenError(format!("open {}: {e}", db.display())))?;
     let deadline = std::time::Instant::now() + timeout;
     loop {
         match file.try_lock() {
@@ -163,13 +162,12 @@ fn acquire_lock(db: &Path, timeout: Duration) -> std::result::Result<std::fs::Fi
             }
             Err(std::fs::TryLockError::WouldBlock) => {
                 return Err(OpenError(format!(
-                    "database {} is in use by another Cairn engine (lock file {})",
+                    "database {} is in use by another Cairn engine",
                     db.display(),
-                    path.display()
                 )));
             }
             Err(std::fs::TryLockError::Error(e)) => {
-                return Err(OpenError(format!("lock {}: {e}", path.display())));
+                return Err(OpenError(format!("lock {}: {e}", db.display())));
             }
         }
     }
@@ -188,7 +186,7 @@ impl SqliteStore {
         let err = |what: &str, e: &dyn std::fmt::Display| {
             OpenError(format!("{what} {}: {e}", path.display()))
         };
-        let lock = acquire_lock(&path, options.lock_timeout)?;
+        let lock = std::sync::Arc::new(acquire_lock(&path, options.lock_timeout)?);
         let mut conn = Connection::open(&path).map_err(|e| err("open", &e))?;
         configure(&conn, &options).map_err(|e| err("configure", &e))?;
         let version: i64 = conn
@@ -216,7 +214,8 @@ impl SqliteStore {
                 .map_err(|e| err("configure reader for", &e))?;
             read_conns.push(rc);
         }
-        let readers = Readers::spawn(read_conns).map_err(|e| err("spawn readers for", &e))?;
+        let readers =
+            Readers::spawn(read_conns, &lock).map_err(|e| err("spawn readers for", &e))?;
         let (writer, writer_thread) =
             worker::spawn_writer(conn, lock).map_err(|e| err("spawn writer for", &e))?;
         Ok(SqliteStore {
@@ -232,7 +231,7 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Stops the threads after the queued work is done and releases the lock file.
+    /// Stops the threads after the queued work is done and releases the database's lock.
     pub async fn close(&self) {
         if let Ok(mut w) = self.writer.lock() {
             w.take();
@@ -302,7 +301,7 @@ impl SqliteStore {
 
 impl Drop for SqliteStore {
     fn drop(&mut self) {
-        // Let the threads finish their queues and exit; they release the lock file.
+        // Let the threads finish their queues and exit; the last one releases the lock.
         if let Ok(mut w) = self.writer.lock() {
             w.take();
         }
@@ -310,7 +309,7 @@ impl Drop for SqliteStore {
     }
 }
 
-/// The previous owner held the lock file and is gone: its leased instances are claimable
+/// The previous owner held the lock and is gone: its leased instances are claimable
 /// at once (ahead of new ones), and a pause it was waiting for takes effect (SPEC E26).
 ///
 /// "At once" is `ready_at = created_at`, not the system time: the engine claims by its own

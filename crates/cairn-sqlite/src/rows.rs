@@ -49,8 +49,8 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
                 new.id.as_str(),
                 new.params,
                 new.created_at.as_millis(),
-                millis(new.retention.success),
-                millis(new.retention.error),
+                retain_ms(new.retention.success),
+                retain_ms(new.retention.error),
             ])
         })
         .map_err(map_sqlite)?;
@@ -867,6 +867,15 @@ pub(crate) fn control(
             done(from)
         }
     }
+}
+
+/// The longest retention stored: 2^62 ms, 146 million years, "keep forever". Saturating
+/// here (not at `i64::MAX`) keeps `ended_at + retain` in SQL an integer: SQLite turns an
+/// overflowing integer sum into a REAL, which then no longer reads back as a timestamp.
+pub(crate) const MAX_RETAIN_MS: i64 = 1 << 62;
+
+fn retain_ms(d: std::time::Duration) -> i64 {
+    millis(d).min(MAX_RETAIN_MS)
 }
 
 fn millis(d: std::time::Duration) -> i64 {

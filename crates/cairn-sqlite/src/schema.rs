@@ -89,7 +89,7 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE instances ADD COLUMN rollback_trigger TEXT;
     ALTER TABLE instances ADD COLUMN rollback_outcome TEXT;
     ",
-    // 6: instance refs are never reused. Without AUTOINCREMENT, deleting or purging the
+    // 6: instance refs are never reused (and retention saturates, see below). Without AUTOINCREMENT, deleting or purging the
     // newest instance gave the next one the same rowid, and (at its first claim) the same
     // lease epoch: a stale lifetime of the deleted instance could then commit into the new
     // one. SQLite cannot add AUTOINCREMENT to a column, so the table is rebuilt.
@@ -125,7 +125,13 @@ const MIGRATIONS: &[&str] = &[
         rollback_trigger, rollback_outcome)
     SELECT iid, workflow, id, status, params, created_at, started_at,
         ended_at, output, error_name, error_message, ready_rank, ready_at, lease_owner,
-        lease_epoch, lease_until, paused_at, retain_success_ms, retain_error_ms, purge_at,
+        lease_epoch, lease_until, paused_at,
+        -- Retention saturates at 2^62 ms (rows.rs, MAX_RETAIN_MS); a purge time that
+        -- overflowed into a REAL is computed again.
+        MIN(retain_success_ms, 4611686018427387904), MIN(retain_error_ms, 4611686018427387904),
+        CASE WHEN typeof(purge_at) = 'real' THEN ended_at + MIN(
+            CASE WHEN status = 5 THEN retain_success_ms ELSE retain_error_ms END,
+            4611686018427387904) ELSE purge_at END,
         rollback_trigger, rollback_outcome
     FROM instances;
     DROP TABLE instances;

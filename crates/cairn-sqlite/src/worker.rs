@@ -29,17 +29,22 @@ pub(crate) fn map_sqlite(e: rusqlite::Error) -> Error {
     Error::Unavailable(e.to_string())
 }
 
+/// The database file's lock, shared by every thread that owns a connection. Each thread
+/// closes its connection before it lets go of the lock: closing the lock's handle first would
+/// drop SQLite's record locks on the file while a connection still relies on them.
+pub(crate) type DatabaseLock = Arc<std::fs::File>;
+
 pub(crate) fn spawn_writer(
     mut conn: Connection,
-    lock: std::fs::File,
+    lock: DatabaseLock,
 ) -> std::io::Result<(Sender<WriteJob>, JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::channel::<WriteJob>();
     let handle = std::thread::Builder::new()
         .name("cairn-sqlite-writer".into())
         .spawn(move || {
-            // The lock file lives as long as the writer: one engine per database file.
-            let _lock = lock;
             writer_loop(&mut conn, &rx);
+            drop(conn);
+            drop(lock);
         })?;
     Ok((tx, handle))
 }
@@ -76,25 +81,53 @@ fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) {
         jobs.for_each(drop);
         return;
     }
-    for job in jobs {
-        let savepoint = conn.execute_batch("SAVEPOINT job");
-        let (keep, completion) = job(conn);
-        if savepoint.is_ok() {
-            let end = if keep {
-                "RELEASE job"
-            } else {
-                "ROLLBACK TO job; RELEASE job"
-            };
-            if let Err(e) = conn.execute_batch(end) {
-                tracing::error!(error = %e, "sqlite savepoint end failed");
-            }
+    let mut jobs = jobs.into_iter();
+    // Set when the group's transaction can no longer be trusted: a savepoint statement
+    // failed, or SQLite rolled the whole transaction back by itself (after SQLITE_FULL,
+    // IOERR or NOMEM it may), leaving the connection in autocommit mode where every later
+    // statement would commit on its own while its caller is told the group failed.
+    let mut broken: Option<String> = None;
+    for job in jobs.by_ref() {
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            broken = Some(format!("savepoint failed: {e}"));
+            drop(job);
+            break;
         }
+        let (keep, completion) = job(conn);
         completions.push(completion);
+        if conn.is_autocommit() {
+            broken = Some("sqlite rolled back the group's transaction".into());
+            break;
+        }
+        let end = if keep {
+            "RELEASE job"
+        } else {
+            "ROLLBACK TO job; RELEASE job"
+        };
+        if let Err(e) = conn.execute_batch(end) {
+            broken = Some(format!("savepoint end failed: {e}"));
+            break;
+        }
     }
-    let outcome = conn.execute_batch("COMMIT").map_err(map_sqlite);
-    if outcome.is_err() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
+    let outcome = match broken {
+        Some(reason) => {
+            // Jobs not yet run are dropped unrun; every job that ran is undone with the
+            // transaction and told so.
+            tracing::error!(reason = %reason, "sqlite group commit abandoned");
+            jobs.for_each(drop);
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            Err(Error::Unavailable(reason))
+        }
+        None => {
+            let outcome = conn.execute_batch("COMMIT").map_err(map_sqlite);
+            if outcome.is_err() && !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            outcome
+        }
+    };
     for completion in completions {
         completion(outcome.clone());
     }
@@ -106,26 +139,29 @@ pub(crate) struct Readers {
 }
 
 impl Readers {
-    pub(crate) fn spawn(conns: Vec<Connection>) -> std::io::Result<Self> {
+    pub(crate) fn spawn(conns: Vec<Connection>, lock: &DatabaseLock) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<ReadJob>();
         let rx = Arc::new(Mutex::new(rx));
         let mut handles = Vec::new();
         for (i, conn) in conns.into_iter().enumerate() {
             let rx = Arc::clone(&rx);
+            let lock = Arc::clone(lock);
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("cairn-sqlite-reader-{i}"))
                     .spawn(move || {
                         loop {
                             let job = {
-                                let Ok(guard) = rx.lock() else { return };
+                                let Ok(guard) = rx.lock() else { break };
                                 match guard.recv() {
                                     Ok(job) => job,
-                                    Err(_) => return,
+                                    Err(_) => break,
                                 }
                             };
                             job(&conn);
                         }
+                        drop(conn);
+                        drop(lock);
                     })?,
             );
         }
@@ -156,5 +192,140 @@ impl Readers {
             .lock()
             .map(|mut h| std::mem::take(&mut *h))
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a panic is the failure report
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    type Outcomes = Arc<Mutex<Vec<(&'static str, Result<()>)>>>;
+
+    fn job(
+        name: &'static str,
+        sql: &'static str,
+        outcomes: &Outcomes,
+        ran: Option<Arc<AtomicBool>>,
+    ) -> WriteJob {
+        let outcomes = Arc::clone(outcomes);
+        Box::new(move |conn| {
+            if let Some(ran) = ran {
+                ran.store(true, Ordering::SeqCst);
+            }
+            let keep = conn.execute_batch(sql).is_ok();
+            let completion: Completion = Box::new(move |result| {
+                outcomes.lock().unwrap().push((name, result));
+            });
+            (keep, completion)
+        })
+    }
+
+    fn rows(conn: &Connection) -> i64 {
+        conn.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    /// A job after which SQLite has rolled the whole transaction back (here the job does it
+    /// itself, as SQLite may after SQLITE_FULL, IOERR or NOMEM): no job's writes survive,
+    /// every job that ran is told it failed, and the jobs after it never run. Before, the
+    /// later jobs ran in autocommit mode and their writes landed while their callers were
+    /// told the group failed.
+    #[test]
+    fn a_group_whose_transaction_vanishes_fails_every_job_and_commits_nothing() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (x INTEGER)").unwrap();
+        let outcomes = Outcomes::default();
+        let third_ran = Arc::new(AtomicBool::new(false));
+        let jobs = vec![
+            job("first", "INSERT INTO t VALUES (1)", &outcomes, None),
+            job(
+                "vanishing",
+                "INSERT INTO t VALUES (2); ROLLBACK",
+                &outcomes,
+                None,
+            ),
+            job(
+                "third",
+                "INSERT INTO t VALUES (3)",
+                &outcomes,
+                Some(Arc::clone(&third_ran)),
+            ),
+        ];
+        run_group(&conn, jobs.into_iter());
+        assert_eq!(rows(&conn), 0, "nothing of the group may land");
+        assert!(
+            !third_ran.load(Ordering::SeqCst),
+            "a job after the break must not run"
+        );
+        let outcomes = outcomes.lock().unwrap();
+        assert_eq!(outcomes.len(), 2, "{outcomes:?}");
+        assert!(outcomes.iter().all(|(_, r)| r.is_err()), "{outcomes:?}");
+        // The connection is usable for the next group.
+        let next = Outcomes::default();
+        run_group(
+            &conn,
+            vec![job("next", "INSERT INTO t VALUES (4)", &next, None)].into_iter(),
+        );
+        assert_eq!(rows(&conn), 1);
+        assert!(next.lock().unwrap()[0].1.is_ok());
+    }
+
+    /// A real SQLITE_FULL in the middle of a group: SQLite rolls the whole transaction back
+    /// (seen here with `max_page_count`), so the group fails as a whole and the job after
+    /// the full one never runs. Before, that job ran in autocommit mode and its row landed
+    /// although every caller was told the group failed.
+    #[test]
+    fn a_full_database_mid_group_fails_the_group_without_running_the_rest() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (x)").unwrap();
+        let pages: i64 = conn
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .unwrap();
+        conn.query_row(
+            &format!("PRAGMA max_page_count = {}", pages + 2),
+            [],
+            |_| Ok(()),
+        )
+        .unwrap();
+        let outcomes = Outcomes::default();
+        let after_ran = Arc::new(AtomicBool::new(false));
+        let jobs = vec![
+            job("small", "INSERT INTO t VALUES (1)", &outcomes, None),
+            job(
+                "huge",
+                "INSERT INTO t VALUES (zeroblob(1000000))",
+                &outcomes,
+                None,
+            ),
+            job(
+                "after",
+                "INSERT INTO t VALUES (3)",
+                &outcomes,
+                Some(Arc::clone(&after_ran)),
+            ),
+        ];
+        run_group(&conn, jobs.into_iter());
+        let outcomes = outcomes.lock().unwrap();
+        // Whatever SQLite did with the transaction, the callers' view and the data agree.
+        if conn
+            .query_row("SELECT COUNT(*) FROM t WHERE x = 1", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .unwrap()
+            == 0
+        {
+            assert!(outcomes.iter().all(|(_, r)| r.is_err()), "{outcomes:?}");
+            assert!(
+                !after_ran.load(Ordering::SeqCst),
+                "no job runs after the group broke"
+            );
+            assert_eq!(rows(&conn), 0);
+        } else {
+            assert!(outcomes.iter().all(|(_, r)| r.is_ok()), "{outcomes:?}");
+            assert_eq!(rows(&conn), 2);
+        }
     }
 }

@@ -554,6 +554,34 @@ pub async fn fencing_survives_instance_row_reuse(store: Arc<dyn Store>) {
     }
 }
 
+/// "Keep forever" (`Duration::MAX`) retention never overflows: the instance is never due
+/// and reading the next purge time keeps working.
+pub async fn keep_forever_retention_does_not_overflow(store: Arc<dyn Store>) {
+    let mut forever = new_instance("wf", "a");
+    forever.retention = crate::Retention {
+        success: Duration::MAX,
+        error: Duration::MAX,
+    };
+    store.create(vec![forever]).await.unwrap();
+    let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
+    store
+        .commit(
+            lease,
+            vec![Write::Status(StatusChange {
+                ended_at: Some(T0),
+                output: Some("1".into()),
+                release: true,
+                ..StatusChange::to(InstanceStatus::Complete)
+            })],
+        )
+        .await
+        .unwrap();
+    let next = store.next_purge().await.expect("next_purge must not fail");
+    let far = T0.saturating_add(Duration::from_secs(100_000 * 365 * 86_400));
+    assert!(next.is_none_or(|at| at > far), "{next:?}");
+    assert_eq!(store.purge(far, 10).await.unwrap(), 0);
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -575,6 +603,7 @@ macro_rules! conformance_tests {
             commit_to_a_missing_instance_is_not_found,
             finished_instances_are_purged_after_their_retention,
             fencing_survives_instance_row_reuse,
+            keep_forever_retention_does_not_overflow,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use cairn_core::{ErrorInfo, InstanceStatus, LogEntry, LogKind};
+use cairn_core::{ErrorInfo, InstanceStatus, LogEntry, LogKind, StepKey, StepKind, StepState};
 use cairn_store::{Claimed, InstanceRecord, Lease, StatusChange, Write};
 use serde_json::json;
 
@@ -21,6 +21,10 @@ use crate::workflow::WorkflowEvent;
 /// again: long enough not to spin on a deterministic bug, short enough to recover from a
 /// passing one.
 const PANIC_RETRY: Duration = Duration::from_secs(5);
+
+/// How long a rollback-registration replay may sit with every op parked and no handler
+/// newly registered before it is given up (see `run_lifetime`).
+const REGISTRATION_GRACE: Duration = Duration::from_secs(1);
 
 pub(crate) async fn drive(inner: Arc<EngineInner>, claimed: Claimed) {
     let lease = claimed.lease;
@@ -147,6 +151,19 @@ async fn run_lifetime(
         journal = shared.store.journal(record.instance) => journal.map_err(Abort::Store)?,
         abort = state.aborted() => return Err(abort),
     };
+    // The handlers a rollback will need: started steps with a handler whose compensation
+    // has not finished yet.
+    let compensated: std::collections::HashSet<(&str, u32)> = journal
+        .iter()
+        .filter(|r| r.key.kind == StepKind::Rollback && r.state != StepState::Running)
+        .map(|r| (r.key.name.as_str(), r.key.count))
+        .collect();
+    let needed: Vec<StepKey> = journal
+        .iter()
+        .filter(|r| r.key.kind == StepKind::Run && r.has_rollback)
+        .filter(|r| !compensated.contains(&(r.key.name.as_str(), r.key.count)))
+        .map(|r| r.key.clone())
+        .collect();
     state.load_journal(journal);
     if record.status != InstanceStatus::Running {
         let now = shared.clock.now();
@@ -196,15 +213,27 @@ async fn run_lifetime(
         let mut replay = std::pin::pin!(
             CURRENT.scope(current, crate::panic::guarded(|| workflow.run(event, step)))
         );
+        // Registration ends when every needed handler is registered or `run` returns. Other
+        // awaits in workflow code (a `yield_now`, a short timer, a lock) may be pending on
+        // the way: only once every op is parked and nothing has moved for a grace period is
+        // the replay given up, and handlers still missing fail their rollback.
         let registered = futures::future::poll_fn(|cx| match replay.as_mut().poll(cx) {
             Poll::Ready(_) => Poll::Ready(()),
-            Poll::Pending if state.idle() => Poll::Ready(()),
+            Poll::Pending if state.has_handlers(&needed) => Poll::Ready(()),
             Poll::Pending => Poll::Pending,
         });
-        tokio::select! {
-            () = registered => {}
-            abort = state.aborted() => return Err(abort),
-            () = stopped(&mut shutdown) => return Ok(()),
+        let mut registered = std::pin::pin!(registered);
+        loop {
+            tokio::select! {
+                () = registered.as_mut() => break,
+                () = shared.clock.sleep(REGISTRATION_GRACE) => {
+                    if state.idle() && state.take_progress() == 0 {
+                        break;
+                    }
+                }
+                abort = state.aborted() => return Err(abort),
+                () = stopped(&mut shutdown) => return Ok(()),
+            }
         }
         let outcome = Err(trigger.error.clone());
         return roll_back_and_finish(inner, &state, &trigger, outcome, &mut shutdown).await;

@@ -50,6 +50,8 @@ pub(crate) struct RunState {
     phase: std::sync::atomic::AtomicU8,
     /// Rollback handlers registered by the ops of this lifetime.
     handlers: Mutex<HashMap<StepKey, crate::rollback::Handler>>,
+    /// Registrations since the registration replay last looked.
+    registrations: AtomicUsize,
 }
 
 const FORWARD: u8 = 0;
@@ -115,6 +117,7 @@ impl RunState {
             in_flight: AtomicUsize::new(0),
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
             handlers: Mutex::new(HashMap::new()),
+            registrations: AtomicUsize::new(0),
         }
     }
 
@@ -140,7 +143,22 @@ impl RunState {
         self.phase.store(ROLLING_BACK, Ordering::SeqCst);
     }
 
+    /// Whether a handler is registered for every one of `keys`.
+    pub(crate) fn has_handlers(&self, keys: &[StepKey]) -> bool {
+        let handlers = self
+            .handlers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        keys.iter().all(|k| handlers.contains_key(k))
+    }
+
+    /// How many handlers were registered since the last call.
+    pub(crate) fn take_progress(&self) -> usize {
+        self.registrations.swap(0, Ordering::SeqCst)
+    }
+
     pub(crate) fn register_rollback(&self, key: &StepKey, handler: crate::rollback::Handler) {
+        self.registrations.fetch_add(1, Ordering::SeqCst);
         self.handlers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -247,3 +247,53 @@ async fn a_panic_in_engine_code_releases_the_instance() {
     );
     engine.shutdown().await;
 }
+
+/// Rollback registration replay goes past awaits that are not steps: `reserve` (with a
+/// handler), `yield_now`, `charge` (with a handler), a 30-day sleep (hibernated), then
+/// `terminate_with_rollback`. Before, registration stopped at the `yield_now`, `charge`'s
+/// handler was missing and no handler ran (`RollbackMissing`).
+#[tokio::test(start_paused = true)]
+async fn rollback_registration_replay_survives_awaits_that_are_not_steps() {
+    let ran = Seen::<String>::default();
+    let r = ran.clone();
+    let (engine, _dir) = engine(move |b| {
+        let r = r.clone();
+        b.register(wf(move |_, step| {
+            let r = r.clone();
+            async move {
+                let (r1, r2) = (r.clone(), r.clone());
+                step.run("reserve", |_| async { Ok(1u32) })
+                    .rollback(move |_: Rollback<u32>| {
+                        r1.push("reserve".to_owned());
+                        async { Ok(()) }
+                    })
+                    .await?;
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                step.run("charge", |_| async { Ok(2u32) })
+                    .rollback(move |_: Rollback<u32>| {
+                        r2.push("charge".to_owned());
+                        async { Ok(()) }
+                    })
+                    .await?;
+                step.sleep("a month", Duration::from_secs(30 * 86_400))
+                    .await?;
+                Ok(Value::Null)
+            }
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&instance, InstanceStatus::Waiting).await;
+    assert_eq!(engine.live_instances(), 0, "hibernated");
+    instance.terminate_with_rollback().await.unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Terminated);
+    assert_eq!(status.rollback.unwrap().outcome, "completed");
+    assert_eq!(ran.all(), ["charge", "reserve"]);
+    engine.shutdown().await;
+}
