@@ -320,8 +320,12 @@ fn take_over(conn: &Connection) -> rusqlite::Result<()> {
          WHERE lease_owner IS NOT NULL AND status IN (0, 1, 7)",
         [],
     )?;
+    // The pause takes effect now, but the instance ran on after it was requested, up to its
+    // last record: timers shift on resume by the time since then, not since the request.
     conn.execute(
-        "UPDATE instances SET status = 2, lease_owner = NULL, lease_until = NULL, ready_at = NULL
+        "UPDATE instances SET status = 2, lease_owner = NULL, lease_until = NULL, ready_at = NULL,
+             paused_at = MAX(COALESCE(paused_at, 0),
+                             COALESCE((SELECT MAX(at) FROM log WHERE log.iid = instances.iid), 0))
          WHERE status = 6",
         [],
     )?;

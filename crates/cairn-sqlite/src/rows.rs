@@ -239,14 +239,18 @@ pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> R
                 .map_err(map_sqlite)?;
             Ok(())
         }
-        Write::Pause { at } => {
-            conn.prepare_cached(
-                "UPDATE instances SET status = 2, paused_at = ?2, lease_owner = NULL, lease_until = NULL,
-                     ready_at = NULL
-                 WHERE iid = ?1 AND status = 6",
-            )
-            .and_then(|mut st| st.execute(params![instance.0, at.as_millis()]))
-            .map_err(map_sqlite)?;
+        Write::Pause { at, record } => {
+            let paused = conn
+                .prepare_cached(
+                    "UPDATE instances SET status = 2, paused_at = ?2, lease_owner = NULL, lease_until = NULL,
+                         ready_at = NULL
+                     WHERE iid = ?1 AND status = 6",
+                )
+                .and_then(|mut st| st.execute(params![instance.0, at.as_millis()]))
+                .map_err(map_sqlite)?;
+            if paused == 1 {
+                append_log(conn, instance, &record)?;
+            }
             Ok(())
         }
     }

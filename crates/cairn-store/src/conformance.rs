@@ -582,6 +582,57 @@ pub async fn keep_forever_retention_does_not_overflow(store: Arc<dyn Store>) {
     assert_eq!(store.purge(far, 10).await.unwrap(), 0);
 }
 
+/// A pause cancelled (resumed) before the lease holder completes it: the completion
+/// changes nothing and logs no `WORKFLOW_PAUSED`.
+pub async fn a_cancelled_pause_logs_no_workflow_paused(store: Arc<dyn Store>) {
+    let r = create_one(&*store, "wf", "a").await;
+    let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
+    let id = InstanceId::new("a").unwrap();
+    store
+        .control(&wf("wf"), &id, ControlRequest::Pause { at: T0 })
+        .await
+        .unwrap();
+    store
+        .control(&wf("wf"), &id, ControlRequest::Resume { at: T0 })
+        .await
+        .unwrap();
+    let paused = Write::Pause {
+        at: T0,
+        record: log(LogKind::WorkflowPaused, None),
+    };
+    let status = store.commit(lease, vec![paused]).await.unwrap();
+    assert_ne!(status, InstanceStatus::Paused);
+    let kinds: Vec<LogKind> = store
+        .log(r, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.entry.kind)
+        .collect();
+    assert!(!kinds.contains(&LogKind::WorkflowPaused), "{kinds:?}");
+    // A pause that does take effect logs it.
+    store
+        .control(&wf("wf"), &id, ControlRequest::Pause { at: T0 })
+        .await
+        .unwrap();
+    let paused = Write::Pause {
+        at: T0,
+        record: log(LogKind::WorkflowPaused, None),
+    };
+    assert_eq!(
+        store.commit(lease, vec![paused]).await.unwrap(),
+        InstanceStatus::Paused
+    );
+    let logged = store.log(r, 0, 100).await.unwrap();
+    assert_eq!(
+        logged
+            .iter()
+            .filter(|l| l.entry.kind == LogKind::WorkflowPaused)
+            .count(),
+        1
+    );
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -604,6 +655,7 @@ macro_rules! conformance_tests {
             finished_instances_are_purged_after_their_retention,
             fencing_survives_instance_row_reuse,
             keep_forever_retention_does_not_overflow,
+            a_cancelled_pause_logs_no_workflow_paused,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {

@@ -211,10 +211,13 @@ pub enum Write {
     /// the middle of it resumes the rollback.
     RollbackTrigger(String),
     /// Complete a pending pause: if the instance is `waitingForPause`, make it `paused` at
-    /// `at` and release the lease; otherwise (the pause was cancelled) change nothing.
+    /// `at`, release the lease and append `record` (its `WORKFLOW_PAUSED`); otherwise (the
+    /// pause was cancelled) change nothing and log nothing.
     Pause {
         /// When.
         at: Timestamp,
+        /// Logged only if the pause takes effect.
+        record: LogEntry,
     },
 }
 

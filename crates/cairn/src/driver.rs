@@ -2,6 +2,8 @@
 //! records the outcome. A lifetime whose writes fail is dropped whole and, if the store was
 //! merely unavailable, replayed again after a pause.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -241,42 +243,8 @@ async fn run_lifetime(
     let current = (record.workflow.clone(), record.id.clone());
     let mut run =
         std::pin::pin!(CURRENT.scope(current, crate::panic::guarded(|| workflow.run(event, step))));
-    let threshold = inner.hibernate_after;
-    let result = loop {
-        // Poll the workflow. After each `Pending`: a pending pause takes effect once no
-        // attempt is in flight; if every op waits durably for longer than the threshold,
-        // the instance hibernates (its wake-up recorded, its future dropped).
-        let next = futures::future::poll_fn(|cx| match run.as_mut().poll(cx) {
-            Poll::Ready(result) => Poll::Ready(Next::Done(result)),
-            Poll::Pending if state.pausing() && state.in_flight() == 0 => Poll::Ready(Next::Pause),
-            Poll::Pending => match state.hibernation() {
-                Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
-                    Poll::Ready(Next::Hibernate(h))
-                }
-                _ => Poll::Pending,
-            },
-        });
-        tokio::select! {
-            next = next => match next {
-                Next::Done(result) => break result,
-                Next::Hibernate(h) => return hibernate(inner, &state, h).await,
-                Next::Pause => {
-                    let writes = vec![
-                        state.log(LogKind::WorkflowPaused, None, json!({})),
-                        Write::Pause { at: state.now() },
-                    ];
-                    let status = shared.store.commit(state.lease, writes).await.map_err(Abort::Store)?;
-                    if status == InstanceStatus::Paused {
-                        return Ok(());
-                    }
-                    // Resumed meanwhile: carry on.
-                    state.observe(status);
-                }
-            },
-            () = state.control.notified() => {}
-            abort = state.aborted() => return Err(abort),
-            () = stopped(&mut shutdown) => return Ok(()),
-        }
+    let Some(result) = run_phase(inner, &state, run.as_mut(), &mut shutdown).await? else {
+        return Ok(());
     };
     let outcome = match result {
         Ok(Ok(output)) => {
@@ -323,21 +291,75 @@ async fn roll_back_and_finish(
         .journal(state.lease.instance)
         .await
         .map_err(Abort::Store)?;
-    let rollback = tokio::select! {
-        rollback = crate::rollback::roll_back(state, trigger, journal) => rollback,
-        abort = state.aborted() => return Err(abort),
-        () = stopped(shutdown) => return Ok(()),
+    // The rollback phase pauses and hibernates like the forward phase: a pause waits for
+    // the handler in flight, a long back-off lets the instance go. The next lifetime finds
+    // the stored trigger and carries on where this one stopped.
+    let rollback = std::pin::pin!(crate::rollback::roll_back(state, trigger, journal));
+    let Some(rollback) = run_phase(inner, state, rollback, shutdown).await? else {
+        return Ok(());
     };
     finish(state, outcome, rollback, trigger.terminate).await
 }
 
-type RunResult =
-    Result<Result<serde_json::Value, crate::failure::WorkflowError>, Box<dyn std::any::Any + Send>>;
-
-enum Next {
-    Done(RunResult),
+enum Next<T> {
+    Done(T),
     Hibernate(Hibernation),
     Pause,
+}
+
+/// Polls one phase of a lifetime (the forward run, or the rollback) until it finishes:
+/// `Some(output)`. After each `Pending`, a pending pause takes effect once no attempt is in
+/// flight, and if every op waits durably for longer than the hot threshold the instance
+/// hibernates (its wake-up recorded). Both end the lifetime (`None`), as does shutdown: the
+/// future is dropped and the next lifetime replays to where this one stopped.
+async fn run_phase<F: Future>(
+    inner: &EngineInner,
+    state: &RunState,
+    mut phase: Pin<&mut F>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) -> Result<Option<F::Output>, Abort> {
+    let threshold = inner.hibernate_after;
+    loop {
+        let next = futures::future::poll_fn(|cx| match phase.as_mut().poll(cx) {
+            Poll::Ready(output) => Poll::Ready(Next::Done(output)),
+            Poll::Pending if state.pausing() && state.in_flight() == 0 => Poll::Ready(Next::Pause),
+            Poll::Pending => match state.hibernation() {
+                Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
+                    Poll::Ready(Next::Hibernate(h))
+                }
+                _ => Poll::Pending,
+            },
+        });
+        tokio::select! {
+            next = next => match next {
+                Next::Done(output) => return Ok(Some(output)),
+                Next::Hibernate(h) => {
+                    hibernate(inner, state, h).await?;
+                    return Ok(None);
+                }
+                Next::Pause => {
+                    let writes = vec![Write::Pause {
+                        at: state.now(),
+                        record: state.log_entry(LogKind::WorkflowPaused, None, json!({})),
+                    }];
+                    let status = inner
+                        .shared
+                        .store
+                        .commit(state.lease, writes)
+                        .await
+                        .map_err(Abort::Store)?;
+                    if status == InstanceStatus::Paused {
+                        return Ok(None);
+                    }
+                    // Resumed meanwhile: carry on.
+                    state.observe(status);
+                }
+            },
+            () = state.control.notified() => {}
+            abort = state.aborted() => return Err(abort),
+            () = stopped(shutdown) => return Ok(None),
+        }
+    }
 }
 
 /// Records that the instance waits until `h.wake_at` (or an event) and lets it go.

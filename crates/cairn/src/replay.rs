@@ -327,12 +327,22 @@ impl RunState {
         step: Option<&StepKey>,
         meta: serde_json::Value,
     ) -> Write {
-        Write::Log(LogEntry {
+        Write::Log(self.log_entry(kind, step, meta))
+    }
+
+    /// The record [`RunState::log`] writes, for writes that carry their own record.
+    pub(crate) fn log_entry(
+        &self,
+        kind: LogKind,
+        step: Option<&StepKey>,
+        meta: serde_json::Value,
+    ) -> LogEntry {
+        LogEntry {
             kind,
             at: self.now(),
             step: step.cloned(),
             meta,
-        })
+        }
     }
 
     /// Commits `writes` under this lifetime's lease. If the store refuses (lease lost,

@@ -297,3 +297,119 @@ async fn rollback_registration_replay_survives_awaits_that_are_not_steps() {
     assert_eq!(ran.all(), ["charge", "reserve"]);
     engine.shutdown().await;
 }
+
+/// Two steps with handlers, then a failure; `reserve`'s handler takes 5 s and
+/// `charge`'s handler first fails with `delay` as its retry back-off.
+fn slow_rollback(ran: Seen<String>, delay: Duration) -> support::FnWorkflow {
+    wf(move |_, step| {
+        let ran = ran.clone();
+        async move {
+            let (r1, r2) = (ran.clone(), ran.clone());
+            step.run("reserve", |_| async { Ok(1u32) })
+                .rollback(move |_: Rollback<u32>| {
+                    let r1 = r1.clone();
+                    async move {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        r1.push("reserve".to_owned());
+                        Ok(())
+                    }
+                })
+                .await?;
+            step.run("charge", |_| async { Ok(2u32) })
+                .rollback(move |rb: Rollback<u32>| {
+                    let r2 = r2.clone();
+                    async move {
+                        let _ = rb;
+                        let calls = r2.all().iter().filter(|c| c.starts_with("charge")).count();
+                        r2.push(format!("charge call {}", calls + 1));
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        if calls == 0 {
+                            return Err("card service down".into());
+                        }
+                        Ok(())
+                    }
+                })
+                .rollback_config(&StepConfig {
+                    retries: Some(Retries::constant(2, delay)),
+                    ..StepConfig::default()
+                })
+                .await?;
+            Err::<Value, _>("boom".into())
+        }
+    })
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(3 * 3600), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not happen"))
+}
+
+/// A pause requested while a rollback handler runs takes effect once that handler's
+/// attempt is recorded; resume continues the rollback where it stopped. Before, the status
+/// stayed `waitingForPause` and the lifetime held its slot forever.
+#[tokio::test(start_paused = true)]
+async fn a_pause_during_a_rollback_takes_effect_and_resume_continues_it() {
+    let ran = Seen::<String>::default();
+    let (engine, _dir) =
+        engine(|b| b.register(slow_rollback(ran.clone(), Duration::from_millis(100)))).await;
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    within(
+        "the rollback start",
+        support::until_logged(&instance, LogKind::RollbackStart, 1),
+    )
+    .await;
+    instance.pause().await.unwrap();
+    within("the pause", until_status(&instance, InstanceStatus::Paused)).await;
+    assert_eq!(
+        engine.live_instances(),
+        0,
+        "a paused rollback holds no slot"
+    );
+    let before = ran.all();
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(ran.all(), before, "nothing runs while paused");
+    instance.resume().await.unwrap();
+    let status = within("the end", instance.wait()).await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Errored);
+    assert_eq!(status.rollback.unwrap().outcome, "completed");
+    assert_eq!(ran.all(), ["charge call 1", "charge call 2", "reserve"]);
+    assert_eq!(records(&instance, LogKind::WorkflowPaused).await.len(), 1);
+    engine.shutdown().await;
+}
+
+/// A long back-off of a rollback handler hibernates the instance like any durable wait.
+#[tokio::test(start_paused = true)]
+async fn a_long_back_off_in_a_rollback_hibernates() {
+    let ran = Seen::<String>::default();
+    let (engine, _dir) =
+        engine(|b| b.register(slow_rollback(ran.clone(), Duration::from_secs(3600)))).await;
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    within(
+        "the first handler failure",
+        support::until_logged(&instance, LogKind::RollbackAttemptFailure, 1),
+    )
+    .await;
+    within(
+        "hibernation",
+        until_status(&instance, InstanceStatus::Waiting),
+    )
+    .await;
+    assert_eq!(
+        engine.live_instances(),
+        0,
+        "hibernated through the back-off"
+    );
+    let status = within("the end", instance.wait()).await.unwrap();
+    assert_eq!(status.rollback.unwrap().outcome, "completed");
+    assert_eq!(ran.all(), ["charge call 1", "charge call 2", "reserve"]);
+    engine.shutdown().await;
+}

@@ -1,0 +1,107 @@
+//! What a new engine makes of what a dead one left.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use cairn_core::{
+    InstanceId, InstanceStatus, LogEntry, LogKind, StepKey, StepKind, StepRecord, StepState,
+    Timestamp, WorkflowName,
+};
+use cairn_sqlite::{Options, SqliteStore};
+use cairn_store::{ControlRequest, NewInstance, Retention, Store, Write};
+
+const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
+
+fn at(secs: u64) -> Timestamp {
+    T0.saturating_add(Duration::from_secs(secs))
+}
+
+fn entry(kind: LogKind, when: Timestamp) -> LogEntry {
+    LogEntry {
+        kind,
+        at: when,
+        step: None,
+        meta: serde_json::json!({}),
+    }
+}
+
+/// An engine dies in `waitingForPause`; the next one completes the pause at open. The
+/// instance ran on after the pause was requested (here until 60 s), so on resume its timers
+/// shift by the time since its last record, not since the request (10 s): before, they
+/// shifted 50 s too far.
+#[tokio::test]
+async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let w = WorkflowName::new("w").unwrap();
+    let id = InstanceId::new("i").unwrap();
+    let store = SqliteStore::open(&db, Options::default()).unwrap();
+    store
+        .create(vec![NewInstance {
+            workflow: w.clone(),
+            id: id.clone(),
+            params: "{}".into(),
+            created_at: T0,
+            queued: entry(LogKind::WorkflowQueued, T0),
+            retention: Retention {
+                success: Duration::from_secs(60),
+                error: Duration::from_secs(60),
+            },
+        }])
+        .await
+        .unwrap();
+    let lease = store
+        .claim("dead", std::slice::from_ref(&w), T0, Duration::MAX, 1)
+        .await
+        .unwrap()[0]
+        .lease;
+    let key = StepKey {
+        kind: StepKind::Sleep,
+        name: "nap".into(),
+        count: 1,
+    };
+    store
+        .control(&w, &id, ControlRequest::Pause { at: at(10) })
+        .await
+        .unwrap();
+    // The lifetime goes on until 60 s: it starts a sleep due at 200 s.
+    store
+        .commit(
+            lease,
+            vec![
+                Write::Step(StepRecord {
+                    key: key.clone(),
+                    seq: 1,
+                    state: StepState::Running,
+                    config: serde_json::json!({}),
+                    attempts: 0,
+                    in_flight: false,
+                    wake_at: Some(at(200)),
+                    output: None,
+                    error: None,
+                    started_at: at(60),
+                    ended_at: None,
+                    has_rollback: false,
+                }),
+                Write::Log(entry(LogKind::StepStart, at(60))),
+            ],
+        )
+        .await
+        .unwrap();
+    drop(store); // the engine dies without completing the pause
+    let store = SqliteStore::open(&db, Options::default()).unwrap();
+    let rec = store.instance(&w, &id).await.unwrap().unwrap();
+    assert_eq!(rec.status, InstanceStatus::Paused);
+    store
+        .control(&w, &id, ControlRequest::Resume { at: at(100) })
+        .await
+        .unwrap();
+    let journal = store.journal(rec.instance).await.unwrap();
+    assert_eq!(
+        journal[0].wake_at,
+        Some(at(240)),
+        "paused from 60 s to 100 s: the 200 s wake-up moves 40 s"
+    );
+    store.close().await;
+}
