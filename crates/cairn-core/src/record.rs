@@ -132,6 +132,9 @@ pub enum StepState {
     Succeeded,
     /// Finished with a final error.
     Failed,
+    /// Dropped by the workflow while an attempt ran (the losing branch of a `select!`):
+    /// final, and on replay the op never completes, so the race goes the same way again.
+    Cancelled,
 }
 
 impl StepState {
@@ -141,14 +144,20 @@ impl StepState {
             StepState::Running => 0,
             StepState::Succeeded => 1,
             StepState::Failed => 2,
+            StepState::Cancelled => 3,
         }
     }
 
     /// The state with stored code `code`.
     pub fn from_code(code: i64) -> Option<Self> {
-        [StepState::Running, StepState::Succeeded, StepState::Failed]
-            .into_iter()
-            .find(|s| s.code() == code)
+        [
+            StepState::Running,
+            StepState::Succeeded,
+            StepState::Failed,
+            StepState::Cancelled,
+        ]
+        .into_iter()
+        .find(|s| s.code() == code)
     }
 }
 

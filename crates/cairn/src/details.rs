@@ -73,6 +73,10 @@ pub struct StepDetails {
     pub end: Option<Timestamp>,
     /// `true`/`false` once finished, `null` while running.
     pub success: Option<bool>,
+    /// The workflow stopped awaiting it while an attempt ran (e.g. it lost a `select!`);
+    /// `success` is then `false` and `error` says so.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cancelled: bool,
     /// The resolved config it ran with.
     pub config: serde_json::Value,
     /// Its output (`"[REDACTED]"` for a sensitive step).
@@ -177,8 +181,9 @@ impl InstanceDetails {
                     success: match s.state {
                         StepState::Running => None,
                         StepState::Succeeded => Some(true),
-                        StepState::Failed => Some(false),
+                        StepState::Failed | StepState::Cancelled => Some(false),
                     },
+                    cancelled: s.state == StepState::Cancelled,
                     config: s.config.clone(),
                     output: s.output.as_deref().map(|json| {
                         if sensitive {

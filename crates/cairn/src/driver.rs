@@ -177,11 +177,7 @@ async fn run_lifetime(
         if record.started_at.is_none() {
             writes.push(state.log(LogKind::WorkflowStart, None, json!({})));
         }
-        let status = shared
-            .store
-            .commit(lease, writes)
-            .await
-            .map_err(Abort::Store)?;
+        let status = state.commit_now(writes).await.map_err(Abort::Store)?;
         state.observe(status);
         inner.changed();
     }
@@ -342,12 +338,7 @@ async fn run_phase<F: Future>(
                         at: state.now(),
                         record: state.log_entry(LogKind::WorkflowPaused, None, json!({})),
                     }];
-                    let status = inner
-                        .shared
-                        .store
-                        .commit(state.lease, writes)
-                        .await
-                        .map_err(Abort::Store)?;
+                    let status = state.commit_now(writes).await.map_err(Abort::Store)?;
                     if status == InstanceStatus::Paused {
                         return Ok(None);
                     }
@@ -364,23 +355,18 @@ async fn run_phase<F: Future>(
 
 /// Records that the instance waits until `h.wake_at` (or an event) and lets it go.
 async fn hibernate(inner: &EngineInner, state: &RunState, h: Hibernation) -> Result<(), Abort> {
-    inner
-        .shared
-        .store
-        .commit(
-            state.lease,
-            vec![
-                state.log(
-                    LogKind::WorkflowWaiting,
-                    None,
-                    json!({ "wakeAt": h.wake_at.as_millis(), "events": h.event_types }),
-                ),
-                Write::Hibernate {
-                    wake_at: h.wake_at,
-                    event_types: h.event_types,
-                },
-            ],
-        )
+    state
+        .commit_now(vec![
+            state.log(
+                LogKind::WorkflowWaiting,
+                None,
+                json!({ "wakeAt": h.wake_at.as_millis(), "events": h.event_types }),
+            ),
+            Write::Hibernate {
+                wake_at: h.wake_at,
+                event_types: h.event_types,
+            },
+        ])
         .await
         .map_err(Abort::Store)?;
     // Its wake-up is a new timer, or (an event already buffered) it is claimable at once.
@@ -464,9 +450,7 @@ async fn finish(
         ],
     };
     state
-        .shared
-        .store
-        .commit(state.lease, writes)
+        .commit_now(writes)
         .await
         .map(drop)
         .map_err(Abort::Store)

@@ -24,6 +24,8 @@ pub(crate) const TIMEOUT: &str = "WorkflowTimeoutError";
 pub(crate) const INTERNAL: &str = "WorkflowInternalError";
 /// The `name` of a failed delay function.
 pub(crate) const DELAY_FAILED: &str = "NonRetryableDelayError";
+/// A step the workflow stopped awaiting while an attempt ran (it lost a `select!`).
+pub(crate) const CANCELLED: &str = "StepCancelled";
 
 /// An error that stops retries at once: the step fails after this attempt.
 ///

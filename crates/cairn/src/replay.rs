@@ -52,6 +52,9 @@ pub(crate) struct RunState {
     handlers: Mutex<HashMap<StepKey, crate::rollback::Handler>>,
     /// Registrations since the registration replay last looked.
     registrations: AtomicUsize,
+    /// Writes that could not be made where they arose (an op dropped by the workflow cannot
+    /// await a commit): they ride along with this lifetime's next commit.
+    deferred: Mutex<Vec<Write>>,
 }
 
 const FORWARD: u8 = 0;
@@ -118,6 +121,7 @@ impl RunState {
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
             handlers: Mutex::new(HashMap::new()),
             registrations: AtomicUsize::new(0),
+            deferred: Mutex::new(Vec::new()),
         }
     }
 
@@ -352,7 +356,7 @@ impl RunState {
     /// # Cancel safety
     /// Dropping the future may or may not let the commit land, never half of it.
     pub(crate) async fn commit(&self, writes: Vec<Write>) {
-        match self.shared.store.commit(self.lease, writes).await {
+        match self.commit_now(writes).await {
             Ok(status) => self.observe(status),
             Err(e) => {
                 tracing::debug!(instance = %self.instance_id, error = %e, "commit failed; stopping this run");
@@ -360,6 +364,33 @@ impl RunState {
                 std::future::pending::<()>().await;
             }
         }
+    }
+
+    /// Commits `writes` under the lease, after any deferred writes, and returns the store's
+    /// answer: for the driver's own commits, which handle a failure themselves.
+    pub(crate) async fn commit_now(
+        &self,
+        mut writes: Vec<Write>,
+    ) -> Result<InstanceStatus, cairn_store::Error> {
+        let deferred = std::mem::take(
+            &mut *self
+                .deferred
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if !deferred.is_empty() {
+            writes.splice(0..0, deferred);
+        }
+        self.shared.store.commit(self.lease, writes).await
+    }
+
+    /// Queues `writes` for this lifetime's next commit. If the lifetime ends without one
+    /// (a crash, shutdown, a lost lease), they are lost with it, as any unrecorded work is.
+    pub(crate) fn defer(&self, writes: Vec<Write>) {
+        self.deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(writes);
     }
 
     pub(crate) fn abort(&self, reason: Abort) {

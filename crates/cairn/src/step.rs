@@ -219,14 +219,54 @@ pub(crate) struct Execution {
     kinds: &'static LogKinds,
     /// An attempt of this execution is in flight (counted in `RunState::in_flight`).
     attempt_open: std::sync::atomic::AtomicBool,
+    /// The step's record while its attempt's body runs: what a drop records as cancelled.
+    running: std::sync::Mutex<Option<StepRecord>>,
 }
 
 impl Drop for Execution {
-    /// An execution dropped with its attempt in flight (user code dropped the op, e.g. a
-    /// lost `select!`) gives its count back, so a later pause is not held up by it.
+    /// An execution dropped with its attempt in flight gives its count back, so a later
+    /// pause is not held up by it. If the workflow dropped it (the op lost a `select!`;
+    /// the lifetime itself goes on), the step is recorded as cancelled with this lifetime's
+    /// next commit, instead of looking like an attempt a crash interrupted.
     fn drop(&mut self) {
-        if *self.attempt_open.get_mut() {
-            self.state.attempt_ended();
+        if !*self.attempt_open.get_mut() {
+            return;
+        }
+        self.state.attempt_ended();
+        let running = self
+            .running
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(mut record) = running.filter(|r| r.key.kind == StepKind::Run) {
+            let key = record.key.clone();
+            let error = ErrorInfo::new(
+                crate::failure::CANCELLED,
+                format!(
+                    "The workflow stopped awaiting step {} while attempt {} was running (for example, it lost a select!).",
+                    key.target(),
+                    record.attempts
+                ),
+            );
+            let state = &self.state;
+            record.state = StepState::Cancelled;
+            record.in_flight = false;
+            record.wake_at = None;
+            record.ended_at = Some(state.now());
+            record.error = Some(error.clone());
+            state.defer(vec![
+                state.log(
+                    LogKind::AttemptFailure,
+                    Some(&key),
+                    json!({ "attempt": record.attempts, "error": error, "cancelled": true }),
+                ),
+                state.log(
+                    LogKind::StepFailure,
+                    Some(&key),
+                    json!({ "error": error, "cancelled": true }),
+                ),
+                cairn_store::Write::Step(record),
+            ]);
         }
     }
 }
@@ -264,12 +304,20 @@ impl Execution {
     }
 
     fn attempt_finish(&self) {
+        self.set_running(None);
         if self
             .attempt_open
             .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
             self.state.attempt_ended();
         }
+    }
+
+    fn set_running(&self, record: Option<&StepRecord>) {
+        *self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = record.cloned();
     }
 
     pub(crate) fn new(state: Arc<RunState>, config: StepConfig) -> Self {
@@ -279,6 +327,7 @@ impl Execution {
             rollback: None,
             kinds: &RUN_KINDS,
             attempt_open: std::sync::atomic::AtomicBool::new(false),
+            running: std::sync::Mutex::new(None),
         }
     }
 
@@ -344,6 +393,12 @@ impl Execution {
         // `loaded`: the record comes from the journal, written by an earlier lifetime.
         let (mut record, loaded) = match state.take_record(&key) {
             Some(rec) if rec.state == StepState::Succeeded => return decode(&key, &rec),
+            Some(rec) if rec.state == StepState::Cancelled => {
+                // It lost a race last time: it never completes, so the race goes the same
+                // way again. Parked, it is not activity (the instance may hibernate).
+                drop(activity);
+                return std::future::pending().await;
+            }
             Some(rec) if rec.state == StepState::Failed => {
                 return Err(WorkflowError::from_info(
                     rec.error
@@ -386,6 +441,7 @@ impl Execution {
                 config,
                 idempotency_key: state.idempotency_key(&key),
             };
+            self.set_running(Some(&record));
             // A panic while the body builds its future is an attempt failure too.
             let attempt = std::pin::pin!(crate::panic::guarded(|| body(ctx)));
             let timed = select(attempt, state.shared.clock.sleep(config.timeout)).await;

@@ -413,3 +413,65 @@ async fn a_long_back_off_in_a_rollback_hibernates() {
     assert_eq!(ran.all(), ["charge call 1", "charge call 2", "reserve"]);
     engine.shutdown().await;
 }
+
+/// The losing step of a `select!` (dropped by the workflow mid-attempt) is recorded as
+/// cancelled, with its own error, and shown so; on replay it never completes, so the race
+/// goes the same way and its body does not run again. Before, it was logged as
+/// `WorkflowInternalError` (as if the process had crashed), the finished instance showed it
+/// unfinished with a `retriesAt`, and a replay ran its body again.
+#[tokio::test(start_paused = true)]
+async fn a_step_dropped_by_the_workflow_is_recorded_as_cancelled() {
+    let slow_runs = Counter::default();
+    let s = slow_runs.clone();
+    let (engine, _dir) = engine(move |b| {
+        let s = s.clone();
+        b.register(wf(move |_, step| {
+            let s = s.clone();
+            async move {
+                let slow = step.run("slow", |_| {
+                    s.bump();
+                    async {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        Ok("slow".to_owned())
+                    }
+                });
+                let timeout = step.sleep("timeout", Duration::from_millis(500));
+                let winner = tokio::select! {
+                    biased;
+                    r = slow => r?,
+                    r = timeout => { r?; "timeout".to_owned() }
+                };
+                // A long sleep: the instance hibernates and replays the race on waking.
+                step.sleep("a day", Duration::from_secs(86_400)).await?;
+                Ok(json!(winner))
+            }
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.output, Some(json!("timeout")), "{status:?}");
+    assert_eq!(
+        slow_runs.get(),
+        1,
+        "the replay did not run the cancelled body again"
+    );
+    let details = instance.details().await.unwrap();
+    let slow = details.steps.iter().find(|s| s.name == "slow").unwrap();
+    assert!(slow.cancelled, "{slow:?}");
+    assert_eq!(slow.success, Some(false));
+    assert!(slow.end.is_some() && slow.retries_at.is_none(), "{slow:?}");
+    assert_eq!(slow.error.as_ref().unwrap().name, "StepCancelled");
+    assert_eq!(slow.attempts.len(), 1);
+    assert_eq!(
+        slow.attempts[0].error.as_ref().unwrap().name,
+        "StepCancelled"
+    );
+    let log = instance.log(0).await.unwrap();
+    assert!(
+        !log.iter()
+            .any(|r| r.entry.meta.to_string().contains("WorkflowInternalError")),
+        "no crash is reported"
+    );
+    engine.shutdown().await;
+}
