@@ -299,6 +299,7 @@ async fn roll_back_and_finish(
 
 enum Next<T> {
     Done(T),
+    Drained,
     Hibernate(Hibernation),
     Pause,
 }
@@ -318,6 +319,9 @@ async fn run_phase<F: Future>(
     loop {
         let next = futures::future::poll_fn(|cx| match phase.as_mut().poll(cx) {
             Poll::Ready(output) => Poll::Ready(Next::Done(output)),
+            Poll::Pending if state.draining() && state.in_flight() == 0 => {
+                Poll::Ready(Next::Drained)
+            }
             Poll::Pending if state.pausing() && state.in_flight() == 0 => Poll::Ready(Next::Pause),
             Poll::Pending => match state.hibernation() {
                 Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
@@ -329,6 +333,8 @@ async fn run_phase<F: Future>(
         tokio::select! {
             next = next => match next {
                 Next::Done(output) => return Ok(Some(output)),
+                // Shutting down and every attempt in flight is recorded: let go.
+                Next::Drained => return Ok(None),
                 Next::Hibernate(h) => {
                     hibernate(inner, state, h).await?;
                     return Ok(None);
@@ -348,7 +354,9 @@ async fn run_phase<F: Future>(
             },
             () = state.control.notified() => {}
             abort = state.aborted() => return Err(abort),
-            () = stopped(shutdown) => return Ok(None),
+            // Shutdown: no new attempt starts (the pause gate holds them), the ones in flight
+            // finish and commit; the engine drops what is left at its drain deadline.
+            () = stopped(shutdown), if !state.draining() => state.start_draining(),
         }
     }
 }

@@ -39,6 +39,8 @@ pub(crate) struct EngineInner {
     live: Mutex<HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>>,
     /// Waits longer than this hibernate the instance.
     pub(crate) hibernate_after: Duration,
+    /// How long shutdown waits for attempts in flight to finish.
+    drain_timeout: Duration,
     /// Retention by workflow, defaults applied.
     pub(crate) retention: HashMap<WorkflowName, Retention>,
     pub(crate) workflows: HashMap<WorkflowName, Arc<dyn ErasedWorkflow>>,
@@ -112,6 +114,7 @@ pub struct EngineBuilder {
     step_limit: u32,
     payload_limit: usize,
     hibernate_after: Duration,
+    drain_timeout: Duration,
     retention: Retention,
     workflow_retention: Vec<(String, Retention)>,
     #[cfg(feature = "sqlite")]
@@ -123,6 +126,9 @@ pub const DEFAULT_RETENTION: Retention = Retention {
     success: Duration::from_secs(7 * 86_400),
     error: Duration::from_secs(7 * 86_400),
 };
+
+/// The default drain deadline of [`Engine::shutdown`].
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default hot threshold: waits longer than this hibernate the instance.
 pub const DEFAULT_HIBERNATE_AFTER: Duration = Duration::from_secs(1);
@@ -138,6 +144,7 @@ impl Engine {
             step_limit: DEFAULT_STEP_LIMIT,
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             hibernate_after: DEFAULT_HIBERNATE_AFTER,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             retention: DEFAULT_RETENTION,
             workflow_retention: Vec::new(),
             #[cfg(feature = "sqlite")]
@@ -168,11 +175,13 @@ impl Engine {
         self.inner.commits.subscribe()
     }
 
-    /// Stops the engine: no new instances are claimed, running ones stop where they are
-    /// (their state is durable; they resume by replay when an engine next opens the store),
-    /// and the store is closed.
+    /// Stops the engine, draining first: no new instance is claimed and no new attempt
+    /// starts; attempts in flight finish and record their outcome (up to the drain deadline,
+    /// [`EngineBuilder::drain_timeout`], 10 s by default); then every lifetime is dropped
+    /// (its state is durable; it resumes by replay when an engine next opens the store) and
+    /// the store is closed.
     ///
-    /// An attempt that was in flight is recorded as interrupted on the next start.
+    /// An attempt still running at the deadline is recorded as interrupted on the next start.
     pub async fn shutdown(&self) {
         self.inner.shutdown.send_replace(true);
         let scheduler = self.inner.scheduler.lock().ok().and_then(|mut s| s.take());
@@ -250,6 +259,13 @@ impl EngineBuilder {
     /// future dropped, and it resumes by replay (default 1 second).
     pub fn hibernate_after(mut self, threshold: Duration) -> Self {
         self.hibernate_after = threshold;
+        self
+    }
+
+    /// How long [`Engine::shutdown`] lets attempts in flight finish before it drops them
+    /// (default 10 seconds). Zero drops them at once.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
         self
     }
 
@@ -344,6 +360,7 @@ impl EngineBuilder {
         let inner = Arc::new(EngineInner {
             live: Mutex::new(HashMap::new()),
             hibernate_after: self.hibernate_after,
+            drain_timeout: self.drain_timeout,
             retention,
             shared: Arc::new(Shared {
                 store,
@@ -471,6 +488,16 @@ async fn schedule(inner: Arc<EngineInner>) {
             () = timer => claim_now = true,
             Some(_) = drivers.join_next(), if !drivers.is_empty() => {}
             _ = shutdown.changed() => {}
+        }
+    }
+    // Drain: drivers have seen the shutdown; attempts in flight finish and commit, then
+    // each lifetime lets go. Whatever is still running at the deadline is dropped (its
+    // attempt is recorded as interrupted by the next engine).
+    let drained = async { while drivers.join_next().await.is_some() {} };
+    tokio::select! {
+        () = drained => {}
+        () = inner.shared.clock.sleep(inner.drain_timeout) => {
+            tracing::warn!(running = drivers.len(), "drain deadline reached; dropping the attempts still running");
         }
     }
     drivers.abort_all();

@@ -33,7 +33,8 @@ pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use details::{AttemptDetails, InstanceDetails, StepDetails};
 pub use engine::{
-    DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, DEFAULT_RETENTION, Engine, EngineBuilder,
+    DEFAULT_DRAIN_TIMEOUT, DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, DEFAULT_RETENTION, Engine,
+    EngineBuilder,
 };
 pub use error::Error;
 pub use event::{DEFAULT_EVENT_TIMEOUT, StepEvent, WaitOp};

@@ -40,6 +40,8 @@ pub(crate) struct RunState {
     pub(crate) events: Notify,
     /// A pause is pending: no new attempts start, and completed ops do not return.
     pausing: AtomicBool,
+    /// The engine is shutting down (see [`RunState::start_draining`]).
+    draining: AtomicBool,
     /// Wakes the driver when the pause state changes.
     pub(crate) control: Notify,
     /// Wakes ops held at the pause gate when a pause is cancelled.
@@ -115,6 +117,7 @@ impl RunState {
             aborted: Notify::new(),
             events: Notify::new(),
             pausing: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             control: Notify::new(),
             resumed: Notify::new(),
             in_flight: AtomicUsize::new(0),
@@ -204,6 +207,17 @@ impl RunState {
         self.pausing.load(Ordering::SeqCst)
     }
 
+    /// The engine is shutting down: the pause gate closes for good, attempts in flight
+    /// finish and commit, and then the lifetime is dropped.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.control.notify_one();
+    }
+
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
     /// Attempts started and not yet recorded.
     pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
@@ -224,7 +238,7 @@ impl RunState {
             let resumed = self.resumed.notified();
             let mut resumed = std::pin::pin!(resumed);
             resumed.as_mut().enable();
-            if !self.pausing() {
+            if !self.pausing() && !self.draining() {
                 return;
             }
             self.control.notify_one();

@@ -124,7 +124,7 @@ async fn a_rollback_handler_that_panics_synchronously_is_an_attempt_failure() {
             .unwrap()
             .contains("handler cannot start")
     );
-    assert_eq!(engine.live_instances(), 0);
+    until_none_live(&engine).await;
     engine.shutdown().await;
 }
 
@@ -157,7 +157,7 @@ async fn a_workflow_that_panics_while_building_its_future_errors_with_the_messag
     let status = instance.status().await.unwrap();
     assert_eq!(status.status, InstanceStatus::Errored);
     assert!(status.error.unwrap().message.contains("run cannot start"));
-    assert_eq!(engine.live_instances(), 0);
+    until_none_live(&engine).await;
     engine.shutdown().await;
 }
 
@@ -289,7 +289,7 @@ async fn rollback_registration_replay_survives_awaits_that_are_not_steps() {
         .await
         .unwrap();
     until_status(&instance, InstanceStatus::Waiting).await;
-    assert_eq!(engine.live_instances(), 0, "hibernated");
+    until_none_live(&engine).await; // hibernated
     instance.terminate_with_rollback().await.unwrap();
     let status = instance.wait().await.unwrap();
     assert_eq!(status.status, InstanceStatus::Terminated);
@@ -339,6 +339,18 @@ fn slow_rollback(ran: Seen<String>, delay: Duration) -> support::FnWorkflow {
     })
 }
 
+/// Waits (in virtual time, a bounded number of short polls) until no lifetime is in
+/// memory: a lifetime leaves the live set just after its last commit.
+async fn until_none_live(engine: &cairn::Engine) {
+    for _ in 0..1_000 {
+        if engine.live_instances() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} lifetimes still live", engine.live_instances());
+}
+
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(3 * 3600), f)
         .await
@@ -365,11 +377,7 @@ async fn a_pause_during_a_rollback_takes_effect_and_resume_continues_it() {
     .await;
     instance.pause().await.unwrap();
     within("the pause", until_status(&instance, InstanceStatus::Paused)).await;
-    assert_eq!(
-        engine.live_instances(),
-        0,
-        "a paused rollback holds no slot"
-    );
+    until_none_live(&engine).await; // a paused rollback holds no slot
     let before = ran.all();
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert_eq!(ran.all(), before, "nothing runs while paused");
@@ -403,11 +411,7 @@ async fn a_long_back_off_in_a_rollback_hibernates() {
         until_status(&instance, InstanceStatus::Waiting),
     )
     .await;
-    assert_eq!(
-        engine.live_instances(),
-        0,
-        "hibernated through the back-off"
-    );
+    until_none_live(&engine).await; // hibernated through the back-off
     let status = within("the end", instance.wait()).await.unwrap();
     assert_eq!(status.rollback.unwrap().outcome, "completed");
     assert_eq!(ran.all(), ["charge call 1", "charge call 2", "reserve"]);
@@ -472,6 +476,121 @@ async fn a_step_dropped_by_the_workflow_is_recorded_as_cancelled() {
         !log.iter()
             .any(|r| r.entry.meta.to_string().contains("WorkflowInternalError")),
         "no crash is reported"
+    );
+    engine.shutdown().await;
+}
+
+/// Shutdown drains: the attempt in flight finishes and its outcome is committed, so a
+/// routine deploy does not charge a failure (with `Retries::none()` it used to fail the step
+/// and trigger the rollback). The next engine finishes the instance without running the
+/// step again. An attempt still running at the drain deadline is dropped and recorded as
+/// interrupted by the next engine.
+#[tokio::test(start_paused = true)]
+async fn shutdown_drains_attempts_in_flight_until_the_deadline() {
+    let (_dir, path) = support::temp_db();
+    let runs = Seen::<String>::default();
+    let workflow = |runs: Seen<String>| {
+        wf(move |_, step| {
+            let runs = runs.clone();
+            async move {
+                let (r1, r2) = (runs.clone(), runs.clone());
+                step.run("two seconds", move |_| {
+                    r1.push("two seconds".to_owned());
+                    async {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        Ok(())
+                    }
+                })
+                .retries(Retries::none())
+                .await?;
+                step.run("five minutes", move |_| {
+                    r2.push("five minutes".to_owned());
+                    async {
+                        tokio::time::sleep(Duration::from_secs(300)).await;
+                        Ok(())
+                    }
+                })
+                .retries(Retries::constant(1, Duration::from_secs(1)))
+                .await?;
+                Ok(Value::Null)
+            }
+        })
+    };
+    let engine = support::builder_at(&path)
+        .drain_timeout(Duration::from_secs(60))
+        .register(workflow(runs.clone()))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(json!({})).id("deploy"))
+        .await
+        .unwrap();
+    support::until_logged(&instance, LogKind::AttemptStart, 1).await;
+    let started = tokio::time::Instant::now();
+    engine.shutdown().await;
+    // The first step finished within the drain; the second never started (the gate held
+    // it), so shutdown did not wait for it.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(runs.all(), ["two seconds"]);
+
+    let engine = support::builder_at(&path)
+        .drain_timeout(Duration::from_secs(1))
+        .register(workflow(runs.clone()))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .get("deploy")
+        .await
+        .unwrap();
+    support::until_logged(&instance, LogKind::AttemptStart, 2).await;
+    let log = instance.log(0).await.unwrap();
+    assert!(
+        !log.iter()
+            .any(|r| r.entry.meta.to_string().contains("WorkflowInternalError")),
+        "the drained attempt was recorded, not interrupted"
+    );
+    assert_eq!(
+        targets(&instance, LogKind::StepSuccess).await,
+        ["two seconds-1"]
+    );
+    // The five-minute attempt is in flight: the deadline drops it.
+    let started = tokio::time::Instant::now();
+    engine.shutdown().await;
+    assert!(
+        started.elapsed() <= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let engine = support::builder_at(&path)
+        .register(workflow(runs.clone()))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .get("deploy")
+        .await
+        .unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(runs.all(), ["two seconds", "five minutes", "five minutes"]);
+    let interrupted = records(&instance, LogKind::AttemptFailure).await;
+    assert_eq!(interrupted.len(), 1);
+    assert!(
+        interrupted[0]
+            .entry
+            .meta
+            .to_string()
+            .contains("WorkflowInternalError")
     );
     engine.shutdown().await;
 }
