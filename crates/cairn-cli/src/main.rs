@@ -1,8 +1,9 @@
 //! `cairn`: run Cairn's engine with its HTTP API on embedded SQLite, and talk to it.
 //!
 //! `cairn serve [--db cairn.db] [--addr 127.0.0.1:8787] [--token T]` starts the engine with
-//! the demo workflows registered (see `demo.rs`) and serves the API until Ctrl-C. The
-//! `workflows …` and `instances …` commands mirror `wrangler workflows …`.
+//! the demo workflows registered (see `demo.rs`) and serves the API until Ctrl-C or SIGTERM
+//! (a second one exits at once). The `workflows …` and `instances …` commands mirror
+//! `wrangler workflows …`.
 
 /// `println!` that ends the process quietly when stdout is closed (`cairn … | head`)
 /// instead of panicking on the broken pipe.
@@ -198,13 +199,49 @@ async fn serve(
         db.display(),
         names.join(", ")
     );
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+    // The first Ctrl-C or SIGTERM stops gracefully; a second one exits at once.
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let signals = std::sync::Arc::clone(&stop);
+    tokio::spawn(async move {
+        if next_signal().await.is_err() {
+            return;
+        }
+        out!(
+            "cairn: shutting down: ending live streams, finishing requests and the attempts in flight (up to {} s); press Ctrl-C again to exit at once",
+            cairn::DEFAULT_DRAIN_TIMEOUT.as_secs()
+        );
+        signals.notify_one();
+        if next_signal().await.is_ok() {
+            eprintln!("cairn: exiting at once; interrupted attempts are retried at the next start");
+            std::process::exit(130);
+        }
+    });
+    let shutdown = async move { stop.notified().await };
     let router = cairn_server::router_with(engine.clone(), token);
     let served = cairn_server::serve_router(listener, router, shutdown).await;
+    out!("cairn: HTTP server stopped; draining the engine");
     engine.shutdown().await;
+    out!("cairn: stopped");
     served.map_err(|e| format!("serve: {e}").into())
+}
+
+/// Resolves at the next Ctrl-C (SIGINT) or SIGTERM.
+async fn next_signal() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await
+    }
 }
 
 fn print(json: bool, value: &Value, human: impl FnOnce()) {

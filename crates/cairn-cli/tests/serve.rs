@@ -300,3 +300,51 @@ fn describe_watch_follows_the_live_stream_until_the_end() {
         "ends with the terminal record: {out}"
     );
 }
+
+/// SIGTERM stops `cairn serve` like Ctrl-C, even while a client follows a live stream:
+/// the stream ends and the process exits. Before, SIGTERM was ignored and one open
+/// `--watch` kept the server alive forever after Ctrl-C.
+#[test]
+fn sigterm_stops_serve_even_with_an_open_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut server = start(&dir.path().join("cairn.db"), port);
+    cairn(port, &["workflows", "trigger", "approval", "--id", "s"]);
+    until(port, "s", "waiting");
+    // A raw SSE client on the waiting instance: its stream would stay open for a day.
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .write_all(
+            b"GET /api/workflows/approval/instances/s/stream HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        )
+        .unwrap();
+    let mut first = [0u8; 64];
+    assert!(stream.read(&mut first).unwrap() > 0, "the stream is open");
+    let status = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(exit) = server.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cairn serve did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.ends_with("0\r\n\r\n"),
+        "the chunked stream ended cleanly: {rest:?}"
+    );
+}

@@ -15,6 +15,7 @@ mod auth;
 mod error;
 mod openapi;
 mod routes;
+mod serve;
 mod stream;
 
 use std::future::Future;
@@ -22,6 +23,7 @@ use std::future::Future;
 use cairn::Engine;
 
 pub use error::ApiError;
+pub use serve::Limits;
 
 /// The largest request body accepted: 1 MiB of payload plus room for the envelope.
 pub const MAX_BODY: usize = (1 << 20) + 64 * 1024;
@@ -34,8 +36,20 @@ pub fn router(engine: Engine) -> Router {
 /// The API's routes over `engine`; with a `token`, every request must carry
 /// `Authorization: Bearer <token>` (401 `auth.unauthorized` otherwise).
 pub fn router_with(engine: Engine, token: Option<String>) -> Router {
+    router_with_limits(engine, token, &Limits::default())
+}
+
+/// [`router_with`], with the body timeout and the cap on live streams of `limits`.
+pub fn router_with_limits(engine: Engine, token: Option<String>, limits: &Limits) -> Router {
+    let body_timeout = limits.body_timeout;
     let routes = routes::routes()
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(move |req, next| {
+            serve::read_body_within(body_timeout, req, next)
+        }))
+        .layer(axum::Extension(serve::StreamSlots(std::sync::Arc::new(
+            tokio::sync::Semaphore::new(limits.max_streams),
+        ))))
         .with_state(engine);
     match token {
         Some(token) => routes.layer(axum::middleware::from_fn(move |req, next| {
@@ -47,7 +61,8 @@ pub fn router_with(engine: Engine, token: Option<String>) -> Router {
 
 pub use axum::Router;
 
-/// Serves an already-built router (see [`router_with`]) on `listener` until `shutdown`.
+/// Serves an already-built router (see [`router_with`]) on `listener` until `shutdown`;
+/// then ends the live streams, stops accepting, and waits for the requests in progress.
 ///
 /// # Errors
 /// When the listener fails.
@@ -56,9 +71,20 @@ pub async fn serve_router(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve::serve(listener, router, &Limits::default(), shutdown).await
+}
+
+/// [`serve_router`] with `limits`' header timeout.
+///
+/// # Errors
+/// When the listener fails.
+pub async fn serve_router_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve::serve(listener, router, &limits, shutdown).await
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.
@@ -70,7 +96,5 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(engine))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_router(listener, router(engine), shutdown).await
 }

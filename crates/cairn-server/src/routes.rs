@@ -4,7 +4,7 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, patch, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use cairn::json::Object;
 use cairn::{CreateOptions, Engine, InstanceStatus, StepKind, UntypedWorkflow};
 use serde::Deserialize;
@@ -296,16 +296,44 @@ struct StreamQuery {
     cursor: Option<u64>,
 }
 
+/// Extensions the server installs: the stream slots (router) and the shutdown signal
+/// (`serve`). A router used without `serve` has no shutdown signal.
+type StreamExtensions = (
+    Option<Extension<crate::serve::StreamSlots>>,
+    Option<Extension<crate::serve::Closing>>,
+);
+
+/// A slot for one more live stream, or 503 `stream.too_many`.
+fn stream_lease((slots, closing): StreamExtensions) -> ApiResult<crate::stream::Lease> {
+    let slot = match slots {
+        Some(Extension(slots)) => Some(slots.0.try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "stream.too_many",
+                "too many live streams are open; retry later",
+            )
+        })?),
+        None => None,
+    };
+    Ok(crate::stream::Lease {
+        _slot: slot,
+        closing: closing.map(|Extension(c)| c.0),
+    })
+}
+
 async fn workflow_stream(
     State(engine): State<Engine>,
     Path(name): Path<String>,
+    slots: Option<Extension<crate::serve::StreamSlots>>,
+    closing: Option<Extension<crate::serve::Closing>>,
     headers: axum::http::HeaderMap,
     query: Result<Query<StreamQuery>, QueryRejection>,
 ) -> ApiResult<axum::response::Response> {
     use axum::response::IntoResponse as _;
     let cursor = cursor(&headers, query)?;
     let workflow = workflow(&engine, &name)?;
-    Ok(crate::stream::follow_workflow(workflow, cursor, engine.commits()).into_response())
+    let lease = stream_lease((slots, closing))?;
+    Ok(crate::stream::follow_workflow(workflow, cursor, engine.commits(), lease).into_response())
 }
 
 /// The stream cursor: `Last-Event-ID` (a reconnecting client), else `?cursor=`, else 0.
@@ -331,13 +359,16 @@ fn cursor(
 async fn stream(
     State(engine): State<Engine>,
     Path((name, id)): Path<(String, String)>,
+    slots: Option<Extension<crate::serve::StreamSlots>>,
+    closing: Option<Extension<crate::serve::Closing>>,
     headers: axum::http::HeaderMap,
     query: Result<Query<StreamQuery>, QueryRejection>,
 ) -> ApiResult<axum::response::Response> {
     use axum::response::IntoResponse as _;
     let cursor = cursor(&headers, query)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
-    Ok(crate::stream::follow(instance, cursor, engine.commits()).into_response())
+    let lease = stream_lease((slots, closing))?;
+    Ok(crate::stream::follow(instance, cursor, engine.commits(), lease).into_response())
 }
 
 #[cfg(test)]

@@ -14,11 +14,40 @@ use tokio::sync::watch;
 /// engine's commits wake it at once; this catches writes by other processes.
 const POLL: Duration = Duration::from_secs(1);
 
-/// Waits for the engine's next commit, or [`POLL`] at most.
-async fn next_commit(commits: &mut watch::Receiver<u64>) {
-    if let Ok(Err(_)) = tokio::time::timeout(POLL, commits.changed()).await {
-        // The engine is gone; `changed` would return at once forever.
-        tokio::time::sleep(POLL).await;
+/// What every open stream holds: its slot (see `Limits::max_streams`) and the server's
+/// shutdown signal.
+pub(crate) struct Lease {
+    pub(crate) _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub(crate) closing: Option<watch::Receiver<bool>>,
+}
+
+impl Lease {
+    /// Whether the server is shutting down: the stream ends.
+    fn closed(&self) -> bool {
+        self.closing.as_ref().is_some_and(|c| *c.borrow())
+    }
+}
+
+/// Waits for the engine's next commit, or [`POLL`] at most. `false` when the server began
+/// to shut down meanwhile.
+async fn next_commit(commits: &mut watch::Receiver<u64>, lease: &mut Lease) -> bool {
+    let closing = async {
+        match lease.closing.as_mut() {
+            Some(c) => {
+                let _ = c.wait_for(|closing| *closing).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        changed = tokio::time::timeout(POLL, commits.changed()) => {
+            if let Ok(Err(_)) = changed {
+                // The engine is gone; `changed` would return at once forever.
+                tokio::time::sleep(POLL).await;
+            }
+            true
+        }
+        () = closing => false,
     }
 }
 
@@ -41,6 +70,7 @@ pub(crate) fn follow(
     instance: Instance,
     cursor: u64,
     commits: watch::Receiver<u64>,
+    lease: Lease,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     struct State {
         instance: Instance,
@@ -48,6 +78,7 @@ pub(crate) fn follow(
         commits: watch::Receiver<u64>,
         pending: std::collections::VecDeque<LogRecord>,
         done: bool,
+        lease: Lease,
     }
     let start = State {
         instance,
@@ -55,6 +86,7 @@ pub(crate) fn follow(
         commits,
         pending: Default::default(),
         done: false,
+        lease,
     };
     let stream = futures::stream::unfold(start, |mut st| async move {
         loop {
@@ -66,7 +98,7 @@ pub(crate) fn follow(
                 }
                 return Some((Ok(event(&record)), st));
             }
-            if st.done {
+            if st.done || st.lease.closed() {
                 return None;
             }
             // Marked seen before the read, so a commit landing after it wakes the wait.
@@ -75,7 +107,11 @@ pub(crate) fn follow(
                 Ok(records) if !records.is_empty() => st.pending.extend(records),
                 // Deleted, or the store failed: end the stream.
                 Err(_) => return None,
-                Ok(_) => next_commit(&mut st.commits).await,
+                Ok(_) => {
+                    if !next_commit(&mut st.commits, &mut st.lease).await {
+                        return None;
+                    }
+                }
             }
         }
     });
@@ -88,12 +124,13 @@ pub(crate) fn follow_workflow(
     workflow: cairn::UntypedWorkflow,
     cursor: u64,
     commits: watch::Receiver<u64>,
+    lease: Lease,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     type Pending = std::collections::VecDeque<(cairn::InstanceId, LogRecord)>;
-    let start = (workflow, cursor, commits, Pending::new());
+    let start = (workflow, cursor, commits, Pending::new(), lease);
     let stream = futures::stream::unfold(
         start,
-        |(workflow, mut cursor, mut commits, mut pending)| async move {
+        |(workflow, mut cursor, mut commits, mut pending, mut lease)| async move {
             loop {
                 if let Some((id, record)) = pending.pop_front() {
                     cursor = record.id;
@@ -105,13 +142,20 @@ pub(crate) fn follow_workflow(
                         .id(record.id.to_string())
                         .event(record.entry.kind.as_str())
                         .data(value.to_string());
-                    return Some((Ok(event), (workflow, cursor, commits, pending)));
+                    return Some((Ok(event), (workflow, cursor, commits, pending, lease)));
+                }
+                if lease.closed() {
+                    return None;
                 }
                 commits.borrow_and_update();
                 match workflow.log(cursor, 500).await {
                     Ok(records) if !records.is_empty() => pending.extend(records),
                     Err(_) => return None,
-                    Ok(_) => next_commit(&mut commits).await,
+                    Ok(_) => {
+                        if !next_commit(&mut commits, &mut lease).await {
+                            return None;
+                        }
+                    }
                 }
             }
         },

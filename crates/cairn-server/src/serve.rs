@@ -1,0 +1,151 @@
+//! Serving the router: connections with read timeouts, live streams that end at shutdown,
+//! and a graceful stop.
+//!
+//! `axum::serve` has no header-read timeout, so a client that sends half a request holds
+//! its connection forever. This accept loop is axum's own (hyper's HTTP/1 connection per
+//! socket), with hyper's header-read timeout, `TCP_NODELAY` (small SSE frames and JSON
+//! answers go out at once instead of waiting for Nagle's algorithm), and graceful shutdown
+//! that first tells the live streams to end: an open stream would otherwise keep the
+//! process alive forever.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::{Semaphore, watch};
+
+use crate::error::ApiError;
+
+/// How the server treats slow clients and live streams.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Limits {
+    /// A client must send a request's headers within this time (default 10 s).
+    pub header_timeout: Duration,
+    /// And its body within this time after the headers (default 30 s): 408
+    /// `request.timeout` otherwise.
+    pub body_timeout: Duration,
+    /// Live streams (SSE) open at once; one more gets 503 `stream.too_many` (default 1,000).
+    pub max_streams: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_streams: 1_000,
+        }
+    }
+}
+
+impl Limits {
+    /// Sets [`Limits::header_timeout`].
+    pub fn header_timeout(mut self, timeout: Duration) -> Self {
+        self.header_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Limits::body_timeout`].
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.body_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Limits::max_streams`].
+    pub fn max_streams(mut self, n: usize) -> Self {
+        self.max_streams = n;
+        self
+    }
+}
+
+/// Slots for live streams; a stream holds one for as long as it is open.
+#[derive(Clone)]
+pub(crate) struct StreamSlots(pub(crate) Arc<Semaphore>);
+
+/// Flips to `true` when the server begins to shut down: live streams end.
+#[derive(Clone)]
+pub(crate) struct Closing(pub(crate) watch::Receiver<bool>);
+
+/// Reads the whole body within `timeout` (bodies are small JSON documents, buffered by the
+/// extractors anyway), so a client that stops sending in the middle is answered with 408
+/// and its connection freed.
+pub(crate) async fn read_body_within(timeout: Duration, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    // One byte over the limit is enough for the extractors to answer 413 as they do.
+    let limit = crate::MAX_BODY + 1;
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload.too_large",
+                format!("the request body is larger than {} bytes", crate::MAX_BODY),
+            )
+            .into_response();
+        }
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request.timeout",
+                format!(
+                    "the request body did not arrive within {} s",
+                    timeout.as_secs_f64()
+                ),
+            )
+            .into_response();
+        }
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then ends the live streams,
+/// stops accepting, and waits for the requests in progress.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: &Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (closing_tx, closing_rx) = watch::channel(false);
+    let router = router.layer(axum::Extension(Closing(closing_rx)));
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (socket, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.as_mut() => break,
+        };
+        let _ = socket.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .serve_connection(TokioIo::new(socket), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    closing_tx.send_replace(true);
+    graceful.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! The server under slow and greedy clients, on a real socket: read timeouts, the cap on
+//! live streams, and streams that end when the server shuts down.
+
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
+use std::time::{Duration, Instant};
+
+use cairn::prelude::*;
+use cairn_server::Limits;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+struct Wait;
+
+impl Workflow for Wait {
+    const NAME: &'static str = "wait";
+    type Params = Value;
+    type Output = Value;
+
+    async fn run(
+        &self,
+        _: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> Result<Value, WorkflowError> {
+        let e: StepEvent<Value> = step.wait_for_event("go", "go").await?;
+        Ok(e.payload)
+    }
+}
+
+struct Server {
+    port: u16,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+    engine: cairn::Engine,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(limits: Limits) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = cairn::Engine::builder()
+        .sqlite(dir.path().join("cairn.db"))
+        .register(Wait)
+        .start()
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let router = cairn_server::router_with_limits(engine.clone(), None, &limits);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(cairn_server::serve_router_with(
+        listener,
+        router,
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    Server {
+        port,
+        stop: Some(stop),
+        served,
+        engine,
+        _dir: dir,
+    }
+}
+
+/// Reads until the peer closes or `limit` passes; returns what arrived and whether it closed.
+async fn read_until_closed(socket: &mut TcpStream, limit: Duration) -> (String, bool) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, socket.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into(), false),
+        }
+    }
+}
+
+async fn request(port: u16, raw: &str) -> String {
+    let mut socket = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    socket.write_all(raw.as_bytes()).await.unwrap();
+    read_until_closed(&mut socket, Duration::from_secs(5))
+        .await
+        .0
+}
+
+/// A client that sends half its headers, or half its body, loses its connection after
+/// the timeout instead of holding it for minutes (before the token check, too).
+#[tokio::test]
+async fn slow_clients_are_timed_out_reading_headers_and_bodies() {
+    let limits = Limits::default()
+        .header_timeout(Duration::from_millis(300))
+        .body_timeout(Duration::from_millis(300));
+    let server = start(limits).await;
+    let started = Instant::now();
+    let mut headers = TcpStream::connect(("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    headers
+        .write_all(b"POST /api/workflows/wait/instances HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let (_, closed) = read_until_closed(&mut headers, Duration::from_secs(5)).await;
+    assert!(closed, "half-sent headers must not hold the connection");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let mut body = TcpStream::connect(("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    body.write_all(
+        b"POST /api/workflows/wait/instances HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"params\":",
+    )
+    .await
+    .unwrap();
+    let (answer, _) = read_until_closed(&mut body, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":\"request.timeout\""), "{answer}");
+    // Nothing was created by the half request.
+    let list = request(
+        server.port,
+        "GET /api/workflows/wait/instances HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(list.contains("\"instances\":[]"), "{list}");
+    stop(server).await;
+}
+
+async fn open_stream(port: u16, id: &str) -> (TcpStream, String) {
+    let mut socket = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    socket
+        .write_all(
+            format!("GET /api/workflows/wait/instances/{id}/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = socket.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+    (socket, head)
+}
+
+/// Live streams are capped: one over the cap gets 503 `stream.too_many`; a closed stream
+/// gives its slot back. At shutdown every open stream ends and the server returns.
+#[tokio::test]
+async fn live_streams_are_capped_and_end_at_shutdown() {
+    let server = start(Limits::default().max_streams(2)).await;
+    server
+        .engine
+        .workflow::<Wait>()
+        .create(cairn::CreateOptions::new(json!({})).id("a"))
+        .await
+        .unwrap();
+    let (first, head) = open_stream(server.port, "a").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (mut second, _) = open_stream(server.port, "a").await;
+    let (_, refused) = open_stream(server.port, "a").await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("stream.too_many"), "{refused}");
+    drop(first);
+    let mut reopened = None;
+    for _ in 0..100 {
+        let (socket, head) = open_stream(server.port, "a").await;
+        if head.starts_with("HTTP/1.1 200") {
+            reopened = Some(socket);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut reopened = reopened.expect("a closed stream gives its slot back");
+    let started = Instant::now();
+    let Server {
+        stop,
+        served,
+        engine,
+        ..
+    } = server;
+    stop.unwrap().send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("the server returns with streams open")
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    for socket in [&mut second, &mut reopened] {
+        let (_, closed) = read_until_closed(socket, Duration::from_secs(5)).await;
+        assert!(closed, "the stream ended at shutdown");
+    }
+    engine.shutdown().await;
+}
+
+async fn stop(server: Server) {
+    let Server {
+        stop,
+        served,
+        engine,
+        ..
+    } = server;
+    stop.unwrap().send(()).unwrap();
+    served.await.unwrap().unwrap();
+    engine.shutdown().await;
+}
