@@ -126,10 +126,9 @@ async fn list_instances(
     let page = workflow
         .list(status, query.cursor.as_deref(), limit)
         .await?;
-    let cursor = (page.len() == limit)
-        .then(|| page.last().map(|i| i.id.to_string()))
-        .flatten();
-    Ok(Json(json!({ "instances": page, "cursor": cursor })))
+    Ok(Json(
+        json!({ "instances": page.instances, "cursor": page.cursor }),
+    ))
 }
 
 async fn instance_details(
@@ -222,20 +221,37 @@ async fn change_status(
     Ok(Json(json!({ "status": instance.status().await?.status })))
 }
 
+/// `POST …/events/{type}`. With an `Idempotency-Key` header a retried send is recognised
+/// and acknowledged once (`{"duplicate": true}`); without one, a retry delivers again.
 async fn send_event(
     State(engine): State<Engine>,
     Path((name, id, event_type)): Path<(String, String, String)>,
+    headers: axum::http::HeaderMap,
     payload: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult<Json<Value>> {
     let payload = body(payload)?;
     // Bad input is reported before any lookup.
     cairn::EventType::new(event_type.as_str()).map_err(cairn::Error::from)?;
-    workflow(&engine, &name)?
-        .get(&id)
-        .await?
-        .send_event(&event_type, &payload)
-        .await?;
-    Ok(Json(json!({})))
+    let key = match headers.get("idempotency-key") {
+        Some(v) => Some(v.to_str().map_err(|_| {
+            cairn::Error::InvalidIdempotencyKey(String::from_utf8_lossy(v.as_bytes()).into())
+        })?),
+        None => None,
+    };
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    let duplicate = match key {
+        Some(key) => {
+            instance
+                .send_event_with_key(&event_type, &payload, key)
+                .await?
+                == cairn::Delivery::Duplicate
+        }
+        None => {
+            instance.send_event(&event_type, &payload).await?;
+            false
+        }
+    };
+    Ok(Json(json!({ "duplicate": duplicate })))
 }
 
 async fn describe_workflow(

@@ -887,3 +887,98 @@ async fn wrong_params_wrong_state_and_oversized_batches_have_their_own_codes() {
     );
     engine.shutdown().await;
 }
+
+/// Paging with `cursor`: every instance exactly once, newest first, even when the instance
+/// the cursor came from (and others) are deleted between pages. Before, the cursor was the
+/// last instance's id, and the next page was 404 `instance.not_found` once it was deleted.
+#[tokio::test(start_paused = true)]
+async fn list_cursors_survive_deleting_the_cursors_instance() {
+    let (engine, _dir) = app().await;
+    let base = "/api/workflows/approval/instances";
+    for i in 0..7 {
+        let body = format!(r#"{{"instance_id": "i{i}"}}"#);
+        let (s, v) = call(&engine, Method::POST, base, Some(&body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    let page = |cursor: Option<String>| {
+        let engine = engine.clone();
+        async move {
+            let uri = match cursor {
+                Some(c) => format!("{base}?limit=3&cursor={c}"),
+                None => format!("{base}?limit=3"),
+            };
+            let (s, v) = call(&engine, Method::GET, &uri, None).await;
+            assert_eq!(s, StatusCode::OK, "{v}");
+            let ids: Vec<String> = v["instances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["id"].as_str().unwrap().to_owned())
+                .collect();
+            (ids, v["cursor"].as_str().map(str::to_owned))
+        }
+    };
+    let (first, cursor) = page(None).await;
+    assert_eq!(first, ["i6", "i5", "i4"]);
+    // The page's last instance, and one on the next page, go away.
+    for id in ["i4", "i3"] {
+        let (s, v) = call(&engine, Method::DELETE, &format!("{base}/{id}"), None).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    let (second, cursor) = page(cursor).await;
+    assert_eq!(second, ["i2", "i1", "i0"]);
+    let (third, cursor) = page(cursor).await;
+    assert!(third.is_empty() && cursor.is_none(), "{third:?} {cursor:?}");
+    // A cursor that is not one of ours is bad input, not a missing instance.
+    let (s, v) = call(&engine, Method::GET, &format!("{base}?cursor=i5"), None).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("cursor.invalid")),
+        "{v}"
+    );
+    engine.shutdown().await;
+}
+
+/// A client that retries a send with the same `Idempotency-Key` (its first answer was lost)
+/// delivers the event once; the retry is acknowledged as a duplicate.
+#[tokio::test(start_paused = true)]
+async fn a_retried_send_with_an_idempotency_key_is_delivered_once() {
+    let (engine, _dir) = app().await;
+    let base = "/api/workflows/approval/instances";
+    call(&engine, Method::POST, base, Some(r#"{"instance_id": "k"}"#)).await;
+    let send = |key: &'static str| {
+        let engine = engine.clone();
+        async move {
+            let (s, body) = raw_call(
+                cairn_server::router(engine),
+                Method::POST,
+                "/api/workflows/approval/instances/k/events/other",
+                &[
+                    ("content-type", "application/json"),
+                    ("idempotency-key", key),
+                ],
+                r#"{"n": 1}"#,
+            )
+            .await;
+            (s, serde_json::from_str::<Value>(&body).unwrap())
+        }
+    };
+    assert_eq!(
+        send("retry-1").await,
+        (StatusCode::OK, json!({"duplicate": false}))
+    );
+    assert_eq!(
+        send("retry-1").await,
+        (StatusCode::OK, json!({"duplicate": true}))
+    );
+    assert_eq!(
+        send("retry-2").await,
+        (StatusCode::OK, json!({"duplicate": false}))
+    );
+    let (s, v) = send("").await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("event.invalid_key"))
+    );
+    engine.shutdown().await;
+}

@@ -324,8 +324,24 @@ pub(crate) fn send_event(
     };
     let status = InstanceStatus::from_code(status)
         .ok_or_else(|| corrupt(format!("unknown status code {status}")))?;
+    // A key seen before is a retry of a send that was delivered (and maybe consumed, and
+    // the instance maybe finished since): acknowledge it, buffer nothing.
+    if let Some(key) = &event.idempotency_key {
+        let seen = conn
+            .prepare_cached("SELECT 1 FROM event_keys WHERE iid = ?1 AND key = ?2")
+            .and_then(|mut st| st.exists(params![iid, key]))
+            .map_err(map_sqlite)?;
+        if seen {
+            return Ok(Sent::Duplicate(InstanceRef(iid)));
+        }
+    }
     if status.is_terminal() {
         return Ok(Sent::Finished(status));
+    }
+    if let Some(key) = &event.idempotency_key {
+        conn.prepare_cached("INSERT INTO event_keys (iid, key, at) VALUES (?1, ?2, ?3)")
+            .and_then(|mut st| st.execute(params![iid, key, event.at.as_millis()]))
+            .map_err(map_sqlite)?;
     }
     conn.prepare_cached("INSERT INTO events (iid, type, payload, at) VALUES (?1, ?2, ?3, ?4)")
         .and_then(|mut st| {
@@ -797,6 +813,7 @@ pub(crate) fn control(
                         "DELETE FROM steps WHERE iid = ?1",
                         "DELETE FROM log WHERE iid = ?1",
                         "DELETE FROM events WHERE iid = ?1",
+                        "DELETE FROM event_keys WHERE iid = ?1",
                     ] {
                         exec(sql, &[&iid])?;
                     }
@@ -846,6 +863,7 @@ pub(crate) fn control(
                         &[&iid, &seq],
                     )?;
                     exec("DELETE FROM events WHERE iid = ?1", &[&iid])?;
+                    exec("DELETE FROM event_keys WHERE iid = ?1", &[&iid])?;
                 }
             }
             exec(
@@ -864,6 +882,7 @@ pub(crate) fn control(
                 "DELETE FROM steps WHERE iid = ?1",
                 "DELETE FROM log WHERE iid = ?1",
                 "DELETE FROM events WHERE iid = ?1",
+                "DELETE FROM event_keys WHERE iid = ?1",
                 "DELETE FROM instances WHERE iid = ?1",
             ] {
                 exec(sql, &[&iid])?;
@@ -904,6 +923,7 @@ pub(crate) fn purge(conn: &Connection, now: Timestamp, limit: usize) -> Result<u
             "DELETE FROM steps WHERE iid = ?1",
             "DELETE FROM log WHERE iid = ?1",
             "DELETE FROM events WHERE iid = ?1",
+            "DELETE FROM event_keys WHERE iid = ?1",
             "DELETE FROM instances WHERE iid = ?1",
         ] {
             conn.prepare_cached(sql)

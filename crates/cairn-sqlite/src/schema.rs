@@ -145,6 +145,16 @@ const MIGRATIONS: &[&str] = &[
     DELETE FROM log WHERE iid NOT IN (SELECT iid FROM instances);
     DELETE FROM events WHERE iid NOT IN (SELECT iid FROM instances);
     ",
+    // 7: idempotency keys of sent events, so a retried send is delivered once; kept with
+    // the instance (also after its event is consumed), cleared by restart and delete.
+    "
+    CREATE TABLE event_keys (
+        iid INTEGER NOT NULL,
+        key TEXT NOT NULL,
+        at  INTEGER NOT NULL,
+        PRIMARY KEY (iid, key)
+    ) WITHOUT ROWID;
+    ",
 ];
 
 /// Brings the schema up to date.

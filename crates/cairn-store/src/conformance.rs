@@ -633,6 +633,72 @@ pub async fn a_cancelled_pause_logs_no_workflow_paused(store: Arc<dyn Store>) {
     );
 }
 
+/// An event sent twice with one idempotency key is buffered once; the second send is a
+/// duplicate also after the first was consumed and after the instance finished. Without a
+/// key every send is buffered.
+pub async fn an_event_sent_twice_with_one_key_is_buffered_once(store: Arc<dyn Store>) {
+    let r = create_one(&*store, "wf", "a").await;
+    let id = InstanceId::new("a").unwrap();
+    let event = |key: Option<&str>| crate::NewEvent {
+        event_type: cairn_core::EventType::new("go").unwrap(),
+        payload: "1".into(),
+        at: T0,
+        idempotency_key: key.map(str::to_owned),
+    };
+    let send = |key| store.send_event(&wf("wf"), &id, event(key));
+    assert_eq!(send(Some("k1")).await.unwrap(), crate::Sent::Buffered(r));
+    assert_eq!(send(Some("k1")).await.unwrap(), crate::Sent::Duplicate(r));
+    assert_eq!(send(Some("k2")).await.unwrap(), crate::Sent::Buffered(r));
+    assert_eq!(send(None).await.unwrap(), crate::Sent::Buffered(r));
+    let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
+    let mut taken = 0;
+    for n in 1..=4 {
+        let key = StepKey {
+            kind: StepKind::WaitForEvent,
+            name: "w".into(),
+            count: n,
+        };
+        let mut wait = step("w", n, n, StepState::Running);
+        wait.key = key.clone();
+        store.commit(lease, vec![Write::Step(wait)]).await.unwrap();
+        let go = cairn_core::EventType::new("go").unwrap();
+        if store
+            .take_event(lease, key, go, T0)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            taken += 1;
+        }
+    }
+    assert_eq!(taken, 3, "k1 once, k2, and the unkeyed one");
+    assert_eq!(
+        send(Some("k1")).await.unwrap(),
+        crate::Sent::Duplicate(r),
+        "after it was consumed"
+    );
+    store
+        .commit(
+            lease,
+            vec![Write::Status(StatusChange {
+                ended_at: Some(T0),
+                release: true,
+                ..StatusChange::to(InstanceStatus::Complete)
+            })],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        send(Some("k2")).await.unwrap(),
+        crate::Sent::Duplicate(r),
+        "after it finished"
+    );
+    assert_eq!(
+        send(Some("k3")).await.unwrap(),
+        crate::Sent::Finished(InstanceStatus::Complete)
+    );
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -656,6 +722,7 @@ macro_rules! conformance_tests {
             fencing_survives_instance_row_reuse,
             keep_forever_retention_does_not_overflow,
             a_cancelled_pause_logs_no_workflow_paused,
+            an_event_sent_twice_with_one_key_is_buffered_once,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {

@@ -61,8 +61,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The future every store method returns.
 pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T>>;
 
-/// A store's internal, stable reference to one instance (a row id). It changes when an
-/// instance is deleted and its id reused.
+/// A store's internal, stable reference to one instance (a row id). Never given to another
+/// instance, also after a delete or purge frees the instance's id: a lease or a list cursor
+/// built on it can never match a different instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct InstanceRef(pub i64);
 
@@ -290,6 +291,9 @@ pub struct NewEvent {
     pub payload: String,
     /// When it was sent.
     pub at: Timestamp,
+    /// With a key, a second send with the same key to the same instance is a retry:
+    /// [`Sent::Duplicate`], nothing buffered, even after the first was consumed.
+    pub idempotency_key: Option<String>,
 }
 
 /// A buffered event handed to a wait.
@@ -308,6 +312,9 @@ pub struct StoredEvent {
 pub enum Sent {
     /// Buffered for the instance; a hibernated instance was made ready.
     Buffered(InstanceRef),
+    /// A retry: an event with the same idempotency key was sent to the instance before.
+    /// Nothing was written.
+    Duplicate(InstanceRef),
     /// No such instance.
     NotFound,
     /// The instance has finished; nothing was written.

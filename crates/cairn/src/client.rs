@@ -141,6 +141,45 @@ pub struct InstanceSummary {
     pub ended: Option<cairn_core::Timestamp>,
 }
 
+/// The longest idempotency key of [`Instance::send_event_with_key`], in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+
+/// What [`Instance::send_event_with_key`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Delivery {
+    /// The event was buffered for the instance.
+    Buffered,
+    /// An event with this key was sent before: nothing was delivered again.
+    Duplicate,
+}
+
+/// One page of [`UntypedWorkflow::list`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstancePage {
+    /// The instances, newest first.
+    pub instances: Vec<InstanceSummary>,
+    /// Pass it to get the next page; `None` on the last one.
+    pub cursor: Option<String>,
+}
+
+/// The opaque form of a list position: the store's instance reference, which is never
+/// reused and grows with creation order, so a page boundary needs no live instance.
+const CURSOR_PREFIX: &str = "c1.";
+
+fn encode_cursor(instance: cairn_store::InstanceRef) -> String {
+    format!("{CURSOR_PREFIX}{:x}", instance.0)
+}
+
+fn decode_cursor(cursor: &str) -> Result<cairn_store::InstanceRef, Error> {
+    cursor
+        .strip_prefix(CURSOR_PREFIX)
+        .and_then(|hex| i64::from_str_radix(hex, 16).ok())
+        .filter(|n| *n > 0)
+        .map(cairn_store::InstanceRef)
+        .ok_or_else(|| Error::InvalidCursor(cursor.to_owned()))
+}
+
 /// A handle to one workflow's instances, typed by the workflow.
 pub struct WorkflowClient<W> {
     untyped: UntypedWorkflow,
@@ -557,21 +596,21 @@ impl UntypedWorkflow {
             .await?)
     }
 
-    /// This workflow's instances, newest first: at most `limit`, only those in `status` if
-    /// given, only those created before `before` (an id from an earlier page) if given.
+    /// One page of this workflow's instances, newest first, optionally only those in
+    /// `status`: `limit` of them after `cursor` (the previous page's [`InstancePage::cursor`];
+    /// `None` for the first page). The cursor is a position in creation order, not an
+    /// instance: it stays valid when instances on either side are deleted or purged.
     ///
     /// # Errors
-    /// [`Error::InstanceNotFound`] for an unknown `before`, or a store failure.
+    /// A cursor not handed out by [`UntypedWorkflow::list`] (`cursor.invalid`), or a store
+    /// failure.
     pub async fn list(
         &self,
         status: Option<InstanceStatus>,
-        before: Option<&str>,
+        cursor: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<InstanceSummary>, Error> {
-        let before = match before {
-            Some(id) => Some(self.instance(InstanceId::new(id)?).record().await?.instance),
-            None => None,
-        };
+    ) -> Result<InstancePage, Error> {
+        let before = cursor.map(decode_cursor).transpose()?;
         let rows = self
             .engine
             .inner
@@ -584,16 +623,22 @@ impl UntypedWorkflow {
                 limit,
             })
             .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| InstanceSummary {
-                id: r.id,
-                status: r.status,
-                created: r.created_at,
-                started: r.started_at,
-                ended: r.ended_at,
-            })
-            .collect())
+        let cursor = (rows.len() == limit && limit > 0)
+            .then(|| rows.last().map(|r| encode_cursor(r.instance)))
+            .flatten();
+        Ok(InstancePage {
+            instances: rows
+                .into_iter()
+                .map(|r| InstanceSummary {
+                    id: r.id,
+                    status: r.status,
+                    created: r.created_at,
+                    started: r.started_at,
+                    ended: r.ended_at,
+                })
+                .collect(),
+            cursor,
+        })
     }
 
     /// Deletes up to 100 instances. The result has one entry per input position: an id
@@ -788,6 +833,10 @@ impl<O: DeserializeOwned> Instance<O> {
     /// `wait_for_event` of that type takes it, and wakes the instance if it hibernates.
     /// Works in every non-terminal status (also `queued` and `paused`).
     ///
+    /// Without a key a send is not idempotent: a client that retries a send whose
+    /// answer it lost (a crash, a timeout) delivers the event twice. Use
+    /// [`Instance::send_event_with_key`] when retries are possible.
+    ///
     /// # Errors
     /// An invalid event type, a payload over the size limit, [`Error::InstanceNotFound`], or
     /// [`Error::InstanceFinished`] for a finished instance.
@@ -796,6 +845,35 @@ impl<O: DeserializeOwned> Instance<O> {
         event_type: &str,
         payload: &P,
     ) -> Result<(), Error> {
+        self.send(event_type, payload, None).await.map(drop)
+    }
+
+    /// [`Instance::send_event`] with an idempotency key (1–256 characters, no control
+    /// characters): the first send with a key delivers the event; every later one with the
+    /// same key to the same instance is acknowledged as [`Delivery::Duplicate`] and
+    /// delivers nothing, also after the event was consumed or the instance finished. Keys
+    /// are kept as long as the instance (a restart clears them with the buffered events).
+    ///
+    /// # Errors
+    /// As [`Instance::send_event`], and [`Error::InvalidIdempotencyKey`].
+    pub async fn send_event_with_key<P: Serialize>(
+        &self,
+        event_type: &str,
+        payload: &P,
+        key: &str,
+    ) -> Result<Delivery, Error> {
+        if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY || key.chars().any(char::is_control) {
+            return Err(Error::InvalidIdempotencyKey(key.to_owned()));
+        }
+        self.send(event_type, payload, Some(key.to_owned())).await
+    }
+
+    async fn send<P: Serialize>(
+        &self,
+        event_type: &str,
+        payload: &P,
+        idempotency_key: Option<String>,
+    ) -> Result<Delivery, Error> {
         let event_type = cairn_core::EventType::new(event_type)?;
         let payload = serde_json::to_string(payload).map_err(|e| Error::InvalidParams {
             workflow: self.workflow.to_string(),
@@ -813,6 +891,7 @@ impl<O: DeserializeOwned> Instance<O> {
             event_type,
             payload,
             at: self.engine.inner.shared.clock.now(),
+            idempotency_key,
         };
         match self
             .engine
@@ -824,8 +903,9 @@ impl<O: DeserializeOwned> Instance<O> {
         {
             cairn_store::Sent::Buffered(instance) => {
                 self.engine.inner.event_sent(instance);
-                Ok(())
+                Ok(Delivery::Buffered)
             }
+            cairn_store::Sent::Duplicate(_) => Ok(Delivery::Duplicate),
             cairn_store::Sent::NotFound => Err(Error::InstanceNotFound {
                 workflow: self.workflow.to_string(),
                 id: self.id.to_string(),

@@ -88,6 +88,14 @@ pub enum Error {
         /// The maximum.
         max: usize,
     },
+    /// An event idempotency key that is empty, too long or has control characters.
+    #[error(
+        "invalid idempotency key {0:?}: expected 1 to 256 characters without control characters"
+    )]
+    InvalidIdempotencyKey(String),
+    /// A list cursor that this engine did not hand out.
+    #[error("invalid cursor {0:?}: pass the cursor of the previous page as it was returned")]
+    InvalidCursor(String),
     /// The engine could not be built or started as configured.
     #[error("engine configuration: {0}")]
     Config(String),
@@ -118,6 +126,8 @@ impl Error {
             Error::PayloadTooLarge { .. } => "payload.too_large",
             Error::BatchEmpty(_) => "batch.empty",
             Error::BatchTooLarge { .. } => "batch.too_large",
+            Error::InvalidCursor(_) => "cursor.invalid",
+            Error::InvalidIdempotencyKey(_) => "event.invalid_key",
             Error::Config(_) => "engine.config",
             Error::Store(cairn_store::Error::Unavailable(_)) => "store.unavailable",
             Error::Store(_) => "internal",

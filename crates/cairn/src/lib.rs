@@ -26,8 +26,8 @@ pub use cairn_core::{
 };
 pub use cairn_store::Retention;
 pub use client::{
-    BatchCreated, BatchDeleted, BatchError, CreateOptions, Instance, InstanceRetention, Status,
-    UntypedWorkflow, WorkflowClient,
+    BatchCreated, BatchDeleted, BatchError, CreateOptions, Delivery, Instance, InstancePage,
+    InstanceRetention, MAX_IDEMPOTENCY_KEY, Status, UntypedWorkflow, WorkflowClient,
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};

@@ -200,7 +200,7 @@ async fn ten_thousand_sleeping_instances_hold_no_memory() {
         .list(Some(InstanceStatus::Waiting), None, 20_000)
         .await
         .unwrap();
-    assert_eq!(waiting.len(), 10_000);
+    assert_eq!(waiting.instances.len(), 10_000);
     engine.shutdown().await;
 }
 
