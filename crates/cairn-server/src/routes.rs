@@ -349,7 +349,8 @@ async fn workflow_stream(
     let cursor = cursor(&headers, query)?;
     let workflow = workflow(&engine, &name)?;
     let lease = stream_lease((slots, closing))?;
-    Ok(crate::stream::follow_workflow(workflow, cursor, engine.commits(), lease).into_response())
+    let commits = workflow.commits();
+    Ok(crate::stream::follow_workflow(workflow, cursor, commits, lease).into_response())
 }
 
 /// The stream cursor: `Last-Event-ID` (a reconnecting client), else `?cursor=`, else 0.
@@ -384,7 +385,8 @@ async fn stream(
     let cursor = cursor(&headers, query)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
     let lease = stream_lease((slots, closing))?;
-    Ok(crate::stream::follow(instance, cursor, engine.commits(), lease).into_response())
+    let commits = instance.commits().await?;
+    Ok(crate::stream::follow(instance, cursor, commits, lease).into_response())
 }
 
 #[cfg(test)]

@@ -14,6 +14,10 @@ use tokio::sync::watch;
 /// engine's commits wake it at once; this catches writes by other processes.
 const POLL: Duration = Duration::from_secs(1);
 
+/// A workflow stream woken by a commit waits this long before it reads, so a burst of
+/// commits (a busy workflow writes thousands a second) costs one read, not one per commit.
+const WORKFLOW_COALESCE: Duration = Duration::from_millis(10);
+
 /// What every open stream holds: its slot (see `Limits::max_streams`) and the server's
 /// shutdown signal.
 pub(crate) struct Lease {
@@ -155,6 +159,7 @@ pub(crate) fn follow_workflow(
                         if !next_commit(&mut commits, &mut lease).await {
                             return None;
                         }
+                        tokio::time::sleep(WORKFLOW_COALESCE).await;
                     }
                 }
             }

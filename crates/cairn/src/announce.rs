@@ -1,11 +1,15 @@
 //! Tells live views (the server's event streams) that the store committed something.
 //!
-//! [`Announcing`] wraps the store and bumps a counter after every successful write, so a
-//! stream that has read the whole log sleeps on [`Engine::commits`](crate::Engine::commits)
-//! instead of polling the database. Only this engine's own writes are seen; a view that must
-//! also follow other processes keeps a slow poll as its fallback.
+//! [`Announcing`] wraps the store and, after every successful write, bumps the counters of
+//! what the write touched: the instance and its workflow (and one engine-wide counter). A
+//! stream that has read the whole log sleeps on its instance's or workflow's counter, so a
+//! commit wakes only the streams that can have something new, instead of every stream
+//! re-reading the store after every commit of any instance. Only this engine's own writes
+//! are seen; a view that must also follow other processes keeps a slow poll as its fallback.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_core::{
@@ -17,18 +21,125 @@ use cairn_store::{
 };
 use tokio::sync::watch;
 
+/// Counters keyed by what a write touched; a key has a counter only while someone watches.
+struct Topics<K>(Mutex<HashMap<K, watch::Sender<u64>>>);
+
+impl<K: Eq + Hash + Clone> Topics<K> {
+    fn new() -> Self {
+        Topics(Mutex::new(HashMap::new()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, watch::Sender<u64>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn subscribe(&self, key: &K) -> watch::Receiver<u64> {
+        let mut topics = self.lock();
+        // Forget counters nobody watches any more, so the map follows the open views.
+        topics.retain(|_, sender| sender.receiver_count() > 0);
+        topics
+            .entry(key.clone())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+
+    fn bump(&self, key: &K) {
+        if let Some(sender) = self.lock().get(key) {
+            sender.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    fn bump_all(&self) {
+        for sender in self.lock().values() {
+            sender.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
+/// Who is told about a write.
+pub(crate) struct Commits {
+    /// Every write (`Engine::commits`).
+    all: watch::Sender<u64>,
+    instances: Topics<InstanceRef>,
+    workflows: Topics<WorkflowName>,
+    /// The workflow of each instance this engine holds a lease on: a commit names only its
+    /// lease's instance. Learnt at claim, forgotten when the lease is let go.
+    owners: Mutex<HashMap<InstanceRef, WorkflowName>>,
+}
+
+impl Commits {
+    pub(crate) fn new() -> Self {
+        Commits {
+            all: watch::channel(0).0,
+            instances: Topics::new(),
+            workflows: Topics::new(),
+            owners: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Sees every write.
+    pub(crate) fn all(&self) -> watch::Receiver<u64> {
+        self.all.subscribe()
+    }
+
+    /// Sees the writes to one instance.
+    pub(crate) fn instance(&self, instance: InstanceRef) -> watch::Receiver<u64> {
+        self.instances.subscribe(&instance)
+    }
+
+    /// Sees the writes to any instance of one workflow.
+    pub(crate) fn workflow(&self, workflow: &WorkflowName) -> watch::Receiver<u64> {
+        self.workflows.subscribe(workflow)
+    }
+
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<InstanceRef, WorkflowName>> {
+        self.owners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn announce(&self, instance: Option<InstanceRef>, workflow: Option<&WorkflowName>) {
+        self.all.send_modify(|n| *n = n.wrapping_add(1));
+        if let Some(instance) = instance {
+            self.instances.bump(&instance);
+        }
+        match workflow {
+            Some(workflow) => self.workflows.bump(workflow),
+            // A write whose workflow is not known here: wake every workflow view.
+            None if instance.is_some() => self.workflows.bump_all(),
+            None => {}
+        }
+    }
+
+    /// A write under `lease`: its workflow is the one learnt when it was claimed.
+    fn announce_leased(&self, instance: InstanceRef, released: bool) {
+        let workflow = if released {
+            self.owners().remove(&instance)
+        } else {
+            self.owners().get(&instance).cloned()
+        };
+        self.announce(Some(instance), workflow.as_ref());
+    }
+}
+
 pub(crate) struct Announcing {
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) commits: Arc<watch::Sender<u64>>,
+    pub(crate) commits: Arc<Commits>,
 }
 
 impl Announcing {
-    /// Runs a write and, when it succeeded, announces it.
-    fn write<'a, T: Send + 'a>(&'a self, call: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+    /// Runs a write and, when it succeeded, announces it with `touched`'s answer.
+    fn write<'a, T: Send + 'a>(
+        &'a self,
+        call: StoreFuture<'a, T>,
+        touched: impl FnOnce(&Commits, &T) + Send + 'a,
+    ) -> StoreFuture<'a, T> {
         Box::pin(async move {
             let result = call.await;
-            if result.is_ok() {
-                self.commits.send_modify(|n| *n = n.wrapping_add(1));
+            if let Ok(value) = &result {
+                touched(&self.commits, value);
             }
             result
         })
@@ -37,7 +148,14 @@ impl Announcing {
 
 impl Store for Announcing {
     fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
-        self.write(self.store.create(batch))
+        let workflows: Vec<WorkflowName> = batch.iter().map(|n| n.workflow.clone()).collect();
+        self.write(self.store.create(batch), move |commits, created| {
+            for (workflow, created) in workflows.iter().zip(created) {
+                if let Created::New(instance) = created {
+                    commits.announce(Some(*instance), Some(workflow));
+                }
+            }
+        })
     }
 
     fn instance(
@@ -64,7 +182,17 @@ impl Store for Announcing {
         ttl: Duration,
         limit: usize,
     ) -> StoreFuture<'_, Vec<Claimed>> {
-        self.write(self.store.claim(owner, workflows, now, ttl, limit))
+        // A claim writes no log record: no view needs waking, only the owners learnt.
+        self.write(
+            self.store.claim(owner, workflows, now, ttl, limit),
+            |commits, claimed| {
+                commits.all.send_modify(|n| *n = n.wrapping_add(1));
+                let mut owners = commits.owners();
+                for c in claimed {
+                    owners.insert(c.lease.instance, c.record.workflow.clone());
+                }
+            },
+        )
     }
 
     fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()> {
@@ -76,7 +204,12 @@ impl Store for Announcing {
     }
 
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
-        self.write(self.store.commit(lease, writes))
+        self.write(self.store.commit(lease, writes), move |commits, status| {
+            // Hibernated, paused or finished: the lease was let go.
+            let released = status.is_terminal()
+                || matches!(status, InstanceStatus::Waiting | InstanceStatus::Paused);
+            commits.announce_leased(lease.instance, released);
+        })
     }
 
     fn control(
@@ -85,7 +218,15 @@ impl Store for Announcing {
         id: &InstanceId,
         request: ControlRequest,
     ) -> StoreFuture<'_, ControlOutcome> {
-        self.write(self.store.control(workflow, id, request))
+        let workflow = workflow.clone();
+        self.write(
+            self.store.control(&workflow, id, request),
+            move |commits, outcome| {
+                if let ControlOutcome::Done { instance, .. } = outcome {
+                    commits.announce(Some(*instance), Some(&workflow));
+                }
+            },
+        )
     }
 
     fn log(
@@ -116,7 +257,15 @@ impl Store for Announcing {
         id: &InstanceId,
         event: NewEvent,
     ) -> StoreFuture<'_, Sent> {
-        self.write(self.store.send_event(workflow, id, event))
+        let workflow = workflow.clone();
+        self.write(
+            self.store.send_event(&workflow, id, event),
+            move |commits, sent| {
+                if let Sent::Buffered(instance) = sent {
+                    commits.announce(Some(*instance), Some(&workflow));
+                }
+            },
+        )
     }
 
     fn take_event(
@@ -126,11 +275,20 @@ impl Store for Announcing {
         event_type: EventType,
         at: Timestamp,
     ) -> StoreFuture<'_, Option<StoredEvent>> {
-        self.write(self.store.take_event(lease, step, event_type, at))
+        self.write(
+            self.store.take_event(lease, step, event_type, at),
+            move |commits, _| commits.announce_leased(lease.instance, false),
+        )
     }
 
     fn purge(&self, now: Timestamp, limit: usize) -> StoreFuture<'_, usize> {
-        self.write(self.store.purge(now, limit))
+        self.write(self.store.purge(now, limit), |commits, purged| {
+            if *purged > 0 {
+                commits.all.send_modify(|n| *n = n.wrapping_add(1));
+                commits.instances.bump_all();
+                commits.workflows.bump_all();
+            }
+        })
     }
 
     fn next_purge(&self) -> StoreFuture<'_, Option<Timestamp>> {

@@ -563,6 +563,12 @@ impl UntypedWorkflow {
         Ok(BatchCreated { created, errors })
     }
 
+    /// A receiver that sees a new value after every write this engine commits to any
+    /// instance of this workflow. Writes by other processes sharing the store are not seen.
+    pub fn commits(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.engine.inner.commits.workflow(&self.name)
+    }
+
     /// Lifecycle records of all this workflow's instances with id greater than `after`,
     /// oldest first (at most `limit`), each with its instance id.
     ///
@@ -805,6 +811,17 @@ impl<O: DeserializeOwned> Instance<O> {
     /// As [`Instance::status`].
     pub async fn wait(&self) -> Result<Status<O>, Error> {
         self.wait_for(|s| s.status.is_terminal()).await
+    }
+
+    /// A receiver that sees a new value after every write this engine commits to this
+    /// instance: a live view that has read its whole log waits on it. Writes by other
+    /// processes sharing the store are not seen.
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`] or a store failure.
+    pub async fn commits(&self) -> Result<tokio::sync::watch::Receiver<u64>, Error> {
+        let record = self.record().await?;
+        Ok(self.engine.inner.commits.instance(record.instance))
     }
 
     /// The instance's lifecycle records with id greater than `after`, oldest first.

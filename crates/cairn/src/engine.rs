@@ -51,8 +51,8 @@ pub(crate) struct EngineInner {
     pub(crate) wake: Notify,
     /// Bumped whenever an instance's status may have changed; status waiters watch it.
     pub(crate) changes: watch::Sender<u64>,
-    /// Bumped after every successful store write (see `announce.rs`).
-    commits: Arc<watch::Sender<u64>>,
+    /// Bumped after every successful store write, per instance and workflow (`announce.rs`).
+    pub(crate) commits: Arc<crate::announce::Commits>,
     pub(crate) shutdown: watch::Sender<bool>,
     scheduler: Mutex<Option<JoinHandle<()>>>,
     _temp_dir: Option<tempfile::TempDir>,
@@ -172,7 +172,7 @@ impl Engine {
     /// a live view that has read everything waits on it instead of polling. Writes made by
     /// other processes sharing the store are not seen.
     pub fn commits(&self) -> watch::Receiver<u64> {
-        self.inner.commits.subscribe()
+        self.inner.commits.all()
     }
 
     /// Stops the engine, draining first: no new instance is claimed and no new attempt
@@ -352,7 +352,7 @@ impl EngineBuilder {
         } else {
             store
         };
-        let commits = Arc::new(watch::channel(0).0);
+        let commits = Arc::new(crate::announce::Commits::new());
         let store: Arc<dyn Store> = Arc::new(crate::announce::Announcing {
             store,
             commits: Arc::clone(&commits),

@@ -594,3 +594,57 @@ async fn shutdown_drains_attempts_in_flight_until_the_deadline() {
     );
     engine.shutdown().await;
 }
+
+/// A commit wakes only the views of its own instance and workflow. Before, every commit
+/// woke every open stream, and each re-read the store: 200 idle streams halved creates.
+#[tokio::test(start_paused = true)]
+async fn commits_wake_only_the_views_of_their_instance_and_workflow() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.run("s", |_| async { Ok(1u32) }).await?;
+            Ok(Value::Null)
+        }))
+        .register(support::named::<1, _, _>(|_, step| async move {
+            step.wait_for_event::<Value>("wait", "go").await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let idle = engine
+        .workflow::<support::FnWorkflow<1>>()
+        .create(cairn::CreateOptions::new(json!({})).id("idle"))
+        .await
+        .unwrap();
+    until_status(&idle, InstanceStatus::Waiting).await;
+    let mut idle_view = idle.commits().await.unwrap();
+    let mut idle_workflow_view = engine
+        .workflow::<support::FnWorkflow<1>>()
+        .untyped()
+        .commits();
+    let busy = engine.workflow::<support::FnWorkflow>();
+    let busy_workflow_view = busy.untyped().commits();
+    idle_view.borrow_and_update();
+    idle_workflow_view.borrow_and_update();
+    let instance = busy
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    instance.wait().await.unwrap();
+    assert!(
+        busy_workflow_view.has_changed().unwrap(),
+        "its workflow's view is woken"
+    );
+    assert!(
+        !idle_view.has_changed().unwrap(),
+        "another instance's view is not"
+    );
+    assert!(
+        !idle_workflow_view.has_changed().unwrap(),
+        "another workflow's view is not"
+    );
+    idle.send_event("go", &json!({})).await.unwrap();
+    idle.wait().await.unwrap();
+    assert!(idle_view.has_changed().unwrap());
+    assert!(idle_workflow_view.has_changed().unwrap());
+    engine.shutdown().await;
+}
