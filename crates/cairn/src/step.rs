@@ -219,7 +219,8 @@ pub(crate) struct Execution {
     kinds: &'static LogKinds,
     /// An attempt of this execution is in flight (counted in `RunState::in_flight`).
     attempt_open: std::sync::atomic::AtomicBool,
-    /// The step's record while its attempt's body runs: what a drop records as cancelled.
+    /// The step's record while it is in progress (an attempt running, or waiting to retry):
+    /// what a drop records as cancelled.
     running: std::sync::Mutex<Option<StepRecord>>,
 }
 
@@ -229,17 +230,21 @@ impl Drop for Execution {
     /// the lifetime itself goes on), the step is recorded as cancelled with this lifetime's
     /// next commit, instead of looking like an attempt a crash interrupted.
     fn drop(&mut self) {
-        if !*self.attempt_open.get_mut() {
-            return;
+        if *self.attempt_open.get_mut() {
+            self.state.attempt_ended();
         }
-        self.state.attempt_ended();
         let running = self
             .running
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        if let Some(mut record) = running.filter(|r| r.key.kind == StepKind::Run) {
-            let key = record.key.clone();
+        let Some(mut record) = running.filter(|r| r.key.kind == StepKind::Run) else {
+            return;
+        };
+        let key = record.key.clone();
+        let state = &self.state;
+        let mut writes = Vec::with_capacity(3);
+        let error = if record.in_flight {
             let error = ErrorInfo::new(
                 crate::failure::CANCELLED,
                 format!(
@@ -248,26 +253,34 @@ impl Drop for Execution {
                     record.attempts
                 ),
             );
-            let state = &self.state;
-            record.state = StepState::Cancelled;
-            record.in_flight = false;
-            record.wake_at = None;
-            record.ended_at = Some(state.now());
-            record.error = Some(error.clone());
-            state.defer(vec![
-                state.log(
-                    LogKind::AttemptFailure,
-                    Some(&key),
-                    json!({ "attempt": record.attempts, "error": error, "cancelled": true }),
+            writes.push(state.log(
+                LogKind::AttemptFailure,
+                Some(&key),
+                json!({ "attempt": record.attempts, "error": error, "cancelled": true }),
+            ));
+            error
+        } else {
+            ErrorInfo::new(
+                crate::failure::CANCELLED,
+                format!(
+                    "The workflow stopped awaiting step {} while it waited to retry after attempt {}.",
+                    key.target(),
+                    record.attempts
                 ),
-                state.log(
-                    LogKind::StepFailure,
-                    Some(&key),
-                    json!({ "error": error, "cancelled": true }),
-                ),
-                cairn_store::Write::Step(record),
-            ]);
-        }
+            )
+        };
+        record.state = StepState::Cancelled;
+        record.in_flight = false;
+        record.wake_at = None;
+        record.ended_at = Some(state.now());
+        record.error = Some(error.clone());
+        writes.push(state.log(
+            LogKind::StepFailure,
+            Some(&key),
+            json!({ "error": error, "cancelled": true }),
+        ));
+        writes.push(cairn_store::Write::Step(record));
+        state.defer(writes);
     }
 }
 
@@ -411,6 +424,8 @@ impl Execution {
         // The config persisted at the first execution wins: changing code does not change a
         // step already in progress.
         let config = ResolvedConfig::from_persisted_json(&record.config).unwrap_or(resolved);
+        // In progress from here on: dropped by the workflow, it is cancelled.
+        self.set_running(Some(&record));
 
         if loaded && record.in_flight {
             // The lifetime that ran this attempt died before recording its outcome: the
@@ -420,6 +435,7 @@ impl Execution {
             self.attempt_begin();
             self.record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
                 .await?;
+            self.set_running(Some(&record));
         }
 
         loop {
@@ -504,6 +520,8 @@ impl Execution {
                         retryable,
                     )
                     .await?;
+                    // Waiting to retry: still in progress, so a drop now cancels it too.
+                    self.set_running(Some(&record));
                 }
             }
         }

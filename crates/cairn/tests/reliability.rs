@@ -648,3 +648,46 @@ async fn commits_wake_only_the_views_of_their_instance_and_workflow() {
     assert!(idle_workflow_view.has_changed().unwrap());
     engine.shutdown().await;
 }
+
+/// A step dropped by the workflow while it waits to retry is cancelled too; before, the
+/// finished instance showed it unfinished with a `retriesAt` forever.
+#[tokio::test(start_paused = true)]
+async fn a_step_dropped_while_waiting_to_retry_is_recorded_as_cancelled() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let flaky = step
+                .run("flaky", |_| async { Err::<String, _>("down".into()) })
+                .retries(Retries::constant(3, Duration::from_secs(60)));
+            let timeout = step.sleep("timeout", Duration::from_secs(5));
+            let winner = tokio::select! {
+                biased;
+                r = flaky => r?,
+                r = timeout => { r?; "timeout".to_owned() }
+            };
+            Ok(json!(winner))
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    assert_eq!(
+        instance.status().await.unwrap().output,
+        Some(json!("timeout"))
+    );
+    let details = instance.details().await.unwrap();
+    let flaky = details.steps.iter().find(|s| s.name == "flaky").unwrap();
+    assert!(
+        flaky.cancelled && flaky.retries_at.is_none() && flaky.end.is_some(),
+        "{flaky:?}"
+    );
+    assert!(
+        flaky
+            .error
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("waited to retry"),
+        "{flaky:?}"
+    );
+    assert_eq!(flaky.attempts.len(), 1, "{flaky:?}");
+    engine.shutdown().await;
+}
