@@ -35,6 +35,10 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// Live streams (SSE) open at once; one more gets 503 `stream.too_many` (default 1,000).
     pub max_streams: usize,
+    /// At shutdown, how long requests in progress may take to finish before their
+    /// connections are dropped (default 10 s): a client that stopped reading must not keep
+    /// the server from stopping.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Limits {
@@ -43,6 +47,7 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_streams: 1_000,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -57,6 +62,12 @@ impl Limits {
     /// Sets [`Limits::body_timeout`].
     pub fn body_timeout(mut self, timeout: Duration) -> Self {
         self.body_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Limits::shutdown_grace`].
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
         self
     }
 
@@ -146,6 +157,11 @@ pub(crate) async fn serve(
     }
     drop(listener);
     closing_tx.send_replace(true);
-    graceful.shutdown().await;
+    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in progress at the shutdown deadline were dropped");
+    }
     Ok(())
 }

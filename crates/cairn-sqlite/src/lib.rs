@@ -139,20 +139,32 @@ fn configure(conn: &Connection, options: &Options) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Locks the database file itself (an exclusive `flock` on it): one engine per database,
-/// however it is reached. A lock file named after the path would be bypassed by a symlink or
-/// a hard link to the same file. `flock` locks are independent of the POSIX record locks
-/// SQLite takes on the same file; the handle is closed only after every connection is (see
-/// `worker.rs`), because closing any handle of a file drops the process's record locks.
-fn acquire_lock(db: &Path, timeout: Duration) -> std::result::Result<std::fs::File, OpenError> {
+/// The locks that make one engine per database: an exclusive `flock` on the database file
+/// itself, which holds however the file is reached (a lock file named after the path was
+/// bypassed by a symlink or a hard link), and the lock file beside it that earlier builds
+/// take, so that an older and a newer engine exclude each other during an upgrade.
+///
+/// `flock` locks are independent of the POSIX record locks SQLite takes on the same file;
+/// the handle is closed only after every connection is (see `worker.rs`), because closing
+/// any handle of a file drops the process's record locks on it.
+#[derive(Debug)]
+pub(crate) struct Locks {
+    _database: std::fs::File,
+    _legacy: std::fs::File,
+}
+
+fn lock_file(
+    path: &Path,
+    db: &Path,
+    deadline: std::time::Instant,
+) -> std::result::Result<std::fs::File, OpenError> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
-        .open(db)
-        .map_err(|e| OpenError(format!("open {}: {e}", db.display())))?;
-    let deadline = std::time::Instant::now() + timeout;
+        .open(path)
+        .map_err(|e| OpenError(format!("open {}: {e}", path.display())))?;
     loop {
         match file.try_lock() {
             Ok(()) => return Ok(file),
@@ -161,16 +173,35 @@ fn acquire_lock(db: &Path, timeout: Duration) -> std::result::Result<std::fs::Fi
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(std::fs::TryLockError::WouldBlock) => {
+                if path == db {
+                    // Closing a handle of the database file would drop the POSIX record
+                    // locks this process's SQLite connections hold on it, should the other
+                    // engine live in this process: keep it open (one descriptor per refused
+                    // open) rather than risk that.
+                    std::mem::forget(file);
+                }
                 return Err(OpenError(format!(
                     "database {} is in use by another Cairn engine",
                     db.display(),
                 )));
             }
             Err(std::fs::TryLockError::Error(e)) => {
-                return Err(OpenError(format!("lock {}: {e}", db.display())));
+                return Err(OpenError(format!("lock {}: {e}", path.display())));
             }
         }
     }
+}
+
+fn acquire_lock(db: &Path, timeout: Duration) -> std::result::Result<Locks, OpenError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut legacy = db.as_os_str().to_owned();
+    legacy.push("-cairn.lock");
+    let legacy = lock_file(Path::new(&legacy), db, deadline)?;
+    let database = lock_file(db, db, deadline)?;
+    Ok(Locks {
+        _database: database,
+        _legacy: legacy,
+    })
 }
 
 impl SqliteStore {
@@ -322,6 +353,11 @@ fn take_over(conn: &Connection) -> rusqlite::Result<()> {
     )?;
     // The pause takes effect now, but the instance ran on after it was requested, up to its
     // last record: timers shift on resume by the time since then, not since the request.
+    // It is logged as any pause that takes effect is.
+    let pausing: Vec<i64> = conn
+        .prepare("SELECT iid FROM instances WHERE status = 6")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
     conn.execute(
         "UPDATE instances SET status = 2, lease_owner = NULL, lease_until = NULL, ready_at = NULL,
              paused_at = MAX(COALESCE(paused_at, 0),
@@ -329,6 +365,13 @@ fn take_over(conn: &Connection) -> rusqlite::Result<()> {
          WHERE status = 6",
         [],
     )?;
+    for iid in pausing {
+        conn.execute(
+            "INSERT INTO log (iid, at, kind, meta)
+             SELECT iid, paused_at, ?2, '{\"recovered\":true}' FROM instances WHERE iid = ?1",
+            rusqlite::params![iid, cairn_core::LogKind::WorkflowPaused.code()],
+        )?;
+    }
     Ok(())
 }
 

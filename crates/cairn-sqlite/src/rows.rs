@@ -227,6 +227,30 @@ pub(crate) fn check_lease(conn: &Connection, lease: Lease) -> Result<()> {
 pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
     match write {
         Write::Step(step) => upsert_step(conn, instance, &step),
+        Write::Cancel { step, records } => {
+            let running: bool = conn
+                .prepare_cached(
+                    "SELECT 1 FROM steps WHERE iid = ?1 AND kind = ?2 AND name = ?3 AND count = ?4
+                         AND state = ?5",
+                )
+                .and_then(|mut st| {
+                    st.exists(params![
+                        instance.0,
+                        step.key.kind.code(),
+                        step.key.name,
+                        step.key.count,
+                        cairn_core::StepState::Running.code()
+                    ])
+                })
+                .map_err(map_sqlite)?;
+            if running {
+                upsert_step(conn, instance, &step)?;
+                for record in &records {
+                    append_log(conn, instance, record)?;
+                }
+            }
+            Ok(())
+        }
         Write::Log(entry) => append_log(conn, instance, &entry),
         Write::Status(change) => change_status(conn, instance, &change),
         Write::Hibernate {

@@ -32,7 +32,7 @@ pub(crate) fn map_sqlite(e: rusqlite::Error) -> Error {
 /// The database file's lock, shared by every thread that owns a connection. Each thread
 /// closes its connection before it lets go of the lock: closing the lock's handle first would
 /// drop SQLite's record locks on the file while a connection still relies on them.
-pub(crate) type DatabaseLock = Arc<std::fs::File>;
+pub(crate) type DatabaseLock = Arc<crate::Locks>;
 
 pub(crate) fn spawn_writer(
     mut conn: Connection,

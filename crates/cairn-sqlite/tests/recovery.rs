@@ -93,6 +93,15 @@ async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
     let store = SqliteStore::open(&db, Options::default()).unwrap();
     let rec = store.instance(&w, &id).await.unwrap().unwrap();
     assert_eq!(rec.status, InstanceStatus::Paused);
+    let paused: Vec<_> = store
+        .log(rec.instance, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.entry.kind == LogKind::WorkflowPaused)
+        .collect();
+    assert_eq!(paused.len(), 1, "the pause that took effect is logged");
+    assert_eq!(paused[0].entry.at, at(60));
     store
         .control(&w, &id, ControlRequest::Resume { at: at(100) })
         .await

@@ -699,6 +699,54 @@ pub async fn an_event_sent_twice_with_one_key_is_buffered_once(store: Arc<dyn St
     );
 }
 
+/// A cancel applies only to a step still running: one whose outcome landed first keeps it.
+pub async fn a_cancel_never_overwrites_an_outcome(store: Arc<dyn Store>) {
+    let r = create_one(&*store, "wf", "a").await;
+    let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
+    let cancel = |name: &str| {
+        let mut step = step(name, 1, 1, StepState::Cancelled);
+        step.error = Some(ErrorInfo::new("StepCancelled", "dropped"));
+        Write::Cancel {
+            step,
+            records: vec![log(LogKind::StepFailure, Some(step_key(name)))],
+        }
+    };
+    store
+        .commit(
+            lease,
+            vec![
+                Write::Step(step("done", 1, 1, StepState::Succeeded)),
+                Write::Step(step("busy", 1, 2, StepState::Running)),
+            ],
+        )
+        .await
+        .unwrap();
+    store
+        .commit(lease, vec![cancel("done"), cancel("busy")])
+        .await
+        .unwrap();
+    let journal = store.journal(r).await.unwrap();
+    let state = |name: &str| journal.iter().find(|s| s.key.name == name).unwrap().state;
+    assert_eq!(state("done"), StepState::Succeeded, "the outcome stands");
+    assert_eq!(state("busy"), StepState::Cancelled);
+    let failures = store
+        .log(r, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.entry.kind == LogKind::StepFailure)
+        .count();
+    assert_eq!(failures, 1, "only the cancel that took effect is logged");
+}
+
+fn step_key(name: &str) -> StepKey {
+    StepKey {
+        kind: StepKind::Run,
+        name: name.into(),
+        count: 1,
+    }
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -723,6 +771,7 @@ macro_rules! conformance_tests {
             keep_forever_retention_does_not_overflow,
             a_cancelled_pause_logs_no_workflow_paused,
             an_event_sent_twice_with_one_key_is_buffered_once,
+            a_cancel_never_overwrites_an_outcome,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {

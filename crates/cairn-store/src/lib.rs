@@ -220,6 +220,15 @@ pub enum Write {
         /// Logged only if the pause takes effect.
         record: LogEntry,
     },
+    /// Cancel a step the workflow stopped awaiting: if its journal entry is still running,
+    /// replace it with `step` (state `cancelled`) and append `records`; if it has reached
+    /// an outcome meanwhile (its outcome commit landed first), change nothing.
+    Cancel {
+        /// The cancelled entry.
+        step: StepRecord,
+        /// Its lifecycle records, logged only if the cancel takes effect.
+        records: Vec<LogEntry>,
+    },
 }
 
 /// A management request (SPEC §3.8–3.10, Part A.11).

@@ -124,6 +124,11 @@ impl Commits {
     }
 }
 
+enum RequestKind {
+    Delete,
+    Other,
+}
+
 pub(crate) struct Announcing {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) commits: Arc<Commits>,
@@ -204,11 +209,23 @@ impl Store for Announcing {
     }
 
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
-        self.write(self.store.commit(lease, writes), move |commits, status| {
-            // Hibernated, paused or finished: the lease was let go.
-            let released = status.is_terminal()
-                || matches!(status, InstanceStatus::Waiting | InstanceStatus::Paused);
-            commits.announce_leased(lease.instance, released);
+        let commit = self.store.commit(lease, writes);
+        Box::pin(async move {
+            let result = commit.await;
+            match &result {
+                Ok(status) => {
+                    // Hibernated, paused or finished: the lease was let go.
+                    let released = status.is_terminal()
+                        || matches!(status, InstanceStatus::Waiting | InstanceStatus::Paused);
+                    self.commits.announce_leased(lease.instance, released);
+                }
+                // Fenced off or gone: this engine holds no lease on it any more.
+                Err(cairn_store::Error::LeaseLost(_) | cairn_store::Error::NotFound(_)) => {
+                    self.commits.owners().remove(&lease.instance);
+                }
+                Err(_) => {}
+            }
+            result
         })
     }
 
@@ -219,11 +236,20 @@ impl Store for Announcing {
         request: ControlRequest,
     ) -> StoreFuture<'_, ControlOutcome> {
         let workflow = workflow.clone();
+        let request_kind = match request {
+            ControlRequest::Delete => RequestKind::Delete,
+            _ => RequestKind::Other,
+        };
         self.write(
             self.store.control(&workflow, id, request),
             move |commits, outcome| {
-                if let ControlOutcome::Done { instance, .. } = outcome {
+                if let ControlOutcome::Done { instance, to, .. } = outcome {
                     commits.announce(Some(*instance), Some(&workflow));
+                    // Terminated or deleted (delete reports the status it had): any lease
+                    // this engine held is gone.
+                    if to.is_terminal() || matches!(request_kind, RequestKind::Delete) {
+                        commits.owners().remove(instance);
+                    }
                 }
             },
         )

@@ -24,6 +24,10 @@ use crate::workflow::WorkflowEvent;
 /// passing one.
 const PANIC_RETRY: Duration = Duration::from_secs(5);
 
+/// The longest wait after repeated engine panics of one instance (the wait doubles from
+/// [`PANIC_RETRY`] with each panic in a row): a deterministic bug costs a retry an hour.
+const PANIC_RETRY_MAX: Duration = Duration::from_secs(3600);
+
 /// How long a rollback-registration replay may sit with every op parked and no handler
 /// newly registered before it is given up (see `run_lifetime`).
 const REGISTRATION_GRACE: Duration = Duration::from_secs(1);
@@ -38,10 +42,19 @@ pub(crate) async fn drive(inner: Arc<EngineInner>, claimed: Claimed) {
         // instance, never leave it leased with no lifetime.
         let lifetime = crate::panic::guarded(|| run_lifetime(&inner, lease, &record)).await;
         match lifetime {
-            Ok(Ok(()) | Err(Abort::Stopped)) => break,
+            Ok(Ok(())) => {
+                inner.panics().remove(&lease.instance);
+                break;
+            }
+            Ok(Err(Abort::Stopped)) => break,
             Ok(Err(Abort::Store(cairn_store::Error::Unavailable(e)))) => {
                 tracing::warn!(instance = %record.id, error = %e, "store unavailable; replaying later");
-                inner.shared.clock.sleep(pause).await;
+                let mut shutdown = inner.shutdown.subscribe();
+                tokio::select! {
+                    () = inner.shared.clock.sleep(pause) => {}
+                    // Shutting down: the next engine replays it.
+                    _ = shutdown.wait_for(|stop| *stop) => break,
+                }
                 pause = (pause * 2).min(Duration::from_secs(30));
                 // Replay from what the store holds now, not from the claim: the last
                 // lifetime may have started the instance, and it may have been deleted.
@@ -58,6 +71,11 @@ pub(crate) async fn drive(inner: Arc<EngineInner>, claimed: Claimed) {
             Err(panic) => {
                 let message = crate::panic::message(&*panic);
                 tracing::error!(instance = %record.id, panic = %message, "a lifetime panicked in engine code; releasing the instance");
+                release_after_panic(&inner, lease, &message).await;
+                break;
+            }
+            Ok(Err(Abort::Panic(message))) => {
+                tracing::error!(instance = %record.id, panic = %message, "an op panicked in engine code; releasing the instance");
                 release_after_panic(&inner, lease, &message).await;
                 break;
             }
@@ -95,10 +113,20 @@ async fn reread(
     }
 }
 
-/// Records the panic and lets the instance go, claimable again after [`PANIC_RETRY`]: the
+/// Records the panic and lets the instance go, claimable again after [`PANIC_RETRY`]
+/// (doubling with each panic in a row, up to [`PANIC_RETRY_MAX`]): the
 /// next lifetime replays it, and an attempt the panic interrupted is recorded as such.
 async fn release_after_panic(inner: &EngineInner, lease: Lease, message: &str) {
-    let wake_at = inner.shared.clock.now().saturating_add(PANIC_RETRY);
+    let in_a_row = {
+        let mut panics = inner.panics();
+        let n = panics.entry(lease.instance).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let wait = PANIC_RETRY
+        .saturating_mul(1u32.checked_shl(in_a_row - 1).unwrap_or(u32::MAX))
+        .min(PANIC_RETRY_MAX);
+    let wake_at = inner.shared.clock.now().saturating_add(wait);
     let writes = || {
         vec![
             Write::Log(LogEntry {
@@ -259,6 +287,10 @@ async fn run_lifetime(
             }
         }
         Ok(Err(error)) => Err(error.into_info()),
+        // A panic in the engine's op code is the engine's bug: release, do not fail.
+        Err(panic) if crate::panic::take_engine_panic() => {
+            return Err(Abort::Panic(crate::panic::message(&*panic)));
+        }
         Err(panic) => Err(ErrorInfo::new(
             ERROR,
             format!("the workflow panicked: {}", crate::panic::message(&*panic)),
@@ -316,6 +348,10 @@ async fn run_phase<F: Future>(
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<F::Output>, Abort> {
     let threshold = inner.hibernate_after;
+    if *shutdown.borrow() {
+        // Claimed just before the shutdown began: start no attempt.
+        state.start_draining();
+    }
     loop {
         let next = futures::future::poll_fn(|cx| match phase.as_mut().poll(cx) {
             Poll::Ready(output) => Poll::Ready(Next::Done(output)),
@@ -333,8 +369,14 @@ async fn run_phase<F: Future>(
         tokio::select! {
             next = next => match next {
                 Next::Done(output) => return Ok(Some(output)),
-                // Shutting down and every attempt in flight is recorded: let go.
-                Next::Drained => return Ok(None),
+                // Shutting down and every attempt in flight is recorded: let go, with the
+                // writes still waiting for a commit (a step the workflow dropped).
+                Next::Drained => {
+                    if state.has_deferred() {
+                        state.commit_now(Vec::new()).await.map_err(Abort::Store)?;
+                    }
+                    return Ok(None);
+                }
                 Next::Hibernate(h) => {
                     hibernate(inner, state, h).await?;
                     return Ok(None);
@@ -392,7 +434,16 @@ struct LiveGuard<'a> {
 impl<'a> LiveGuard<'a> {
     fn register(inner: &'a EngineInner, state: &Arc<RunState>) -> Self {
         let instance = state.lease.instance;
-        inner.live().insert(instance, Arc::clone(state));
+        let mut live = inner.live();
+        // A stale lifetime (an older lease of the same instance, whose driver started late)
+        // never displaces a newer one: the newer one keeps its in-memory aborts and nudges.
+        let newer_exists = live
+            .get(&instance)
+            .is_some_and(|s| s.lease.epoch > state.lease.epoch);
+        if !newer_exists {
+            live.insert(instance, Arc::clone(state));
+        }
+        drop(live);
         LiveGuard {
             inner,
             instance,

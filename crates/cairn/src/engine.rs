@@ -37,6 +37,8 @@ pub(crate) struct EngineInner {
     pub(crate) shared: Arc<Shared>,
     /// Instances with a lifetime in memory now (hibernated ones are not here).
     live: Mutex<HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>>,
+    /// Engine panics in a row, by instance: the retry waits longer after each.
+    panics: Mutex<HashMap<cairn_store::InstanceRef, u32>>,
     /// Waits longer than this hibernate the instance.
     pub(crate) hibernate_after: Duration,
     /// How long shutdown waits for attempts in flight to finish.
@@ -68,6 +70,14 @@ impl EngineInner {
     ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>>
     {
         self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn panics(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, u32>> {
+        self.panics
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -359,6 +369,7 @@ impl EngineBuilder {
         });
         let inner = Arc::new(EngineInner {
             live: Mutex::new(HashMap::new()),
+            panics: Mutex::new(HashMap::new()),
             hibernate_after: self.hibernate_after,
             drain_timeout: self.drain_timeout,
             retention,

@@ -67,6 +67,7 @@ impl<T> Future for WaitOp<T> {
     type Output = Result<StepEvent<T>, WorkflowError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _engine = crate::panic::EngineCode::enter();
         let this = self.get_mut();
         if let Some(start) = this.start.take() {
             let timeout = std::mem::replace(&mut this.timeout, Ok(DEFAULT_EVENT_TIMEOUT));
@@ -118,15 +119,23 @@ impl WorkflowStep {
 }
 
 fn decode<T: DeserializeOwned>(key: &StepKey, json: &str) -> Result<StepEvent<T>, WorkflowError> {
-    serde_json::from_str(json).map_err(|e| {
-        WorkflowError::new(
-            INTERNAL,
-            format!(
-                "the event received by wait \"{}\" does not decode as the expected type: {e}",
-                key.target()
-            ),
-        )
-    })
+    // `T`'s Deserialize impl is user code.
+    crate::panic::catch_user(|| serde_json::from_str(json))
+        .unwrap_or_else(|panic| {
+            Err(serde::de::Error::custom(format!(
+                "its Deserialize impl panicked: {}",
+                crate::panic::message(&*panic)
+            )))
+        })
+        .map_err(|e| {
+            WorkflowError::new(
+                INTERNAL,
+                format!(
+                    "the event received by wait \"{}\" does not decode as the expected type: {e}",
+                    key.target()
+                ),
+            )
+        })
 }
 
 async fn wait<T: DeserializeOwned>(

@@ -25,6 +25,8 @@ pub(crate) enum Abort {
     Store(cairn_store::Error),
     /// A user terminated, restarted or deleted the instance.
     Stopped,
+    /// Engine code panicked inside the workflow's future (an op); the message.
+    Panic(String),
 }
 
 pub(crate) struct RunState {
@@ -396,6 +398,15 @@ impl RunState {
             writes.splice(0..0, deferred);
         }
         self.shared.store.commit(self.lease, writes).await
+    }
+
+    /// Whether writes wait for this lifetime's next commit.
+    pub(crate) fn has_deferred(&self) -> bool {
+        !self
+            .deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
     }
 
     /// Queues `writes` for this lifetime's next commit. If the lifetime ends without one

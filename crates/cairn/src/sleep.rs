@@ -76,6 +76,7 @@ impl Future for SleepOp {
     type Output = Result<(), WorkflowError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _engine = crate::panic::EngineCode::enter();
         self.0.as_mut().poll(cx)
     }
 }

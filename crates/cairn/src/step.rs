@@ -196,6 +196,7 @@ impl<T> Future for RunOp<'_, T> {
     type Output = Result<T, WorkflowError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _engine = crate::panic::EngineCode::enter();
         let this = self.get_mut();
         if let Some(start) = this.start.take() {
             let config = std::mem::take(&mut this.config);
@@ -243,7 +244,7 @@ impl Drop for Execution {
         };
         let key = record.key.clone();
         let state = &self.state;
-        let mut writes = Vec::with_capacity(3);
+        let mut records = Vec::with_capacity(2);
         let error = if record.in_flight {
             let error = ErrorInfo::new(
                 crate::failure::CANCELLED,
@@ -253,7 +254,7 @@ impl Drop for Execution {
                     record.attempts
                 ),
             );
-            writes.push(state.log(
+            records.push(state.log_entry(
                 LogKind::AttemptFailure,
                 Some(&key),
                 json!({ "attempt": record.attempts, "error": error, "cancelled": true }),
@@ -274,13 +275,17 @@ impl Drop for Execution {
         record.wake_at = None;
         record.ended_at = Some(state.now());
         record.error = Some(error.clone());
-        writes.push(state.log(
+        records.push(state.log_entry(
             LogKind::StepFailure,
             Some(&key),
             json!({ "error": error, "cancelled": true }),
         ));
-        writes.push(cairn_store::Write::Step(record));
-        state.defer(writes);
+        // Conditional: if the step's outcome commit was already on its way when the op was
+        // dropped and lands first, that outcome stands.
+        state.defer(vec![cairn_store::Write::Cancel {
+            step: record,
+            records,
+        }]);
     }
 }
 
@@ -462,32 +467,43 @@ impl Execution {
             let attempt = std::pin::pin!(crate::panic::guarded(|| body(ctx)));
             let timed = select(attempt, state.shared.clock.sleep(config.timeout)).await;
             let outcome = match timed {
-                Either::Left((Ok(Ok(value)), _)) => match serde_json::to_string(&value) {
-                    Ok(json) if json.len() > state.shared.limits.payload_limit => Outcome::Failure(
-                        ErrorInfo::new(
-                            INTERNAL,
-                            format!(
-                                "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
-                                key.target(),
-                                json.len(),
-                                state.shared.limits.payload_limit,
-                                human_bytes(state.shared.limits.payload_limit)
+                Either::Left((Ok(Ok(value)), _)) => {
+                    match crate::panic::catch_user(|| serde_json::to_string(&value)).unwrap_or_else(
+                        |panic| {
+                            Err(serde::ser::Error::custom(format!(
+                                "its Serialize impl panicked: {}",
+                                crate::panic::message(&*panic)
+                            )))
+                        },
+                    ) {
+                        Ok(json) if json.len() > state.shared.limits.payload_limit => {
+                            Outcome::Failure(
+                                ErrorInfo::new(
+                                    INTERNAL,
+                                    format!(
+                                        "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
+                                        key.target(),
+                                        json.len(),
+                                        state.shared.limits.payload_limit,
+                                        human_bytes(state.shared.limits.payload_limit)
+                                    ),
+                                ),
+                                false,
+                            )
+                        }
+                        Ok(json) => Outcome::Success(json),
+                        Err(e) => Outcome::Failure(
+                            ErrorInfo::new(
+                                INTERNAL,
+                                format!(
+                                    "Value returned from step \"{}\" is not serialisable: {e}",
+                                    key.name
+                                ),
                             ),
+                            false,
                         ),
-                        false,
-                    ),
-                    Ok(json) => Outcome::Success(json),
-                    Err(e) => Outcome::Failure(
-                        ErrorInfo::new(
-                            INTERNAL,
-                            format!(
-                                "Value returned from step \"{}\" is not serialisable: {e}",
-                                key.name
-                            ),
-                        ),
-                        false,
-                    ),
-                },
+                    }
+                }
                 Either::Left((Ok(Err(e)), _)) => Outcome::Failure(e.info, e.retryable),
                 Either::Left((Err(panic), _)) => Outcome::Failure(
                     ErrorInfo::new(
@@ -508,7 +524,14 @@ impl Execution {
                 Outcome::Success(json) => {
                     self.record_success(&key, &mut record, &config, json.clone())
                         .await;
-                    return serde_json::from_str(&json).map_err(|e| decode_error(&key, &e));
+                    return crate::panic::catch_user(|| serde_json::from_str(&json))
+                        .unwrap_or_else(|panic| {
+                            Err(serde::de::Error::custom(format!(
+                                "its Deserialize impl panicked: {}",
+                                crate::panic::message(&*panic)
+                            )))
+                        })
+                        .map_err(|e| decode_error(&key, &e));
                 }
                 Outcome::Failure(error, retryable) => {
                     self.record_failure(
@@ -740,7 +763,15 @@ fn human_bytes(n: usize) -> String {
 
 fn decode<T: DeserializeOwned>(key: &StepKey, record: &StepRecord) -> Result<T, WorkflowError> {
     let json = record.output.as_deref().unwrap_or("null");
-    serde_json::from_str(json).map_err(|e| decode_error(key, &e))
+    // `T`'s Deserialize impl is user code.
+    crate::panic::catch_user(|| serde_json::from_str(json))
+        .unwrap_or_else(|panic| {
+            Err(serde::de::Error::custom(format!(
+                "its Deserialize impl panicked: {}",
+                crate::panic::message(&*panic)
+            )))
+        })
+        .map_err(|e| decode_error(key, &e))
 }
 
 fn decode_error(key: &StepKey, e: &serde_json::Error) -> WorkflowError {

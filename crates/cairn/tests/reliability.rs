@@ -691,3 +691,120 @@ async fn a_step_dropped_while_waiting_to_retry_is_recorded_as_cancelled() {
     assert_eq!(flaky.attempts.len(), 1, "{flaky:?}");
     engine.shutdown().await;
 }
+
+/// A panic in an op's engine code (here the store call that takes an event, made by the
+/// wait inside the workflow's future) releases the instance like any engine panic; before,
+/// it was reported as "the workflow panicked" and failed the instance for good.
+#[tokio::test]
+async fn a_panic_in_an_ops_engine_code_releases_the_instance() {
+    let (_dir, path) = support::temp_db();
+    let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c = std::sync::Arc::clone(&calls);
+    let hooked = support::Hooked {
+        inner: std::sync::Arc::new(store),
+        before: Box::new(move |method| {
+            if method == "take_event" && c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                panic!("injected bug in an op");
+            }
+        }),
+    };
+    let engine = cairn::Engine::builder()
+        .store(std::sync::Arc::new(hooked))
+        .register(wf(|_, step| async move {
+            let e: StepEvent<Value> = step.wait_for_event("wait", "go").await?;
+            Ok(e.payload)
+        }))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    instance
+        .send_event("go", &json!({"ok": true}))
+        .await
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), instance.wait())
+        .await
+        .expect("released and finished")
+        .unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(status.output, Some(json!({"ok": true})));
+    let waiting = records(&instance, LogKind::WorkflowWaiting).await;
+    assert!(
+        waiting
+            .iter()
+            .any(|r| r.entry.meta["enginePanic"] == "injected bug in an op"),
+        "{waiting:?}"
+    );
+    engine.shutdown().await;
+}
+
+/// A step the workflow dropped is recorded as cancelled even when the next thing that
+/// happens is a graceful shutdown (the drain commits the queued record); before, the next
+/// engine saw it in flight, recorded it as interrupted and ran it again.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_step_is_recorded_across_a_graceful_shutdown() {
+    let (_dir, path) = support::temp_db();
+    let slow_runs = Counter::default();
+    let workflow = |s: Counter| {
+        wf(move |_, step| {
+            let s = s.clone();
+            async move {
+                let slow = step.run("slow", |_| {
+                    s.bump();
+                    async {
+                        tokio::time::sleep(Duration::from_secs(300)).await;
+                        Ok(1u32)
+                    }
+                });
+                let quick = step.sleep("quick", Duration::from_millis(100));
+                tokio::select! {
+                    biased;
+                    r = slow => { r?; }
+                    r = quick => r?,
+                }
+                // Not a step: no commit follows the drop before the shutdown.
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(Value::Null)
+            }
+        })
+    };
+    let engine = support::builder_at(&path)
+        .register(workflow(slow_runs.clone()))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(json!({})).id("c"))
+        .await
+        .unwrap();
+    support::until_logged(&instance, LogKind::StepStart, 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    engine.shutdown().await;
+    let engine = support::builder_at(&path)
+        .register(workflow(slow_runs.clone()))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .get("c")
+        .await
+        .unwrap();
+    let details = instance.details().await.unwrap();
+    let slow = details.steps.iter().find(|s| s.name == "slow").unwrap();
+    assert!(slow.cancelled, "{slow:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(slow_runs.get(), 1, "the cancelled step did not run again");
+    let log = instance.log(0).await.unwrap();
+    assert!(
+        !log.iter()
+            .any(|r| r.entry.meta.to_string().contains("WorkflowInternalError"))
+    );
+    engine.shutdown().await;
+}
