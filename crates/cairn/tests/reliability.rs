@@ -216,6 +216,7 @@ async fn a_panic_in_engine_code_releases_the_instance() {
             if method == "journal" && calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
                 panic!("injected engine bug");
             }
+            Ok(())
         }),
     };
     let engine = cairn::Engine::builder()
@@ -707,6 +708,7 @@ async fn a_panic_in_an_ops_engine_code_releases_the_instance() {
             if method == "take_event" && c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
                 panic!("injected bug in an op");
             }
+            Ok(())
         }),
     };
     let engine = cairn::Engine::builder()
@@ -806,5 +808,44 @@ async fn a_cancelled_step_is_recorded_across_a_graceful_shutdown() {
         !log.iter()
             .any(|r| r.entry.meta.to_string().contains("WorkflowInternalError"))
     );
+    engine.shutdown().await;
+}
+
+/// After a store outage the driver replays from the record as stored now, not from the
+/// claim: the instance was started by the lifetime that failed, so the replay writes no
+/// second `WORKFLOW_START`. Before, it reused the stale claimed record and logged it twice.
+#[tokio::test(start_paused = true)]
+async fn a_store_outage_replays_from_the_stored_record() {
+    let (_dir, path) = support::temp_db();
+    let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
+    let commits = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c = std::sync::Arc::clone(&commits);
+    let hooked = support::Hooked {
+        inner: std::sync::Arc::new(store),
+        before: Box::new(move |method| {
+            // The commit after the one that starts the instance fails once.
+            if method == "commit" && c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                return Err(cairn::store::Error::Unavailable("injected outage".into()));
+            }
+            Ok(())
+        }),
+    };
+    let engine = cairn::Engine::builder()
+        .store(std::sync::Arc::new(hooked))
+        .clock(cairn::Clock::virtual_now())
+        .register(wf(|_, step| async move {
+            let n: u32 = step.run("s", |_| async { Ok(3) }).await?;
+            Ok(json!(n))
+        }))
+        .start()
+        .await
+        .unwrap();
+    let instance = run_to_end(&engine, json!({})).await;
+    assert_eq!(instance.status().await.unwrap().output, Some(json!(3)));
+    assert!(
+        commits.load(std::sync::atomic::Ordering::SeqCst) > 2,
+        "the outage happened"
+    );
+    assert_eq!(records(&instance, LogKind::WorkflowStart).await.len(), 1);
     engine.shutdown().await;
 }

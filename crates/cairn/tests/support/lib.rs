@@ -323,32 +323,38 @@ use cairn::store::{
 };
 
 /// A store that calls `before(method)` ahead of every call it delegates to `inner`: the hook
-/// can panic, count or fail to reproduce what a broken backend or engine bug does.
+/// can panic, count, or fail the call (`Err`) to reproduce what a broken backend or an
+/// engine bug does.
 pub struct Hooked {
     pub inner: Arc<dyn Store>,
-    pub before: Box<dyn Fn(&'static str) + Send + Sync>,
+    pub before: Box<dyn Fn(&'static str) -> Result<(), cairn::store::Error> + Send + Sync>,
+}
+
+macro_rules! hooked {
+    ($self:ident, $name:literal, $call:expr) => {
+        match ($self.before)($name) {
+            Ok(()) => $call,
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
+    };
 }
 
 impl Store for Hooked {
     fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
-        (self.before)("create");
-        self.inner.create(batch)
+        hooked!(self, "create", self.inner.create(batch))
     }
     fn instance(
         &self,
         w: &cairn::WorkflowName,
         id: &cairn::InstanceId,
     ) -> StoreFuture<'_, Option<InstanceRecord>> {
-        (self.before)("instance");
-        self.inner.instance(w, id)
+        hooked!(self, "instance", self.inner.instance(w, id))
     }
     fn list(&self, q: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>> {
-        (self.before)("list");
-        self.inner.list(q)
+        hooked!(self, "list", self.inner.list(q))
     }
     fn count(&self, w: &cairn::WorkflowName, s: cairn::InstanceStatus) -> StoreFuture<'_, u64> {
-        (self.before)("count");
-        self.inner.count(w, s)
+        hooked!(self, "count", self.inner.count(w, s))
     }
     fn claim(
         &self,
@@ -358,20 +364,16 @@ impl Store for Hooked {
         ttl: std::time::Duration,
         limit: usize,
     ) -> StoreFuture<'_, Vec<Claimed>> {
-        (self.before)("claim");
-        self.inner.claim(owner, w, now, ttl, limit)
+        hooked!(self, "claim", self.inner.claim(owner, w, now, ttl, limit))
     }
     fn renew(&self, owner: &str, until: cairn::Timestamp) -> StoreFuture<'_, ()> {
-        (self.before)("renew");
-        self.inner.renew(owner, until)
+        hooked!(self, "renew", self.inner.renew(owner, until))
     }
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::StepRecord>> {
-        (self.before)("journal");
-        self.inner.journal(i)
+        hooked!(self, "journal", self.inner.journal(i))
     }
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, cairn::InstanceStatus> {
-        (self.before)("commit");
-        self.inner.commit(lease, writes)
+        hooked!(self, "commit", self.inner.commit(lease, writes))
     }
     fn control(
         &self,
@@ -379,12 +381,10 @@ impl Store for Hooked {
         id: &cairn::InstanceId,
         r: ControlRequest,
     ) -> StoreFuture<'_, ControlOutcome> {
-        (self.before)("control");
-        self.inner.control(w, id, r)
+        hooked!(self, "control", self.inner.control(w, id, r))
     }
     fn log(&self, i: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
-        (self.before)("log");
-        self.inner.log(i, after, limit)
+        hooked!(self, "log", self.inner.log(i, after, limit))
     }
     fn workflow_log(
         &self,
@@ -392,12 +392,14 @@ impl Store for Hooked {
         after: u64,
         limit: usize,
     ) -> StoreFuture<'_, Vec<(cairn::InstanceId, LogRecord)>> {
-        (self.before)("workflow_log");
-        self.inner.workflow_log(w, after, limit)
+        hooked!(
+            self,
+            "workflow_log",
+            self.inner.workflow_log(w, after, limit)
+        )
     }
     fn next_ready(&self, w: &[cairn::WorkflowName]) -> StoreFuture<'_, Option<cairn::Timestamp>> {
-        (self.before)("next_ready");
-        self.inner.next_ready(w)
+        hooked!(self, "next_ready", self.inner.next_ready(w))
     }
     fn send_event(
         &self,
@@ -405,8 +407,7 @@ impl Store for Hooked {
         id: &cairn::InstanceId,
         e: NewEvent,
     ) -> StoreFuture<'_, Sent> {
-        (self.before)("send_event");
-        self.inner.send_event(w, id, e)
+        hooked!(self, "send_event", self.inner.send_event(w, id, e))
     }
     fn take_event(
         &self,
@@ -415,16 +416,17 @@ impl Store for Hooked {
         t: cairn::EventType,
         at: cairn::Timestamp,
     ) -> StoreFuture<'_, Option<StoredEvent>> {
-        (self.before)("take_event");
-        self.inner.take_event(lease, step, t, at)
+        hooked!(
+            self,
+            "take_event",
+            self.inner.take_event(lease, step, t, at)
+        )
     }
     fn purge(&self, now: cairn::Timestamp, limit: usize) -> StoreFuture<'_, usize> {
-        (self.before)("purge");
-        self.inner.purge(now, limit)
+        hooked!(self, "purge", self.inner.purge(now, limit))
     }
     fn next_purge(&self) -> StoreFuture<'_, Option<cairn::Timestamp>> {
-        (self.before)("next_purge");
-        self.inner.next_purge()
+        hooked!(self, "next_purge", self.inner.next_purge())
     }
     fn close(&self) -> StoreFuture<'_, ()> {
         self.inner.close()
