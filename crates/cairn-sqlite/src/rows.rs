@@ -674,7 +674,8 @@ pub(crate) fn workflow_log(
     .collect()
 }
 
-const INSTANCE_KEY_SQL: &str = "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params
+const INSTANCE_KEY_SQL: &str =
+    "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params, lease_epoch
      FROM instances WHERE workflow = ?1 AND id = ?2";
 
 fn log_now(
@@ -703,16 +704,24 @@ pub(crate) fn control(
     id: &str,
     request: &ControlRequest,
 ) -> Result<ControlOutcome> {
-    let row: Option<(i64, i64, bool, Option<i64>, String)> = conn
+    type KeyRow = (i64, i64, bool, Option<i64>, String, i64);
+    let row: Option<KeyRow> = conn
         .prepare_cached(INSTANCE_KEY_SQL)
         .and_then(|mut st| {
             st.query_row(params![workflow, id], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
             })
             .optional()
         })
         .map_err(map_sqlite)?;
-    let Some((iid, code, leased, paused_at, params)) = row else {
+    let Some((iid, code, leased, paused_at, params, epoch)) = row else {
         return Ok(ControlOutcome::NotFound);
     };
     let instance = InstanceRef(iid);
@@ -724,7 +733,15 @@ pub(crate) fn control(
             .map_err(map_sqlite)?;
         Ok(())
     };
-    let done = |to| Ok(ControlOutcome::Done { instance, from, to });
+    let epoch = u64::try_from(epoch).map_err(corrupt)?;
+    let done = |to| {
+        Ok(ControlOutcome::Done {
+            instance,
+            from,
+            to,
+            epoch,
+        })
+    };
     match request {
         ControlRequest::Pause { at } => {
             if from.is_terminal() {

@@ -747,6 +747,28 @@ fn step_key(name: &str) -> StepKey {
     }
 }
 
+/// A fencing transition reports the lease epoch it fenced, so the engine aborts only the
+/// lifetimes that predate it, never one claimed right after it.
+pub async fn control_reports_the_epoch_it_fenced(store: Arc<dyn Store>) {
+    create_one(&*store, "wf", "a").await;
+    let id = InstanceId::new("a").unwrap();
+    let first = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
+    let outcome = store
+        .control(
+            &wf("wf"),
+            &id,
+            ControlRequest::Restart { at: T0, from: None },
+        )
+        .await
+        .unwrap();
+    let ControlOutcome::Done { epoch, .. } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(epoch, first.epoch);
+    let second = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
+    assert!(second.epoch > epoch, "a lifetime claimed after it is newer");
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -772,6 +794,7 @@ macro_rules! conformance_tests {
             a_cancelled_pause_logs_no_workflow_paused,
             an_event_sent_twice_with_one_key_is_buffered_once,
             a_cancel_never_overwrites_an_outcome,
+            control_reports_the_epoch_it_fenced,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {

@@ -280,6 +280,10 @@ pub enum ControlOutcome {
         from: InstanceStatus,
         /// Its status after (for delete: the status it had).
         to: InstanceStatus,
+        /// The lease epoch before the transition: the lifetimes it concerns (the ones a
+        /// terminate, restart or delete fences off) hold a lease of this epoch or older. A
+        /// lifetime claimed after the transition holds a newer one and must be left alone.
+        epoch: u64,
     },
     /// The requested state already holds: nothing was written.
     NoOp(InstanceStatus),

@@ -965,8 +965,19 @@ impl<O: DeserializeOwned> Instance<O> {
                 },
             }),
             ControlOutcome::NoOp(_) => Ok(()),
-            ControlOutcome::Done { instance, to, .. } => {
-                let live = inner.live().get(&instance).cloned();
+            ControlOutcome::Done {
+                instance,
+                to,
+                epoch,
+                ..
+            } => {
+                // Only a lifetime that predates the transition: the scheduler may already
+                // have claimed the instance again (after a restart) and started a new one.
+                let live = inner
+                    .live()
+                    .get(&instance)
+                    .filter(|state| state.lease.epoch <= epoch)
+                    .cloned();
                 match request {
                     ControlRequest::Pause { .. } | ControlRequest::Resume { .. } => {
                         if let Some(state) = live {
