@@ -123,7 +123,7 @@ pub struct Status<O> {
     /// The error that escaped `run`, when errored.
     pub error: Option<ErrorInfo>,
     /// How the rollback went, when one ran.
-    pub rollback: Option<crate::rollback::RollbackStatus>,
+    pub rollback: Option<crate::ops::RollbackStatus>,
 }
 
 /// One row of an instance listing.
@@ -388,7 +388,7 @@ impl UntypedWorkflow {
             .ok_or_else(|| fail(Error::UnknownWorkflow(self.name.to_string())))?;
         let params = options.params;
         let text = params.to_string();
-        let limit = self.engine.inner.shared.limits.payload_limit;
+        let limit = self.engine.inner.env.limits.payload_limit;
         if text.len() > limit {
             return Err(fail(Error::PayloadTooLarge {
                 what: "params",
@@ -402,7 +402,7 @@ impl UntypedWorkflow {
                 reason,
             })
         })?;
-        let now = self.engine.inner.shared.clock.now();
+        let now = self.engine.inner.env.clock.now();
         let defaults = self
             .engine
             .inner
@@ -435,7 +435,7 @@ impl UntypedWorkflow {
 
     async fn insert(&self, prepared: Vec<Prepared>) -> Result<Vec<(Prepared, Created)>, Error> {
         let news = prepared.iter().map(|p| p.new.clone()).collect();
-        let created = self.engine.inner.shared.store.create(news).await?;
+        let created = self.engine.inner.env.store.create(news).await?;
         if created.iter().any(|c| matches!(c, Created::New(_))) {
             self.engine.inner.wake.notify_one();
             self.engine.inner.changed();
@@ -582,7 +582,7 @@ impl UntypedWorkflow {
         Ok(self
             .engine
             .inner
-            .shared
+            .env
             .store
             .workflow_log(&self.name, after, limit)
             .await?)
@@ -596,7 +596,7 @@ impl UntypedWorkflow {
         Ok(self
             .engine
             .inner
-            .shared
+            .env
             .store
             .count(&self.name, status)
             .await?)
@@ -620,7 +620,7 @@ impl UntypedWorkflow {
         let rows = self
             .engine
             .inner
-            .shared
+            .env
             .store
             .list(cairn_store::ListQuery {
                 workflow: Some(self.name.clone()),
@@ -743,7 +743,7 @@ impl<O: DeserializeOwned> Instance<O> {
     pub(crate) async fn record(&self) -> Result<InstanceRecord, Error> {
         self.engine
             .inner
-            .shared
+            .env
             .store
             .instance(&self.workflow, &self.id)
             .await?
@@ -830,7 +830,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Error::InstanceNotFound`] or a store failure.
     pub async fn log(&self, after: u64) -> Result<Vec<LogRecord>, Error> {
         let record = self.record().await?;
-        let store = &self.engine.inner.shared.store;
+        let store = &self.engine.inner.env.store;
         let mut out = Vec::new();
         let mut cursor = after;
         loop {
@@ -896,7 +896,7 @@ impl<O: DeserializeOwned> Instance<O> {
             workflow: self.workflow.to_string(),
             reason: format!("the event payload is not serialisable: {e}"),
         })?;
-        let limit = self.engine.inner.shared.limits.payload_limit;
+        let limit = self.engine.inner.env.limits.payload_limit;
         if payload.len() > limit {
             return Err(Error::PayloadTooLarge {
                 what: "event payload",
@@ -907,13 +907,13 @@ impl<O: DeserializeOwned> Instance<O> {
         let event = cairn_store::NewEvent {
             event_type,
             payload,
-            at: self.engine.inner.shared.clock.now(),
+            at: self.engine.inner.env.clock.now(),
             idempotency_key,
         };
         match self
             .engine
             .inner
-            .shared
+            .env
             .store
             .send_event(&self.workflow, &self.id, event)
             .await?
@@ -942,7 +942,7 @@ impl<O: DeserializeOwned> Instance<O> {
     ) -> Result<(), Error> {
         let inner = &self.engine.inner;
         let outcome = inner
-            .shared
+            .env
             .store
             .control(&self.workflow, &self.id, request.clone())
             .await?;
@@ -988,7 +988,7 @@ impl<O: DeserializeOwned> Instance<O> {
                     | ControlRequest::Restart { .. }
                     | ControlRequest::Delete => {
                         if let Some(state) = live {
-                            state.abort(crate::replay::Abort::Stopped);
+                            state.abort(crate::lifetime::Abort::Stopped);
                         }
                     }
                 }
@@ -1007,7 +1007,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// [`Error::InstanceNotFound`]; `instance.cannot_pause` for a finished instance.
     pub async fn pause(&self) -> Result<(), Error> {
-        let at = self.engine.inner.shared.clock.now();
+        let at = self.engine.inner.env.clock.now();
         self.control(ControlRequest::Pause { at }, "pause").await
     }
 
@@ -1017,7 +1017,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// [`Error::InstanceNotFound`]; `instance.cannot_resume` for a finished instance.
     pub async fn resume(&self) -> Result<(), Error> {
-        let at = self.engine.inner.shared.clock.now();
+        let at = self.engine.inner.env.clock.now();
         self.control(ControlRequest::Resume { at }, "resume").await
     }
 
@@ -1027,7 +1027,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// [`Error::InstanceNotFound`]; `instance.cannot_terminate` for a finished instance.
     pub async fn terminate(&self) -> Result<(), Error> {
-        let at = self.engine.inner.shared.clock.now();
+        let at = self.engine.inner.env.clock.now();
         self.control(
             ControlRequest::Terminate { at, rollback: None },
             "terminate",
@@ -1042,9 +1042,9 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// [`Error::InstanceNotFound`]; `instance.cannot_terminate` for a finished instance.
     pub async fn terminate_with_rollback(&self) -> Result<(), Error> {
-        let at = self.engine.inner.shared.clock.now();
+        let at = self.engine.inner.env.clock.now();
         let trigger =
-            serde_json::to_string(&crate::rollback::Trigger::terminate()).unwrap_or_default();
+            serde_json::to_string(&crate::ops::rollback::Trigger::terminate()).unwrap_or_default();
         self.control(
             ControlRequest::Terminate {
                 at,
@@ -1061,7 +1061,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// [`Error::InstanceNotFound`].
     pub async fn restart(&self) -> Result<(), Error> {
-        let at = self.engine.inner.shared.clock.now();
+        let at = self.engine.inner.env.clock.now();
         self.control(ControlRequest::Restart { at, from: None }, "restart")
             .await
     }
@@ -1079,7 +1079,7 @@ impl<O: DeserializeOwned> Instance<O> {
         name: &str,
         count: u32,
     ) -> Result<(), Error> {
-        let at = self.engine.inner.shared.clock.now();
+        let at = self.engine.inner.env.clock.now();
         let from = cairn_core::StepKey {
             kind,
             name: name.to_owned(),
@@ -1102,7 +1102,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Error::InstanceNotFound`].
     pub async fn delete(&self) -> Result<(), Error> {
         self.control(ControlRequest::Delete, "delete").await?;
-        if crate::driver::is_current(&self.workflow, &self.id) {
+        if crate::lifetime::is_current(&self.workflow, &self.id) {
             // A workflow deleting its own instance stops at this call: its lifetime is being
             // dropped, and nothing after the call may run.
             std::future::pending::<()>().await;
@@ -1117,13 +1117,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Error::InstanceNotFound`] or a store failure.
     pub async fn details(&self) -> Result<InstanceDetails, Error> {
         let record = self.record().await?;
-        let journal = self
-            .engine
-            .inner
-            .shared
-            .store
-            .journal(record.instance)
-            .await?;
+        let journal = self.engine.inner.env.store.journal(record.instance).await?;
         let log = self.log(0).await?;
         Ok(InstanceDetails::build(&record, &journal, &log))
     }

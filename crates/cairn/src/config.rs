@@ -8,8 +8,8 @@ use std::time::Duration;
 use cairn_core::{Backoff, ConfigError, ConfigOverrides, ErrorInfo, RetryDelay, StepConfigSpec};
 use futures::future::BoxFuture;
 
+use crate::context::StepContext;
 use crate::failure::BoxError;
-use crate::step::StepContext;
 
 /// A step's configuration; every field left `None` keeps the default (limit 5, delay
 /// 10 seconds, exponential back-off, 10 minute timeout). Share one between steps with

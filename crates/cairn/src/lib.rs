@@ -1,21 +1,17 @@
 #![doc = include_str!("../README.md")]
 
-mod announce;
 mod client;
 mod clock;
 mod config;
+mod context;
 mod details;
-mod driver;
 mod engine;
+mod env;
 mod error;
-mod event;
 mod failure;
-mod gate;
+mod lifetime;
+mod ops;
 mod panic;
-mod replay;
-mod rollback;
-mod sleep;
-mod step;
 mod workflow;
 
 pub use cairn_core::json;
@@ -31,17 +27,18 @@ pub use client::{
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
+pub use context::{StepContext, StepId};
 pub use details::{AttemptDetails, InstanceDetails, StepDetails};
 pub use engine::{
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, DEFAULT_RETENTION, Engine,
     EngineBuilder,
 };
 pub use error::Error;
-pub use event::{DEFAULT_EVENT_TIMEOUT, StepEvent, WaitOp};
 pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowError};
-pub use rollback::{Rollback, RollbackStatus};
-pub use sleep::{IntoDuration, IntoTimestamp, MAX_SLEEP, SleepOp};
-pub use step::{RunOp, StepContext, StepId, WorkflowStep};
+pub use ops::{
+    DEFAULT_EVENT_TIMEOUT, IntoDuration, IntoTimestamp, MAX_SLEEP, Rollback, RollbackStatus, RunOp,
+    SleepOp, StepEvent, WaitOp, WorkflowStep,
+};
 pub use workflow::{Workflow, WorkflowEvent};
 
 #[cfg(feature = "sqlite")]

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::failure::WorkflowError;
-use crate::step::WorkflowStep;
+use crate::ops::WorkflowStep;
 
 /// A durable workflow: async Rust whose side effects live in named steps.
 ///

@@ -17,7 +17,7 @@ use cairn_store::{
     ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
 };
 
-pub(crate) struct Gate(pub(crate) Arc<dyn Store>);
+pub(crate) struct Blocking(pub(crate) Arc<dyn Store>);
 
 fn blocking<T, F>(store: &Arc<dyn Store>, call: F) -> StoreFuture<'static, T>
 where
@@ -32,7 +32,7 @@ where
     })
 }
 
-impl Store for Gate {
+impl Store for Blocking {
     fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
         blocking(&self.0, move |s| s.create(batch))
     }

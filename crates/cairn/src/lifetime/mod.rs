@@ -4,6 +4,10 @@
 //! Identity is `(kind, name, count)`, claimed synchronously when an op is *created*, so
 //! concurrent ops replay deterministically whatever order they are polled in.
 
+mod current;
+
+pub(crate) use current::{CURRENT, is_current};
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +19,7 @@ use cairn_core::{
 use cairn_store::{Lease, Write};
 use tokio::sync::Notify;
 
-use crate::engine::Shared;
+use crate::env::Env;
 use crate::failure::WorkflowError;
 
 /// Why a run lifetime must stop: its writes can no longer land.
@@ -29,8 +33,8 @@ pub(crate) enum Abort {
     Panic(String),
 }
 
-pub(crate) struct RunState {
-    pub(crate) shared: Arc<Shared>,
+pub(crate) struct Lifetime {
+    pub(crate) env: Arc<Env>,
     pub(crate) lease: Lease,
     pub(crate) workflow: WorkflowName,
     pub(crate) instance_id: InstanceId,
@@ -42,7 +46,7 @@ pub(crate) struct RunState {
     pub(crate) events: Notify,
     /// A pause is pending: no new attempts start, and completed ops do not return.
     pausing: AtomicBool,
-    /// The engine is shutting down (see [`RunState::start_draining`]).
+    /// The engine is shutting down (see [`Lifetime::start_draining`]).
     draining: AtomicBool,
     /// Wakes the driver when the pause state changes.
     pub(crate) control: Notify,
@@ -52,10 +56,6 @@ pub(crate) struct RunState {
     in_flight: AtomicUsize,
     /// Forward, rollback-registration replay, or rollback.
     phase: std::sync::atomic::AtomicU8,
-    /// Rollback handlers registered by the ops of this lifetime.
-    handlers: Mutex<HashMap<StepKey, crate::rollback::Handler>>,
-    /// Registrations since the registration replay last looked.
-    registrations: AtomicUsize,
     /// Writes that could not be made where they arose (an op dropped by the workflow cannot
     /// await a commit): they ride along with this lifetime's next commit.
     deferred: Mutex<Vec<Write>>,
@@ -92,16 +92,16 @@ pub(crate) struct Hibernation {
     pub(crate) event_types: Vec<EventType>,
 }
 
-impl RunState {
+impl Lifetime {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        env: Arc<Env>,
         lease: Lease,
         workflow: WorkflowName,
         instance_id: InstanceId,
         created_at: Timestamp,
     ) -> Self {
-        RunState {
-            shared,
+        Lifetime {
+            env,
             lease,
             workflow,
             instance_id,
@@ -124,8 +124,6 @@ impl RunState {
             resumed: Notify::new(),
             in_flight: AtomicUsize::new(0),
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
-            handlers: Mutex::new(HashMap::new()),
-            registrations: AtomicUsize::new(0),
             deferred: Mutex::new(Vec::new()),
         }
     }
@@ -150,36 +148,6 @@ impl RunState {
     /// From now on, new step ops are refused.
     pub(crate) fn enter_rollback_phase(&self) {
         self.phase.store(ROLLING_BACK, Ordering::SeqCst);
-    }
-
-    /// Whether a handler is registered for every one of `keys`.
-    pub(crate) fn has_handlers(&self, keys: &[StepKey]) -> bool {
-        let handlers = self
-            .handlers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        keys.iter().all(|k| handlers.contains_key(k))
-    }
-
-    /// How many handlers were registered since the last call.
-    pub(crate) fn take_progress(&self) -> usize {
-        self.registrations.swap(0, Ordering::SeqCst)
-    }
-
-    pub(crate) fn register_rollback(&self, key: &StepKey, handler: crate::rollback::Handler) {
-        self.registrations.fetch_add(1, Ordering::SeqCst);
-        self.handlers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key.clone(), handler);
-    }
-
-    pub(crate) fn rollback_handler(&self, key: &StepKey) -> Option<crate::rollback::Handler> {
-        self.handlers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(key)
-            .cloned()
     }
 
     /// Whether no op is doing work (all are parked or waiting).
@@ -300,7 +268,7 @@ impl RunState {
         let mut inner = self.inner();
         if kind == StepKind::Run {
             inner.run_calls += 1;
-            let limit = self.shared.limits.step_limit;
+            let limit = self.env.limits.step_limit;
             if inner.run_calls > limit {
                 return Err(WorkflowError::new(
                     crate::failure::ERROR,
@@ -337,7 +305,7 @@ impl RunState {
     }
 
     pub(crate) fn now(&self) -> Timestamp {
-        self.shared.clock.now()
+        self.env.clock.now()
     }
 
     /// A lifecycle record for `step` at the current time.
@@ -350,7 +318,7 @@ impl RunState {
         Write::Log(self.log_entry(kind, step, meta))
     }
 
-    /// The record [`RunState::log`] writes, for writes that carry their own record.
+    /// The record [`Lifetime::log`] writes, for writes that carry their own record.
     pub(crate) fn log_entry(
         &self,
         kind: LogKind,
@@ -397,7 +365,7 @@ impl RunState {
         if !deferred.is_empty() {
             writes.splice(0..0, deferred);
         }
-        self.shared.store.commit(self.lease, writes).await
+        self.env.store.commit(self.lease, writes).await
     }
 
     /// Whether writes wait for this lifetime's next commit.
@@ -454,7 +422,7 @@ impl RunState {
         event_type: &EventType,
     ) -> Option<cairn_store::StoredEvent> {
         match self
-            .shared
+            .env
             .store
             .take_event(self.lease, key.clone(), event_type.clone(), self.now())
             .await
@@ -484,7 +452,7 @@ impl RunState {
 /// An op at work. While it exists (and is not suspended in a durable wait) the instance is
 /// busy and cannot hibernate.
 pub(crate) struct Activity {
-    state: Arc<RunState>,
+    state: Arc<Lifetime>,
     /// The wait registration while suspended.
     suspended: Option<u64>,
 }
@@ -501,7 +469,7 @@ impl Activity {
         event_type: Option<EventType>,
         until: F,
     ) -> bool {
-        let sleep = self.state.shared.clock.sleep_until(wake_at);
+        let sleep = self.state.env.clock.sleep_until(wake_at);
         self.suspend(Wait {
             wake_at,
             event_type,

@@ -3,84 +3,17 @@
 //! rollback), each as a durable rollback step with its own retries.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 
 use cairn_core::{ErrorInfo, LogKind, ResolvedConfig, StepKey, StepKind, StepRecord, StepState};
-use futures::future::BoxFuture;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::config::StepConfig;
-use crate::failure::{StepError, WorkflowError};
-use crate::replay::RunState;
-use crate::step::{Execution, LogKinds, StepContext, StepId};
-
-/// What a rollback handler receives.
-#[derive(Debug, Clone)]
-pub struct Rollback<T> {
-    /// The error that is failing the instance (for a terminate: `Terminated`).
-    pub error: ErrorInfo,
-    /// The step's stored output, or `None` if it never returned one (it failed, or was
-    /// interrupted). Handlers must cope with `None`.
-    pub output: Option<T>,
-    /// The forward step's context (its name, count, last attempt and config).
-    pub ctx: StepContext,
-    /// `"<name>-<count>"`.
-    pub step_name: String,
-}
-
-/// The erased input of a handler.
-pub(crate) struct RollbackInput {
-    pub(crate) error: ErrorInfo,
-    pub(crate) output: Option<String>,
-    pub(crate) ctx: StepContext,
-    pub(crate) step_name: String,
-}
-
-type HandlerFn = dyn Fn(RollbackInput) -> BoxFuture<'static, Result<(), StepError>> + Send + Sync;
-
-/// A registered handler with its config.
-#[derive(Clone)]
-pub(crate) struct Handler {
-    pub(crate) run: Arc<HandlerFn>,
-    pub(crate) config: StepConfig,
-}
-
-impl Handler {
-    pub(crate) fn new<T, H, Fut>(handler: H) -> Self
-    where
-        T: DeserializeOwned + Send + 'static,
-        H: Fn(Rollback<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), StepError>> + Send + 'static,
-    {
-        let run: Arc<HandlerFn> = Arc::new(move |input: RollbackInput| {
-            let output = match input.output.as_deref().map(serde_json::from_str::<T>) {
-                None => Ok(None),
-                Some(Ok(v)) => Ok(Some(v)),
-                Some(Err(e)) => Err(e),
-            };
-            match output {
-                Ok(output) => Box::pin(handler(Rollback {
-                    error: input.error,
-                    output,
-                    ctx: input.ctx,
-                    step_name: input.step_name,
-                })),
-                Err(e) => {
-                    let message =
-                        format!("the stored output does not decode for the rollback handler: {e}");
-                    Box::pin(async move { Err(crate::NonRetryableError::new(message).into()) })
-                }
-            }
-        });
-        Handler {
-            run,
-            config: StepConfig::default(),
-        }
-    }
-}
+use crate::context::{StepContext, StepId};
+use crate::failure::WorkflowError;
+use crate::lifetime::Lifetime;
+use crate::ops::attempt::{Execution, LogKinds};
+use crate::ops::handler::{Handler, Handlers, RollbackInput};
 
 /// What triggered a rollback; persisted so a crash in the middle resumes it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -136,7 +69,8 @@ const ROLLBACK_KINDS: LogKinds = LogKinds {
 /// (`trigger.started` unset) `ROLLBACK_START` and the trigger are recorded, so a crash in
 /// the middle resumes the rollback. Returns `None` when no step is eligible.
 pub(crate) async fn roll_back(
-    state: &Arc<RunState>,
+    state: &Arc<Lifetime>,
+    handlers: &Handlers,
     trigger: &Trigger,
     journal: Vec<StepRecord>,
 ) -> Option<RollbackStatus> {
@@ -194,7 +128,7 @@ pub(crate) async fn roll_back(
             }
             _ => {}
         }
-        let result = match state.rollback_handler(&forward.key) {
+        let result = match handlers.get(&forward.key) {
             Some(handler) => run_handler(state, trigger, &forward, key, handler).await,
             None => missing(state, &forward, key).await,
         };
@@ -207,7 +141,7 @@ pub(crate) async fn roll_back(
 }
 
 async fn finish(
-    state: &RunState,
+    state: &Lifetime,
     total: usize,
     completed: usize,
     error: Option<ErrorInfo>,
@@ -236,7 +170,7 @@ async fn finish(
 }
 
 /// The forward step's context, as its handler sees it.
-fn forward_context(state: &RunState, forward: &StepRecord) -> StepContext {
+fn forward_context(state: &Lifetime, forward: &StepRecord) -> StepContext {
     let config = ResolvedConfig::from_persisted_json(&forward.config).unwrap_or_default();
     StepContext::new(
         StepId {
@@ -250,7 +184,7 @@ fn forward_context(state: &RunState, forward: &StepRecord) -> StepContext {
 }
 
 async fn run_handler(
-    state: &Arc<RunState>,
+    state: &Arc<Lifetime>,
     trigger: &Trigger,
     forward: &StepRecord,
     key: StepKey,
@@ -262,9 +196,9 @@ async fn run_handler(
         .flatten();
     let step_name = forward.key.target();
     let error = trigger.error.clone();
-    let run = handler.run.clone();
+    let call = handler.call.clone();
     let body = move |_attempt: StepContext| {
-        (run)(RollbackInput {
+        (call)(RollbackInput {
             error: error.clone(),
             output: output.clone(),
             ctx: ctx.clone(),
@@ -278,7 +212,7 @@ async fn run_handler(
 
 /// A handler that replay no longer reaches: the rollback of that step fails.
 async fn missing(
-    state: &RunState,
+    state: &Lifetime,
     forward: &StepRecord,
     key: StepKey,
 ) -> Result<(), WorkflowError> {

@@ -9,95 +9,29 @@ use std::time::Duration;
 use cairn_core::{DEFAULT_PAYLOAD_LIMIT, DEFAULT_STEP_LIMIT, WorkflowName};
 use cairn_store::{Retention, Store};
 use tokio::sync::{Notify, watch};
-use tokio::task::{JoinHandle, JoinSet};
+
+mod announce;
+mod blocking;
+mod driver;
+pub(crate) mod runtime;
+mod scheduler;
 
 use crate::clock::Clock;
+use crate::env::{Env, Limits};
 use crate::error::Error;
 use crate::workflow::{ErasedWorkflow, Registered, Workflow};
 
+use crate::engine::runtime::Runtime;
+
 /// The default limit on concurrently running instances.
 pub const DEFAULT_MAX_RUNNING: usize = 1_000;
-
-/// Leases never expire: the store has exactly one engine (SQLite, guarded by its lock file).
-const UNBOUNDED_LEASE: Duration = Duration::from_secs(100 * 365 * 86_400);
-
-pub(crate) struct Limits {
-    pub(crate) step_limit: u32,
-    pub(crate) payload_limit: usize,
-}
-
-/// What every run of every instance shares.
-pub(crate) struct Shared {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) clock: Clock,
-    pub(crate) limits: Limits,
-}
-
-pub(crate) struct EngineInner {
-    pub(crate) shared: Arc<Shared>,
-    /// Instances with a lifetime in memory now (hibernated ones are not here).
-    live: Mutex<HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>>,
-    /// Engine panics in a row, by instance: the retry waits longer after each.
-    panics: Mutex<HashMap<cairn_store::InstanceRef, u32>>,
-    /// Waits longer than this hibernate the instance.
-    pub(crate) hibernate_after: Duration,
-    /// How long shutdown waits for attempts in flight to finish.
-    drain_timeout: Duration,
-    /// Retention by workflow, defaults applied.
-    pub(crate) retention: HashMap<WorkflowName, Retention>,
-    pub(crate) workflows: HashMap<WorkflowName, Arc<dyn ErasedWorkflow>>,
-    names: Vec<WorkflowName>,
-    owner: String,
-    max_running: usize,
-    /// Wakes the scheduler: an instance became runnable or a slot freed up.
-    pub(crate) wake: Notify,
-    /// Bumped whenever an instance's status may have changed; status waiters watch it.
-    pub(crate) changes: watch::Sender<u64>,
-    /// Bumped after every successful store write, per instance and workflow (`announce.rs`).
-    pub(crate) commits: Arc<crate::announce::Commits>,
-    pub(crate) shutdown: watch::Sender<bool>,
-    scheduler: Mutex<Option<JoinHandle<()>>>,
-    _temp_dir: Option<tempfile::TempDir>,
-}
-
-impl EngineInner {
-    pub(crate) fn changed(&self) {
-        self.changes.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    pub(crate) fn live(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, Arc<crate::replay::RunState>>>
-    {
-        self.live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    pub(crate) fn panics(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, u32>> {
-        self.panics
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Tells a running lifetime of `instance` that an event arrived, and the scheduler that
-    /// a hibernating one may have become ready.
-    pub(crate) fn event_sent(&self, instance: cairn_store::InstanceRef) {
-        if let Some(state) = self.live().get(&instance) {
-            state.events.notify_waiters();
-        }
-        self.wake.notify_one();
-    }
-}
 
 /// A running Cairn engine. Cheap to clone; all clones are the same engine.
 ///
 /// Build one with [`Engine::builder`]; stop it with [`Engine::shutdown`].
 #[derive(Clone)]
 pub struct Engine {
-    pub(crate) inner: Arc<EngineInner>,
+    pub(crate) inner: Arc<Runtime>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -170,7 +104,7 @@ impl Engine {
 
     /// The engine's clock.
     pub fn clock(&self) -> &Clock {
-        &self.inner.shared.clock
+        &self.inner.env.clock
     }
 
     /// The names of the registered workflows, in registration order.
@@ -198,7 +132,7 @@ impl Engine {
         if let Some(handle) = scheduler {
             let _ = handle.await;
         }
-        if let Err(e) = self.inner.shared.store.close().await {
+        if let Err(e) = self.inner.env.store.close().await {
             tracing::warn!(error = %e, "closing the store failed");
         }
     }
@@ -358,22 +292,22 @@ impl EngineBuilder {
         };
         let clock = self.clock.unwrap_or_else(Clock::system);
         let store: Arc<dyn Store> = if clock.is_virtual() {
-            Arc::new(crate::gate::Gate(store))
+            Arc::new(crate::engine::blocking::Blocking(store))
         } else {
             store
         };
-        let commits = Arc::new(crate::announce::Commits::new());
-        let store: Arc<dyn Store> = Arc::new(crate::announce::Announcing {
+        let commits = Arc::new(crate::engine::announce::Commits::new());
+        let store: Arc<dyn Store> = Arc::new(crate::engine::announce::Announcing {
             store,
             commits: Arc::clone(&commits),
         });
-        let inner = Arc::new(EngineInner {
+        let inner = Arc::new(Runtime {
             live: Mutex::new(HashMap::new()),
             panics: Mutex::new(HashMap::new()),
             hibernate_after: self.hibernate_after,
             drain_timeout: self.drain_timeout,
             retention,
-            shared: Arc::new(Shared {
+            env: Arc::new(Env {
                 store,
                 clock,
                 limits: Limits {
@@ -392,125 +326,10 @@ impl EngineBuilder {
             scheduler: Mutex::new(None),
             _temp_dir: temp_dir,
         });
-        let handle = tokio::spawn(schedule(Arc::clone(&inner)));
+        let handle = tokio::spawn(scheduler::schedule(Arc::clone(&inner)));
         if let Ok(mut slot) = inner.scheduler.lock() {
             *slot = Some(handle);
         }
         Ok(Engine { inner })
     }
-}
-
-/// Claims runnable instances while there are free slots and runs each in a driver task.
-async fn schedule(inner: Arc<EngineInner>) {
-    let mut drivers = JoinSet::new();
-    let mut shutdown = inner.shutdown.subscribe();
-    let mut failures = 0u32;
-    // Claim only when there may be something to claim: at start, when woken (new or woken
-    // instances), when a timer is due, or when a slot frees up after a claim that filled
-    // every slot. A lifetime that merely ended changes nothing claimable.
-    let mut claim_now = true;
-    loop {
-        if *shutdown.borrow_and_update() {
-            break;
-        }
-        while drivers.try_join_next().is_some() {}
-        let free = inner.max_running.saturating_sub(drivers.len());
-        let mut filled = false;
-        if std::mem::take(&mut claim_now) && free > 0 && !inner.names.is_empty() {
-            let now = inner.shared.clock.now();
-            match inner
-                .shared
-                .store
-                .claim(&inner.owner, &inner.names, now, UNBOUNDED_LEASE, free)
-                .await
-            {
-                Ok(claimed) => {
-                    failures = 0;
-                    filled = claimed.len() == free;
-                    for c in claimed {
-                        drivers.spawn(crate::driver::drive(Arc::clone(&inner), c));
-                    }
-                }
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(error = %e, "claiming instances failed; retrying");
-                    let backoff = Duration::from_millis(100 << failures.min(8));
-                    tokio::select! {
-                        () = inner.shared.clock.sleep(backoff) => {}
-                        _ = shutdown.changed() => {}
-                    }
-                    claim_now = true;
-                    continue;
-                }
-            }
-        }
-        if filled {
-            // Maybe more are ready; go round once a slot frees up.
-            tokio::select! {
-                Some(_) = drivers.join_next() => {}
-                _ = shutdown.changed() => {}
-            }
-            claim_now = true;
-            continue;
-        }
-        // Purge finished instances whose retention is over.
-        let store = &inner.shared.store;
-        let now = inner.shared.clock.now();
-        let next_purge = match store.next_purge().await {
-            Ok(Some(at)) if at <= now => match store.purge(now, 1_000).await {
-                Ok(purged) => {
-                    tracing::debug!(purged, "purged finished instances");
-                    inner.changed();
-                    claim_now = true;
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "purging finished instances failed");
-                    Some(now.saturating_add(Duration::from_secs(60)))
-                }
-            },
-            Ok(at) => at,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the next purge failed");
-                Some(now.saturating_add(Duration::from_secs(60)))
-            }
-        };
-        // Sleep until the earliest timer of a hibernating instance or purge, a wake-up, or
-        // a free slot.
-        let next_ready = match store.next_ready(&inner.names).await {
-            Ok(at) => at,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the next wake-up failed");
-                Some(now.saturating_add(Duration::from_secs(1)))
-            }
-        };
-        let next_ready = match (next_ready, next_purge) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let timer = async {
-            match next_ready {
-                Some(at) => inner.shared.clock.sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = inner.wake.notified() => claim_now = true,
-            () = timer => claim_now = true,
-            Some(_) = drivers.join_next(), if !drivers.is_empty() => {}
-            _ = shutdown.changed() => {}
-        }
-    }
-    // Drain: drivers have seen the shutdown; attempts in flight finish and commit, then
-    // each lifetime lets go. Whatever is still running at the deadline is dropped (its
-    // attempt is recorded as interrupted by the next engine).
-    let drained = async { while drivers.join_next().await.is_some() {} };
-    tokio::select! {
-        () = drained => {}
-        () = inner.shared.clock.sleep(inner.drain_timeout) => {
-            tracing::warn!(running = drivers.len(), "drain deadline reached; dropping the attempts still running");
-        }
-    }
-    drivers.abort_all();
-    while drivers.join_next().await.is_some() {}
 }

@@ -13,8 +13,8 @@ use futures::future::BoxFuture;
 use serde_json::json;
 
 use crate::failure::{ERROR, WorkflowError};
-use crate::replay::RunState;
-use crate::step::WorkflowStep;
+use crate::lifetime::Lifetime;
+use crate::ops::WorkflowStep;
 
 /// The longest sleep: 365 days.
 pub const MAX_SLEEP: Duration = Duration::from_secs(365 * 86_400);
@@ -102,8 +102,8 @@ impl WorkflowStep {
     }
 
     fn sleep_op(&self, name: String, target: Target) -> SleepOp {
-        let state = Arc::clone(&self.run);
-        let key = self.run.claim(StepKind::Sleep, name);
+        let state = Arc::clone(&self.lifetime);
+        let key = self.lifetime.claim(StepKind::Sleep, name);
         SleepOp(Box::pin(async move {
             state.pause_gate().await;
             let result = sleep(Arc::clone(&state), key?, target).await;
@@ -113,7 +113,7 @@ impl WorkflowStep {
     }
 }
 
-async fn sleep(state: Arc<RunState>, key: StepKey, target: Target) -> Result<(), WorkflowError> {
+async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(), WorkflowError> {
     if state.registering() {
         // Replaying only to register rollback handlers: a sleep returns at once.
         state.take_record(&key);

@@ -12,11 +12,11 @@ use cairn_core::{ErrorInfo, InstanceStatus, LogEntry, LogKind, StepKey, StepKind
 use cairn_store::{Claimed, InstanceRecord, Lease, StatusChange, Write};
 use serde_json::json;
 
-use crate::engine::EngineInner;
+use crate::engine::runtime::Runtime;
 use crate::failure::{ERROR, INTERNAL};
-use crate::replay::{Abort, Hibernation, RunState};
-use crate::rollback::{RollbackStatus, Trigger};
-use crate::step::WorkflowStep;
+use crate::lifetime::{Abort, Hibernation, Lifetime};
+use crate::ops::WorkflowStep;
+use crate::ops::rollback::{RollbackStatus, Trigger};
 use crate::workflow::WorkflowEvent;
 
 /// How long an instance whose lifetime panicked in engine code waits before it is claimed
@@ -32,7 +32,7 @@ const PANIC_RETRY_MAX: Duration = Duration::from_secs(3600);
 /// newly registered before it is given up (see `run_lifetime`).
 const REGISTRATION_GRACE: Duration = Duration::from_secs(1);
 
-pub(crate) async fn drive(inner: Arc<EngineInner>, claimed: Claimed) {
+pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed) {
     let lease = claimed.lease;
     let mut record = claimed.record;
     let mut pause = Duration::from_millis(100);
@@ -51,7 +51,7 @@ pub(crate) async fn drive(inner: Arc<EngineInner>, claimed: Claimed) {
                 tracing::warn!(instance = %record.id, error = %e, "store unavailable; replaying later");
                 let mut shutdown = inner.shutdown.subscribe();
                 tokio::select! {
-                    () = inner.shared.clock.sleep(pause) => {}
+                    () = inner.env.clock.sleep(pause) => {}
                     // Shutting down: the next engine replays it.
                     _ = shutdown.wait_for(|stop| *stop) => break,
                 }
@@ -87,25 +87,16 @@ pub(crate) async fn drive(inner: Arc<EngineInner>, claimed: Claimed) {
 
 /// The instance's record as stored now, or `None` when this lifetime must not go on: the
 /// instance is gone, finished, or a different instance under the same name.
-async fn reread(
-    inner: &EngineInner,
-    lease: Lease,
-    stale: &InstanceRecord,
-) -> Option<InstanceRecord> {
+async fn reread(inner: &Runtime, lease: Lease, stale: &InstanceRecord) -> Option<InstanceRecord> {
     let mut pause = Duration::from_millis(100);
     loop {
-        match inner
-            .shared
-            .store
-            .instance(&stale.workflow, &stale.id)
-            .await
-        {
+        match inner.env.store.instance(&stale.workflow, &stale.id).await {
             Ok(Some(fresh)) if fresh.instance == lease.instance && !fresh.status.is_terminal() => {
                 return Some(fresh);
             }
             Ok(_) => return None,
             Err(cairn_store::Error::Unavailable(_)) => {
-                inner.shared.clock.sleep(pause).await;
+                inner.env.clock.sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(30));
             }
             Err(_) => return None,
@@ -116,7 +107,7 @@ async fn reread(
 /// Records the panic and lets the instance go, claimable again after [`PANIC_RETRY`]
 /// (doubling with each panic in a row, up to [`PANIC_RETRY_MAX`]): the
 /// next lifetime replays it, and an attempt the panic interrupted is recorded as such.
-async fn release_after_panic(inner: &EngineInner, lease: Lease, message: &str) {
+async fn release_after_panic(inner: &Runtime, lease: Lease, message: &str) {
     let in_a_row = {
         let mut panics = inner.panics();
         let n = panics.entry(lease.instance).or_insert(0);
@@ -126,12 +117,12 @@ async fn release_after_panic(inner: &EngineInner, lease: Lease, message: &str) {
     let wait = PANIC_RETRY
         .saturating_mul(1u32.checked_shl(in_a_row - 1).unwrap_or(u32::MAX))
         .min(PANIC_RETRY_MAX);
-    let wake_at = inner.shared.clock.now().saturating_add(wait);
+    let wake_at = inner.env.clock.now().saturating_add(wait);
     let writes = || {
         vec![
             Write::Log(LogEntry {
                 kind: LogKind::WorkflowWaiting,
-                at: inner.shared.clock.now(),
+                at: inner.env.clock.now(),
                 step: None,
                 meta: json!({
                     "wakeAt": wake_at.as_millis(),
@@ -147,10 +138,10 @@ async fn release_after_panic(inner: &EngineInner, lease: Lease, message: &str) {
     };
     let mut pause = Duration::from_millis(100);
     for _ in 0..10 {
-        match inner.shared.store.commit(lease, writes()).await {
+        match inner.env.store.commit(lease, writes()).await {
             Err(cairn_store::Error::Unavailable(e)) => {
                 tracing::warn!(error = %e, "store unavailable while releasing a panicked instance");
-                inner.shared.clock.sleep(pause).await;
+                inner.env.clock.sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(30));
             }
             _ => return,
@@ -159,16 +150,16 @@ async fn release_after_panic(inner: &EngineInner, lease: Lease, message: &str) {
 }
 
 async fn run_lifetime(
-    inner: &Arc<EngineInner>,
+    inner: &Arc<Runtime>,
     lease: Lease,
     record: &InstanceRecord,
 ) -> Result<(), Abort> {
-    let shared = &inner.shared;
+    let env = &inner.env;
     let Some(workflow) = inner.workflows.get(&record.workflow).cloned() else {
         return Ok(());
     };
-    let state = Arc::new(RunState::new(
-        Arc::clone(shared),
+    let state = Arc::new(Lifetime::new(
+        Arc::clone(env),
         lease,
         record.workflow.clone(),
         record.id.clone(),
@@ -178,7 +169,7 @@ async fn run_lifetime(
     // lifetime in memory, not only through the fence at its next commit.
     let _live = LiveGuard::register(inner, &state);
     let journal = tokio::select! {
-        journal = shared.store.journal(record.instance) => journal.map_err(Abort::Store)?,
+        journal = env.store.journal(record.instance) => journal.map_err(Abort::Store)?,
         abort = state.aborted() => return Err(abort),
     };
     // The handlers a rollback will need: started steps with a handler whose compensation
@@ -196,7 +187,7 @@ async fn run_lifetime(
         .collect();
     state.load_journal(journal);
     if record.status != InstanceStatus::Running {
-        let now = shared.clock.now();
+        let now = env.clock.now();
         let mut writes = vec![Write::Status(StatusChange {
             started_at: Some(now),
             ..StatusChange::to(InstanceStatus::Running)
@@ -223,8 +214,10 @@ async fn run_lifetime(
         instance_id: record.id.clone(),
         workflow_name: record.workflow.clone(),
     };
+    let handlers = Arc::new(crate::ops::handler::Handlers::default());
     let step = WorkflowStep {
-        run: Arc::clone(&state),
+        lifetime: Arc::clone(&state),
+        handlers: Arc::clone(&handlers),
     };
     let mut shutdown = inner.shutdown.subscribe();
     if let Some(trigger) = record
@@ -237,7 +230,8 @@ async fn run_lifetime(
         let current = (record.workflow.clone(), record.id.clone());
         state.start_registering();
         let mut replay = std::pin::pin!(
-            CURRENT.scope(current, crate::panic::guarded(|| workflow.run(event, step)))
+            crate::lifetime::CURRENT
+                .scope(current, crate::panic::guarded(|| workflow.run(event, step)))
         );
         // Registration ends when every needed handler is registered or `run` returns. Other
         // awaits in workflow code (a `yield_now`, a short timer, a lock) may be pending on
@@ -245,15 +239,15 @@ async fn run_lifetime(
         // the replay given up, and handlers still missing fail their rollback.
         let registered = futures::future::poll_fn(|cx| match replay.as_mut().poll(cx) {
             Poll::Ready(_) => Poll::Ready(()),
-            Poll::Pending if state.has_handlers(&needed) => Poll::Ready(()),
+            Poll::Pending if handlers.cover(&needed) => Poll::Ready(()),
             Poll::Pending => Poll::Pending,
         });
         let mut registered = std::pin::pin!(registered);
         loop {
             tokio::select! {
                 () = registered.as_mut() => break,
-                () = shared.clock.sleep(REGISTRATION_GRACE) => {
-                    if state.idle() && state.take_progress() == 0 {
+                () = env.clock.sleep(REGISTRATION_GRACE) => {
+                    if state.idle() && handlers.take_progress() == 0 {
                         break;
                     }
                 }
@@ -262,18 +256,21 @@ async fn run_lifetime(
             }
         }
         let outcome = Err(trigger.error.clone());
-        return roll_back_and_finish(inner, &state, &trigger, outcome, &mut shutdown).await;
+        return roll_back_and_finish(inner, &state, &handlers, &trigger, outcome, &mut shutdown)
+            .await;
     }
     let current = (record.workflow.clone(), record.id.clone());
-    let mut run =
-        std::pin::pin!(CURRENT.scope(current, crate::panic::guarded(|| workflow.run(event, step))));
+    let mut run = std::pin::pin!(
+        crate::lifetime::CURRENT
+            .scope(current, crate::panic::guarded(|| workflow.run(event, step)))
+    );
     let Some(result) = run_phase(inner, &state, run.as_mut(), &mut shutdown).await? else {
         return Ok(());
     };
     let outcome = match result {
         Ok(Ok(output)) => {
             let json = output.to_string();
-            let limit = shared.limits.payload_limit;
+            let limit = env.limits.payload_limit;
             if json.len() > limit {
                 Err(ErrorInfo::new(
                     INTERNAL,
@@ -300,21 +297,22 @@ async fn run_lifetime(
         Ok(_) => finish(&state, outcome, None, false).await,
         Err(error) => {
             let trigger = Trigger::error(error.clone());
-            roll_back_and_finish(inner, &state, &trigger, outcome, &mut shutdown).await
+            roll_back_and_finish(inner, &state, &handlers, &trigger, outcome, &mut shutdown).await
         }
     }
 }
 
 /// Runs the rollback (if any step is eligible), then records the instance's end.
 async fn roll_back_and_finish(
-    inner: &EngineInner,
-    state: &Arc<RunState>,
+    inner: &Runtime,
+    state: &Arc<Lifetime>,
+    handlers: &crate::ops::handler::Handlers,
     trigger: &Trigger,
     outcome: Result<serde_json::Value, ErrorInfo>,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Abort> {
     let journal = inner
-        .shared
+        .env
         .store
         .journal(state.lease.instance)
         .await
@@ -322,7 +320,9 @@ async fn roll_back_and_finish(
     // The rollback phase pauses and hibernates like the forward phase: a pause waits for
     // the handler in flight, a long back-off lets the instance go. The next lifetime finds
     // the stored trigger and carries on where this one stopped.
-    let rollback = std::pin::pin!(crate::rollback::roll_back(state, trigger, journal));
+    let rollback = std::pin::pin!(crate::ops::rollback::roll_back(
+        state, handlers, trigger, journal
+    ));
     let Some(rollback) = run_phase(inner, state, rollback, shutdown).await? else {
         return Ok(());
     };
@@ -342,8 +342,8 @@ enum Next<T> {
 /// hibernates (its wake-up recorded). Both end the lifetime (`None`), as does shutdown: the
 /// future is dropped and the next lifetime replays to where this one stopped.
 async fn run_phase<F: Future>(
-    inner: &EngineInner,
-    state: &RunState,
+    inner: &Runtime,
+    state: &Lifetime,
     mut phase: Pin<&mut F>,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<F::Output>, Abort> {
@@ -404,7 +404,7 @@ async fn run_phase<F: Future>(
 }
 
 /// Records that the instance waits until `h.wake_at` (or an event) and lets it go.
-async fn hibernate(inner: &EngineInner, state: &RunState, h: Hibernation) -> Result<(), Abort> {
+async fn hibernate(inner: &Runtime, state: &Lifetime, h: Hibernation) -> Result<(), Abort> {
     state
         .commit_now(vec![
             state.log(
@@ -426,13 +426,13 @@ async fn hibernate(inner: &EngineInner, state: &RunState, h: Hibernation) -> Res
 
 /// Makes a running lifetime reachable by `send_event` while it lives.
 struct LiveGuard<'a> {
-    inner: &'a EngineInner,
+    inner: &'a Runtime,
     instance: cairn_store::InstanceRef,
-    state: Arc<RunState>,
+    state: Arc<Lifetime>,
 }
 
 impl<'a> LiveGuard<'a> {
-    fn register(inner: &'a EngineInner, state: &Arc<RunState>) -> Self {
+    fn register(inner: &'a Runtime, state: &Arc<Lifetime>) -> Self {
         let instance = state.lease.instance;
         let mut live = inner.live();
         // A stale lifetime (an older lease of the same instance, whose driver started late)
@@ -466,7 +466,7 @@ impl Drop for LiveGuard<'_> {
 }
 
 async fn finish(
-    state: &RunState,
+    state: &Lifetime,
     outcome: Result<serde_json::Value, ErrorInfo>,
     rollback: Option<RollbackStatus>,
     terminated: bool,
@@ -522,16 +522,4 @@ async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
     if stop {
         std::future::pending::<()>().await;
     }
-}
-
-tokio::task_local! {
-    /// The instance whose workflow code the current task is running.
-    static CURRENT: (cairn_core::WorkflowName, cairn_core::InstanceId);
-}
-
-/// Whether the calling code is the workflow of this very instance.
-pub(crate) fn is_current(workflow: &cairn_core::WorkflowName, id: &cairn_core::InstanceId) -> bool {
-    CURRENT
-        .try_with(|(w, i)| w == workflow && i == id)
-        .unwrap_or(false)
 }

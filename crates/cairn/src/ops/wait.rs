@@ -17,9 +17,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::failure::{ERROR, INTERNAL, TIMEOUT, WorkflowError};
-use crate::replay::RunState;
-use crate::sleep::{IntoDuration, MAX_SLEEP};
-use crate::step::WorkflowStep;
+use crate::lifetime::Lifetime;
+use crate::ops::WorkflowStep;
+use crate::ops::sleep::{IntoDuration, MAX_SLEEP};
 
 /// The default `wait_for_event` timeout: 24 hours.
 pub const DEFAULT_EVENT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -97,8 +97,8 @@ impl WorkflowStep {
     where
         T: DeserializeOwned + Send + 'static,
     {
-        let state = Arc::clone(&self.run);
-        let key = self.run.claim(StepKind::WaitForEvent, name.into());
+        let state = Arc::clone(&self.lifetime);
+        let key = self.lifetime.claim(StepKind::WaitForEvent, name.into());
         let event_type = EventType::new(event_type.into());
         WaitOp {
             timeout: Ok(DEFAULT_EVENT_TIMEOUT),
@@ -139,7 +139,7 @@ fn decode<T: DeserializeOwned>(key: &StepKey, json: &str) -> Result<StepEvent<T>
 }
 
 async fn wait<T: DeserializeOwned>(
-    state: Arc<RunState>,
+    state: Arc<Lifetime>,
     key: StepKey,
     event_type: EventType,
     timeout: Result<Duration, DurationError>,

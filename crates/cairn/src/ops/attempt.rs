@@ -1,224 +1,36 @@
-//! [`WorkflowStep`], the handle workflow code calls durable ops on, and the `step.run` op.
+//! The attempt loop every `step.run` and every rollback handler runs: look the step up,
+//! run attempts with retries and timeouts, record each outcome, and record a step the
+//! workflow dropped as cancelled.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use cairn_core::{
     DEFAULT_RETRY_DELAY, ErrorInfo, LogKind, REDACTED, ResolvedConfig, RetryDelay, StepKey,
     StepKind, StepRecord, StepState, parse_duration,
 };
-use futures::future::{BoxFuture, Either, select};
+use futures::future::{Either, select};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::config::{DelayContext, DelayFn, DelayValue, Retries, StepConfig};
+use crate::config::{DelayContext, DelayFn, DelayValue, StepConfig};
+use crate::context::{StepContext, StepId};
 use crate::failure::{DELAY_FAILED, INTERNAL, StepError, TIMEOUT, WorkflowError};
-use crate::replay::RunState;
-use crate::rollback::{Handler, Rollback};
+use crate::lifetime::Lifetime;
+use crate::ops::handler::Handler;
 
 /// How long a delay function may take.
 const DELAY_FN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The handle workflow code runs durable ops on. Cheap to clone; every clone belongs to the
-/// same instance run.
-#[derive(Clone)]
-pub struct WorkflowStep {
-    pub(crate) run: Arc<RunState>,
-}
-
-impl std::fmt::Debug for WorkflowStep {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkflowStep")
-            .field("workflow", &self.run.workflow)
-            .field("instance", &self.run.instance_id)
-            .finish()
-    }
-}
-
-/// A step's name and its occurrence count in this run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StepId {
-    /// The name given to the op.
-    pub name: String,
-    /// 1-based occurrence of `name` among ops of the same kind in this run.
-    pub count: u32,
-}
-
-/// What a step body receives on each attempt.
-#[derive(Debug, Clone)]
-pub struct StepContext {
-    /// The step's name and count.
-    pub step: StepId,
-    /// 1 on the first attempt, 2 on the first retry, …
-    pub attempt: u32,
-    /// The resolved config, defaults merged in. A fresh copy per attempt: changing it
-    /// changes nothing.
-    pub config: ResolvedConfig,
-    idempotency_key: String,
-}
-
-impl StepContext {
-    pub(crate) fn new(
-        step: StepId,
-        attempt: u32,
-        config: ResolvedConfig,
-        idempotency_key: String,
-    ) -> Self {
-        StepContext {
-            step,
-            attempt,
-            config,
-            idempotency_key,
-        }
-    }
-
-    /// A key that is the same for every attempt and every replay of this step of this
-    /// instance, and differs for every other step and instance: pass it to external APIs
-    /// so an effect repeated by a retry happens once.
-    pub fn idempotency_key(&self) -> &str {
-        &self.idempotency_key
-    }
-}
-
-impl WorkflowStep {
-    /// Runs `body` as a durable step named `name` (Cloudflare's `step.do`).
-    ///
-    /// The body is called once per attempt until it succeeds or its retries run out; its
-    /// result is stored and returned now and on every replay, without calling it again. Any
-    /// error the body returns is retried; a [`NonRetryableError`](crate::NonRetryableError)
-    /// is not. The final outcome (output or error) is cached either way.
-    ///
-    /// The step's identity, `(name, count)`, is taken when this is called, not when it is
-    /// first polled, so concurrent steps (`futures::try_join!`) replay deterministically.
-    #[doc(alias = "do")]
-    pub fn run<'a, T, F, Fut>(&self, name: impl Into<String>, body: F) -> RunOp<'a, T>
-    where
-        F: FnMut(StepContext) -> Fut + Send + 'a,
-        Fut: Future<Output = Result<T, StepError>> + Send + 'a,
-        T: Serialize + DeserializeOwned + Send + 'static,
-    {
-        let state = Arc::clone(&self.run);
-        let key = self.run.claim(StepKind::Run, name.into());
-        RunOp {
-            config: StepConfig::default(),
-            rollback: None,
-            start: Some(Box::new(move |config, rollback| {
-                let mut run = Execution::new(state, config);
-                run.rollback = rollback;
-                Box::pin(async move { run.execute(key?, body).await })
-            })),
-            running: None,
-        }
-    }
-}
-
-type Started<'a, T> = BoxFuture<'a, Result<T, WorkflowError>>;
-
-/// A `step.run` op: a future with chained, consuming config methods.
-///
-/// The body's type is erased when the op is created, so the op's `Future` impl has no
-/// bounds that mention the body's lifetimes: ops whose bodies borrow workflow locals can be
-/// combined with `futures::try_join!` inside a `Send` workflow future.
-///
-/// # Cancel safety
-/// Dropping it loses nothing durable: a started attempt without an outcome is recorded as
-/// interrupted on the next replay and retried.
-#[must_use = "a step does nothing unless awaited"]
-pub struct RunOp<'a, T> {
-    config: StepConfig,
-    rollback: Option<Handler>,
-    start: Option<Start<'a, T>>,
-    running: Option<Started<'a, T>>,
-}
-
-type Start<'a, T> = Box<dyn FnOnce(StepConfig, Option<Handler>) -> Started<'a, T> + Send + 'a>;
-
-impl<T> RunOp<'_, T> {
-    /// Sets the retry policy.
-    pub fn retries(mut self, retries: Retries) -> Self {
-        self.config.retries = Some(retries);
-        self
-    }
-
-    /// Sets the per-attempt timeout.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.config.timeout = Some(timeout);
-        self
-    }
-
-    /// Shows the output as `[REDACTED]` in every log and status view; workflow code still
-    /// gets the real value.
-    pub fn sensitive(mut self) -> Self {
-        self.config.sensitive = true;
-        self
-    }
-
-    /// Uses a shared config (replacing anything set before).
-    pub fn config(mut self, config: &StepConfig) -> Self {
-        self.config = config.clone();
-        self
-    }
-
-    /// Declares how to compensate this step (saga rollback). If the instance later fails (or
-    /// is terminated with rollback), the handler of every step that at least started runs,
-    /// one at a time, in reverse start order, as a durable step with its own retries (see
-    /// [`RunOp::rollback_config`]). It receives the error, the step's output (`None` if it
-    /// never returned one) and the step's context. Handlers are `'static`: they may run
-    /// after `run` has returned, or in a later process.
-    pub fn rollback<H, Fut>(mut self, handler: H) -> Self
-    where
-        T: DeserializeOwned + Send + 'static,
-        H: Fn(Rollback<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), StepError>> + Send + 'static,
-    {
-        let config = self.rollback.take().map(|h| h.config).unwrap_or_default();
-        let mut handler = Handler::new(handler);
-        handler.config = config;
-        self.rollback = Some(handler);
-        self
-    }
-
-    /// Retries and timeout of the rollback handler (merged over the step defaults, not over
-    /// this step's config). Call after [`RunOp::rollback`].
-    pub fn rollback_config(mut self, config: &StepConfig) -> Self {
-        if let Some(h) = self.rollback.as_mut() {
-            h.config = config.clone();
-        }
-        self
-    }
-}
-
-impl<T> Future for RunOp<'_, T> {
-    type Output = Result<T, WorkflowError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let _engine = crate::panic::EngineCode::enter();
-        let this = self.get_mut();
-        if let Some(start) = this.start.take() {
-            let config = std::mem::take(&mut this.config);
-            this.running = Some(start(config, this.rollback.take()));
-        }
-        match this.running.as_mut() {
-            Some(running) => running.as_mut().poll(cx),
-            None => Poll::Ready(Err(WorkflowError::new(
-                INTERNAL,
-                "step polled after completion",
-            ))),
-        }
-    }
-}
-
 pub(crate) struct Execution {
-    state: Arc<RunState>,
+    state: Arc<Lifetime>,
     config: StepConfig,
-    rollback: Option<Handler>,
+    pub(crate) rollback: Option<Handler>,
     /// The records this execution writes: a step's or a rollback's.
     kinds: &'static LogKinds,
-    /// An attempt of this execution is in flight (counted in `RunState::in_flight`).
+    /// An attempt of this execution is in flight (counted in `Lifetime::in_flight`).
     attempt_open: std::sync::atomic::AtomicBool,
     /// The step's record while it is in progress (an attempt running, or waiting to retry):
     /// what a drop records as cancelled.
@@ -338,7 +150,7 @@ impl Execution {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = record.cloned();
     }
 
-    pub(crate) fn new(state: Arc<RunState>, config: StepConfig) -> Self {
+    pub(crate) fn new(state: Arc<Lifetime>, config: StepConfig) -> Self {
         Execution {
             state,
             config,
@@ -353,16 +165,13 @@ impl Execution {
     /// hands its result back (the code after a completed step does not proceed). In a
     /// rollback-registration replay it only registers its handler and returns a stored
     /// outcome; anything else waits forever (the replay is dropped).
-    async fn execute<T, F, Fut>(self, key: StepKey, body: F) -> Result<T, WorkflowError>
+    pub(crate) async fn execute<T, F, Fut>(self, key: StepKey, body: F) -> Result<T, WorkflowError>
     where
         F: FnMut(StepContext) -> Fut,
         Fut: Future<Output = Result<T, StepError>>,
         T: Serialize + DeserializeOwned,
     {
         let state = Arc::clone(&self.state);
-        if let Some(handler) = &self.rollback {
-            state.register_rollback(&key, handler.clone());
-        }
         if state.registering() {
             return match state.take_record(&key) {
                 Some(rec) if rec.state == StepState::Succeeded => decode(&key, &rec),
@@ -465,7 +274,7 @@ impl Execution {
             self.set_running(Some(&record));
             // A panic while the body builds its future is an attempt failure too.
             let attempt = std::pin::pin!(crate::panic::guarded(|| body(ctx)));
-            let timed = select(attempt, state.shared.clock.sleep(config.timeout)).await;
+            let timed = select(attempt, state.env.clock.sleep(config.timeout)).await;
             let outcome = match timed {
                 Either::Left((Ok(Ok(value)), _)) => {
                     match crate::panic::catch_user(|| serde_json::to_string(&value)).unwrap_or_else(
@@ -476,7 +285,7 @@ impl Execution {
                             )))
                         },
                     ) {
-                        Ok(json) if json.len() > state.shared.limits.payload_limit => {
+                        Ok(json) if json.len() > state.env.limits.payload_limit => {
                             Outcome::Failure(
                                 ErrorInfo::new(
                                     INTERNAL,
@@ -484,8 +293,8 @@ impl Execution {
                                         "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
                                         key.target(),
                                         json.len(),
-                                        state.shared.limits.payload_limit,
-                                        human_bytes(state.shared.limits.payload_limit)
+                                        state.env.limits.payload_limit,
+                                        human_bytes(state.env.limits.payload_limit)
                                     ),
                                 ),
                                 false,
@@ -736,7 +545,7 @@ impl Execution {
             error: error.clone(),
         };
         let call = std::pin::pin!(crate::panic::guarded(|| (function.0)(ctx)));
-        match select(call, state.shared.clock.sleep(DELAY_FN_TIMEOUT)).await {
+        match select(call, state.env.clock.sleep(DELAY_FN_TIMEOUT)).await {
             Either::Left((Err(panic), _)) => Err(fail(format!(
                 "threw an error: panicked: {}",
                 crate::panic::message(&*panic)

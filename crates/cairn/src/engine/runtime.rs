@@ -1,0 +1,74 @@
+//! [`Runtime`]: the running engine's shared state, what the scheduler, the drivers and the
+//! management client reach: the store environment, the registered workflows, the live set
+//! of lifetimes in memory, and the signals between them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn_core::WorkflowName;
+use cairn_store::Retention;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::env::Env;
+use crate::workflow::ErasedWorkflow;
+
+pub(crate) struct Runtime {
+    pub(crate) env: Arc<Env>,
+    /// Instances with a lifetime in memory now (hibernated ones are not here).
+    pub(crate) live: Mutex<HashMap<cairn_store::InstanceRef, Arc<crate::lifetime::Lifetime>>>,
+    /// Engine panics in a row, by instance: the retry waits longer after each.
+    pub(crate) panics: Mutex<HashMap<cairn_store::InstanceRef, u32>>,
+    /// Waits longer than this hibernate the instance.
+    pub(crate) hibernate_after: Duration,
+    /// How long shutdown waits for attempts in flight to finish.
+    pub(crate) drain_timeout: Duration,
+    /// Retention by workflow, defaults applied.
+    pub(crate) retention: HashMap<WorkflowName, Retention>,
+    pub(crate) workflows: HashMap<WorkflowName, Arc<dyn ErasedWorkflow>>,
+    pub(crate) names: Vec<WorkflowName>,
+    pub(crate) owner: String,
+    pub(crate) max_running: usize,
+    /// Wakes the scheduler: an instance became runnable or a slot freed up.
+    pub(crate) wake: Notify,
+    /// Bumped whenever an instance's status may have changed; status waiters watch it.
+    pub(crate) changes: watch::Sender<u64>,
+    /// Bumped after every successful store write, per instance and workflow (`announce.rs`).
+    pub(crate) commits: Arc<crate::engine::announce::Commits>,
+    pub(crate) shutdown: watch::Sender<bool>,
+    pub(crate) scheduler: Mutex<Option<JoinHandle<()>>>,
+    pub(crate) _temp_dir: Option<tempfile::TempDir>,
+}
+
+impl Runtime {
+    pub(crate) fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    pub(crate) fn live(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, Arc<crate::lifetime::Lifetime>>>
+    {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn panics(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, u32>> {
+        self.panics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Tells a running lifetime of `instance` that an event arrived, and the scheduler that
+    /// a hibernating one may have become ready.
+    pub(crate) fn event_sent(&self, instance: cairn_store::InstanceRef) {
+        if let Some(state) = self.live().get(&instance) {
+            state.events.notify_waiters();
+        }
+        self.wake.notify_one();
+    }
+}

@@ -1,0 +1,128 @@
+//! The scheduler: claims runnable instances while there are free slots, runs each in a
+//! driver task, purges finished instances whose retention is over, sleeps until the next
+//! wake-up, and drains at shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use crate::engine::runtime::Runtime;
+
+/// Leases never expire: the store has exactly one engine (SQLite, guarded by its lock file).
+const UNBOUNDED_LEASE: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// Claims runnable instances while there are free slots and runs each in a driver task.
+pub(crate) async fn schedule(inner: Arc<Runtime>) {
+    let mut drivers = JoinSet::new();
+    let mut shutdown = inner.shutdown.subscribe();
+    let mut failures = 0u32;
+    // Claim only when there may be something to claim: at start, when woken (new or woken
+    // instances), when a timer is due, or when a slot frees up after a claim that filled
+    // every slot. A lifetime that merely ended changes nothing claimable.
+    let mut claim_now = true;
+    loop {
+        if *shutdown.borrow_and_update() {
+            break;
+        }
+        while drivers.try_join_next().is_some() {}
+        let free = inner.max_running.saturating_sub(drivers.len());
+        let mut filled = false;
+        if std::mem::take(&mut claim_now) && free > 0 && !inner.names.is_empty() {
+            let now = inner.env.clock.now();
+            match inner
+                .env
+                .store
+                .claim(&inner.owner, &inner.names, now, UNBOUNDED_LEASE, free)
+                .await
+            {
+                Ok(claimed) => {
+                    failures = 0;
+                    filled = claimed.len() == free;
+                    for c in claimed {
+                        drivers.spawn(crate::engine::driver::drive(Arc::clone(&inner), c));
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(error = %e, "claiming instances failed; retrying");
+                    let backoff = Duration::from_millis(100 << failures.min(8));
+                    tokio::select! {
+                        () = inner.env.clock.sleep(backoff) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    claim_now = true;
+                    continue;
+                }
+            }
+        }
+        if filled {
+            // Maybe more are ready; go round once a slot frees up.
+            tokio::select! {
+                Some(_) = drivers.join_next() => {}
+                _ = shutdown.changed() => {}
+            }
+            claim_now = true;
+            continue;
+        }
+        // Purge finished instances whose retention is over.
+        let store = &inner.env.store;
+        let now = inner.env.clock.now();
+        let next_purge = match store.next_purge().await {
+            Ok(Some(at)) if at <= now => match store.purge(now, 1_000).await {
+                Ok(purged) => {
+                    tracing::debug!(purged, "purged finished instances");
+                    inner.changed();
+                    claim_now = true;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "purging finished instances failed");
+                    Some(now.saturating_add(Duration::from_secs(60)))
+                }
+            },
+            Ok(at) => at,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the next purge failed");
+                Some(now.saturating_add(Duration::from_secs(60)))
+            }
+        };
+        // Sleep until the earliest timer of a hibernating instance or purge, a wake-up, or
+        // a free slot.
+        let next_ready = match store.next_ready(&inner.names).await {
+            Ok(at) => at,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the next wake-up failed");
+                Some(now.saturating_add(Duration::from_secs(1)))
+            }
+        };
+        let next_ready = match (next_ready, next_purge) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let timer = async {
+            match next_ready {
+                Some(at) => inner.env.clock.sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = inner.wake.notified() => claim_now = true,
+            () = timer => claim_now = true,
+            Some(_) = drivers.join_next(), if !drivers.is_empty() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+    // Drain: drivers have seen the shutdown; attempts in flight finish and commit, then
+    // each lifetime lets go. Whatever is still running at the deadline is dropped (its
+    // attempt is recorded as interrupted by the next engine).
+    let drained = async { while drivers.join_next().await.is_some() {} };
+    tokio::select! {
+        () = drained => {}
+        () = inner.env.clock.sleep(inner.drain_timeout) => {
+            tracing::warn!(running = drivers.len(), "drain deadline reached; dropping the attempts still running");
+        }
+    }
+    drivers.abort_all();
+    while drivers.join_next().await.is_some() {}
+}

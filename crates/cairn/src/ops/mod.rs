@@ -1,0 +1,38 @@
+//! The durable ops a workflow calls on its [`WorkflowStep`]: `run` (with the attempt loop
+//! and rollback handlers), `sleep`/`sleep_until` and `wait_for_event`, and the rollback that
+//! compensates them. Ops work on one [`Lifetime`] and know nothing of the engine above.
+
+pub(crate) mod attempt;
+pub(crate) mod handler;
+pub(crate) mod rollback;
+mod run;
+pub(crate) mod sleep;
+pub(crate) mod wait;
+
+use std::sync::Arc;
+
+use crate::lifetime::Lifetime;
+
+pub use handler::Rollback;
+pub use rollback::RollbackStatus;
+pub use run::RunOp;
+pub use sleep::{IntoDuration, IntoTimestamp, MAX_SLEEP, SleepOp};
+pub use wait::{DEFAULT_EVENT_TIMEOUT, StepEvent, WaitOp};
+
+/// The handle workflow code runs durable ops on. Cheap to clone; every clone belongs to the
+/// same instance run.
+#[derive(Clone)]
+pub struct WorkflowStep {
+    pub(crate) lifetime: Arc<Lifetime>,
+    /// Where the ops register their rollback handlers.
+    pub(crate) handlers: Arc<handler::Handlers>,
+}
+
+impl std::fmt::Debug for WorkflowStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkflowStep")
+            .field("workflow", &self.lifetime.workflow)
+            .field("instance", &self.lifetime.instance_id)
+            .finish()
+    }
+}

@@ -1,0 +1,151 @@
+//! `step.run`: the [`RunOp`] future and its config methods.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use cairn_core::StepKind;
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::config::{Retries, StepConfig};
+use crate::context::StepContext;
+use crate::failure::{INTERNAL, StepError, WorkflowError};
+use crate::ops::WorkflowStep;
+use crate::ops::attempt::Execution;
+use crate::ops::handler::{Handler, Rollback};
+
+impl WorkflowStep {
+    /// Runs `body` as a durable step named `name` (Cloudflare's `step.do`).
+    ///
+    /// The body is called once per attempt until it succeeds or its retries run out; its
+    /// result is stored and returned now and on every replay, without calling it again. Any
+    /// error the body returns is retried; a [`NonRetryableError`](crate::NonRetryableError)
+    /// is not. The final outcome (output or error) is cached either way.
+    ///
+    /// The step's identity, `(name, count)`, is taken when this is called, not when it is
+    /// first polled, so concurrent steps (`futures::try_join!`) replay deterministically.
+    #[doc(alias = "do")]
+    pub fn run<'a, T, F, Fut>(&self, name: impl Into<String>, body: F) -> RunOp<'a, T>
+    where
+        F: FnMut(StepContext) -> Fut + Send + 'a,
+        Fut: Future<Output = Result<T, StepError>> + Send + 'a,
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let state = Arc::clone(&self.lifetime);
+        let handlers = Arc::clone(&self.handlers);
+        let key = self.lifetime.claim(StepKind::Run, name.into());
+        RunOp {
+            config: StepConfig::default(),
+            rollback: None,
+            start: Some(Box::new(move |config, rollback| {
+                if let (Ok(key), Some(handler)) = (&key, &rollback) {
+                    handlers.register(key, handler.clone());
+                }
+                let mut run = Execution::new(state, config);
+                run.rollback = rollback;
+                Box::pin(async move { run.execute(key?, body).await })
+            })),
+            running: None,
+        }
+    }
+}
+
+type Started<'a, T> = BoxFuture<'a, Result<T, WorkflowError>>;
+
+/// A `step.run` op: a future with chained, consuming config methods.
+///
+/// The body's type is erased when the op is created, so the op's `Future` impl has no
+/// bounds that mention the body's lifetimes: ops whose bodies borrow workflow locals can be
+/// combined with `futures::try_join!` inside a `Send` workflow future.
+///
+/// # Cancel safety
+/// Dropping it loses nothing durable: a started attempt without an outcome is recorded as
+/// interrupted on the next replay and retried.
+#[must_use = "a step does nothing unless awaited"]
+pub struct RunOp<'a, T> {
+    config: StepConfig,
+    rollback: Option<Handler>,
+    start: Option<Start<'a, T>>,
+    running: Option<Started<'a, T>>,
+}
+
+type Start<'a, T> = Box<dyn FnOnce(StepConfig, Option<Handler>) -> Started<'a, T> + Send + 'a>;
+
+impl<T> RunOp<'_, T> {
+    /// Sets the retry policy.
+    pub fn retries(mut self, retries: Retries) -> Self {
+        self.config.retries = Some(retries);
+        self
+    }
+
+    /// Sets the per-attempt timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.config.timeout = Some(timeout);
+        self
+    }
+
+    /// Shows the output as `[REDACTED]` in every log and status view; workflow code still
+    /// gets the real value.
+    pub fn sensitive(mut self) -> Self {
+        self.config.sensitive = true;
+        self
+    }
+
+    /// Uses a shared config (replacing anything set before).
+    pub fn config(mut self, config: &StepConfig) -> Self {
+        self.config = config.clone();
+        self
+    }
+
+    /// Declares how to compensate this step (saga rollback). If the instance later fails (or
+    /// is terminated with rollback), the handler of every step that at least started runs,
+    /// one at a time, in reverse start order, as a durable step with its own retries (see
+    /// [`RunOp::rollback_config`]). It receives the error, the step's output (`None` if it
+    /// never returned one) and the step's context. Handlers are `'static`: they may run
+    /// after `run` has returned, or in a later process.
+    pub fn rollback<H, Fut>(mut self, handler: H) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        H: Fn(Rollback<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), StepError>> + Send + 'static,
+    {
+        let config = self.rollback.take().map(|h| h.config).unwrap_or_default();
+        let mut handler = Handler::new(handler);
+        handler.config = config;
+        self.rollback = Some(handler);
+        self
+    }
+
+    /// Retries and timeout of the rollback handler (merged over the step defaults, not over
+    /// this step's config). Call after [`RunOp::rollback`].
+    pub fn rollback_config(mut self, config: &StepConfig) -> Self {
+        if let Some(h) = self.rollback.as_mut() {
+            h.config = config.clone();
+        }
+        self
+    }
+}
+
+impl<T> Future for RunOp<'_, T> {
+    type Output = Result<T, WorkflowError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _engine = crate::panic::EngineCode::enter();
+        let this = self.get_mut();
+        if let Some(start) = this.start.take() {
+            let config = std::mem::take(&mut this.config);
+            this.running = Some(start(config, this.rollback.take()));
+        }
+        match this.running.as_mut() {
+            Some(running) => running.as_mut().poll(cx),
+            None => Poll::Ready(Err(WorkflowError::new(
+                INTERNAL,
+                "step polled after completion",
+            ))),
+        }
+    }
+}
