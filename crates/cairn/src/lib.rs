@@ -4,7 +4,6 @@ mod client;
 mod clock;
 mod config;
 mod context;
-mod details;
 mod engine;
 mod env;
 mod error;
@@ -22,13 +21,13 @@ pub use cairn_core::{
 };
 pub use cairn_store::Retention;
 pub use client::{
-    BatchCreated, BatchDeleted, BatchError, CreateOptions, Delivery, Instance, InstancePage,
-    InstanceRetention, MAX_IDEMPOTENCY_KEY, Status, UntypedWorkflow, WorkflowClient,
+    AttemptDetails, BatchCreated, BatchDeleted, BatchError, CreateOptions, Delivery, Instance,
+    InstanceDetails, InstancePage, InstanceRetention, InstanceSummary, MAX_IDEMPOTENCY_KEY, Status,
+    StepDetails, UntypedWorkflow, WorkflowClient,
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use context::{StepContext, StepId};
-pub use details::{AttemptDetails, InstanceDetails, StepDetails};
 pub use engine::{
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, DEFAULT_RETENTION, Engine,
     EngineBuilder,

@@ -1,0 +1,519 @@
+//! Workflow handles: [`WorkflowClient`] (typed) and [`UntypedWorkflow`] (JSON) create,
+//! look up, list, count and delete instances.
+
+use std::marker::PhantomData;
+
+use cairn_core::{
+    InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, MAX_BATCH, WorkflowName,
+};
+use cairn_store::{Created, NewInstance};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::client::create::{
+    BatchCreated, BatchDeleted, BatchError, CreateOptions, Prepared, options_to_json,
+};
+use crate::client::instance::Instance;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::workflow::Workflow;
+
+/// One row of an instance listing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceSummary {
+    /// The instance id.
+    pub id: InstanceId,
+    /// Its status.
+    pub status: InstanceStatus,
+    /// When it was created.
+    pub created: cairn_core::Timestamp,
+    /// When it first started.
+    pub started: Option<cairn_core::Timestamp>,
+    /// When it finished.
+    pub ended: Option<cairn_core::Timestamp>,
+}
+
+/// One page of [`UntypedWorkflow::list`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstancePage {
+    /// The instances, newest first.
+    pub instances: Vec<InstanceSummary>,
+    /// Pass it to get the next page; `None` on the last one.
+    pub cursor: Option<String>,
+}
+
+/// The opaque form of a list position: the store's instance reference, which is never
+/// reused and grows with creation order, so a page boundary needs no live instance.
+const CURSOR_PREFIX: &str = "c1.";
+
+fn encode_cursor(instance: cairn_store::InstanceRef) -> String {
+    format!("{CURSOR_PREFIX}{:x}", instance.0)
+}
+
+fn decode_cursor(cursor: &str) -> Result<cairn_store::InstanceRef, Error> {
+    cursor
+        .strip_prefix(CURSOR_PREFIX)
+        .and_then(|hex| i64::from_str_radix(hex, 16).ok())
+        .filter(|n| *n > 0)
+        .map(cairn_store::InstanceRef)
+        .ok_or_else(|| Error::InvalidCursor(cursor.to_owned()))
+}
+
+/// A handle to one workflow's instances, typed by the workflow.
+pub struct WorkflowClient<W> {
+    pub(crate) untyped: UntypedWorkflow,
+    pub(crate) _workflow: PhantomData<fn() -> W>,
+}
+
+impl<W> Clone for WorkflowClient<W> {
+    fn clone(&self) -> Self {
+        WorkflowClient {
+            untyped: self.untyped.clone(),
+            _workflow: PhantomData,
+        }
+    }
+}
+
+/// A handle to one workflow's instances with params and outputs as JSON: what the HTTP API
+/// and the CLI use.
+#[derive(Clone, Debug)]
+pub struct UntypedWorkflow {
+    pub(crate) engine: Engine,
+    pub(crate) name: WorkflowName,
+}
+
+impl<W: Workflow> WorkflowClient<W> {
+    /// Creates an instance; it runs as soon as a slot is free.
+    ///
+    /// # Errors
+    /// An invalid id, an id already used by an instance of this workflow
+    /// ([`Error::AlreadyExists`]), params over the size limit, or a store failure.
+    pub async fn create(
+        &self,
+        options: CreateOptions<W::Params>,
+    ) -> Result<Instance<W::Output>, Error> {
+        self.untyped
+            .create(options_to_json(options)?)
+            .await
+            .map(Instance::typed)
+    }
+
+    /// Creates up to 100 instances at once. Ids that already exist are skipped and left out
+    /// of the result, which is in input order; any other invalid entry fails the whole batch.
+    ///
+    /// # Errors
+    /// An empty batch, more than 100 entries, an invalid entry, or a store failure.
+    pub async fn create_batch(
+        &self,
+        batch: Vec<CreateOptions<W::Params>>,
+    ) -> Result<Vec<Instance<W::Output>>, Error> {
+        let batch = batch
+            .into_iter()
+            .map(options_to_json)
+            .collect::<Result<Vec<_>, Error>>()?;
+        let created = self.untyped.create_batch(batch).await?;
+        Ok(created.into_iter().map(Instance::typed).collect())
+    }
+
+    /// Creates up to 100 instances, reporting every entry it could not create (existing ids,
+    /// ids repeated within the batch, invalid ids or params) instead of failing or skipping.
+    ///
+    /// # Errors
+    /// An empty batch, more than 100 entries, or a store failure.
+    pub async fn create_batch_detailed(
+        &self,
+        batch: Vec<CreateOptions<W::Params>>,
+    ) -> Result<BatchCreated<W::Output>, Error> {
+        let batch = batch
+            .into_iter()
+            .map(options_to_json)
+            .collect::<Result<Vec<_>, Error>>()?;
+        let result = self.untyped.create_batch_detailed(batch).await?;
+        Ok(BatchCreated {
+            created: result.created.into_iter().map(Instance::typed).collect(),
+            errors: result.errors,
+        })
+    }
+
+    /// The instance with this id.
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`] or [`Error::InstanceNotFound`].
+    pub async fn get(&self, id: &str) -> Result<Instance<W::Output>, Error> {
+        self.untyped.get(id).await.map(Instance::typed)
+    }
+
+    /// The JSON view of this workflow.
+    pub fn untyped(&self) -> &UntypedWorkflow {
+        &self.untyped
+    }
+}
+
+impl UntypedWorkflow {
+    /// The workflow's name.
+    pub fn name(&self) -> &WorkflowName {
+        &self.name
+    }
+
+    /// An id given to a lookup: a valid instance id, or else an error. A cron-style id
+    /// (SPEC §2.4 "addressable") is not invalid, but no instance here can have one: it is
+    /// not found.
+    fn lookup_id(&self, id: &str) -> Result<InstanceId, Error> {
+        match InstanceId::new(id) {
+            Ok(id) => Ok(id),
+            Err(_) if cairn_core::is_addressable_id(id) => Err(Error::InstanceNotFound {
+                workflow: self.name.to_string(),
+                id: id.to_owned(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn prepare(
+        &self,
+        index: usize,
+        options: CreateOptions<serde_json::Value>,
+    ) -> Result<Prepared, (Option<String>, Error)> {
+        let id = match options.id {
+            Some(id) => InstanceId::new(id.clone()).map_err(|e| (Some(id), e.into()))?,
+            None => InstanceId::new(uuid::Uuid::new_v4().to_string())
+                .expect("a UUID is a valid instance id"),
+        };
+        let fail = |e: Error| (Some(id.to_string()), e);
+        let workflow = self
+            .engine
+            .inner
+            .workflows
+            .get(&self.name)
+            .ok_or_else(|| fail(Error::UnknownWorkflow(self.name.to_string())))?;
+        let params = options.params;
+        let text = params.to_string();
+        let limit = self.engine.inner.env.limits.payload_limit;
+        if text.len() > limit {
+            return Err(fail(Error::PayloadTooLarge {
+                what: "params",
+                size: text.len(),
+                limit,
+            }));
+        }
+        workflow.check_params(&params).map_err(|reason| {
+            fail(Error::InvalidParams {
+                workflow: self.name.to_string(),
+                reason,
+            })
+        })?;
+        let now = self.engine.inner.env.clock.now();
+        let defaults = self
+            .engine
+            .inner
+            .retention
+            .get(&self.name)
+            .copied()
+            .unwrap_or(crate::engine::DEFAULT_RETENTION);
+        let retention = cairn_store::Retention {
+            success: options.retention.success.unwrap_or(defaults.success),
+            error: options.retention.error.unwrap_or(defaults.error),
+        };
+        Ok(Prepared {
+            index,
+            id: id.clone(),
+            new: NewInstance {
+                workflow: self.name.clone(),
+                id,
+                params: text,
+                created_at: now,
+                queued: LogEntry {
+                    kind: LogKind::WorkflowQueued,
+                    at: now,
+                    step: None,
+                    meta: json!({ "params": params, "trigger": { "source": "api" } }),
+                },
+                retention,
+            },
+        })
+    }
+
+    async fn insert(&self, prepared: Vec<Prepared>) -> Result<Vec<(Prepared, Created)>, Error> {
+        let news = prepared.iter().map(|p| p.new.clone()).collect();
+        let created = self.engine.inner.env.store.create(news).await?;
+        if created.iter().any(|c| matches!(c, Created::New(_))) {
+            self.engine.inner.wake.notify_one();
+            self.engine.inner.changed();
+        }
+        Ok(prepared.into_iter().zip(created).collect())
+    }
+
+    fn instance(&self, id: InstanceId) -> Instance {
+        Instance {
+            engine: self.engine.clone(),
+            workflow: self.name.clone(),
+            id,
+            _output: PhantomData,
+        }
+    }
+
+    /// Creates an instance with JSON params (`{}` is Cloudflare's default).
+    ///
+    /// # Errors
+    /// As [`WorkflowClient::create`], plus [`Error::InvalidParams`] when the params do not
+    /// decode as the workflow's `Params`.
+    pub async fn create(
+        &self,
+        options: CreateOptions<serde_json::Value>,
+    ) -> Result<Instance, Error> {
+        let prepared = self.prepare(0, options).map_err(|(_, e)| e)?;
+        let id = prepared.id.clone();
+        match self.insert(vec![prepared]).await?[..] {
+            [(_, Created::New(_))] => Ok(self.instance(id)),
+            _ => Err(Error::AlreadyExists {
+                workflow: self.name.to_string(),
+                id: id.to_string(),
+            }),
+        }
+    }
+
+    fn check_batch_size(len: usize) -> Result<(), Error> {
+        if len == 0 {
+            return Err(Error::BatchEmpty("batchCreate"));
+        }
+        if len > MAX_BATCH {
+            return Err(Error::BatchTooLarge {
+                operation: "batchCreate",
+                len,
+                max: MAX_BATCH,
+            });
+        }
+        Ok(())
+    }
+
+    /// Array-form batch create with JSON params; see [`WorkflowClient::create_batch`].
+    ///
+    /// # Errors
+    /// As [`WorkflowClient::create_batch`].
+    pub async fn create_batch(
+        &self,
+        batch: Vec<CreateOptions<serde_json::Value>>,
+    ) -> Result<Vec<Instance>, Error> {
+        Self::check_batch_size(batch.len())?;
+        let prepared = batch
+            .into_iter()
+            .enumerate()
+            .map(|(i, o)| self.prepare(i, o).map_err(|(_, e)| e))
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(self
+            .insert(prepared)
+            .await?
+            .into_iter()
+            .filter(|(_, c)| matches!(c, Created::New(_)))
+            .map(|(p, _)| self.instance(p.id))
+            .collect())
+    }
+
+    /// Detailed batch create with JSON params; see [`WorkflowClient::create_batch_detailed`].
+    ///
+    /// # Errors
+    /// As [`WorkflowClient::create_batch_detailed`].
+    pub async fn create_batch_detailed(
+        &self,
+        batch: Vec<CreateOptions<serde_json::Value>>,
+    ) -> Result<BatchCreated<serde_json::Value>, Error> {
+        Self::check_batch_size(batch.len())?;
+        let mut errors = Vec::new();
+        let mut prepared = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, options) in batch.into_iter().enumerate() {
+            match self.prepare(i, options) {
+                Ok(p) if !seen.insert(p.id.clone()) => errors.push(BatchError {
+                    index: i,
+                    id: Some(p.id.to_string()),
+                    code: "instance.already_exists".into(),
+                    message: format!(
+                        "instance id {:?} is repeated within the batch",
+                        p.id.as_str()
+                    ),
+                }),
+                Ok(p) => prepared.push(p),
+                Err((id, e)) => errors.push(BatchError {
+                    index: i,
+                    id,
+                    code: e.code().into(),
+                    message: e.to_string(),
+                }),
+            }
+        }
+        let mut created = Vec::new();
+        if !prepared.is_empty() {
+            for (p, outcome) in self.insert(prepared).await? {
+                match outcome {
+                    Created::New(_) => created.push(self.instance(p.id)),
+                    Created::AlreadyExists => errors.push(BatchError {
+                        index: p.index,
+                        id: Some(p.id.to_string()),
+                        code: "instance.already_exists".into(),
+                        message: Error::AlreadyExists {
+                            workflow: self.name.to_string(),
+                            id: p.id.to_string(),
+                        }
+                        .to_string(),
+                    }),
+                }
+            }
+        }
+        errors.sort_by_key(|e| e.index);
+        Ok(BatchCreated { created, errors })
+    }
+
+    /// A receiver that sees a new value after every write this engine commits to any
+    /// instance of this workflow. Writes by other processes sharing the store are not seen.
+    pub fn commits(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.engine.inner.commits.workflow(&self.name)
+    }
+
+    /// Lifecycle records of all this workflow's instances with id greater than `after`,
+    /// oldest first (at most `limit`), each with its instance id.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn log(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(InstanceId, LogRecord)>, Error> {
+        Ok(self
+            .engine
+            .inner
+            .env
+            .store
+            .workflow_log(&self.name, after, limit)
+            .await?)
+    }
+
+    /// How many of this workflow's instances are in `status`.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn count(&self, status: InstanceStatus) -> Result<u64, Error> {
+        Ok(self
+            .engine
+            .inner
+            .env
+            .store
+            .count(&self.name, status)
+            .await?)
+    }
+
+    /// One page of this workflow's instances, newest first, optionally only those in
+    /// `status`: `limit` of them after `cursor` (the previous page's [`InstancePage::cursor`];
+    /// `None` for the first page). The cursor is a position in creation order, not an
+    /// instance: it stays valid when instances on either side are deleted or purged.
+    ///
+    /// # Errors
+    /// A cursor not handed out by [`UntypedWorkflow::list`] (`cursor.invalid`), or a store
+    /// failure.
+    pub async fn list(
+        &self,
+        status: Option<InstanceStatus>,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<InstancePage, Error> {
+        let before = cursor.map(decode_cursor).transpose()?;
+        let rows = self
+            .engine
+            .inner
+            .env
+            .store
+            .list(cairn_store::ListQuery {
+                workflow: Some(self.name.clone()),
+                status,
+                before,
+                limit,
+            })
+            .await?;
+        let cursor = (rows.len() == limit && limit > 0)
+            .then(|| rows.last().map(|r| encode_cursor(r.instance)))
+            .flatten();
+        Ok(InstancePage {
+            instances: rows
+                .into_iter()
+                .map(|r| InstanceSummary {
+                    id: r.id,
+                    status: r.status,
+                    created: r.created_at,
+                    started: r.started_at,
+                    ended: r.ended_at,
+                })
+                .collect(),
+            cursor,
+        })
+    }
+
+    /// Deletes up to 100 instances. The result has one entry per input position: an id
+    /// given twice is deleted once but reported at both positions; an unknown id is an error
+    /// entry (`instance.not_found`).
+    ///
+    /// # Errors
+    /// An empty list, more than 100 ids, or an invalid id. A store failure deleting one id
+    /// is reported at its positions (`store.unavailable`), not as an error of the call.
+    pub async fn delete_batch(&self, ids: &[&str]) -> Result<BatchDeleted, Error> {
+        if ids.is_empty() {
+            return Err(Error::BatchEmpty("batchDeleteInstances"));
+        }
+        if ids.len() > MAX_BATCH {
+            return Err(Error::BatchTooLarge {
+                operation: "batchDeleteInstances",
+                len: ids.len(),
+                max: MAX_BATCH,
+            });
+        }
+        // An invalid id fails the call; a cron-style id that no instance can have is a
+        // per-position "not found".
+        let parsed = ids
+            .iter()
+            .map(|id| match self.lookup_id(id) {
+                Ok(id) => Ok(Ok(id)),
+                Err(e @ Error::InstanceNotFound { .. }) => Ok(Err(e)),
+                Err(e) => Err(e),
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let mut outcomes: std::collections::HashMap<InstanceId, Result<(), Error>> =
+            std::collections::HashMap::new();
+        for id in parsed.iter().filter_map(|p| p.as_ref().ok()) {
+            if !outcomes.contains_key(id) {
+                // Each unique id is attempted once; a store failure is that id's error.
+                let result = self.instance(id.clone()).delete().await;
+                outcomes.insert(id.clone(), result);
+            }
+        }
+        let mut result = BatchDeleted {
+            deleted: Vec::new(),
+            errors: Vec::new(),
+        };
+        for (index, (given, id)) in ids.iter().zip(&parsed).enumerate() {
+            let outcome = match id {
+                Ok(id) => outcomes[id].as_ref().map(|()| id.to_string()),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(id) => result.deleted.push(id),
+                Err(e) => result.errors.push(BatchError {
+                    index,
+                    id: Some((*given).to_owned()),
+                    code: e.code().into(),
+                    message: e.to_string(),
+                }),
+            }
+        }
+        Ok(result)
+    }
+
+    /// The instance with this id.
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`] or [`Error::InstanceNotFound`].
+    pub async fn get(&self, id: &str) -> Result<Instance, Error> {
+        let id = self.lookup_id(id)?;
+        let instance = self.instance(id);
+        instance.record().await?;
+        Ok(instance)
+    }
+}
