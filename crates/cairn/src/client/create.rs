@@ -86,7 +86,7 @@ pub struct BatchError {
     pub message: String,
 }
 
-/// The result of [`WorkflowClient::create_batch_detailed`].
+/// The result of [`WorkflowClient::create_batch_detailed`](crate::WorkflowClient::create_batch_detailed).
 #[derive(Debug, Clone)]
 pub struct BatchCreated<O> {
     /// The instances created, in input order.
@@ -95,7 +95,7 @@ pub struct BatchCreated<O> {
     pub errors: Vec<BatchError>,
 }
 
-/// The result of [`UntypedWorkflow::delete_batch`].
+/// The result of [`UntypedWorkflow::delete_batch`](crate::UntypedWorkflow::delete_batch).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BatchDeleted {
     /// The ids deleted, one per input position that named an existing instance.
