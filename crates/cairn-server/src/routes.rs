@@ -123,9 +123,10 @@ async fn list_instances(
         None => None,
     };
     let limit = query.limit.unwrap_or(50).clamp(1, 1_000);
-    let page = workflow
-        .list(status, query.cursor.as_deref(), limit)
-        .await?;
+    let mut options = cairn::ListOptions::default().limit(limit);
+    options.status = status;
+    options.cursor = query.cursor.clone();
+    let page = workflow.list(&options).await?;
     Ok(Json(
         json!({ "instances": page.instances, "cursor": page.cursor }),
     ))

@@ -86,6 +86,18 @@ impl Options {
         self
     }
 
+    /// Sets the number of read connections (and threads); at least 1.
+    pub fn readers(mut self, readers: usize) -> Self {
+        self.readers = readers.max(1);
+        self
+    }
+
+    /// Sets how long to wait for another engine to release the database.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
     /// Sets the size the WAL is cut back to after a checkpoint.
     pub fn wal_size_limit(mut self, bytes: u64) -> Self {
         self.wal_size_limit = bytes;
@@ -95,13 +107,30 @@ impl Options {
 
 /// Why a database could not be opened; the message names the file and the cause.
 #[derive(Debug)]
-pub struct OpenError(pub(crate) String);
+pub struct OpenError {
+    message: String,
+    in_use: bool,
+}
+
+impl OpenError {
+    pub(crate) fn other(message: String) -> Self {
+        OpenError {
+            message,
+            in_use: false,
+        }
+    }
+
+    /// Whether another engine holds the database (and kept it past the lock timeout).
+    pub fn is_in_use(&self) -> bool {
+        self.in_use
+    }
+}
 
 impl std::error::Error for OpenError {}
 
 impl std::fmt::Display for OpenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -164,7 +193,7 @@ fn lock_file(
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|e| OpenError(format!("open {}: {e}", path.display())))?;
+        .map_err(|e| OpenError::other(format!("open {}: {e}", path.display())))?;
     loop {
         match file.try_lock() {
             Ok(()) => return Ok(file),
@@ -180,13 +209,16 @@ fn lock_file(
                     // open) rather than risk that.
                     std::mem::forget(file);
                 }
-                return Err(OpenError(format!(
-                    "database {} is in use by another Cairn engine",
-                    db.display(),
-                )));
+                return Err(OpenError {
+                    message: format!(
+                        "database {} is in use by another Cairn engine",
+                        db.display()
+                    ),
+                    in_use: true,
+                });
             }
             Err(std::fs::TryLockError::Error(e)) => {
-                return Err(OpenError(format!("lock {}: {e}", path.display())));
+                return Err(OpenError::other(format!("lock {}: {e}", path.display())));
             }
         }
     }
@@ -215,7 +247,7 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, options: Options) -> std::result::Result<Self, OpenError> {
         let path = path.as_ref().to_path_buf();
         let err = |what: &str, e: &dyn std::fmt::Display| {
-            OpenError(format!("{what} {}: {e}", path.display()))
+            OpenError::other(format!("{what} {}: {e}", path.display()))
         };
         let lock = std::sync::Arc::new(acquire_lock(&path, options.lock_timeout)?);
         let mut conn = Connection::open(&path).map_err(|e| err("open", &e))?;
@@ -225,7 +257,7 @@ impl SqliteStore {
             .map_err(|e| err("read schema version of", &e))?;
         let version = usize::try_from(version).unwrap_or(usize::MAX);
         if version > schema::current_version() {
-            return Err(OpenError(format!(
+            return Err(OpenError::other(format!(
                 "database {} has schema version {version}, newer than this build's {}",
                 path.display(),
                 schema::current_version()

@@ -43,7 +43,8 @@ pub fn raw_step_writes(
     units: usize,
     per_commit: usize,
 ) -> Result<RawBound, OpenError> {
-    let err = |e: rusqlite::Error| OpenError(format!("raw bound on {}: {e}", path.display()));
+    let err =
+        |e: rusqlite::Error| OpenError::other(format!("raw bound on {}: {e}", path.display()));
     // A fresh database every time: remove what an earlier measurement left.
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.as_os_str().to_owned();

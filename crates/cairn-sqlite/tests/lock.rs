@@ -7,9 +7,7 @@ use std::time::Duration;
 use cairn_sqlite::{Options, SqliteStore};
 
 fn quick() -> Options {
-    let mut options = Options::default();
-    options.lock_timeout = Duration::from_millis(50);
-    options
+    Options::default().lock_timeout(Duration::from_millis(50))
 }
 
 #[tokio::test]

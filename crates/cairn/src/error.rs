@@ -96,6 +96,9 @@ pub enum Error {
     /// A list cursor that this engine did not hand out.
     #[error("invalid cursor {0:?}: pass the cursor of the previous page as it was returned")]
     InvalidCursor(String),
+    /// The database is in use by another engine (one engine per SQLite file).
+    #[error("{0}")]
+    DatabaseInUse(String),
     /// The engine could not be built or started as configured.
     #[error("engine configuration: {0}")]
     Config(String),
@@ -128,6 +131,7 @@ impl Error {
             Error::BatchTooLarge { .. } => "batch.too_large",
             Error::InvalidCursor(_) => "cursor.invalid",
             Error::InvalidIdempotencyKey(_) => "event.invalid_key",
+            Error::DatabaseInUse(_) => "store.in_use",
             Error::Config(_) => "engine.config",
             Error::Store(cairn_store::Error::Unavailable(_)) => "store.unavailable",
             Error::Store(_) => "internal",

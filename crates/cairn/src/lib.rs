@@ -22,8 +22,8 @@ pub use cairn_core::{
 pub use cairn_store::Retention;
 pub use client::{
     AttemptDetails, BatchCreated, BatchDeleted, BatchError, CreateOptions, Delivery, Instance,
-    InstanceDetails, InstancePage, InstanceRetention, InstanceSummary, MAX_IDEMPOTENCY_KEY, Status,
-    StepDetails, UntypedWorkflow, WorkflowClient,
+    InstanceDetails, InstancePage, InstanceRetention, InstanceSummary, ListOptions,
+    MAX_IDEMPOTENCY_KEY, Status, StepDetails, UntypedWorkflow, WorkflowClient,
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};

@@ -581,3 +581,77 @@ async fn details_say_when_a_retry_is_due_and_when_a_sleep_or_wait_ends() {
     assert!(json["steps"][2]["until"].is_string(), "{json}");
     engine.shutdown().await;
 }
+
+/// Step settings and a shared `.config()` combine in any order: a setting made one by one
+/// wins over the shared config, before or after it. `.rollback_config()` works before
+/// `.rollback()` too. Before, `.config()` after `.retries()` dropped the retries and
+/// `.rollback_config()` before `.rollback()` was silently ignored.
+#[tokio::test(start_paused = true)]
+async fn config_methods_combine_in_any_order() {
+    let attempts = Seen::default();
+    let handler_calls = Counter::default();
+    let (a, h) = (attempts.clone(), handler_calls.clone());
+    let (engine, _dir) = engine(move |b| {
+        let (a, h) = (a.clone(), h.clone());
+        b.register(wf(move |_, step| {
+            let (a, h) = (a.clone(), h.clone());
+            async move {
+                let shared = StepConfig {
+                    retries: Some(Retries::none()),
+                    timeout: Some(Duration::from_secs(30)),
+                    ..StepConfig::default()
+                };
+                step.run("flaky", |ctx| {
+                    a.push((ctx.attempt, ctx.config.timeout));
+                    async move {
+                        if ctx.attempt < 3 {
+                            Err::<u32, _>("not yet".into())
+                        } else {
+                            Ok(1)
+                        }
+                    }
+                })
+                .retries(Retries::constant(5, Duration::from_millis(1)))
+                .config(&shared)
+                .rollback_config(&StepConfig {
+                    retries: Some(Retries::constant(3, Duration::from_millis(1))),
+                    ..StepConfig::default()
+                })
+                .rollback(move |_: Rollback<u32>| {
+                    let n = h.bump();
+                    async move {
+                        if n < 3 {
+                            Err("handler not yet".into())
+                        } else {
+                            Ok(())
+                        }
+                    }
+                })
+                .await?;
+                Err::<Value, _>("fail to roll back".into())
+            }
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let attempts = attempts.all();
+    assert_eq!(
+        attempts.len(),
+        3,
+        "the step's own retries won: {attempts:?}"
+    );
+    assert!(
+        attempts.iter().all(|(_, t)| *t == Duration::from_secs(30)),
+        "the shared timeout applies: {attempts:?}"
+    );
+    assert_eq!(
+        handler_calls.get(),
+        3,
+        "the rollback config set first applies"
+    );
+    assert_eq!(
+        instance.status().await.unwrap().rollback.unwrap().outcome,
+        "completed"
+    );
+    engine.shutdown().await;
+}

@@ -431,3 +431,52 @@ async fn e15_the_default_step_limit_is_ten_thousand() {
     let _ = StepKind::Run;
     engine.shutdown().await;
 }
+
+/// A second engine on a database another engine holds fails with its own code, not the
+/// generic `engine.config`.
+#[tokio::test]
+async fn a_database_in_use_has_its_own_code() {
+    let (_dir, path) = support::temp_db();
+    let first = support::builder_at(&path).start().await.unwrap();
+    let err = support::builder_at(&path)
+        .sqlite_options(cairn::sqlite::Options::default().lock_timeout(Duration::from_millis(50)))
+        .start()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "store.in_use", "{err}");
+    assert!(err.to_string().contains("in use"), "{err}");
+    first.shutdown().await;
+}
+
+/// `wait_timeout` gives up at its deadline and returns the status once finished.
+#[tokio::test(start_paused = true)]
+async fn wait_timeout_returns_none_at_the_deadline() {
+    let (engine, _dir) = support::engine(|b| {
+        b.register(support::wf(|_, step| async move {
+            step.sleep("nap", Duration::from_secs(60)).await?;
+            Ok(serde_json::Value::Null)
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(serde_json::json!({})))
+        .await
+        .unwrap();
+    assert!(
+        instance
+            .wait_timeout(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let done = instance
+        .wait_timeout(Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(
+        done.map(|s| s.status),
+        Some(cairn::InstanceStatus::Complete)
+    );
+    engine.shutdown().await;
+}

@@ -197,7 +197,11 @@ async fn ten_thousand_sleeping_instances_hold_no_memory() {
     );
     let waiting = client
         .untyped()
-        .list(Some(InstanceStatus::Waiting), None, 20_000)
+        .list(
+            &cairn::ListOptions::default()
+                .status(InstanceStatus::Waiting)
+                .limit(20_000),
+        )
         .await
         .unwrap();
     assert_eq!(waiting.instances.len(), 10_000);

@@ -160,6 +160,21 @@ impl<O: DeserializeOwned> Instance<O> {
         self.wait_for(|s| s.status.is_terminal()).await
     }
 
+    /// [`Instance::wait`] for at most `timeout` (on the engine's clock): `None` when the
+    /// instance has not finished by then.
+    ///
+    /// # Errors
+    /// As [`Instance::status`].
+    pub async fn wait_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<Option<Status<O>>, Error> {
+        tokio::select! {
+            status = self.wait() => status.map(Some),
+            () = self.engine.inner.env.clock.sleep(timeout) => Ok(None),
+        }
+    }
+
     /// A receiver that sees a new value after every write this engine commits to this
     /// instance: a live view that has read its whole log waits on it. Writes by other
     /// processes sharing the store are not seen.

@@ -17,7 +17,7 @@ use cairn_core::WorkflowName;
 pub use create::{BatchCreated, BatchDeleted, BatchError, CreateOptions, InstanceRetention};
 pub use details::{AttemptDetails, InstanceDetails, StepDetails};
 pub use instance::{Delivery, Instance, MAX_IDEMPOTENCY_KEY, Status};
-pub use workflow::{InstancePage, InstanceSummary, UntypedWorkflow, WorkflowClient};
+pub use workflow::{InstancePage, InstanceSummary, ListOptions, UntypedWorkflow, WorkflowClient};
 
 impl Engine {
     /// The typed handle of workflow `W`. Calls on it fail with

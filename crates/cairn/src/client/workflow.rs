@@ -33,7 +33,55 @@ pub struct InstanceSummary {
     pub ended: Option<cairn_core::Timestamp>,
 }
 
-/// One page of [`UntypedWorkflow::list`].
+/// Which instances a listing returns.
+///
+/// ```
+/// use cairn::{InstanceStatus, ListOptions};
+/// let waiting = ListOptions::default().status(InstanceStatus::Waiting).limit(100);
+/// # let _ = waiting;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListOptions {
+    /// Only instances in this status.
+    pub status: Option<InstanceStatus>,
+    /// Start after this position: the previous page's [`InstancePage::cursor`].
+    pub cursor: Option<String>,
+    /// At most this many (default 50).
+    pub limit: usize,
+}
+
+impl Default for ListOptions {
+    fn default() -> Self {
+        ListOptions {
+            status: None,
+            cursor: None,
+            limit: 50,
+        }
+    }
+}
+
+impl ListOptions {
+    /// Only instances in `status`.
+    pub fn status(mut self, status: InstanceStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// The page after `cursor`.
+    pub fn cursor(mut self, cursor: impl Into<String>) -> Self {
+        self.cursor = Some(cursor.into());
+        self
+    }
+
+    /// At most `limit` instances.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
+/// One page of a listing.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct InstancePage {
     /// The instances, newest first.
@@ -133,6 +181,14 @@ impl<W: Workflow> WorkflowClient<W> {
             created: result.created.into_iter().map(Instance::typed).collect(),
             errors: result.errors,
         })
+    }
+
+    /// One page of this workflow's instances (see [`UntypedWorkflow::list`]).
+    ///
+    /// # Errors
+    /// As [`UntypedWorkflow::list`].
+    pub async fn list(&self, options: &ListOptions) -> Result<InstancePage, Error> {
+        self.untyped.list(options).await
     }
 
     /// The instance with this id.
@@ -402,21 +458,15 @@ impl UntypedWorkflow {
             .await?)
     }
 
-    /// One page of this workflow's instances, newest first, optionally only those in
-    /// `status`: `limit` of them after `cursor` (the previous page's [`InstancePage::cursor`];
-    /// `None` for the first page). The cursor is a position in creation order, not an
-    /// instance: it stays valid when instances on either side are deleted or purged.
+    /// One page of this workflow's instances, newest first: see [`ListOptions`]. The cursor
+    /// is a position in creation order, not an instance: it stays valid when instances on
+    /// either side are deleted or purged.
     ///
     /// # Errors
-    /// A cursor not handed out by [`UntypedWorkflow::list`] (`cursor.invalid`), or a store
-    /// failure.
-    pub async fn list(
-        &self,
-        status: Option<InstanceStatus>,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<InstancePage, Error> {
-        let before = cursor.map(decode_cursor).transpose()?;
+    /// A cursor not handed out by a listing (`cursor.invalid`), or a store failure.
+    pub async fn list(&self, options: &ListOptions) -> Result<InstancePage, Error> {
+        let (status, limit) = (options.status, options.limit);
+        let before = options.cursor.as_deref().map(decode_cursor).transpose()?;
         let rows = self
             .engine
             .inner

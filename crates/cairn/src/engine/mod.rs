@@ -284,7 +284,13 @@ impl EngineBuilder {
                 })
                 .await
                 .map_err(|e| Error::Config(format!("open the database: {e}")))?
-                .map_err(|e| Error::Config(e.to_string()))?;
+                .map_err(|e| {
+                    if e.is_in_use() {
+                        Error::DatabaseInUse(e.to_string())
+                    } else {
+                        Error::Config(e.to_string())
+                    }
+                })?;
                 Arc::new(opened)
             }
             #[cfg(not(feature = "sqlite"))]

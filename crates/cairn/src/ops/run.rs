@@ -40,7 +40,9 @@ impl WorkflowStep {
         let key = self.lifetime.claim(StepKind::Run, name.into());
         RunOp {
             config: StepConfig::default(),
+            base: None,
             rollback: None,
+            rollback_config: None,
             start: Some(Box::new(move |config, rollback| {
                 if let (Ok(key), Some(handler)) = (&key, &rollback) {
                     handlers.register(key, handler.clone());
@@ -67,8 +69,12 @@ type Started<'a, T> = BoxFuture<'a, Result<T, WorkflowError>>;
 /// interrupted on the next replay and retried.
 #[must_use = "a step does nothing unless awaited"]
 pub struct RunOp<'a, T> {
+    /// What `.retries()`, `.timeout()` and `.sensitive()` set.
     config: StepConfig,
+    /// What `.config()` set, under them.
+    base: Option<StepConfig>,
     rollback: Option<Handler>,
+    rollback_config: Option<StepConfig>,
     start: Option<Start<'a, T>>,
     running: Option<Started<'a, T>>,
 }
@@ -95,9 +101,10 @@ impl<T> RunOp<'_, T> {
         self
     }
 
-    /// Uses a shared config (replacing anything set before).
+    /// Uses a shared config as the base: what `.retries()`, `.timeout()` and `.sensitive()`
+    /// set wins over it, in whichever order they are called.
     pub fn config(mut self, config: &StepConfig) -> Self {
-        self.config = config.clone();
+        self.base = Some(config.clone());
         self
     }
 
@@ -113,20 +120,30 @@ impl<T> RunOp<'_, T> {
         H: Fn(Rollback<T>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), StepError>> + Send + 'static,
     {
-        let config = self.rollback.take().map(|h| h.config).unwrap_or_default();
-        let mut handler = Handler::new(handler);
-        handler.config = config;
-        self.rollback = Some(handler);
+        self.rollback = Some(Handler::new(handler));
         self
     }
 
     /// Retries and timeout of the rollback handler (merged over the step defaults, not over
-    /// this step's config). Call after [`RunOp::rollback`].
+    /// this step's config). Before or after [`RunOp::rollback`], either works.
     pub fn rollback_config(mut self, config: &StepConfig) -> Self {
-        if let Some(h) = self.rollback.as_mut() {
-            h.config = config.clone();
-        }
+        self.rollback_config = Some(config.clone());
         self
+    }
+
+    /// The step's config: the base from [`RunOp::config`] with the settings made one by one
+    /// on top.
+    fn effective_config(&mut self) -> StepConfig {
+        let set = std::mem::take(&mut self.config);
+        let mut config = self.base.take().unwrap_or_default();
+        if set.retries.is_some() {
+            config.retries = set.retries;
+        }
+        if set.timeout.is_some() {
+            config.timeout = set.timeout;
+        }
+        config.sensitive |= set.sensitive;
+        config
     }
 }
 
@@ -137,8 +154,13 @@ impl<T> Future for RunOp<'_, T> {
         let _engine = crate::panic::EngineCode::enter();
         let this = self.get_mut();
         if let Some(start) = this.start.take() {
-            let config = std::mem::take(&mut this.config);
-            this.running = Some(start(config, this.rollback.take()));
+            let config = this.effective_config();
+            let mut rollback = this.rollback.take();
+            if let (Some(handler), Some(config)) = (rollback.as_mut(), this.rollback_config.take())
+            {
+                handler.config = config;
+            }
+            this.running = Some(start(config, rollback));
         }
         match this.running.as_mut() {
             Some(running) => running.as_mut().poll(cx),
