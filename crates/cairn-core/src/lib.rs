@@ -20,6 +20,7 @@ mod duration;
 mod id;
 pub mod json;
 mod record;
+mod rollback;
 mod status;
 mod time;
 
@@ -38,6 +39,7 @@ pub use record::{
     ErrorInfo, LogEntry, LogKind, LogRecord, MAX_ERROR_MESSAGE, StepKey, StepKind, StepRecord,
     StepState, cap_message,
 };
+pub use rollback::{RollbackStatus, RollbackTrigger};
 pub use status::InstanceStatus;
 pub use time::Timestamp;
 

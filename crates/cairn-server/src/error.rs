@@ -40,6 +40,7 @@ impl From<cairn::Error> for ApiError {
             | "instance.cannot_terminate"
             | "instance.cannot_pause"
             | "instance.cannot_resume"
+            | "instance.cannot_delete"
             | "instance.finished" => StatusCode::CONFLICT,
             "payload.too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             "params.invalid" | "instance.cannot_restart" => StatusCode::UNPROCESSABLE_ENTITY,

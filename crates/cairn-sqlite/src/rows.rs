@@ -29,6 +29,16 @@ fn error_info(name: Option<String>, message: Option<String>) -> Option<ErrorInfo
     name.map(|name| ErrorInfo::new(name, message.unwrap_or_default()))
 }
 
+/// A typed record stored as JSON text (the rollback trigger and outcome).
+fn to_json<T: serde::Serialize>(value: &T) -> rusqlite::Result<String> {
+    serde_json::to_string(value).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+/// A typed record read back from JSON text; undecodable data is corrupt.
+fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(corrupt)
+}
+
 /// Maps a row selected with [`INSTANCE_COLUMNS`]. The outer `Result` is SQLite's, the inner
 /// one reports undecodable data.
 pub(crate) fn instance(row: &Row<'_>) -> rusqlite::Result<Result<InstanceRecord>> {
@@ -185,8 +195,8 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
             output,
             error: error_info(error_name, error_message),
             ready_at: ts(ready_at),
-            rollback_trigger,
-            rollback_outcome,
+            rollback_trigger: rollback_trigger.as_deref().map(from_json).transpose()?,
+            rollback_outcome: rollback_outcome.as_deref().map(from_json).transpose()?,
         })
     })())
 }
@@ -259,7 +269,7 @@ pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> R
         } => hibernate(conn, instance, wake_at, &event_types),
         Write::RollbackTrigger(trigger) => {
             conn.prepare_cached("UPDATE instances SET rollback_trigger = ?2 WHERE iid = ?1")
-                .and_then(|mut st| st.execute(params![instance.0, trigger]))
+                .and_then(|mut st| st.execute(params![instance.0, to_json(&trigger)?]))
                 .map_err(map_sqlite)?;
             Ok(())
         }
@@ -540,7 +550,7 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
             c.error.as_ref().map(|e| e.message.as_str()),
             c.ready_at.map(Timestamp::as_millis),
             c.release,
-            c.rollback_outcome,
+            c.rollback_outcome.as_ref().map(to_json).transpose()?,
         ])
     })
     .map_err(map_sqlite)?;
@@ -822,7 +832,7 @@ pub(crate) fn control(
                      lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_until = NULL,
                      ready_at = created_at, ready_rank = 0
                  WHERE iid = ?1",
-                &[&iid, trigger],
+                &[&iid, &to_json(trigger).map_err(map_sqlite)?],
             )?;
             let _ = at;
             done(InstanceStatus::Running)

@@ -29,8 +29,8 @@
 use std::time::Duration;
 
 use cairn_core::{
-    ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogRecord, StepKey, StepRecord,
-    Timestamp, WorkflowName,
+    ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogRecord, RollbackStatus,
+    RollbackTrigger, StepKey, StepRecord, Timestamp, WorkflowName,
 };
 use futures::future::BoxFuture;
 
@@ -137,10 +137,10 @@ pub struct InstanceRecord {
     /// When it next becomes claimable by itself (queued, or a due timer).
     pub ready_at: Option<Timestamp>,
     /// Set once a rollback has begun (or a terminate with rollback was asked): what
-    /// triggered it, as JSON. A lifetime that finds it set finishes the rollback.
-    pub rollback_trigger: Option<String>,
-    /// The outcome of the rollback, as JSON, once it ended.
-    pub rollback_outcome: Option<String>,
+    /// triggered it. A lifetime that finds it set finishes the rollback.
+    pub rollback_trigger: Option<RollbackTrigger>,
+    /// The outcome of the rollback, once it ended.
+    pub rollback_outcome: Option<RollbackStatus>,
 }
 
 /// A claimed instance: its row and the lease to write under.
@@ -169,8 +169,8 @@ pub struct StatusChange {
     pub ready_at: Option<Timestamp>,
     /// Give the lease up with this change.
     pub release: bool,
-    /// Record the rollback's outcome (JSON).
-    pub rollback_outcome: Option<String>,
+    /// Record the rollback's outcome.
+    pub rollback_outcome: Option<RollbackStatus>,
 }
 
 impl StatusChange {
@@ -210,7 +210,7 @@ pub enum Write {
     },
     /// Record that a rollback has begun and what triggered it (JSON), so that a crash in
     /// the middle of it resumes the rollback.
-    RollbackTrigger(String),
+    RollbackTrigger(RollbackTrigger),
     /// Complete a pending pause: if the instance is `waitingForPause`, make it `paused` at
     /// `at`, release the lease and append `record` (its `WORKFLOW_PAUSED`); otherwise (the
     /// pause was cancelled) change nothing and log nothing.
@@ -254,7 +254,7 @@ pub enum ControlRequest {
         /// When.
         at: Timestamp,
         /// Run the rollback handlers first, with this trigger.
-        rollback: Option<String>,
+        rollback: Option<RollbackTrigger>,
     },
     /// From any status: wipe the journal, log, events and timers (or, with `from`, only the
     /// step found and every step started after it, plus the terminal records) and run again.

@@ -3,6 +3,34 @@
 
 use cairn_core::IdError;
 
+/// A management action on an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// `pause`.
+    Pause,
+    /// `resume`.
+    Resume,
+    /// `terminate` (with or without rollback).
+    Terminate,
+    /// `restart` (from scratch or from a step).
+    Restart,
+    /// `delete`.
+    Delete,
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Action::Pause => "pause",
+            Action::Resume => "resume",
+            Action::Terminate => "terminate",
+            Action::Restart => "restart",
+            Action::Delete => "delete",
+        })
+    }
+}
+
 /// A management call that could not be done. Nothing was changed when it is returned.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -38,11 +66,11 @@ pub enum Error {
         status: cairn_core::InstanceStatus,
     },
     /// The transition is impossible from the instance's status (e.g. terminating a finished
-    /// instance). `action` is `terminate`, `pause` or `resume`.
+    /// instance).
     #[error("Cannot {action} instance {id:?} since it is {status}, a finished state")]
     CannotTransition {
         /// The action asked for.
-        action: &'static str,
+        action: Action,
         /// The instance id.
         id: String,
         /// Its status.
@@ -115,14 +143,13 @@ impl Error {
             Error::InstanceNotFound { .. } => "instance.not_found",
             Error::AlreadyExists { .. } => "instance.already_exists",
             Error::InstanceFinished { .. } => "instance.finished",
-            Error::CannotTransition {
-                action: "terminate",
-                ..
-            } => "instance.cannot_terminate",
-            Error::CannotTransition {
-                action: "pause", ..
-            } => "instance.cannot_pause",
-            Error::CannotTransition { .. } => "instance.cannot_resume",
+            Error::CannotTransition { action, .. } => match action {
+                Action::Pause => "instance.cannot_pause",
+                Action::Resume => "instance.cannot_resume",
+                Action::Terminate => "instance.cannot_terminate",
+                Action::Restart => "instance.cannot_restart",
+                Action::Delete => "instance.cannot_delete",
+            },
             Error::StepNotFound { .. } => "instance.cannot_restart",
             Error::UnknownWorkflow(_) => "workflow.not_found",
             Error::InvalidParams { .. } => "params.invalid",

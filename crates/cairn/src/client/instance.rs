@@ -124,10 +124,7 @@ impl<O: DeserializeOwned> Instance<O> {
             error: record
                 .error
                 .filter(|_| record.status == InstanceStatus::Errored),
-            rollback: record
-                .rollback_outcome
-                .as_deref()
-                .and_then(|json| serde_json::from_str(json).ok()),
+            rollback: record.rollback_outcome,
         })
     }
 
@@ -300,7 +297,7 @@ impl<O: DeserializeOwned> Instance<O> {
     async fn control(
         &self,
         request: cairn_store::ControlRequest,
-        action: &'static str,
+        action: crate::error::Action,
     ) -> Result<(), Error> {
         let inner = &self.engine.inner;
         let outcome = inner
@@ -370,7 +367,8 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Error::InstanceNotFound`]; `instance.cannot_pause` for a finished instance.
     pub async fn pause(&self) -> Result<(), Error> {
         let at = self.engine.inner.env.clock.now();
-        self.control(ControlRequest::Pause { at }, "pause").await
+        self.control(ControlRequest::Pause { at }, crate::error::Action::Pause)
+            .await
     }
 
     /// Resumes a paused instance (its timers shifted by the time spent paused) or cancels a
@@ -380,7 +378,8 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Error::InstanceNotFound`]; `instance.cannot_resume` for a finished instance.
     pub async fn resume(&self) -> Result<(), Error> {
         let at = self.engine.inner.env.clock.now();
-        self.control(ControlRequest::Resume { at }, "resume").await
+        self.control(ControlRequest::Resume { at }, crate::error::Action::Resume)
+            .await
     }
 
     /// Terminates the instance from any non-terminal status: attempts in flight, sleeps and
@@ -392,7 +391,7 @@ impl<O: DeserializeOwned> Instance<O> {
         let at = self.engine.inner.env.clock.now();
         self.control(
             ControlRequest::Terminate { at, rollback: None },
-            "terminate",
+            crate::error::Action::Terminate,
         )
         .await
     }
@@ -405,14 +404,13 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Error::InstanceNotFound`]; `instance.cannot_terminate` for a finished instance.
     pub async fn terminate_with_rollback(&self) -> Result<(), Error> {
         let at = self.engine.inner.env.clock.now();
-        let trigger =
-            serde_json::to_string(&crate::ops::rollback::Trigger::terminate()).unwrap_or_default();
+        let trigger = cairn_core::RollbackTrigger::terminate();
         self.control(
             ControlRequest::Terminate {
                 at,
                 rollback: Some(trigger),
             },
-            "terminate",
+            crate::error::Action::Terminate,
         )
         .await
     }
@@ -424,8 +422,11 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Error::InstanceNotFound`].
     pub async fn restart(&self) -> Result<(), Error> {
         let at = self.engine.inner.env.clock.now();
-        self.control(ControlRequest::Restart { at, from: None }, "restart")
-            .await
+        self.control(
+            ControlRequest::Restart { at, from: None },
+            crate::error::Action::Restart,
+        )
+        .await
     }
 
     /// Restarts the instance from a step: the `count`-th (1-based) op of `kind` named
@@ -452,7 +453,7 @@ impl<O: DeserializeOwned> Instance<O> {
                 at,
                 from: Some(from),
             },
-            "restart",
+            crate::error::Action::Restart,
         )
         .await
     }
@@ -463,7 +464,8 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// [`Error::InstanceNotFound`].
     pub async fn delete(&self) -> Result<(), Error> {
-        self.control(ControlRequest::Delete, "delete").await?;
+        self.control(ControlRequest::Delete, crate::error::Action::Delete)
+            .await?;
         if crate::lifetime::is_current(&self.workflow, &self.id) {
             // A workflow deleting its own instance stops at this call: its lifetime is being
             // dropped, and nothing after the call may run.

@@ -220,11 +220,7 @@ async fn run_lifetime(
         handlers: Arc::clone(&handlers),
     };
     let mut shutdown = inner.shutdown.subscribe();
-    if let Some(trigger) = record
-        .rollback_trigger
-        .as_deref()
-        .and_then(|json| serde_json::from_str::<Trigger>(json).ok())
-    {
+    if let Some(trigger) = record.rollback_trigger.clone() {
         // A rollback to begin (terminate with rollback) or to resume after a crash: its
         // handlers are not in memory, so replay `run` only to register them.
         let current = (record.workflow.clone(), record.id.clone());
@@ -472,7 +468,7 @@ async fn finish(
     terminated: bool,
 ) -> Result<(), Abort> {
     let now = state.now();
-    let rollback_outcome = rollback.map(|r| serde_json::to_string(&r).unwrap_or_default());
+    let rollback_outcome = rollback;
     let writes = match outcome {
         // Terminated with rollback: the handlers ran; now it ends as a terminate does.
         _ if terminated => vec![

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cairn_core::{ErrorInfo, LogKind, ResolvedConfig, StepKey, StepKind, StepRecord, StepState};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::context::{StepContext, StepId};
@@ -16,44 +15,10 @@ use crate::ops::attempt::{Execution, LogKinds};
 use crate::ops::handler::{Handler, Handlers, RollbackInput};
 
 /// What triggered a rollback; persisted so a crash in the middle resumes it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Trigger {
-    pub(crate) error: ErrorInfo,
-    /// A terminate with rollback: the instance ends `terminated`, not `errored`.
-    #[serde(default)]
-    pub(crate) terminate: bool,
-    /// `ROLLBACK_START` has been recorded.
-    #[serde(default)]
-    pub(crate) started: bool,
-}
+pub use cairn_core::RollbackStatus;
 
-impl Trigger {
-    pub(crate) fn terminate() -> Self {
-        Trigger {
-            error: ErrorInfo::new("Terminated", "Instance terminated during rollback"),
-            terminate: true,
-            started: false,
-        }
-    }
-
-    pub(crate) fn error(error: ErrorInfo) -> Self {
-        Trigger {
-            error,
-            terminate: false,
-            started: false,
-        }
-    }
-}
-
-/// How a rollback ended, as `status()` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RollbackStatus {
-    /// `completed` or `failed`.
-    pub outcome: String,
-    /// The handler error that stopped the chain.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorInfo>,
-}
+/// What triggered a rollback (stored with the instance).
+pub(crate) type Trigger = cairn_core::RollbackTrigger;
 
 const ROLLBACK_KINDS: LogKinds = LogKinds {
     step_start: LogKind::RollbackStepStart,
@@ -94,10 +59,9 @@ pub(crate) async fn roll_back(
             started: true,
             ..trigger.clone()
         };
-        let trigger_json = serde_json::to_string(&started).unwrap_or_default();
         state
             .commit(vec![
-                cairn_store::Write::RollbackTrigger(trigger_json),
+                cairn_store::Write::RollbackTrigger(started),
                 state.log(
                     LogKind::RollbackStart,
                     None,
