@@ -196,7 +196,6 @@ impl Readers {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // test code: a panic is the failure report
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 

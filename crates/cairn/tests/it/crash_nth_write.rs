@@ -3,16 +3,12 @@
 //! engine on the same database must then finish the instance with the same output, and a
 //! step whose result was committed must never run again.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::{FnWorkflow, wf};
 use cairn::prelude::*;
 use cairn::sqlite::{Durability, Options, SqliteStore};
 use cairn::store::{
@@ -24,7 +20,6 @@ use cairn::{
     WorkflowName,
 };
 use serde_json::json;
-use support::{FnWorkflow, wf};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
@@ -229,7 +224,7 @@ fn open_store(path: &std::path::Path) -> Arc<dyn Store> {
 }
 
 async fn total_commits() -> usize {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let counting = Arc::new(FailingStore {
         inner: open_store(&path),
         fail_at: usize::MAX,
@@ -256,7 +251,7 @@ async fn total_commits() -> usize {
 }
 
 async fn crash_at(fail_at: usize, mode: Mode) {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let runs = Runs::default();
     let failing = Arc::new(FailingStore {
         inner: open_store(&path),
@@ -304,7 +299,7 @@ async fn crash_at(fail_at: usize, mode: Mode) {
     };
     let before = runs.lock().unwrap().clone();
 
-    let second = support::builder_at(&path)
+    let second = crate::support::builder_at(&path)
         .register(workflow(runs.clone()))
         .start()
         .await

@@ -1,7 +1,5 @@
 //! What a new engine makes of what a dead one left.
 
-#![allow(clippy::unwrap_used)]
-
 use std::time::Duration;
 
 use cairn_core::{

@@ -5,19 +5,14 @@
 //! exactly once, in reverse start order; a handler ran again only for an attempt recorded as
 //! interrupted; and each compensation's effect (idempotent by key) happened once.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::{FnWorkflow, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::Value;
-use support::{FnWorkflow, wf};
 
 const INSTANCES: usize = 20;
 const STEPS: usize = 4;
@@ -38,7 +33,7 @@ fn workflow(dir: PathBuf) -> FnWorkflow {
                     let (dir, id) = (dir.clone(), id.clone());
                     async move {
                         // Every execution is counted; the effect is applied once per key.
-                        support::append_line(
+                        crate::support::append_line(
                             &dir.join("executions.txt"),
                             &format!("{id} {}", rb.ctx.step.name),
                         );
@@ -47,7 +42,7 @@ fn workflow(dir: PathBuf) -> FnWorkflow {
                         let effects = dir.join("effects.txt");
                         let done = std::fs::read_to_string(&effects).unwrap_or_default();
                         if !done.lines().any(|l| l == key) {
-                            support::append_line(&effects, &key);
+                            crate::support::append_line(&effects, &key);
                         }
                         Ok(())
                     }
@@ -61,29 +56,34 @@ fn workflow(dir: PathBuf) -> FnWorkflow {
 
 #[test]
 fn child_process_entry_rollback() {
-    let Some(dir) = support::crash_child_dir() else {
+    let Some(dir) = crate::support::crash_child_dir() else {
         return; // not a child: nothing to do in a normal test run
     };
-    let rt = support::paused_runtime();
+    let rt = crate::support::paused_runtime();
     rt.block_on(async {
-        let engine = support::builder_at(&dir.join("cairn.db"))
+        let engine = crate::support::builder_at(&dir.join("cairn.db"))
             .register(workflow(dir.clone()))
             .start()
             .await
             .unwrap();
         let client = engine.workflow::<FnWorkflow>();
-        support::create_numbered(&client, INSTANCES).await;
-        support::wait_numbered(&client, INSTANCES).await;
+        crate::support::create_numbered(&client, INSTANCES).await;
+        crate::support::wait_numbered(&client, INSTANCES).await;
         engine.shutdown().await;
     });
 }
 
 #[test]
 fn killed_during_rollbacks_every_compensation_completes_once_in_order() {
-    let seed = support::test_seed("crash_kill_rollback");
+    let seed = crate::support::test_seed("crash_kill_rollback");
     let dir = tempfile::tempdir().unwrap();
-    let kills =
-        support::kill_repeatedly(dir.path(), "child_process_entry_rollback", seed, KILLS, 25);
+    let kills = crate::support::kill_repeatedly(
+        dir.path(),
+        "crash_kill_rollback::child_process_entry_rollback",
+        seed,
+        KILLS,
+        25,
+    );
     assert!(kills >= KILLS, "only {kills} kills landed");
 
     let mut executions: HashMap<String, usize> = HashMap::new();
@@ -94,9 +94,9 @@ fn killed_during_rollbacks_every_compensation_completes_once_in_order() {
         *executions.entry(line.to_owned()).or_default() += 1;
     }
     let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();
-    let rt = support::paused_runtime();
+    let rt = crate::support::paused_runtime();
     rt.block_on(async {
-        let engine = support::builder_at(&dir.path().join("cairn.db"))
+        let engine = crate::support::builder_at(&dir.path().join("cairn.db"))
             .register(workflow(dir.path().join("unused")))
             .start()
             .await

@@ -1,8 +1,6 @@
 //! The server under slow and greedy clients, on a real socket: read timeouts, the cap on
 //! live streams, and streams that end when the server shuts down.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
 use std::time::{Duration, Instant};
 
 use cairn::prelude::*;

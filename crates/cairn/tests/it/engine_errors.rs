@@ -1,16 +1,11 @@
 //! SPEC §7.1: non-retryable errors, delay functions, restarts and the step limit.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Counter, Seen, engine, records, run_to_end, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind, StepKind};
 use serde_json::{Value, json};
-use support::{Counter, Seen, engine, records, run_to_end, wf};
 
 #[tokio::test(start_paused = true)]
 async fn e1_non_retryable_error_runs_once() {
@@ -282,11 +277,11 @@ async fn e6_context_config_has_no_delay_for_a_function_and_the_exact_value_other
 
 #[tokio::test(start_paused = true)]
 async fn e10_m2_identity_status_and_log_survive_an_engine_restart() {
-    let (dir, path) = support::temp_db();
+    let (dir, path) = crate::support::temp_db();
     let gate = std::sync::Arc::new(tokio::sync::Notify::new());
     let first = {
         let gate = gate.clone();
-        support::builder_at(&path)
+        crate::support::builder_at(&path)
             .register(wf(move |_, step| {
                 let gate = gate.clone();
                 async move {
@@ -307,14 +302,14 @@ async fn e10_m2_identity_status_and_log_survive_an_engine_restart() {
             .unwrap()
     };
     let created = first
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .create(CreateOptions::new(json!({"k": 1})).id("survivor"))
         .await
         .unwrap();
     gate.notified().await;
     first.shutdown().await;
 
-    let second = support::builder_at(&path)
+    let second = crate::support::builder_at(&path)
         .register(wf(|_, step| async move {
             step.run("block", |_| async { Ok(()) }).await?;
             Ok(json!("done"))
@@ -323,7 +318,7 @@ async fn e10_m2_identity_status_and_log_survive_an_engine_restart() {
         .await
         .unwrap();
     let instance = second
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .get("survivor")
         .await
         .unwrap();
@@ -353,7 +348,7 @@ async fn e10_m2_identity_status_and_log_survive_an_engine_restart() {
     drop(dir);
 }
 
-fn many_steps(n: usize) -> support::FnWorkflow {
+fn many_steps(n: usize) -> crate::support::FnWorkflow {
     wf(move |_, step| async move {
         for i in 0..n {
             step.run(format!("step {i}"), |_| async move { Ok(i) })
@@ -384,9 +379,13 @@ async fn e14_exactly_the_limit_of_steps_completes() {
     let (engine, _dir) = engine(|b| b.step_limit(3).register(many_steps(4))).await;
     let instance = run_to_end(&engine, json!({})).await;
     assert_eq!(records(&instance, LogKind::StepSuccess).await.len(), 3);
-    let (engine3, _dir3) = support::engine(|b| b.step_limit(3).register(many_steps(3))).await;
+    let (engine3, _dir3) =
+        crate::support::engine(|b| b.step_limit(3).register(many_steps(3))).await;
     let ok = run_to_end(&engine3, json!({})).await;
-    assert_eq!(support::status_of(&ok).await, InstanceStatus::Complete);
+    assert_eq!(
+        crate::support::status_of(&ok).await,
+        InstanceStatus::Complete
+    );
     engine.shutdown().await;
     engine3.shutdown().await;
 }
@@ -436,9 +435,9 @@ async fn e15_the_default_step_limit_is_ten_thousand() {
 /// generic `engine.config`.
 #[tokio::test]
 async fn a_database_in_use_has_its_own_code() {
-    let (_dir, path) = support::temp_db();
-    let first = support::builder_at(&path).start().await.unwrap();
-    let err = support::builder_at(&path)
+    let (_dir, path) = crate::support::temp_db();
+    let first = crate::support::builder_at(&path).start().await.unwrap();
+    let err = crate::support::builder_at(&path)
         .sqlite_options(cairn::sqlite::Options::default().lock_timeout(Duration::from_millis(50)))
         .start()
         .await
@@ -451,15 +450,15 @@ async fn a_database_in_use_has_its_own_code() {
 /// `wait_timeout` gives up at its deadline and returns the status once finished.
 #[tokio::test(start_paused = true)]
 async fn wait_timeout_returns_none_at_the_deadline() {
-    let (engine, _dir) = support::engine(|b| {
-        b.register(support::wf(|_, step| async move {
+    let (engine, _dir) = crate::support::engine(|b| {
+        b.register(crate::support::wf(|_, step| async move {
             step.sleep("nap", Duration::from_secs(60)).await?;
             Ok(serde_json::Value::Null)
         }))
     })
     .await;
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(serde_json::json!({})))
         .await
         .unwrap();

@@ -1,17 +1,12 @@
 //! Regression tests for the defects of the reliability review (issue 9), one per defect,
 //! each named after it.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Counter, Seen, engine, records, run_to_end, targets, until_status, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::{Value, json};
-use support::{Counter, Seen, engine, records, run_to_end, targets, until_status, wf};
 
 /// A body that panics while *building* its future (not inside it) on attempt 1 is an
 /// attempt failure, retried per its config; before, the panic escaped the step, errored the
@@ -192,11 +187,6 @@ async fn error_messages_are_capped_once_per_attempt() {
     engine.shutdown().await;
 }
 
-#[allow(dead_code)]
-fn unused(_: Seen<u32>) {
-    let _ = (targets::<Value>, until_status);
-}
-
 /// A panic in engine code (here: the store call that loads the journal, made on the
 /// driver's task) releases the instance, recorded in its log, and a later lifetime finishes
 /// it; before, the panic was dropped by the scheduler's `JoinSet` and the instance stayed
@@ -206,11 +196,11 @@ fn unused(_: Seen<u32>) {
 /// where a panic becomes `store.unavailable` instead.
 #[tokio::test]
 async fn a_panic_in_engine_code_releases_the_instance() {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
     let journal_calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let calls = std::sync::Arc::clone(&journal_calls);
-    let hooked = support::Hooked {
+    let hooked = crate::support::Hooked {
         inner: std::sync::Arc::new(store),
         before: Box::new(move |method| {
             if method == "journal" && calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
@@ -229,7 +219,7 @@ async fn a_panic_in_engine_code_releases_the_instance() {
         .await
         .unwrap();
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(json!({})))
         .await
         .unwrap();
@@ -285,7 +275,7 @@ async fn rollback_registration_replay_survives_awaits_that_are_not_steps() {
     })
     .await;
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(json!({})))
         .await
         .unwrap();
@@ -301,7 +291,7 @@ async fn rollback_registration_replay_survives_awaits_that_are_not_steps() {
 
 /// Two steps with handlers, then a failure; `reserve`'s handler takes 5 s and
 /// `charge`'s handler first fails with `delay` as its retry back-off.
-fn slow_rollback(ran: Seen<String>, delay: Duration) -> support::FnWorkflow {
+fn slow_rollback(ran: Seen<String>, delay: Duration) -> crate::support::FnWorkflow {
     wf(move |_, step| {
         let ran = ran.clone();
         async move {
@@ -367,13 +357,13 @@ async fn a_pause_during_a_rollback_takes_effect_and_resume_continues_it() {
     let (engine, _dir) =
         engine(|b| b.register(slow_rollback(ran.clone(), Duration::from_millis(100)))).await;
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(json!({})))
         .await
         .unwrap();
     within(
         "the rollback start",
-        support::until_logged(&instance, LogKind::RollbackStart, 1),
+        crate::support::until_logged(&instance, LogKind::RollbackStart, 1),
     )
     .await;
     instance.pause().await.unwrap();
@@ -398,13 +388,13 @@ async fn a_long_back_off_in_a_rollback_hibernates() {
     let (engine, _dir) =
         engine(|b| b.register(slow_rollback(ran.clone(), Duration::from_secs(3600)))).await;
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(json!({})))
         .await
         .unwrap();
     within(
         "the first handler failure",
-        support::until_logged(&instance, LogKind::RollbackAttemptFailure, 1),
+        crate::support::until_logged(&instance, LogKind::RollbackAttemptFailure, 1),
     )
     .await;
     within(
@@ -488,7 +478,7 @@ async fn a_step_dropped_by_the_workflow_is_recorded_as_cancelled() {
 /// interrupted by the next engine.
 #[tokio::test(start_paused = true)]
 async fn shutdown_drains_attempts_in_flight_until_the_deadline() {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let runs = Seen::<String>::default();
     let workflow = |runs: Seen<String>| {
         wf(move |_, step| {
@@ -517,18 +507,18 @@ async fn shutdown_drains_attempts_in_flight_until_the_deadline() {
             }
         })
     };
-    let engine = support::builder_at(&path)
+    let engine = crate::support::builder_at(&path)
         .drain_timeout(Duration::from_secs(60))
         .register(workflow(runs.clone()))
         .start()
         .await
         .unwrap();
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(json!({})).id("deploy"))
         .await
         .unwrap();
-    support::until_logged(&instance, LogKind::AttemptStart, 1).await;
+    crate::support::until_logged(&instance, LogKind::AttemptStart, 1).await;
     let started = tokio::time::Instant::now();
     engine.shutdown().await;
     // The first step finished within the drain; the second never started (the gate held
@@ -540,18 +530,18 @@ async fn shutdown_drains_attempts_in_flight_until_the_deadline() {
     );
     assert_eq!(runs.all(), ["two seconds"]);
 
-    let engine = support::builder_at(&path)
+    let engine = crate::support::builder_at(&path)
         .drain_timeout(Duration::from_secs(1))
         .register(workflow(runs.clone()))
         .start()
         .await
         .unwrap();
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .get("deploy")
         .await
         .unwrap();
-    support::until_logged(&instance, LogKind::AttemptStart, 2).await;
+    crate::support::until_logged(&instance, LogKind::AttemptStart, 2).await;
     let log = instance.log(0).await.unwrap();
     assert!(
         !log.iter()
@@ -571,13 +561,13 @@ async fn shutdown_drains_attempts_in_flight_until_the_deadline() {
         started.elapsed()
     );
 
-    let engine = support::builder_at(&path)
+    let engine = crate::support::builder_at(&path)
         .register(workflow(runs.clone()))
         .start()
         .await
         .unwrap();
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .get("deploy")
         .await
         .unwrap();
@@ -605,24 +595,24 @@ async fn commits_wake_only_the_views_of_their_instance_and_workflow() {
             step.run("s", |_| async { Ok(1u32) }).await?;
             Ok(Value::Null)
         }))
-        .register(support::named::<1, _, _>(|_, step| async move {
+        .register(crate::support::named::<1, _, _>(|_, step| async move {
             step.wait_for_event::<Value>("wait", "go").await?;
             Ok(Value::Null)
         }))
     })
     .await;
     let idle = engine
-        .workflow::<support::FnWorkflow<1>>()
+        .workflow::<crate::support::FnWorkflow<1>>()
         .create(cairn::CreateOptions::new(json!({})).id("idle"))
         .await
         .unwrap();
     until_status(&idle, InstanceStatus::Waiting).await;
     let mut idle_view = idle.commits().await.unwrap();
     let mut idle_workflow_view = engine
-        .workflow::<support::FnWorkflow<1>>()
+        .workflow::<crate::support::FnWorkflow<1>>()
         .untyped()
         .commits();
-    let busy = engine.workflow::<support::FnWorkflow>();
+    let busy = engine.workflow::<crate::support::FnWorkflow>();
     let busy_workflow_view = busy.untyped().commits();
     idle_view.borrow_and_update();
     idle_workflow_view.borrow_and_update();
@@ -698,11 +688,11 @@ async fn a_step_dropped_while_waiting_to_retry_is_recorded_as_cancelled() {
 /// it was reported as "the workflow panicked" and failed the instance for good.
 #[tokio::test]
 async fn a_panic_in_an_ops_engine_code_releases_the_instance() {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
     let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let c = std::sync::Arc::clone(&calls);
-    let hooked = support::Hooked {
+    let hooked = crate::support::Hooked {
         inner: std::sync::Arc::new(store),
         before: Box::new(move |method| {
             if method == "take_event" && c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
@@ -721,7 +711,7 @@ async fn a_panic_in_an_ops_engine_code_releases_the_instance() {
         .await
         .unwrap();
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(json!({})))
         .await
         .unwrap();
@@ -750,7 +740,7 @@ async fn a_panic_in_an_ops_engine_code_releases_the_instance() {
 /// engine saw it in flight, recorded it as interrupted and ran it again.
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_step_is_recorded_across_a_graceful_shutdown() {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let slow_runs = Counter::default();
     let workflow = |s: Counter| {
         wf(move |_, step| {
@@ -775,26 +765,26 @@ async fn a_cancelled_step_is_recorded_across_a_graceful_shutdown() {
             }
         })
     };
-    let engine = support::builder_at(&path)
+    let engine = crate::support::builder_at(&path)
         .register(workflow(slow_runs.clone()))
         .start()
         .await
         .unwrap();
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(json!({})).id("c"))
         .await
         .unwrap();
-    support::until_logged(&instance, LogKind::StepStart, 1).await;
+    crate::support::until_logged(&instance, LogKind::StepStart, 1).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     engine.shutdown().await;
-    let engine = support::builder_at(&path)
+    let engine = crate::support::builder_at(&path)
         .register(workflow(slow_runs.clone()))
         .start()
         .await
         .unwrap();
     let instance = engine
-        .workflow::<support::FnWorkflow>()
+        .workflow::<crate::support::FnWorkflow>()
         .get("c")
         .await
         .unwrap();
@@ -816,11 +806,11 @@ async fn a_cancelled_step_is_recorded_across_a_graceful_shutdown() {
 /// second `WORKFLOW_START`. Before, it reused the stale claimed record and logged it twice.
 #[tokio::test(start_paused = true)]
 async fn a_store_outage_replays_from_the_stored_record() {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
     let commits = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let c = std::sync::Arc::clone(&commits);
-    let hooked = support::Hooked {
+    let hooked = crate::support::Hooked {
         inner: std::sync::Arc::new(store),
         before: Box::new(move |method| {
             // The commit after the one that starts the instance fails once.

@@ -6,18 +6,13 @@
 //!
 //! The child is this test binary, run again with `CAIRN_CRASH_CHILD` set.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::{FnWorkflow, wf};
 use cairn::{InstanceStatus, LogKind};
 use serde_json::json;
-use support::{FnWorkflow, wf};
 
 const INSTANCES: usize = 50;
 const STEPS: u64 = 8;
@@ -33,7 +28,7 @@ fn workflow(effects: PathBuf) -> FnWorkflow {
                 let (effects, id) = (effects.clone(), id.clone());
                 let v: u64 = step
                     .run(format!("step {i}"), move |ctx| {
-                        support::append_line(
+                        crate::support::append_line(
                             &effects,
                             &format!("{id} {} {}", ctx.step.name.replace(' ', "_"), ctx.attempt),
                         );
@@ -57,28 +52,34 @@ fn expected() -> u64 {
 /// The child: create the instances (idempotently) and run until all are done.
 #[test]
 fn child_process_entry() {
-    let Some(dir) = support::crash_child_dir() else {
+    let Some(dir) = crate::support::crash_child_dir() else {
         return; // not a child: nothing to do in a normal test run
     };
-    let rt = support::paused_runtime();
+    let rt = crate::support::paused_runtime();
     rt.block_on(async {
-        let engine = support::builder_at(&dir.join("cairn.db"))
+        let engine = crate::support::builder_at(&dir.join("cairn.db"))
             .register(workflow(dir.join("effects.txt")))
             .start()
             .await
             .unwrap();
         let client = engine.workflow::<FnWorkflow>();
-        support::create_numbered(&client, INSTANCES).await;
-        support::wait_numbered(&client, INSTANCES).await;
+        crate::support::create_numbered(&client, INSTANCES).await;
+        crate::support::wait_numbered(&client, INSTANCES).await;
         engine.shutdown().await;
     });
 }
 
 #[test]
 fn killed_process_resumes_every_instance_without_rerunning_committed_steps() {
-    let seed = support::test_seed("crash_kill");
+    let seed = crate::support::test_seed("crash_kill");
     let dir = tempfile::tempdir().unwrap();
-    let kills = support::kill_repeatedly(dir.path(), "child_process_entry", seed, KILLS, 50);
+    let kills = crate::support::kill_repeatedly(
+        dir.path(),
+        "crash_kill::child_process_entry",
+        seed,
+        KILLS,
+        50,
+    );
     assert!(kills >= KILLS, "only {kills} kills landed");
 
     let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();
@@ -95,9 +96,9 @@ fn killed_process_resumes_every_instance_without_rerunning_committed_steps() {
             .push(attempt.parse().unwrap());
     }
 
-    let rt = support::paused_runtime();
+    let rt = crate::support::paused_runtime();
     let interrupted = rt.block_on(async {
-        let engine = support::builder_at(&dir.path().join("cairn.db"))
+        let engine = crate::support::builder_at(&dir.path().join("cairn.db"))
             .register(workflow(dir.path().join("unused.txt")))
             .start()
             .await
@@ -131,7 +132,7 @@ fn killed_process_resumes_every_instance_without_rerunning_committed_steps() {
                     interrupted += 1;
                 }
             }
-            let starts = support::records(&instance, LogKind::WorkflowStart).await;
+            let starts = crate::support::records(&instance, LogKind::WorkflowStart).await;
             assert_eq!(starts.len(), 1, "i{i} started once");
         }
         engine.shutdown().await;

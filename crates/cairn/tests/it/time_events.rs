@@ -1,16 +1,11 @@
 //! SPEC §1.7–1.8, §2.6, Part A.2/4/6: sleeps, events, and hibernation.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{FnWorkflow, engine, records, run_to_end, until_logged, until_status, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::{Value, json};
-use support::{FnWorkflow, engine, records, run_to_end, until_logged, until_status, wf};
 
 #[tokio::test(start_paused = true)]
 async fn sleeps_take_durations_and_strings_and_last_that_long() {
@@ -79,7 +74,7 @@ async fn invalid_sleeps_are_errors_quoting_the_input() {
 
 #[tokio::test(start_paused = true)]
 async fn sleep_until_wakes_at_its_target_and_replays_after_it_at_once() {
-    let (dir, path) = support::temp_db();
+    let (dir, path) = crate::support::temp_db();
     let target = std::time::SystemTime::now() + Duration::from_secs(7200);
     let make = move |stop: bool| {
         wf(move |_, step| async move {
@@ -90,7 +85,7 @@ async fn sleep_until_wakes_at_its_target_and_replays_after_it_at_once() {
             Ok(json!("launched"))
         })
     };
-    let first = support::builder_at(&path)
+    let first = crate::support::builder_at(&path)
         .register(make(true))
         .start()
         .await
@@ -111,7 +106,7 @@ async fn sleep_until_wakes_at_its_target_and_replays_after_it_at_once() {
     );
     first.shutdown().await;
     // A replay long after the target returns at once (keyed on the name, not the remaining time).
-    let second = support::builder_at(&path)
+    let second = crate::support::builder_at(&path)
         .register(make(false))
         .start()
         .await
@@ -128,14 +123,14 @@ async fn sleep_until_wakes_at_its_target_and_replays_after_it_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sleep_interrupted_by_a_restart_wakes_at_its_original_time() {
-    let (dir, path) = support::temp_db();
+    let (dir, path) = crate::support::temp_db();
     let workflow = || {
         wf(|_, step| async move {
             step.sleep("nap", "1 hour").await?;
             Ok(json!("awake"))
         })
     };
-    let first = support::builder_at(&path)
+    let first = crate::support::builder_at(&path)
         .register(workflow())
         .start()
         .await
@@ -149,7 +144,7 @@ async fn a_sleep_interrupted_by_a_restart_wakes_at_its_original_time() {
     let started = records(&instance, LogKind::SleepStart).await[0].entry.at;
     first.shutdown().await;
 
-    let second = support::builder_at(&path)
+    let second = crate::support::builder_at(&path)
         .register(workflow())
         .start()
         .await
@@ -549,7 +544,7 @@ async fn invalid_event_types_and_timeouts_fail_the_wait() {
 
 #[tokio::test(start_paused = true)]
 async fn an_event_buffered_before_a_restart_is_delivered_once() {
-    let (dir, path) = support::temp_db();
+    let (dir, path) = crate::support::temp_db();
     let workflow = || {
         wf(|_, step| async move {
             let first: StepEvent<u32> = step.wait_for_event("first", "t").await?;
@@ -560,7 +555,7 @@ async fn an_event_buffered_before_a_restart_is_delivered_once() {
             Ok(json!([first.payload, second.is_err()]))
         })
     };
-    let first = support::builder_at(&path)
+    let first = crate::support::builder_at(&path)
         .register(workflow())
         .start()
         .await
@@ -572,7 +567,7 @@ async fn an_event_buffered_before_a_restart_is_delivered_once() {
         .unwrap();
     instance.send_event("t", &7).await.unwrap();
     first.shutdown().await; // before or after delivery: either way once
-    let second = support::builder_at(&path)
+    let second = crate::support::builder_at(&path)
         .register(workflow())
         .start()
         .await
@@ -611,7 +606,7 @@ async fn f1_an_instance_stays_running_with_its_first_output_during_a_short_sleep
         .unwrap();
     until_logged(&instance, LogKind::SleepStart, 1).await;
     assert_eq!(
-        support::status_of(&instance).await,
+        crate::support::status_of(&instance).await,
         InstanceStatus::Running,
         "a 1 s sleep is not long enough to hibernate"
     );

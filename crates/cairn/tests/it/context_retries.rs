@@ -1,16 +1,11 @@
 //! SPEC §7.3: the step context and retries; §7.6 sensitive output; limits on outputs.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Counter, Seen, engine, records, run_to_end, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind, ResolvedConfig};
 use serde_json::{Value, json};
-use support::{Counter, Seen, engine, records, run_to_end, wf};
 
 #[tokio::test(start_paused = true)]
 async fn c1_attempt_is_one_on_a_first_successful_attempt() {
@@ -543,7 +538,7 @@ async fn details_say_when_a_retry_is_due_and_when_a_sleep_or_wait_ends() {
     })
     .await;
     let instance = engine
-        .workflow::<support::FnWorkflow<0>>()
+        .workflow::<crate::support::FnWorkflow<0>>()
         .create(CreateOptions::new(json!({})))
         .await
         .unwrap();

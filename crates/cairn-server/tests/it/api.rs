@@ -1,7 +1,5 @@
 //! The API through the router, without sockets: every endpoint and its error codes.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use cairn::prelude::*;

@@ -1,7 +1,5 @@
 //! One engine per database, whatever path it is reached by.
 
-#![allow(clippy::unwrap_used)]
-
 use std::time::Duration;
 
 use cairn_sqlite::{Options, SqliteStore};

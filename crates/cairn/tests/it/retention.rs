@@ -1,16 +1,11 @@
 //! SPEC Part A.12: finished instances are purged after their retention; ids can be reused.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{FnWorkflow, engine, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, Retention};
 use serde_json::{Value, json};
-use support::{FnWorkflow, engine, wf};
 
 fn succeed_or_fail() -> FnWorkflow {
     wf(|event, _| async move {
@@ -40,7 +35,7 @@ async fn finished_instances_are_kept_seven_days_by_default_then_purged() {
     bad.wait().await.unwrap();
     tokio::time::sleep(7 * DAY - Duration::from_secs(60)).await;
     assert_eq!(
-        support::status_of(&ok).await,
+        crate::support::status_of(&ok).await,
         InstanceStatus::Complete,
         "still retained"
     );
@@ -158,14 +153,17 @@ async fn terminated_instances_use_the_error_retention_and_running_ones_are_never
         client.get("stopped").await.unwrap_err().code(),
         "instance.not_found"
     );
-    assert_eq!(support::status_of(&sleeping).await, InstanceStatus::Waiting);
+    assert_eq!(
+        crate::support::status_of(&sleeping).await,
+        InstanceStatus::Waiting
+    );
     engine.shutdown().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn retention_for_an_unregistered_workflow_is_a_configuration_error() {
-    let (dir, path) = support::temp_db();
-    let err = support::builder_at(&path)
+    let (dir, path) = crate::support::temp_db();
+    let err = crate::support::builder_at(&path)
         .register(succeed_or_fail())
         .workflow_retention(
             "other",

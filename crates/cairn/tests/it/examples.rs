@@ -1,11 +1,6 @@
 //! Each seed example, run as a test: the examples' own `demo` functions on a temporary
 //! database with the virtual clock, with their outcomes asserted.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 macro_rules! example {
     ($name:ident, $path:literal) => {
         #[allow(dead_code, missing_docs, unreachable_pub)]
@@ -14,37 +9,43 @@ macro_rules! example {
     };
 }
 
-example!(idempotent_charge, "../examples/idempotent_charge.rs");
-example!(granular_steps, "../examples/granular_steps.rs");
-example!(state_from_steps, "../examples/state_from_steps.rs");
-example!(deterministic_names, "../examples/deterministic_names.rs");
-example!(race_in_one_step, "../examples/race_in_one_step.rs");
-example!(conditional_steps, "../examples/conditional_steps.rs");
-example!(batch_create, "../examples/batch_create.rs");
+example!(idempotent_charge, "../../examples/idempotent_charge.rs");
+example!(granular_steps, "../../examples/granular_steps.rs");
+example!(state_from_steps, "../../examples/state_from_steps.rs");
+example!(deterministic_names, "../../examples/deterministic_names.rs");
+example!(race_in_one_step, "../../examples/race_in_one_step.rs");
+example!(conditional_steps, "../../examples/conditional_steps.rs");
+example!(batch_create, "../../examples/batch_create.rs");
 example!(
     large_data_by_reference,
-    "../examples/large_data_by_reference.rs"
+    "../../examples/large_data_by_reference.rs"
 );
-example!(retry_delay_function, "../examples/retry_delay_function.rs");
-example!(caught_non_retryable, "../examples/caught_non_retryable.rs");
-example!(sleepy_cats, "../examples/sleepy_cats.rs");
+example!(
+    retry_delay_function,
+    "../../examples/retry_delay_function.rs"
+);
+example!(
+    caught_non_retryable,
+    "../../examples/caught_non_retryable.rs"
+);
+example!(sleepy_cats, "../../examples/sleepy_cats.rs");
 example!(
     sleep_and_sleep_until,
-    "../examples/sleep_and_sleep_until.rs"
+    "../../examples/sleep_and_sleep_until.rs"
 );
-example!(approval_flow, "../examples/approval_flow.rs");
-example!(bank_transfer, "../examples/bank_transfer.rs");
-example!(order_rollback, "../examples/order_rollback.rs");
+example!(approval_flow, "../../examples/approval_flow.rs");
+example!(bank_transfer, "../../examples/bank_transfer.rs");
+example!(order_rollback, "../../examples/order_rollback.rs");
 example!(
     bank_transfer_before_rollback,
-    "../examples/bank_transfer_before_rollback.rs"
+    "../../examples/bank_transfer_before_rollback.rs"
 );
 
 use cairn::{Clock, InstanceStatus};
 
 fn builder() -> (tempfile::TempDir, cairn::EngineBuilder) {
-    let (dir, path) = support::temp_db();
-    (dir, support::builder_at(&path))
+    let (dir, path) = crate::support::temp_db();
+    (dir, crate::support::builder_at(&path))
 }
 
 #[tokio::test(start_paused = true)]
@@ -65,7 +66,7 @@ async fn granular_steps_retry_independently() {
 
 #[tokio::test(start_paused = true)]
 async fn state_from_steps_is_rebuilt_after_a_restart() {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let output = state_from_steps::demo(&path, Clock::virtual_now())
         .await
         .unwrap();
@@ -89,7 +90,7 @@ async fn deterministic_names_come_from_a_step_output() {
 
 #[tokio::test(start_paused = true)]
 async fn a_race_inside_one_step_keeps_its_winner_across_a_restart() {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let output = race_in_one_step::demo(&path, Clock::virtual_now())
         .await
         .unwrap();
@@ -158,7 +159,7 @@ async fn sleepy_cats_hibernate_through_three_hours_and_keep_their_list() {
 
 #[tokio::test(start_paused = true)]
 async fn sleep_then_sleep_until_the_launch() {
-    let (_dir, path) = support::temp_db();
+    let (_dir, path) = crate::support::temp_db();
     let ends = sleep_and_sleep_until::demo(&path).await.unwrap();
     let rfc: Vec<String> = ends.iter().map(|t| t.to_rfc3339()).collect();
     assert_eq!(

@@ -7,19 +7,14 @@
 //!
 //! The child is this test binary, run again with `CAIRN_CRASH_CHILD` set.
 
-#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
-
-#[path = "support/lib.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::{FnWorkflow, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::json;
-use support::{FnWorkflow, wf};
 
 const INSTANCES: usize = 40;
 const KILLS: usize = 20;
@@ -32,7 +27,7 @@ fn workflow(effects: PathBuf) -> FnWorkflow {
             let body = |name: &'static str| {
                 let (effects, id) = (effects.clone(), id.clone());
                 move |ctx: StepContext| {
-                    support::append_line(&effects, &format!("{id} {name} {}", ctx.attempt));
+                    crate::support::append_line(&effects, &format!("{id} {name} {}", ctx.attempt));
                     // 40 instances × 2 bodies × 8 ms, serial on one thread, outlast 20 kill
                     // intervals of at most 25 ms.
                     std::thread::sleep(Duration::from_millis(8));
@@ -50,18 +45,18 @@ fn workflow(effects: PathBuf) -> FnWorkflow {
 
 #[test]
 fn child_process_entry_waits() {
-    let Some(dir) = support::crash_child_dir() else {
+    let Some(dir) = crate::support::crash_child_dir() else {
         return; // not a child: nothing to do in a normal test run
     };
-    let rt = support::paused_runtime();
+    let rt = crate::support::paused_runtime();
     rt.block_on(async {
-        let engine = support::builder_at(&dir.join("cairn.db"))
+        let engine = crate::support::builder_at(&dir.join("cairn.db"))
             .register(workflow(dir.join("effects.txt")))
             .start()
             .await
             .unwrap();
         let client = engine.workflow::<FnWorkflow>();
-        support::create_numbered(&client, INSTANCES).await;
+        crate::support::create_numbered(&client, INSTANCES).await;
         for i in 0..INSTANCES {
             // Sent at most once per marker; a kill between the send and the marker sends twice.
             let marker = dir.join(format!("sent-{i}"));
@@ -72,16 +67,22 @@ fn child_process_entry_waits() {
                 }
             }
         }
-        support::wait_numbered(&client, INSTANCES).await;
+        crate::support::wait_numbered(&client, INSTANCES).await;
         engine.shutdown().await;
     });
 }
 
 #[test]
 fn killed_during_sleeps_and_event_waits_every_timer_and_event_survives() {
-    let seed = support::test_seed("crash_kill_waits");
+    let seed = crate::support::test_seed("crash_kill_waits");
     let dir = tempfile::tempdir().unwrap();
-    let kills = support::kill_repeatedly(dir.path(), "child_process_entry_waits", seed, KILLS, 25);
+    let kills = crate::support::kill_repeatedly(
+        dir.path(),
+        "crash_kill_waits::child_process_entry_waits",
+        seed,
+        KILLS,
+        25,
+    );
     assert!(kills >= KILLS, "only {kills} kills landed");
 
     let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();
@@ -93,9 +94,9 @@ fn killed_during_sleeps_and_event_waits_every_timer_and_event_survives() {
             .or_default()
             .push(attempt.parse().unwrap());
     }
-    let rt = support::paused_runtime();
+    let rt = crate::support::paused_runtime();
     rt.block_on(async {
-        let engine = support::builder_at(&dir.path().join("cairn.db"))
+        let engine = crate::support::builder_at(&dir.path().join("cairn.db"))
             .register(workflow(dir.path().join("unused.txt")))
             .start()
             .await

@@ -1,7 +1,5 @@
 //! The write-ahead log stays bounded: cut back after a burst, empty after a clean close.
 
-#![allow(clippy::unwrap_used)]
-
 use std::path::Path;
 use std::time::Duration;
 
