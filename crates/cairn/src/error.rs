@@ -128,14 +128,75 @@ pub enum Error {
     #[error("{0}")]
     DatabaseInUse(String),
     /// The engine could not be built or started as configured.
-    #[error("engine configuration: {0}")]
-    Config(String),
+    #[error("engine configuration: {message}")]
+    Config {
+        /// What was wrong.
+        message: String,
+        /// The error underneath, when there is one (an IO or SQLite error opening the
+        /// database, an invalid name).
+        #[source]
+        source: Option<Source>,
+    },
     /// The store failed; nothing was changed.
     #[error("store: {0}")]
     Store(#[from] cairn_store::Error),
 }
 
+/// An error kept as the source of another: shared, so [`Error`] stays `Clone`; two are
+/// equal when they are the same error.
+#[derive(Clone)]
+pub struct Source(std::sync::Arc<dyn std::error::Error + Send + Sync>);
+
+impl Source {
+    fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Source(std::sync::Arc::new(error))
+    }
+}
+
+impl PartialEq for Source {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for Source {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 impl Error {
+    /// A configuration error with nothing underneath.
+    pub(crate) fn config(message: impl Into<String>) -> Self {
+        Error::Config {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A configuration error caused by `source`.
+    pub(crate) fn config_from(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Config {
+            message: message.into(),
+            source: Some(Source::new(source)),
+        }
+    }
+
     /// The stable code of this error, e.g. `instance.not_found`.
     pub fn code(&self) -> &'static str {
         match self {
@@ -159,7 +220,7 @@ impl Error {
             Error::InvalidCursor(_) => "cursor.invalid",
             Error::InvalidIdempotencyKey(_) => "event.invalid_key",
             Error::DatabaseInUse(_) => "store.in_use",
-            Error::Config(_) => "engine.config",
+            Error::Config { .. } => "engine.config",
             Error::Store(cairn_store::Error::Unavailable(_)) => "store.unavailable",
             Error::Store(_) => "internal",
         }

@@ -236,9 +236,9 @@ impl EngineBuilder {
         let mut workflows = HashMap::new();
         let mut names = Vec::new();
         for (name, workflow) in self.workflows {
-            let name = WorkflowName::new(name).map_err(|e| Error::Config(e.to_string()))?;
+            let name = WorkflowName::new(name).map_err(|e| Error::config_from(e.to_string(), e))?;
             if workflows.insert(name.clone(), workflow).is_some() {
-                return Err(Error::Config(format!(
+                return Err(Error::config(format!(
                     "workflow {name:?} is registered twice"
                 )));
             }
@@ -247,11 +247,11 @@ impl EngineBuilder {
         let mut retention: HashMap<WorkflowName, Retention> =
             names.iter().map(|n| (n.clone(), self.retention)).collect();
         for (name, r) in self.workflow_retention {
-            let name = WorkflowName::new(name).map_err(|e| Error::Config(e.to_string()))?;
+            let name = WorkflowName::new(name).map_err(|e| Error::config_from(e.to_string(), e))?;
             match retention.get_mut(&name) {
                 Some(slot) => *slot = r,
                 None => {
-                    return Err(Error::Config(format!(
+                    return Err(Error::config(format!(
                         "retention set for workflow {name:?}, which is not registered"
                     )));
                 }
@@ -260,8 +260,8 @@ impl EngineBuilder {
         let mut temp_dir = None;
         let store: Arc<dyn Store> = match self.store {
             None => {
-                return Err(Error::Config(
-                    "no store configured: call .sqlite(path), .temporary() or .store(..)".into(),
+                return Err(Error::config(
+                    "no store configured: call .sqlite(path), .temporary() or .store(..)",
                 ));
             }
             Some(StoreChoice::Custom(store)) => store,
@@ -271,7 +271,7 @@ impl EngineBuilder {
                     StoreChoice::Sqlite(path) => path,
                     _ => {
                         let dir = tempfile::tempdir().map_err(|e| {
-                            Error::Config(format!("create a temporary directory: {e}"))
+                            Error::config_from(format!("create a temporary directory: {e}"), e)
                         })?;
                         let path = dir.path().join("cairn.db");
                         temp_dir = Some(dir);
@@ -283,18 +283,18 @@ impl EngineBuilder {
                     cairn_sqlite::SqliteStore::open(&path, options)
                 })
                 .await
-                .map_err(|e| Error::Config(format!("open the database: {e}")))?
+                .map_err(|e| Error::config_from(format!("open the database: {e}"), e))?
                 .map_err(|e| {
                     if e.is_in_use() {
                         Error::DatabaseInUse(e.to_string())
                     } else {
-                        Error::Config(e.to_string())
+                        Error::config_from(e.to_string(), e)
                     }
                 })?;
                 Arc::new(opened)
             }
             #[cfg(not(feature = "sqlite"))]
-            Some(_) => return Err(Error::Config("built without the sqlite feature".into())),
+            Some(_) => return Err(Error::config("built without the sqlite feature")),
         };
         let clock = self.clock.unwrap_or_else(Clock::system);
         let store: Arc<dyn Store> = if clock.is_virtual() {

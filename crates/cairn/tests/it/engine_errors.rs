@@ -479,3 +479,19 @@ async fn wait_timeout_returns_none_at_the_deadline() {
     );
     engine.shutdown().await;
 }
+
+/// A configuration error keeps the error underneath as its `source()`.
+#[tokio::test]
+async fn a_config_error_keeps_its_source() {
+    let err = cairn::Engine::builder()
+        .sqlite("/nonexistent-dir-for-cairn/sub/cairn.db")
+        .start()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "engine.config");
+    let source = std::error::Error::source(&err).expect("the open error is kept");
+    assert!(
+        err.to_string().contains(&source.to_string()),
+        "{err} / {source}"
+    );
+}
