@@ -135,7 +135,7 @@ pub enum Error {
         /// The error underneath, when there is one (an IO or SQLite error opening the
         /// database, an invalid name).
         #[source]
-        source: Option<Source>,
+        source: Option<ErrorSource>,
     },
     /// The store failed; nothing was changed.
     #[error("store: {0}")]
@@ -145,33 +145,33 @@ pub enum Error {
 /// An error kept as the source of another: shared, so [`Error`] stays `Clone`; two are
 /// equal when they are the same error.
 #[derive(Clone)]
-pub struct Source(std::sync::Arc<dyn std::error::Error + Send + Sync>);
+pub struct ErrorSource(std::sync::Arc<dyn std::error::Error + Send + Sync>);
 
-impl Source {
+impl ErrorSource {
     fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
-        Source(std::sync::Arc::new(error))
+        ErrorSource(std::sync::Arc::new(error))
     }
 }
 
-impl PartialEq for Source {
+impl PartialEq for ErrorSource {
     fn eq(&self, other: &Self) -> bool {
         std::sync::Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
-impl std::fmt::Debug for Source {
+impl std::fmt::Debug for ErrorSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Debug::fmt(&self.0, f)
     }
 }
 
-impl std::fmt::Display for Source {
+impl std::fmt::Display for ErrorSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(&self.0, f)
     }
 }
 
-impl std::error::Error for Source {
+impl std::error::Error for ErrorSource {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.0.source()
     }
@@ -193,7 +193,7 @@ impl Error {
     ) -> Self {
         Error::Config {
             message: message.into(),
-            source: Some(Source::new(source)),
+            source: Some(ErrorSource::new(source)),
         }
     }
 

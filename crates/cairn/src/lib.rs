@@ -32,7 +32,7 @@ pub use engine::{
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, DEFAULT_RETENTION, Engine,
     EngineBuilder,
 };
-pub use error::{Action, Error};
+pub use error::{Action, Error, ErrorSource};
 pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowError};
 pub use ops::{
     DEFAULT_EVENT_TIMEOUT, IntoDuration, IntoTimestamp, MAX_SLEEP, Rollback, RollbackStatus, RunOp,
