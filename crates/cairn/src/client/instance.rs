@@ -332,11 +332,7 @@ impl<O: DeserializeOwned> Instance<O> {
             } => {
                 // Only a lifetime that predates the transition: the scheduler may already
                 // have claimed the instance again (after a restart) and started a new one.
-                let live = inner
-                    .live()
-                    .get(&instance)
-                    .filter(|state| state.lease.epoch <= epoch)
-                    .cloned();
+                let live = inner.live.fenced_by(instance, epoch);
                 match request {
                     ControlRequest::Pause { .. } | ControlRequest::Resume { .. } => {
                         if let Some(state) = live {

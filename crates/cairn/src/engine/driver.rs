@@ -167,7 +167,7 @@ async fn run_lifetime(
     ));
     // Live before the first await: a terminate, restart or delete from now on aborts this
     // lifetime in memory, not only through the fence at its next commit.
-    let _live = LiveGuard::register(inner, &state);
+    let _live = inner.live.enter(&state);
     let journal = tokio::select! {
         journal = env.store.journal(record.instance) => journal.map_err(Abort::Store)?,
         abort = state.aborted() => return Err(abort),
@@ -418,47 +418,6 @@ async fn hibernate(inner: &Runtime, state: &Lifetime, h: Hibernation) -> Result<
     // Its wake-up is a new timer, or (an event already buffered) it is claimable at once.
     inner.wake.notify_one();
     Ok(())
-}
-
-/// Makes a running lifetime reachable by `send_event` while it lives.
-struct LiveGuard<'a> {
-    inner: &'a Runtime,
-    instance: cairn_store::InstanceRef,
-    state: Arc<Lifetime>,
-}
-
-impl<'a> LiveGuard<'a> {
-    fn register(inner: &'a Runtime, state: &Arc<Lifetime>) -> Self {
-        let instance = state.lease.instance;
-        let mut live = inner.live();
-        // A stale lifetime (an older lease of the same instance, whose driver started late)
-        // never displaces a newer one: the newer one keeps its in-memory aborts and nudges.
-        let newer_exists = live
-            .get(&instance)
-            .is_some_and(|s| s.lease.epoch > state.lease.epoch);
-        if !newer_exists {
-            live.insert(instance, Arc::clone(state));
-        }
-        drop(live);
-        LiveGuard {
-            inner,
-            instance,
-            state: Arc::clone(state),
-        }
-    }
-}
-
-impl Drop for LiveGuard<'_> {
-    fn drop(&mut self) {
-        let mut live = self.inner.live();
-        // A restarted instance may already have a new lifetime: remove only our own entry.
-        if live
-            .get(&self.instance)
-            .is_some_and(|s| Arc::ptr_eq(s, &self.state))
-        {
-            live.remove(&self.instance);
-        }
-    }
 }
 
 async fn finish(

@@ -13,6 +13,7 @@ use tokio::sync::{Notify, watch};
 mod announce;
 mod blocking;
 mod driver;
+pub(crate) mod live;
 pub(crate) mod runtime;
 mod scheduler;
 
@@ -99,7 +100,7 @@ impl Engine {
     /// How many instances have a run in memory right now. Hibernated instances (sleeping,
     /// waiting for an event or a retry) are not counted: they hold no memory.
     pub fn live_instances(&self) -> usize {
-        self.inner.live().len()
+        self.inner.live.len()
     }
 
     /// The engine's clock.
@@ -308,7 +309,7 @@ impl EngineBuilder {
             commits: Arc::clone(&commits),
         });
         let inner = Arc::new(Runtime {
-            live: Mutex::new(HashMap::new()),
+            live: live::Live::default(),
             panics: Mutex::new(HashMap::new()),
             hibernate_after: self.hibernate_after,
             drain_timeout: self.drain_timeout,

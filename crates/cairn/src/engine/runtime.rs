@@ -17,7 +17,7 @@ use crate::workflow::ErasedWorkflow;
 pub(crate) struct Runtime {
     pub(crate) env: Arc<Env>,
     /// Instances with a lifetime in memory now (hibernated ones are not here).
-    pub(crate) live: Mutex<HashMap<cairn_store::InstanceRef, Arc<crate::lifetime::Lifetime>>>,
+    pub(crate) live: crate::engine::live::Live,
     /// Engine panics in a row, by instance: the retry waits longer after each.
     pub(crate) panics: Mutex<HashMap<cairn_store::InstanceRef, u32>>,
     /// Waits longer than this hibernate the instance.
@@ -46,15 +46,6 @@ impl Runtime {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    pub(crate) fn live(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, Arc<crate::lifetime::Lifetime>>>
-    {
-        self.live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     pub(crate) fn panics(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<cairn_store::InstanceRef, u32>> {
@@ -66,7 +57,7 @@ impl Runtime {
     /// Tells a running lifetime of `instance` that an event arrived, and the scheduler that
     /// a hibernating one may have become ready.
     pub(crate) fn event_sent(&self, instance: cairn_store::InstanceRef) {
-        if let Some(state) = self.live().get(&instance) {
+        if let Some(state) = self.live.get(instance) {
             state.events.notify_waiters();
         }
         self.wake.notify_one();
