@@ -29,7 +29,7 @@ const PANIC_RETRY: Duration = Duration::from_secs(5);
 const PANIC_RETRY_MAX: Duration = Duration::from_secs(3600);
 
 /// How long a rollback-registration replay may sit with every op parked and no handler
-/// newly registered before it is given up (see `run_lifetime`).
+/// newly registered before it is given up (see `one_lifetime`).
 const REGISTRATION_GRACE: Duration = Duration::from_secs(1);
 
 pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed) {
@@ -37,10 +37,10 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed) {
     let mut record = claimed.record;
     let mut pause = Duration::from_millis(100);
     loop {
-        // The lifetime is registered as live before its first await (inside `run_lifetime`),
+        // The lifetime is registered as live before its first await (inside `one_lifetime`),
         // and any panic in it, engine code included, is caught here: it must release the
         // instance, never leave it leased with no lifetime.
-        let lifetime = crate::panic::guarded(|| run_lifetime(&inner, lease, &record)).await;
+        let lifetime = crate::panic::guarded(|| one_lifetime(&inner, lease, &record)).await;
         match lifetime {
             Ok(Ok(())) => {
                 inner.panics().remove(&lease.instance);
@@ -149,7 +149,7 @@ async fn release_after_panic(inner: &Runtime, lease: Lease, message: &str) {
     }
 }
 
-async fn run_lifetime(
+async fn one_lifetime(
     inner: &Arc<Runtime>,
     lease: Lease,
     record: &InstanceRecord,
