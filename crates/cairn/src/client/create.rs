@@ -1,6 +1,6 @@
 //! Creating instances: [`CreateOptions`], per-instance retention, and what batches report.
 
-use cairn_core::InstanceId;
+use cairn_core::{InstanceId, WorkflowName};
 use cairn_store::NewInstance;
 use serde::{Deserialize, Serialize};
 
@@ -106,10 +106,11 @@ pub struct BatchDeleted {
 
 /// The JSON form of typed create options.
 pub(crate) fn options_to_json<P: Serialize>(
+    workflow: &WorkflowName,
     options: CreateOptions<P>,
 ) -> Result<CreateOptions<serde_json::Value>, Error> {
     let params = serde_json::to_value(&options.params).map_err(|e| Error::InvalidParams {
-        workflow: String::new(),
+        workflow: workflow.to_string(),
         reason: e.to_string(),
     })?;
     Ok(options.with_params(params))

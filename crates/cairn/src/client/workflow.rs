@@ -141,7 +141,7 @@ impl<W: Workflow> WorkflowClient<W> {
         options: CreateOptions<W::Params>,
     ) -> Result<Instance<W::Output>, Error> {
         self.untyped
-            .create(options_to_json(options)?)
+            .create(options_to_json(self.untyped.name(), options)?)
             .await
             .map(Instance::typed)
     }
@@ -157,7 +157,7 @@ impl<W: Workflow> WorkflowClient<W> {
     ) -> Result<Vec<Instance<W::Output>>, Error> {
         let batch = batch
             .into_iter()
-            .map(options_to_json)
+            .map(|o| options_to_json(self.untyped.name(), o))
             .collect::<Result<Vec<_>, Error>>()?;
         let created = self.untyped.create_batch(batch).await?;
         Ok(created.into_iter().map(Instance::typed).collect())
@@ -174,7 +174,7 @@ impl<W: Workflow> WorkflowClient<W> {
     ) -> Result<BatchCreated<W::Output>, Error> {
         let batch = batch
             .into_iter()
-            .map(options_to_json)
+            .map(|o| options_to_json(self.untyped.name(), o))
             .collect::<Result<Vec<_>, Error>>()?;
         let result = self.untyped.create_batch_detailed(batch).await?;
         Ok(BatchCreated {
