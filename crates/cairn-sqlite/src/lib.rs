@@ -14,6 +14,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(test)]
+mod plans;
 mod raw;
 mod rows;
 mod schema;
@@ -264,6 +266,9 @@ impl SqliteStore {
             )));
         }
         schema::migrate(&mut conn).map_err(|e| err("migrate", &e))?;
+        // Keep the planner's statistics current (bounded work; see SQLite's `PRAGMA optimize`).
+        conn.execute_batch("PRAGMA analysis_limit = 1000; PRAGMA optimize;")
+            .map_err(|e| err("analyze", &e))?;
         take_over(&conn).map_err(|e| err("recover leases in", &e))?;
 
         let mut read_conns = Vec::new();
@@ -372,22 +377,28 @@ impl Drop for SqliteStore {
     }
 }
 
+/// The dead owner's leases, released: a range of `instances_lease`.
+pub(crate) const TAKE_OVER_LEASES_SQL: &str =
+    "UPDATE instances SET lease_owner = NULL, lease_until = NULL,
+         ready_at = CASE WHEN status IN (0, 1, 7) THEN created_at ELSE ready_at END,
+         ready_rank = CASE WHEN status IN (0, 1, 7) THEN 0 ELSE ready_rank END
+     WHERE lease_owner IS NOT NULL";
+
+/// Pauses the dead owner was waiting for: a range of `instances_pausing`.
+pub(crate) const PENDING_PAUSES_SQL: &str = "SELECT iid FROM instances WHERE status = 6";
+
 /// The previous owner held the lock and is gone: its leased instances are claimable
 /// at once (ahead of new ones), and a pause it was waiting for takes effect (SPEC E26).
 ///
 /// "At once" is `ready_at = created_at`, not the system time: the engine claims by its own
 /// clock (possibly virtual), and the creation time came from that clock.
 fn take_over(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute(
-        "UPDATE instances SET lease_owner = NULL, lease_until = NULL, ready_at = created_at, ready_rank = 0
-         WHERE lease_owner IS NOT NULL AND status IN (0, 1, 7)",
-        [],
-    )?;
+    conn.execute(TAKE_OVER_LEASES_SQL, [])?;
     // The pause takes effect now, but the instance ran on after it was requested, up to its
     // last record: timers shift on resume by the time since then, not since the request.
     // It is logged as any pause that takes effect is.
     let pausing: Vec<i64> = conn
-        .prepare("SELECT iid FROM instances WHERE status = 6")?
+        .prepare(PENDING_PAUSES_SQL)?
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     conn.execute(
@@ -446,11 +457,13 @@ impl Store for SqliteStore {
         let workflow = workflow.to_string();
         self.read(move |conn| {
             let n: i64 = conn
-                .prepare_cached(
-                    "SELECT COUNT(*) FROM instances WHERE workflow = ?1 AND status = ?2",
-                )
-                .and_then(|mut st| st.query_row(params![workflow, status.code()], |r| r.get(0)))
-                .map_err(map_sqlite)?;
+                .prepare_cached(rows::COUNT_SQL)
+                .and_then(|mut st| {
+                    st.query_row(params![workflow, status.code()], |r| r.get(0))
+                        .optional()
+                })
+                .map_err(map_sqlite)?
+                .unwrap_or(0);
             Ok(u64::try_from(n).unwrap_or(0))
         })
     }
@@ -561,13 +574,6 @@ impl Store for SqliteStore {
         })
     }
 }
-
-/// The status codes an engine replays on claim (queued, running, waiting).
-pub(crate) const RUNNABLE: [InstanceStatus; 3] = [
-    InstanceStatus::Queued,
-    InstanceStatus::Running,
-    InstanceStatus::Waiting,
-];
 
 #[cfg(test)]
 mod tests {

@@ -12,7 +12,6 @@ use cairn_store::{
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
-use crate::RUNNABLE;
 use crate::worker::map_sqlite;
 
 pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome";
@@ -73,28 +72,55 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
 }
 
 pub(crate) fn list(conn: &Connection, query: &ListQuery) -> Result<Vec<InstanceRecord>> {
-    let mut sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE 1 = 1");
     let mut args: Vec<rusqlite::types::Value> = Vec::new();
     if let Some(workflow) = &query.workflow {
-        sql.push_str(" AND workflow = ?");
         args.push(workflow.to_string().into());
     }
     if let Some(status) = query.status {
-        sql.push_str(" AND status = ?");
         args.push(status.code().into());
     }
     if let Some(before) = query.before {
-        sql.push_str(" AND iid < ?");
         args.push(before.0.into());
     }
-    sql.push_str(" ORDER BY iid DESC LIMIT ?");
     args.push(i64::try_from(query.limit).unwrap_or(i64::MAX).into());
+    let sql = list_sql(
+        query.workflow.is_some(),
+        query.status.is_some(),
+        query.before.is_some(),
+    );
     let mut st = conn.prepare_cached(&sql).map_err(map_sqlite)?;
     let rows = st
         .query_map(params_from_iter(args), instance)
         .map_err(map_sqlite)?;
     rows.map(|r| r.map_err(map_sqlite)?).collect()
 }
+
+/// A page of instances, newest first: a range of `instances_by_workflow` (or of
+/// `instances_by_status` with a status), read in order, never sorted.
+pub(crate) fn list_sql(workflow: bool, status: bool, before: bool) -> String {
+    let mut sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE 1 = 1");
+    if workflow {
+        sql.push_str(" AND workflow = ?");
+    }
+    if status {
+        sql.push_str(" AND status = ?");
+    }
+    if before {
+        sql.push_str(" AND iid < ?");
+    }
+    sql.push_str(" ORDER BY iid DESC LIMIT ?");
+    sql
+}
+
+/// Ready instances of one rank, earliest first: a range in `instances_ready`.
+pub(crate) const CLAIM_READY_SQL: &str = "SELECT ready_at, iid, workflow FROM instances
+     WHERE ready_rank = ?1 AND ready_at IS NOT NULL AND ready_at <= ?2 ORDER BY ready_at";
+
+/// Runnable instances whose lease expired, earliest first: a range in `instances_lease`.
+pub(crate) const CLAIM_EXPIRED_SQL: &str =
+    "SELECT lease_until, iid, workflow, status FROM instances
+     WHERE lease_owner IS NOT NULL AND lease_until < ?1 AND status IN (0, 1, 7)
+     ORDER BY lease_until";
 
 pub(crate) fn claim(
     conn: &Connection,
@@ -107,34 +133,50 @@ pub(crate) fn claim(
     if workflows.is_empty() || limit == 0 {
         return Ok(Vec::new());
     }
-    let marks = vec!["?"; workflows.len()].join(", ");
-    let runnable = RUNNABLE
-        .iter()
-        .map(|s| s.code().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let sql = format!(
-        "SELECT iid FROM (
-             SELECT iid, ready_rank AS rank, ready_at AS at FROM instances
-             WHERE ready_at IS NOT NULL AND ready_at <= ? AND workflow IN ({marks})
-             UNION ALL
-             SELECT iid, 0 AS rank, lease_until AS at FROM instances
-             WHERE lease_owner IS NOT NULL AND lease_until < ? AND status IN ({runnable})
-               AND workflow IN ({marks})
-         ) ORDER BY rank, at, iid LIMIT ?"
-    );
-    let mut args: Vec<rusqlite::types::Value> = vec![now.as_millis().into()];
-    args.extend(workflows.iter().map(|w| w.clone().into()));
-    args.push(now.as_millis().into());
-    args.extend(workflows.iter().map(|w| w.clone().into()));
-    args.push(i64::try_from(limit).unwrap_or(i64::MAX).into());
-    let iids: Vec<i64> = conn
-        .prepare_cached(&sql)
-        .and_then(|mut st| {
-            st.query_map(params_from_iter(args), |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()
-        })
+    // Three index range scans, each in claim order, none over finished history: resuming
+    // instances (rank 0) and expired leases by time, then new ones (rank 1) by time. Rows
+    // of workflows this engine does not run are skipped as they come.
+    let wanted = |w: &str| workflows.iter().any(|x| x == w);
+    let mut candidates: Vec<(i64, i64)> = Vec::new(); // (at, iid), rank 0
+    for (sql, rank) in [(CLAIM_READY_SQL, Some(0)), (CLAIM_EXPIRED_SQL, None)] {
+        let mut st = conn.prepare_cached(sql).map_err(map_sqlite)?;
+        let mut rows = match rank {
+            Some(rank) => st.query(params![rank, now.as_millis()]),
+            None => st.query(params![now.as_millis()]),
+        }
         .map_err(map_sqlite)?;
+        let mut taken = 0;
+        while taken < limit {
+            let Some(row) = rows.next().map_err(map_sqlite)? else {
+                break;
+            };
+            let workflow: String = row.get(2).map_err(map_sqlite)?;
+            if wanted(&workflow) {
+                candidates.push((
+                    row.get(0).map_err(map_sqlite)?,
+                    row.get(1).map_err(map_sqlite)?,
+                ));
+                taken += 1;
+            }
+        }
+    }
+    candidates.sort_unstable();
+    candidates.dedup_by_key(|c| c.1);
+    let mut iids: Vec<i64> = candidates.into_iter().map(|c| c.1).take(limit).collect();
+    if iids.len() < limit {
+        let mut st = conn.prepare_cached(CLAIM_READY_SQL).map_err(map_sqlite)?;
+        let mut rows = st.query(params![1, now.as_millis()]).map_err(map_sqlite)?;
+        while iids.len() < limit {
+            let Some(row) = rows.next().map_err(map_sqlite)? else {
+                break;
+            };
+            let workflow: String = row.get(2).map_err(map_sqlite)?;
+            let iid: i64 = row.get(1).map_err(map_sqlite)?;
+            if wanted(&workflow) && !iids.contains(&iid) {
+                iids.push(iid);
+            }
+        }
+    }
     let until = now.saturating_add(ttl).as_millis();
     let mut claimed = Vec::with_capacity(iids.len());
     let mut st = conn
@@ -326,19 +368,42 @@ fn hibernate(
 }
 
 pub(crate) fn next_ready(conn: &Connection, workflows: &[String]) -> Result<Option<Timestamp>> {
-    if workflows.is_empty() {
-        return Ok(None);
+    // One MIN per workflow: each is a seek in `instances_next_ready`.
+    let mut st = conn.prepare_cached(NEXT_READY_SQL).map_err(map_sqlite)?;
+    let mut next: Option<i64> = None;
+    for workflow in workflows {
+        let at: Option<i64> = st.query_row([workflow], |r| r.get(0)).map_err(map_sqlite)?;
+        next = match (next, at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
-    let marks = vec!["?"; workflows.len()].join(", ");
-    let sql = format!(
-        "SELECT MIN(ready_at) FROM instances WHERE ready_at IS NOT NULL AND workflow IN ({marks})"
-    );
-    let at: Option<i64> = conn
-        .prepare_cached(&sql)
-        .and_then(|mut st| st.query_row(params_from_iter(workflows), |r| r.get(0)))
-        .map_err(map_sqlite)?;
-    Ok(ts(at))
+    Ok(ts(next))
 }
+
+/// The oldest buffered event of a type for an instance.
+pub(crate) const TAKE_EVENT_SQL: &str =
+    "SELECT id, payload, at FROM events WHERE iid = ?1 AND type = ?2 ORDER BY id LIMIT 1";
+
+/// An instance's records after a cursor.
+pub(crate) const LOG_SQL: &str =
+    "SELECT l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta
+     FROM log l WHERE l.iid = ?1 AND l.id > ?2 ORDER BY l.id LIMIT ?3";
+
+/// Finished instances whose retention is over.
+pub(crate) const DUE_PURGES_SQL: &str =
+    "SELECT iid FROM instances WHERE purge_at IS NOT NULL AND purge_at <= ?1 LIMIT ?2";
+
+/// When the next purge is due.
+pub(crate) const NEXT_PURGE_SQL: &str =
+    "SELECT MIN(purge_at) FROM instances WHERE purge_at IS NOT NULL";
+
+/// Instances of a workflow in a status: the counter the triggers of migration 8 keep.
+pub(crate) const COUNT_SQL: &str =
+    "SELECT n FROM instance_counts WHERE workflow = ?1 AND status = ?2";
+
+pub(crate) const NEXT_READY_SQL: &str =
+    "SELECT MIN(ready_at) FROM instances WHERE workflow = ?1 AND ready_at IS NOT NULL";
 
 pub(crate) fn send_event(
     conn: &Connection,
@@ -405,9 +470,7 @@ pub(crate) fn take_event(
 ) -> Result<Option<StoredEvent>> {
     check_lease(conn, lease)?;
     let found: Option<(i64, String, i64)> = conn
-        .prepare_cached(
-            "SELECT id, payload, at FROM events WHERE iid = ?1 AND type = ?2 ORDER BY id LIMIT 1",
-        )
+        .prepare_cached(TAKE_EVENT_SQL)
         .and_then(|mut st| {
             st.query_row(params![lease.instance.0, event_type.as_str()], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -600,9 +663,7 @@ pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<St
     rows.map(|r| r.map_err(map_sqlite)?).collect()
 }
 
-const LOG_COLUMNS: &str = "l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta";
-
-/// Maps a row selected with [`LOG_COLUMNS`].
+/// Maps a row selected with [`LOG_SQL`]'s columns.
 fn log_record(r: &Row<'_>) -> rusqlite::Result<Result<LogRecord>> {
     let id: i64 = r.get(0)?;
     let at: i64 = r.get(1)?;
@@ -644,11 +705,7 @@ pub(crate) fn log(
     after: u64,
     limit: usize,
 ) -> Result<Vec<LogRecord>> {
-    let mut st = conn
-        .prepare_cached(&format!(
-            "SELECT {LOG_COLUMNS} FROM log l WHERE l.iid = ?1 AND l.id > ?2 ORDER BY l.id LIMIT ?3"
-        ))
-        .map_err(map_sqlite)?;
+    let mut st = conn.prepare_cached(LOG_SQL).map_err(map_sqlite)?;
     let rows = st
         .query_map(
             params![instance.0, sql_int(after), sql_int(limit)],
@@ -658,18 +715,21 @@ pub(crate) fn log(
     rows.map(|r| r.map_err(map_sqlite)?).collect()
 }
 
+/// A workflow's records after a cursor, driven by the log's own ids (`CROSS JOIN` fixes
+/// the join order): it reads only records newer than the cursor, so a poll with nothing new
+/// is one seek, however many instances the workflow has.
+pub(crate) const WORKFLOW_LOG_SQL: &str =
+    "SELECT l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta, i.id
+     FROM log l CROSS JOIN instances i ON i.iid = l.iid
+     WHERE l.id > ?2 AND i.workflow = ?1 ORDER BY l.id LIMIT ?3";
+
 pub(crate) fn workflow_log(
     conn: &Connection,
     workflow: &str,
     after: u64,
     limit: usize,
 ) -> Result<Vec<(InstanceId, LogRecord)>> {
-    let mut st = conn
-        .prepare_cached(&format!(
-            "SELECT {LOG_COLUMNS}, i.id FROM log l JOIN instances i ON i.iid = l.iid
-             WHERE i.workflow = ?1 AND l.id > ?2 ORDER BY l.id LIMIT ?3"
-        ))
-        .map_err(map_sqlite)?;
+    let mut st = conn.prepare_cached(WORKFLOW_LOG_SQL).map_err(map_sqlite)?;
     let rows = st
         .query_map(params![workflow, sql_int(after), sql_int(limit)], |r| {
             let id: String = r.get(7)?;
@@ -684,7 +744,7 @@ pub(crate) fn workflow_log(
     .collect()
 }
 
-const INSTANCE_KEY_SQL: &str =
+pub(crate) const INSTANCE_KEY_SQL: &str =
     "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params, lease_epoch
      FROM instances WHERE workflow = ?1 AND id = ?2";
 
@@ -958,9 +1018,7 @@ fn millis(d: std::time::Duration) -> i64 {
 
 pub(crate) fn purge(conn: &Connection, now: Timestamp, limit: usize) -> Result<usize> {
     let iids: Vec<i64> = conn
-        .prepare_cached(
-            "SELECT iid FROM instances WHERE purge_at IS NOT NULL AND purge_at <= ?1 LIMIT ?2",
-        )
+        .prepare_cached(DUE_PURGES_SQL)
         .and_then(|mut st| {
             st.query_map(
                 params![now.as_millis(), i64::try_from(limit).unwrap_or(i64::MAX)],
@@ -987,11 +1045,7 @@ pub(crate) fn purge(conn: &Connection, now: Timestamp, limit: usize) -> Result<u
 
 pub(crate) fn next_purge(conn: &Connection) -> Result<Option<Timestamp>> {
     let at: Option<i64> = conn
-        .query_row(
-            "SELECT MIN(purge_at) FROM instances WHERE purge_at IS NOT NULL",
-            [],
-            |r| r.get(0),
-        )
+        .query_row(NEXT_PURGE_SQL, [], |r| r.get(0))
         .map_err(map_sqlite)?;
     Ok(ts(at))
 }

@@ -155,6 +155,38 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (iid, key)
     ) WITHOUT ROWID;
     ",
+    // 8: every hot query an index seek or a bounded range, however much history is kept.
+    // The next wake-up per workflow (MIN over a partial index), a workflow's instances
+    // newest first (listing without a status), the pending pauses taken over at open, and
+    // counts by status kept by triggers in the same transaction as the change, instead of
+    // counting the rows.
+    "
+    CREATE INDEX instances_next_ready ON instances (workflow, ready_at) WHERE ready_at IS NOT NULL;
+    CREATE INDEX instances_by_workflow ON instances (workflow, iid);
+    CREATE INDEX instances_pausing ON instances (status) WHERE status = 6;
+    CREATE TABLE instance_counts (
+        workflow TEXT NOT NULL,
+        status   INTEGER NOT NULL,
+        n        INTEGER NOT NULL,
+        PRIMARY KEY (workflow, status)
+    ) WITHOUT ROWID;
+    INSERT INTO instance_counts (workflow, status, n)
+        SELECT workflow, status, COUNT(*) FROM instances GROUP BY workflow, status;
+    CREATE TRIGGER instances_counted_insert AFTER INSERT ON instances BEGIN
+        INSERT OR IGNORE INTO instance_counts (workflow, status, n) VALUES (NEW.workflow, NEW.status, 0);
+        UPDATE instance_counts SET n = n + 1 WHERE workflow = NEW.workflow AND status = NEW.status;
+    END;
+    CREATE TRIGGER instances_counted_delete AFTER DELETE ON instances BEGIN
+        UPDATE instance_counts SET n = n - 1 WHERE workflow = OLD.workflow AND status = OLD.status;
+    END;
+    CREATE TRIGGER instances_counted_update AFTER UPDATE OF status ON instances
+    WHEN OLD.status <> NEW.status BEGIN
+        UPDATE instance_counts SET n = n - 1 WHERE workflow = OLD.workflow AND status = OLD.status;
+        INSERT OR IGNORE INTO instance_counts (workflow, status, n) VALUES (NEW.workflow, NEW.status, 0);
+        UPDATE instance_counts SET n = n + 1 WHERE workflow = NEW.workflow AND status = NEW.status;
+    END;
+    ANALYZE;
+    ",
 ];
 
 /// Brings the schema up to date.
