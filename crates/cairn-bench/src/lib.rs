@@ -603,3 +603,136 @@ pub async fn recovery(
         Row::new(&w, "restart to all complete", complete.as_secs_f64(), "s"),
     ])
 }
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn mean(times: &[Duration]) -> Duration {
+    times.iter().sum::<Duration>() / u32::try_from(times.len().max(1)).unwrap_or(u32::MAX)
+}
+
+/// Cost against stored history: for each size, a database holding that many finished
+/// instances (97 % completed 10-step instances, 3 % waiting for an event; copies of
+/// instances the engine wrote, see `cairn_sqlite::replicate_instances`), then the hot paths
+/// measured on it: start-up, throughput of new 10-step instances, create p99,
+/// send-to-resume, a first page and a next page of the list, describe (counts by status),
+/// a workflow stream poll with nothing new, and bytes per instance.
+///
+/// # Errors
+/// When the engine or the database fails.
+pub async fn scale(dir: &Path, s: Settings, sizes: &[usize]) -> Result<Vec<Row>, BenchError> {
+    let mut rows = Vec::new();
+    for &n in sizes {
+        let path = dir.join(format!("scale-{n}.db"));
+        // Templates written by the engine itself.
+        let engine = engine_on(&path, s, |b| b.register(NoOp).register(Await)).await?;
+        let ok = engine
+            .workflow::<NoOp>()
+            .create(CreateOptions::new(10).id("tpl"))
+            .await?;
+        ok.wait().await?;
+        let waiting = engine
+            .workflow::<Await>()
+            .create(CreateOptions::new(()).id("tpl"))
+            .await?;
+        waiting
+            .wait_for(|st| st.status == cairn::InstanceStatus::Waiting)
+            .await?;
+        engine.shutdown().await;
+        let waiters = n * 3 / 100;
+        cairn::sqlite::replicate_instances(
+            &path,
+            &[("noop", "tpl", n - waiters), ("await", "tpl", waiters)],
+        )?;
+        let bytes = std::fs::metadata(&path)?.len() as f64 / n.max(1) as f64;
+
+        let started = Instant::now();
+        let engine = engine_on(&path, s, |b| b.register(NoOp).register(Await)).await?;
+        let startup = started.elapsed();
+        let noop = engine.workflow::<NoOp>();
+
+        // Throughput of new 10-step instances, 200 at once.
+        let start = Instant::now();
+        let all = create_all::<NoOp>(&engine, |_| 10, 200, "new-").await?;
+        for i in &all {
+            i.wait().await?;
+        }
+        let per_sec = 200.0 / start.elapsed().as_secs_f64();
+
+        // Create latency, one at a time while earlier ones run.
+        let mut creates = Vec::new();
+        let mut created = Vec::new();
+        for i in 0..200 {
+            let t = Instant::now();
+            created.push(noop.create(CreateOptions::new(10).id(format!("c-{i}"))).await?);
+            creates.push(t.elapsed());
+        }
+        for i in &created {
+            i.wait().await?;
+        }
+        creates.sort();
+
+        // Send-to-resume on waiting instances.
+        let waiting = create_all::<Await>(&engine, |_| (), 20, "w-").await?;
+        for w in &waiting {
+            w.wait_for(|st| st.status == cairn::InstanceStatus::Waiting)
+                .await?;
+        }
+        let mut resumes = Vec::new();
+        for w in &waiting {
+            let t = Instant::now();
+            w.send_event("go", &1u64).await?;
+            w.wait().await?;
+            resumes.push(t.elapsed());
+        }
+        resumes.sort();
+
+        // Throughput again, now that the caches are warm.
+        let start = Instant::now();
+        let all = create_all::<NoOp>(&engine, |_| 10, 200, "warm-").await?;
+        for i in &all {
+            i.wait().await?;
+        }
+        let warm_per_sec = 200.0 / start.elapsed().as_secs_f64();
+
+        // List pages, describe, stream poll.
+        let untyped = noop.untyped();
+        let (mut firsts, mut nexts, mut describes, mut polls) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..20 {
+            let t = Instant::now();
+            let page = untyped.list(&cairn::ListOptions::default()).await?;
+            firsts.push(t.elapsed());
+            let t = Instant::now();
+            let cursor = page.cursor.unwrap_or_default();
+            untyped
+                .list(&cairn::ListOptions::default().cursor(cursor))
+                .await?;
+            nexts.push(t.elapsed());
+            let t = Instant::now();
+            for status in cairn::InstanceStatus::ALL {
+                untyped.count(status).await?;
+            }
+            describes.push(t.elapsed());
+            let t = Instant::now();
+            untyped.log(u64::MAX >> 2, 500).await?;
+            polls.push(t.elapsed());
+        }
+        engine.shutdown().await;
+
+        let w = format!("scale ({n} stored, {})", label(s));
+        rows.extend([
+            Row::new(&w, "new 10-step instances/s", per_sec, "1/s"),
+            Row::new(&w, "new 10-step instances/s, warm", warm_per_sec, "1/s"),
+            Row::new(&w, "create p99", ms(percentile(&creates, 0.99)), "ms"),
+            Row::new(&w, "send_event → resumed, p50", ms(percentile(&resumes, 0.5)), "ms"),
+            Row::new(&w, "list, first page of 50", ms(mean(&firsts)), "ms"),
+            Row::new(&w, "list, next page", ms(mean(&nexts)), "ms"),
+            Row::new(&w, "describe (8 counts)", ms(mean(&describes)), "ms"),
+            Row::new(&w, "workflow stream poll, nothing new", ms(mean(&polls)), "ms"),
+            Row::new(&w, "start-up", ms(startup), "ms"),
+            Row::new(&w, "bytes per stored instance", bytes, "B"),
+        ]);
+    }
+    Ok(rows)
+}

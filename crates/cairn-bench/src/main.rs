@@ -67,6 +67,11 @@ enum Workload {
         #[arg(long, default_value_t = 10_000)]
         instances: usize,
     },
+    /// Cost against stored history: hot paths on databases of these sizes.
+    Scale {
+        #[arg(long, value_delimiter = ',', default_value = "1000,100000,1000000")]
+        sizes: Vec<usize>,
+    },
     /// The child side of `recovery` (not for direct use).
     #[command(hide = true)]
     RecoveryChild {
@@ -105,6 +110,7 @@ async fn main() -> Result<(), BenchError> {
             let exe = std::env::current_exe()?;
             cairn_bench::recovery(path, settings, instances, &exe).await?
         }
+        Workload::Scale { sizes } => cairn_bench::scale(path, settings, &sizes).await?,
         Workload::RecoveryChild { db, instances } => {
             cairn_bench::recovery_child(&db, settings, instances).await?;
             return Ok(());

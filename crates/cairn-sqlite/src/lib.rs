@@ -21,7 +21,7 @@ mod rows;
 mod schema;
 mod worker;
 
-pub use raw::{RawBound, raw_step_writes};
+pub use raw::{RawBound, raw_step_writes, replicate_instances};
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

@@ -94,3 +94,76 @@ pub fn raw_step_writes(
         elapsed: start.elapsed(),
     })
 }
+
+/// Copies instances the engine wrote into `count` more of each, with every row they own
+/// (steps, log, buffered events), for the benchmark harness's `scale` workload: history as
+/// the engine writes it, built in seconds instead of hours. `templates` are `(workflow,
+/// instance id, copies)`; copies get ids `<template id>-<n>`. The database must not be in use.
+///
+/// # Errors
+/// When the database cannot be opened or written, or a template does not exist.
+pub fn replicate_instances(
+    path: &Path,
+    templates: &[(&str, &str, usize)],
+) -> Result<(), OpenError> {
+    let err = |e: rusqlite::Error| OpenError::other(format!("replicate in {}: {e}", path.display()));
+    let mut conn = Connection::open(path).map_err(err)?;
+    conn.pragma_update(None, "synchronous", "OFF").map_err(err)?;
+    for &(workflow, id, copies) in templates {
+        let template: i64 = conn
+            .query_row(
+                "SELECT iid FROM instances WHERE workflow = ?1 AND id = ?2",
+                params![workflow, id],
+                |r| r.get(0),
+            )
+            .map_err(err)?;
+        let chunk = 20_000;
+        let mut done = 0;
+        while done < copies {
+            let upto = (done + chunk).min(copies);
+            let tx = conn.transaction().map_err(err)?;
+            let base: i64 = tx
+                .query_row("SELECT COALESCE(MAX(iid), 0) FROM instances", [], |r| r.get(0))
+                .map_err(err)?;
+            let numbers = "WITH RECURSIVE n(i) AS (SELECT ?2 UNION ALL SELECT i + 1 FROM n WHERE i < ?3)";
+            tx.execute(
+                &format!(
+                    "{numbers} INSERT INTO instances (iid, workflow, id, status, params, created_at,
+                         started_at, ended_at, output, error_name, error_message, ready_rank, ready_at,
+                         lease_owner, lease_epoch, lease_until, paused_at, retain_success_ms,
+                         retain_error_ms, purge_at, rollback_trigger, rollback_outcome)
+                     SELECT ?4 + n.i - ?2 + 1, workflow, id || '-' || n.i, status, params, created_at,
+                         started_at, ended_at, output, error_name, error_message, ready_rank, ready_at,
+                         NULL, lease_epoch, NULL, paused_at, retain_success_ms, retain_error_ms,
+                         purge_at, rollback_trigger, rollback_outcome
+                     FROM instances, n WHERE iid = ?1 ORDER BY n.i"
+                ),
+                params![template, done as i64, upto as i64 - 1, base],
+            )
+            .map_err(err)?;
+            tx.execute(
+                &format!(
+                    "{numbers} INSERT INTO steps SELECT ?4 + n.i - ?2 + 1, kind, name, count, seq, state,
+                         config, attempts, in_flight, wake_at, output, error_name, error_message,
+                         started_at, ended_at, has_rollback
+                     FROM steps, n WHERE iid = ?1"
+                ),
+                params![template, done as i64, upto as i64 - 1, base],
+            )
+            .map_err(err)?;
+            tx.execute(
+                &format!(
+                    "{numbers} INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
+                     SELECT ?4 + n.i - ?2 + 1, at, kind, step_kind, step_name, step_count, meta
+                     FROM log, n WHERE iid = ?1 ORDER BY n.i, log.id"
+                ),
+                params![template, done as i64, upto as i64 - 1, base],
+            )
+            .map_err(err)?;
+            tx.commit().map_err(err)?;
+            done = upto;
+        }
+    }
+    conn.execute_batch("ANALYZE").map_err(err)?;
+    Ok(())
+}
