@@ -91,8 +91,10 @@ async fn main() -> Result<(), BenchError> {
             Sync::Normal => Durability::Normal,
         },
     };
+    // `CAIRN_BENCH_DIR` keeps the databases for a look afterwards; a temporary one otherwise.
     let dir = tempfile::tempdir()?;
-    let path = dir.path();
+    let kept = std::env::var_os("CAIRN_BENCH_DIR").map(PathBuf::from);
+    let path = kept.as_deref().unwrap_or(dir.path());
     let rows = match cli.workload {
         Workload::Raw { units } => cairn_bench::raw(path, settings, units)?,
         Workload::Throughput { instances, steps } => {
