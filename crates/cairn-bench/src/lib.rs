@@ -665,7 +665,10 @@ pub async fn scale(dir: &Path, s: Settings, sizes: &[usize]) -> Result<Vec<Row>,
         let mut created = Vec::new();
         for i in 0..200 {
             let t = Instant::now();
-            created.push(noop.create(CreateOptions::new(10).id(format!("c-{i}"))).await?);
+            created.push(
+                noop.create(CreateOptions::new(10).id(format!("c-{i}")))
+                    .await?,
+            );
             creates.push(t.elapsed());
         }
         for i in &created {
@@ -725,11 +728,21 @@ pub async fn scale(dir: &Path, s: Settings, sizes: &[usize]) -> Result<Vec<Row>,
             Row::new(&w, "new 10-step instances/s", per_sec, "1/s"),
             Row::new(&w, "new 10-step instances/s, warm", warm_per_sec, "1/s"),
             Row::new(&w, "create p99", ms(percentile(&creates, 0.99)), "ms"),
-            Row::new(&w, "send_event → resumed, p50", ms(percentile(&resumes, 0.5)), "ms"),
+            Row::new(
+                &w,
+                "send_event → resumed, p50",
+                ms(percentile(&resumes, 0.5)),
+                "ms",
+            ),
             Row::new(&w, "list, first page of 50", ms(mean(&firsts)), "ms"),
             Row::new(&w, "list, next page", ms(mean(&nexts)), "ms"),
             Row::new(&w, "describe (8 counts)", ms(mean(&describes)), "ms"),
-            Row::new(&w, "workflow stream poll, nothing new", ms(mean(&polls)), "ms"),
+            Row::new(
+                &w,
+                "workflow stream poll, nothing new",
+                ms(mean(&polls)),
+                "ms",
+            ),
             Row::new(&w, "start-up", ms(startup), "ms"),
             Row::new(&w, "bytes per stored instance", bytes, "B"),
         ]);

@@ -39,6 +39,10 @@ async fn every_workload_runs_at_a_small_size() {
     let rows = cairn_bench::events(p, normal(), 20).await.unwrap();
     assert!(value(&rows, "deliveries/s") > 0.0);
 
+    let rows = cairn_bench::scale(p, normal(), &[200]).await.unwrap();
+    assert!(value(&rows, "new 10-step instances/s") > 0.0);
+    assert!(value(&rows, "bytes per stored instance") > 0.0);
+
     let rows = cairn_bench::replay(p, normal(), 100).await.unwrap();
     assert!(value(&rows, "event sent to complete") > 0.0);
 

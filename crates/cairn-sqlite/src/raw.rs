@@ -106,9 +106,11 @@ pub fn replicate_instances(
     path: &Path,
     templates: &[(&str, &str, usize)],
 ) -> Result<(), OpenError> {
-    let err = |e: rusqlite::Error| OpenError::other(format!("replicate in {}: {e}", path.display()));
+    let err =
+        |e: rusqlite::Error| OpenError::other(format!("replicate in {}: {e}", path.display()));
     let mut conn = Connection::open(path).map_err(err)?;
-    conn.pragma_update(None, "synchronous", "OFF").map_err(err)?;
+    conn.pragma_update(None, "synchronous", "OFF")
+        .map_err(err)?;
     for &(workflow, id, copies) in templates {
         let template: i64 = conn
             .query_row(
@@ -123,9 +125,12 @@ pub fn replicate_instances(
             let upto = (done + chunk).min(copies);
             let tx = conn.transaction().map_err(err)?;
             let base: i64 = tx
-                .query_row("SELECT COALESCE(MAX(iid), 0) FROM instances", [], |r| r.get(0))
+                .query_row("SELECT COALESCE(MAX(iid), 0) FROM instances", [], |r| {
+                    r.get(0)
+                })
                 .map_err(err)?;
-            let numbers = "WITH RECURSIVE n(i) AS (SELECT ?2 UNION ALL SELECT i + 1 FROM n WHERE i < ?3)";
+            let numbers =
+                "WITH RECURSIVE n(i) AS (SELECT ?2 UNION ALL SELECT i + 1 FROM n WHERE i < ?3)";
             tx.execute(
                 &format!(
                     "{numbers} INSERT INTO instances (iid, workflow, id, status, params, created_at,
