@@ -88,7 +88,7 @@ pub(crate) async fn roll_back(
             Some((StepState::Failed, error)) => {
                 // A handler already failed finally: the chain stopped there.
                 let error = error.unwrap_or_else(|| ErrorInfo::new("Error", "rollback failed"));
-                return Some(finish(state, total, completed, Some(error)).await);
+                return Some(finish(state, total, completed, Some(error)));
             }
             _ => {}
         }
@@ -98,13 +98,16 @@ pub(crate) async fn roll_back(
         };
         match result {
             Ok(()) => completed += 1,
-            Err(e) => return Some(finish(state, total, completed, Some(e.into_info())).await),
+            Err(e) => return Some(finish(state, total, completed, Some(e.into_info()))),
         }
     }
-    Some(finish(state, total, completed, None).await)
+    Some(finish(state, total, completed, None))
 }
 
-async fn finish(
+/// Ends the rollback. Its `ROLLBACK_COMPLETE`/`ROLLBACK_FAILED` record rides with the
+/// lifetime's next commit, the one that ends the instance: recorded apart, a crash between
+/// the two made the next lifetime run the (finished) rollback again and log its end twice.
+fn finish(
     state: &Lifetime,
     total: usize,
     completed: usize,
@@ -115,13 +118,11 @@ async fn finish(
     } else {
         LogKind::RollbackComplete
     };
-    state
-        .commit(vec![state.log(
-            kind,
-            None,
-            json!({ "totalSteps": total, "completedSteps": completed }),
-        )])
-        .await;
+    state.defer(vec![state.log(
+        kind,
+        None,
+        json!({ "totalSteps": total, "completedSteps": completed }),
+    )]);
     RollbackStatus {
         outcome: if error.is_some() {
             "failed"

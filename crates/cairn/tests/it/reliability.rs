@@ -839,3 +839,65 @@ async fn a_store_outage_replays_from_the_stored_record() {
     assert_eq!(records(&instance, LogKind::WorkflowStart).await.len(), 1);
     engine.shutdown().await;
 }
+
+/// The end of a rollback is recorded in the same commit as the end of the instance: a
+/// failure of any commit after the last handler (a crash there, in the SIGKILL test) never
+/// logs `ROLLBACK_COMPLETE` twice. Found by `crash_kill_rollback` (seed
+/// 1796073503009936523): before, the rollback's end was committed on its own, and a crash
+/// before the instance's end made the next lifetime end the rollback again.
+#[tokio::test(start_paused = true)]
+async fn a_rollback_ends_once_whichever_commit_after_it_fails() {
+    for failing in 1..=3u32 {
+        let (_dir, path) = crate::support::temp_db();
+        let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
+        let handled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let after = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (h, a) = (
+            std::sync::Arc::clone(&handled),
+            std::sync::Arc::clone(&after),
+        );
+        let hooked = crate::support::Hooked {
+            inner: std::sync::Arc::new(store),
+            before: Box::new(move |method| {
+                use std::sync::atomic::Ordering::SeqCst;
+                if method == "commit" && h.load(SeqCst) && a.fetch_add(1, SeqCst) + 1 == failing {
+                    return Err(cairn::store::Error::Unavailable("injected".into()));
+                }
+                Ok(())
+            }),
+        };
+        let flag = std::sync::Arc::clone(&handled);
+        let engine = cairn::Engine::builder()
+            .store(std::sync::Arc::new(hooked))
+            .clock(cairn::Clock::virtual_now())
+            .register(wf(move |_, step| {
+                let flag = std::sync::Arc::clone(&flag);
+                async move {
+                    step.run("reserve", |_| async { Ok(1u32) })
+                        .rollback(move |_: Rollback<u32>| {
+                            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                            async { Ok(()) }
+                        })
+                        .await?;
+                    Err::<Value, _>("boom".into())
+                }
+            }))
+            .start()
+            .await
+            .unwrap();
+        let instance = run_to_end(&engine, json!({})).await;
+        let status = instance.status().await.unwrap();
+        assert_eq!(
+            status.rollback.unwrap().outcome,
+            "completed",
+            "commit {failing}"
+        );
+        assert_eq!(
+            records(&instance, LogKind::RollbackComplete).await.len(),
+            1,
+            "commit {failing} after the handler failed"
+        );
+        assert_eq!(records(&instance, LogKind::WorkflowFailure).await.len(), 1);
+        engine.shutdown().await;
+    }
+}
