@@ -153,8 +153,11 @@ pub(crate) fn follow_workflow(
                 }
                 commits.borrow_and_update();
                 match workflow.log(cursor, 500).await {
-                    Ok(records) if !records.is_empty() => pending.extend(records),
                     Err(_) => return None,
+                    Ok(page) if !page.records.is_empty() => pending.extend(page.records),
+                    // Only other workflows' records were there: pass over them for good
+                    // (the id of an event sent is always one of this workflow's records).
+                    Ok(page) if page.scanned_to > cursor => cursor = page.scanned_to,
                     Ok(_) => {
                         if !next_commit(&mut commits, &mut lease).await {
                             return None;

@@ -529,7 +529,7 @@ impl Store for SqliteStore {
         workflow: &WorkflowName,
         after: u64,
         limit: usize,
-    ) -> StoreFuture<'_, Vec<(InstanceId, cairn_core::LogRecord)>> {
+    ) -> StoreFuture<'_, cairn_store::WorkflowLogPage> {
         let workflow = workflow.to_string();
         self.read(move |conn| rows::workflow_log(conn, &workflow, after, limit))
     }

@@ -95,8 +95,8 @@ pub fn raw_step_writes(
     })
 }
 
-/// Copies instances the engine wrote into `count` more of each, with every row they own
-/// (steps, log, buffered events), for the benchmark harness's `scale` workload: history as
+/// Copies instances the engine wrote into `count` more of each, with their steps and log
+/// rows (not buffered events), for the benchmark harness's `scale` workload: history as
 /// the engine writes it, built in seconds instead of hours. `templates` are `(workflow,
 /// instance id, copies)`; copies get ids `<template id>-<n>`. The database must not be in use.
 ///

@@ -8,7 +8,8 @@ use cairn_core::{
 };
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, Result, Sent, StatusChange, StoredEvent, Write,
+    ListQuery, NewEvent, NewInstance, Result, Sent, StatusChange, StoredEvent, WorkflowLogPage,
+    Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
@@ -161,8 +162,14 @@ pub(crate) fn claim(
         }
     }
     candidates.sort_unstable();
-    candidates.dedup_by_key(|c| c.1);
-    let mut iids: Vec<i64> = candidates.into_iter().map(|c| c.1).take(limit).collect();
+    // An instance can be both ready and under an expired lease: claim it once.
+    let mut seen = std::collections::HashSet::new();
+    let mut iids: Vec<i64> = candidates
+        .into_iter()
+        .map(|c| c.1)
+        .filter(|iid| seen.insert(*iid))
+        .take(limit)
+        .collect();
     if iids.len() < limit {
         let mut st = conn.prepare_cached(CLAIM_READY_SQL).map_err(map_sqlite)?;
         let mut rows = st.query(params![1, now.as_millis()]).map_err(map_sqlite)?;
@@ -721,28 +728,59 @@ pub(crate) fn log(
 pub(crate) const WORKFLOW_LOG_SQL: &str =
     "SELECT l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta, i.id
      FROM log l CROSS JOIN instances i ON i.iid = l.iid
-     WHERE l.id > ?2 AND i.workflow = ?1 ORDER BY l.id LIMIT ?3";
+     WHERE l.id > ?2 AND l.id <= ?4 AND i.workflow = ?1 ORDER BY l.id LIMIT ?3";
 
 pub(crate) fn workflow_log(
     conn: &Connection,
     workflow: &str,
     after: u64,
     limit: usize,
-) -> Result<Vec<(InstanceId, LogRecord)>> {
+) -> Result<WorkflowLogPage> {
+    // The newest id first: with one writer, every id up to it is committed in this
+    // snapshot, so the window below never passes over a record that lands later.
+    let newest: Option<i64> = conn
+        .prepare_cached("SELECT MAX(id) FROM log")
+        .and_then(|mut st| st.query_row([], |r| r.get(0)))
+        .map_err(map_sqlite)?;
+    let newest = u64::try_from(newest.unwrap_or(0)).unwrap_or(0);
+    let until = after.saturating_add(WORKFLOW_LOG_WINDOW).min(newest);
+    if until <= after {
+        return Ok(WorkflowLogPage {
+            records: Vec::new(),
+            scanned_to: after,
+        });
+    }
     let mut st = conn.prepare_cached(WORKFLOW_LOG_SQL).map_err(map_sqlite)?;
     let rows = st
-        .query_map(params![workflow, sql_int(after), sql_int(limit)], |r| {
-            let id: String = r.get(7)?;
-            let record = log_record(r)?;
-            Ok((id, record))
-        })
+        .query_map(
+            params![workflow, sql_int(after), sql_int(limit), sql_int(until)],
+            |r| {
+                let id: String = r.get(7)?;
+                let record = log_record(r)?;
+                Ok((id, record))
+            },
+        )
         .map_err(map_sqlite)?;
-    rows.map(|r| {
-        let (id, record) = r.map_err(map_sqlite)?;
-        Ok((InstanceId::new(id).map_err(corrupt)?, record?))
+    let records = rows
+        .map(|r| {
+            let (id, record) = r.map_err(map_sqlite)?;
+            Ok((InstanceId::new(id).map_err(corrupt)?, record?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let scanned_to = if records.len() == limit {
+        records.last().map_or(after, |(_, r)| r.id)
+    } else {
+        until
+    };
+    Ok(WorkflowLogPage {
+        records,
+        scanned_to,
     })
-    .collect()
 }
+
+/// How many log ids one workflow-log read looks at, at most: a workflow that is quiet
+/// while others write passes over their records a window at a time.
+const WORKFLOW_LOG_WINDOW: u64 = 10_000;
 
 pub(crate) const INSTANCE_KEY_SQL: &str =
     "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params, lease_epoch

@@ -307,7 +307,9 @@ pub async fn log_ids_are_monotonic_and_paged(store: Arc<dyn Store>) {
     assert_eq!(la.len(), 4);
     assert!(la.windows(2).all(|w| w[0].id < w[1].id));
     assert!(la.iter().all(|r| !lb.iter().any(|s| s.id == r.id)));
-    let all = store.workflow_log(&wf("wf"), 0, 100).await.unwrap();
+    let page = store.workflow_log(&wf("wf"), 0, 100).await.unwrap();
+    assert!(page.scanned_to >= page.records.last().unwrap().1.id);
+    let all = page.records;
     assert_eq!(all.len(), 8, "both instances' records");
     assert!(all.windows(2).all(|w| w[0].1.id < w[1].1.id));
     assert_eq!(
@@ -315,9 +317,24 @@ pub async fn log_ids_are_monotonic_and_paged(store: Arc<dyn Store>) {
             .workflow_log(&wf("wf"), all[5].1.id, 100)
             .await
             .unwrap()
+            .records
             .len(),
         2
     );
+    // A workflow with nothing new still moves on past the others' records.
+    let quiet = store.workflow_log(&wf("quiet"), 0, 100).await.unwrap();
+    assert!(quiet.records.is_empty());
+    assert!(
+        quiet.scanned_to >= all.last().unwrap().1.id,
+        "scanned to {}, the newest record is {}",
+        quiet.scanned_to,
+        all.last().unwrap().1.id
+    );
+    let again = store
+        .workflow_log(&wf("quiet"), quiet.scanned_to, 100)
+        .await
+        .unwrap();
+    assert_eq!(again.scanned_to, quiet.scanned_to, "nothing newer: stays");
     let tail = store.log(a, la[1].id, 100).await.unwrap();
     assert_eq!(tail, la[2..].to_vec(), "resumes strictly after the cursor");
     assert_eq!(store.log(a, 0, 2).await.unwrap().len(), 2);

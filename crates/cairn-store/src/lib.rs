@@ -334,6 +334,16 @@ pub enum Sent {
     Finished(InstanceStatus),
 }
 
+/// One read of [`Store::workflow_log`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkflowLogPage {
+    /// The workflow's records, oldest first, each with its instance id.
+    pub records: Vec<(InstanceId, LogRecord)>,
+    /// Every record with an id up to this one has been looked at: resume after it. At
+    /// least the last returned record's id; never past a record not yet committed.
+    pub scanned_to: u64,
+}
+
 /// Which instances [`Store::list`] returns, newest first.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ListQuery {
@@ -417,13 +427,15 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreFuture<'_, Vec<LogRecord>>;
 
     /// Lifecycle records of every instance of `workflow` with id greater than `after`,
-    /// oldest first, each with its instance id.
+    /// oldest first, each with its instance id, and how far the store looked: a reader
+    /// resumes after `scanned_to`, so records of other workflows are passed over once, not
+    /// on every poll. A store may look at a bounded window of ids per call.
     fn workflow_log(
         &self,
         workflow: &WorkflowName,
         after: u64,
         limit: usize,
-    ) -> StoreFuture<'_, Vec<(InstanceId, LogRecord)>>;
+    ) -> StoreFuture<'_, WorkflowLogPage>;
 
     /// The earliest `ready_at` among instances of `workflows` that are not leased: when the
     /// scheduler should look again.

@@ -19,7 +19,7 @@ pub use cairn_core::{
     MAX_BATCH, MAX_ERROR_MESSAGE, ResolvedConfig, RetryDelay, StepKey, StepKind, StepName,
     StepRecord, StepState, Timestamp, WorkflowName, format_duration, parse_duration,
 };
-pub use cairn_store::Retention;
+pub use cairn_store::{Retention, WorkflowLogPage};
 pub use client::{
     AttemptDetails, BatchCreated, BatchDeleted, BatchError, CreateOptions, Delivery, Instance,
     InstanceDetails, InstancePage, InstanceRetention, InstanceSummary, ListOptions,

@@ -3,9 +3,7 @@
 
 use std::marker::PhantomData;
 
-use cairn_core::{
-    InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, MAX_BATCH, WorkflowName,
-};
+use cairn_core::{InstanceId, InstanceStatus, LogEntry, LogKind, MAX_BATCH, WorkflowName};
 use cairn_store::{Created, NewInstance};
 use serde::Serialize;
 use serde_json::json;
@@ -426,7 +424,9 @@ impl UntypedWorkflow {
     }
 
     /// Lifecycle records of all this workflow's instances with id greater than `after`,
-    /// oldest first (at most `limit`), each with its instance id.
+    /// oldest first (at most `limit`), each with its instance id, and the id to resume
+    /// after ([`WorkflowLogPage::scanned_to`](crate::WorkflowLogPage::scanned_to)), which
+    /// moves past other workflows' records even when none of this one's are new.
     ///
     /// # Errors
     /// A store failure.
@@ -434,7 +434,7 @@ impl UntypedWorkflow {
         &self,
         after: u64,
         limit: usize,
-    ) -> Result<Vec<(InstanceId, LogRecord)>, Error> {
+    ) -> Result<cairn_store::WorkflowLogPage, Error> {
         Ok(self
             .engine
             .inner

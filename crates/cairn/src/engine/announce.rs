@@ -269,7 +269,7 @@ impl Store for Announcing {
         workflow: &WorkflowName,
         after: u64,
         limit: usize,
-    ) -> StoreFuture<'_, Vec<(InstanceId, LogRecord)>> {
+    ) -> StoreFuture<'_, cairn_store::WorkflowLogPage> {
         self.store.workflow_log(workflow, after, limit)
     }
 

@@ -114,7 +114,7 @@ impl Store for Blocking {
         workflow: &WorkflowName,
         after: u64,
         limit: usize,
-    ) -> StoreFuture<'_, Vec<(InstanceId, LogRecord)>> {
+    ) -> StoreFuture<'_, cairn_store::WorkflowLogPage> {
         let workflow = workflow.clone();
         blocking(&self.0, move |s| {
             Box::pin(async move { s.workflow_log(&workflow, after, limit).await })

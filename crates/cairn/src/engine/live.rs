@@ -24,11 +24,17 @@ impl Live {
     pub(crate) fn enter(&self, lifetime: &Arc<Lifetime>) -> LiveEntry<'_> {
         let instance = lifetime.lease.instance;
         let mut map = self.map();
-        let newer_exists = map
-            .get(&instance)
-            .is_some_and(|s| s.lease.epoch > lifetime.lease.epoch);
-        if !newer_exists {
-            map.insert(instance, Arc::clone(lifetime));
+        match map.get(&instance) {
+            Some(other) if other.lease.epoch > lifetime.lease.epoch => {}
+            other => {
+                // An older lifetime still here is fenced off (this newer claim proves it):
+                // stop it now, not at its next commit, so its step body does not run on
+                // beside ours.
+                if let Some(older) = other.filter(|o| !Arc::ptr_eq(o, lifetime)) {
+                    older.abort(crate::lifetime::Abort::Stopped);
+                }
+                map.insert(instance, Arc::clone(lifetime));
+            }
         }
         LiveEntry {
             live: self,

@@ -130,7 +130,7 @@ impl Store for FailingStore {
         w: &WorkflowName,
         after: u64,
         limit: usize,
-    ) -> StoreFuture<'_, Vec<(InstanceId, LogRecord)>> {
+    ) -> StoreFuture<'_, cairn::store::WorkflowLogPage> {
         self.inner.workflow_log(w, after, limit)
     }
     fn next_ready(&self, w: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {

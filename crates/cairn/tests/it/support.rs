@@ -391,7 +391,7 @@ impl Store for Hooked {
         w: &cairn::WorkflowName,
         after: u64,
         limit: usize,
-    ) -> StoreFuture<'_, Vec<(cairn::InstanceId, LogRecord)>> {
+    ) -> StoreFuture<'_, cairn::store::WorkflowLogPage> {
         hooked!(
             self,
             "workflow_log",
