@@ -78,3 +78,65 @@ impl Drop for LiveEntry<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use cairn_core::{InstanceId, Timestamp, WorkflowName};
+    use cairn_store::Lease;
+
+    use super::*;
+    use crate::env::{Env, Limits};
+    use crate::lifetime::Abort;
+
+    fn lifetime(env: &Arc<Env>, epoch: u64) -> Arc<Lifetime> {
+        Arc::new(Lifetime::new(
+            Arc::clone(env),
+            Lease {
+                instance: InstanceRef(7),
+                epoch,
+            },
+            WorkflowName::new("w").unwrap(),
+            InstanceId::new("i").unwrap(),
+            Timestamp::from_millis(0),
+        ))
+    }
+
+    /// A newer lease of the same instance stops the older lifetime at once (it is fenced
+    /// off) and takes its place; an older one arriving late never displaces a newer one.
+    #[tokio::test]
+    async fn a_newer_lifetime_stops_the_older_one_and_is_never_displaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            cairn_sqlite::SqliteStore::open(dir.path().join("db"), Default::default()).unwrap();
+        let env = Arc::new(Env {
+            store: Arc::new(store),
+            clock: crate::clock::Clock::system(),
+            limits: Limits {
+                step_limit: 10,
+                payload_limit: 1024,
+            },
+        });
+        let live = Live::default();
+        let (older, newer) = (lifetime(&env, 1), lifetime(&env, 2));
+        let _older_entry = live.enter(&older);
+        let _newer_entry = live.enter(&newer);
+        let aborted = tokio::time::timeout(Duration::from_secs(1), older.aborted()).await;
+        assert!(
+            matches!(aborted, Ok(Abort::Stopped)),
+            "the fenced lifetime is stopped"
+        );
+        assert!(Arc::ptr_eq(&live.get(InstanceRef(7)).unwrap(), &newer));
+        let late = lifetime(&env, 1);
+        let _late_entry = live.enter(&late);
+        assert!(
+            Arc::ptr_eq(&live.get(InstanceRef(7)).unwrap(), &newer),
+            "never displaced"
+        );
+        assert!(
+            live.fenced_by(InstanceRef(7), 1).is_none(),
+            "a transition of epoch 1 spares it"
+        );
+    }
+}
