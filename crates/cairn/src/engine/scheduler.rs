@@ -9,7 +9,7 @@ use tokio::task::JoinSet;
 
 use crate::engine::runtime::Runtime;
 
-/// Leases never expire: the store has exactly one engine (SQLite, guarded by its lock file).
+/// Leases never expire: the store has exactly one engine (SQLite, guarded by the lock on its database file).
 const UNBOUNDED_LEASE: Duration = Duration::from_secs(100 * 365 * 86_400);
 
 /// Claims runnable instances while there are free slots and runs each in a driver task.
