@@ -123,6 +123,33 @@ pub(crate) const CLAIM_EXPIRED_SQL: &str =
      WHERE lease_owner IS NOT NULL AND lease_until < ?1 AND status IN (0, 1, 7)
      ORDER BY lease_until";
 
+/// Up to `limit` `(at, iid)` rows of `sql` (one of the claim queries, in claim order)
+/// whose workflow is one of `workflows`; rows of other workflows are passed over.
+fn claimable(
+    conn: &Connection,
+    sql: &str,
+    args: impl rusqlite::Params,
+    workflows: &[String],
+    limit: usize,
+) -> Result<Vec<(i64, i64)>> {
+    let mut st = conn.prepare_cached(sql).map_err(map_sqlite)?;
+    let mut rows = st.query(args).map_err(map_sqlite)?;
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let Some(row) = rows.next().map_err(map_sqlite)? else {
+            break;
+        };
+        let workflow: String = row.get(2).map_err(map_sqlite)?;
+        if workflows.contains(&workflow) {
+            out.push((
+                row.get(0).map_err(map_sqlite)?,
+                row.get(1).map_err(map_sqlite)?,
+            ));
+        }
+    }
+    Ok(out)
+}
+
 pub(crate) fn claim(
     conn: &Connection,
     owner: &str,
@@ -137,52 +164,34 @@ pub(crate) fn claim(
     // Three index range scans, each in claim order, none over finished history: resuming
     // instances (rank 0) and expired leases by time, then new ones (rank 1) by time. Rows
     // of workflows this engine does not run are skipped as they come.
-    let wanted = |w: &str| workflows.iter().any(|x| x == w);
-    let mut candidates: Vec<(i64, i64)> = Vec::new(); // (at, iid), rank 0
-    for (sql, rank) in [(CLAIM_READY_SQL, Some(0)), (CLAIM_EXPIRED_SQL, None)] {
-        let mut st = conn.prepare_cached(sql).map_err(map_sqlite)?;
-        let mut rows = match rank {
-            Some(rank) => st.query(params![rank, now.as_millis()]),
-            None => st.query(params![now.as_millis()]),
-        }
-        .map_err(map_sqlite)?;
-        let mut taken = 0;
-        while taken < limit {
-            let Some(row) = rows.next().map_err(map_sqlite)? else {
-                break;
-            };
-            let workflow: String = row.get(2).map_err(map_sqlite)?;
-            if wanted(&workflow) {
-                candidates.push((
-                    row.get(0).map_err(map_sqlite)?,
-                    row.get(1).map_err(map_sqlite)?,
-                ));
-                taken += 1;
-            }
-        }
-    }
+    let now_ms = now.as_millis();
+    let mut candidates = claimable(conn, CLAIM_READY_SQL, params![0, now_ms], workflows, limit)?;
+    candidates.extend(claimable(
+        conn,
+        CLAIM_EXPIRED_SQL,
+        params![now_ms],
+        workflows,
+        limit,
+    )?);
     candidates.sort_unstable();
     // An instance can be both ready and under an expired lease: claim it once.
     let mut seen = std::collections::HashSet::new();
     let mut iids: Vec<i64> = candidates
         .into_iter()
-        .map(|c| c.1)
+        .map(|(_, iid)| iid)
         .filter(|iid| seen.insert(*iid))
         .take(limit)
         .collect();
     if iids.len() < limit {
-        let mut st = conn.prepare_cached(CLAIM_READY_SQL).map_err(map_sqlite)?;
-        let mut rows = st.query(params![1, now.as_millis()]).map_err(map_sqlite)?;
-        while iids.len() < limit {
-            let Some(row) = rows.next().map_err(map_sqlite)? else {
-                break;
-            };
-            let workflow: String = row.get(2).map_err(map_sqlite)?;
-            let iid: i64 = row.get(1).map_err(map_sqlite)?;
-            if wanted(&workflow) && !iids.contains(&iid) {
-                iids.push(iid);
-            }
-        }
+        let fresh = claimable(conn, CLAIM_READY_SQL, params![1, now_ms], workflows, limit)?;
+        let room = limit - iids.len();
+        iids.extend(
+            fresh
+                .into_iter()
+                .map(|(_, iid)| iid)
+                .filter(|iid| seen.insert(*iid))
+                .take(room),
+        );
     }
     let until = now.saturating_add(ttl).as_millis();
     let mut claimed = Vec::with_capacity(iids.len());

@@ -21,6 +21,11 @@ use cairn_store::{
 };
 use tokio::sync::watch;
 
+/// Tells every receiver of `counter` that something new was written.
+fn bump(counter: &watch::Sender<u64>) {
+    counter.send_modify(|n| *n = n.wrapping_add(1));
+}
+
 /// Counters keyed by what a write touched; a key has a counter only while someone watches.
 struct Topics<K>(Mutex<HashMap<K, watch::Sender<u64>>>);
 
@@ -47,13 +52,13 @@ impl<K: Eq + Hash + Clone> Topics<K> {
 
     fn bump(&self, key: &K) {
         if let Some(sender) = self.lock().get(key) {
-            sender.send_modify(|n| *n = n.wrapping_add(1));
+            bump(sender);
         }
     }
 
     fn bump_all(&self) {
         for sender in self.lock().values() {
-            sender.send_modify(|n| *n = n.wrapping_add(1));
+            bump(sender);
         }
     }
 }
@@ -101,7 +106,7 @@ impl Commits {
     }
 
     fn announce(&self, instance: Option<InstanceRef>, workflow: Option<&WorkflowName>) {
-        self.all.send_modify(|n| *n = n.wrapping_add(1));
+        bump(&self.all);
         if let Some(instance) = instance {
             self.instances.bump(&instance);
         }
@@ -191,7 +196,7 @@ impl Store for Announcing {
         self.write(
             self.store.claim(owner, workflows, now, ttl, limit),
             |commits, claimed| {
-                commits.all.send_modify(|n| *n = n.wrapping_add(1));
+                bump(&commits.all);
                 let mut owners = commits.owners();
                 for c in claimed {
                     owners.insert(c.lease.instance, c.record.workflow.clone());
@@ -310,7 +315,7 @@ impl Store for Announcing {
     fn purge(&self, now: Timestamp, limit: usize) -> StoreFuture<'_, usize> {
         self.write(self.store.purge(now, limit), |commits, purged| {
             if *purged > 0 {
-                commits.all.send_modify(|n| *n = n.wrapping_add(1));
+                bump(&commits.all);
                 commits.instances.bump_all();
                 commits.workflows.bump_all();
             }

@@ -32,10 +32,32 @@ const PANIC_RETRY_MAX: Duration = Duration::from_secs(3600);
 /// newly registered before it is given up (see `one_lifetime`).
 const REGISTRATION_GRACE: Duration = Duration::from_secs(1);
 
+/// The waits between tries while the store is unavailable: 100 ms, doubling up to 30 s.
+struct Outage {
+    pause: Duration,
+}
+
+impl Default for Outage {
+    fn default() -> Self {
+        Outage {
+            pause: Duration::from_millis(100),
+        }
+    }
+}
+
+impl Outage {
+    /// How long to wait before the next try.
+    fn next(&mut self) -> Duration {
+        let pause = self.pause;
+        self.pause = (pause * 2).min(Duration::from_secs(30));
+        pause
+    }
+}
+
 pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed) {
     let lease = claimed.lease;
     let mut record = claimed.record;
-    let mut pause = Duration::from_millis(100);
+    let mut pause = Outage::default();
     loop {
         // The lifetime is registered as live before its first await (inside `one_lifetime`),
         // and any panic in it, engine code included, is caught here: it must release the
@@ -51,11 +73,10 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed) {
                 tracing::warn!(instance = %record.id, error = %e, "store unavailable; replaying later");
                 let mut shutdown = inner.shutdown.subscribe();
                 tokio::select! {
-                    () = inner.env.clock.sleep(pause) => {}
+                    () = inner.env.clock.sleep(pause.next()) => {}
                     // Shutting down: the next engine replays it.
                     _ = shutdown.wait_for(|stop| *stop) => break,
                 }
-                pause = (pause * 2).min(Duration::from_secs(30));
                 // Replay from what the store holds now, not from the claim: the last
                 // lifetime may have started the instance, and it may have been deleted.
                 match reread(&inner, lease, &record).await {
@@ -88,7 +109,7 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed) {
 /// The instance's record as stored now, or `None` when this lifetime must not go on: the
 /// instance is gone, finished, or a different instance under the same name.
 async fn reread(inner: &Runtime, lease: Lease, stale: &InstanceRecord) -> Option<InstanceRecord> {
-    let mut pause = Duration::from_millis(100);
+    let mut pause = Outage::default();
     loop {
         match inner.env.store.instance(&stale.workflow, &stale.id).await {
             Ok(Some(fresh)) if fresh.instance == lease.instance && !fresh.status.is_terminal() => {
@@ -96,8 +117,7 @@ async fn reread(inner: &Runtime, lease: Lease, stale: &InstanceRecord) -> Option
             }
             Ok(_) => return None,
             Err(cairn_store::Error::Unavailable(_)) => {
-                inner.env.clock.sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(30));
+                inner.env.clock.sleep(pause.next()).await;
             }
             Err(_) => return None,
         }
@@ -136,13 +156,12 @@ async fn release_after_panic(inner: &Runtime, lease: Lease, message: &str) {
             },
         ]
     };
-    let mut pause = Duration::from_millis(100);
+    let mut pause = Outage::default();
     for _ in 0..10 {
         match inner.env.store.commit(lease, writes()).await {
             Err(cairn_store::Error::Unavailable(e)) => {
                 tracing::warn!(error = %e, "store unavailable while releasing a panicked instance");
-                inner.env.clock.sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(30));
+                inner.env.clock.sleep(pause.next()).await;
             }
             _ => return,
         }
@@ -172,19 +191,12 @@ async fn one_lifetime(
         journal = env.store.journal(record.instance) => journal.map_err(Abort::Store)?,
         abort = state.aborted() => return Err(abort),
     };
-    // The handlers a rollback will need: started steps with a handler whose compensation
-    // has not finished yet.
-    let compensated: std::collections::HashSet<(&str, u32)> = journal
-        .iter()
-        .filter(|r| r.key.kind == StepKind::Rollback && r.state != StepState::Running)
-        .map(|r| (r.key.name.as_str(), r.key.count))
-        .collect();
-    let needed: Vec<StepKey> = journal
-        .iter()
-        .filter(|r| r.key.kind == StepKind::Run && r.has_rollback)
-        .filter(|r| !compensated.contains(&(r.key.name.as_str(), r.key.count)))
-        .map(|r| r.key.clone())
-        .collect();
+    // Only a lifetime that resumes a rollback needs to know which handlers to rebuild.
+    let needed = if record.rollback_trigger.is_some() {
+        handlers_needed(&journal)
+    } else {
+        Vec::new()
+    };
     state.load_journal(journal);
     if record.status != InstanceStatus::Running {
         let now = env.clock.now();
@@ -330,6 +342,22 @@ enum Next<T> {
     Drained,
     Hibernate(Hibernation),
     Pause,
+}
+
+/// The handlers a rollback will need: started steps with a handler whose compensation has
+/// not finished yet.
+fn handlers_needed(journal: &[cairn_core::StepRecord]) -> Vec<StepKey> {
+    let compensated: std::collections::HashSet<(&str, u32)> = journal
+        .iter()
+        .filter(|r| r.key.kind == StepKind::Rollback && r.state != StepState::Running)
+        .map(|r| (r.key.name.as_str(), r.key.count))
+        .collect();
+    journal
+        .iter()
+        .filter(|r| r.key.kind == StepKind::Run && r.has_rollback)
+        .filter(|r| !compensated.contains(&(r.key.name.as_str(), r.key.count)))
+        .map(|r| r.key.clone())
+        .collect()
 }
 
 /// Polls one phase of a lifetime (the forward run, or the rollback) until it finishes:

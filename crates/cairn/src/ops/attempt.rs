@@ -261,6 +261,7 @@ impl Execution {
                         .await;
                 }
                 self.start_next_attempt(&key, &mut record).await;
+                self.set_running(Some(&record));
             }
             let ctx = StepContext {
                 step: StepId {
@@ -271,48 +272,36 @@ impl Execution {
                 config,
                 idempotency_key: state.idempotency_key(&key),
             };
-            self.set_running(Some(&record));
             // A panic while the body builds its future is an attempt failure too.
             let attempt = std::pin::pin!(crate::panic::guarded(|| body(ctx)));
             let timed = select(attempt, state.env.clock.sleep(config.timeout)).await;
             let outcome = match timed {
-                Either::Left((Ok(Ok(value)), _)) => {
-                    match crate::panic::catch_user(|| serde_json::to_string(&value)).unwrap_or_else(
-                        |panic| {
-                            Err(serde::ser::Error::custom(format!(
-                                "its Serialize impl panicked: {}",
-                                crate::panic::message(&*panic)
-                            )))
-                        },
-                    ) {
-                        Ok(json) if json.len() > state.env.limits.payload_limit => {
-                            Outcome::Failure(
-                                ErrorInfo::new(
-                                    INTERNAL,
-                                    format!(
-                                        "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
-                                        key.target(),
-                                        json.len(),
-                                        state.env.limits.payload_limit,
-                                        human_bytes(state.env.limits.payload_limit)
-                                    ),
-                                ),
-                                false,
-                            )
-                        }
-                        Ok(json) => Outcome::Success(json),
-                        Err(e) => Outcome::Failure(
-                            ErrorInfo::new(
-                                INTERNAL,
-                                format!(
-                                    "Value returned from step \"{}\" is not serialisable: {e}",
-                                    key.name
-                                ),
+                Either::Left((Ok(Ok(value)), _)) => match crate::panic::to_json(&value) {
+                    Ok(json) if json.len() > state.env.limits.payload_limit => Outcome::Failure(
+                        ErrorInfo::new(
+                            INTERNAL,
+                            format!(
+                                "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
+                                key.target(),
+                                json.len(),
+                                state.env.limits.payload_limit,
+                                human_bytes(state.env.limits.payload_limit)
                             ),
-                            false,
                         ),
-                    }
-                }
+                        false,
+                    ),
+                    Ok(json) => Outcome::Success(json),
+                    Err(e) => Outcome::Failure(
+                        ErrorInfo::new(
+                            INTERNAL,
+                            format!(
+                                "Value returned from step \"{}\" is not serialisable: {e}",
+                                key.name
+                            ),
+                        ),
+                        false,
+                    ),
+                },
                 Either::Left((Ok(Err(e)), _)) => Outcome::Failure(e.info, e.retryable),
                 Either::Left((Err(panic), _)) => Outcome::Failure(
                     ErrorInfo::new(
@@ -333,14 +322,7 @@ impl Execution {
                 Outcome::Success(json) => {
                     self.record_success(&key, &mut record, &config, json.clone())
                         .await;
-                    return crate::panic::catch_user(|| serde_json::from_str(&json))
-                        .unwrap_or_else(|panic| {
-                            Err(serde::de::Error::custom(format!(
-                                "its Deserialize impl panicked: {}",
-                                crate::panic::message(&*panic)
-                            )))
-                        })
-                        .map_err(|e| decode_error(&key, &e));
+                    return decode_json(&key, &json);
                 }
                 Outcome::Failure(error, retryable) => {
                     self.record_failure(
@@ -573,14 +555,12 @@ fn human_bytes(n: usize) -> String {
 fn decode<T: DeserializeOwned>(key: &StepKey, record: &StepRecord) -> Result<T, WorkflowError> {
     let json = record.output.as_deref().unwrap_or("null");
     // `T`'s Deserialize impl is user code.
-    crate::panic::catch_user(|| serde_json::from_str(json))
-        .unwrap_or_else(|panic| {
-            Err(serde::de::Error::custom(format!(
-                "its Deserialize impl panicked: {}",
-                crate::panic::message(&*panic)
-            )))
-        })
-        .map_err(|e| decode_error(key, &e))
+    decode_json(key, json)
+}
+
+/// A step's output as the type the code expects (its `Deserialize` impl is user code).
+fn decode_json<T: DeserializeOwned>(key: &StepKey, json: &str) -> Result<T, WorkflowError> {
+    crate::panic::from_json(json).map_err(|e| decode_error(key, &e))
 }
 
 fn decode_error(key: &StepKey, e: &serde_json::Error) -> WorkflowError {

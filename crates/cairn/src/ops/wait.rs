@@ -120,22 +120,15 @@ impl WorkflowStep {
 
 fn decode<T: DeserializeOwned>(key: &StepKey, json: &str) -> Result<StepEvent<T>, WorkflowError> {
     // `T`'s Deserialize impl is user code.
-    crate::panic::catch_user(|| serde_json::from_str(json))
-        .unwrap_or_else(|panic| {
-            Err(serde::de::Error::custom(format!(
-                "its Deserialize impl panicked: {}",
-                crate::panic::message(&*panic)
-            )))
-        })
-        .map_err(|e| {
-            WorkflowError::new(
-                INTERNAL,
-                format!(
-                    "the event received by wait \"{}\" does not decode as the expected type: {e}",
-                    key.target()
-                ),
-            )
-        })
+    crate::panic::from_json(json).map_err(|e| {
+        WorkflowError::new(
+            INTERNAL,
+            format!(
+                "the event received by wait \"{}\" does not decode as the expected type: {e}",
+                key.target()
+            ),
+        )
+    })
 }
 
 async fn wait<T: DeserializeOwned>(
