@@ -197,27 +197,21 @@ async fn error_messages_are_capped_once_per_attempt() {
 #[tokio::test]
 async fn a_panic_in_engine_code_releases_the_instance() {
     let (_dir, path) = crate::support::temp_db();
-    let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
     let journal_calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let calls = std::sync::Arc::clone(&journal_calls);
-    let hooked = crate::support::Hooked {
-        inner: std::sync::Arc::new(store),
-        before: Box::new(move |method| {
-            if method == "journal" && calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-                panic!("injected engine bug");
-            }
-            Ok(())
-        }),
-    };
-    let engine = cairn::Engine::builder()
-        .store(std::sync::Arc::new(hooked))
-        .register(wf(|_, step| async move {
-            let n: u32 = step.run("s", |_| async { Ok(7) }).await?;
-            Ok(json!(n))
-        }))
-        .start()
-        .await
-        .unwrap();
+    let engine = crate::support::hooked_builder(&path, move |method| {
+        if method == "journal" && calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            panic!("injected engine bug");
+        }
+        Ok(())
+    })
+    .register(wf(|_, step| async move {
+        let n: u32 = step.run("s", |_| async { Ok(7) }).await?;
+        Ok(json!(n))
+    }))
+    .start()
+    .await
+    .unwrap();
     let instance = engine
         .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(json!({})))
@@ -689,27 +683,21 @@ async fn a_step_dropped_while_waiting_to_retry_is_recorded_as_cancelled() {
 #[tokio::test]
 async fn a_panic_in_an_ops_engine_code_releases_the_instance() {
     let (_dir, path) = crate::support::temp_db();
-    let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
     let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let c = std::sync::Arc::clone(&calls);
-    let hooked = crate::support::Hooked {
-        inner: std::sync::Arc::new(store),
-        before: Box::new(move |method| {
-            if method == "take_event" && c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-                panic!("injected bug in an op");
-            }
-            Ok(())
-        }),
-    };
-    let engine = cairn::Engine::builder()
-        .store(std::sync::Arc::new(hooked))
-        .register(wf(|_, step| async move {
-            let e: StepEvent<Value> = step.wait_for_event("wait", "go").await?;
-            Ok(e.payload)
-        }))
-        .start()
-        .await
-        .unwrap();
+    let engine = crate::support::hooked_builder(&path, move |method| {
+        if method == "take_event" && c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            panic!("injected bug in an op");
+        }
+        Ok(())
+    })
+    .register(wf(|_, step| async move {
+        let e: StepEvent<Value> = step.wait_for_event("wait", "go").await?;
+        Ok(e.payload)
+    }))
+    .start()
+    .await
+    .unwrap();
     let instance = engine
         .workflow::<crate::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(json!({})))
@@ -807,29 +795,23 @@ async fn a_cancelled_step_is_recorded_across_a_graceful_shutdown() {
 #[tokio::test(start_paused = true)]
 async fn a_store_outage_replays_from_the_stored_record() {
     let (_dir, path) = crate::support::temp_db();
-    let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
     let commits = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let c = std::sync::Arc::clone(&commits);
-    let hooked = crate::support::Hooked {
-        inner: std::sync::Arc::new(store),
-        before: Box::new(move |method| {
-            // The commit after the one that starts the instance fails once.
-            if method == "commit" && c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
-                return Err(cairn::store::Error::Unavailable("injected outage".into()));
-            }
-            Ok(())
-        }),
-    };
-    let engine = cairn::Engine::builder()
-        .store(std::sync::Arc::new(hooked))
-        .clock(cairn::Clock::virtual_now())
-        .register(wf(|_, step| async move {
-            let n: u32 = step.run("s", |_| async { Ok(3) }).await?;
-            Ok(json!(n))
-        }))
-        .start()
-        .await
-        .unwrap();
+    let engine = crate::support::hooked_builder(&path, move |method| {
+        // The commit after the one that starts the instance fails once.
+        if method == "commit" && c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            return Err(cairn::store::Error::Unavailable("injected outage".into()));
+        }
+        Ok(())
+    })
+    .clock(cairn::Clock::virtual_now())
+    .register(wf(|_, step| async move {
+        let n: u32 = step.run("s", |_| async { Ok(3) }).await?;
+        Ok(json!(n))
+    }))
+    .start()
+    .await
+    .unwrap();
     let instance = run_to_end(&engine, json!({})).await;
     assert_eq!(instance.status().await.unwrap().output, Some(json!(3)));
     assert!(
@@ -849,42 +831,36 @@ async fn a_store_outage_replays_from_the_stored_record() {
 async fn a_rollback_ends_once_whichever_commit_after_it_fails() {
     for failing in 1..=3u32 {
         let (_dir, path) = crate::support::temp_db();
-        let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
         let handled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let after = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let (h, a) = (
             std::sync::Arc::clone(&handled),
             std::sync::Arc::clone(&after),
         );
-        let hooked = crate::support::Hooked {
-            inner: std::sync::Arc::new(store),
-            before: Box::new(move |method| {
-                use std::sync::atomic::Ordering::SeqCst;
-                if method == "commit" && h.load(SeqCst) && a.fetch_add(1, SeqCst) + 1 == failing {
-                    return Err(cairn::store::Error::Unavailable("injected".into()));
-                }
-                Ok(())
-            }),
-        };
         let flag = std::sync::Arc::clone(&handled);
-        let engine = cairn::Engine::builder()
-            .store(std::sync::Arc::new(hooked))
-            .clock(cairn::Clock::virtual_now())
-            .register(wf(move |_, step| {
-                let flag = std::sync::Arc::clone(&flag);
-                async move {
-                    step.run("reserve", |_| async { Ok(1u32) })
-                        .rollback(move |_: Rollback<u32>| {
-                            flag.store(true, std::sync::atomic::Ordering::SeqCst);
-                            async { Ok(()) }
-                        })
-                        .await?;
-                    Err::<Value, _>("boom".into())
-                }
-            }))
-            .start()
-            .await
-            .unwrap();
+        let engine = crate::support::hooked_builder(&path, move |method| {
+            use std::sync::atomic::Ordering::SeqCst;
+            if method == "commit" && h.load(SeqCst) && a.fetch_add(1, SeqCst) + 1 == failing {
+                return Err(cairn::store::Error::Unavailable("injected".into()));
+            }
+            Ok(())
+        })
+        .clock(cairn::Clock::virtual_now())
+        .register(wf(move |_, step| {
+            let flag = std::sync::Arc::clone(&flag);
+            async move {
+                step.run("reserve", |_| async { Ok(1u32) })
+                    .rollback(move |_: Rollback<u32>| {
+                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                        async { Ok(()) }
+                    })
+                    .await?;
+                Err::<Value, _>("boom".into())
+            }
+        }))
+        .start()
+        .await
+        .unwrap();
         let instance = run_to_end(&engine, json!({})).await;
         let status = instance.status().await.unwrap();
         assert_eq!(

@@ -330,6 +330,19 @@ pub struct Hooked {
     pub before: Box<dyn Fn(&'static str) -> Result<(), cairn::store::Error> + Send + Sync>,
 }
 
+/// An engine builder on a fresh SQLite database at `path` behind a [`Hooked`] store
+/// calling `before` (system clock unless the caller sets another).
+pub fn hooked_builder(
+    path: &Path,
+    before: impl Fn(&'static str) -> Result<(), cairn::store::Error> + Send + Sync + 'static,
+) -> EngineBuilder {
+    let store = cairn::sqlite::SqliteStore::open(path, Default::default()).unwrap();
+    Engine::builder().store(Arc::new(Hooked {
+        inner: Arc::new(store),
+        before: Box::new(before),
+    }))
+}
+
 macro_rules! hooked {
     ($self:ident, $name:literal, $call:expr) => {
         match ($self.before)($name) {
