@@ -14,6 +14,7 @@
 //! # Ok(()) }
 //! ```
 
+mod history;
 #[cfg(test)]
 mod plans;
 mod raw;
@@ -410,8 +411,11 @@ fn take_over(conn: &Connection) -> rusqlite::Result<()> {
     )?;
     for iid in pausing {
         conn.execute(
-            "INSERT INTO log (iid, at, kind, meta)
-             SELECT iid, paused_at, ?2, '{\"recovered\":true}' FROM instances WHERE iid = ?1",
+            &format!(
+                "INSERT INTO log (id, iid, at, kind, meta)
+                 SELECT {}, iid, paused_at, ?2, '{{\"recovered\":true}}' FROM instances WHERE iid = ?1",
+                history::NEXT_LOG_ID
+            ),
             rusqlite::params![iid, cairn_core::LogKind::WorkflowPaused.code()],
         )?;
     }
@@ -498,9 +502,7 @@ impl Store for SqliteStore {
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         self.write(move |conn| {
             rows::check_lease(conn, lease)?;
-            for write in writes {
-                rows::apply(conn, lease.instance, write)?;
-            }
+            rows::apply_all(conn, lease.instance, writes)?;
             rows::status_of(conn, lease.instance)
         })
     }
@@ -521,7 +523,7 @@ impl Store for SqliteStore {
         after: u64,
         limit: usize,
     ) -> StoreFuture<'_, Vec<cairn_core::LogRecord>> {
-        self.read(move |conn| rows::log(conn, instance, after, limit))
+        self.read(move |conn| history::log(conn, instance, after, limit))
     }
 
     fn workflow_log(
@@ -531,7 +533,7 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> StoreFuture<'_, cairn_store::WorkflowLogPage> {
         let workflow = workflow.to_string();
-        self.read(move |conn| rows::workflow_log(conn, &workflow, after, limit))
+        self.read(move |conn| history::workflow_log(conn, &workflow, after, limit))
     }
 
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {

@@ -60,6 +60,11 @@ pub fn raw_step_writes(
     )
     .map_err(err)?;
     let iid = conn.last_insert_rowid();
+    conn.execute(
+        "INSERT INTO configs (config) VALUES ('{\"retries\":{\"limit\":5}}')",
+        [],
+    )
+    .map_err(err)?;
     let per_commit = per_commit.max(1);
     let start = Instant::now();
     let mut commits = 0;
@@ -71,18 +76,18 @@ pub fn raw_step_writes(
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
                      in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)
-                 VALUES (?1, 0, 'step', ?2, ?2, 1, '{\"retries\":{\"limit\":5}}', 1, 0, NULL, 'null', NULL, NULL, 0, 0, 0)",
+                 VALUES (?1, 0, 'step', ?2, ?2, 1, 1, 1, 0, NULL, 'null', NULL, NULL, 0, 0, 0)",
             )
             .and_then(|mut st| st.execute(params![iid, n]))
             .map_err(err)?;
-            for kind in [10, 11] {
-                tx.prepare_cached(
-                    "INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
-                     VALUES (?1, 0, ?2, 0, 'step', ?3, '{\"attempt\":1}')",
-                )
-                .and_then(|mut st| st.execute(params![iid, kind, n]))
-                .map_err(err)?;
-            }
+            // The attempt's two records in one row, as the engine writes them.
+            tx.prepare_cached(&format!(
+                "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, kind2, meta2)
+                 VALUES ({}, ?1, 0, 10, 0, 'step', ?2, '{{\"attempt\":1}}', 11, '{{\"attempt\":1}}')",
+                crate::history::NEXT_LOG_ID
+            ))
+            .and_then(|mut st| st.execute(params![iid, n]))
+            .map_err(err)?;
             written += 1;
         }
         tx.commit().map_err(err)?;
@@ -156,13 +161,25 @@ pub fn replicate_instances(
                 params![template, done as i64, upto as i64 - 1, base],
             )
             .map_err(err)?;
+            // Log rows take ids two apart (see `history`): numbered here, not by SQLite.
+            let (last_id, rows): (i64, i64) = tx
+                .query_row(
+                    "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'log'), 0),
+                         (SELECT COUNT(*) FROM log WHERE iid = ?1)",
+                    [template],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(err)?;
             tx.execute(
                 &format!(
-                    "{numbers} INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
-                     SELECT ?4 + n.i - ?2 + 1, at, kind, step_kind, step_name, step_count, meta
-                     FROM log, n WHERE iid = ?1 ORDER BY n.i, log.id"
+                    "{numbers}, t AS (SELECT ROW_NUMBER() OVER (ORDER BY id) AS k, * FROM log WHERE iid = ?1)
+                     INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta,
+                         config, kind2, meta2)
+                     SELECT ?5 + 2 * ((n.i - ?2) * ?6 + t.k), ?4 + n.i - ?2 + 1, at, kind, step_kind,
+                         step_name, step_count, meta, config, kind2, meta2
+                     FROM t, n ORDER BY n.i, t.k"
                 ),
-                params![template, done as i64, upto as i64 - 1, base],
+                params![template, done as i64, upto as i64 - 1, base, last_id, rows],
             )
             .map_err(err)?;
             tx.commit().map_err(err)?;

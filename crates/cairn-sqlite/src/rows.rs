@@ -3,13 +3,12 @@
 use std::time::Duration;
 
 use cairn_core::{
-    ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord, StepKey,
-    StepKind, StepRecord, StepState, Timestamp, WorkflowName,
+    ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, StepKey, StepKind,
+    StepRecord, StepState, Timestamp, WorkflowName,
 };
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, Result, Sent, StatusChange, StoredEvent, WorkflowLogPage,
-    Write,
+    ListQuery, NewEvent, NewInstance, Result, Sent, StatusChange, StoredEvent, Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
@@ -292,7 +291,29 @@ pub(crate) fn check_lease(conn: &Connection, lease: Lease) -> Result<()> {
     }
 }
 
-pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
+/// Applies a commit's writes in order; consecutive records go to the log together, so two
+/// of the same step can share a row.
+pub(crate) fn apply_all(
+    conn: &Connection,
+    instance: InstanceRef,
+    writes: Vec<Write>,
+) -> Result<()> {
+    let mut records: Vec<LogEntry> = Vec::new();
+    for write in writes {
+        if let Write::Log(entry) = write {
+            records.push(entry);
+            continue;
+        }
+        if !records.is_empty() {
+            crate::history::append(conn, instance, &records.iter().collect::<Vec<_>>())?;
+            records.clear();
+        }
+        apply(conn, instance, write)?;
+    }
+    crate::history::append(conn, instance, &records.iter().collect::<Vec<_>>())
+}
+
+fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
     match write {
         Write::Step(step) => upsert_step(conn, instance, &step),
         Write::Cancel { step, records } => {
@@ -313,9 +334,7 @@ pub(crate) fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> R
                 .map_err(map_sqlite)?;
             if running {
                 upsert_step(conn, instance, &step)?;
-                for record in &records {
-                    append_log(conn, instance, record)?;
-                }
+                crate::history::append(conn, instance, &records.iter().collect::<Vec<_>>())?;
             }
             Ok(())
         }
@@ -400,11 +419,6 @@ pub(crate) fn next_ready(conn: &Connection, workflows: &[String]) -> Result<Opti
 /// The oldest buffered event of a type for an instance.
 pub(crate) const TAKE_EVENT_SQL: &str =
     "SELECT id, payload, at FROM events WHERE iid = ?1 AND type = ?2 ORDER BY id LIMIT 1";
-
-/// An instance's records after a cursor.
-pub(crate) const LOG_SQL: &str =
-    "SELECT l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta
-     FROM log l WHERE l.iid = ?1 AND l.id > ?2 ORDER BY l.id LIMIT ?3";
 
 /// Finished instances whose retention is over.
 pub(crate) const DUE_PURGES_SQL: &str =
@@ -549,6 +563,7 @@ pub(crate) fn take_event(
 
 fn upsert_step(conn: &Connection, instance: InstanceRef, s: &StepRecord) -> Result<()> {
     let config = serde_json::to_string(&s.config).map_err(corrupt)?;
+    let config = crate::history::config_id(conn, &config)?;
     conn.prepare_cached(
         "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
              in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)
@@ -579,24 +594,7 @@ fn upsert_step(conn: &Connection, instance: InstanceRef, s: &StepRecord) -> Resu
 }
 
 pub(crate) fn append_log(conn: &Connection, instance: InstanceRef, e: &LogEntry) -> Result<()> {
-    let meta = serde_json::to_string(&e.meta).map_err(corrupt)?;
-    conn.prepare_cached(
-        "INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )
-    .and_then(|mut st| {
-        st.execute(params![
-            instance.0,
-            e.at.as_millis(),
-            e.kind.code(),
-            e.step.as_ref().map(|k| k.kind.code()),
-            e.step.as_ref().map(|k| k.name.as_str()),
-            e.step.as_ref().map(|k| k.count),
-            meta,
-        ])
-    })
-    .map_err(map_sqlite)?;
-    Ok(())
+    crate::history::append(conn, instance, &[e])
 }
 
 fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> Result<()> {
@@ -639,9 +637,10 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
 pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<StepRecord>> {
     let mut st = conn
         .prepare_cached(
-            "SELECT kind, name, count, seq, state, config, attempts, in_flight, wake_at, output,
-                 error_name, error_message, started_at, ended_at, has_rollback
-             FROM steps WHERE iid = ?1 ORDER BY seq",
+            "SELECT s.kind, s.name, s.count, s.seq, s.state, c.config, s.attempts, s.in_flight,
+                 s.wake_at, s.output, s.error_name, s.error_message, s.started_at, s.ended_at,
+                 s.has_rollback
+             FROM steps s JOIN configs c ON c.id = s.config WHERE s.iid = ?1 ORDER BY s.seq",
         )
         .map_err(map_sqlite)?;
     let rows = st
@@ -678,118 +677,6 @@ pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<St
         .map_err(map_sqlite)?;
     rows.map(|r| r.map_err(map_sqlite)?).collect()
 }
-
-/// Maps a row selected with [`LOG_SQL`]'s columns.
-fn log_record(r: &Row<'_>) -> rusqlite::Result<Result<LogRecord>> {
-    let id: i64 = r.get(0)?;
-    let at: i64 = r.get(1)?;
-    let kind: i64 = r.get(2)?;
-    let step_kind: Option<i64> = r.get(3)?;
-    let step_name: Option<String> = r.get(4)?;
-    let step_count: Option<u32> = r.get(5)?;
-    let meta: String = r.get(6)?;
-    Ok((|| {
-        let step = match (step_kind, step_name, step_count) {
-            (Some(k), Some(name), Some(count)) => Some(StepKey {
-                kind: StepKind::from_code(k)
-                    .ok_or_else(|| corrupt(format!("unknown step kind {k}")))?,
-                name,
-                count,
-            }),
-            _ => None,
-        };
-        Ok(LogRecord {
-            id: u64::try_from(id).map_err(corrupt)?,
-            entry: LogEntry {
-                kind: LogKind::from_code(kind)
-                    .ok_or_else(|| corrupt(format!("unknown log kind {kind}")))?,
-                at: Timestamp::from_millis(at),
-                step,
-                meta: serde_json::from_str(&meta).map_err(corrupt)?,
-            },
-        })
-    })())
-}
-
-fn sql_int(n: impl TryInto<i64>) -> i64 {
-    n.try_into().unwrap_or(i64::MAX)
-}
-
-pub(crate) fn log(
-    conn: &Connection,
-    instance: InstanceRef,
-    after: u64,
-    limit: usize,
-) -> Result<Vec<LogRecord>> {
-    let mut st = conn.prepare_cached(LOG_SQL).map_err(map_sqlite)?;
-    let rows = st
-        .query_map(
-            params![instance.0, sql_int(after), sql_int(limit)],
-            log_record,
-        )
-        .map_err(map_sqlite)?;
-    rows.map(|r| r.map_err(map_sqlite)?).collect()
-}
-
-/// A workflow's records after a cursor, driven by the log's own ids (`CROSS JOIN` fixes
-/// the join order): it reads only records newer than the cursor, so a poll with nothing new
-/// is one seek, however many instances the workflow has.
-pub(crate) const WORKFLOW_LOG_SQL: &str =
-    "SELECT l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta, i.id
-     FROM log l CROSS JOIN instances i ON i.iid = l.iid
-     WHERE l.id > ?2 AND l.id <= ?4 AND i.workflow = ?1 ORDER BY l.id LIMIT ?3";
-
-pub(crate) fn workflow_log(
-    conn: &Connection,
-    workflow: &str,
-    after: u64,
-    limit: usize,
-) -> Result<WorkflowLogPage> {
-    // The newest id first: with one writer, every id up to it is committed in this
-    // snapshot, so the window below never passes over a record that lands later.
-    let newest: Option<i64> = conn
-        .prepare_cached("SELECT MAX(id) FROM log")
-        .and_then(|mut st| st.query_row([], |r| r.get(0)))
-        .map_err(map_sqlite)?;
-    let newest = u64::try_from(newest.unwrap_or(0)).unwrap_or(0);
-    let until = after.saturating_add(WORKFLOW_LOG_WINDOW).min(newest);
-    if until <= after {
-        return Ok(WorkflowLogPage {
-            records: Vec::new(),
-            scanned_to: after,
-        });
-    }
-    let mut st = conn.prepare_cached(WORKFLOW_LOG_SQL).map_err(map_sqlite)?;
-    let rows = st
-        .query_map(
-            params![workflow, sql_int(after), sql_int(limit), sql_int(until)],
-            |r| {
-                let id: String = r.get(7)?;
-                let record = log_record(r)?;
-                Ok((id, record))
-            },
-        )
-        .map_err(map_sqlite)?;
-    let records = rows
-        .map(|r| {
-            let (id, record) = r.map_err(map_sqlite)?;
-            Ok((InstanceId::new(id).map_err(corrupt)?, record?))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let scanned_to = if records.len() == limit {
-        records.last().map_or(after, |(_, r)| r.id)
-    } else {
-        until
-    };
-    Ok(WorkflowLogPage {
-        records,
-        scanned_to,
-    })
-}
-
-/// How many log ids one workflow-log read looks at, at most: a workflow that is quiet
-/// while others write passes over their records a window at a time.
-const WORKFLOW_LOG_WINDOW: u64 = 10_000;
 
 pub(crate) const INSTANCE_KEY_SQL: &str =
     "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params, lease_epoch

@@ -187,13 +187,59 @@ const MIGRATIONS: &[&str] = &[
     END;
     ANALYZE;
     ",
+    // 9: smaller history. A step's configuration is stored once per distinct text
+    // (`configs`), referenced by the step and by its `STEP_START` record instead of being
+    // written into both; and a log row holds up to two records of the same step committed
+    // together (`kind2`, `meta2`: `STEP_START` + `ATTEMPT_START`, `ATTEMPT_SUCCESS` +
+    // `STEP_SUCCESS`), the second with the id after the row's. Rows written from now on take
+    // ids two apart; older rows keep theirs and their full `meta`.
+    "
+    CREATE TABLE configs (
+        id     INTEGER PRIMARY KEY,
+        config TEXT NOT NULL UNIQUE
+    );
+    INSERT OR IGNORE INTO configs (config) SELECT config FROM steps;
+    CREATE TABLE steps_v9 (
+        iid           INTEGER NOT NULL,
+        kind          INTEGER NOT NULL,
+        name          TEXT NOT NULL,
+        count         INTEGER NOT NULL,
+        seq           INTEGER NOT NULL,
+        state         INTEGER NOT NULL,
+        config        INTEGER NOT NULL,
+        attempts      INTEGER NOT NULL,
+        in_flight     INTEGER NOT NULL,
+        wake_at       INTEGER,
+        output        TEXT,
+        error_name    TEXT,
+        error_message TEXT,
+        started_at    INTEGER NOT NULL,
+        ended_at      INTEGER,
+        has_rollback  INTEGER NOT NULL,
+        PRIMARY KEY (iid, kind, name, count)
+    ) WITHOUT ROWID;
+    INSERT INTO steps_v9 SELECT s.iid, s.kind, s.name, s.count, s.seq, s.state, c.id, s.attempts,
+        s.in_flight, s.wake_at, s.output, s.error_name, s.error_message, s.started_at, s.ended_at,
+        s.has_rollback
+    FROM steps s JOIN configs c ON c.config = s.config;
+    DROP TABLE steps;
+    ALTER TABLE steps_v9 RENAME TO steps;
+    ALTER TABLE log ADD COLUMN config INTEGER;
+    ALTER TABLE log ADD COLUMN kind2 INTEGER;
+    ALTER TABLE log ADD COLUMN meta2 TEXT;
+    ",
 ];
 
 /// Brings the schema up to date.
 pub(crate) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    migrate_to(conn, MIGRATIONS.len())
+}
+
+/// Runs the migrations up to and including number `to`.
+fn migrate_to(conn: &mut Connection, to: usize) -> rusqlite::Result<()> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     let version = usize::try_from(version).unwrap_or(0);
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+    for (i, sql) in MIGRATIONS.iter().enumerate().take(to).skip(version) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
         tx.pragma_update(
@@ -209,4 +255,62 @@ pub(crate) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
 /// The schema version this build writes.
 pub(crate) fn current_version() -> usize {
     MIGRATIONS.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use cairn_core::{LogKind, StepKind};
+    use cairn_store::InstanceRef;
+
+    use super::*;
+
+    /// A database written before migration 9 (configs inside rows, one record per log row)
+    /// reads back the same after it, and records written after it come later.
+    #[test]
+    fn history_written_before_migration_9_reads_back_unchanged() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrate_to(&mut conn, 8).expect("migrate to 8");
+        let config =
+            r#"{"retries":{"backoff":"constant","delay":5,"limit":1},"timeout":"1 minute"}"#;
+        conn.execute_batch(&format!(
+            "INSERT INTO instances (workflow, id, status, params, created_at) VALUES ('w', 'a', 1, '{{}}', 1);
+             INSERT INTO steps VALUES (1, 0, 's', 1, 1, 1, '{config}', 1, 0, NULL, '7', NULL, NULL, 2, 3, 0);
+             INSERT INTO log (iid, at, kind, meta) VALUES (1, 1, 0, '{{\"params\":{{}}}}');
+             INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
+                 VALUES (1, 2, 5, 0, 's', 1, '{{\"config\":{config},\"hasRollback\":false}}');
+             INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
+                 VALUES (1, 2, 10, 0, 's', 1, '{{\"attempt\":1}}');"
+        ))
+        .expect("v8 rows");
+        migrate(&mut conn).expect("migrate");
+        let journal = crate::rows::journal(&conn, InstanceRef(1)).expect("journal");
+        assert_eq!(journal.len(), 1);
+        assert_eq!(
+            journal[0].config,
+            serde_json::from_str::<serde_json::Value>(config).expect("json")
+        );
+        assert_eq!(journal[0].output.as_deref(), Some("7"));
+        let log = crate::history::log(&conn, InstanceRef(1), 0, 10).expect("log");
+        let ids: Vec<u64> = log.iter().map(|r| r.id).collect();
+        assert_eq!(ids, [1, 2, 3], "ids are kept");
+        assert_eq!(log[1].entry.kind, LogKind::StepStart);
+        assert_eq!(
+            log[1].entry.meta["config"],
+            serde_json::from_str::<serde_json::Value>(config).expect("json")
+        );
+        assert_eq!(
+            log[1].entry.step.as_ref().map(|k| k.kind),
+            Some(StepKind::Run)
+        );
+        let next = cairn_core::LogEntry {
+            kind: LogKind::WorkflowSuccess,
+            at: cairn_core::Timestamp::from_millis(4),
+            step: None,
+            meta: serde_json::json!({}),
+        };
+        crate::history::append(&conn, InstanceRef(1), &[&next]).expect("append");
+        let log = crate::history::log(&conn, InstanceRef(1), 3, 10).expect("log");
+        assert_eq!(log.len(), 1);
+        assert!(log[0].id > 3, "{}", log[0].id);
+    }
 }

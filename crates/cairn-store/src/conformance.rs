@@ -786,6 +786,173 @@ pub async fn control_reports_the_epoch_it_fenced(store: Arc<dyn Store>) {
     assert!(second.epoch > epoch, "a lifetime claimed after it is newer");
 }
 
+/// Records come back exactly as committed (kind, time, step, every `meta` field, the step's
+/// configuration included), in commit order, with distinct increasing ids, and paging at
+/// any page size, by instance or by workflow, returns each exactly once: however a backend
+/// packs records into rows.
+pub async fn records_read_back_exactly_at_every_page_size(store: Arc<dyn Store>) {
+    let a = create_one(&*store, "wf", "a").await;
+    let b = create_one(&*store, "wf", "b").await;
+    let leases = store.claim("o", &[wf("wf")], T0, TTL, 2).await.unwrap();
+    let key = |name: &str| StepKey {
+        kind: StepKind::Run,
+        name: name.into(),
+        count: 1,
+    };
+    let at = |ms: i64| Timestamp::from_millis(T0.as_millis() + ms);
+    let entry = |kind, ms, step: Option<StepKey>, meta| LogEntry {
+        kind,
+        at: at(ms),
+        step,
+        meta,
+    };
+    let config = serde_json::json!({"retries": {"limit": 2, "delay": 250}, "timeout": "1 minute"});
+    for (n, lease) in leases.iter().enumerate() {
+        let s = key(&format!("step {n}"));
+        let t = key("other");
+        let batches = vec![
+            vec![
+                entry(LogKind::WorkflowStart, 1, None, serde_json::json!({})),
+                entry(
+                    LogKind::StepStart,
+                    2,
+                    Some(s.clone()),
+                    serde_json::json!({"config": config, "hasRollback": true}),
+                ),
+                entry(
+                    LogKind::AttemptStart,
+                    2,
+                    Some(s.clone()),
+                    serde_json::json!({"attempt": 1}),
+                ),
+            ],
+            vec![
+                // Same step, different times; then two steps at one time.
+                entry(
+                    LogKind::AttemptFailure,
+                    3,
+                    Some(s.clone()),
+                    serde_json::json!({"attempt": 1, "retryDelayMs": 250}),
+                ),
+                entry(
+                    LogKind::AttemptStart,
+                    4,
+                    Some(s.clone()),
+                    serde_json::json!({"attempt": 2}),
+                ),
+                entry(
+                    LogKind::AttemptSuccess,
+                    5,
+                    Some(s.clone()),
+                    serde_json::json!({"attempt": 2}),
+                ),
+                entry(
+                    LogKind::StepSuccess,
+                    5,
+                    Some(t.clone()),
+                    serde_json::json!({"result": [1, 2]}),
+                ),
+            ],
+            vec![
+                entry(
+                    LogKind::StepStart,
+                    6,
+                    Some(t.clone()),
+                    serde_json::json!({"config": {}, "hasRollback": false}),
+                ),
+                entry(
+                    LogKind::AttemptStart,
+                    6,
+                    Some(t.clone()),
+                    serde_json::json!({"attempt": 1}),
+                ),
+                entry(
+                    LogKind::AttemptSuccess,
+                    7,
+                    Some(t.clone()),
+                    serde_json::json!({"attempt": 1}),
+                ),
+                entry(
+                    LogKind::StepSuccess,
+                    7,
+                    Some(t.clone()),
+                    serde_json::json!({"result": {"a": "b"}}),
+                ),
+                entry(
+                    LogKind::WorkflowSuccess,
+                    7,
+                    None,
+                    serde_json::json!({"result": null}),
+                ),
+            ],
+        ];
+        for batch in batches {
+            let writes = batch.into_iter().map(Write::Log).collect();
+            store.commit(lease.lease, writes).await.unwrap();
+        }
+    }
+    let full_a = store.log(a, 0, 1000).await.unwrap();
+    let full_b = store.log(b, 0, 1000).await.unwrap();
+    assert_eq!(full_a.len(), 13, "{full_a:#?}");
+    assert_eq!(full_b.len(), 13);
+    assert!(full_a.windows(2).all(|w| w[0].id < w[1].id));
+    assert_eq!(full_a[0].entry.kind, LogKind::WorkflowQueued);
+    assert_eq!(
+        full_a[2].entry.meta,
+        serde_json::json!({"config": config, "hasRollback": true}),
+        "a STEP_START keeps its configuration"
+    );
+    assert_eq!(full_a[2].entry.step, Some(key("step 0")));
+    assert_eq!(full_a[3].entry.kind, LogKind::AttemptStart);
+    assert_eq!(full_a[3].entry.at, at(2));
+    assert_eq!(
+        full_a[4].entry.meta,
+        serde_json::json!({"attempt": 1, "retryDelayMs": 250})
+    );
+    assert_eq!(full_a[7].entry.step, Some(key("other")));
+    assert_eq!(full_a[7].entry.meta, serde_json::json!({"result": [1, 2]}));
+    assert_eq!(
+        full_a[8].entry.meta,
+        serde_json::json!({"config": {}, "hasRollback": false})
+    );
+    assert_eq!(full_a[12].entry.kind, LogKind::WorkflowSuccess);
+    for limit in 1..=14 {
+        let mut paged = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = store.log(a, after, limit).await.unwrap();
+            assert!(page.len() <= limit);
+            let Some(last) = page.last() else { break };
+            after = last.id;
+            paged.extend(page);
+        }
+        assert_eq!(paged, full_a, "instance log paged by {limit}");
+        let mut paged = Vec::new();
+        let mut after = 0;
+        for _ in 0..1000 {
+            let page = store.workflow_log(&wf("wf"), after, limit).await.unwrap();
+            assert!(page.records.len() <= limit);
+            assert!(page.scanned_to >= after);
+            if page.scanned_to == after && page.records.is_empty() {
+                break;
+            }
+            after = page.scanned_to;
+            paged.extend(page.records);
+        }
+        let mut both: Vec<_> = full_a
+            .iter()
+            .map(|r| ("a", r.clone()))
+            .chain(full_b.iter().map(|r| ("b", r.clone())))
+            .collect();
+        both.sort_by_key(|(_, r)| r.id);
+        let paged: Vec<_> = paged
+            .into_iter()
+            .map(|(id, r)| (if id.as_str() == "a" { "a" } else { "b" }, r))
+            .collect();
+        assert_eq!(paged, both, "workflow log paged by {limit}");
+    }
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -812,6 +979,7 @@ macro_rules! conformance_tests {
             an_event_sent_twice_with_one_key_is_buffered_once,
             a_cancel_never_overwrites_an_outcome,
             control_reports_the_epoch_it_fenced,
+            records_read_back_exactly_at_every_page_size,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {

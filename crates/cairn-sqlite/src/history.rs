@@ -1,0 +1,303 @@
+//! How the event log and step configurations are laid out in rows, compactly (migration 9).
+//!
+//! - A step's configuration is stored once per distinct text in `configs`; the step's
+//!   journal row and its `STEP_START` record refer to it by id. It used to be written into
+//!   both, and was the largest part of a finished instance.
+//! - A log row holds up to two records of the same step with the same time, committed
+//!   together (`STEP_START` + `ATTEMPT_START`, `ATTEMPT_SUCCESS` + `STEP_SUCCESS`): the
+//!   first in `kind`/`meta`, the second in `kind2`/`meta2` with the id after the row's.
+//!   Rows take ids two apart, so the second id is never another row's, and ids stay
+//!   monotonic in commit order. Each row costs its key, its time and its entry in
+//!   `log_by_instance` once for both records.
+//! - Records only ever pair within one step, so restarting from a step (which deletes that
+//!   step's records and the terminal ones) still deletes whole rows.
+//!
+//! Rows written before migration 9 hold one record each, with the configuration inside
+//! `meta`; they read back unchanged.
+
+use cairn_core::{InstanceId, LogEntry, LogKind, LogRecord, StepKey, StepKind, Timestamp};
+use cairn_store::{Error, InstanceRef, Result, WorkflowLogPage};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::worker::map_sqlite;
+
+fn corrupt(what: impl std::fmt::Display) -> Error {
+    Error::Corrupt(what.to_string())
+}
+
+/// The id of a configuration's text, stored on first use. Never cached in memory: an id
+/// handed out in a transaction that is later rolled back would point at nothing.
+pub(crate) fn config_id(conn: &Connection, config: &str) -> Result<i64> {
+    let found: Option<i64> = conn
+        .prepare_cached("SELECT id FROM configs WHERE config = ?1")
+        .and_then(|mut st| st.query_row([config], |r| r.get(0)).optional())
+        .map_err(map_sqlite)?;
+    if let Some(id) = found {
+        return Ok(id);
+    }
+    conn.prepare_cached("INSERT INTO configs (config) VALUES (?1)")
+        .and_then(|mut st| st.execute([config]))
+        .map_err(map_sqlite)?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// The id of the next log row: two past the largest ever used (`AUTOINCREMENT` keeps it in
+/// `sqlite_sequence`, also across deletes), so a row's second record has an id of its own.
+pub(crate) const NEXT_LOG_ID: &str =
+    "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'log'), 0) + 2";
+
+/// Appends records in order, two to a row where they allow it.
+pub(crate) fn append(
+    conn: &Connection,
+    instance: InstanceRef,
+    records: &[&LogEntry],
+) -> Result<()> {
+    let mut rest = records;
+    while let Some((first, tail)) = rest.split_first() {
+        let second = tail.first().copied().filter(|second| pairs(first, second));
+        insert_row(conn, instance, first, second)?;
+        rest = if second.is_some() { &tail[1..] } else { tail };
+    }
+    Ok(())
+}
+
+/// Two records share a row when they concern the same step at the same time; the second
+/// then needs no key and no time of its own.
+fn pairs(first: &LogEntry, second: &LogEntry) -> bool {
+    first.step.is_some() && first.step == second.step && first.at == second.at
+}
+
+fn insert_row(
+    conn: &Connection,
+    instance: InstanceRef,
+    first: &LogEntry,
+    second: Option<&LogEntry>,
+) -> Result<()> {
+    let (meta, config) = split_config(conn, first)?;
+    let meta2 = second
+        .map(|s| serde_json::to_string(&s.meta))
+        .transpose()
+        .map_err(corrupt)?;
+    conn.prepare_cached(&format!(
+        "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config, kind2, meta2)
+         VALUES ({NEXT_LOG_ID}, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+    ))
+    .and_then(|mut st| {
+        st.execute(params![
+            instance.0,
+            first.at.as_millis(),
+            first.kind.code(),
+            first.step.as_ref().map(|k| k.kind.code()),
+            first.step.as_ref().map(|k| k.name.as_str()),
+            first.step.as_ref().map(|k| k.count),
+            meta,
+            config,
+            second.map(|s| s.kind.code()),
+            meta2,
+        ])
+    })
+    .map_err(map_sqlite)?;
+    Ok(())
+}
+
+/// A record's `meta` as stored: a `STEP_START`'s configuration moves to `configs`.
+fn split_config(conn: &Connection, e: &LogEntry) -> Result<(String, Option<i64>)> {
+    if e.kind == LogKind::StepStart
+        && let Some(object) = e.meta.as_object()
+        && let Some(config) = object.get("config")
+    {
+        let mut rest = object.clone();
+        rest.remove("config");
+        let id = config_id(conn, &config.to_string())?;
+        let meta = serde_json::to_string(&rest).map_err(corrupt)?;
+        return Ok((meta, Some(id)));
+    }
+    Ok((serde_json::to_string(&e.meta).map_err(corrupt)?, None))
+}
+
+/// The columns [`records`] reads, from `log l` joined with `configs c ON c.id = l.config`.
+macro_rules! log_columns {
+    () => {
+        "l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta, c.config, l.kind2, l.meta2"
+    };
+}
+
+/// An instance's rows that may hold records after a cursor: a row's second record has the
+/// id after the row's, so the row with the cursor's id is read too.
+pub(crate) const LOG_SQL: &str = concat!(
+    "SELECT ",
+    log_columns!(),
+    " FROM log l LEFT JOIN configs c ON c.id = l.config
+     WHERE l.iid = ?1 AND l.id >= ?2 ORDER BY l.id LIMIT ?3"
+);
+
+/// The records of a row selected with `log_columns!`, in id order.
+fn records(r: &Row<'_>) -> rusqlite::Result<Result<Vec<LogRecord>>> {
+    let id: i64 = r.get(0)?;
+    let at: i64 = r.get(1)?;
+    let kind: i64 = r.get(2)?;
+    let step_kind: Option<i64> = r.get(3)?;
+    let step_name: Option<String> = r.get(4)?;
+    let step_count: Option<u32> = r.get(5)?;
+    let meta: String = r.get(6)?;
+    let config: Option<String> = r.get(7)?;
+    let kind2: Option<i64> = r.get(8)?;
+    let meta2: Option<String> = r.get(9)?;
+    Ok((|| {
+        let step = match (step_kind, step_name, step_count) {
+            (Some(k), Some(name), Some(count)) => Some(StepKey {
+                kind: StepKind::from_code(k)
+                    .ok_or_else(|| corrupt(format!("unknown step kind {k}")))?,
+                name,
+                count,
+            }),
+            _ => None,
+        };
+        let id = u64::try_from(id).map_err(corrupt)?;
+        let at = Timestamp::from_millis(at);
+        let mut meta: serde_json::Value = serde_json::from_str(&meta).map_err(corrupt)?;
+        if let Some(config) = config {
+            let config: serde_json::Value = serde_json::from_str(&config).map_err(corrupt)?;
+            meta.as_object_mut()
+                .ok_or_else(|| corrupt(format!("log record {id}: meta is not an object")))?
+                .insert("config".into(), config);
+        }
+        let log_kind =
+            |k: i64| LogKind::from_code(k).ok_or_else(|| corrupt(format!("unknown log kind {k}")));
+        let mut out = vec![LogRecord {
+            id,
+            entry: LogEntry {
+                kind: log_kind(kind)?,
+                at,
+                step: step.clone(),
+                meta,
+            },
+        }];
+        if let Some(kind2) = kind2 {
+            let meta2 =
+                meta2.ok_or_else(|| corrupt(format!("log row {id}: kind2 without meta2")))?;
+            out.push(LogRecord {
+                id: id + 1,
+                entry: LogEntry {
+                    kind: log_kind(kind2)?,
+                    at,
+                    step,
+                    meta: serde_json::from_str(&meta2).map_err(corrupt)?,
+                },
+            });
+        }
+        Ok(out)
+    })())
+}
+
+fn sql_int(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
+/// Up to `limit` records of an instance with ids above `after`.
+pub(crate) fn log(
+    conn: &Connection,
+    instance: InstanceRef,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<LogRecord>> {
+    let mut st = conn.prepare_cached(LOG_SQL).map_err(map_sqlite)?;
+    // One row more than records wanted: the first row may hold only the cursor's record.
+    let rows = st
+        .query_map(
+            params![instance.0, sql_int(after), sql_int(limit.saturating_add(1))],
+            records,
+        )
+        .map_err(map_sqlite)?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.extend(
+            row.map_err(map_sqlite)??
+                .into_iter()
+                .filter(|r| r.id > after),
+        );
+    }
+    out.truncate(limit);
+    Ok(out)
+}
+
+/// A workflow's rows after a cursor, driven by the log's own ids (`CROSS JOIN` fixes the
+/// join order): it reads only rows newer than the cursor, so a poll with nothing new is one
+/// seek, however many instances the workflow has.
+pub(crate) const WORKFLOW_LOG_SQL: &str = concat!(
+    "SELECT ",
+    log_columns!(),
+    ", i.id FROM log l CROSS JOIN instances i ON i.iid = l.iid
+     LEFT JOIN configs c ON c.id = l.config
+     WHERE l.id >= ?2 AND l.id <= ?4 AND i.workflow = ?1 ORDER BY l.id LIMIT ?3"
+);
+
+/// How many log ids one workflow-log read looks at, at most: a workflow that is quiet
+/// while others write passes over their records a window at a time.
+const WORKFLOW_LOG_WINDOW: u64 = 10_000;
+
+/// Up to `limit` records of a workflow's instances with ids above `after`, and how far the
+/// read looked (see [`WorkflowLogPage`]).
+pub(crate) fn workflow_log(
+    conn: &Connection,
+    workflow: &str,
+    after: u64,
+    limit: usize,
+) -> Result<WorkflowLogPage> {
+    // The newest id first (a row's second record is one past its id): with one writer,
+    // every id up to it is committed in this snapshot, so the window below never passes
+    // over a record that lands later.
+    let newest: Option<i64> = conn
+        .prepare_cached("SELECT MAX(id) + 1 FROM log")
+        .and_then(|mut st| st.query_row([], |r| r.get(0)))
+        .map_err(map_sqlite)?;
+    let newest = u64::try_from(newest.unwrap_or(0)).unwrap_or(0);
+    let until = after.saturating_add(WORKFLOW_LOG_WINDOW).min(newest);
+    if until <= after {
+        return Ok(WorkflowLogPage {
+            records: Vec::new(),
+            scanned_to: after,
+        });
+    }
+    // One row more than records wanted: the first row may hold only the cursor's record,
+    // every later one at least one record in the window. So `limit + 1` rows read means
+    // the window was not exhausted, and the page ends at its last record.
+    let mut st = conn.prepare_cached(WORKFLOW_LOG_SQL).map_err(map_sqlite)?;
+    let rows = st
+        .query_map(
+            params![
+                workflow,
+                sql_int(after),
+                sql_int(limit.saturating_add(1)),
+                sql_int(until)
+            ],
+            |r| {
+                let id: String = r.get(10)?;
+                Ok((id, records(r)?))
+            },
+        )
+        .map_err(map_sqlite)?;
+    let mut out = Vec::new();
+    let mut read = 0;
+    for row in rows {
+        read += 1;
+        let (id, records) = row.map_err(map_sqlite)?;
+        let id = InstanceId::new(id).map_err(corrupt)?;
+        out.extend(
+            records?
+                .into_iter()
+                .filter(|r| r.id > after && r.id <= until)
+                .map(|r| (id.clone(), r)),
+        );
+    }
+    let scanned_to = if read > limit || out.len() > limit {
+        out.truncate(limit);
+        out.last().map_or(after, |(_, r)| r.id)
+    } else {
+        until
+    };
+    Ok(WorkflowLogPage {
+        records: out,
+        scanned_to,
+    })
+}
