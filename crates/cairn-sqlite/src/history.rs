@@ -1,21 +1,13 @@
-//! How the event log and step configurations are laid out in rows, compactly (migration 9).
-//!
-//! - A step's configuration is stored once per distinct text in `configs`; the step's
-//!   journal row and its `STEP_START` record refer to it by id. It used to be written into
-//!   both, and was the largest part of a finished instance.
-//! - A log row holds up to two records of the same step with the same time, committed
-//!   together (`STEP_START` + `ATTEMPT_START`, `ATTEMPT_SUCCESS` + `STEP_SUCCESS`): the
-//!   first in `kind`/`meta`, the second in `kind2`/`meta2` with the id after the row's.
-//!   Rows take ids two apart, so the second id is never another row's, and ids stay
-//!   monotonic in commit order. Each row costs its key, its time and its entry in
-//!   `log_by_instance` once for both records.
-//! - Records only ever pair within one step, so restarting from a step (which deletes that
-//!   step's records and the terminal ones) still deletes whole rows.
+//! The event log and step configurations in SQLite rows, compactly (migration 9), laid out
+//! as `cairn_store::packing` describes: a step's configuration stored once per distinct text
+//! in `configs` and referred to by id from its journal row and its `STEP_START` record; up
+//! to two records of one step per log row.
 //!
 //! Rows written before migration 9 hold one record each, with the configuration inside
 //! `meta`; they read back unchanged.
 
-use cairn_core::{InstanceId, LogEntry, LogKind, LogRecord, StepKey, StepKind, Timestamp};
+use cairn_core::{InstanceId, LogEntry, LogRecord};
+use cairn_store::packing::{self, StoredRow};
 use cairn_store::{Error, InstanceRef, Result, WorkflowLogPage};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -52,67 +44,35 @@ pub(crate) fn append(
     instance: InstanceRef,
     records: &[&LogEntry],
 ) -> Result<()> {
-    let mut rest = records;
-    while let Some((first, tail)) = rest.split_first() {
-        let second = tail.first().copied().filter(|second| pairs(first, second));
-        insert_row(conn, instance, first, second)?;
-        rest = if second.is_some() { &tail[1..] } else { tail };
+    for row in packing::pack(records)? {
+        let config = row
+            .config
+            .as_deref()
+            .map(|c| config_id(conn, c))
+            .transpose()?;
+        let first = row.first;
+        let (kind2, meta2) = row.second.map(|(k, m)| (k.code(), m)).unzip();
+        conn.prepare_cached(&format!(
+            "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config, kind2, meta2)
+             VALUES ({NEXT_LOG_ID}, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+        ))
+        .and_then(|mut st| {
+            st.execute(params![
+                instance.0,
+                first.at.as_millis(),
+                first.kind.code(),
+                first.step.as_ref().map(|k| k.kind.code()),
+                first.step.as_ref().map(|k| k.name.as_str()),
+                first.step.as_ref().map(|k| k.count),
+                row.meta,
+                config,
+                kind2,
+                meta2,
+            ])
+        })
+        .map_err(map_sqlite)?;
     }
     Ok(())
-}
-
-/// Two records share a row when they concern the same step at the same time; the second
-/// then needs no key and no time of its own.
-fn pairs(first: &LogEntry, second: &LogEntry) -> bool {
-    first.step.is_some() && first.step == second.step && first.at == second.at
-}
-
-fn insert_row(
-    conn: &Connection,
-    instance: InstanceRef,
-    first: &LogEntry,
-    second: Option<&LogEntry>,
-) -> Result<()> {
-    let (meta, config) = split_config(conn, first)?;
-    let meta2 = second
-        .map(|s| serde_json::to_string(&s.meta))
-        .transpose()
-        .map_err(corrupt)?;
-    conn.prepare_cached(&format!(
-        "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config, kind2, meta2)
-         VALUES ({NEXT_LOG_ID}, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-    ))
-    .and_then(|mut st| {
-        st.execute(params![
-            instance.0,
-            first.at.as_millis(),
-            first.kind.code(),
-            first.step.as_ref().map(|k| k.kind.code()),
-            first.step.as_ref().map(|k| k.name.as_str()),
-            first.step.as_ref().map(|k| k.count),
-            meta,
-            config,
-            second.map(|s| s.kind.code()),
-            meta2,
-        ])
-    })
-    .map_err(map_sqlite)?;
-    Ok(())
-}
-
-/// A record's `meta` as stored: a `STEP_START`'s configuration moves to `configs`.
-fn split_config(conn: &Connection, e: &LogEntry) -> Result<(String, Option<i64>)> {
-    if e.kind == LogKind::StepStart
-        && let Some(object) = e.meta.as_object()
-        && let Some(config) = object.get("config")
-    {
-        let mut rest = object.clone();
-        rest.remove("config");
-        let id = config_id(conn, &config.to_string())?;
-        let meta = serde_json::to_string(&rest).map_err(corrupt)?;
-        return Ok((meta, Some(id)));
-    }
-    Ok((serde_json::to_string(&e.meta).map_err(corrupt)?, None))
 }
 
 /// The columns [`records`] reads, from `log l` joined with `configs c ON c.id = l.config`.
@@ -133,61 +93,24 @@ pub(crate) const LOG_SQL: &str = concat!(
 
 /// The records of a row selected with `log_columns!`, in id order.
 fn records(r: &Row<'_>) -> rusqlite::Result<Result<Vec<LogRecord>>> {
-    let id: i64 = r.get(0)?;
-    let at: i64 = r.get(1)?;
-    let kind: i64 = r.get(2)?;
     let step_kind: Option<i64> = r.get(3)?;
     let step_name: Option<String> = r.get(4)?;
     let step_count: Option<u32> = r.get(5)?;
-    let meta: String = r.get(6)?;
-    let config: Option<String> = r.get(7)?;
     let kind2: Option<i64> = r.get(8)?;
     let meta2: Option<String> = r.get(9)?;
-    Ok((|| {
-        let step = match (step_kind, step_name, step_count) {
-            (Some(k), Some(name), Some(count)) => Some(StepKey {
-                kind: StepKind::from_code(k)
-                    .ok_or_else(|| corrupt(format!("unknown step kind {k}")))?,
-                name,
-                count,
-            }),
+    let row = StoredRow {
+        id: r.get(0)?,
+        at: r.get(1)?,
+        kind: r.get(2)?,
+        step: match (step_kind, step_name, step_count) {
+            (Some(k), Some(name), Some(count)) => Some((k, name, count)),
             _ => None,
-        };
-        let id = u64::try_from(id).map_err(corrupt)?;
-        let at = Timestamp::from_millis(at);
-        let mut meta: serde_json::Value = serde_json::from_str(&meta).map_err(corrupt)?;
-        if let Some(config) = config {
-            let config: serde_json::Value = serde_json::from_str(&config).map_err(corrupt)?;
-            meta.as_object_mut()
-                .ok_or_else(|| corrupt(format!("log record {id}: meta is not an object")))?
-                .insert("config".into(), config);
-        }
-        let log_kind =
-            |k: i64| LogKind::from_code(k).ok_or_else(|| corrupt(format!("unknown log kind {k}")));
-        let mut out = vec![LogRecord {
-            id,
-            entry: LogEntry {
-                kind: log_kind(kind)?,
-                at,
-                step: step.clone(),
-                meta,
-            },
-        }];
-        if let Some(kind2) = kind2 {
-            let meta2 =
-                meta2.ok_or_else(|| corrupt(format!("log row {id}: kind2 without meta2")))?;
-            out.push(LogRecord {
-                id: id + 1,
-                entry: LogEntry {
-                    kind: log_kind(kind2)?,
-                    at,
-                    step,
-                    meta: serde_json::from_str(&meta2).map_err(corrupt)?,
-                },
-            });
-        }
-        Ok(out)
-    })())
+        },
+        meta: r.get(6)?,
+        config: r.get(7)?,
+        second: kind2.zip(meta2),
+    };
+    Ok(packing::unpack(row))
 }
 
 fn sql_int(n: impl TryInto<i64>) -> i64 {

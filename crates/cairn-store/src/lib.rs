@@ -36,6 +36,7 @@ use futures::future::BoxFuture;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod packing;
 
 /// What a store operation can fail with. The engine decides what to do from the variant.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,0 +1,238 @@
+//! How backends lay log records out in rows, compactly, the same way in every backend.
+//!
+//! - A row holds up to two records of the same step with the same time, committed together
+//!   (`STEP_START` + `ATTEMPT_START`, `ATTEMPT_SUCCESS` + `STEP_SUCCESS`): the first in the
+//!   row's `kind`/`meta`, the second in `kind2`/`meta2` with the id after the row's. Rows
+//!   take ids two apart, so the second id is never another row's. Records only pair within
+//!   one step, so deleting a step's records deletes whole rows.
+//! - A `STEP_START`'s configuration is kept apart from its `meta` (backends store it once
+//!   per distinct text and refer to it), since the step's journal entry holds the same.
+//!
+//! Readers start at the row with the cursor's id (its second record may be after the cursor)
+//! and drop what is not after it.
+
+use cairn_core::{LogEntry, LogKind, LogRecord, StepKey, StepKind, Timestamp};
+
+use crate::{Error, Result};
+
+/// How far apart the ids of consecutive log rows are.
+pub const ROW_ID_STRIDE: u64 = 2;
+
+/// One row to write: a record and, maybe, the next one of the same step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedRow<'a> {
+    /// The row's record, whose id is the row's.
+    pub first: &'a LogEntry,
+    /// `first`'s `meta` as stored: without a `STEP_START`'s configuration.
+    pub meta: String,
+    /// A `STEP_START`'s configuration, as JSON text.
+    pub config: Option<String>,
+    /// The record after it, with the id after the row's: same step, same time.
+    pub second: Option<(LogKind, String)>,
+}
+
+/// Packs records, in order, into rows.
+///
+/// # Errors
+/// When a `meta` cannot be encoded (it always can: it is a JSON value).
+pub fn pack<'a>(records: &[&'a LogEntry]) -> Result<Vec<PackedRow<'a>>> {
+    let mut out = Vec::with_capacity(records.len());
+    let mut rest = records;
+    while let Some((first, tail)) = rest.split_first() {
+        let second = tail.first().copied().filter(|second| pairs(first, second));
+        let (meta, config) = split_config(first)?;
+        out.push(PackedRow {
+            first,
+            meta,
+            config,
+            second: second
+                .map(|s| Ok::<_, Error>((s.kind, encode(&s.meta)?)))
+                .transpose()?,
+        });
+        rest = if second.is_some() { &tail[1..] } else { tail };
+    }
+    Ok(out)
+}
+
+/// Two records share a row when they concern the same step at the same time.
+fn pairs(first: &LogEntry, second: &LogEntry) -> bool {
+    first.step.is_some() && first.step == second.step && first.at == second.at
+}
+
+fn encode(value: &serde_json::Value) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| Error::Corrupt(e.to_string()))
+}
+
+/// A record's `meta` as stored, and a `STEP_START`'s configuration apart.
+fn split_config(e: &LogEntry) -> Result<(String, Option<String>)> {
+    if e.kind == LogKind::StepStart
+        && let Some(object) = e.meta.as_object()
+        && let Some(config) = object.get("config")
+    {
+        let mut rest = object.clone();
+        rest.remove("config");
+        return Ok((
+            encode(&serde_json::Value::Object(rest))?,
+            Some(encode(config)?),
+        ));
+    }
+    Ok((encode(&e.meta)?, None))
+}
+
+/// A stored row, as read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredRow {
+    /// The row's id: its first record's.
+    pub id: i64,
+    /// When (both records).
+    pub at: i64,
+    /// The first record's kind code.
+    pub kind: i64,
+    /// The step's kind code, name and count, if the records concern a step.
+    pub step: Option<(i64, String, u32)>,
+    /// The first record's stored `meta`.
+    pub meta: String,
+    /// The first record's configuration, if it is a `STEP_START` written compactly.
+    pub config: Option<String>,
+    /// The second record's kind code and `meta`.
+    pub second: Option<(i64, String)>,
+}
+
+fn corrupt(what: impl std::fmt::Display) -> Error {
+    Error::Corrupt(what.to_string())
+}
+
+/// The records of a row, in id order.
+///
+/// # Errors
+/// [`Error::Corrupt`] when the row does not decode.
+pub fn unpack(row: StoredRow) -> Result<Vec<LogRecord>> {
+    let id = u64::try_from(row.id).map_err(corrupt)?;
+    let step = match row.step {
+        Some((k, name, count)) => Some(StepKey {
+            kind: StepKind::from_code(k)
+                .ok_or_else(|| corrupt(format!("unknown step kind {k}")))?,
+            name,
+            count,
+        }),
+        None => None,
+    };
+    let at = Timestamp::from_millis(row.at);
+    let mut meta: serde_json::Value = serde_json::from_str(&row.meta).map_err(corrupt)?;
+    if let Some(config) = row.config {
+        let config: serde_json::Value = serde_json::from_str(&config).map_err(corrupt)?;
+        meta.as_object_mut()
+            .ok_or_else(|| corrupt(format!("log record {id}: meta is not an object")))?
+            .insert("config".into(), config);
+    }
+    let log_kind =
+        |k: i64| LogKind::from_code(k).ok_or_else(|| corrupt(format!("unknown log kind {k}")));
+    let mut out = vec![LogRecord {
+        id,
+        entry: LogEntry {
+            kind: log_kind(row.kind)?,
+            at,
+            step: step.clone(),
+            meta,
+        },
+    }];
+    if let Some((kind, meta)) = row.second {
+        out.push(LogRecord {
+            id: id + 1,
+            entry: LogEntry {
+                kind: log_kind(kind)?,
+                at,
+                step,
+                meta: serde_json::from_str(&meta).map_err(corrupt)?,
+            },
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn entry(kind: LogKind, at: i64, step: Option<&str>, meta: serde_json::Value) -> LogEntry {
+        LogEntry {
+            kind,
+            at: Timestamp::from_millis(at),
+            step: step.map(|name| StepKey {
+                kind: StepKind::Run,
+                name: name.into(),
+                count: 1,
+            }),
+            meta,
+        }
+    }
+
+    #[test]
+    fn packed_rows_unpack_to_the_records() {
+        let records = [
+            entry(LogKind::WorkflowStart, 1, None, serde_json::json!({})),
+            entry(
+                LogKind::StepStart,
+                2,
+                Some("a"),
+                serde_json::json!({"config": {"retries": {"limit": 1}}, "hasRollback": false}),
+            ),
+            entry(
+                LogKind::AttemptStart,
+                2,
+                Some("a"),
+                serde_json::json!({"attempt": 1}),
+            ),
+            entry(
+                LogKind::AttemptSuccess,
+                2,
+                Some("a"),
+                serde_json::json!({"attempt": 1}),
+            ),
+            entry(
+                LogKind::StepSuccess,
+                3,
+                Some("a"),
+                serde_json::json!({"result": 1}),
+            ),
+            entry(
+                LogKind::StepStart,
+                3,
+                Some("b"),
+                serde_json::json!({"hasRollback": true}),
+            ),
+        ];
+        let refs: Vec<&LogEntry> = records.iter().collect();
+        let rows = pack(&refs).unwrap();
+        assert_eq!(rows.len(), 5, "only START + ATTEMPT_START pair");
+        assert_eq!(
+            rows[1].config.as_deref(),
+            Some(r#"{"retries":{"limit":1}}"#)
+        );
+        let mut next = 10;
+        let mut back = Vec::new();
+        for row in rows {
+            let stored = StoredRow {
+                id: next,
+                at: row.first.at.as_millis(),
+                kind: row.first.kind.code(),
+                step: row
+                    .first
+                    .step
+                    .as_ref()
+                    .map(|k| (k.kind.code(), k.name.clone(), k.count)),
+                meta: row.meta,
+                config: row.config,
+                second: row.second.map(|(k, m)| (k.code(), m)),
+            };
+            back.extend(unpack(stored).unwrap());
+            next += 2;
+        }
+        let entries: Vec<LogEntry> = back.iter().map(|r| r.entry.clone()).collect();
+        assert_eq!(entries, records);
+        let ids: Vec<u64> = back.iter().map(|r| r.id).collect();
+        assert_eq!(ids, [10, 12, 13, 14, 16, 18]);
+    }
+}
