@@ -34,9 +34,11 @@ pub(crate) fn config_id(conn: &Connection, config: &str) -> Result<i64> {
 }
 
 /// The id of the next log row: two past the largest ever used (`AUTOINCREMENT` keeps it in
-/// `sqlite_sequence`, also across deletes), so a row's second record has an id of its own.
+/// `sqlite_sequence`, also across deletes; the largest present counts too, as SQLite's own
+/// allocator does, should that row be missing), so a row's second record has an id of its own.
 pub(crate) const NEXT_LOG_ID: &str =
-    "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'log'), 0) + 2";
+    "MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'log'), 0),
+         COALESCE((SELECT MAX(id) FROM log), 0)) + 2";
 
 /// Appends records in order, two to a row where they allow it.
 pub(crate) fn append(
@@ -78,7 +80,7 @@ pub(crate) fn append(
 /// The columns [`records`] reads, from `log l` joined with `configs c ON c.id = l.config`.
 macro_rules! log_columns {
     () => {
-        "l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta, c.config, l.kind2, l.meta2"
+        "l.id, l.at, l.kind, l.step_kind, l.step_name, l.step_count, l.meta, c.config, l.kind2, l.meta2, l.config"
     };
 }
 
@@ -96,10 +98,20 @@ fn records(r: &Row<'_>) -> rusqlite::Result<Result<Vec<LogRecord>>> {
     let step_kind: Option<i64> = r.get(3)?;
     let step_name: Option<String> = r.get(4)?;
     let step_count: Option<u32> = r.get(5)?;
+    let id: i64 = r.get(0)?;
     let kind2: Option<i64> = r.get(8)?;
     let meta2: Option<String> = r.get(9)?;
+    let config: Option<String> = r.get(7)?;
+    let reference: Option<i64> = r.get(10)?;
+    let (second, config) = match (
+        StoredRow::second(id, kind2, meta2),
+        StoredRow::config(id, reference, config),
+    ) {
+        (Ok(second), Ok(config)) => (second, config),
+        (Err(e), _) | (_, Err(e)) => return Ok(Err(e)),
+    };
     let row = StoredRow {
-        id: r.get(0)?,
+        id,
         at: r.get(1)?,
         kind: r.get(2)?,
         step: match (step_kind, step_name, step_count) {
@@ -107,8 +119,8 @@ fn records(r: &Row<'_>) -> rusqlite::Result<Result<Vec<LogRecord>>> {
             _ => None,
         },
         meta: r.get(6)?,
-        config: r.get(7)?,
-        second: kind2.zip(meta2),
+        config,
+        second,
     };
     Ok(packing::unpack(row))
 }
@@ -155,9 +167,9 @@ pub(crate) const WORKFLOW_LOG_SQL: &str = concat!(
      WHERE l.id >= ?2 AND l.id <= ?4 AND i.workflow = ?1 ORDER BY l.id LIMIT ?3"
 );
 
-/// How many log ids one workflow-log read looks at, at most: a workflow that is quiet
-/// while others write passes over their records a window at a time.
-const WORKFLOW_LOG_WINDOW: u64 = 10_000;
+/// How many log ids one workflow-log read looks at, at most (10,000 rows, two ids each): a
+/// workflow that is quiet while others write passes over their records a window at a time.
+const WORKFLOW_LOG_WINDOW: u64 = 20_000;
 
 /// Up to `limit` records of a workflow's instances with ids above `after`, and how far the
 /// read looked (see [`WorkflowLogPage`]).
@@ -195,7 +207,7 @@ pub(crate) fn workflow_log(
                 sql_int(until)
             ],
             |r| {
-                let id: String = r.get(10)?;
+                let id: String = r.get(11)?;
                 Ok((id, records(r)?))
             },
         )

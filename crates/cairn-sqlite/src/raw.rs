@@ -13,7 +13,8 @@ use crate::{Durability, OpenError, configure, schema};
 pub struct RawBound {
     /// Commits made.
     pub commits: usize,
-    /// Step units written (each: a step-row upsert and two log rows).
+    /// Step units written (each: a step-row upsert and one log row of two records, as the
+    /// engine writes at a step's start and at its outcome).
     pub units: usize,
     /// Wall time.
     pub elapsed: Duration,
@@ -65,6 +66,7 @@ pub fn raw_step_writes(
         [],
     )
     .map_err(err)?;
+    let config = conn.last_insert_rowid();
     let per_commit = per_commit.max(1);
     let start = Instant::now();
     let mut commits = 0;
@@ -76,11 +78,11 @@ pub fn raw_step_writes(
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
                      in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)
-                 VALUES (?1, 0, 'step', ?2, ?2, 1, 1, 1, 0, NULL, 'null', NULL, NULL, 0, 0, 0)",
+                 VALUES (?1, 0, 'step', ?2, ?2, 1, ?3, 1, 0, NULL, 'null', NULL, NULL, 0, 0, 0)",
             )
-            .and_then(|mut st| st.execute(params![iid, n]))
+            .and_then(|mut st| st.execute(params![iid, n, config]))
             .map_err(err)?;
-            // The attempt's two records in one row, as the engine writes them.
+            // Two records of the step in one row, as the engine writes them.
             tx.prepare_cached(&format!(
                 "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, kind2, meta2)
                  VALUES ({}, ?1, 0, 10, 0, 'step', ?2, '{{\"attempt\":1}}', 11, '{{\"attempt\":1}}')",

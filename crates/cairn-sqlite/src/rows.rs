@@ -640,14 +640,16 @@ pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<St
             "SELECT s.kind, s.name, s.count, s.seq, s.state, c.config, s.attempts, s.in_flight,
                  s.wake_at, s.output, s.error_name, s.error_message, s.started_at, s.ended_at,
                  s.has_rollback
-             FROM steps s JOIN configs c ON c.id = s.config WHERE s.iid = ?1 ORDER BY s.seq",
+             FROM steps s LEFT JOIN configs c ON c.id = s.config WHERE s.iid = ?1 ORDER BY s.seq",
         )
         .map_err(map_sqlite)?;
     let rows = st
         .query_map([instance.0], |r| {
             let kind: i64 = r.get(0)?;
             let state: i64 = r.get(4)?;
-            let config: String = r.get(5)?;
+            // A step whose configuration is missing is corrupt, never left out: replay
+            // would run it again.
+            let config: Option<String> = r.get(5)?;
             Ok((|| {
                 Ok(StepRecord {
                     key: StepKey {
@@ -659,7 +661,10 @@ pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<St
                     seq: r.get(3).map_err(map_sqlite)?,
                     state: StepState::from_code(state)
                         .ok_or_else(|| corrupt(format!("unknown step state {state}")))?,
-                    config: serde_json::from_str(&config).map_err(corrupt)?,
+                    config: serde_json::from_str(
+                        &config.ok_or_else(|| corrupt("a step's configuration is missing"))?,
+                    )
+                    .map_err(corrupt)?,
                     attempts: r.get(6).map_err(map_sqlite)?,
                     in_flight: r.get(7).map_err(map_sqlite)?,
                     wake_at: ts(r.get(8).map_err(map_sqlite)?),

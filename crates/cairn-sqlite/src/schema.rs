@@ -227,6 +227,7 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE log ADD COLUMN config INTEGER;
     ALTER TABLE log ADD COLUMN kind2 INTEGER;
     ALTER TABLE log ADD COLUMN meta2 TEXT;
+    ANALYZE;
     ",
 ];
 
@@ -312,5 +313,32 @@ mod tests {
         let log = crate::history::log(&conn, InstanceRef(1), 3, 10).expect("log");
         assert_eq!(log.len(), 1);
         assert!(log[0].id > 3, "{}", log[0].id);
+    }
+
+    /// A step whose configuration row is gone reads as corrupt, never as a journal without
+    /// it (replay would run the step again), and so does a record referring to it.
+    #[test]
+    fn a_missing_configuration_is_corrupt_not_left_out() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrate(&mut conn).expect("migrate");
+        conn.execute_batch(
+            "INSERT INTO instances (workflow, id, status, params, created_at) VALUES ('w', 'a', 1, '{}', 1);
+             INSERT INTO configs (id, config) VALUES (7, '{}');
+             INSERT INTO steps VALUES (1, 0, 's', 1, 1, 1, 7, 1, 0, NULL, '7', NULL, NULL, 2, 3, 0);
+             INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config)
+                 VALUES (2, 1, 2, 5, 0, 's', 1, '{}', 7);
+             DELETE FROM configs;",
+        )
+        .expect("rows");
+        let journal = crate::rows::journal(&conn, InstanceRef(1));
+        assert!(
+            matches!(journal, Err(cairn_store::Error::Corrupt(_))),
+            "{journal:?}"
+        );
+        let log = crate::history::log(&conn, InstanceRef(1), 0, 10);
+        assert!(
+            matches!(log, Err(cairn_store::Error::Corrupt(_))),
+            "{log:?}"
+        );
     }
 }

@@ -54,7 +54,9 @@ pub fn pack<'a>(records: &[&'a LogEntry]) -> Result<Vec<PackedRow<'a>>> {
     Ok(out)
 }
 
-/// Two records share a row when they concern the same step at the same time.
+/// Two records share a row when they concern the same step at the same time. Records of
+/// no step (the workflow's own, among them the terminal ones that restart-from-step
+/// deletes by kind) never share a row.
 fn pairs(first: &LogEntry, second: &LogEntry) -> bool {
     first.step.is_some() && first.step == second.step && first.at == second.at
 }
@@ -63,10 +65,10 @@ fn encode(value: &serde_json::Value) -> Result<String> {
     serde_json::to_string(value).map_err(|e| Error::Corrupt(e.to_string()))
 }
 
-/// A record's `meta` as stored, and a `STEP_START`'s configuration apart.
+/// A record's `meta` as stored, and its configuration apart (a `STEP_START`'s or a
+/// `ROLLBACK_STEP_START`'s).
 fn split_config(e: &LogEntry) -> Result<(String, Option<String>)> {
-    if e.kind == LogKind::StepStart
-        && let Some(object) = e.meta.as_object()
+    if let Some(object) = e.meta.as_object()
         && let Some(config) = object.get("config")
     {
         let mut rest = object.clone();
@@ -96,6 +98,38 @@ pub struct StoredRow {
     pub config: Option<String>,
     /// The second record's kind code and `meta`.
     pub second: Option<(i64, String)>,
+}
+
+impl StoredRow {
+    /// The second record from its two columns, which are set together or not at all.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] when only one of them is set.
+    pub fn second(
+        id: i64,
+        kind: Option<i64>,
+        meta: Option<String>,
+    ) -> Result<Option<(i64, String)>> {
+        match (kind, meta) {
+            (Some(k), Some(m)) => Ok(Some((k, m))),
+            (None, None) => Ok(None),
+            _ => Err(corrupt(format!("log row {id}: kind2 and meta2 disagree"))),
+        }
+    }
+
+    /// The configuration from the row's reference and the text it found: a reference to
+    /// nothing is corrupt, never a record without its configuration.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] when the reference is set and the text missing.
+    pub fn config(id: i64, reference: Option<i64>, text: Option<String>) -> Result<Option<String>> {
+        match (reference, text) {
+            (Some(r), None) => Err(corrupt(format!(
+                "log row {id}: configuration {r} is missing"
+            ))),
+            (_, text) => Ok(text),
+        }
+    }
 }
 
 fn corrupt(what: impl std::fmt::Display) -> Error {
