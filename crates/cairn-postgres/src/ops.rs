@@ -1,0 +1,910 @@
+//! The writing operations, each run inside a transaction the writer owns (see `writer.rs`).
+//! They mirror the SQLite store's `rows.rs` statement for statement; where PostgreSQL
+//! needs more (row locks between engines, leases that expire), it says so.
+//!
+//! Every operation checks before it writes: an answer such as [`Error::LeaseLost`] leaves
+//! nothing to undo, so the other operations of the batch go on. An error after a write (a
+//! statement refused, corrupt data) aborts the batch, whose operations are then run again
+//! one per transaction.
+
+use std::time::Duration;
+
+use cairn_core::{
+    EventType, InstanceStatus, LogEntry, LogKind, StepKey, StepRecord, StepState, Timestamp,
+};
+use cairn_store::{
+    Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRef, Lease, NewEvent,
+    NewInstance, Sent, StatusChange, StoredEvent, Write,
+};
+use deadpool_postgres::Transaction;
+use tokio_postgres::types::ToSql;
+
+use crate::db::{Failure, corrupt};
+use crate::history::{Configs, Pending};
+use crate::reads::{INSTANCE_COLUMNS, instance_at, to_json};
+
+type R<T> = Result<T, Failure>;
+
+/// What the operations of one transaction share: the records they wrote (inserted at the
+/// end, see `history.rs`), the configuration ids, and whether the current operation wrote.
+pub(crate) struct Batch<'c> {
+    pub(crate) log: Pending,
+    pub(crate) configs: &'c mut Configs,
+    pub(crate) wrote: bool,
+}
+
+/// Runs a writing statement.
+async fn exec(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    sql: &str,
+    args: &[&(dyn ToSql + Sync)],
+) -> R<u64> {
+    b.wrote = true;
+    let st = tx.prepare_cached(sql).await?;
+    Ok(tx.execute(&st, args).await?)
+}
+
+async fn query(
+    tx: &Transaction<'_>,
+    sql: &str,
+    args: &[&(dyn ToSql + Sync)],
+) -> R<Vec<tokio_postgres::Row>> {
+    let st = tx.prepare_cached(sql).await?;
+    Ok(tx.query(&st, args).await?)
+}
+
+async fn query_opt(
+    tx: &Transaction<'_>,
+    sql: &str,
+    args: &[&(dyn ToSql + Sync)],
+) -> R<Option<tokio_postgres::Row>> {
+    let st = tx.prepare_cached(sql).await?;
+    Ok(tx.query_opt(&st, args).await?)
+}
+
+fn status(code: i64) -> R<InstanceStatus> {
+    InstanceStatus::from_code(code)
+        .ok_or_else(|| corrupt(format!("unknown status code {code}")).into())
+}
+
+pub(crate) async fn create(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    batch: &[NewInstance],
+) -> R<Vec<Created>> {
+    let mut out = Vec::with_capacity(batch.len());
+    for new in batch {
+        let row = query_opt(
+            tx,
+            "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
+                 retain_success_ms, retain_error_ms)
+             VALUES ($1, $2, 0, $3, $4, 1, $4, $5, $6)
+             ON CONFLICT (workflow, id) DO NOTHING RETURNING iid",
+            &[
+                &new.workflow.as_str(),
+                &new.id.as_str(),
+                &new.params,
+                &new.created_at.as_millis(),
+                &retain_ms(new.retention.success),
+                &retain_ms(new.retention.error),
+            ],
+        )
+        .await?;
+        b.wrote = true;
+        match row {
+            None => out.push(Created::AlreadyExists),
+            Some(row) => {
+                let instance = InstanceRef(row.get(0));
+                b.log.append(instance, &[&new.queued])?;
+                out.push(Created::New(instance));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The longest retention stored: 2^62 ms, "keep forever", so `ended_at + retain` never
+/// overflows a `BIGINT`.
+pub(crate) const MAX_RETAIN_MS: i64 = 1 << 62;
+
+fn retain_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis())
+        .unwrap_or(i64::MAX)
+        .min(MAX_RETAIN_MS)
+}
+
+/// Locks the instance's row and checks the lease: the lock keeps a claim by another engine
+/// (which moves the epoch) from landing between this check and the commit.
+pub(crate) async fn check_lease(tx: &Transaction<'_>, lease: Lease) -> R<()> {
+    let row = query_opt(
+        tx,
+        "SELECT lease_epoch, lease_owner IS NOT NULL FROM instances WHERE iid = $1 FOR UPDATE",
+        &[&lease.instance.0],
+    )
+    .await?;
+    match row {
+        None => Err(Error::NotFound(lease.instance).into()),
+        Some(row) => {
+            let epoch: i64 = row.get(0);
+            let leased: bool = row.get(1);
+            if leased && u64::try_from(epoch).ok() == Some(lease.epoch) {
+                Ok(())
+            } else {
+                Err(Error::LeaseLost(lease.instance).into())
+            }
+        }
+    }
+}
+
+pub(crate) async fn status_of(tx: &Transaction<'_>, instance: InstanceRef) -> R<InstanceStatus> {
+    let row = query(
+        tx,
+        "SELECT status FROM instances WHERE iid = $1",
+        &[&instance.0],
+    )
+    .await?;
+    let code: i64 = row
+        .first()
+        .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?
+        .get(0);
+    status(code)
+}
+
+pub(crate) async fn commit(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    lease: Lease,
+    writes: &[Write],
+) -> R<InstanceStatus> {
+    check_lease(tx, lease).await?;
+    let instance = lease.instance;
+    let mut records: Vec<&LogEntry> = Vec::new();
+    for write in writes {
+        if let Write::Log(entry) = write {
+            records.push(entry);
+            continue;
+        }
+        b.log.append(instance, &records)?;
+        records.clear();
+        apply(tx, b, instance, write).await?;
+    }
+    b.log.append(instance, &records)?;
+    status_of(tx, instance).await
+}
+
+async fn apply(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    instance: InstanceRef,
+    write: &Write,
+) -> R<()> {
+    match write {
+        Write::Step(step) => upsert_step(tx, b, instance, step).await,
+        Write::Cancel { step, records } => {
+            let running = query_opt(
+                tx,
+                "SELECT 1 FROM steps WHERE iid = $1 AND kind = $2 AND name = $3 AND count = $4
+                     AND state = $5",
+                &[
+                    &instance.0,
+                    &step.key.kind.code(),
+                    &step.key.name,
+                    &i64::from(step.key.count),
+                    &StepState::Running.code(),
+                ],
+            )
+            .await?
+            .is_some();
+            if running {
+                upsert_step(tx, b, instance, step).await?;
+                b.log
+                    .append(instance, &records.iter().collect::<Vec<_>>())?;
+            }
+            Ok(())
+        }
+        Write::Log(entry) => Ok(b.log.append(instance, &[entry])?),
+        Write::Status(change) => change_status(tx, b, instance, change).await,
+        Write::Hibernate {
+            wake_at,
+            event_types,
+        } => hibernate(tx, b, instance, *wake_at, event_types).await,
+        Write::RollbackTrigger(trigger) => {
+            exec(
+                tx,
+                b,
+                "UPDATE instances SET rollback_trigger = $2 WHERE iid = $1",
+                &[&instance.0, &to_json(trigger)?],
+            )
+            .await?;
+            Ok(())
+        }
+        Write::Pause { at, record } => {
+            let paused = exec(
+                tx,
+                b,
+                "UPDATE instances SET status = 2, paused_at = $2, lease_owner = NULL, lease_until = NULL,
+                     ready_at = NULL
+                 WHERE iid = $1 AND status = 6",
+                &[&instance.0, &at.as_millis()],
+            )
+            .await?;
+            if paused == 1 {
+                b.log.append(instance, &[record])?;
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn upsert_step(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    instance: InstanceRef,
+    s: &StepRecord,
+) -> R<()> {
+    let config = serde_json::to_string(&s.config).map_err(corrupt)?;
+    let config = b.configs.id(tx, &config).await?;
+    exec(
+        tx,
+        b,
+        "INSERT INTO steps (iid, kind, name, count, seq, state, config, attempts, in_flight, wake_at,
+             output, error_name, error_message, started_at, ended_at, has_rollback)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+         ON CONFLICT (iid, kind, name, count) DO UPDATE SET seq = EXCLUDED.seq,
+             state = EXCLUDED.state, config = EXCLUDED.config, attempts = EXCLUDED.attempts,
+             in_flight = EXCLUDED.in_flight, wake_at = EXCLUDED.wake_at, output = EXCLUDED.output,
+             error_name = EXCLUDED.error_name, error_message = EXCLUDED.error_message,
+             started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at,
+             has_rollback = EXCLUDED.has_rollback",
+        &[
+            &instance.0,
+            &s.key.kind.code(),
+            &s.key.name,
+            &i64::from(s.key.count),
+            &i64::from(s.seq),
+            &s.state.code(),
+            &config,
+            &i64::from(s.attempts),
+            &s.in_flight,
+            &s.wake_at.map(Timestamp::as_millis),
+            &s.output,
+            &s.error.as_ref().map(|e| e.name.as_str()),
+            &s.error.as_ref().map(|e| e.message.as_str()),
+            &s.started_at.as_millis(),
+            &s.ended_at.map(Timestamp::as_millis),
+            &s.has_rollback,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn change_status(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    instance: InstanceRef,
+    c: &StatusChange,
+) -> R<()> {
+    let outcome = c.rollback_outcome.as_ref().map(to_json).transpose()?;
+    exec(
+        tx,
+        b,
+        "UPDATE instances SET
+             status = CASE WHEN status = 6 AND $2::bigint IN (1, 7) THEN status ELSE $2::bigint END,
+             started_at = COALESCE(started_at, $3),
+             ended_at = COALESCE($4, ended_at),
+             output = COALESCE($5, output),
+             error_name = COALESCE($6, error_name),
+             error_message = COALESCE($7, error_message),
+             ready_at = $8,
+             ready_rank = CASE WHEN $2::bigint = 0 THEN 1 ELSE 0 END,
+             lease_owner = CASE WHEN $9 THEN NULL ELSE lease_owner END,
+             lease_until = CASE WHEN $9 THEN NULL ELSE lease_until END,
+             rollback_outcome = COALESCE($10, rollback_outcome),
+             purge_at = CASE WHEN $2::bigint = 5 THEN COALESCE($4::bigint, ended_at) + retain_success_ms
+                             WHEN $2::bigint IN (3, 4) THEN COALESCE($4::bigint, ended_at) + retain_error_ms
+                             ELSE purge_at END
+         WHERE iid = $1",
+        &[
+            &instance.0,
+            &c.status.code(),
+            &c.started_at.map(Timestamp::as_millis),
+            &c.ended_at.map(Timestamp::as_millis),
+            &c.output,
+            &c.error.as_ref().map(|e| e.name.as_str()),
+            &c.error.as_ref().map(|e| e.message.as_str()),
+            &c.ready_at.map(Timestamp::as_millis),
+            &c.release,
+            &outcome,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn hibernate(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    instance: InstanceRef,
+    wake_at: Timestamp,
+    event_types: &[EventType],
+) -> R<()> {
+    let types: Vec<&str> = event_types.iter().map(EventType::as_str).collect();
+    // An event already waiting makes it claimable at once. `send_event` locks the
+    // instance's row too, so a send either lands before this (and is seen) or after (and
+    // wakes the hibernated instance).
+    let buffered = query_opt(
+        tx,
+        "SELECT 1 FROM events WHERE iid = $1 AND type = ANY($2) LIMIT 1",
+        &[&instance.0, &types],
+    )
+    .await?
+    .is_some();
+    // A pending pause wins: the instance is paused, not waiting, and not claimable.
+    exec(
+        tx,
+        b,
+        "UPDATE instances SET
+             status = CASE WHEN status = 6 THEN 2 ELSE 7 END,
+             ready_rank = 0,
+             ready_at = CASE WHEN status = 6 THEN NULL WHEN $3 THEN created_at ELSE $2 END,
+             lease_owner = NULL, lease_until = NULL
+         WHERE iid = $1",
+        &[&instance.0, &wake_at.as_millis(), &buffered],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Claim order within each query; candidates of the three are merged in it.
+const CLAIM_READY_SQL: &str = "SELECT ready_at, iid FROM instances
+     WHERE ready_rank = $1 AND ready_at IS NOT NULL AND ready_at <= $2 AND workflow = ANY($3)
+     ORDER BY ready_at LIMIT $4 FOR UPDATE SKIP LOCKED";
+
+/// Runnable instances whose owner let the lease run out (it died, stalled or lost its
+/// network): claimable by anyone.
+const CLAIM_EXPIRED_SQL: &str = "SELECT lease_until, iid FROM instances
+     WHERE lease_owner IS NOT NULL AND lease_until < $1 AND status IN (0, 1, 7) AND workflow = ANY($2)
+     ORDER BY lease_until LIMIT $3 FOR UPDATE SKIP LOCKED";
+
+pub(crate) async fn claim(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    owner: &str,
+    workflows: &[String],
+    now: Timestamp,
+    ttl: Duration,
+    limit: usize,
+) -> R<Vec<Claimed>> {
+    if workflows.is_empty() || limit == 0 {
+        return Ok(Vec::new());
+    }
+    recover_pauses(tx, b, now).await?;
+    let now_ms = now.as_millis();
+    let lim = i64::try_from(limit).unwrap_or(i64::MAX);
+    // Rows another engine is claiming or writing are skipped, not waited for.
+    let mut candidates: Vec<(i64, i64)> = Vec::new();
+    for row in query(tx, CLAIM_READY_SQL, &[&0i64, &now_ms, &workflows, &lim]).await? {
+        candidates.push((row.get(0), row.get(1)));
+    }
+    for row in query(tx, CLAIM_EXPIRED_SQL, &[&now_ms, &workflows, &lim]).await? {
+        candidates.push((row.get(0), row.get(1)));
+    }
+    candidates.sort_unstable();
+    let mut seen = std::collections::HashSet::new();
+    let mut iids: Vec<i64> = candidates
+        .into_iter()
+        .map(|(_, iid)| iid)
+        .filter(|iid| seen.insert(*iid))
+        .take(limit)
+        .collect();
+    if iids.len() < limit {
+        for row in query(tx, CLAIM_READY_SQL, &[&1i64, &now_ms, &workflows, &lim]).await? {
+            let iid: i64 = row.get(1);
+            if iids.len() < limit && seen.insert(iid) {
+                iids.push(iid);
+            }
+        }
+    }
+    if iids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let until = now.saturating_add(ttl).as_millis();
+    b.wrote = true;
+    let rows = query(
+        tx,
+        &format!(
+            "UPDATE instances SET lease_owner = $1, lease_epoch = lease_epoch + 1, lease_until = $2,
+                 ready_at = NULL
+             WHERE iid = ANY($3)
+             RETURNING lease_epoch, {INSTANCE_COLUMNS}"
+        ),
+        &[&owner, &until, &iids],
+    )
+    .await?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let epoch: i64 = row.get(0);
+        let record = instance_at(row, 1)?;
+        claimed.push(Claimed {
+            lease: Lease {
+                instance: record.instance,
+                epoch: u64::try_from(epoch).map_err(corrupt)?,
+            },
+            record,
+        });
+    }
+    // In claim order, as chosen above.
+    claimed.sort_by_key(|c| iids.iter().position(|i| *i == c.record.instance.0));
+    Ok(claimed)
+}
+
+/// A pause whose lease holder vanished before it could complete it takes effect (SPEC
+/// E26), paused from the instance's last record, as the SQLite store does at open.
+async fn recover_pauses(tx: &Transaction<'_>, b: &mut Batch<'_>, now: Timestamp) -> R<()> {
+    let rows = query(
+        tx,
+        "SELECT iid FROM instances WHERE status = 6 AND lease_owner IS NOT NULL AND lease_until < $1
+         FOR UPDATE SKIP LOCKED",
+        &[&now.as_millis()],
+    )
+    .await?;
+    for row in rows {
+        let iid: i64 = row.get(0);
+        let paused = query(
+            tx,
+            "UPDATE instances SET status = 2, lease_owner = NULL, lease_until = NULL, ready_at = NULL,
+                 paused_at = GREATEST(COALESCE(paused_at, 0),
+                     COALESCE((SELECT MAX(at) FROM log WHERE log.iid = instances.iid), 0))
+             WHERE iid = $1 RETURNING paused_at",
+            &[&iid],
+        )
+        .await?;
+        b.wrote = true;
+        let at: i64 = paused.first().map_or(0, |r| r.get(0));
+        b.log.append(
+            InstanceRef(iid),
+            &[&LogEntry {
+                kind: LogKind::WorkflowPaused,
+                at: Timestamp::from_millis(at),
+                step: None,
+                meta: serde_json::json!({ "recovered": true }),
+            }],
+        )?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn renew(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    owner: &str,
+    until: Timestamp,
+) -> R<()> {
+    exec(
+        tx,
+        b,
+        "UPDATE instances SET lease_until = $1 WHERE lease_owner = $2",
+        &[&until.as_millis(), &owner],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn send_event(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    workflow: &str,
+    id: &str,
+    event: &NewEvent,
+) -> R<Sent> {
+    // The row lock orders this send against a hibernation of the same instance.
+    let Some(row) = query_opt(
+        tx,
+        "SELECT iid, status FROM instances WHERE workflow = $1 AND id = $2 FOR UPDATE",
+        &[&workflow, &id],
+    )
+    .await?
+    else {
+        return Ok(Sent::NotFound);
+    };
+    let iid: i64 = row.get(0);
+    let st = status(row.get(1))?;
+    if let Some(key) = &event.idempotency_key {
+        let seen = query_opt(
+            tx,
+            "SELECT 1 FROM event_keys WHERE iid = $1 AND key = $2",
+            &[&iid, key],
+        )
+        .await?
+        .is_some();
+        if seen {
+            return Ok(Sent::Duplicate(InstanceRef(iid)));
+        }
+    }
+    if st.is_terminal() {
+        return Ok(Sent::Finished(st));
+    }
+    if let Some(key) = &event.idempotency_key {
+        exec(
+            tx,
+            b,
+            "INSERT INTO event_keys (iid, key, at) VALUES ($1, $2, $3)",
+            &[&iid, key, &event.at.as_millis()],
+        )
+        .await?;
+    }
+    exec(
+        tx,
+        b,
+        "INSERT INTO events (iid, type, payload, at) VALUES ($1, $2, $3, $4)",
+        &[
+            &iid,
+            &event.event_type.as_str(),
+            &event.payload,
+            &event.at.as_millis(),
+        ],
+    )
+    .await?;
+    exec(
+        tx,
+        b,
+        "UPDATE instances SET ready_at = created_at, ready_rank = 0 WHERE iid = $1 AND status = 7",
+        &[&iid],
+    )
+    .await?;
+    Ok(Sent::Buffered(InstanceRef(iid)))
+}
+
+pub(crate) async fn take_event(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    lease: Lease,
+    step: &StepKey,
+    event_type: &EventType,
+    at: Timestamp,
+) -> R<Option<StoredEvent>> {
+    check_lease(tx, lease).await?;
+    let Some(row) = query_opt(
+        tx,
+        "SELECT id, payload, at FROM events WHERE iid = $1 AND type = $2 ORDER BY id LIMIT 1",
+        &[&lease.instance.0, &event_type.as_str()],
+    )
+    .await?
+    else {
+        return Ok(None);
+    };
+    let (event_id, payload, sent_at): (i64, String, i64) = (row.get(0), row.get(1), row.get(2));
+    let payload_value: serde_json::Value = serde_json::from_str(&payload).map_err(corrupt)?;
+    let object = serde_json::json!({
+        "payload": payload_value,
+        "timestamp": sent_at,
+        "type": event_type.as_str(),
+    });
+    let output = object.to_string();
+    exec(tx, b, "DELETE FROM events WHERE id = $1", &[&event_id]).await?;
+    let updated = exec(
+        tx,
+        b,
+        "UPDATE steps SET state = $5, output = $6, ended_at = $7, in_flight = false, wake_at = NULL
+         WHERE iid = $1 AND kind = $2 AND name = $3 AND count = $4",
+        &[
+            &lease.instance.0,
+            &step.kind.code(),
+            &step.name,
+            &i64::from(step.count),
+            &StepState::Succeeded.code(),
+            &output,
+            &at.as_millis(),
+        ],
+    )
+    .await?;
+    if updated != 1 {
+        return Err(corrupt(format!("wait {} has no journal entry", step.target())).into());
+    }
+    b.log.append(
+        lease.instance,
+        &[&LogEntry {
+            kind: LogKind::WaitComplete,
+            at,
+            step: Some(step.clone()),
+            meta: object,
+        }],
+    )?;
+    Ok(Some(StoredEvent {
+        event_type: event_type.clone(),
+        payload,
+        at: Timestamp::from_millis(sent_at),
+    }))
+}
+
+fn log_now(
+    b: &mut Batch<'_>,
+    instance: InstanceRef,
+    kind: LogKind,
+    at: Timestamp,
+    meta: serde_json::Value,
+) -> R<()> {
+    b.log.append(
+        instance,
+        &[&LogEntry {
+            kind,
+            at,
+            step: None,
+            meta,
+        }],
+    )?;
+    Ok(())
+}
+
+/// Deletes everything an instance owns but its row.
+async fn wipe(tx: &Transaction<'_>, b: &mut Batch<'_>, iid: i64) -> R<()> {
+    for sql in [
+        "DELETE FROM steps WHERE iid = $1",
+        "DELETE FROM log WHERE iid = $1",
+        "DELETE FROM events WHERE iid = $1",
+        "DELETE FROM event_keys WHERE iid = $1",
+    ] {
+        exec(tx, b, sql, &[&iid]).await?;
+    }
+    b.log.forget(InstanceRef(iid));
+    Ok(())
+}
+
+/// Applies a management request; see `ControlRequest`. Runs in a transaction of its own.
+pub(crate) async fn control(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    workflow: &str,
+    id: &str,
+    request: &ControlRequest,
+) -> R<ControlOutcome> {
+    let Some(row) = query_opt(
+        tx,
+        "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params, lease_epoch
+         FROM instances WHERE workflow = $1 AND id = $2 FOR UPDATE",
+        &[&workflow, &id],
+    )
+    .await?
+    else {
+        return Ok(ControlOutcome::NotFound);
+    };
+    let iid: i64 = row.get(0);
+    let from = status(row.get(1))?;
+    let leased: bool = row.get(2);
+    let paused_at: Option<i64> = row.get(3);
+    let params: String = row.get(4);
+    let epoch = u64::try_from(row.get::<_, i64>(5)).map_err(corrupt)?;
+    let instance = InstanceRef(iid);
+    let done = |to| {
+        Ok(ControlOutcome::Done {
+            instance,
+            from,
+            to,
+            epoch,
+        })
+    };
+    match request {
+        ControlRequest::Pause { at } => {
+            if from.is_terminal() {
+                return Ok(ControlOutcome::Rejected(from));
+            }
+            if matches!(
+                from,
+                InstanceStatus::Paused | InstanceStatus::WaitingForPause
+            ) {
+                return Ok(ControlOutcome::NoOp(from));
+            }
+            if leased {
+                // A lifetime is running: it finishes its in-flight attempts, then pauses.
+                exec(
+                    tx,
+                    b,
+                    "UPDATE instances SET status = 6, paused_at = $2 WHERE iid = $1",
+                    &[&iid, &at.as_millis()],
+                )
+                .await?;
+                return done(InstanceStatus::WaitingForPause);
+            }
+            exec(
+                tx,
+                b,
+                "UPDATE instances SET status = 2, paused_at = $2, ready_at = NULL WHERE iid = $1",
+                &[&iid, &at.as_millis()],
+            )
+            .await?;
+            log_now(
+                b,
+                instance,
+                LogKind::WorkflowPaused,
+                *at,
+                serde_json::json!({}),
+            )?;
+            done(InstanceStatus::Paused)
+        }
+        ControlRequest::Resume { at } => match from {
+            s if s.is_terminal() => Ok(ControlOutcome::Rejected(from)),
+            InstanceStatus::WaitingForPause => {
+                exec(
+                    tx,
+                    b,
+                    "UPDATE instances SET status = 1, paused_at = NULL WHERE iid = $1",
+                    &[&iid],
+                )
+                .await?;
+                done(InstanceStatus::Running)
+            }
+            InstanceStatus::Paused => {
+                // Time spent paused does not count against sleeps, back-offs and timeouts.
+                let shift = at
+                    .as_millis()
+                    .saturating_sub(paused_at.unwrap_or(at.as_millis()))
+                    .max(0);
+                exec(
+                    tx,
+                    b,
+                    "UPDATE steps SET wake_at = wake_at + $2 WHERE iid = $1 AND state = 0 AND wake_at IS NOT NULL",
+                    &[&iid, &shift],
+                )
+                .await?;
+                exec(
+                    tx,
+                    b,
+                    "UPDATE instances SET status = 0, paused_at = NULL, ready_at = created_at, ready_rank = 0
+                     WHERE iid = $1",
+                    &[&iid],
+                )
+                .await?;
+                log_now(
+                    b,
+                    instance,
+                    LogKind::WorkflowResumed,
+                    *at,
+                    serde_json::json!({ "pausedMs": shift }),
+                )?;
+                done(InstanceStatus::Queued)
+            }
+            _ => Ok(ControlOutcome::NoOp(from)),
+        },
+        ControlRequest::Terminate {
+            rollback: Some(trigger),
+            ..
+        } => {
+            if from.is_terminal() {
+                return Ok(ControlOutcome::Rejected(from));
+            }
+            // The current lifetime is fenced off; the next claim compensates, then terminates.
+            exec(
+                tx,
+                b,
+                "UPDATE instances SET status = 1, rollback_trigger = $2, paused_at = NULL,
+                     lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_until = NULL,
+                     ready_at = created_at, ready_rank = 0
+                 WHERE iid = $1",
+                &[&iid, &to_json(trigger)?],
+            )
+            .await?;
+            done(InstanceStatus::Running)
+        }
+        ControlRequest::Terminate { at, rollback: None } => {
+            if from.is_terminal() {
+                return Ok(ControlOutcome::Rejected(from));
+            }
+            exec(
+                tx,
+                b,
+                "UPDATE instances SET status = 4, ended_at = $2, lease_epoch = lease_epoch + 1,
+                     lease_owner = NULL, lease_until = NULL, ready_at = NULL, paused_at = NULL,
+                     purge_at = $2 + retain_error_ms
+                 WHERE iid = $1",
+                &[&iid, &at.as_millis()],
+            )
+            .await?;
+            log_now(
+                b,
+                instance,
+                LogKind::WorkflowTerminated,
+                *at,
+                serde_json::json!({ "trigger": { "source": "api" } }),
+            )?;
+            done(InstanceStatus::Terminated)
+        }
+        ControlRequest::Restart { at, from: step } => {
+            match step {
+                None => {
+                    wipe(tx, b, iid).await?;
+                    let params_value: serde_json::Value =
+                        serde_json::from_str(&params).map_err(corrupt)?;
+                    log_now(
+                        b,
+                        instance,
+                        LogKind::WorkflowQueued,
+                        *at,
+                        serde_json::json!({ "params": params_value, "trigger": { "source": "api" } }),
+                    )?;
+                    log_now(
+                        b,
+                        instance,
+                        LogKind::WorkflowStart,
+                        *at,
+                        serde_json::json!({}),
+                    )?;
+                }
+                Some(key) => {
+                    let offset = i64::from(key.count.max(1) - 1);
+                    let Some(row) = query_opt(
+                        tx,
+                        "SELECT seq FROM steps WHERE iid = $1 AND kind = $2 AND name = $3
+                         ORDER BY seq LIMIT 1 OFFSET $4",
+                        &[&iid, &key.kind.code(), &key.name, &offset],
+                    )
+                    .await?
+                    else {
+                        return Ok(ControlOutcome::StepNotFound);
+                    };
+                    let seq: i64 = row.get(0);
+                    // Records of the wiped steps go with them, as do the terminal records.
+                    // (This runs in a transaction of its own: no record of it is pending.)
+                    exec(
+                        tx,
+                        b,
+                        "DELETE FROM log WHERE iid = $1 AND (kind IN (2, 3, 4) OR EXISTS (
+                             SELECT 1 FROM steps s WHERE s.iid = $1 AND s.seq >= $2 AND s.kind = log.step_kind
+                                 AND s.name = log.step_name AND s.count = log.step_count))",
+                        &[&iid, &seq],
+                    )
+                    .await?;
+                    exec(
+                        tx,
+                        b,
+                        "DELETE FROM steps WHERE iid = $1 AND seq >= $2",
+                        &[&iid, &seq],
+                    )
+                    .await?;
+                    exec(tx, b, "DELETE FROM events WHERE iid = $1", &[&iid]).await?;
+                    exec(tx, b, "DELETE FROM event_keys WHERE iid = $1", &[&iid]).await?;
+                }
+            }
+            exec(
+                tx,
+                b,
+                "UPDATE instances SET status = 1, started_at = COALESCE(CASE WHEN $3 THEN NULL ELSE started_at END, $2),
+                     ended_at = NULL, output = NULL, error_name = NULL, error_message = NULL, paused_at = NULL,
+                     purge_at = NULL, rollback_trigger = NULL, rollback_outcome = NULL,
+                     lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_until = NULL,
+                     ready_at = created_at, ready_rank = 0
+                 WHERE iid = $1",
+                &[&iid, &at.as_millis(), &step.is_none()],
+            )
+            .await?;
+            done(InstanceStatus::Running)
+        }
+        ControlRequest::Delete => {
+            wipe(tx, b, iid).await?;
+            exec(tx, b, "DELETE FROM instances WHERE iid = $1", &[&iid]).await?;
+            done(from)
+        }
+    }
+}
+
+/// Finished instances whose retention is over, skipping any another engine is purging.
+const DUE_PURGES_SQL: &str =
+    "SELECT iid FROM instances WHERE purge_at IS NOT NULL AND purge_at <= $1
+     LIMIT $2 FOR UPDATE SKIP LOCKED";
+
+pub(crate) async fn purge(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    now: Timestamp,
+    limit: usize,
+) -> R<usize> {
+    let lim = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = query(tx, DUE_PURGES_SQL, &[&now.as_millis(), &lim]).await?;
+    for row in &rows {
+        let iid: i64 = row.get(0);
+        wipe(tx, b, iid).await?;
+        exec(tx, b, "DELETE FROM instances WHERE iid = $1", &[&iid]).await?;
+    }
+    Ok(rows.len())
+}

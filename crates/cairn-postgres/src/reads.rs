@@ -1,0 +1,231 @@
+//! The reading operations: each one statement on a pooled connection, outside the writer.
+
+use cairn_core::{
+    ErrorInfo, InstanceId, InstanceStatus, StepKey, StepKind, StepRecord, StepState, Timestamp,
+    WorkflowName,
+};
+use cairn_store::{InstanceRecord, InstanceRef, ListQuery, Result};
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+
+use crate::db::{corrupt, map_pg};
+
+pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome";
+
+fn ts(ms: Option<i64>) -> Option<Timestamp> {
+    ms.map(Timestamp::from_millis)
+}
+
+fn error_info(name: Option<String>, message: Option<String>) -> Option<ErrorInfo> {
+    name.map(|name| ErrorInfo::new(name, message.unwrap_or_default()))
+}
+
+/// A typed record stored as JSON text (the rollback trigger and outcome).
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(corrupt)
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(corrupt)
+}
+
+/// An instance from a row whose [`INSTANCE_COLUMNS`] start at `offset`.
+pub(crate) fn instance_at(row: &Row, offset: usize) -> Result<InstanceRecord> {
+    let g = |i: usize| offset + i;
+    let status: i64 = row.try_get(g(3)).map_err(corrupt)?;
+    let workflow: String = row.try_get(g(1)).map_err(corrupt)?;
+    let id: String = row.try_get(g(2)).map_err(corrupt)?;
+    let rollback_trigger: Option<String> = row.try_get(g(12)).map_err(corrupt)?;
+    let rollback_outcome: Option<String> = row.try_get(g(13)).map_err(corrupt)?;
+    Ok(InstanceRecord {
+        instance: InstanceRef(row.try_get(g(0)).map_err(corrupt)?),
+        workflow: WorkflowName::new(workflow).map_err(corrupt)?,
+        id: InstanceId::new(id).map_err(corrupt)?,
+        status: InstanceStatus::from_code(status)
+            .ok_or_else(|| corrupt(format!("unknown status code {status}")))?,
+        params: row.try_get(g(4)).map_err(corrupt)?,
+        created_at: Timestamp::from_millis(row.try_get(g(5)).map_err(corrupt)?),
+        started_at: ts(row.try_get(g(6)).map_err(corrupt)?),
+        ended_at: ts(row.try_get(g(7)).map_err(corrupt)?),
+        output: row.try_get(g(8)).map_err(corrupt)?,
+        error: error_info(
+            row.try_get(g(9)).map_err(corrupt)?,
+            row.try_get(g(10)).map_err(corrupt)?,
+        ),
+        ready_at: ts(row.try_get(g(11)).map_err(corrupt)?),
+        rollback_trigger: rollback_trigger.as_deref().map(from_json).transpose()?,
+        rollback_outcome: rollback_outcome.as_deref().map(from_json).transpose()?,
+    })
+}
+
+async fn query(
+    client: &impl GenericClient,
+    sql: &str,
+    args: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<Row>> {
+    let st = client.prepare_cached(sql).await.map_err(map_pg)?;
+    client.query(&st, args).await.map_err(map_pg)
+}
+
+pub(crate) async fn instance(
+    client: &impl GenericClient,
+    workflow: &str,
+    id: &str,
+) -> Result<Option<InstanceRecord>> {
+    let rows = query(
+        client,
+        &format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE workflow = $1 AND id = $2"),
+        &[&workflow, &id],
+    )
+    .await?;
+    rows.first().map(|r| instance_at(r, 0)).transpose()
+}
+
+/// A page of instances, newest first: a range of `instances_by_workflow` (or of
+/// `instances_by_status` with a status), read in order, never sorted.
+pub(crate) fn list_sql(workflow: bool, status: bool, before: bool) -> String {
+    let mut sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE true");
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    if workflow {
+        sql.push_str(&format!(" AND workflow = ${}", next()));
+    }
+    if status {
+        sql.push_str(&format!(" AND status = ${}", next()));
+    }
+    if before {
+        sql.push_str(&format!(" AND iid < ${}", next()));
+    }
+    sql.push_str(&format!(" ORDER BY iid DESC LIMIT ${}", next()));
+    sql
+}
+
+pub(crate) async fn list(
+    client: &impl GenericClient,
+    q: &ListQuery,
+) -> Result<Vec<InstanceRecord>> {
+    let workflow = q.workflow.as_ref().map(ToString::to_string);
+    let status = q.status.map(InstanceStatus::code);
+    let before = q.before.map(|b| b.0);
+    let limit = i64::try_from(q.limit).unwrap_or(i64::MAX);
+    let mut args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+    if let Some(w) = &workflow {
+        args.push(w);
+    }
+    if let Some(s) = &status {
+        args.push(s);
+    }
+    if let Some(b) = &before {
+        args.push(b);
+    }
+    args.push(&limit);
+    let sql = list_sql(workflow.is_some(), status.is_some(), before.is_some());
+    let rows = query(client, &sql, &args).await?;
+    rows.iter().map(|r| instance_at(r, 0)).collect()
+}
+
+/// Instances of a workflow in a status: the sum of the trigger-kept counter shards.
+pub(crate) const COUNT_SQL: &str =
+    "SELECT COALESCE(SUM(n), 0)::bigint FROM instance_counts WHERE workflow = $1 AND status = $2";
+
+pub(crate) async fn count(
+    client: &impl GenericClient,
+    workflow: &str,
+    status: InstanceStatus,
+) -> Result<u64> {
+    let rows = query(client, COUNT_SQL, &[&workflow, &status.code()]).await?;
+    let n: i64 = rows.first().map_or(0, |r| r.get(0));
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+pub(crate) async fn journal(
+    client: &impl GenericClient,
+    instance: InstanceRef,
+) -> Result<Vec<StepRecord>> {
+    let rows = query(
+        client,
+        "SELECT s.kind, s.name, s.count, s.seq, s.state, c.config, s.attempts, s.in_flight,
+             s.wake_at, s.output, s.error_name, s.error_message, s.started_at, s.ended_at,
+             s.has_rollback
+         FROM steps s LEFT JOIN configs c ON c.id = s.config WHERE s.iid = $1 ORDER BY s.seq",
+        &[&instance.0],
+    )
+    .await?;
+    rows.iter().map(step_record).collect()
+}
+
+fn step_record(r: &Row) -> Result<StepRecord> {
+    let kind: i64 = r.try_get(0).map_err(corrupt)?;
+    let state: i64 = r.try_get(4).map_err(corrupt)?;
+    // A step whose configuration is missing is corrupt, never left out: replay would run it
+    // again.
+    let config: Option<String> = r.try_get(5).map_err(corrupt)?;
+    let int = |i: usize| -> Result<u32> {
+        let v: i64 = r.try_get(i).map_err(corrupt)?;
+        u32::try_from(v).map_err(corrupt)
+    };
+    Ok(StepRecord {
+        key: StepKey {
+            kind: StepKind::from_code(kind)
+                .ok_or_else(|| corrupt(format!("unknown step kind {kind}")))?,
+            name: r.try_get(1).map_err(corrupt)?,
+            count: int(2)?,
+        },
+        seq: int(3)?,
+        state: StepState::from_code(state)
+            .ok_or_else(|| corrupt(format!("unknown step state {state}")))?,
+        config: serde_json::from_str(
+            &config.ok_or_else(|| corrupt("a step's configuration is missing"))?,
+        )
+        .map_err(corrupt)?,
+        attempts: int(6)?,
+        in_flight: r.try_get(7).map_err(corrupt)?,
+        wake_at: ts(r.try_get(8).map_err(corrupt)?),
+        output: r.try_get(9).map_err(corrupt)?,
+        error: error_info(
+            r.try_get(10).map_err(corrupt)?,
+            r.try_get(11).map_err(corrupt)?,
+        ),
+        started_at: Timestamp::from_millis(r.try_get(12).map_err(corrupt)?),
+        ended_at: ts(r.try_get(13).map_err(corrupt)?),
+        has_rollback: r.try_get(14).map_err(corrupt)?,
+    })
+}
+
+/// The earliest moment one of the workflows has an instance to claim: a due `ready_at`, or
+/// a lease that runs out (its owner may be gone). One seek per workflow in
+/// `instances_next_ready`; leases are live work.
+pub(crate) const NEXT_READY_SQL: &str =
+    "SELECT LEAST((SELECT MIN(ready_at) FROM instances WHERE workflow = $1 AND ready_at IS NOT NULL),
+                  (SELECT MIN(lease_until) FROM instances
+                   WHERE lease_owner IS NOT NULL AND workflow = $1 AND status IN (0, 1, 6, 7)))";
+
+pub(crate) async fn next_ready(
+    client: &impl GenericClient,
+    workflows: &[String],
+) -> Result<Option<Timestamp>> {
+    let st = client
+        .prepare_cached(NEXT_READY_SQL)
+        .await
+        .map_err(map_pg)?;
+    let mut next: Option<i64> = None;
+    for w in workflows {
+        let at: Option<i64> = client.query_one(&st, &[w]).await.map_err(map_pg)?.get(0);
+        next = match (next, at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(ts(next))
+}
+
+pub(crate) const NEXT_PURGE_SQL: &str =
+    "SELECT MIN(purge_at) FROM instances WHERE purge_at IS NOT NULL";
+
+pub(crate) async fn next_purge(client: &impl GenericClient) -> Result<Option<Timestamp>> {
+    let rows = query(client, NEXT_PURGE_SQL, &[]).await?;
+    Ok(ts(rows.first().and_then(|r| r.get(0))))
+}

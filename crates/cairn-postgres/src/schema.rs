@@ -1,0 +1,190 @@
+//! The schema and its migrations. Each runs once, in order, in its own transaction
+//! (PostgreSQL's DDL is transactional), recorded in `cairn_schema`; a database written by a
+//! newer build (a version this build does not know) is refused.
+//!
+//! The layout mirrors the SQLite store's after its migration 9 (`cairn_store::packing`):
+//! configurations stored once, two records of one step per log row. Log ids are handed out
+//! by `log_clock` at the very end of each writing transaction, under its row lock, so ids
+//! are in commit order (see `history.rs`).
+
+use tokio_postgres::Client;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: everything.
+    "
+    CREATE TABLE instances (
+        iid               BIGSERIAL PRIMARY KEY,
+        workflow          TEXT NOT NULL,
+        id                TEXT NOT NULL,
+        status            BIGINT NOT NULL,
+        params            TEXT NOT NULL,
+        created_at        BIGINT NOT NULL,
+        started_at        BIGINT,
+        ended_at          BIGINT,
+        output            TEXT,
+        error_name        TEXT,
+        error_message     TEXT,
+        -- claimable from ready_at on; rank 0 (resuming) is claimed before rank 1 (new)
+        ready_rank        BIGINT NOT NULL DEFAULT 1,
+        ready_at          BIGINT,
+        lease_owner       TEXT,
+        lease_epoch       BIGINT NOT NULL DEFAULT 0,
+        lease_until       BIGINT,
+        paused_at         BIGINT,
+        retain_success_ms BIGINT NOT NULL,
+        retain_error_ms   BIGINT NOT NULL,
+        purge_at          BIGINT,
+        rollback_trigger  TEXT,
+        rollback_outcome  TEXT,
+        UNIQUE (workflow, id)
+    );
+    CREATE INDEX instances_ready ON instances (ready_rank, ready_at) WHERE ready_at IS NOT NULL;
+    CREATE INDEX instances_next_ready ON instances (workflow, ready_at) WHERE ready_at IS NOT NULL;
+    CREATE INDEX instances_lease ON instances (lease_until) WHERE lease_owner IS NOT NULL;
+    CREATE INDEX instances_lease_owner ON instances (lease_owner) WHERE lease_owner IS NOT NULL;
+    CREATE INDEX instances_by_status ON instances (workflow, status, iid);
+    CREATE INDEX instances_by_workflow ON instances (workflow, iid);
+    CREATE INDEX instances_purge ON instances (purge_at) WHERE purge_at IS NOT NULL;
+
+    -- Counts by status, kept by a trigger in the same transaction as the change. Spread over
+    -- shards by instance, so concurrent transactions seldom wait on one counter row.
+    CREATE TABLE instance_counts (
+        workflow TEXT NOT NULL,
+        status   BIGINT NOT NULL,
+        shard    BIGINT NOT NULL,
+        n        BIGINT NOT NULL,
+        PRIMARY KEY (workflow, status, shard)
+    );
+    CREATE FUNCTION cairn_count_instances() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP IN ('UPDATE', 'DELETE') THEN
+            UPDATE instance_counts SET n = n - 1
+            WHERE workflow = OLD.workflow AND status = OLD.status AND shard = OLD.iid % 16;
+        END IF;
+        IF TG_OP IN ('UPDATE', 'INSERT') THEN
+            INSERT INTO instance_counts (workflow, status, shard, n)
+            VALUES (NEW.workflow, NEW.status, NEW.iid % 16, 1)
+            ON CONFLICT (workflow, status, shard) DO UPDATE SET n = instance_counts.n + 1;
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER instances_counted_insert AFTER INSERT OR DELETE ON instances
+        FOR EACH ROW EXECUTE FUNCTION cairn_count_instances();
+    CREATE TRIGGER instances_counted_update AFTER UPDATE OF status ON instances
+        FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+        EXECUTE FUNCTION cairn_count_instances();
+
+    CREATE TABLE configs (
+        id     BIGSERIAL PRIMARY KEY,
+        config TEXT NOT NULL UNIQUE
+    );
+
+    CREATE TABLE steps (
+        iid           BIGINT NOT NULL,
+        kind          BIGINT NOT NULL,
+        name          TEXT NOT NULL,
+        count         BIGINT NOT NULL,
+        seq           BIGINT NOT NULL,
+        state         BIGINT NOT NULL,
+        config        BIGINT NOT NULL,
+        attempts      BIGINT NOT NULL,
+        in_flight     BOOLEAN NOT NULL,
+        wake_at       BIGINT,
+        output        TEXT,
+        error_name    TEXT,
+        error_message TEXT,
+        started_at    BIGINT NOT NULL,
+        ended_at      BIGINT,
+        has_rollback  BOOLEAN NOT NULL,
+        PRIMARY KEY (iid, kind, name, count)
+    );
+
+    -- The last log id handed out. Its row lock, taken last in every transaction that
+    -- writes records, orders ids by commit.
+    CREATE TABLE log_clock (last BIGINT NOT NULL);
+    INSERT INTO log_clock VALUES (0);
+
+    CREATE TABLE log (
+        id         BIGINT PRIMARY KEY,
+        iid        BIGINT NOT NULL,
+        at         BIGINT NOT NULL,
+        kind       BIGINT NOT NULL,
+        step_kind  BIGINT,
+        step_name  TEXT,
+        step_count BIGINT,
+        meta       TEXT NOT NULL,
+        config     BIGINT,
+        kind2      BIGINT,
+        meta2      TEXT
+    );
+    CREATE INDEX log_by_instance ON log (iid, id);
+
+    CREATE TABLE events (
+        id      BIGSERIAL PRIMARY KEY,
+        iid     BIGINT NOT NULL,
+        type    TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        at      BIGINT NOT NULL
+    );
+    CREATE INDEX events_by_type ON events (iid, type, id);
+
+    CREATE TABLE event_keys (
+        iid BIGINT NOT NULL,
+        key TEXT NOT NULL,
+        at  BIGINT NOT NULL,
+        PRIMARY KEY (iid, key)
+    );
+    ",
+];
+
+/// Why the schema could not be brought up to date.
+#[derive(Debug)]
+pub(crate) enum MigrateError {
+    Db(tokio_postgres::Error),
+    Newer(i64),
+}
+
+impl From<tokio_postgres::Error> for MigrateError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        MigrateError::Db(e)
+    }
+}
+
+/// Brings the schema up to date. Engines starting together serialise on an advisory lock
+/// (per schema), so each migration runs once.
+pub(crate) async fn migrate(client: &mut Client) -> Result<(), MigrateError> {
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('cairn_schema.' || current_schema()))",
+        &[],
+    )
+    .await?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS cairn_schema (version BIGINT NOT NULL)")
+        .await?;
+    let version: Option<i64> = tx
+        .query_opt("SELECT MAX(version) FROM cairn_schema", &[])
+        .await?
+        .and_then(|r| r.get(0));
+    let version = version.unwrap_or(0);
+    let known = i64::try_from(MIGRATIONS.len()).unwrap_or(i64::MAX);
+    if version > known {
+        return Err(MigrateError::Newer(version));
+    }
+    for (i, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(version).unwrap_or(0))
+    {
+        tx.batch_execute(sql).await?;
+        let n = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        tx.execute("INSERT INTO cairn_schema (version) VALUES ($1)", &[&n])
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The schema version this build writes.
+pub(crate) fn current_version() -> usize {
+    MIGRATIONS.len()
+}
