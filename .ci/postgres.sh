@@ -21,7 +21,8 @@ start)
     dir=$2
     if ! bindir >/dev/null; then
         echo "installing postgresql" >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >&2 \
+            || { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >&2; }
     fi
     bin=$(bindir)
     mkdir -p "$dir"

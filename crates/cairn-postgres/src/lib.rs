@@ -294,9 +294,10 @@ impl Store for PostgresStore {
         })
     }
 
-    fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()> {
+    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
         let reply = self.write(Op::Renew {
             owner: owner.to_owned(),
+            now,
             until,
         });
         Box::pin(async move {

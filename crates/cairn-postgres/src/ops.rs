@@ -480,13 +480,14 @@ pub(crate) async fn renew(
     tx: &Transaction<'_>,
     b: &mut Batch<'_>,
     owner: &str,
+    now: Timestamp,
     until: Timestamp,
 ) -> R<()> {
     exec(
         tx,
         b,
-        "UPDATE instances SET lease_until = $1 WHERE lease_owner = $2",
-        &[&until.as_millis(), &owner],
+        "UPDATE instances SET lease_until = $1 WHERE lease_owner = $2 AND lease_until >= $3",
+        &[&until.as_millis(), &owner, &now.as_millis()],
     )
     .await?;
     Ok(())

@@ -48,6 +48,7 @@ pub(crate) enum Op {
     },
     Renew {
         owner: String,
+        now: Timestamp,
         until: Timestamp,
     },
     Commit {
@@ -111,8 +112,8 @@ async fn run(tx: &Transaction<'_>, b: &mut Batch<'_>, op: &Op) -> Result<Reply, 
             ttl,
             limit,
         } => Reply::Claimed(ops::claim(tx, b, owner, workflows, *now, *ttl, *limit).await?),
-        Op::Renew { owner, until } => {
-            ops::renew(tx, b, owner, *until).await?;
+        Op::Renew { owner, now, until } => {
+            ops::renew(tx, b, owner, *now, *until).await?;
             Reply::Done
         }
         Op::Commit { lease, writes } => Reply::Status(ops::commit(tx, b, *lease, writes).await?),

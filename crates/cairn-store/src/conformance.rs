@@ -208,7 +208,7 @@ pub async fn renew_keeps_a_lease(store: Arc<dyn Store>) {
         .await
         .unwrap();
     store
-        .renew("owner-1", T0.saturating_add(TTL * 10))
+        .renew("owner-1", T0, T0.saturating_add(TTL * 10))
         .await
         .unwrap();
     let later = T0.saturating_add(TTL * 2);
@@ -219,6 +219,33 @@ pub async fn renew_keeps_a_lease(store: Arc<dyn Store>) {
             .unwrap()
             .is_empty()
     );
+}
+
+/// A lease that ran out is lost: its owner cannot renew it back (it stopped that lifetime),
+/// and another engine claims the instance with a newer epoch, fencing the old one off.
+pub async fn an_expired_lease_is_not_renewed_and_is_claimed(store: Arc<dyn Store>) {
+    create_one(&*store, "wf", "a").await;
+    let first = store
+        .claim("owner-1", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()[0]
+        .lease;
+    let late = T0.saturating_add(TTL * 2);
+    store
+        .renew("owner-1", late, late.saturating_add(TTL))
+        .await
+        .unwrap();
+    let taken = store
+        .claim("owner-2", &[wf("wf")], late, TTL, 1)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1, "the expired lease is claimable");
+    assert!(taken[0].lease.epoch > first.epoch);
+    let err = store
+        .commit(first, vec![Write::Log(log(LogKind::WorkflowStart, None))])
+        .await
+        .unwrap_err();
+    assert_eq!(err, Error::LeaseLost(first.instance));
 }
 
 pub async fn commit_is_atomic(store: Arc<dyn Store>) {
@@ -980,6 +1007,7 @@ macro_rules! conformance_tests {
             a_cancel_never_overwrites_an_outcome,
             control_reports_the_epoch_it_fenced,
             records_read_back_exactly_at_every_page_size,
+            an_expired_lease_is_not_renewed_and_is_claimed,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {
@@ -1018,6 +1046,7 @@ macro_rules! conformance_tests {
             a_cancel_never_overwrites_an_outcome,
             control_reports_the_epoch_it_fenced,
             records_read_back_exactly_at_every_page_size,
+            an_expired_lease_is_not_renewed_and_is_claimed,
         );
     };
     (@optional $factory:ident; $($case:ident,)*) => {

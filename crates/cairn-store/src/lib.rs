@@ -391,8 +391,11 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> StoreFuture<'_, Vec<Claimed>>;
 
-    /// Extends every lease `owner` holds to `until`.
-    fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()>;
+    /// Extends every lease `owner` holds that has not run out by `now` to `until`. A lease
+    /// that ran out is lost even if no one claimed the instance since: its owner stopped
+    /// that lifetime (it could not know whether another engine took over), so renewing it
+    /// would keep the instance from everyone.
+    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()>;
 
     /// The journal of an instance, in step start order.
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>>;

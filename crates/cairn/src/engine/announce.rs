@@ -205,8 +205,8 @@ impl Store for Announcing {
         )
     }
 
-    fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()> {
-        self.store.renew(owner, until)
+    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
+        self.store.renew(owner, now, until)
     }
 
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {

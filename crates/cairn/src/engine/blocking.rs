@@ -73,10 +73,10 @@ impl Store for Blocking {
         })
     }
 
-    fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()> {
+    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
         let owner = owner.to_owned();
         blocking(&self.0, move |s| {
-            Box::pin(async move { s.renew(&owner, until).await })
+            Box::pin(async move { s.renew(&owner, now, until).await })
         })
     }
 

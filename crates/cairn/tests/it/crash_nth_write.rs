@@ -82,8 +82,8 @@ impl Store for FailingStore {
         }
         self.inner.claim(owner, w, now, ttl, limit)
     }
-    fn renew(&self, owner: &str, until: Timestamp) -> StoreFuture<'_, ()> {
-        self.inner.renew(owner, until)
+    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
+        self.inner.renew(owner, now, until)
     }
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {
         self.inner.journal(i)

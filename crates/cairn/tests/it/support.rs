@@ -379,8 +379,13 @@ impl Store for Hooked {
     ) -> StoreFuture<'_, Vec<Claimed>> {
         hooked!(self, "claim", self.inner.claim(owner, w, now, ttl, limit))
     }
-    fn renew(&self, owner: &str, until: cairn::Timestamp) -> StoreFuture<'_, ()> {
-        hooked!(self, "renew", self.inner.renew(owner, until))
+    fn renew(
+        &self,
+        owner: &str,
+        now: cairn::Timestamp,
+        until: cairn::Timestamp,
+    ) -> StoreFuture<'_, ()> {
+        hooked!(self, "renew", self.inner.renew(owner, now, until))
     }
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::StepRecord>> {
         hooked!(self, "journal", self.inner.journal(i))
