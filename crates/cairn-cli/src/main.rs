@@ -1,6 +1,6 @@
-//! `cairn`: run Cairn's engine with its HTTP API on embedded SQLite, and talk to it.
+//! `cairn`: run Cairn's engine with its HTTP API on embedded SQLite (or PostgreSQL), and talk to it.
 //!
-//! `cairn serve [--db cairn.db] [--addr 127.0.0.1:8787] [--token T]` starts the engine with
+//! `cairn serve [--db cairn.db | --db postgres://…] [--addr 127.0.0.1:8787] [--token T]` starts the engine with
 //! the demo workflows registered (see `demo.rs`) and serves the API until Ctrl-C or SIGTERM
 //! (a second one exits at once). The `workflows …` and `instances …` commands mirror
 //! `wrangler workflows …`.
@@ -52,11 +52,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the engine on SQLite with the demo workflows, and serve the HTTP API.
+    /// Run the engine with the demo workflows, and serve the HTTP API.
     Serve {
-        /// The database file (created if missing).
+        /// The database: a SQLite file (created if missing), or a PostgreSQL URL
+        /// (`postgres://user:password@host:port/database`), which several `cairn serve`
+        /// processes may share.
         #[arg(long, default_value = "cairn.db")]
-        db: PathBuf,
+        db: String,
         /// Where to listen. A non-loopback address requires a token.
         #[arg(long, default_value = "127.0.0.1:8787")]
         addr: SocketAddr,
@@ -175,8 +177,27 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+/// The database as the banner shows it: a path, or a URL without its password.
+fn describe_db(db: &str) -> String {
+    match db.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((user, host)) => {
+                let user = user.split(':').next().unwrap_or(user);
+                format!("{scheme}://{user}@{host}")
+            }
+            None => db.to_owned(),
+        },
+        None => db.to_owned(),
+    }
+}
+
+/// Whether `--db` names a PostgreSQL database rather than a SQLite file.
+fn is_postgres(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
 async fn serve(
-    db: PathBuf,
+    db: String,
     addr: SocketAddr,
     token: Option<String>,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -186,17 +207,22 @@ async fn serve(
         )
         .into());
     }
-    let engine = demo::register(cairn::Engine::builder().sqlite(&db))
+    let builder = if is_postgres(&db) {
+        cairn::Engine::builder().postgres(db.clone())
+    } else {
+        cairn::Engine::builder().sqlite(PathBuf::from(&db))
+    };
+    let shown = describe_db(&db);
+    let engine = demo::register(builder)
         .start()
         .await
-        .map_err(|e| format!("start the engine on {}: {e}", db.display()))?;
+        .map_err(|e| format!("start the engine on {shown}: {e}"))?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("listen on {addr}: {e}"))?;
     let names: Vec<&str> = engine.workflow_names().iter().map(|n| n.as_str()).collect();
     out!(
-        "cairn: serving http://{addr}/api on {} (workflows: {})",
-        db.display(),
+        "cairn: serving http://{addr}/api on {shown} (workflows: {})",
         names.join(", ")
     );
     // The first Ctrl-C or SIGTERM stops gracefully; a second one exits at once.

@@ -308,6 +308,18 @@ impl Store for PostgresStore {
         })
     }
 
+    fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
+        let reply = self.write(Op::ReleaseAll {
+            owner: owner.to_owned(),
+        });
+        Box::pin(async move {
+            match reply.await? {
+                Reply::Done => Ok(()),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<cairn_core::StepRecord>> {
         Box::pin(async move { reads::journal(&self.reader().await?, instance).await })
     }

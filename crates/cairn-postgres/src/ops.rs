@@ -450,6 +450,37 @@ async fn recover_pauses(tx: &Transaction<'_>, b: &mut Batch<'_>, now: Timestamp)
         &[&now.as_millis()],
     )
     .await?;
+    complete_pauses(tx, b, rows).await
+}
+
+/// See `Store::release_all`.
+pub(crate) async fn release_all(tx: &Transaction<'_>, b: &mut Batch<'_>, owner: &str) -> R<()> {
+    let rows = query(
+        tx,
+        "SELECT iid FROM instances WHERE status = 6 AND lease_owner = $1 FOR UPDATE",
+        &[&owner],
+    )
+    .await?;
+    complete_pauses(tx, b, rows).await?;
+    exec(
+        tx,
+        b,
+        "UPDATE instances SET lease_owner = NULL, lease_until = NULL,
+             ready_at = CASE WHEN status IN (0, 1, 7) THEN created_at ELSE ready_at END,
+             ready_rank = CASE WHEN status IN (0, 1, 7) THEN 0 ELSE ready_rank END
+         WHERE lease_owner = $1",
+        &[&owner],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Pauses pending on instances whose lifetime is gone take effect.
+async fn complete_pauses(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    rows: Vec<tokio_postgres::Row>,
+) -> R<()> {
     for row in rows {
         let iid: i64 = row.get(0);
         let paused = query(

@@ -51,6 +51,9 @@ pub(crate) enum Op {
         now: Timestamp,
         until: Timestamp,
     },
+    ReleaseAll {
+        owner: String,
+    },
     Commit {
         lease: Lease,
         writes: Vec<Write>,
@@ -114,6 +117,10 @@ async fn run(tx: &Transaction<'_>, b: &mut Batch<'_>, op: &Op) -> Result<Reply, 
         } => Reply::Claimed(ops::claim(tx, b, owner, workflows, *now, *ttl, *limit).await?),
         Op::Renew { owner, now, until } => {
             ops::renew(tx, b, owner, *now, *until).await?;
+            Reply::Done
+        }
+        Op::ReleaseAll { owner } => {
+            ops::release_all(tx, b, owner).await?;
             Reply::Done
         }
         Op::Commit { lease, writes } => Reply::Status(ops::commit(tx, b, *lease, writes).await?),

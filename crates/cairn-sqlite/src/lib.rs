@@ -497,6 +497,11 @@ impl Store for SqliteStore {
         })
     }
 
+    fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
+        let owner = owner.to_owned();
+        self.write(move |conn| rows::release_all(conn, &owner))
+    }
+
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<cairn_core::StepRecord>> {
         self.read(move |conn| rows::journal(conn, instance))
     }

@@ -988,3 +988,41 @@ pub(crate) fn next_purge(conn: &Connection) -> Result<Option<Timestamp>> {
         .map_err(map_sqlite)?;
     Ok(ts(at))
 }
+
+/// See `Store::release_all`: the take-over at open (`take_over`), for one owner.
+pub(crate) fn release_all(conn: &Connection, owner: &str) -> Result<()> {
+    let pausing: Vec<i64> = conn
+        .prepare_cached("SELECT iid FROM instances WHERE status = 6 AND lease_owner = ?1")
+        .and_then(|mut st| {
+            st.query_map([owner], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()
+        })
+        .map_err(map_sqlite)?;
+    for iid in pausing {
+        let at: i64 = conn
+            .prepare_cached(
+                "UPDATE instances SET status = 2, lease_owner = NULL, lease_until = NULL, ready_at = NULL,
+                     paused_at = MAX(COALESCE(paused_at, 0),
+                                     COALESCE((SELECT MAX(at) FROM log WHERE log.iid = instances.iid), 0))
+                 WHERE iid = ?1 RETURNING paused_at",
+            )
+            .and_then(|mut st| st.query_row([iid], |r| r.get(0)))
+            .map_err(map_sqlite)?;
+        log_now(
+            conn,
+            InstanceRef(iid),
+            LogKind::WorkflowPaused,
+            Timestamp::from_millis(at),
+            serde_json::json!({ "recovered": true }),
+        )?;
+    }
+    conn.prepare_cached(
+        "UPDATE instances SET lease_owner = NULL, lease_until = NULL,
+             ready_at = CASE WHEN status IN (0, 1, 7) THEN created_at ELSE ready_at END,
+             ready_rank = CASE WHEN status IN (0, 1, 7) THEN 0 ELSE ready_rank END
+         WHERE lease_owner = ?1",
+    )
+    .and_then(|mut st| st.execute([owner]))
+    .map_err(map_sqlite)?;
+    Ok(())
+}

@@ -980,6 +980,69 @@ pub async fn records_read_back_exactly_at_every_page_size(store: Arc<dyn Store>)
     }
 }
 
+/// An engine shutting down gives its leases up: its instances are claimable at once by
+/// another owner, a pause it was to complete takes effect (logged), and other owners'
+/// leases stay.
+pub async fn release_all_frees_only_the_owners_instances(store: Arc<dyn Store>) {
+    for id in ["a", "b", "c"] {
+        create_one(&*store, "wf", id).await;
+    }
+    let mine = store.claim("me", &[wf("wf")], T0, TTL, 2).await.unwrap();
+    let theirs = store.claim("them", &[wf("wf")], T0, TTL, 1).await.unwrap();
+    assert_eq!((mine.len(), theirs.len()), (2, 1));
+    let pausing = &mine[1].record;
+    let outcome = store
+        .control(
+            &pausing.workflow,
+            &pausing.id,
+            ControlRequest::Pause { at: T0 },
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            ControlOutcome::Done {
+                to: InstanceStatus::WaitingForPause,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    store.release_all("me").await.unwrap();
+    let again = store
+        .claim("other", &[wf("wf")], T0, TTL, 10)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = again.iter().map(|c| c.record.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [mine[0].record.id.as_str()],
+        "only the running one, at once"
+    );
+    let paused = store
+        .instance(&pausing.workflow, &pausing.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(paused.status, InstanceStatus::Paused);
+    let kinds: Vec<LogKind> = store
+        .log(pausing.instance, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.entry.kind)
+        .collect();
+    assert_eq!(kinds.last(), Some(&LogKind::WorkflowPaused));
+    store
+        .commit(
+            theirs[0].lease,
+            vec![Write::Log(log(LogKind::WorkflowStart, None))],
+        )
+        .await
+        .expect("another owner's lease stays");
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -1008,6 +1071,7 @@ macro_rules! conformance_tests {
             control_reports_the_epoch_it_fenced,
             records_read_back_exactly_at_every_page_size,
             an_expired_lease_is_not_renewed_and_is_claimed,
+            release_all_frees_only_the_owners_instances,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {
@@ -1047,6 +1111,7 @@ macro_rules! conformance_tests {
             control_reports_the_epoch_it_fenced,
             records_read_back_exactly_at_every_page_size,
             an_expired_lease_is_not_renewed_and_is_claimed,
+            release_all_frees_only_the_owners_instances,
         );
     };
     (@optional $factory:ident; $($case:ident,)*) => {

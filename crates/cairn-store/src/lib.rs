@@ -397,6 +397,12 @@ pub trait Store: Send + Sync + 'static {
     /// would keep the instance from everyone.
     fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()>;
 
+    /// Gives up every lease `owner` holds: an engine shutting down, after its drain. Its
+    /// runnable instances become claimable at once (ahead of new ones) by any engine, and a
+    /// pause it was waiting to complete takes effect (paused from the instance's last
+    /// record, logged as recovered), as when an engine takes over a dead one's instances.
+    fn release_all(&self, owner: &str) -> StoreFuture<'_, ()>;
+
     /// The journal of an instance, in step start order.
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>>;
 

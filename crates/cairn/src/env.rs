@@ -2,6 +2,10 @@
 //! so that a lifetime and its ops need nothing from the engine above them.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use cairn_core::Timestamp;
 
 use cairn_store::Store;
 
@@ -12,9 +16,55 @@ pub(crate) struct Limits {
     pub(crate) payload_limit: usize,
 }
 
-/// What every lifetime of every instance shares: the store, the clock, the limits.
+/// What every lifetime of every instance shares: the store, the clock, the limits, and
+/// how long the engine's leases hold.
 pub(crate) struct Env {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) clock: Clock,
     pub(crate) limits: Limits,
+    pub(crate) leases: Leases,
+}
+
+/// How long this engine's leases hold: from a lease's claim, or from the last renewal of
+/// all of them, for the TTL (less a margin, so a write sent just before the end still lands
+/// before another engine may claim). A lifetime writes only while its lease holds; past
+/// that it must assume another engine owns the instance (`engine/leases.rs`).
+pub(crate) struct Leases {
+    ttl: Duration,
+    renewed_ms: AtomicI64,
+}
+
+/// A lease that never runs out in practice: one engine per store (SQLite).
+pub(crate) const UNBOUNDED_LEASE: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+impl Leases {
+    pub(crate) fn new(ttl: Duration) -> Self {
+        Leases {
+            ttl,
+            renewed_ms: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Whether leases expire (several engines may share the store).
+    pub(crate) fn expire(&self) -> bool {
+        self.ttl < UNBOUNDED_LEASE
+    }
+
+    /// Every lease held at `at` was renewed until `at` + TTL.
+    pub(crate) fn renewed(&self, at: Timestamp) {
+        self.renewed_ms.fetch_max(at.as_millis(), Ordering::Relaxed);
+    }
+
+    /// Whether a lease claimed at `claimed_at` still holds at `now`.
+    pub(crate) fn holds(&self, claimed_at: Timestamp, now: Timestamp) -> bool {
+        let from = claimed_at
+            .as_millis()
+            .max(self.renewed_ms.load(Ordering::Relaxed));
+        let usable = self.ttl - self.ttl / 10;
+        Timestamp::from_millis(from).saturating_add(usable) > now
+    }
 }

@@ -28,6 +28,7 @@ pub use client::{
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use context::{StepContext, StepId};
+pub use engine::leases::DEFAULT_LEASE_TTL;
 pub use engine::{
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, DEFAULT_RETENTION, Engine,
     EngineBuilder,
@@ -40,6 +41,8 @@ pub use ops::{
 };
 pub use workflow::{Workflow, WorkflowEvent};
 
+#[cfg(feature = "postgres")]
+pub use cairn_postgres as postgres;
 #[cfg(feature = "sqlite")]
 pub use cairn_sqlite as sqlite;
 /// Re-exported so users need not depend on it.

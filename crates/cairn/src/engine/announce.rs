@@ -205,6 +205,21 @@ impl Store for Announcing {
         )
     }
 
+    fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
+        // Instances become claimable: wake this engine's waiters as any release does.
+        let released = self.store.release_all(owner);
+        let commits = Arc::clone(&self.commits);
+        Box::pin(async move {
+            released.await?;
+            // Which instances changed is not known here: wake every view.
+            let leased: Vec<InstanceRef> = commits.owners().drain().map(|(i, _)| i).collect();
+            for instance in leased {
+                commits.announce(Some(instance), None);
+            }
+            Ok(())
+        })
+    }
+
     fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
         self.store.renew(owner, now, until)
     }

@@ -73,6 +73,13 @@ impl Store for Blocking {
         })
     }
 
+    fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
+        let owner = owner.to_owned();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.release_all(&owner).await })
+        })
+    }
+
     fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
         let owner = owner.to_owned();
         blocking(&self.0, move |s| {

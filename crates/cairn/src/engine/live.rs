@@ -53,6 +53,11 @@ impl Live {
         self.get(instance).filter(|s| s.lease.epoch <= epoch)
     }
 
+    /// Every lifetime in memory now.
+    pub(crate) fn all(&self) -> Vec<Arc<Lifetime>> {
+        self.map().values().cloned().collect()
+    }
+
     /// How many lifetimes are in memory.
     pub(crate) fn len(&self) -> usize {
         self.map().len()
@@ -117,6 +122,7 @@ mod tests {
                 step_limit: 10,
                 payload_limit: 1024,
             },
+            leases: crate::env::Leases::new(crate::env::UNBOUNDED_LEASE),
         });
         let live = Live::default();
         let (older, newer) = (lifetime(&env, 1), lifetime(&env, 2));

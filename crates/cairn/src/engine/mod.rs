@@ -13,6 +13,7 @@ use tokio::sync::{Notify, watch};
 mod announce;
 mod blocking;
 mod driver;
+pub(crate) mod leases;
 pub(crate) mod live;
 pub(crate) mod runtime;
 mod scheduler;
@@ -47,6 +48,8 @@ impl std::fmt::Debug for Engine {
 enum StoreChoice {
     Sqlite(PathBuf),
     Temporary,
+    #[cfg(feature = "postgres")]
+    Postgres(cairn_postgres::Options),
     Custom(Arc<dyn Store>),
 }
 
@@ -62,6 +65,7 @@ pub struct EngineBuilder {
     drain_timeout: Duration,
     retention: Retention,
     workflow_retention: Vec<(String, Retention)>,
+    lease_ttl: Option<Duration>,
     #[cfg(feature = "sqlite")]
     sqlite: cairn_sqlite::Options,
 }
@@ -92,6 +96,7 @@ impl Engine {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             retention: DEFAULT_RETENTION,
             workflow_retention: Vec::new(),
+            lease_ttl: None,
             #[cfg(feature = "sqlite")]
             sqlite: cairn_sqlite::Options::default(),
         }
@@ -133,6 +138,11 @@ impl Engine {
         if let Some(handle) = scheduler {
             let _ = handle.await;
         }
+        // Every lifetime has let go: give the leases up, so another engine (or the next
+        // start) takes the instances over at once instead of after the lease TTL.
+        if let Err(e) = self.inner.env.store.release_all(&self.inner.owner).await {
+            tracing::warn!(error = %e, "releasing the leases failed; they expire after their TTL");
+        }
         if let Err(e) = self.inner.env.store.close().await {
             tracing::warn!(error = %e, "closing the store failed");
         }
@@ -159,6 +169,30 @@ impl EngineBuilder {
     #[cfg(feature = "sqlite")]
     pub fn temporary(mut self) -> Self {
         self.store = Some(StoreChoice::Temporary);
+        self
+    }
+
+    /// Uses a PostgreSQL database (`postgres://user:password@host:port/database`): several
+    /// engine processes, on several machines, may share it. Leases then expire
+    /// ([`EngineBuilder::lease_ttl`], 30 s by default).
+    #[cfg(feature = "postgres")]
+    pub fn postgres(self, url: impl Into<String>) -> Self {
+        self.postgres_options(cairn_postgres::Options::new(url))
+    }
+
+    /// Uses a PostgreSQL database with these options (schema, connections).
+    #[cfg(feature = "postgres")]
+    pub fn postgres_options(mut self, options: cairn_postgres::Options) -> Self {
+        self.store = Some(StoreChoice::Postgres(options));
+        self
+    }
+
+    /// How long a claim holds an instance without renewal, where several engines share the
+    /// store: an engine that dies, stalls or loses its network gives its instances up
+    /// this long after its last renewal (every third of it). Default: 30 s on PostgreSQL;
+    /// on SQLite and custom stores leases do not expire unless this is set.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = Some(ttl.max(Duration::from_millis(30)));
         self
     }
 
@@ -259,6 +293,14 @@ impl EngineBuilder {
             }
         }
         let mut temp_dir = None;
+        #[cfg(feature = "postgres")]
+        let default_ttl = match &self.store {
+            Some(StoreChoice::Postgres(_)) => leases::DEFAULT_LEASE_TTL,
+            _ => crate::env::UNBOUNDED_LEASE,
+        };
+        #[cfg(not(feature = "postgres"))]
+        let default_ttl = crate::env::UNBOUNDED_LEASE;
+        let lease_ttl = self.lease_ttl.unwrap_or(default_ttl);
         let store: Arc<dyn Store> = match self.store {
             None => {
                 return Err(Error::config(
@@ -266,6 +308,24 @@ impl EngineBuilder {
                 ));
             }
             Some(StoreChoice::Custom(store)) => store,
+            #[cfg(feature = "postgres")]
+            Some(StoreChoice::Postgres(options)) => {
+                // Under a paused tokio clock (a virtual clock in tests) the connect timeouts
+                // would fire at once while the network is awaited: open on a blocking
+                // thread, which holds the paused clock still, as every call does later.
+                let virtual_clock = self.clock.as_ref().is_some_and(Clock::is_virtual);
+                let opened = if virtual_clock {
+                    let runtime = tokio::runtime::Handle::current();
+                    tokio::task::spawn_blocking(move || {
+                        runtime.block_on(cairn_postgres::PostgresStore::open(options))
+                    })
+                    .await
+                    .map_err(|e| Error::config_from(format!("open the database: {e}"), e))?
+                } else {
+                    cairn_postgres::PostgresStore::open(options).await
+                };
+                Arc::new(opened.map_err(|e| Error::config_from(e.to_string(), e))?)
+            }
             #[cfg(feature = "sqlite")]
             Some(choice @ (StoreChoice::Sqlite(_) | StoreChoice::Temporary)) => {
                 let path = match choice {
@@ -295,7 +355,9 @@ impl EngineBuilder {
                 Arc::new(opened)
             }
             #[cfg(not(feature = "sqlite"))]
-            Some(_) => return Err(Error::config("built without the sqlite feature")),
+            Some(StoreChoice::Sqlite(_) | StoreChoice::Temporary) => {
+                return Err(Error::config("built without the sqlite feature"));
+            }
         };
         let clock = self.clock.unwrap_or_else(Clock::system);
         let store: Arc<dyn Store> = if clock.is_virtual() {
@@ -321,6 +383,7 @@ impl EngineBuilder {
                     step_limit: self.step_limit,
                     payload_limit: self.payload_limit,
                 },
+                leases: crate::env::Leases::new(lease_ttl),
             }),
             workflows,
             names,

@@ -9,11 +9,14 @@ use tokio::task::JoinSet;
 
 use crate::engine::runtime::Runtime;
 
-/// Leases never expire: the store has exactly one engine (SQLite, guarded by the lock on its database file).
-const UNBOUNDED_LEASE: Duration = Duration::from_secs(100 * 365 * 86_400);
-
 /// Claims runnable instances while there are free slots and runs each in a driver task.
 pub(crate) async fn schedule(inner: Arc<Runtime>) {
+    // Where leases expire, they are renewed until every lifetime has let go.
+    let keeper = inner.env.leases.expire().then(|| {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(crate::engine::leases::keep(Arc::clone(&inner), stopped));
+        (stop, task)
+    });
     let mut drivers = JoinSet::new();
     let mut shutdown = inner.shutdown.subscribe();
     let mut failures = 0u32;
@@ -33,7 +36,13 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
             match inner
                 .env
                 .store
-                .claim(&inner.owner, &inner.names, now, UNBOUNDED_LEASE, free)
+                .claim(
+                    &inner.owner,
+                    &inner.names,
+                    now,
+                    inner.env.leases.ttl(),
+                    free,
+                )
                 .await
             {
                 Ok(claimed) => {
@@ -125,4 +134,8 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
     }
     drivers.abort_all();
     while drivers.join_next().await.is_some() {}
+    if let Some((stop, task)) = keeper {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
 }

@@ -36,6 +36,9 @@ pub(crate) enum Abort {
 pub(crate) struct Lifetime {
     pub(crate) env: Arc<Env>,
     pub(crate) lease: Lease,
+    /// When the lease was taken (about): it holds for the TTL from then or from the
+    /// engine's last renewal.
+    claimed_at: Timestamp,
     pub(crate) workflow: WorkflowName,
     pub(crate) instance_id: InstanceId,
     pub(crate) created_at: Timestamp,
@@ -100,7 +103,9 @@ impl Lifetime {
         instance_id: InstanceId,
         created_at: Timestamp,
     ) -> Self {
+        let claimed_at = env.clock.now();
         Lifetime {
+            claimed_at,
             env,
             lease,
             workflow,
@@ -365,7 +370,16 @@ impl Lifetime {
         if !deferred.is_empty() {
             writes.splice(0..0, deferred);
         }
+        if !self.holds_lease() {
+            return Err(cairn_store::Error::LeaseLost(self.lease.instance));
+        }
         self.env.store.commit(self.lease, writes).await
+    }
+
+    /// Whether the lease still holds. Past it, another engine may own the instance (and not
+    /// have written yet, so the epoch would not fence a write off): write nothing.
+    fn holds_lease(&self) -> bool {
+        self.env.leases.holds(self.claimed_at, self.env.clock.now())
     }
 
     /// Whether writes wait for this lifetime's next commit.
@@ -421,12 +435,15 @@ impl Lifetime {
         key: &StepKey,
         event_type: &EventType,
     ) -> Option<cairn_store::StoredEvent> {
-        match self
-            .env
-            .store
-            .take_event(self.lease, key.clone(), event_type.clone(), self.now())
-            .await
-        {
+        let taken = if self.holds_lease() {
+            self.env
+                .store
+                .take_event(self.lease, key.clone(), event_type.clone(), self.now())
+                .await
+        } else {
+            Err(cairn_store::Error::LeaseLost(self.lease.instance))
+        };
+        match taken {
             Ok(found) => found,
             Err(e) => {
                 self.abort(Abort::Store(e));

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::{Counter, FnWorkflow, Seen, engine, named, records, run_to_end, wf};
+use super::support::{Counter, FnWorkflow, Seen, engine, named, records, run_to_end, wf};
 use cairn::prelude::*;
 use cairn::{Error, InstanceStatus, LogKind};
 use serde_json::{Value, json};
@@ -319,7 +319,7 @@ async fn h3_an_errored_instance_has_the_thrown_message_and_no_output() {
     assert_eq!(status.status, InstanceStatus::Errored);
     assert_eq!(status.error, Some(cairn::ErrorInfo::new("Error", "boom")));
     assert_eq!(status.output, None);
-    let kinds = crate::support::kinds(&instance).await;
+    let kinds = super::support::kinds(&instance).await;
     assert_eq!(
         kinds,
         [
@@ -368,8 +368,8 @@ named_workflow!(
 );
 
 async fn start_with<W: Workflow>(w: W) -> Result<cairn::Engine, Error> {
-    let (dir, path) = crate::support::temp_db();
-    let result = crate::support::builder_at(&path).register(w).start().await;
+    let (dir, path) = super::support::temp_db();
+    let result = super::support::builder_at(&path).register(w).start().await;
     std::mem::forget(dir); // kept until the process ends: the engine may still use it
     result
 }
@@ -637,7 +637,7 @@ async fn untyped_creation_checks_params_and_size() {
 
 #[tokio::test(start_paused = true)]
 async fn parallel_steps_run_concurrently_and_replay_deterministically() {
-    let (dir, path) = crate::support::temp_db();
+    let (dir, path) = super::support::temp_db();
     let both_started = std::sync::Arc::new(tokio::sync::Barrier::new(2));
     let make = |barrier: std::sync::Arc<tokio::sync::Barrier>, crash: bool| {
         wf(move |_, step| {
@@ -669,7 +669,7 @@ async fn parallel_steps_run_concurrently_and_replay_deterministically() {
             }
         })
     };
-    let first = crate::support::builder_at(&path)
+    let first = super::support::builder_at(&path)
         .register(make(both_started.clone(), true))
         .start()
         .await
@@ -689,7 +689,7 @@ async fn parallel_steps_run_concurrently_and_replay_deterministically() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     first.shutdown().await;
-    let second = crate::support::builder_at(&path)
+    let second = super::support::builder_at(&path)
         .register(make(
             std::sync::Arc::new(tokio::sync::Barrier::new(1)),
             false,
@@ -787,7 +787,7 @@ async fn instances_beyond_the_concurrency_limit_stay_queued() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     for i in &instances[2..] {
         assert_eq!(
-            crate::support::status_of(i).await,
+            super::support::status_of(i).await,
             InstanceStatus::Queued,
             "{}",
             i.id()

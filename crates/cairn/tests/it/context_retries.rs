@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::{Counter, Seen, engine, records, run_to_end, wf};
+use super::support::{Counter, Seen, engine, records, run_to_end, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind, ResolvedConfig};
 use serde_json::{Value, json};
@@ -538,7 +538,7 @@ async fn details_say_when_a_retry_is_due_and_when_a_sleep_or_wait_ends() {
     })
     .await;
     let instance = engine
-        .workflow::<crate::support::FnWorkflow<0>>()
+        .workflow::<super::support::FnWorkflow<0>>()
         .create(CreateOptions::new(json!({})))
         .await
         .unwrap();

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::support::{
+use super::support::{
     Counter, FnWorkflow, engine, records, run_to_end, until_logged, until_status, wf,
 };
 use cairn::prelude::*;
@@ -54,7 +54,7 @@ async fn e21_h10_h12_pause_lets_the_step_in_flight_finish_and_stops_before_the_n
     until_logged(&instance, LogKind::AttemptStart, 1).await;
     instance.pause().await.unwrap();
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::WaitingForPause,
         "H12"
     );
@@ -68,7 +68,7 @@ async fn e21_h10_h12_pause_lets_the_step_in_flight_finish_and_stops_before_the_n
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert_eq!(second.get(), 0, "the next step never ran");
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Paused
     );
     engine.shutdown().await;
@@ -132,7 +132,7 @@ async fn e22_pause_with_two_steps_in_flight_waits_for_both() {
     gate.add_permits(1);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::WaitingForPause,
         "one still in flight"
     );
@@ -153,7 +153,7 @@ async fn e23_resume_while_waiting_for_pause_cancels_the_pause() {
     instance.pause().await.unwrap();
     instance.resume().await.unwrap();
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Running,
         "running right away"
     );
@@ -178,13 +178,13 @@ async fn e24_pause_during_a_sleep_is_immediate_and_the_sleep_resumes_after() {
     until_status(&instance, InstanceStatus::Waiting).await;
     instance.pause().await.unwrap();
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Paused,
         "at once"
     );
     tokio::time::sleep(Duration::from_secs(2 * 3600)).await; // paused for two hours
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Paused
     );
     instance.resume().await.unwrap();
@@ -213,7 +213,7 @@ async fn e25_pause_during_a_wait_then_an_event_after_resume_is_delivered() {
     until_status(&instance, InstanceStatus::Waiting).await;
     instance.pause().await.unwrap();
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Paused
     );
     instance.resume().await.unwrap();
@@ -237,7 +237,7 @@ async fn events_sent_while_paused_wait_for_the_resume() {
     instance.send_event("n", &5).await.unwrap();
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Paused,
         "an event does not unpause"
     );
@@ -248,10 +248,10 @@ async fn events_sent_while_paused_wait_for_the_resume() {
 
 #[tokio::test(start_paused = true)]
 async fn e26_an_engine_starting_on_waiting_for_pause_moves_it_to_paused_without_running() {
-    let (dir, path) = crate::support::temp_db();
+    let (dir, path) = super::support::temp_db();
     let gate = Arc::new(Semaphore::new(0));
     let second = Counter::default();
-    let first = crate::support::builder_at(&path)
+    let first = super::support::builder_at(&path)
         .register(gated(gate.clone(), second.clone()))
         .start()
         .await
@@ -261,7 +261,7 @@ async fn e26_an_engine_starting_on_waiting_for_pause_moves_it_to_paused_without_
     instance.pause().await.unwrap();
     first.shutdown().await; // dies with the attempt in flight, waiting for pause
     let runs = Counter::default();
-    let second_engine = crate::support::builder_at(&path)
+    let second_engine = super::support::builder_at(&path)
         .register(gated(Arc::new(Semaphore::new(10)), runs.clone()))
         .start()
         .await
@@ -272,13 +272,13 @@ async fn e26_an_engine_starting_on_waiting_for_pause_moves_it_to_paused_without_
         .await
         .unwrap();
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Paused
     );
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(runs.get(), 0);
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Paused
     );
     second_engine.shutdown().await;
@@ -298,13 +298,13 @@ async fn pausing_twice_and_resuming_a_running_instance_are_no_ops() {
     until_status(&instance, InstanceStatus::Waiting).await;
     instance.resume().await.unwrap();
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Waiting
     );
     instance.pause().await.unwrap();
     instance.pause().await.unwrap();
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Paused
     );
     engine.shutdown().await;
@@ -319,13 +319,13 @@ async fn h5_m4_terminate_a_running_instance() {
     until_logged(&instance, LogKind::AttemptStart, 1).await;
     instance.terminate().await.unwrap();
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Terminated
     );
     gate.add_permits(5);
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(second.get(), 0, "nothing runs after terminate");
-    let kinds = crate::support::kinds(&instance).await;
+    let kinds = super::support::kinds(&instance).await;
     assert_eq!(kinds.last(), Some(&LogKind::WorkflowTerminated));
     assert_eq!(
         records(&instance, LogKind::StepSuccess).await.len(),
@@ -359,7 +359,7 @@ async fn h8_terminate_while_waiting_for_an_event() {
     until_status(&instance, InstanceStatus::Waiting).await;
     instance.terminate().await.unwrap();
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Terminated
     );
     assert_eq!(
@@ -397,7 +397,7 @@ async fn e16_terminating_a_finished_instance_is_an_error() {
         (&errored, "errored"),
         (&terminated, ""),
     ] {
-        let s = crate::support::status_of(instance).await;
+        let s = super::support::status_of(instance).await;
         let err = instance.terminate().await.unwrap_err();
         assert_eq!(err.code(), "instance.cannot_terminate", "{s}");
         assert!(
@@ -451,7 +451,7 @@ async fn e17_restart_reruns_from_scratch_from_every_status() {
     let complete = run_to_end(&engine, json!({})).await;
     let errored = run_to_end(&engine, json!({"fail": true})).await;
     assert_eq!(
-        crate::support::status_of(&errored).await,
+        super::support::status_of(&errored).await,
         InstanceStatus::Errored
     );
     let held = |id: &str| client.create(CreateOptions::new(json!({"hold": true})).id(id));
@@ -498,7 +498,7 @@ async fn h9_m11_restart_shows_running_at_once_and_completes() {
     until_logged(&instance, LogKind::AttemptStart, 1).await;
     instance.restart().await.unwrap(); // M11: while running
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Running,
         "H9"
     );
@@ -798,7 +798,7 @@ async fn b6_a_handle_has_its_id_status_and_every_action() {
     handle.restart().await.unwrap();
     handle.terminate().await.unwrap();
     assert_eq!(
-        crate::support::status_of(&handle).await,
+        super::support::status_of(&handle).await,
         InstanceStatus::Terminated
     );
     handle.delete().await.unwrap();

@@ -82,6 +82,10 @@ impl Store for FailingStore {
         }
         self.inner.claim(owner, w, now, ttl, limit)
     }
+    fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
+        self.inner.release_all(owner)
+    }
+
     fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
         self.inner.renew(owner, now, until)
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::{Counter, Seen, engine, records, run_to_end, wf};
+use super::support::{Counter, Seen, engine, records, run_to_end, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind, StepKind};
 use serde_json::{Value, json};
@@ -277,11 +277,11 @@ async fn e6_context_config_has_no_delay_for_a_function_and_the_exact_value_other
 
 #[tokio::test(start_paused = true)]
 async fn e10_m2_identity_status_and_log_survive_an_engine_restart() {
-    let (dir, path) = crate::support::temp_db();
+    let (dir, path) = super::support::temp_db();
     let gate = std::sync::Arc::new(tokio::sync::Notify::new());
     let first = {
         let gate = gate.clone();
-        crate::support::builder_at(&path)
+        super::support::builder_at(&path)
             .register(wf(move |_, step| {
                 let gate = gate.clone();
                 async move {
@@ -302,14 +302,14 @@ async fn e10_m2_identity_status_and_log_survive_an_engine_restart() {
             .unwrap()
     };
     let created = first
-        .workflow::<crate::support::FnWorkflow>()
+        .workflow::<super::support::FnWorkflow>()
         .create(CreateOptions::new(json!({"k": 1})).id("survivor"))
         .await
         .unwrap();
     gate.notified().await;
     first.shutdown().await;
 
-    let second = crate::support::builder_at(&path)
+    let second = super::support::builder_at(&path)
         .register(wf(|_, step| async move {
             step.run("block", |_| async { Ok(()) }).await?;
             Ok(json!("done"))
@@ -318,7 +318,7 @@ async fn e10_m2_identity_status_and_log_survive_an_engine_restart() {
         .await
         .unwrap();
     let instance = second
-        .workflow::<crate::support::FnWorkflow>()
+        .workflow::<super::support::FnWorkflow>()
         .get("survivor")
         .await
         .unwrap();
@@ -348,7 +348,7 @@ async fn e10_m2_identity_status_and_log_survive_an_engine_restart() {
     drop(dir);
 }
 
-fn many_steps(n: usize) -> crate::support::FnWorkflow {
+fn many_steps(n: usize) -> super::support::FnWorkflow {
     wf(move |_, step| async move {
         for i in 0..n {
             step.run(format!("step {i}"), |_| async move { Ok(i) })
@@ -380,10 +380,10 @@ async fn e14_exactly_the_limit_of_steps_completes() {
     let instance = run_to_end(&engine, json!({})).await;
     assert_eq!(records(&instance, LogKind::StepSuccess).await.len(), 3);
     let (engine3, _dir3) =
-        crate::support::engine(|b| b.step_limit(3).register(many_steps(3))).await;
+        super::support::engine(|b| b.step_limit(3).register(many_steps(3))).await;
     let ok = run_to_end(&engine3, json!({})).await;
     assert_eq!(
-        crate::support::status_of(&ok).await,
+        super::support::status_of(&ok).await,
         InstanceStatus::Complete
     );
     engine.shutdown().await;
@@ -431,34 +431,18 @@ async fn e15_the_default_step_limit_is_ten_thousand() {
     engine.shutdown().await;
 }
 
-/// A second engine on a database another engine holds fails with its own code, not the
-/// generic `engine.config`.
-#[tokio::test]
-async fn a_database_in_use_has_its_own_code() {
-    let (_dir, path) = crate::support::temp_db();
-    let first = crate::support::builder_at(&path).start().await.unwrap();
-    let err = crate::support::builder_at(&path)
-        .sqlite_options(cairn::sqlite::Options::default().lock_timeout(Duration::from_millis(50)))
-        .start()
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), "store.in_use", "{err}");
-    assert!(err.to_string().contains("in use"), "{err}");
-    first.shutdown().await;
-}
-
 /// `wait_timeout` gives up at its deadline and returns the status once finished.
 #[tokio::test(start_paused = true)]
 async fn wait_timeout_returns_none_at_the_deadline() {
-    let (engine, _dir) = crate::support::engine(|b| {
-        b.register(crate::support::wf(|_, step| async move {
+    let (engine, _dir) = super::support::engine(|b| {
+        b.register(super::support::wf(|_, step| async move {
             step.sleep("nap", Duration::from_secs(60)).await?;
             Ok(serde_json::Value::Null)
         }))
     })
     .await;
     let instance = engine
-        .workflow::<crate::support::FnWorkflow>()
+        .workflow::<super::support::FnWorkflow>()
         .create(cairn::CreateOptions::new(serde_json::json!({})))
         .await
         .unwrap();
@@ -478,20 +462,4 @@ async fn wait_timeout_returns_none_at_the_deadline() {
         Some(cairn::InstanceStatus::Complete)
     );
     engine.shutdown().await;
-}
-
-/// A configuration error keeps the error underneath as its `source()`.
-#[tokio::test]
-async fn a_config_error_keeps_its_source() {
-    let err = cairn::Engine::builder()
-        .sqlite("/nonexistent-dir-for-cairn/sub/cairn.db")
-        .start()
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), "engine.config");
-    let source = std::error::Error::source(&err).expect("the open error is kept");
-    assert!(
-        err.to_string().contains(&source.to_string()),
-        "{err} / {source}"
-    );
 }

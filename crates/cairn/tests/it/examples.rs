@@ -44,8 +44,8 @@ example!(
 use cairn::{Clock, InstanceStatus};
 
 fn builder() -> (tempfile::TempDir, cairn::EngineBuilder) {
-    let (dir, path) = crate::support::temp_db();
-    (dir, crate::support::builder_at(&path))
+    let (dir, path) = super::support::temp_db();
+    (dir, super::support::builder_at(&path))
 }
 
 #[tokio::test(start_paused = true)]
@@ -66,7 +66,7 @@ async fn granular_steps_retry_independently() {
 
 #[tokio::test(start_paused = true)]
 async fn state_from_steps_is_rebuilt_after_a_restart() {
-    let (_dir, path) = crate::support::temp_db();
+    let (_dir, path) = super::support::temp_db();
     let output = state_from_steps::demo(&path, Clock::virtual_now())
         .await
         .unwrap();
@@ -90,7 +90,7 @@ async fn deterministic_names_come_from_a_step_output() {
 
 #[tokio::test(start_paused = true)]
 async fn a_race_inside_one_step_keeps_its_winner_across_a_restart() {
-    let (_dir, path) = crate::support::temp_db();
+    let (_dir, path) = super::support::temp_db();
     let output = race_in_one_step::demo(&path, Clock::virtual_now())
         .await
         .unwrap();
@@ -159,7 +159,7 @@ async fn sleepy_cats_hibernate_through_three_hours_and_keep_their_list() {
 
 #[tokio::test(start_paused = true)]
 async fn sleep_then_sleep_until_the_launch() {
-    let (_dir, path) = crate::support::temp_db();
+    let (_dir, path) = super::support::temp_db();
     let ends = sleep_and_sleep_until::demo(&path).await.unwrap();
     let rfc: Vec<String> = ends.iter().map(|t| t.to_rfc3339()).collect();
     assert_eq!(

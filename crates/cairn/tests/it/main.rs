@@ -2,20 +2,61 @@
 //! starts with the SPEC §7 items it covers where it covers one.
 
 #![allow(clippy::unwrap_used, missing_docs)] // helpers outside #[test] fns unwrap too (clippy.toml covers only those)
+#![allow(clippy::duplicate_mod)] // the behaviour tests are compiled once per backend, on purpose
 
 mod support;
 
-mod binding_instances;
-mod context_retries;
-mod control;
+/// The behaviour tests that hold on every backend, compiled once per backend (`sqlite.rs`,
+/// `postgres.rs`): each module's `support` is the shared one with its engine builders
+/// bound to that backend.
+macro_rules! on_backend {
+    ($backend:expr) => {
+        #[allow(unreachable_pub, dead_code)]
+        mod support {
+            pub use crate::support::*;
+
+            pub const BACKEND: Backend = $backend;
+
+            /// A started engine on a fresh database of this backend.
+            pub async fn engine(
+                register: impl FnOnce(cairn::EngineBuilder) -> cairn::EngineBuilder,
+            ) -> (cairn::Engine, tempfile::TempDir) {
+                engine_on(BACKEND, register).await
+            }
+
+            /// A builder on the database `path` names, on this backend.
+            pub fn builder_at(path: &std::path::Path) -> cairn::EngineBuilder {
+                builder_on(BACKEND, path)
+            }
+        }
+
+        #[path = "binding_instances.rs"]
+        mod binding_instances;
+        #[path = "context_retries.rs"]
+        mod context_retries;
+        #[path = "control.rs"]
+        mod control;
+        #[path = "engine_errors.rs"]
+        mod engine_errors;
+        #[path = "examples.rs"]
+        mod examples;
+        #[path = "retention.rs"]
+        mod retention;
+        #[path = "rollback.rs"]
+        mod rollback;
+        #[path = "rollback_property.rs"]
+        mod rollback_property;
+        #[path = "time_events.rs"]
+        mod time_events;
+    };
+}
+
+mod postgres;
+mod sqlite;
+
+// SQLite only: crashes of a process that owns the database file, and hooked SQLite stores.
 mod crash_kill;
 mod crash_kill_rollback;
 mod crash_kill_waits;
 mod crash_nth_write;
-mod engine_errors;
-mod examples;
 mod reliability;
-mod retention;
-mod rollback;
-mod rollback_property;
-mod time_events;

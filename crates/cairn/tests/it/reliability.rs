@@ -877,3 +877,37 @@ async fn a_rollback_ends_once_whichever_commit_after_it_fails() {
         engine.shutdown().await;
     }
 }
+
+// The database file (SQLite only).
+
+/// A second engine on a database another engine holds fails with its own code, not the
+/// generic `engine.config`.
+#[tokio::test]
+async fn a_database_in_use_has_its_own_code() {
+    let (_dir, path) = crate::support::temp_db();
+    let first = crate::support::builder_at(&path).start().await.unwrap();
+    let err = crate::support::builder_at(&path)
+        .sqlite_options(cairn::sqlite::Options::default().lock_timeout(Duration::from_millis(50)))
+        .start()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "store.in_use", "{err}");
+    assert!(err.to_string().contains("in use"), "{err}");
+    first.shutdown().await;
+}
+
+/// A configuration error keeps the error underneath as its `source()`.
+#[tokio::test]
+async fn a_config_error_keeps_its_source() {
+    let err = cairn::Engine::builder()
+        .sqlite("/nonexistent-dir-for-cairn/sub/cairn.db")
+        .start()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "engine.config");
+    let source = std::error::Error::source(&err).expect("the open error is kept");
+    assert!(
+        err.to_string().contains(&source.to_string()),
+        "{err} / {source}"
+    );
+}

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::{FnWorkflow, engine, wf};
+use super::support::{FnWorkflow, engine, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, Retention};
 use serde_json::{Value, json};
@@ -35,7 +35,7 @@ async fn finished_instances_are_kept_seven_days_by_default_then_purged() {
     bad.wait().await.unwrap();
     tokio::time::sleep(7 * DAY - Duration::from_secs(60)).await;
     assert_eq!(
-        crate::support::status_of(&ok).await,
+        super::support::status_of(&ok).await,
         InstanceStatus::Complete,
         "still retained"
     );
@@ -154,7 +154,7 @@ async fn terminated_instances_use_the_error_retention_and_running_ones_are_never
         "instance.not_found"
     );
     assert_eq!(
-        crate::support::status_of(&sleeping).await,
+        super::support::status_of(&sleeping).await,
         InstanceStatus::Waiting
     );
     engine.shutdown().await;
@@ -162,8 +162,8 @@ async fn terminated_instances_use_the_error_retention_and_running_ones_are_never
 
 #[tokio::test(start_paused = true)]
 async fn retention_for_an_unregistered_workflow_is_a_configuration_error() {
-    let (dir, path) = crate::support::temp_db();
-    let err = crate::support::builder_at(&path)
+    let (dir, path) = super::support::temp_db();
+    let err = super::support::builder_at(&path)
         .register(succeed_or_fail())
         .workflow_retention(
             "other",

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{FnWorkflow, Seen, engine, records, run_to_end, targets, until_status, wf};
+use super::support::{FnWorkflow, Seen, engine, records, run_to_end, targets, until_status, wf};
 use cairn::prelude::*;
 use cairn::{ErrorInfo, InstanceStatus, LogKind};
 use serde_json::{Value, json};
@@ -74,7 +74,7 @@ async fn r1_handlers_run_in_reverse_step_order() {
         ["step-3-1", "step-2-1", "step-1-1"]
     );
     assert!(records(&instance, LogKind::RollbackFailed).await.is_empty());
-    let kinds = crate::support::kinds(&instance).await;
+    let kinds = super::support::kinds(&instance).await;
     let start = kinds
         .iter()
         .position(|k| *k == LogKind::RollbackStart)
@@ -134,7 +134,7 @@ async fn r2_parallel_steps_roll_back_in_reverse_start_order() {
 
 #[tokio::test(start_paused = true)]
 async fn r3_the_rollback_config_is_used_and_logged() {
-    let attempts = crate::support::Counter::default();
+    let attempts = super::support::Counter::default();
     let a = attempts.clone();
     let (engine, _dir) = engine(move |b| {
         b.register(wf(move |_, step| {
@@ -348,7 +348,7 @@ async fn r8_r9_terminate_with_rollback_rebuilds_handlers_by_replay_and_runs_them
         ErrorInfo::new("Terminated", "Instance terminated during rollback")
     );
     assert_eq!(records(&instance, LogKind::RollbackComplete).await.len(), 1);
-    let kinds = crate::support::kinds(&instance).await;
+    let kinds = super::support::kinds(&instance).await;
     assert_eq!(
         kinds.last(),
         Some(&LogKind::WorkflowTerminated),
@@ -364,7 +364,7 @@ async fn r8_r9_terminate_with_rollback_rebuilds_handlers_by_replay_and_runs_them
 
 #[tokio::test(start_paused = true)]
 async fn r10_a_step_started_but_never_finished_is_rolled_back_after_a_restart() {
-    let (dir, path) = crate::support::temp_db();
+    let (dir, path) = super::support::temp_db();
     let calls = Calls::default();
     let blocked = |calls: Calls, gate: Arc<tokio::sync::Notify>| {
         wf(move |_, step| {
@@ -388,7 +388,7 @@ async fn r10_a_step_started_but_never_finished_is_rolled_back_after_a_restart() 
         })
     };
     let gate = Arc::new(tokio::sync::Notify::new());
-    let first = crate::support::builder_at(&path)
+    let first = super::support::builder_at(&path)
         .register(blocked(calls.clone(), gate.clone()))
         .start()
         .await
@@ -401,7 +401,7 @@ async fn r10_a_step_started_but_never_finished_is_rolled_back_after_a_restart() 
     gate.notified().await;
     first.shutdown().await; // the process dies mid-attempt
     let gate2 = Arc::new(tokio::sync::Notify::new());
-    let second = crate::support::builder_at(&path)
+    let second = super::support::builder_at(&path)
         .register(blocked(calls.clone(), gate2.clone()))
         .start()
         .await
@@ -425,9 +425,9 @@ async fn r10_a_step_started_but_never_finished_is_rolled_back_after_a_restart() 
 
 #[tokio::test(start_paused = true)]
 async fn r11_a_step_replay_no_longer_reaches_fails_its_rollback_as_missing() {
-    let (dir, path) = crate::support::temp_db();
+    let (dir, path) = super::support::temp_db();
     let calls = Calls::default();
-    let first = crate::support::builder_at(&path)
+    let first = super::support::builder_at(&path)
         .register(then_sleep(calls.clone(), "30 days"))
         .start()
         .await
@@ -451,7 +451,7 @@ async fn r11_a_step_replay_no_longer_reaches_fails_its_rollback_as_missing() {
             Ok(Value::Null)
         }
     });
-    let second = crate::support::builder_at(&path)
+    let second = super::support::builder_at(&path)
         .register(changed)
         .start()
         .await
@@ -581,7 +581,7 @@ async fn r15_no_rollback_activity_when_the_workflow_succeeds() {
     assert_eq!(status.output, Some(json!("fine")));
     assert_eq!(status.rollback, None);
     assert!(calls.all().is_empty());
-    let kinds = crate::support::kinds(&instance).await;
+    let kinds = super::support::kinds(&instance).await;
     assert!(
         !kinds.iter().any(|k| format!("{k}").starts_with("ROLLBACK")),
         "{kinds:?}"

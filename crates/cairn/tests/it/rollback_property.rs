@@ -3,7 +3,7 @@
 //! steps that started, in reverse start order. The seed is printed; rerun a failure with
 //! `CAIRN_TEST_SEED=<seed>`.
 
-use crate::support::{FnWorkflow, Rng, Seen, wf};
+use super::support::{FnWorkflow, Rng, Seen, wf};
 use cairn::InstanceStatus;
 use cairn::prelude::*;
 use serde_json::{Value, json};
@@ -85,10 +85,10 @@ fn interpreter(calls: Seen<String>) -> FnWorkflow {
 
 #[tokio::test(start_paused = true)]
 async fn handlers_run_for_exactly_the_started_steps_in_reverse_start_order() {
-    let seed = crate::support::test_seed("rollback property");
+    let seed = super::support::test_seed("rollback property");
     let mut rng = Rng(seed);
     let calls = Seen::<String>::default();
-    let (engine, _dir) = crate::support::engine(|b| b.register(interpreter(calls.clone()))).await;
+    let (engine, _dir) = super::support::engine(|b| b.register(interpreter(calls.clone()))).await;
     let client = engine.workflow::<FnWorkflow>();
     for case in 0..40 {
         let plan = random_plan(&mut rng);

@@ -9,13 +9,63 @@ use std::sync::{Arc, Mutex};
 use cairn::sqlite::{Durability, Options};
 use cairn::{Clock, Engine, EngineBuilder, Instance, LogKind, LogRecord, StepKey};
 
-/// A builder on a fresh database in `dir` with the virtual clock; durability NORMAL (a
-/// process crash loses nothing; only power loss could, which tests do not simulate).
-pub fn builder_at(path: &Path) -> EngineBuilder {
+/// The store the behaviour tests run on. The same test code runs on both (`sqlite.rs`,
+/// `postgres.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A builder with the virtual clock on the database `path` names: the file itself on
+/// SQLite (durability NORMAL: a process crash loses nothing; only power loss could, which
+/// tests do not simulate), a schema named after it on PostgreSQL, so a second engine built
+/// for the same path opens the same data. Without a PostgreSQL server
+/// (`CAIRN_TEST_PG_URL`), PostgreSQL tests run on SQLite, after a loud notice.
+pub fn builder_on(backend: Backend, path: &Path) -> EngineBuilder {
+    #[cfg(feature = "postgres")]
+    if backend == Backend::Postgres
+        && let Some(url) = cairn::postgres::test_url()
+    {
+        return Engine::builder()
+            .postgres_options(
+                cairn::postgres::Options::new(url)
+                    .schema(schema_for(path))
+                    .connections(4),
+            )
+            .clock(Clock::virtual_now());
+    }
+    #[cfg(not(feature = "postgres"))]
+    if backend == Backend::Postgres {
+        use std::io::Write as _;
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** SKIPPED: built without the postgres feature; postgres:: tests run on SQLite ***\n"
+            );
+        });
+    }
     Engine::builder()
         .sqlite(path)
         .sqlite_options(Options::default().durability(Durability::Normal))
         .clock(Clock::virtual_now())
+}
+
+/// A schema name for a test database path: the same path, the same schema.
+fn schema_for(path: &Path) -> String {
+    // FNV-1a: stable across runs and processes.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in path.to_string_lossy().bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("t_{hash:016x}")
+}
+
+/// [`builder_on`] SQLite.
+pub fn builder_at(path: &Path) -> EngineBuilder {
+    builder_on(Backend::Sqlite, path)
 }
 
 /// A temporary directory and the database path inside it.
@@ -25,13 +75,21 @@ pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
-/// A started engine with `register` applied, on a temporary database.
-pub async fn engine(
+/// A started engine with `register` applied, on a fresh database of `backend`.
+pub async fn engine_on(
+    backend: Backend,
     register: impl FnOnce(EngineBuilder) -> EngineBuilder,
 ) -> (Engine, tempfile::TempDir) {
     let (dir, path) = temp_db();
-    let engine = register(builder_at(&path)).start().await.unwrap();
+    let engine = register(builder_on(backend, &path)).start().await.unwrap();
     (engine, dir)
+}
+
+/// [`engine_on`] SQLite.
+pub async fn engine(
+    register: impl FnOnce(EngineBuilder) -> EngineBuilder,
+) -> (Engine, tempfile::TempDir) {
+    engine_on(Backend::Sqlite, register).await
 }
 
 /// The kinds of an instance's log records, in order.
@@ -379,6 +437,10 @@ impl Store for Hooked {
     ) -> StoreFuture<'_, Vec<Claimed>> {
         hooked!(self, "claim", self.inner.claim(owner, w, now, ttl, limit))
     }
+    fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
+        hooked!(self, "release_all", self.inner.release_all(owner))
+    }
+
     fn renew(
         &self,
         owner: &str,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::{FnWorkflow, engine, records, run_to_end, until_logged, until_status, wf};
+use super::support::{FnWorkflow, engine, records, run_to_end, until_logged, until_status, wf};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::{Value, json};
@@ -74,7 +74,7 @@ async fn invalid_sleeps_are_errors_quoting_the_input() {
 
 #[tokio::test(start_paused = true)]
 async fn sleep_until_wakes_at_its_target_and_replays_after_it_at_once() {
-    let (dir, path) = crate::support::temp_db();
+    let (dir, path) = super::support::temp_db();
     let target = std::time::SystemTime::now() + Duration::from_secs(7200);
     let make = move |stop: bool| {
         wf(move |_, step| async move {
@@ -85,7 +85,7 @@ async fn sleep_until_wakes_at_its_target_and_replays_after_it_at_once() {
             Ok(json!("launched"))
         })
     };
-    let first = crate::support::builder_at(&path)
+    let first = super::support::builder_at(&path)
         .register(make(true))
         .start()
         .await
@@ -106,7 +106,7 @@ async fn sleep_until_wakes_at_its_target_and_replays_after_it_at_once() {
     );
     first.shutdown().await;
     // A replay long after the target returns at once (keyed on the name, not the remaining time).
-    let second = crate::support::builder_at(&path)
+    let second = super::support::builder_at(&path)
         .register(make(false))
         .start()
         .await
@@ -123,14 +123,14 @@ async fn sleep_until_wakes_at_its_target_and_replays_after_it_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sleep_interrupted_by_a_restart_wakes_at_its_original_time() {
-    let (dir, path) = crate::support::temp_db();
+    let (dir, path) = super::support::temp_db();
     let workflow = || {
         wf(|_, step| async move {
             step.sleep("nap", "1 hour").await?;
             Ok(json!("awake"))
         })
     };
-    let first = crate::support::builder_at(&path)
+    let first = super::support::builder_at(&path)
         .register(workflow())
         .start()
         .await
@@ -144,7 +144,7 @@ async fn a_sleep_interrupted_by_a_restart_wakes_at_its_original_time() {
     let started = records(&instance, LogKind::SleepStart).await[0].entry.at;
     first.shutdown().await;
 
-    let second = crate::support::builder_at(&path)
+    let second = super::support::builder_at(&path)
         .register(workflow())
         .start()
         .await
@@ -544,7 +544,7 @@ async fn invalid_event_types_and_timeouts_fail_the_wait() {
 
 #[tokio::test(start_paused = true)]
 async fn an_event_buffered_before_a_restart_is_delivered_once() {
-    let (dir, path) = crate::support::temp_db();
+    let (dir, path) = super::support::temp_db();
     let workflow = || {
         wf(|_, step| async move {
             let first: StepEvent<u32> = step.wait_for_event("first", "t").await?;
@@ -555,7 +555,7 @@ async fn an_event_buffered_before_a_restart_is_delivered_once() {
             Ok(json!([first.payload, second.is_err()]))
         })
     };
-    let first = crate::support::builder_at(&path)
+    let first = super::support::builder_at(&path)
         .register(workflow())
         .start()
         .await
@@ -567,7 +567,7 @@ async fn an_event_buffered_before_a_restart_is_delivered_once() {
         .unwrap();
     instance.send_event("t", &7).await.unwrap();
     first.shutdown().await; // before or after delivery: either way once
-    let second = crate::support::builder_at(&path)
+    let second = super::support::builder_at(&path)
         .register(workflow())
         .start()
         .await
@@ -606,7 +606,7 @@ async fn f1_an_instance_stays_running_with_its_first_output_during_a_short_sleep
         .unwrap();
     until_logged(&instance, LogKind::SleepStart, 1).await;
     assert_eq!(
-        crate::support::status_of(&instance).await,
+        super::support::status_of(&instance).await,
         InstanceStatus::Running,
         "a 1 s sleep is not long enough to hibernate"
     );

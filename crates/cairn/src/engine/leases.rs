@@ -1,0 +1,69 @@
+//! Keeping leases: where several engines share a store (PostgreSQL), a claim holds an
+//! instance for a TTL only, and this task renews all of the engine's leases in one store
+//! call per tick (a third of the TTL). An engine that could not renew in time (the store
+//! unreachable, the process stalled or stopped) must assume another engine took its
+//! instances over: it stops every lifetime at once, before any of them starts another
+//! attempt. The store's fencing already refuses their writes; stopping them keeps their
+//! step bodies from running on beside the new owner's. A lease that ran out is never
+//! renewed back (see `Store::renew`): the instance is claimed again, by anyone.
+//!
+//! On SQLite (one engine per file) leases do not expire (`env::UNBOUNDED_LEASE`), and no
+//! task runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_store::Error as StoreError;
+
+use crate::engine::runtime::Runtime;
+use crate::lifetime::Abort;
+
+/// The default TTL where leases expire.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// Renews the engine's leases until `stop` (after the drain at shutdown).
+pub(crate) async fn keep(inner: Arc<Runtime>, mut stop: tokio::sync::oneshot::Receiver<()>) {
+    let ttl = inner.env.leases.ttl();
+    let tick = ttl / 3;
+    let clock = &inner.env.clock;
+    // Leases taken from now on are good until at least this plus the TTL.
+    let mut renewed = clock.now();
+    loop {
+        tokio::select! {
+            () = clock.sleep(tick) => {}
+            _ = &mut stop => break,
+        }
+        let now = clock.now();
+        if now >= renewed.saturating_add(ttl) {
+            stop_all(&inner, now.as_millis() - renewed.as_millis());
+        }
+        match inner
+            .env
+            .store
+            .renew(&inner.owner, now, now.saturating_add(ttl))
+            .await
+        {
+            Ok(()) => {
+                renewed = now;
+                inner.env.leases.renewed(now);
+            }
+            Err(e) => tracing::warn!(error = %e, "renewing leases failed; retrying"),
+        }
+    }
+}
+
+/// The leases may all be gone: stop every lifetime.
+fn stop_all(inner: &Runtime, late_ms: i64) {
+    let lifetimes = inner.live.all();
+    if lifetimes.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        lifetimes = lifetimes.len(),
+        late_ms,
+        "leases not renewed within their TTL; stopping every lifetime (another engine may own them now)"
+    );
+    for lifetime in lifetimes {
+        lifetime.abort(Abort::Store(StoreError::LeaseLost(lifetime.lease.instance)));
+    }
+}

@@ -1,0 +1,3 @@
+//! The behaviour tests on SQLite.
+
+on_backend!(crate::support::Backend::Sqlite);
