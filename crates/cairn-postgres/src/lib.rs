@@ -24,6 +24,7 @@
 
 mod db;
 mod history;
+mod notify;
 mod ops;
 mod reads;
 mod schema;
@@ -53,8 +54,12 @@ pub struct Options {
     /// The schema to keep Cairn's tables in (created if missing); `None` uses the
     /// connection's `search_path` (normally `public`).
     pub schema: Option<String>,
-    /// Connections at most: one for the writer, the rest for reads.
+    /// Connections at most: one for the writer, the rest for reads (the listener for
+    /// other engines' changes has one more of its own).
     pub connections: usize,
+    /// Tell other engines of this one's writes, and listen for theirs (`LISTEN/NOTIFY`),
+    /// so they react within milliseconds instead of at their next poll.
+    pub notify: bool,
 }
 
 impl Options {
@@ -64,12 +69,19 @@ impl Options {
             url: url.into(),
             schema: None,
             connections: 8,
+            notify: true,
         }
     }
 
     /// Keeps the tables in this schema (created if missing).
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = Some(schema.into());
+        self
+    }
+
+    /// Turns the notices to and from other engines on or off (on by default).
+    pub fn notify(mut self, on: bool) -> Self {
+        self.notify = on;
         self
     }
 
@@ -107,6 +119,10 @@ pub struct PostgresStore {
     pool: Pool,
     writer: Mutex<Option<mpsc::UnboundedSender<Job>>>,
     writer_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    listener: Option<(
+        tokio::sync::broadcast::Sender<cairn_store::Changes>,
+        tokio::task::JoinHandle<()>,
+    )>,
     stats: Arc<BatchStats>,
 }
 
@@ -163,6 +179,17 @@ impl PostgresStore {
             drop(client);
             let _ = task.await;
         }
+        let channel = format!("cairn_{}", options.schema.as_deref().unwrap_or("public"));
+        let origin = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            h.finish()
+        };
+        let listener = options
+            .notify
+            .then(|| notify::listen(config.clone(), channel.clone(), origin));
+        let notifier = notify::Notifier::new(options.notify.then_some(channel), origin);
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -195,11 +222,12 @@ impl PostgresStore {
             })?;
         }
         let stats = Arc::new(BatchStats::default());
-        let (tx, task) = writer::spawn(pool.clone(), Arc::clone(&stats));
+        let (tx, task) = writer::spawn(pool.clone(), notifier, Arc::clone(&stats));
         Ok(PostgresStore {
             pool,
             writer: Mutex::new(Some(tx)),
             writer_task: Mutex::new(Some(task)),
+            listener,
             stats,
         })
     }
@@ -433,6 +461,28 @@ impl Store for PostgresStore {
         Box::pin(async move { reads::next_purge(&self.reader().await?).await })
     }
 
+    fn changes(&self) -> Option<futures::stream::BoxStream<'static, cairn_store::Changes>> {
+        let (sender, _) = self.listener.as_ref()?;
+        let receiver = sender.subscribe();
+        Some(Box::pin(futures::stream::unfold(
+            receiver,
+            |mut rx| async move {
+                match rx.recv().await {
+                    Ok(changes) => Some((changes, rx)),
+                    // Notices were missed: anything may have changed.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some((
+                        cairn_store::Changes {
+                            claimable: true,
+                            instances: None,
+                        },
+                        rx,
+                    )),
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
+                }
+            },
+        )))
+    }
+
     fn close(&self) -> StoreFuture<'_, ()> {
         let writer = self.writer.lock().ok().and_then(|mut w| w.take());
         let task = self.writer_task.lock().ok().and_then(|mut t| t.take());
@@ -441,6 +491,9 @@ impl Store for PostgresStore {
             drop(writer);
             if let Some(task) = task {
                 let _ = task.await;
+            }
+            if let Some((_, listener)) = &self.listener {
+                listener.abort();
             }
             self.pool.close();
             Ok(())

@@ -13,8 +13,8 @@ use cairn_core::{
     EventType, InstanceStatus, LogEntry, LogKind, StepKey, StepRecord, StepState, Timestamp,
 };
 use cairn_store::{
-    Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRef, Lease, NewEvent,
-    NewInstance, Sent, StatusChange, StoredEvent, Write,
+    ChangeKind, Changed, Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRef,
+    Lease, NewEvent, NewInstance, Sent, StatusChange, StoredEvent, Write,
 };
 use deadpool_postgres::Transaction;
 use tokio_postgres::types::ToSql;
@@ -31,6 +31,25 @@ pub(crate) struct Batch<'c> {
     pub(crate) log: Pending,
     pub(crate) configs: &'c mut Configs,
     pub(crate) wrote: bool,
+    /// What other engines hear of at the commit (`notify.rs`).
+    pub(crate) changes: Vec<Changed>,
+    pub(crate) claimable: bool,
+}
+
+impl<'c> Batch<'c> {
+    pub(crate) fn new(configs: &'c mut Configs) -> Self {
+        Batch {
+            log: Pending::default(),
+            configs,
+            wrote: false,
+            changes: Vec::new(),
+            claimable: false,
+        }
+    }
+
+    fn changed(&mut self, instance: InstanceRef, kind: ChangeKind) {
+        self.changes.push(Changed { instance, kind });
+    }
 }
 
 /// Runs a writing statement.
@@ -97,6 +116,8 @@ pub(crate) async fn create(
             Some(row) => {
                 let instance = InstanceRef(row.get(0));
                 b.log.append(instance, &[&new.queued])?;
+                b.changed(instance, ChangeKind::Written);
+                b.claimable = true;
                 out.push(Created::New(instance));
             }
         }
@@ -170,6 +191,14 @@ pub(crate) async fn commit(
         apply(tx, b, instance, write).await?;
     }
     b.log.append(instance, &records)?;
+    b.changed(instance, ChangeKind::Written);
+    // A hibernation or a release makes the instance claimable (maybe by another engine).
+    b.claimable |= writes.iter().any(|w| {
+        matches!(
+            w,
+            Write::Hibernate { .. } | Write::Status(StatusChange { release: true, .. })
+        )
+    });
     status_of(tx, instance).await
 }
 
@@ -462,6 +491,7 @@ pub(crate) async fn release_all(tx: &Transaction<'_>, b: &mut Batch<'_>, owner: 
     )
     .await?;
     complete_pauses(tx, b, rows).await?;
+    b.claimable = true;
     exec(
         tx,
         b,
@@ -493,6 +523,7 @@ async fn complete_pauses(
         )
         .await?;
         b.wrote = true;
+        b.changed(InstanceRef(iid), ChangeKind::Controlled);
         let at: i64 = paused.first().map_or(0, |r| r.get(0));
         b.log.append(
             InstanceRef(iid),
@@ -586,6 +617,8 @@ pub(crate) async fn send_event(
         &[&iid],
     )
     .await?;
+    b.changed(InstanceRef(iid), ChangeKind::Written);
+    b.claimable = true;
     Ok(Sent::Buffered(InstanceRef(iid)))
 }
 
@@ -644,6 +677,7 @@ pub(crate) async fn take_event(
             meta: object,
         }],
     )?;
+    b.changed(lease.instance, ChangeKind::Written);
     Ok(Some(StoredEvent {
         event_type: event_type.clone(),
         payload,
@@ -709,6 +743,18 @@ pub(crate) async fn control(
     let params: String = row.get(4);
     let epoch = u64::try_from(row.get::<_, i64>(5)).map_err(corrupt)?;
     let instance = InstanceRef(iid);
+    // Other engines hear of it: a running lifetime there must stop, or read its status.
+    let (kind, claimable) = match request {
+        ControlRequest::Pause { .. } => (ChangeKind::Controlled, false),
+        ControlRequest::Resume { .. } => (ChangeKind::Controlled, true),
+        ControlRequest::Terminate { rollback, .. } => {
+            (ChangeKind::Stopped { epoch }, rollback.is_some())
+        }
+        ControlRequest::Restart { .. } => (ChangeKind::Stopped { epoch }, true),
+        ControlRequest::Delete => (ChangeKind::Stopped { epoch }, false),
+    };
+    b.changed(instance, kind);
+    b.claimable |= claimable;
     let done = |to| {
         Ok(ControlOutcome::Done {
             instance,

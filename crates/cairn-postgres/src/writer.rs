@@ -27,7 +27,8 @@ use deadpool_postgres::{Object, Pool, Transaction};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::db::{Failure, describe};
-use crate::history::{Configs, Pending};
+use crate::history::Configs;
+use crate::notify::Notifier;
 use crate::ops::{self, Batch};
 
 /// The most jobs one transaction takes.
@@ -146,23 +147,31 @@ async fn run(tx: &Transaction<'_>, b: &mut Batch<'_>, op: &Op) -> Result<Reply, 
 
 pub(crate) fn spawn(
     pool: Pool,
+    notify: Notifier,
     stats: Arc<BatchStats>,
 ) -> (mpsc::UnboundedSender<Job>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let handle = tokio::spawn(writer_loop(pool, stats, rx));
+    let handle = tokio::spawn(writer_loop(pool, notify, stats, rx));
     (tx, handle)
 }
 
 struct Writer {
     pool: Pool,
+    notify: Notifier,
     conn: Option<Object>,
     configs: Configs,
     stats: Arc<BatchStats>,
 }
 
-async fn writer_loop(pool: Pool, stats: Arc<BatchStats>, mut rx: mpsc::UnboundedReceiver<Job>) {
+async fn writer_loop(
+    pool: Pool,
+    notify: Notifier,
+    stats: Arc<BatchStats>,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+) {
     let mut w = Writer {
         pool,
+        notify,
         conn: None,
         configs: Configs::default(),
         stats,
@@ -235,30 +244,33 @@ impl Writer {
     /// Runs the jobs in one transaction; their answers, if it committed.
     async fn try_batch(&mut self, jobs: &[Job]) -> Result<Vec<Result<Reply>>, BatchFailed> {
         let mut configs = std::mem::take(&mut self.configs);
+        let notify = self.notify.clone();
         let out = async {
             let conn = self.conn().await.map_err(BatchFailed::Unknown)?;
             let tx = conn
                 .transaction()
                 .await
                 .map_err(|_| BatchFailed::RolledBack)?;
-            let mut b = Batch {
-                log: Pending::default(),
-                configs: &mut configs,
-                wrote: false,
-            };
+            let mut b = Batch::new(&mut configs);
             let mut replies = Vec::with_capacity(jobs.len());
             for job in jobs {
-                let mark = b.log.len();
+                let (mark, changes, claimable) = (b.log.len(), b.changes.len(), b.claimable);
                 b.wrote = false;
                 match run(&tx, &mut b, &job.op).await {
                     Ok(reply) => replies.push(Ok(reply)),
                     Err(Failure::Store(e)) if !b.wrote => {
                         b.log.truncate(mark);
+                        b.changes.truncate(changes);
+                        b.claimable = claimable;
                         replies.push(Err(e));
                     }
                     Err(_) => return Err(BatchFailed::RolledBack),
                 }
             }
+            notify
+                .send(&tx, &b)
+                .await
+                .map_err(|_| BatchFailed::RolledBack)?;
             let Batch {
                 mut log, configs, ..
             } = b;
@@ -314,17 +326,15 @@ impl Writer {
         op: &Op,
         configs: &mut Configs,
     ) -> Result<Reply, (Failure, bool)> {
+        let notify = self.notify.clone();
         let conn = self.conn().await.map_err(|e| (Failure::Store(e), false))?;
         let tx = conn
             .transaction()
             .await
             .map_err(|e| (Failure::Db(e), false))?;
-        let mut b = Batch {
-            log: Pending::default(),
-            configs,
-            wrote: false,
-        };
+        let mut b = Batch::new(configs);
         let reply = run(&tx, &mut b, op).await.map_err(|f| (f, false))?;
+        notify.send(&tx, &b).await.map_err(|f| (f, false))?;
         let Batch {
             mut log, configs, ..
         } = b;

@@ -33,6 +33,7 @@ use cairn_core::{
     RollbackTrigger, StepKey, StepRecord, Timestamp, WorkflowName,
 };
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -345,6 +346,40 @@ pub struct WorkflowLogPage {
     pub scanned_to: u64,
 }
 
+/// Writes another process made to a shared store, from [`Store::changes`]: a hint that
+/// arrives soon after their commit (or never: polling stays the fallback).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changes {
+    /// Something may have become claimable: created, woken, released, resumed.
+    pub claimable: bool,
+    /// The instances written; `None` when not known (then any may have changed).
+    pub instances: Option<Vec<Changed>>,
+}
+
+/// One instance in [`Changes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Changed {
+    /// The instance.
+    pub instance: InstanceRef,
+    /// What happened to it.
+    pub kind: ChangeKind,
+}
+
+/// What happened to a [`Changed`] instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Its lifetime committed, or an event was sent to it.
+    Written,
+    /// Terminated, restarted or deleted: a lifetime holding a lease of this epoch or older
+    /// must stop.
+    Stopped {
+        /// The epoch the transition fenced.
+        epoch: u64,
+    },
+    /// Paused or resumed: its lifetime should read its status.
+    Controlled,
+}
+
 /// Which instances [`Store::list`] returns, newest first.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ListQuery {
@@ -478,6 +513,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// When the next finished instance is due to be purged.
     fn next_purge(&self) -> StoreFuture<'_, Option<Timestamp>>;
+
+    /// Writes other processes make to this store, as they commit (a hint: see
+    /// [`Changes`]). `None` when no other process can write to it (SQLite).
+    fn changes(&self) -> Option<BoxStream<'static, Changes>> {
+        None
+    }
 
     /// Finishes queued work and releases the store's resources (threads, locks,
     /// connections). Later calls fail with [`Error::Unavailable`].

@@ -5,7 +5,7 @@
 //! stream that has read the whole log sleeps on its instance's or workflow's counter, so a
 //! commit wakes only the streams that can have something new, instead of every stream
 //! re-reading the store after every commit of any instance. Only this engine's own writes
-//! are seen; a view that must also follow other processes keeps a slow poll as its fallback.
+//! are seen here; other processes' writes to a shared store arrive as notices (`remote.rs`).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -118,6 +118,18 @@ impl Commits {
         }
     }
 
+    /// A write another process made: to `instance`, or to anything.
+    pub(crate) fn remote(&self, instance: Option<InstanceRef>) {
+        match instance {
+            Some(instance) => self.announce(Some(instance), None),
+            None => {
+                bump(&self.all);
+                self.instances.bump_all();
+                self.workflows.bump_all();
+            }
+        }
+    }
+
     /// A write under `lease`: its workflow is the one learnt when it was claimed.
     fn announce_leased(&self, instance: InstanceRef, released: bool) {
         let workflow = if released {
@@ -218,6 +230,10 @@ impl Store for Announcing {
             }
             Ok(())
         })
+    }
+
+    fn changes(&self) -> Option<futures::stream::BoxStream<'static, cairn_store::Changes>> {
+        self.store.changes()
     }
 
     fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {

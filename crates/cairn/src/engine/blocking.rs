@@ -73,6 +73,10 @@ impl Store for Blocking {
         })
     }
 
+    fn changes(&self) -> Option<futures::stream::BoxStream<'static, cairn_store::Changes>> {
+        self.0.changes()
+    }
+
     fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
         let owner = owner.to_owned();
         blocking(&self.0, move |s| {

@@ -34,6 +34,12 @@ pub(crate) async fn keep(inner: Arc<Runtime>, mut stop: tokio::sync::oneshot::Re
             _ = &mut stop => break,
         }
         let now = clock.now();
+        if inner.live.len() == 0 {
+            // Nothing runs here, so no lease is held: nothing to renew or to lose.
+            renewed = now;
+            inner.env.leases.renewed(now);
+            continue;
+        }
         if now >= renewed.saturating_add(ttl) {
             stop_all(&inner, now.as_millis() - renewed.as_millis());
         }

@@ -15,6 +15,7 @@ mod blocking;
 mod driver;
 pub(crate) mod leases;
 pub(crate) mod live;
+mod remote;
 pub(crate) mod runtime;
 mod scheduler;
 
@@ -396,6 +397,9 @@ impl EngineBuilder {
             scheduler: Mutex::new(None),
             _temp_dir: temp_dir,
         });
+        if let Some(changes) = inner.env.store.changes() {
+            tokio::spawn(remote::follow(Arc::clone(&inner), changes));
+        }
         let handle = tokio::spawn(scheduler::schedule(Arc::clone(&inner)));
         if let Ok(mut slot) = inner.scheduler.lock() {
             *slot = Some(handle);

@@ -9,6 +9,10 @@ use tokio::task::JoinSet;
 
 use crate::engine::runtime::Runtime;
 
+/// How often the scheduler looks for claimable instances, at least, where other engines
+/// share the store.
+const POLL: Duration = Duration::from_secs(1);
+
 /// Claims runnable instances while there are free slots and runs each in a driver task.
 pub(crate) async fn schedule(inner: Arc<Runtime>) {
     // Where leases expire, they are renewed until every lifetime has let go.
@@ -115,9 +119,20 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
                 None => std::future::pending().await,
             }
         };
+        // Where other engines share the store, their notices are hints: look again at
+        // least every POLL (not under a virtual clock, whose tests would crawl through
+        // months a second at a time; they get every notice).
+        let poll = async {
+            if inner.env.leases.expire() && !inner.env.clock.is_virtual() {
+                tokio::time::sleep(POLL).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             () = inner.wake.notified() => claim_now = true,
             () = timer => claim_now = true,
+            () = poll => claim_now = true,
             Some(_) = drivers.join_next(), if !drivers.is_empty() => {}
             _ = shutdown.changed() => {}
         }

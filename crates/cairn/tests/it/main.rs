@@ -60,3 +60,6 @@ mod crash_kill_rollback;
 mod crash_kill_waits;
 mod crash_nth_write;
 mod reliability;
+
+// PostgreSQL only: several engines on one database.
+mod shared_store;

@@ -1,0 +1,283 @@
+//! Several engines on one PostgreSQL database, in one process, on the real clock: what one
+//! engine does reaches the instances another runs within milliseconds (notices), not at
+//! the next poll (1 s). Without `CAIRN_TEST_PG_URL` these run nothing, after a loud notice.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::support::{Backend, FnWorkflow, builder_on, named, temp_db, wf};
+use cairn::prelude::*;
+use cairn::{Clock, Instance, InstanceStatus};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+/// Two engines' builders on one fresh schema, on the real clock; `None` without a server.
+fn two_builders() -> Option<(
+    cairn::EngineBuilder,
+    cairn::EngineBuilder,
+    tempfile::TempDir,
+)> {
+    #[cfg(feature = "postgres")]
+    {
+        cairn::postgres::test_url()?;
+        let (dir, path) = temp_db();
+        let builder = || {
+            builder_on(Backend::Postgres, &path)
+                .clock(Clock::system())
+                .lease_ttl(Duration::from_secs(2))
+        };
+        Some((builder(), builder(), dir))
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = (builder_on, temp_db, Backend::Postgres);
+        None
+    }
+}
+
+/// A workflow (`second`) whose only instance holds the engine's one slot until `release`.
+fn blocker(release: Arc<Semaphore>) -> FnWorkflow<1> {
+    named::<1, _, _>(move |_, step| {
+        let release = release.clone();
+        async move {
+            step.run("hold", |_| {
+                let release = release.clone();
+                async move {
+                    release.acquire().await.map_err(|e| e.to_string())?.forget();
+                    Ok(0)
+                }
+            })
+            .await?;
+            Ok(Value::Null)
+        }
+    })
+}
+
+/// Engine A with its one slot held by a blocker, so it can claim nothing else: whatever
+/// runs, runs on engine B.
+async fn busy(builder: cairn::EngineBuilder, release: Arc<Semaphore>) -> Engine {
+    let engine = builder
+        .register(blocker(release))
+        .max_running(1)
+        .start()
+        .await
+        .unwrap();
+    let held = engine
+        .workflow::<FnWorkflow<1>>()
+        .create(CreateOptions::new(json!({})).id("blocker"))
+        .await
+        .unwrap();
+    held.wait_for(|s| s.status == InstanceStatus::Running)
+        .await
+        .unwrap();
+    engine
+}
+
+async fn until(instance: &Instance<Value>, status: InstanceStatus, within: Duration) -> Duration {
+    let start = Instant::now();
+    let reached = tokio::time::timeout(within, instance.wait_for(|s| s.status == status)).await;
+    assert!(
+        reached.is_ok(),
+        "{status:?} not reached within {within:?}: {:?}",
+        instance.status().await.map(|s| s.status)
+    );
+    start.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_sent_through_one_engine_wakes_an_instance_hibernated_by_another() {
+    let Some((a, b, _dir)) = two_builders() else {
+        return;
+    };
+    let waiter = || {
+        wf(|_, step| async move {
+            let event: StepEvent<u32> = step.wait_for_event("go", "go").await?;
+            Ok(json!(event.payload))
+        })
+    };
+    let release = Arc::new(Semaphore::new(0));
+    let b = b.register(waiter()).start().await.unwrap();
+    let a = busy(a.register(waiter()), release.clone()).await;
+    let on_b = b
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("w"))
+        .await
+        .unwrap();
+    until(&on_b, InstanceStatus::Waiting, Duration::from_secs(10)).await;
+    let through_a = a.workflow::<FnWorkflow>().get("w").await.unwrap();
+    let start = Instant::now();
+    through_a.send_event("go", &7u32).await.unwrap();
+    // A's waiter sees it complete too: B's commits reach A's status waiters.
+    let done = tokio::time::timeout(Duration::from_secs(5), through_a.wait())
+        .await
+        .expect("completes")
+        .unwrap();
+    let took = start.elapsed();
+    assert_eq!(done.output, Some(json!(7)));
+    assert!(
+        took < Duration::from_millis(300),
+        "woken by the notice, not a poll (every 1 s): {took:?}"
+    );
+    release.add_permits(1);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_and_a_terminate_through_one_engine_reach_the_step_running_on_another() {
+    let Some((a, b, _dir)) = two_builders() else {
+        return;
+    };
+    let gate = Arc::new(Semaphore::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let gated = {
+        let (gate, dropped) = (gate.clone(), dropped.clone());
+        move || {
+            let (gate, dropped) = (gate.clone(), dropped.clone());
+            wf(move |_, step| {
+                let (gate, dropped) = (gate.clone(), dropped.clone());
+                async move {
+                    step.run("first", |_| {
+                        let gate = gate.clone();
+                        async move {
+                            gate.acquire().await.map_err(|e| e.to_string())?.forget();
+                            Ok(1)
+                        }
+                    })
+                    .await?;
+                    step.run("forever", |_| {
+                        let dropped = dropped.clone();
+                        async move {
+                            struct OnDrop(Arc<AtomicBool>);
+                            impl Drop for OnDrop {
+                                fn drop(&mut self) {
+                                    self.0.store(true, Ordering::SeqCst);
+                                }
+                            }
+                            let _guard = OnDrop(dropped);
+                            std::future::pending::<()>().await;
+                            Ok(0)
+                        }
+                    })
+                    .await?;
+                    Ok(Value::Null)
+                }
+            })
+        }
+    };
+    let release = Arc::new(Semaphore::new(0));
+    let b = b.register(gated()).start().await.unwrap();
+    let a = busy(a.register(gated()), release.clone()).await;
+    let on_b = b
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("g"))
+        .await
+        .unwrap();
+    until(&on_b, InstanceStatus::Running, Duration::from_secs(10)).await;
+    let through_a = a.workflow::<FnWorkflow>().get("g").await.unwrap();
+    // Pause through A while "first" runs on B: the step finishes, "forever" never starts.
+    through_a.pause().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.add_permits(1);
+    until(&through_a, InstanceStatus::Paused, Duration::from_secs(5)).await;
+    assert!(!dropped.load(Ordering::SeqCst));
+    let targets = crate::support::targets(&through_a, cairn::LogKind::StepStart).await;
+    assert!(
+        !targets.iter().any(|t| t.starts_with("forever")),
+        "no step started after the pause took effect: {targets:?}"
+    );
+    // Resume through A: B (the only engine with a free slot) runs "forever"; terminate
+    // through A stops it on B at once.
+    through_a.resume().await.unwrap();
+    let start = Instant::now();
+    while !crate::support::targets(&through_a, cairn::LogKind::StepStart)
+        .await
+        .iter()
+        .any(|t| t.starts_with("forever"))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "forever never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    through_a.terminate().await.unwrap();
+    let start = Instant::now();
+    while !dropped.load(Ordering::SeqCst) {
+        assert!(
+            start.elapsed() < Duration::from_millis(700),
+            "the step on B was not stopped by the notice"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        crate::support::status_of(&through_a).await,
+        InstanceStatus::Terminated
+    );
+    release.add_permits(1);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_shutting_down_hands_its_instances_to_another_at_once() {
+    let Some((a, b, _dir)) = two_builders() else {
+        return;
+    };
+    let gate = Arc::new(Semaphore::new(0));
+    let ran_on = crate::support::Seen::<&'static str>::default();
+    let stepper = |engine: &'static str| {
+        let (gate, ran_on) = (gate.clone(), ran_on.clone());
+        wf(move |_, step| {
+            let (gate, ran_on) = (gate.clone(), ran_on.clone());
+            async move {
+                // Interrupted on A at its drain deadline: B records that attempt and runs
+                // the next one after the (short) back-off.
+                step.run("wait", |_| {
+                    let gate = gate.clone();
+                    async move {
+                        gate.acquire().await.map_err(|e| e.to_string())?.forget();
+                        Ok(0)
+                    }
+                })
+                .retries(Retries::constant(3, Duration::from_millis(10)))
+                .await?;
+                step.run("where", |_| {
+                    ran_on.push(engine);
+                    async { Ok(0) }
+                })
+                .await?;
+                Ok(Value::Null)
+            }
+        })
+    };
+    let first = a
+        .register(stepper("a"))
+        .drain_timeout(Duration::from_millis(200))
+        .start()
+        .await
+        .unwrap();
+    let instance = first
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("h"))
+        .await
+        .unwrap();
+    until(&instance, InstanceStatus::Running, Duration::from_secs(10)).await;
+    let second = b.register(stepper("b")).start().await.unwrap();
+    // A drains (its step is stuck: dropped at the deadline) and releases its lease; B
+    // takes the instance at once, well before the 2 s TTL would have run out.
+    let drained = tokio::spawn(async move { first.shutdown().await });
+    drained.await.unwrap();
+    let start = Instant::now();
+    gate.add_permits(10);
+    let on_b = second.workflow::<FnWorkflow>().get("h").await.unwrap();
+    until(&on_b, InstanceStatus::Complete, Duration::from_secs(5)).await;
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(ran_on.all(), ["b"]);
+    second.shutdown().await;
+}
