@@ -170,8 +170,15 @@ impl PostgresStore {
                 .await
                 .map_err(|e| OpenError::new(format!("cannot connect: {}", db::describe(&e))))?;
             let task = tokio::spawn(connection);
+            // `IF NOT EXISTS` alone races between engines starting together (one of them
+            // fails on the catalog's unique index): serialise on an advisory lock.
             client
-                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                .batch_execute(&format!(
+                    "BEGIN;
+                     SELECT pg_advisory_xact_lock(hashtext('cairn_create_schema.{schema}'));
+                     CREATE SCHEMA IF NOT EXISTS {schema};
+                     COMMIT;"
+                ))
                 .await
                 .map_err(|e| {
                     OpenError::new(format!("create schema {schema}: {}", db::describe(&e)))
@@ -322,7 +329,12 @@ impl Store for PostgresStore {
         })
     }
 
-    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
+    fn renew(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> StoreFuture<'_, Vec<InstanceRef>> {
         let reply = self.write(Op::Renew {
             owner: owner.to_owned(),
             now,
@@ -330,7 +342,7 @@ impl Store for PostgresStore {
         });
         Box::pin(async move {
             match reply.await? {
-                Reply::Done => Ok(()),
+                Reply::Renewed(r) => Ok(r),
                 _ => Err(unexpected()),
             }
         })

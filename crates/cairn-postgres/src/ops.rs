@@ -544,15 +544,16 @@ pub(crate) async fn renew(
     owner: &str,
     now: Timestamp,
     until: Timestamp,
-) -> R<()> {
-    exec(
+) -> R<Vec<InstanceRef>> {
+    b.wrote = true;
+    let rows = query(
         tx,
-        b,
-        "UPDATE instances SET lease_until = $1 WHERE lease_owner = $2 AND lease_until >= $3",
+        "UPDATE instances SET lease_until = $1 WHERE lease_owner = $2 AND lease_until >= $3
+         RETURNING iid",
         &[&until.as_millis(), &owner, &now.as_millis()],
     )
     .await?;
-    Ok(())
+    Ok(rows.iter().map(|r| InstanceRef(r.get(0))).collect())
 }
 
 pub(crate) async fn send_event(

@@ -93,6 +93,7 @@ impl Op {
 pub(crate) enum Reply {
     Created(Vec<Created>),
     Claimed(Vec<Claimed>),
+    Renewed(Vec<cairn_store::InstanceRef>),
     Done,
     Status(InstanceStatus),
     Sent(Sent),
@@ -117,8 +118,7 @@ async fn run(tx: &Transaction<'_>, b: &mut Batch<'_>, op: &Op) -> Result<Reply, 
             limit,
         } => Reply::Claimed(ops::claim(tx, b, owner, workflows, *now, *ttl, *limit).await?),
         Op::Renew { owner, now, until } => {
-            ops::renew(tx, b, owner, *now, *until).await?;
-            Reply::Done
+            Reply::Renewed(ops::renew(tx, b, owner, *now, *until).await?)
         }
         Op::ReleaseAll { owner } => {
             ops::release_all(tx, b, owner).await?;

@@ -485,15 +485,25 @@ impl Store for SqliteStore {
         self.write(move |conn| rows::claim(conn, &owner, &workflows, now, ttl, limit))
     }
 
-    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
+    fn renew(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> StoreFuture<'_, Vec<InstanceRef>> {
         let owner = owner.to_owned();
         self.write(move |conn| {
             conn.prepare_cached(
-                "UPDATE instances SET lease_until = ?1 WHERE lease_owner = ?2 AND lease_until >= ?3",
+                "UPDATE instances SET lease_until = ?1 WHERE lease_owner = ?2 AND lease_until >= ?3
+                 RETURNING iid",
             )
-            .and_then(|mut st| st.execute(params![until.as_millis(), owner, now.as_millis()]))
-                .map_err(map_sqlite)?;
-            Ok(())
+            .and_then(|mut st| {
+                st.query_map(params![until.as_millis(), owner, now.as_millis()], |r| {
+                    r.get(0).map(InstanceRef)
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(map_sqlite)
         })
     }
 

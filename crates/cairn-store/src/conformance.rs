@@ -202,15 +202,16 @@ pub async fn stale_lease_is_fenced(store: Arc<dyn Store>) {
 }
 
 pub async fn renew_keeps_a_lease(store: Arc<dyn Store>) {
-    create_one(&*store, "wf", "a").await;
+    let a = create_one(&*store, "wf", "a").await;
     store
         .claim("owner-1", &[wf("wf")], T0, TTL, 1)
         .await
         .unwrap();
-    store
+    let renewed = store
         .renew("owner-1", T0, T0.saturating_add(TTL * 10))
         .await
         .unwrap();
+    assert_eq!(renewed, [a], "the renewed leases are reported");
     let later = T0.saturating_add(TTL * 2);
     assert!(
         store
@@ -231,10 +232,14 @@ pub async fn an_expired_lease_is_not_renewed_and_is_claimed(store: Arc<dyn Store
         .unwrap()[0]
         .lease;
     let late = T0.saturating_add(TTL * 2);
-    store
+    let renewed = store
         .renew("owner-1", late, late.saturating_add(TTL))
         .await
         .unwrap();
+    assert!(
+        renewed.is_empty(),
+        "the lost lease is reported as not renewed"
+    );
     let taken = store
         .claim("owner-2", &[wf("wf")], late, TTL, 1)
         .await

@@ -430,7 +430,14 @@ pub trait Store: Send + Sync + 'static {
     /// that ran out is lost even if no one claimed the instance since: its owner stopped
     /// that lifetime (it could not know whether another engine took over), so renewing it
     /// would keep the instance from everyone.
-    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()>;
+    /// Returns the instances whose lease was renewed: a lifetime whose instance is not
+    /// among them lost its lease.
+    fn renew(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> StoreFuture<'_, Vec<InstanceRef>>;
 
     /// Gives up every lease `owner` holds: an engine shutting down, after its drain. Its
     /// runnable instances become claimable at once (ahead of new ones) by any engine, and a

@@ -236,7 +236,12 @@ impl Store for Announcing {
         self.store.changes()
     }
 
-    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
+    fn renew(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> StoreFuture<'_, Vec<InstanceRef>> {
         self.store.renew(owner, now, until)
     }
 

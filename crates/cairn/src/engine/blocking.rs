@@ -84,7 +84,12 @@ impl Store for Blocking {
         })
     }
 
-    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
+    fn renew(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> StoreFuture<'_, Vec<InstanceRef>> {
         let owner = owner.to_owned();
         blocking(&self.0, move |s| {
             Box::pin(async move { s.renew(&owner, now, until).await })

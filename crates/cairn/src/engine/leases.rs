@@ -13,7 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_store::Error as StoreError;
+use cairn_core::Timestamp;
+use cairn_store::{Error as StoreError, InstanceRef};
 
 use crate::engine::runtime::Runtime;
 use crate::lifetime::Abort;
@@ -49,11 +50,27 @@ pub(crate) async fn keep(inner: Arc<Runtime>, mut stop: tokio::sync::oneshot::Re
             .renew(&inner.owner, now, now.saturating_add(ttl))
             .await
         {
-            Ok(()) => {
+            Ok(kept) => {
                 renewed = now;
                 inner.env.leases.renewed(now);
+                stop_lost(&inner, now, &kept);
             }
             Err(e) => tracing::warn!(error = %e, "renewing leases failed; retrying"),
+        }
+    }
+}
+
+/// Lifetimes claimed before the renewal whose lease was not renewed lost it (it ran out
+/// first, and maybe another engine has the instance now): stop them.
+fn stop_lost(inner: &Runtime, at: Timestamp, kept: &[InstanceRef]) {
+    let kept: std::collections::HashSet<InstanceRef> = kept.iter().copied().collect();
+    for lifetime in inner.live.all() {
+        if lifetime.claimed_at() < at && !kept.contains(&lifetime.lease.instance) {
+            tracing::warn!(
+                instance = %lifetime.instance_id,
+                "lease ran out before it was renewed; stopping this run (another engine may own it)"
+            );
+            lifetime.abort(Abort::Store(StoreError::LeaseLost(lifetime.lease.instance)));
         }
     }
 }

@@ -376,6 +376,11 @@ impl Lifetime {
         self.env.store.commit(self.lease, writes).await
     }
 
+    /// When the lease was taken (about).
+    pub(crate) fn claimed_at(&self) -> Timestamp {
+        self.claimed_at
+    }
+
     /// Whether the lease still holds. Past it, another engine may own the instance (and not
     /// have written yet, so the epoch would not fence a write off): write nothing.
     fn holds_lease(&self) -> bool {

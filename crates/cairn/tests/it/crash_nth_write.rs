@@ -86,7 +86,12 @@ impl Store for FailingStore {
         self.inner.release_all(owner)
     }
 
-    fn renew(&self, owner: &str, now: Timestamp, until: Timestamp) -> StoreFuture<'_, ()> {
+    fn renew(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> StoreFuture<'_, Vec<InstanceRef>> {
         self.inner.renew(owner, now, until)
     }
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {

@@ -61,5 +61,6 @@ mod crash_kill_waits;
 mod crash_nth_write;
 mod reliability;
 
-// PostgreSQL only: several engines on one database.
+// PostgreSQL only: several engines on one database, in one process and in several.
+mod crash_postgres;
 mod shared_store;

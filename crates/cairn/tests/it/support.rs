@@ -53,7 +53,7 @@ pub fn builder_on(backend: Backend, path: &Path) -> EngineBuilder {
 }
 
 /// A schema name for a test database path: the same path, the same schema.
-fn schema_for(path: &Path) -> String {
+pub fn schema_for(path: &Path) -> String {
     // FNV-1a: stable across runs and processes.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in path.to_string_lossy().bytes() {
@@ -356,10 +356,13 @@ pub async fn create_numbered<W: cairn::Workflow<Params = Value>>(
     client: &cairn::WorkflowClient<W>,
     n: usize,
 ) {
-    let batch = (0..n)
-        .map(|i| cairn::CreateOptions::new(serde_json::json!({})).id(format!("i{i}")))
-        .collect();
-    client.create_batch(batch).await.unwrap();
+    // Batches of at most 100, the API's limit.
+    for start in (0..n).step_by(100) {
+        let batch = (start..n.min(start + 100))
+            .map(|i| cairn::CreateOptions::new(serde_json::json!({})).id(format!("i{i}")))
+            .collect();
+        client.create_batch(batch).await.unwrap();
+    }
 }
 
 /// Waits until instances `i0`..`i{n-1}` of `W` have finished.
@@ -446,7 +449,7 @@ impl Store for Hooked {
         owner: &str,
         now: cairn::Timestamp,
         until: cairn::Timestamp,
-    ) -> StoreFuture<'_, ()> {
+    ) -> StoreFuture<'_, Vec<cairn::store::InstanceRef>> {
         hooked!(self, "renew", self.inner.renew(owner, now, until))
     }
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::StepRecord>> {

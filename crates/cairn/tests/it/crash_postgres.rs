@@ -1,0 +1,387 @@
+//! Crashes and stalls of whole engine processes sharing one PostgreSQL database.
+//!
+//! - Three engine processes run 500 instances mixing steps, a retry, sleeps (some long
+//!   enough to hibernate), an event wait and rollbacks; a random engine is SIGKILLed and
+//!   restarted 20 times at seeded moments. Every instance ends once, with the outcome of a
+//!   fault-free run; no step is committed twice, no attempt number runs twice, every event
+//!   is delivered once and every compensation recorded once.
+//! - An engine SIGSTOPped inside a step for longer than its lease loses the instance to
+//!   another engine, which finishes it; woken up, the first writes nothing.
+//!
+//! The engines are this test binary run again with `CAIRN_CRASH_CHILD` (their directory;
+//! the schema is named after it) and `CAIRN_PG_CHILD` (what to do). Without
+//! `CAIRN_TEST_PG_URL` these tests do nothing, after a loud notice.
+
+#![cfg(feature = "postgres")]
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::{Backend, FnWorkflow, Rng, builder_on, wf};
+use cairn::prelude::*;
+use cairn::store::{ListQuery, NewEvent, Sent, Store};
+use cairn::{Clock, InstanceStatus, LogKind, WorkflowName};
+use serde_json::json;
+
+const INSTANCES: usize = 500;
+const ENGINES: usize = 3;
+const KILLS: usize = 20;
+/// Short, so killed engines' instances move on soon; long enough that a busy engine on these two
+/// shared cores renews in time.
+const LEASE: Duration = Duration::from_secs(3);
+
+/// What an instance `i{n}` returns when nothing fails.
+fn expected_output(n: u64) -> u64 {
+    n + 1 + 7 * n + 2
+}
+
+fn effect(dir: &Path, line: &str) {
+    crate::support::append_line(&dir.join("effects.txt"), line);
+}
+
+/// The mixed workflow; every body and compensation appends `id step attempt pid`.
+fn mixed(dir: PathBuf) -> FnWorkflow {
+    wf(move |event, step| {
+        let dir = dir.clone();
+        async move {
+            let id = event.instance_id.to_string();
+            let n: u64 = id[1..]
+                .parse()
+                .map_err(|e: std::num::ParseIntError| e.to_string())?;
+            let body = |name: &'static str, value: u64, fail_first: bool| {
+                let (dir, id) = (dir.clone(), id.clone());
+                move |ctx: cairn::StepContext| {
+                    effect(
+                        &dir,
+                        &format!("{id} {name} {} {}", ctx.attempt, std::process::id()),
+                    );
+                    async move {
+                        // Widen the window in which a kill lands mid-attempt.
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        if fail_first && ctx.attempt == 1 {
+                            Err(cairn::StepError::from("first attempts fail"))
+                        } else {
+                            Ok(value)
+                        }
+                    }
+                }
+            };
+            let a: u64 = step.run("a", body("a", n, false)).await?;
+            let b: u64 = step
+                .run("flaky", body("flaky", 1, true))
+                .retries(Retries::constant(3, Duration::from_millis(20)))
+                .await?;
+            // Every fifth sleeps long enough to hibernate (and be claimed again, anywhere).
+            let nap = if n % 5 == 0 { 1_200 } else { 20 };
+            step.sleep("nap", Duration::from_millis(nap)).await?;
+            let go: StepEvent<u64> = step.wait_for_event("go", "go").await?;
+            let undo = {
+                let (dir, id) = (dir.clone(), id.clone());
+                move |rb: Rollback<u64>| {
+                    let (dir, id) = (dir.clone(), id.clone());
+                    async move {
+                        // A compensation interrupted by a kill runs again (at least once);
+                        // its record is what must be there once.
+                        let _ = rb;
+                        effect(&dir, &format!("{id} undo_c - {}", std::process::id()));
+                        Ok(())
+                    }
+                }
+            };
+            let c: u64 = step.run("c", body("c", 2, false)).rollback(undo).await?;
+            if n % 10 == 0 {
+                return Err("boom".into());
+            }
+            Ok(json!(a + b + go.payload + c))
+        }
+    })
+}
+
+fn child_dir() -> Option<PathBuf> {
+    crate::support::crash_child_dir().filter(|_| std::env::var_os("CAIRN_PG_CHILD").is_some())
+}
+
+fn builder(dir: &Path) -> cairn::EngineBuilder {
+    builder_on(Backend::Postgres, &dir.join("cairn.db"))
+        .clock(Clock::system())
+        .lease_ttl(LEASE)
+}
+
+/// A child engine of the kill test: creates the instances (idempotently) and runs until
+/// every one has finished.
+#[test]
+fn pg_kill_child_entry() {
+    let Some(dir) = child_dir() else { return };
+    if std::env::var("CAIRN_PG_CHILD").as_deref() != Ok("kill") {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // Few slots: the run lasts long enough for every kill to land mid-work.
+        let engine = builder(&dir)
+            .register(mixed(dir.clone()))
+            .max_running(40)
+            .start()
+            .await
+            .unwrap();
+        let client = engine.workflow::<FnWorkflow>();
+        crate::support::create_numbered(&client, INSTANCES).await;
+        let untyped = client.untyped();
+        loop {
+            let mut done = 0;
+            for status in [
+                InstanceStatus::Complete,
+                InstanceStatus::Errored,
+                InstanceStatus::Terminated,
+            ] {
+                done += untyped.count(status).await.unwrap();
+            }
+            if done as usize >= INSTANCES {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        engine.shutdown().await;
+    });
+}
+
+/// The engine processes; killed if the test ends early (a panic), so none outlives it.
+struct Engines(Vec<Child>);
+
+impl Drop for Engines {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn_child(dir: &Path, test: &str, role: &str) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--test-threads=1"])
+        .env("CAIRN_CRASH_CHILD", dir)
+        .env("CAIRN_PG_CHILD", role)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// The store the children share, opened directly (no engine: nothing runs here).
+async fn raw_store(dir: &Path) -> Arc<dyn Store> {
+    let url = cairn::postgres::test_url().unwrap();
+    let schema = crate::support::schema_for(&dir.join("cairn.db"));
+    Arc::new(
+        cairn::postgres::PostgresStore::open(cairn::postgres::Options::new(url).schema(schema))
+            .await
+            .unwrap(),
+    )
+}
+
+async fn all_instances(store: &dyn Store) -> Vec<cairn::store::InstanceRecord> {
+    let mut out = Vec::new();
+    let mut before = None;
+    loop {
+        let page = store
+            .list(ListQuery {
+                workflow: Some(WorkflowName::new("test").unwrap()),
+                status: None,
+                before,
+                limit: 1000,
+            })
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        before = Some(last.instance);
+        out.extend(page);
+    }
+    out
+}
+
+#[test]
+fn pg_engines_killed_at_random_lose_nothing_and_repeat_nothing() {
+    if crate::support::crash_child_dir().is_some() || cairn::postgres::test_url().is_none() {
+        return;
+    }
+    let seed = crate::support::test_seed("pg_engines_killed_at_random");
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let test = "crash_postgres::pg_kill_child_entry";
+    let mut engines = Engines(
+        (0..ENGINES)
+            .map(|_| spawn_child(dir.path(), test, "kill"))
+            .collect(),
+    );
+    let children = &mut engines.0;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(raw_store(dir.path()));
+    // The events, each sent twice with one key (a retried send): delivered once.
+    rt.block_on(async {
+        let workflow = WorkflowName::new("test").unwrap();
+        let mut sent = HashSet::new();
+        let start = Instant::now();
+        while sent.len() < INSTANCES {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "instances never created"
+            );
+            for n in 0..INSTANCES {
+                if sent.contains(&n) {
+                    continue;
+                }
+                let id = cairn::InstanceId::new(format!("i{n}")).unwrap();
+                for _ in 0..2 {
+                    let event = NewEvent {
+                        event_type: cairn::EventType::new("go").unwrap(),
+                        payload: (7 * n as u64).to_string(),
+                        at: cairn::Timestamp::from_system_time(std::time::SystemTime::now()),
+                        idempotency_key: Some(format!("go-{n}")),
+                    };
+                    match store.send_event(&workflow, &id, event).await {
+                        Ok(Sent::Buffered(_) | Sent::Duplicate(_)) => {
+                            sent.insert(n);
+                        }
+                        Ok(Sent::NotFound) => break,
+                        other => panic!("send to i{n}: {other:?}"),
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    // Kill a random engine at seeded moments, and start it again.
+    let mut kills = 0;
+    while kills < KILLS {
+        std::thread::sleep(Duration::from_millis(rng.between(30, 300)));
+        let victim = rng.below(ENGINES as u64) as usize;
+        if let Some(status) = children[victim].try_wait().unwrap() {
+            assert!(status.success(), "engine {victim} failed: {status}");
+            break; // everything finished before all kills landed
+        }
+        children[victim].kill().unwrap(); // SIGKILL
+        children[victim].wait().unwrap();
+        children[victim] = spawn_child(dir.path(), test, "kill");
+        kills += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (i, child) in children.iter_mut().enumerate() {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "engine {i} failed: {status}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the engines did not finish");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    eprintln!("killed an engine {kills} times");
+    assert!(
+        kills >= KILLS / 2,
+        "only {kills} kills landed: the run was too short"
+    );
+    rt.block_on(verify_kill_run(&*store, dir.path()));
+}
+
+async fn verify_kill_run(store: &dyn Store, dir: &Path) {
+    let instances = all_instances(store).await;
+    assert_eq!(instances.len(), INSTANCES);
+    let mut problems = Vec::new();
+    for record in &instances {
+        let id = record.id.to_string();
+        let n: u64 = id[1..].parse().unwrap();
+        if n % 10 == 0 {
+            if record.status != InstanceStatus::Errored {
+                problems.push(format!("{id}: {:?}, expected errored", record.status));
+            }
+        }
+        let log = store.log(record.instance, 0, 10_000).await.unwrap();
+        if n % 10 != 0
+            && (record.status != InstanceStatus::Complete
+                || record.output.as_deref() != Some(expected_output(n).to_string().as_str()))
+        {
+            let trail: Vec<String> = log
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} {} {}",
+                        r.entry.kind.as_str(),
+                        r.entry
+                            .step
+                            .as_ref()
+                            .map(|k| k.target())
+                            .unwrap_or_default(),
+                        r.entry.meta
+                    )
+                })
+                .collect();
+            problems.push(format!(
+                "{id}: {:?} {:?} {:?}\n  {}",
+                record.status,
+                record.output,
+                record.error,
+                trail.join("\n  ")
+            ));
+        }
+        let mut successes: HashMap<String, usize> = HashMap::new();
+        let mut attempts: HashSet<(String, u64)> = HashSet::new();
+        let mut waits = 0;
+        let mut compensations = 0;
+        let mut ends = 0;
+        for r in &log {
+            let target = r
+                .entry
+                .step
+                .as_ref()
+                .map(|k| k.target())
+                .unwrap_or_default();
+            match r.entry.kind {
+                LogKind::StepSuccess => *successes.entry(target).or_default() += 1,
+                LogKind::AttemptStart => {
+                    let attempt = r.entry.meta["attempt"].as_u64().unwrap_or(0);
+                    if !attempts.insert((target.clone(), attempt)) {
+                        problems.push(format!("{id}: attempt {attempt} of {target} started twice"));
+                    }
+                }
+                LogKind::WaitComplete => waits += 1,
+                LogKind::RollbackStepSuccess => compensations += 1,
+                LogKind::WorkflowSuccess | LogKind::WorkflowFailure => ends += 1,
+                _ => {}
+            }
+        }
+        for (target, count) in &successes {
+            if *count != 1 {
+                problems.push(format!("{id}: {target} succeeded {count} times"));
+            }
+        }
+        if waits != 1 {
+            problems.push(format!("{id}: {waits} events delivered"));
+        }
+        if ends != 1 {
+            problems.push(format!("{id}: ended {ends} times"));
+        }
+        let expected_compensations = usize::from(n % 10 == 0);
+        if compensations != expected_compensations {
+            problems.push(format!("{id}: {compensations} compensations recorded"));
+        }
+    }
+    // No attempt number ran twice: each (instance, step, attempt) in the effects once.
+    let effects = std::fs::read_to_string(dir.join("effects.txt")).unwrap();
+    let mut seen = HashSet::new();
+    for line in effects.lines().filter(|l| !l.contains(" undo_c ")) {
+        let mut parts = line.split(' ');
+        let key: Vec<&str> = parts.by_ref().take(3).collect();
+        if !seen.insert(key.clone()) {
+            problems.push(format!("attempt ran twice: {line}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{} problems:\n{}",
+        problems.len(),
+        problems[..problems.len().min(40)].join("\n")
+    );
+}
