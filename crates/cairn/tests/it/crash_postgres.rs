@@ -75,7 +75,7 @@ fn mixed(dir: PathBuf) -> FnWorkflow {
                 .retries(Retries::constant(3, Duration::from_millis(20)))
                 .await?;
             // Every fifth sleeps long enough to hibernate (and be claimed again, anywhere).
-            let nap = if n % 5 == 0 { 1_200 } else { 20 };
+            let nap = if n.is_multiple_of(5) { 1_200 } else { 20 };
             step.sleep("nap", Duration::from_millis(nap)).await?;
             let go: StepEvent<u64> = step.wait_for_event("go", "go").await?;
             let undo = {
@@ -92,7 +92,7 @@ fn mixed(dir: PathBuf) -> FnWorkflow {
                 }
             };
             let c: u64 = step.run("c", body("c", 2, false)).rollback(undo).await?;
-            if n % 10 == 0 {
+            if n.is_multiple_of(10) {
                 return Err("boom".into());
             }
             Ok(json!(a + b + go.payload + c))
@@ -293,13 +293,11 @@ async fn verify_kill_run(store: &dyn Store, dir: &Path) {
     for record in &instances {
         let id = record.id.to_string();
         let n: u64 = id[1..].parse().unwrap();
-        if n % 10 == 0 {
-            if record.status != InstanceStatus::Errored {
-                problems.push(format!("{id}: {:?}, expected errored", record.status));
-            }
+        if n.is_multiple_of(10) && record.status != InstanceStatus::Errored {
+            problems.push(format!("{id}: {:?}, expected errored", record.status));
         }
         let log = store.log(record.instance, 0, 10_000).await.unwrap();
-        if n % 10 != 0
+        if !n.is_multiple_of(10)
             && (record.status != InstanceStatus::Complete
                 || record.output.as_deref() != Some(expected_output(n).to_string().as_str()))
         {
@@ -363,7 +361,7 @@ async fn verify_kill_run(store: &dyn Store, dir: &Path) {
         if ends != 1 {
             problems.push(format!("{id}: ended {ends} times"));
         }
-        let expected_compensations = usize::from(n % 10 == 0);
+        let expected_compensations = usize::from(n.is_multiple_of(10));
         if compensations != expected_compensations {
             problems.push(format!("{id}: {compensations} compensations recorded"));
         }
