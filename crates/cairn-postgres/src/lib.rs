@@ -163,7 +163,11 @@ impl PostgresStore {
             config.options(format!("-c search_path={schema}"));
         }
         config.connect_timeout(Duration::from_secs(10));
-        config.application_name("cairn");
+        // Operators see which engines (and which schema) a connection serves.
+        match &options.schema {
+            Some(schema) => config.application_name(format!("cairn:{schema}")),
+            None => config.application_name("cairn"),
+        };
         if let Some(schema) = &options.schema {
             let (client, connection) = config
                 .connect(NoTls)

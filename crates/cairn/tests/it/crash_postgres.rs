@@ -118,6 +118,10 @@ fn pg_kill_child_entry() {
     if std::env::var("CAIRN_PG_CHILD").as_deref() != Ok("kill") {
         return;
     }
+    let instances: usize = std::env::var("CAIRN_PG_INSTANCES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(INSTANCES);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         // Few slots: the run lasts long enough for every kill to land mid-work.
@@ -128,7 +132,16 @@ fn pg_kill_child_entry() {
             .await
             .unwrap();
         let client = engine.workflow::<FnWorkflow>();
-        crate::support::create_numbered(&client, INSTANCES).await;
+        // The calls of this test client retry while the connections are being cut (the
+        // engine itself needs no help).
+        for start in (0..instances).step_by(100) {
+            let batch: Vec<_> = (start..instances.min(start + 100))
+                .map(|i| CreateOptions::new(json!({})).id(format!("i{i}")))
+                .collect();
+            while client.create_batch(batch.clone()).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         let untyped = client.untyped();
         loop {
             let mut done = 0;
@@ -137,9 +150,9 @@ fn pg_kill_child_entry() {
                 InstanceStatus::Errored,
                 InstanceStatus::Terminated,
             ] {
-                done += untyped.count(status).await.unwrap();
+                done += untyped.count(status).await.unwrap_or(0);
             }
-            if done as usize >= INSTANCES {
+            if done as usize >= instances {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -161,10 +174,15 @@ impl Drop for Engines {
 }
 
 fn spawn_child(dir: &Path, test: &str, role: &str) -> Child {
+    spawn_child_with(dir, test, role, INSTANCES)
+}
+
+fn spawn_child_with(dir: &Path, test: &str, role: &str, instances: usize) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--test-threads=1"])
         .env("CAIRN_CRASH_CHILD", dir)
         .env("CAIRN_PG_CHILD", role)
+        .env("CAIRN_PG_INSTANCES", instances.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -180,6 +198,44 @@ async fn raw_store(dir: &Path) -> Arc<dyn Store> {
             .await
             .unwrap(),
     )
+}
+
+/// The events, each sent twice with one key (a retried send): delivered once. Sent as the
+/// instances appear.
+async fn send_events(store: &dyn Store, instances: usize) {
+    let workflow = WorkflowName::new("test").unwrap();
+    let mut sent = HashSet::new();
+    let start = Instant::now();
+    while sent.len() < instances {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "instances never created"
+        );
+        for n in 0..instances {
+            if sent.contains(&n) {
+                continue;
+            }
+            let id = cairn::InstanceId::new(format!("i{n}")).unwrap();
+            for _ in 0..2 {
+                let event = NewEvent {
+                    event_type: cairn::EventType::new("go").unwrap(),
+                    payload: (7 * n as u64).to_string(),
+                    at: cairn::Timestamp::from_system_time(std::time::SystemTime::now()),
+                    idempotency_key: Some(format!("go-{n}")),
+                };
+                match store.send_event(&workflow, &id, event).await {
+                    Ok(Sent::Buffered(_) | Sent::Duplicate(_)) => {
+                        sent.insert(n);
+                    }
+                    Ok(Sent::NotFound) => break,
+                    // The server may be cutting connections: try again.
+                    Err(cairn::store::Error::Unavailable(_)) => break,
+                    other => panic!("send to i{n}: {other:?}"),
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn all_instances(store: &dyn Store) -> Vec<cairn::store::InstanceRecord> {
@@ -219,40 +275,7 @@ fn pg_engines_killed_at_random_lose_nothing_and_repeat_nothing() {
     let children = &mut engines.0;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let store = rt.block_on(raw_store(dir.path()));
-    // The events, each sent twice with one key (a retried send): delivered once.
-    rt.block_on(async {
-        let workflow = WorkflowName::new("test").unwrap();
-        let mut sent = HashSet::new();
-        let start = Instant::now();
-        while sent.len() < INSTANCES {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "instances never created"
-            );
-            for n in 0..INSTANCES {
-                if sent.contains(&n) {
-                    continue;
-                }
-                let id = cairn::InstanceId::new(format!("i{n}")).unwrap();
-                for _ in 0..2 {
-                    let event = NewEvent {
-                        event_type: cairn::EventType::new("go").unwrap(),
-                        payload: (7 * n as u64).to_string(),
-                        at: cairn::Timestamp::from_system_time(std::time::SystemTime::now()),
-                        idempotency_key: Some(format!("go-{n}")),
-                    };
-                    match store.send_event(&workflow, &id, event).await {
-                        Ok(Sent::Buffered(_) | Sent::Duplicate(_)) => {
-                            sent.insert(n);
-                        }
-                        Ok(Sent::NotFound) => break,
-                        other => panic!("send to i{n}: {other:?}"),
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    });
+    rt.block_on(send_events(&*store, INSTANCES));
     // Kill a random engine at seeded moments, and start it again.
     let mut kills = 0;
     while kills < KILLS {
@@ -283,12 +306,14 @@ fn pg_engines_killed_at_random_lose_nothing_and_repeat_nothing() {
         kills >= KILLS / 2,
         "only {kills} kills landed: the run was too short"
     );
-    rt.block_on(verify_kill_run(&*store, dir.path()));
+    rt.block_on(verify_mixed_run(&*store, dir.path(), INSTANCES));
 }
 
-async fn verify_kill_run(store: &dyn Store, dir: &Path) {
+/// Every instance ended once with its fault-free outcome; no step committed twice, no
+/// attempt number twice, each event delivered once, each compensation recorded once.
+async fn verify_mixed_run(store: &dyn Store, dir: &Path, expected: usize) {
     let instances = all_instances(store).await;
-    assert_eq!(instances.len(), INSTANCES);
+    assert_eq!(instances.len(), expected);
     let mut problems = Vec::new();
     for record in &instances {
         let id = record.id.to_string();
@@ -382,4 +407,226 @@ async fn verify_kill_run(store: &dyn Store, dir: &Path) {
         problems.len(),
         problems[..problems.len().min(40)].join("\n")
     );
+}
+
+/// One instance whose first step runs for a while; each attempt appends `start`/`end`.
+fn slow(dir: PathBuf) -> FnWorkflow {
+    wf(move |_, step| {
+        let dir = dir.clone();
+        async move {
+            let dir2 = dir.clone();
+            let slow: u64 = step
+                .run("slow", move |ctx| {
+                    let dir = dir2.clone();
+                    async move {
+                        let pid = std::process::id();
+                        effect(&dir, &format!("start {pid} {}", ctx.attempt));
+                        tokio::time::sleep(Duration::from_millis(2_500)).await;
+                        effect(&dir, &format!("end {pid} {}", ctx.attempt));
+                        Ok(1)
+                    }
+                })
+                .await?;
+            let after: u64 = step.run("after", |_| async { Ok(2) }).await?;
+            Ok(json!(slow + after))
+        }
+    })
+}
+
+/// A child engine of the stall test: creates `s` and runs until it has finished.
+#[test]
+fn pg_stall_child_entry() {
+    let Some(dir) = child_dir() else { return };
+    if std::env::var("CAIRN_PG_CHILD").as_deref() != Ok("stall") {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let engine = builder(&dir)
+            .lease_ttl(Duration::from_secs(1))
+            .register(slow(dir.clone()))
+            .start()
+            .await
+            .unwrap();
+        let client = engine.workflow::<FnWorkflow>();
+        let _ = client.create(CreateOptions::new(json!({})).id("s")).await;
+        client.get("s").await.unwrap().wait().await.unwrap();
+        engine.shutdown().await;
+    });
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+fn effects(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("effects.txt")).unwrap_or_default()
+}
+
+#[test]
+fn pg_a_stalled_engine_is_fenced_off_and_writes_nothing_after_it_wakes() {
+    if crate::support::crash_child_dir().is_some() || cairn::postgres::test_url().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let test = "crash_postgres::pg_stall_child_entry";
+    let mut engines = Engines(vec![spawn_child(dir.path(), test, "stall")]);
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < Duration::from_secs(30), "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let first = engines.0[0].id();
+    wait_for("the first engine never started the step", &|| {
+        effects(dir.path()).contains(&format!("start {first} 1"))
+    });
+    // Stopped inside the step for longer than its 1 s lease.
+    signal(&engines.0[0], "-STOP");
+    engines.0.push(spawn_child(dir.path(), test, "stall"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(raw_store(dir.path()));
+    let workflow = WorkflowName::new("test").unwrap();
+    let id = cairn::InstanceId::new("s").unwrap();
+    let record = rt.block_on(async {
+        let start = Instant::now();
+        loop {
+            let record = store.instance(&workflow, &id).await.unwrap().unwrap();
+            if record.status == InstanceStatus::Complete {
+                break record;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the second engine never finished it"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let before = rt.block_on(async {
+        (
+            store.log(record.instance, 0, 1000).await.unwrap(),
+            store.journal(record.instance).await.unwrap(),
+        )
+    });
+    // Woken: its step body runs on to its end, but nothing it does reaches the database.
+    signal(&engines.0[0], "-CONT");
+    wait_for("the stalled engine never woke", &|| {
+        effects(dir.path()).contains(&format!("end {first} 1"))
+    });
+    std::thread::sleep(Duration::from_millis(1_500));
+    let after = rt.block_on(async {
+        (
+            store.log(record.instance, 0, 1000).await.unwrap(),
+            store.journal(record.instance).await.unwrap(),
+        )
+    });
+    assert_eq!(
+        before, after,
+        "the woken engine wrote after losing its lease"
+    );
+    let (log, journal) = after;
+    assert_eq!(record.output.as_deref(), Some("3"));
+    let successes = log
+        .iter()
+        .filter(|r| r.entry.kind == LogKind::StepSuccess)
+        .count();
+    assert_eq!(successes, 2, "one committed outcome per step");
+    let attempts: Vec<u64> = log
+        .iter()
+        .filter(|r| {
+            r.entry.kind == LogKind::AttemptStart
+                && r.entry.step.as_ref().is_some_and(|k| k.name == "slow")
+        })
+        .map(|r| r.entry.meta["attempt"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        attempts,
+        [1, 2],
+        "the stalled attempt is recorded as interrupted"
+    );
+    assert!(
+        journal
+            .iter()
+            .all(|s| s.state == cairn::StepState::Succeeded)
+    );
+    for child in &mut engines.0 {
+        let status = child.wait().unwrap();
+        assert!(status.success(), "an engine failed: {status}");
+    }
+}
+
+/// Kills every connection the engines hold, several times while they work: everything
+/// still completes once (the writer and the listener reconnect; work whose commit answer
+/// was lost is replayed from what the store holds).
+#[test]
+fn pg_engines_survive_their_connections_being_killed() {
+    if crate::support::crash_child_dir().is_some() || cairn::postgres::test_url().is_none() {
+        return;
+    }
+    const N: usize = 150;
+    let seed = crate::support::test_seed("pg_engines_survive_their_connections_being_killed");
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let test = "crash_postgres::pg_kill_child_entry";
+    let mut engines = Engines(
+        (0..2)
+            .map(|_| spawn_child_with(dir.path(), test, "kill", N))
+            .collect(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(raw_store(dir.path()));
+    let schema = crate::support::schema_for(&dir.path().join("cairn.db"));
+    rt.block_on(async {
+        let url = cairn::postgres::test_url().unwrap();
+        let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let mut cuts = 0;
+        let events = send_events(&*store, N);
+        tokio::pin!(events);
+        let mut events_done = false;
+        while cuts < 6 {
+            tokio::select! {
+                () = &mut events, if !events_done => events_done = true,
+                () = tokio::time::sleep(Duration::from_millis(rng.between(100, 500))) => {
+                    // Every connection to this test's schema (named in the application
+                    // name), the listeners' and the raw store's included.
+                    let killed = admin
+                        .query(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                             WHERE application_name = $1",
+                            &[&format!("cairn:{schema}")],
+                        )
+                        .await
+                        .unwrap()
+                        .len();
+                    eprintln!("cut {killed} connections");
+                    cuts += 1;
+                }
+            }
+        }
+        if !events_done {
+            events.await;
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (i, child) in engines.0.iter_mut().enumerate() {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "engine {i} failed: {status}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the engines did not finish");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // The raw store's own connections were cut too: it reconnects as the engines do.
+    rt.block_on(verify_mixed_run(&*store, dir.path(), N));
 }
