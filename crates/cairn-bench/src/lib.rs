@@ -11,6 +11,10 @@
 //! # Ok(()) }
 //! ```
 
+mod postgres;
+
+pub use postgres::{engine_child as postgres_engine_child, postgres};
+
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

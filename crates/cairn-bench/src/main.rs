@@ -72,6 +72,31 @@ enum Workload {
         #[arg(long, value_delimiter = ',', default_value = "1000,100000,1000000")]
         sizes: Vec<usize>,
     },
+    /// The workloads on PostgreSQL (throughput with several engine processes, latency,
+    /// takeover) next to the bare-PostgreSQL bound.
+    Postgres {
+        /// The database (`postgres://…`); each measurement uses a schema of its own.
+        #[arg(long, env = "CAIRN_BENCH_PG_URL")]
+        url: String,
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        engines: Vec<usize>,
+        #[arg(long, default_value_t = 1_000)]
+        instances: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: u32,
+    },
+    /// A child engine of `postgres` (not for direct use).
+    #[command(hide = true)]
+    PgEngine {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        schema: String,
+        #[arg(long)]
+        role: String,
+        #[arg(long)]
+        instances: usize,
+    },
     /// The child side of `recovery` (not for direct use).
     #[command(hide = true)]
     RecoveryChild {
@@ -113,6 +138,24 @@ async fn main() -> Result<(), BenchError> {
             cairn_bench::recovery(path, settings, instances, &exe).await?
         }
         Workload::Scale { sizes } => cairn_bench::scale(path, settings, &sizes).await?,
+        Workload::Postgres {
+            url,
+            engines,
+            instances,
+            steps,
+        } => {
+            let exe = std::env::current_exe()?;
+            cairn_bench::postgres(&url, &engines, instances, steps, &exe).await?
+        }
+        Workload::PgEngine {
+            url,
+            schema,
+            role,
+            instances,
+        } => {
+            cairn_bench::postgres_engine_child(&url, &schema, &role, instances).await?;
+            return Ok(());
+        }
         Workload::RecoveryChild { db, instances } => {
             cairn_bench::recovery_child(&db, settings, instances).await?;
             return Ok(());

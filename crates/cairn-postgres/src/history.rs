@@ -60,14 +60,9 @@ impl Pending {
         Ok(())
     }
 
-    /// How many rows are pending: a mark to [`Pending::truncate`] back to.
-    pub(crate) fn len(&self) -> usize {
-        self.rows.len()
-    }
-
-    /// Forgets the rows after `mark` (those of a job that failed).
-    pub(crate) fn truncate(&mut self, mark: usize) {
-        self.rows.truncate(mark);
+    /// Appends another operation's rows after these.
+    pub(crate) fn extend(&mut self, other: Pending) {
+        self.rows.extend(other.rows);
     }
 
     /// Forgets an instance's pending rows (it was deleted or restarted in this transaction).
@@ -79,7 +74,7 @@ impl Pending {
     pub(crate) async fn flush(
         &mut self,
         tx: &Transaction<'_>,
-        configs: &mut Configs,
+        configs: &Configs,
     ) -> Result<(), Failure> {
         if self.rows.is_empty() {
             return Ok(());
@@ -160,17 +155,27 @@ impl Pending {
 
 /// Configuration ids by text. Ids are never deleted, so one learnt from a committed
 /// transaction stays true; ones learnt in a transaction are kept apart until it commits.
+/// Shared by the operations of a transaction, which run concurrently (the locks are never
+/// held across an await).
 #[derive(Debug, Default)]
 pub(crate) struct Configs {
-    known: HashMap<String, i64>,
-    fresh: HashMap<String, i64>,
+    known: std::sync::Mutex<HashMap<String, i64>>,
+    fresh: std::sync::Mutex<HashMap<String, i64>>,
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Configs {
     /// The id of a configuration's text, stored on first use.
-    pub(crate) async fn id(&mut self, tx: &Transaction<'_>, config: &str) -> Result<i64, Failure> {
-        if let Some(id) = self.known.get(config).or_else(|| self.fresh.get(config)) {
-            return Ok(*id);
+    pub(crate) async fn id(&self, tx: &Transaction<'_>, config: &str) -> Result<i64, Failure> {
+        let cached = lock(&self.known)
+            .get(config)
+            .copied()
+            .or_else(|| lock(&self.fresh).get(config).copied());
+        if let Some(id) = cached {
+            return Ok(id);
         }
         // `DO NOTHING` takes no lock on an existing row (it waits only for a transaction
         // inserting the same text right now); the row is then read.
@@ -188,18 +193,19 @@ impl Configs {
                 tx.query_one(&st, &[&config]).await?.get(0)
             }
         };
-        self.fresh.insert(config.to_owned(), id);
+        lock(&self.fresh).insert(config.to_owned(), id);
         Ok(id)
     }
 
     /// The transaction committed: what it learnt is true from now on.
-    pub(crate) fn committed(&mut self) {
-        self.known.extend(self.fresh.drain());
+    pub(crate) fn committed(&self) {
+        let fresh: Vec<(String, i64)> = lock(&self.fresh).drain().collect();
+        lock(&self.known).extend(fresh);
     }
 
     /// The transaction rolled back: forget what it learnt.
-    pub(crate) fn rolled_back(&mut self) {
-        self.fresh.clear();
+    pub(crate) fn rolled_back(&self) {
+        lock(&self.fresh).clear();
     }
 }
 

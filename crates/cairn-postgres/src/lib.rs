@@ -26,6 +26,7 @@ mod db;
 mod history;
 mod notify;
 mod ops;
+mod raw;
 mod reads;
 mod schema;
 mod writer;
@@ -42,6 +43,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::NoTls;
 
+pub use raw::{RawBound, raw_step_writes};
 pub use writer::BatchStats;
 use writer::{Job, Op, Reply};
 

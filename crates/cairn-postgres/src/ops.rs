@@ -29,7 +29,7 @@ type R<T> = Result<T, Failure>;
 /// end, see `history.rs`), the configuration ids, and whether the current operation wrote.
 pub(crate) struct Batch<'c> {
     pub(crate) log: Pending,
-    pub(crate) configs: &'c mut Configs,
+    pub(crate) configs: &'c Configs,
     pub(crate) wrote: bool,
     /// What other engines hear of at the commit (`notify.rs`).
     pub(crate) changes: Vec<Changed>,
@@ -37,7 +37,7 @@ pub(crate) struct Batch<'c> {
 }
 
 impl<'c> Batch<'c> {
-    pub(crate) fn new(configs: &'c mut Configs) -> Self {
+    pub(crate) fn new(configs: &'c Configs) -> Self {
         Batch {
             log: Pending::default(),
             configs,
@@ -49,6 +49,13 @@ impl<'c> Batch<'c> {
 
     fn changed(&mut self, instance: InstanceRef, kind: ChangeKind) {
         self.changes.push(Changed { instance, kind });
+    }
+
+    /// Takes in what another operation of the same transaction wrote, after this one's.
+    pub(crate) fn absorb(&mut self, other: Batch<'_>) {
+        self.log.extend(other.log);
+        self.changes.extend(other.changes);
+        self.claimable |= other.claimable;
     }
 }
 
@@ -137,10 +144,11 @@ fn retain_ms(d: Duration) -> i64 {
 
 /// Locks the instance's row and checks the lease: the lock keeps a claim by another engine
 /// (which moves the epoch) from landing between this check and the commit.
-pub(crate) async fn check_lease(tx: &Transaction<'_>, lease: Lease) -> R<()> {
+/// Returns the instance's status as it is before the caller's writes.
+pub(crate) async fn check_lease(tx: &Transaction<'_>, lease: Lease) -> R<InstanceStatus> {
     let row = query_opt(
         tx,
-        "SELECT lease_epoch, lease_owner IS NOT NULL FROM instances WHERE iid = $1 FOR UPDATE",
+        "SELECT lease_epoch, lease_owner IS NOT NULL, status FROM instances WHERE iid = $1 FOR UPDATE",
         &[&lease.instance.0],
     )
     .await?;
@@ -150,26 +158,12 @@ pub(crate) async fn check_lease(tx: &Transaction<'_>, lease: Lease) -> R<()> {
             let epoch: i64 = row.get(0);
             let leased: bool = row.get(1);
             if leased && u64::try_from(epoch).ok() == Some(lease.epoch) {
-                Ok(())
+                status(row.get(2))
             } else {
                 Err(Error::LeaseLost(lease.instance).into())
             }
         }
     }
-}
-
-pub(crate) async fn status_of(tx: &Transaction<'_>, instance: InstanceRef) -> R<InstanceStatus> {
-    let row = query(
-        tx,
-        "SELECT status FROM instances WHERE iid = $1",
-        &[&instance.0],
-    )
-    .await?;
-    let code: i64 = row
-        .first()
-        .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?
-        .get(0);
-    status(code)
 }
 
 pub(crate) async fn commit(
@@ -178,7 +172,9 @@ pub(crate) async fn commit(
     lease: Lease,
     writes: &[Write],
 ) -> R<InstanceStatus> {
-    check_lease(tx, lease).await?;
+    // The status after the writes, without reading it again: the row is locked, so only
+    // the writes below change it, and each that does returns it.
+    let mut now = check_lease(tx, lease).await?;
     let instance = lease.instance;
     let mut records: Vec<&LogEntry> = Vec::new();
     for write in writes {
@@ -188,7 +184,9 @@ pub(crate) async fn commit(
         }
         b.log.append(instance, &records)?;
         records.clear();
-        apply(tx, b, instance, write).await?;
+        if let Some(status) = apply(tx, b, instance, write).await? {
+            now = status;
+        }
     }
     b.log.append(instance, &records)?;
     b.changed(instance, ChangeKind::Written);
@@ -199,17 +197,18 @@ pub(crate) async fn commit(
             Write::Hibernate { .. } | Write::Status(StatusChange { release: true, .. })
         )
     });
-    status_of(tx, instance).await
+    Ok(now)
 }
 
+/// Applies one write; the instance's new status if it changed it.
 async fn apply(
     tx: &Transaction<'_>,
     b: &mut Batch<'_>,
     instance: InstanceRef,
     write: &Write,
-) -> R<()> {
+) -> R<Option<InstanceStatus>> {
     match write {
-        Write::Step(step) => upsert_step(tx, b, instance, step).await,
+        Write::Step(step) => upsert_step(tx, b, instance, step).await.map(|()| None),
         Write::Cancel { step, records } => {
             let running = query_opt(
                 tx,
@@ -230,14 +229,19 @@ async fn apply(
                 b.log
                     .append(instance, &records.iter().collect::<Vec<_>>())?;
             }
-            Ok(())
+            Ok(None)
         }
-        Write::Log(entry) => Ok(b.log.append(instance, &[entry])?),
-        Write::Status(change) => change_status(tx, b, instance, change).await,
+        Write::Log(entry) => {
+            b.log.append(instance, &[entry])?;
+            Ok(None)
+        }
+        Write::Status(change) => change_status(tx, b, instance, change).await.map(Some),
         Write::Hibernate {
             wake_at,
             event_types,
-        } => hibernate(tx, b, instance, *wake_at, event_types).await,
+        } => hibernate(tx, b, instance, *wake_at, event_types)
+            .await
+            .map(Some),
         Write::RollbackTrigger(trigger) => {
             exec(
                 tx,
@@ -246,7 +250,7 @@ async fn apply(
                 &[&instance.0, &to_json(trigger)?],
             )
             .await?;
-            Ok(())
+            Ok(None)
         }
         Write::Pause { at, record } => {
             let paused = exec(
@@ -260,8 +264,9 @@ async fn apply(
             .await?;
             if paused == 1 {
                 b.log.append(instance, &[record])?;
+                return Ok(Some(InstanceStatus::Paused));
             }
-            Ok(())
+            Ok(None)
         }
     }
 }
@@ -314,11 +319,11 @@ async fn change_status(
     b: &mut Batch<'_>,
     instance: InstanceRef,
     c: &StatusChange,
-) -> R<()> {
+) -> R<InstanceStatus> {
     let outcome = c.rollback_outcome.as_ref().map(to_json).transpose()?;
-    exec(
+    b.wrote = true;
+    let rows = query(
         tx,
-        b,
         "UPDATE instances SET
              status = CASE WHEN status = 6 AND $2::bigint IN (1, 7) THEN status ELSE $2::bigint END,
              started_at = COALESCE(started_at, $3),
@@ -334,7 +339,7 @@ async fn change_status(
              purge_at = CASE WHEN $2::bigint = 5 THEN COALESCE($4::bigint, ended_at) + retain_success_ms
                              WHEN $2::bigint IN (3, 4) THEN COALESCE($4::bigint, ended_at) + retain_error_ms
                              ELSE purge_at END
-         WHERE iid = $1",
+         WHERE iid = $1 RETURNING status",
         &[
             &instance.0,
             &c.status.code(),
@@ -349,7 +354,11 @@ async fn change_status(
         ],
     )
     .await?;
-    Ok(())
+    status(
+        rows.first()
+            .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?
+            .get(0),
+    )
 }
 
 async fn hibernate(
@@ -358,7 +367,7 @@ async fn hibernate(
     instance: InstanceRef,
     wake_at: Timestamp,
     event_types: &[EventType],
-) -> R<()> {
+) -> R<InstanceStatus> {
     let types: Vec<&str> = event_types.iter().map(EventType::as_str).collect();
     // An event already waiting makes it claimable at once. `send_event` locks the
     // instance's row too, so a send either lands before this (and is seen) or after (and
@@ -371,19 +380,23 @@ async fn hibernate(
     .await?
     .is_some();
     // A pending pause wins: the instance is paused, not waiting, and not claimable.
-    exec(
+    b.wrote = true;
+    let rows = query(
         tx,
-        b,
         "UPDATE instances SET
              status = CASE WHEN status = 6 THEN 2 ELSE 7 END,
              ready_rank = 0,
              ready_at = CASE WHEN status = 6 THEN NULL WHEN $3 THEN created_at ELSE $2 END,
              lease_owner = NULL, lease_until = NULL
-         WHERE iid = $1",
+         WHERE iid = $1 RETURNING status",
         &[&instance.0, &wake_at.as_millis(), &buffered],
     )
     .await?;
-    Ok(())
+    status(
+        rows.first()
+            .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?
+            .get(0),
+    )
 }
 
 /// Claim order within each query; candidates of the three are merged in it.

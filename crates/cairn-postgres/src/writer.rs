@@ -159,7 +159,7 @@ struct Writer {
     pool: Pool,
     notify: Notifier,
     conn: Option<Object>,
-    configs: Configs,
+    configs: Arc<Configs>,
     stats: Arc<BatchStats>,
 }
 
@@ -173,7 +173,7 @@ async fn writer_loop(
         pool,
         notify,
         conn: None,
-        configs: Configs::default(),
+        configs: Arc::default(),
         stats,
     };
     let mut jobs = Vec::new();
@@ -242,49 +242,64 @@ impl Writer {
     }
 
     /// Runs the jobs in one transaction; their answers, if it committed.
+    ///
+    /// The engine's own writes (commits, event takes, creates) run concurrently, pipelined
+    /// on the connection: each is one instance's, and a lifetime has one write in flight at
+    /// a time, so none depends on another's statements. A second write to the same instance
+    /// in the batch, and every other kind (sends, claims, renewals: several statements
+    /// whose interleaving with a write to the same instance could differ from any serial
+    /// order), run after them, one at a time.
     async fn try_batch(&mut self, jobs: &[Job]) -> Result<Vec<Result<Reply>>, BatchFailed> {
-        let mut configs = std::mem::take(&mut self.configs);
+        let configs = Arc::clone(&self.configs);
         let notify = self.notify.clone();
-        let out = async {
-            let conn = self.conn().await.map_err(BatchFailed::Unknown)?;
-            let tx = conn
-                .transaction()
-                .await
-                .map_err(|_| BatchFailed::RolledBack)?;
-            let mut b = Batch::new(&mut configs);
-            let mut replies = Vec::with_capacity(jobs.len());
-            for job in jobs {
-                let (mark, changes, claimable) = (b.log.len(), b.changes.len(), b.claimable);
-                b.wrote = false;
-                match run(&tx, &mut b, &job.op).await {
-                    Ok(reply) => replies.push(Ok(reply)),
-                    Err(Failure::Store(e)) if !b.wrote => {
-                        b.log.truncate(mark);
-                        b.changes.truncate(changes);
-                        b.claimable = claimable;
-                        replies.push(Err(e));
-                    }
-                    Err(_) => return Err(BatchFailed::RolledBack),
+        let conn = self.conn().await.map_err(BatchFailed::Unknown)?;
+        let tx = conn
+            .transaction()
+            .await
+            .map_err(|_| BatchFailed::RolledBack)?;
+        let mut seen = std::collections::HashSet::new();
+        let (concurrent, serial): (Vec<usize>, Vec<usize>) =
+            (0..jobs.len()).partition(|&i| match &jobs[i].op {
+                Op::Commit { lease, .. } | Op::TakeEvent { lease, .. } => {
+                    seen.insert(lease.instance)
                 }
+                Op::Create(_) => true,
+                _ => false,
+            });
+        let mut replies: Vec<Option<Result<Reply>>> = jobs.iter().map(|_| None).collect();
+        let mut all = Batch::new(&configs);
+        let outcomes = futures::future::join_all(concurrent.iter().map(|&i| {
+            let (tx, configs) = (&tx, &configs);
+            async move {
+                let mut b = Batch::new(configs);
+                let out = run(tx, &mut b, &jobs[i].op).await;
+                (i, out, b)
             }
-            notify
-                .send(&tx, &b)
-                .await
-                .map_err(|_| BatchFailed::RolledBack)?;
-            let Batch {
-                mut log, configs, ..
-            } = b;
-            log.flush(&tx, configs)
-                .await
-                .map_err(|_| BatchFailed::RolledBack)?;
-            tx.commit()
-                .await
-                .map_err(|e| BatchFailed::Unknown(Error::Unavailable(describe(&e))))?;
-            Ok(replies)
-        }
+        }))
         .await;
-        self.configs = configs;
-        out
+        for (i, out, b) in outcomes {
+            replies[i] = Some(settle(out, b, &mut all)?);
+        }
+        for i in serial {
+            let mut b = Batch::new(&configs);
+            let out = run(&tx, &mut b, &jobs[i].op).await;
+            replies[i] = Some(settle(out, b, &mut all)?);
+        }
+        notify
+            .send(&tx, &all)
+            .await
+            .map_err(|_| BatchFailed::RolledBack)?;
+        all.log
+            .flush(&tx, &configs)
+            .await
+            .map_err(|_| BatchFailed::RolledBack)?;
+        tx.commit()
+            .await
+            .map_err(|e| BatchFailed::Unknown(Error::Unavailable(describe(&e))))?;
+        Ok(replies
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Unavailable("no answer".into()))))
+            .collect())
     }
 
     /// Runs one job in a transaction of its own, again after a deadlock.
@@ -292,10 +307,7 @@ impl Writer {
         let mut attempt = 0;
         let reply = loop {
             attempt += 1;
-            let mut configs = std::mem::take(&mut self.configs);
-            let out = self.try_single(&job.op, &mut configs).await;
-            self.configs = configs;
-            match out {
+            match self.try_single(&job.op).await {
                 Ok(reply) => {
                     self.configs.committed();
                     break Ok(reply);
@@ -321,26 +333,37 @@ impl Writer {
         let _ = job.reply.send(reply);
     }
 
-    async fn try_single(
-        &mut self,
-        op: &Op,
-        configs: &mut Configs,
-    ) -> Result<Reply, (Failure, bool)> {
+    async fn try_single(&mut self, op: &Op) -> Result<Reply, (Failure, bool)> {
+        let configs = Arc::clone(&self.configs);
         let notify = self.notify.clone();
         let conn = self.conn().await.map_err(|e| (Failure::Store(e), false))?;
         let tx = conn
             .transaction()
             .await
             .map_err(|e| (Failure::Db(e), false))?;
-        let mut b = Batch::new(configs);
+        let mut b = Batch::new(&configs);
         let reply = run(&tx, &mut b, op).await.map_err(|f| (f, false))?;
         notify.send(&tx, &b).await.map_err(|f| (f, false))?;
-        let Batch {
-            mut log, configs, ..
-        } = b;
-        log.flush(&tx, configs).await.map_err(|f| (f, false))?;
+        b.log.flush(&tx, &configs).await.map_err(|f| (f, false))?;
         tx.commit().await.map_err(|e| (Failure::Db(e), true))?;
         Ok(reply)
+    }
+}
+
+/// An operation's answer inside a batch: kept with what it wrote, or its own refusal (it
+/// wrote nothing, so the others go on); any other failure aborts the transaction.
+fn settle<'c>(
+    out: Result<Reply, Failure>,
+    b: Batch<'c>,
+    all: &mut Batch<'c>,
+) -> Result<Result<Reply>, BatchFailed> {
+    match out {
+        Ok(reply) => {
+            all.absorb(b);
+            Ok(Ok(reply))
+        }
+        Err(Failure::Store(e)) if !b.wrote => Ok(Err(e)),
+        Err(_) => Err(BatchFailed::RolledBack),
     }
 }
 
