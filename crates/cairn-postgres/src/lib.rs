@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+mod counts;
 mod db;
 mod history;
 mod notify;

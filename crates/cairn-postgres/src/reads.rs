@@ -127,9 +127,11 @@ pub(crate) async fn list(
     rows.iter().map(|r| instance_at(r, 0)).collect()
 }
 
-/// Instances of a workflow in a status: the sum of the trigger-kept counter shards.
+/// Instances of a workflow in a status: the folded count plus the deltas not folded yet.
 pub(crate) const COUNT_SQL: &str =
-    "SELECT COALESCE(SUM(n), 0)::bigint FROM instance_counts WHERE workflow = $1 AND status = $2";
+    "SELECT (COALESCE((SELECT n FROM instance_counts WHERE workflow = $1 AND status = $2), 0)
+           + COALESCE((SELECT SUM(delta) FROM instance_count_deltas
+                       WHERE workflow = $1 AND status = $2), 0))::bigint";
 
 pub(crate) async fn count(
     client: &impl GenericClient,

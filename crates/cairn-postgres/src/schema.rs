@@ -46,25 +46,33 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX instances_by_workflow ON instances (workflow, iid);
     CREATE INDEX instances_purge ON instances (purge_at) WHERE purge_at IS NOT NULL;
 
-    -- Counts by status, kept by a trigger in the same transaction as the change. Spread over
-    -- shards by instance, so concurrent transactions seldom wait on one counter row.
+    -- Counts by status without counting rows: a trigger appends each change as a delta
+    -- row in the same transaction (appends only: concurrent engines never wait on one
+    -- counter row, nor deadlock on two), and the writers fold the deltas into
+    -- `instance_counts` every second (`counts.rs`). A count is the folded value plus the
+    -- few deltas not folded yet.
     CREATE TABLE instance_counts (
         workflow TEXT NOT NULL,
         status   BIGINT NOT NULL,
-        shard    BIGINT NOT NULL,
         n        BIGINT NOT NULL,
-        PRIMARY KEY (workflow, status, shard)
+        PRIMARY KEY (workflow, status)
     );
+    CREATE TABLE instance_count_deltas (
+        id       BIGSERIAL PRIMARY KEY,
+        workflow TEXT NOT NULL,
+        status   BIGINT NOT NULL,
+        delta    BIGINT NOT NULL
+    );
+    CREATE INDEX instance_count_deltas_by_status ON instance_count_deltas (workflow, status);
     CREATE FUNCTION cairn_count_instances() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
         IF TG_OP IN ('UPDATE', 'DELETE') THEN
-            UPDATE instance_counts SET n = n - 1
-            WHERE workflow = OLD.workflow AND status = OLD.status AND shard = OLD.iid % 16;
+            INSERT INTO instance_count_deltas (workflow, status, delta)
+            VALUES (OLD.workflow, OLD.status, -1);
         END IF;
         IF TG_OP IN ('UPDATE', 'INSERT') THEN
-            INSERT INTO instance_counts (workflow, status, shard, n)
-            VALUES (NEW.workflow, NEW.status, NEW.iid % 16, 1)
-            ON CONFLICT (workflow, status, shard) DO UPDATE SET n = instance_counts.n + 1;
+            INSERT INTO instance_count_deltas (workflow, status, delta)
+            VALUES (NEW.workflow, NEW.status, 1);
         END IF;
         RETURN NULL;
     END $$;

@@ -160,6 +160,7 @@ struct Writer {
     notify: Notifier,
     conn: Option<Object>,
     configs: Arc<Configs>,
+    folding: crate::counts::Folding,
     stats: Arc<BatchStats>,
 }
 
@@ -174,6 +175,7 @@ async fn writer_loop(
         notify,
         conn: None,
         configs: Arc::default(),
+        folding: crate::counts::Folding::default(),
         stats,
     };
     let mut jobs = Vec::new();
@@ -191,6 +193,9 @@ async fn writer_loop(
         }
         for job in alone {
             w.single(job).await;
+        }
+        if w.folding.due() {
+            w.fold_counts().await;
         }
     }
 }
@@ -212,6 +217,17 @@ impl Writer {
         self.conn
             .as_mut()
             .ok_or_else(|| Error::Unavailable("postgres: no connection".into()))
+    }
+
+    /// Folds the count deltas (see `counts.rs`); a failure only delays it.
+    async fn fold_counts(&mut self) {
+        let Ok(conn) = self.conn().await else { return };
+        if let Err(e) = crate::counts::fold(conn).await {
+            tracing::debug!(error = %e, "folding the instance counts failed; trying again later");
+            if conn.is_closed() {
+                self.conn = None;
+            }
+        }
     }
 
     async fn batch(&mut self, jobs: Vec<Job>) {
