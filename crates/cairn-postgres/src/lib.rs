@@ -27,6 +27,8 @@ mod db;
 mod history;
 mod notify;
 mod ops;
+#[cfg(test)]
+mod plans;
 mod raw;
 mod reads;
 mod schema;

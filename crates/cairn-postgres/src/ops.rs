@@ -400,13 +400,13 @@ async fn hibernate(
 }
 
 /// Claim order within each query; candidates of the three are merged in it.
-const CLAIM_READY_SQL: &str = "SELECT ready_at, iid FROM instances
+pub(crate) const CLAIM_READY_SQL: &str = "SELECT ready_at, iid FROM instances
      WHERE ready_rank = $1 AND ready_at IS NOT NULL AND ready_at <= $2 AND workflow = ANY($3)
      ORDER BY ready_at LIMIT $4 FOR UPDATE SKIP LOCKED";
 
 /// Runnable instances whose owner let the lease run out (it died, stalled or lost its
 /// network): claimable by anyone.
-const CLAIM_EXPIRED_SQL: &str = "SELECT lease_until, iid FROM instances
+pub(crate) const CLAIM_EXPIRED_SQL: &str = "SELECT lease_until, iid FROM instances
      WHERE lease_owner IS NOT NULL AND lease_until < $1 AND status IN (0, 1, 7) AND workflow = ANY($2)
      ORDER BY lease_until LIMIT $3 FOR UPDATE SKIP LOCKED";
 
@@ -482,16 +482,15 @@ pub(crate) async fn claim(
     Ok(claimed)
 }
 
+/// Pending pauses whose lease ran out: a range of `instances_pausing` (live work).
+pub(crate) const RECOVER_PAUSES_SQL: &str =
+    "SELECT iid FROM instances WHERE status = 6 AND lease_owner IS NOT NULL AND lease_until < $1
+     FOR UPDATE SKIP LOCKED";
+
 /// A pause whose lease holder vanished before it could complete it takes effect (SPEC
 /// E26), paused from the instance's last record, as the SQLite store does at open.
 async fn recover_pauses(tx: &Transaction<'_>, b: &mut Batch<'_>, now: Timestamp) -> R<()> {
-    let rows = query(
-        tx,
-        "SELECT iid FROM instances WHERE status = 6 AND lease_owner IS NOT NULL AND lease_until < $1
-         FOR UPDATE SKIP LOCKED",
-        &[&now.as_millis()],
-    )
-    .await?;
+    let rows = query(tx, RECOVER_PAUSES_SQL, &[&now.as_millis()]).await?;
     complete_pauses(tx, b, rows).await
 }
 
@@ -981,7 +980,7 @@ pub(crate) async fn control(
 }
 
 /// Finished instances whose retention is over, skipping any another engine is purging.
-const DUE_PURGES_SQL: &str =
+pub(crate) const DUE_PURGES_SQL: &str =
     "SELECT iid FROM instances WHERE purge_at IS NOT NULL AND purge_at <= $1
      LIMIT $2 FOR UPDATE SKIP LOCKED";
 

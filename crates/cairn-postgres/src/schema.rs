@@ -45,6 +45,7 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX instances_by_status ON instances (workflow, status, iid);
     CREATE INDEX instances_by_workflow ON instances (workflow, iid);
     CREATE INDEX instances_purge ON instances (purge_at) WHERE purge_at IS NOT NULL;
+    CREATE INDEX instances_pausing ON instances (lease_until) WHERE status = 6;
 
     -- Counts by status without counting rows: a trigger appends each change as a delta
     -- row in the same transaction (appends only: concurrent engines never wait on one
