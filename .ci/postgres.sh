@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts a throw-away PostgreSQL cluster for the tests and prints its URL on stdout
 # (`export CAIRN_TEST_PG_URL=$(.ci/postgres.sh start DIR)`); `.ci/postgres.sh stop DIR` stops
-# it. Installs Debian's `postgresql` when it is missing. The cluster lives in DIR (data and
+# it, `restart DIR` restarts it (a test restarts a cluster of its own under load). Installs Debian's `postgresql` when it is missing. The cluster lives in DIR (data and
 # socket), listens on 127.0.0.1 on a free port, and runs as the `postgres` user: initdb
 # refuses root.
 set -euo pipefail
@@ -41,8 +41,14 @@ stop)
     bin=$(bindir)
     as_postgres "$bin/pg_ctl" -D "$dir/data" -m immediate stop >&2 || true
     ;;
+restart)
+    # A fast restart on the same port (pg_ctl reuses the options of the last start).
+    dir=$2
+    bin=$(bindir)
+    as_postgres "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 -m fast restart >&2
+    ;;
 *)
-    echo "usage: $0 start DIR | stop DIR" >&2
+    echo "usage: $0 start DIR | restart DIR | stop DIR" >&2
     exit 2
     ;;
 esac

@@ -178,8 +178,19 @@ fn spawn_child(dir: &Path, test: &str, role: &str) -> Child {
 }
 
 fn spawn_child_with(dir: &Path, test: &str, role: &str, instances: usize) -> Child {
+    spawn_child_on(
+        dir,
+        test,
+        role,
+        instances,
+        &cairn::postgres::test_url().unwrap(),
+    )
+}
+
+fn spawn_child_on(dir: &Path, test: &str, role: &str, instances: usize, url: &str) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--test-threads=1"])
+        .env("CAIRN_TEST_PG_URL", url)
         .env("CAIRN_CRASH_CHILD", dir)
         .env("CAIRN_PG_CHILD", role)
         .env("CAIRN_PG_INSTANCES", instances.to_string())
@@ -191,7 +202,10 @@ fn spawn_child_with(dir: &Path, test: &str, role: &str, instances: usize) -> Chi
 
 /// The store the children share, opened directly (no engine: nothing runs here).
 async fn raw_store(dir: &Path) -> Arc<dyn Store> {
-    let url = cairn::postgres::test_url().unwrap();
+    raw_store_on(dir, &cairn::postgres::test_url().unwrap()).await
+}
+
+async fn raw_store_on(dir: &Path, url: &str) -> Arc<dyn Store> {
     let schema = crate::support::schema_for(&dir.join("cairn.db"));
     Arc::new(
         cairn::postgres::PostgresStore::open(cairn::postgres::Options::new(url).schema(schema))
@@ -631,4 +645,98 @@ fn pg_engines_survive_their_connections_being_killed() {
     }
     // The raw store's own connections were cut too: it reconnects as the engines do.
     rt.block_on(verify_mixed_run(&*store, dir.path(), N));
+}
+
+/// The cluster script `.ci/run` uses.
+fn cluster_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/postgres.sh")
+}
+
+/// A PostgreSQL cluster of this test's own (it is restarted under load, which the shared
+/// one must not be); stopped when dropped.
+struct Cluster(PathBuf);
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(cluster_script())
+            .args(["stop", &self.0.to_string_lossy()])
+            .status();
+    }
+}
+
+/// Restarts PostgreSQL itself twice while two engines work: everything completes once.
+#[test]
+fn pg_engines_survive_a_postgres_restart() {
+    if crate::support::crash_child_dir().is_some() || cairn::postgres::test_url().is_none() {
+        return;
+    }
+    const N: usize = 150;
+    let base = tempfile::tempdir().unwrap();
+    // The postgres user (CI runs as root) must reach the cluster's directory.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let cluster_dir = base.path().join("cluster");
+    let out = Command::new(cluster_script())
+        .args(["start", &cluster_dir.to_string_lossy()])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "could not start a private cluster");
+    let _cluster = Cluster(cluster_dir.clone());
+    let url = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let dir = base.path().join("engines");
+    std::fs::create_dir_all(&dir).unwrap();
+    let test = "crash_postgres::pg_kill_child_entry";
+    let mut engines = Engines(
+        (0..2)
+            .map(|_| spawn_child_on(&dir, test, "kill", N, &url))
+            .collect(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(raw_store_on(&dir, &url));
+    rt.block_on(send_events(&*store, N));
+    let finished = |store: &dyn Store| {
+        rt.block_on(async {
+            let workflow = WorkflowName::new("test").unwrap();
+            let mut n = 0;
+            for s in [InstanceStatus::Complete, InstanceStatus::Errored] {
+                n += store.count(&workflow, s).await.unwrap_or(0);
+            }
+            n as usize
+        })
+    };
+    let before = finished(&*store);
+    assert!(
+        before < N,
+        "the restarts must land while instances run ({before} done)"
+    );
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(300));
+        let restarted = Command::new(cluster_script())
+            .args(["restart", &cluster_dir.to_string_lossy()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(restarted.success(), "restart failed");
+        eprintln!(
+            "restarted PostgreSQL with {} of {N} instances finished",
+            finished(&*store)
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (i, child) in engines.0.iter_mut().enumerate() {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "engine {i} failed: {status}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the engines did not finish");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    rt.block_on(verify_mixed_run(&*store, &dir, N));
 }
