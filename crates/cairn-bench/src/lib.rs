@@ -15,6 +15,8 @@ mod postgres;
 
 pub use postgres::{engine_child as postgres_engine_child, postgres};
 
+pub(crate) use events_on as measure_events;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -402,6 +404,16 @@ impl Workflow for Await {
 /// When the engine or the database fails.
 pub async fn events(dir: &Path, s: Settings, instances: usize) -> Result<Vec<Row>, BenchError> {
     let engine = engine_on(&dir.join("events.db"), s, |b| b.register(Await)).await?;
+    events_on(
+        engine,
+        instances,
+        format!("events ({instances} waiting, {})", label(s)),
+    )
+    .await
+}
+
+/// [`events`] on a started engine with [`Await`] registered; shuts it down.
+async fn events_on(engine: Engine, instances: usize, w: String) -> Result<Vec<Row>, BenchError> {
     let all = create_all::<Await>(&engine, |_| (), instances, "e").await?;
     until_count(&engine, "await", InstanceStatus::Waiting, instances).await?;
     let start = Instant::now();
@@ -432,7 +444,6 @@ pub async fn events(dir: &Path, s: Settings, instances: usize) -> Result<Vec<Row
     let total = start.elapsed().as_secs_f64();
     engine.shutdown().await;
     latencies.sort();
-    let w = format!("events ({instances} waiting, {})", label(s));
     Ok(vec![
         Row::new(
             &w,

@@ -150,6 +150,7 @@ pub async fn postgres(
         rows.extend(throughput(url, n, instances, steps, exe, batched.steps_per_sec()).await?);
     }
     rows.extend(latency(url, 200, steps, single.commits_per_sec()).await?);
+    rows.extend(events(url, 2_000).await?);
     rows.extend(takeover(url, 200, exe).await?);
     Ok(rows)
 }
@@ -256,6 +257,21 @@ async fn latency(
             "ms",
         ),
     ])
+}
+
+/// Instances hibernated waiting for an event, then one `send_event` each.
+async fn events(url: &str, instances: usize) -> Result<Vec<Row>, BenchError> {
+    let schema = schema("events");
+    drop_schema(url, &schema).await?;
+    let engine = builder(url, &schema).register(crate::Await).start().await?;
+    let rows = crate::measure_events(
+        engine,
+        instances,
+        format!("PostgreSQL events ({instances} waiting, 1 engine)"),
+    )
+    .await?;
+    drop_schema(url, &schema).await?;
+    Ok(rows)
 }
 
 /// SIGKILLs an engine holding `instances` running instances; this process's engine takes
