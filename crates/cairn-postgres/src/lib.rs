@@ -159,14 +159,33 @@ impl PostgresStore {
             .url
             .parse()
             .map_err(|e| OpenError::new(format!("invalid PostgreSQL URL: {e}")))?;
-        if let Some(schema) = &options.schema {
-            if !valid_schema(schema) {
-                return Err(OpenError::new(format!(
-                    "invalid schema name {schema:?}: use lower-case letters, digits and _"
-                )));
-            }
-            config.options(format!("-c search_path={schema}"));
+        if let Some(schema) = &options.schema
+            && !valid_schema(schema)
+        {
+            return Err(OpenError::new(format!(
+                "invalid schema name {schema:?}: use lower-case letters, digits and _"
+            )));
         }
+        // A session that stalls (its process stopped, its network cut) must not hold row
+        // locks, or the log clock, longer than a lease: the server ends an idle transaction
+        // and gives up a lock wait after 10 s, and keepalives notice a dead peer in ~15 s
+        // (instead of the system default of hours). A statement runs at most a minute.
+        let mut server_options = String::from(
+            "-c idle_in_transaction_session_timeout=10000 -c lock_timeout=10000 -c statement_timeout=60000",
+        );
+        if let Some(schema) = &options.schema {
+            server_options.push_str(&format!(" -c search_path={schema}"));
+        }
+        // Options given in the URL come last, so they win.
+        if let Some(given) = config.get_options() {
+            server_options = format!("{server_options} {given}");
+        }
+        config.options(server_options);
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(5))
+            .keepalives_interval(Duration::from_secs(2))
+            .keepalives_retries(5);
         config.connect_timeout(Duration::from_secs(10));
         // Operators see which engines (and which schema) a connection serves.
         match &options.schema {
@@ -338,14 +357,37 @@ impl Store for PostgresStore {
         })
     }
 
+    fn reclaim(
+        &self,
+        owner: &str,
+        lease: Lease,
+        now: Timestamp,
+        ttl: Duration,
+    ) -> StoreFuture<'_, Lease> {
+        let reply = self.write(Op::Reclaim {
+            owner: owner.to_owned(),
+            lease,
+            now,
+            ttl,
+        });
+        Box::pin(async move {
+            match reply.await? {
+                Reply::Reclaimed(l) => Ok(l),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
     fn renew(
         &self,
         owner: &str,
+        instances: Vec<InstanceRef>,
         now: Timestamp,
         until: Timestamp,
     ) -> StoreFuture<'_, Vec<InstanceRef>> {
         let reply = self.write(Op::Renew {
             owner: owner.to_owned(),
+            instances,
             now,
             until,
         });

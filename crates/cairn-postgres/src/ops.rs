@@ -554,18 +554,55 @@ pub(crate) async fn renew(
     tx: &Transaction<'_>,
     b: &mut Batch<'_>,
     owner: &str,
+    instances: &[InstanceRef],
     now: Timestamp,
     until: Timestamp,
 ) -> R<Vec<InstanceRef>> {
     b.wrote = true;
+    let iids: Vec<i64> = instances.iter().map(|i| i.0).collect();
     let rows = query(
         tx,
-        "UPDATE instances SET lease_until = $1 WHERE lease_owner = $2 AND lease_until >= $3
-         RETURNING iid",
-        &[&until.as_millis(), &owner, &now.as_millis()],
+        "UPDATE instances SET lease_until = $1
+         WHERE iid = ANY($4) AND lease_owner = $2 AND lease_until >= $3 RETURNING iid",
+        &[&until.as_millis(), &owner, &now.as_millis(), &iids],
     )
     .await?;
     Ok(rows.iter().map(|r| InstanceRef(r.get(0))).collect())
+}
+
+/// See `Store::reclaim`.
+pub(crate) async fn reclaim(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    owner: &str,
+    lease: Lease,
+    now: Timestamp,
+    ttl: Duration,
+) -> R<Lease> {
+    let epoch = i64::try_from(lease.epoch).map_err(corrupt)?;
+    // Nothing is written unless the lease matched: a refusal leaves the batch be.
+    let row = query_opt(
+        tx,
+        "UPDATE instances SET lease_epoch = lease_epoch + 1, lease_until = $4
+         WHERE iid = $1 AND lease_epoch = $2 AND lease_owner = $3 RETURNING lease_epoch",
+        &[
+            &lease.instance.0,
+            &epoch,
+            &owner,
+            &now.saturating_add(ttl).as_millis(),
+        ],
+    )
+    .await?;
+    match row {
+        Some(row) => {
+            b.wrote = true;
+            Ok(Lease {
+                instance: lease.instance,
+                epoch: u64::try_from(row.get::<_, i64>(0)).map_err(corrupt)?,
+            })
+        }
+        None => Err(Failure::Store(Error::LeaseLost(lease.instance))),
+    }
 }
 
 pub(crate) async fn send_event(

@@ -49,8 +49,15 @@ pub(crate) enum Op {
     },
     Renew {
         owner: String,
+        instances: Vec<cairn_store::InstanceRef>,
         now: Timestamp,
         until: Timestamp,
+    },
+    Reclaim {
+        owner: String,
+        lease: Lease,
+        now: Timestamp,
+        ttl: Duration,
     },
     ReleaseAll {
         owner: String,
@@ -94,6 +101,7 @@ pub(crate) enum Reply {
     Created(Vec<Created>),
     Claimed(Vec<Claimed>),
     Renewed(Vec<cairn_store::InstanceRef>),
+    Reclaimed(Lease),
     Done,
     Status(InstanceStatus),
     Sent(Sent),
@@ -117,9 +125,18 @@ async fn run(tx: &Transaction<'_>, b: &mut Batch<'_>, op: &Op) -> Result<Reply, 
             ttl,
             limit,
         } => Reply::Claimed(ops::claim(tx, b, owner, workflows, *now, *ttl, *limit).await?),
-        Op::Renew { owner, now, until } => {
-            Reply::Renewed(ops::renew(tx, b, owner, *now, *until).await?)
-        }
+        Op::Renew {
+            owner,
+            instances,
+            now,
+            until,
+        } => Reply::Renewed(ops::renew(tx, b, owner, instances, *now, *until).await?),
+        Op::Reclaim {
+            owner,
+            lease,
+            now,
+            ttl,
+        } => Reply::Reclaimed(ops::reclaim(tx, b, owner, *lease, *now, *ttl).await?),
         Op::ReleaseAll { owner } => {
             ops::release_all(tx, b, owner).await?;
             Reply::Done

@@ -488,23 +488,42 @@ impl Store for SqliteStore {
     fn renew(
         &self,
         owner: &str,
+        instances: Vec<InstanceRef>,
         now: Timestamp,
         until: Timestamp,
     ) -> StoreFuture<'_, Vec<InstanceRef>> {
         let owner = owner.to_owned();
         self.write(move |conn| {
-            conn.prepare_cached(
-                "UPDATE instances SET lease_until = ?1 WHERE lease_owner = ?2 AND lease_until >= ?3
-                 RETURNING iid",
-            )
-            .and_then(|mut st| {
-                st.query_map(params![until.as_millis(), owner, now.as_millis()], |r| {
-                    r.get(0).map(InstanceRef)
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()
-            })
-            .map_err(map_sqlite)
+            let mut st = conn
+                .prepare_cached(
+                    "UPDATE instances SET lease_until = ?1
+                     WHERE iid = ?4 AND lease_owner = ?2 AND lease_until >= ?3 RETURNING iid",
+                )
+                .map_err(map_sqlite)?;
+            let mut kept = Vec::new();
+            for instance in instances {
+                let renewed = st
+                    .query_row(
+                        params![until.as_millis(), owner, now.as_millis(), instance.0],
+                        |r| r.get(0).map(InstanceRef),
+                    )
+                    .optional()
+                    .map_err(map_sqlite)?;
+                kept.extend(renewed);
+            }
+            Ok(kept)
         })
+    }
+
+    fn reclaim(
+        &self,
+        owner: &str,
+        lease: Lease,
+        now: Timestamp,
+        ttl: Duration,
+    ) -> StoreFuture<'_, Lease> {
+        let owner = owner.to_owned();
+        self.write(move |conn| rows::reclaim(conn, &owner, lease, now, ttl))
     }
 
     fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {

@@ -1026,3 +1026,38 @@ pub(crate) fn release_all(conn: &Connection, owner: &str) -> Result<()> {
     .map_err(map_sqlite)?;
     Ok(())
 }
+
+/// See `Store::reclaim`.
+pub(crate) fn reclaim(
+    conn: &Connection,
+    owner: &str,
+    lease: Lease,
+    now: Timestamp,
+    ttl: Duration,
+) -> Result<Lease> {
+    let epoch: Option<i64> = conn
+        .prepare_cached(
+            "UPDATE instances SET lease_epoch = lease_epoch + 1, lease_until = ?4
+             WHERE iid = ?1 AND lease_epoch = ?2 AND lease_owner = ?3 RETURNING lease_epoch",
+        )
+        .and_then(|mut st| {
+            st.query_row(
+                params![
+                    lease.instance.0,
+                    i64::try_from(lease.epoch).unwrap_or(i64::MAX),
+                    owner,
+                    now.saturating_add(ttl).as_millis()
+                ],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+        .map_err(map_sqlite)?;
+    match epoch {
+        Some(epoch) => Ok(Lease {
+            instance: lease.instance,
+            epoch: u64::try_from(epoch).map_err(corrupt)?,
+        }),
+        None => Err(Error::LeaseLost(lease.instance)),
+    }
+}

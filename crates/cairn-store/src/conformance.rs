@@ -208,7 +208,7 @@ pub async fn renew_keeps_a_lease(store: Arc<dyn Store>) {
         .await
         .unwrap();
     let renewed = store
-        .renew("owner-1", T0, T0.saturating_add(TTL * 10))
+        .renew("owner-1", vec![a], T0, T0.saturating_add(TTL * 10))
         .await
         .unwrap();
     assert_eq!(renewed, [a], "the renewed leases are reported");
@@ -233,7 +233,12 @@ pub async fn an_expired_lease_is_not_renewed_and_is_claimed(store: Arc<dyn Store
         .lease;
     let late = T0.saturating_add(TTL * 2);
     let renewed = store
-        .renew("owner-1", late, late.saturating_add(TTL))
+        .renew(
+            "owner-1",
+            vec![first.instance],
+            late,
+            late.saturating_add(TTL),
+        )
         .await
         .unwrap();
     assert!(
@@ -1048,6 +1053,77 @@ pub async fn release_all_frees_only_the_owners_instances(store: Arc<dyn Store>) 
         .expect("another owner's lease stays");
 }
 
+/// A renewal names the instances its engine runs: a lease held by none of them (a claim
+/// whose answer was lost) is not renewed, runs out, and is claimed again.
+pub async fn renew_keeps_only_the_instances_named(store: Arc<dyn Store>) {
+    create_one(&*store, "wf", "a").await;
+    create_one(&*store, "wf", "b").await;
+    let claimed = store
+        .claim("owner-1", &[wf("wf")], T0, TTL, 2)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let running = claimed[0].lease.instance;
+    let orphan = claimed[1].lease.instance;
+    let kept = store
+        .renew("owner-1", vec![running], T0, T0.saturating_add(TTL * 10))
+        .await
+        .unwrap();
+    assert_eq!(kept, [running]);
+    let later = T0.saturating_add(TTL * 2);
+    let taken = store
+        .claim("owner-2", &[wf("wf")], later, TTL, 10)
+        .await
+        .unwrap();
+    let taken: Vec<_> = taken.iter().map(|c| c.lease.instance).collect();
+    assert_eq!(taken, [orphan], "only the orphan ran out");
+}
+
+/// A reclaim moves the owner's lease to a new epoch: writes under the old epoch are fenced
+/// off, writes under the new one land; another owner or a stale epoch cannot reclaim.
+pub async fn reclaim_moves_the_epoch_and_fences_the_old_one(store: Arc<dyn Store>) {
+    create_one(&*store, "wf", "a").await;
+    let old = store
+        .claim("owner-1", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()[0]
+        .lease;
+    assert_eq!(
+        store.reclaim("owner-2", old, T0, TTL).await.unwrap_err(),
+        Error::LeaseLost(old.instance),
+        "not another owner's"
+    );
+    let new = store.reclaim("owner-1", old, T0, TTL).await.unwrap();
+    assert!(new.epoch > old.epoch);
+    assert_eq!(
+        store.reclaim("owner-1", old, T0, TTL).await.unwrap_err(),
+        Error::LeaseLost(old.instance),
+        "not from a stale epoch"
+    );
+    let write = || vec![Write::Log(log(LogKind::WorkflowStart, None))];
+    assert_eq!(
+        store.commit(old, write()).await.unwrap_err(),
+        Error::LeaseLost(old.instance)
+    );
+    store
+        .commit(new, write())
+        .await
+        .expect("the new epoch writes");
+    // Extended: still held past the first TTL.
+    let later = T0.saturating_add(TTL / 2);
+    let renewed_to = store.reclaim("owner-1", new, later, TTL).await.unwrap();
+    let past_first = T0.saturating_add(TTL + TTL / 4);
+    assert!(
+        store
+            .claim("owner-2", &[wf("wf")], past_first, TTL, 1)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the reclaim extended the lease"
+    );
+    let _ = renewed_to;
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -1077,6 +1153,8 @@ macro_rules! conformance_tests {
             records_read_back_exactly_at_every_page_size,
             an_expired_lease_is_not_renewed_and_is_claimed,
             release_all_frees_only_the_owners_instances,
+            renew_keeps_only_the_instances_named,
+            reclaim_moves_the_epoch_and_fences_the_old_one,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {
@@ -1117,6 +1195,8 @@ macro_rules! conformance_tests {
             records_read_back_exactly_at_every_page_size,
             an_expired_lease_is_not_renewed_and_is_claimed,
             release_all_frees_only_the_owners_instances,
+            renew_keeps_only_the_instances_named,
+            reclaim_moves_the_epoch_and_fences_the_old_one,
         );
     };
     (@optional $factory:ident; $($case:ident,)*) => {

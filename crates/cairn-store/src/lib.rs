@@ -432,12 +432,30 @@ pub trait Store: Send + Sync + 'static {
     /// would keep the instance from everyone.
     /// Returns the instances whose lease was renewed: a lifetime whose instance is not
     /// among them lost its lease.
+    ///
+    /// Only `instances` (the ones the owner runs now) are renewed: a lease the owner holds
+    /// but no longer runs (a claim whose answer was lost) runs out and is claimed again.
     fn renew(
         &self,
         owner: &str,
+        instances: Vec<InstanceRef>,
         now: Timestamp,
         until: Timestamp,
     ) -> StoreFuture<'_, Vec<InstanceRef>>;
+
+    /// Moves a lease `owner` holds to a new epoch and extends it to `now + ttl`: before a
+    /// lifetime is replayed after an outage, so that every write of the last one still on
+    /// its way lands before (it was queued first) or is fenced off (it comes later).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when the lease is no longer `owner`'s at `lease.epoch`.
+    fn reclaim(
+        &self,
+        owner: &str,
+        lease: Lease,
+        now: Timestamp,
+        ttl: Duration,
+    ) -> StoreFuture<'_, Lease>;
 
     /// Gives up every lease `owner` holds: an engine shutting down, after its drain. Its
     /// runnable instances become claimable at once (ahead of new ones) by any engine, and a

@@ -236,13 +236,24 @@ impl Store for Announcing {
         self.store.changes()
     }
 
+    fn reclaim(
+        &self,
+        owner: &str,
+        lease: Lease,
+        now: Timestamp,
+        ttl: std::time::Duration,
+    ) -> StoreFuture<'_, Lease> {
+        self.store.reclaim(owner, lease, now, ttl)
+    }
+
     fn renew(
         &self,
         owner: &str,
+        instances: Vec<InstanceRef>,
         now: Timestamp,
         until: Timestamp,
     ) -> StoreFuture<'_, Vec<InstanceRef>> {
-        self.store.renew(owner, now, until)
+        self.store.renew(owner, instances, now, until)
     }
 
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {

@@ -84,15 +84,29 @@ impl Store for Blocking {
         })
     }
 
+    fn reclaim(
+        &self,
+        owner: &str,
+        lease: Lease,
+        now: Timestamp,
+        ttl: std::time::Duration,
+    ) -> StoreFuture<'_, Lease> {
+        let owner = owner.to_owned();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.reclaim(&owner, lease, now, ttl).await })
+        })
+    }
+
     fn renew(
         &self,
         owner: &str,
+        instances: Vec<InstanceRef>,
         now: Timestamp,
         until: Timestamp,
     ) -> StoreFuture<'_, Vec<InstanceRef>> {
         let owner = owner.to_owned();
         blocking(&self.0, move |s| {
-            Box::pin(async move { s.renew(&owner, now, until).await })
+            Box::pin(async move { s.renew(&owner, instances, now, until).await })
         })
     }
 

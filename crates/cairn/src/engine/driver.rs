@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use cairn_core::{ErrorInfo, InstanceStatus, LogEntry, LogKind, StepKey, StepKind, StepState};
+use cairn_core::{
+    ErrorInfo, InstanceStatus, LogEntry, LogKind, StepKey, StepKind, StepState, Timestamp,
+};
 use cairn_store::{Claimed, InstanceRecord, Lease, StatusChange, Write};
 use serde_json::json;
 
@@ -54,15 +56,18 @@ impl Outage {
     }
 }
 
-pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed) {
-    let lease = claimed.lease;
+/// Runs a claimed instance; `claimed_at` is the time the claim counted its lease from.
+pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Timestamp) {
+    let mut lease = claimed.lease;
+    let mut claimed_at = claimed_at;
     let mut record = claimed.record;
     let mut pause = Outage::default();
     loop {
         // The lifetime is registered as live before its first await (inside `one_lifetime`),
         // and any panic in it, engine code included, is caught here: it must release the
         // instance, never leave it leased with no lifetime.
-        let lifetime = crate::panic::guarded(|| one_lifetime(&inner, lease, &record)).await;
+        let lifetime =
+            crate::panic::guarded(|| one_lifetime(&inner, lease, claimed_at, &record)).await;
         match lifetime {
             Ok(Ok(())) => {
                 inner.panics().remove(&lease.instance);
@@ -76,6 +81,13 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed) {
                     () = inner.env.clock.sleep(pause.next()) => {}
                     // Shutting down: the next engine replays it.
                     _ = shutdown.wait_for(|stop| *stop) => break,
+                }
+                // A new epoch first: every write of the last lifetime still on its way
+                // (queued in the store's writer) lands before it or is fenced off, so the
+                // journal read next has them all and nothing lands behind the replay.
+                match reclaim(&inner, lease).await {
+                    Some((fresh, at)) => (lease, claimed_at) = (fresh, at),
+                    None => break,
                 }
                 // Replay from what the store holds now, not from the claim: the last
                 // lifetime may have started the instance, and it may have been deleted.
@@ -104,6 +116,31 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed) {
     }
     inner.changed();
     inner.wake.notify_one();
+}
+
+/// The lease at a new epoch (see `Store::reclaim`) and when it was taken; `None` when it is
+/// no longer this engine's.
+async fn reclaim(inner: &Runtime, lease: Lease) -> Option<(Lease, Timestamp)> {
+    let mut pause = Outage::default();
+    let mut shutdown = inner.shutdown.subscribe();
+    loop {
+        let now = inner.env.clock.now();
+        match inner
+            .env
+            .store
+            .reclaim(&inner.owner, lease, now, inner.env.leases.ttl())
+            .await
+        {
+            Ok(fresh) => return Some((fresh, now)),
+            Err(cairn_store::Error::Unavailable(_)) => {
+                tokio::select! {
+                    () = inner.env.clock.sleep(pause.next()) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => return None,
+                }
+            }
+            Err(_) => return None,
+        }
+    }
 }
 
 /// The instance's record as stored now, or `None` when this lifetime must not go on: the
@@ -171,6 +208,7 @@ async fn release_after_panic(inner: &Runtime, lease: Lease, message: &str) {
 async fn one_lifetime(
     inner: &Arc<Runtime>,
     lease: Lease,
+    claimed_at: Timestamp,
     record: &InstanceRecord,
 ) -> Result<(), Abort> {
     let env = &inner.env;
@@ -180,6 +218,7 @@ async fn one_lifetime(
     let state = Arc::new(Lifetime::new(
         Arc::clone(env),
         lease,
+        claimed_at,
         record.workflow.clone(),
         record.id.clone(),
         record.created_at,

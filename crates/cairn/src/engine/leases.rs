@@ -44,18 +44,31 @@ pub(crate) async fn keep(inner: Arc<Runtime>, mut stop: tokio::sync::oneshot::Re
         if now >= renewed.saturating_add(ttl) {
             stop_all(&inner, now.as_millis() - renewed.as_millis());
         }
-        match inner
+        // Only the instances running here: a lease held by no lifetime (a claim whose
+        // answer was lost) must run out, not be kept forever.
+        let running: Vec<InstanceRef> = inner.live.all().iter().map(|l| l.lease.instance).collect();
+        let renewal = inner
             .env
             .store
-            .renew(&inner.owner, now, now.saturating_add(ttl))
-            .await
-        {
-            Ok(kept) => {
+            .renew(&inner.owner, running, now, now.saturating_add(ttl));
+        // A renewal stuck behind a stalled store must not keep the lifetimes running past
+        // their leases: at the deadline they stop, whether or not it has answered.
+        let deadline = clock.sleep_until(renewed.saturating_add(ttl));
+        let answer = tokio::select! {
+            answer = renewal => Some(answer),
+            () = deadline => None,
+        };
+        match answer {
+            Some(Ok(kept)) => {
                 renewed = now;
                 inner.env.leases.renewed(now);
                 stop_lost(&inner, now, &kept);
             }
-            Err(e) => tracing::warn!(error = %e, "renewing leases failed; retrying"),
+            Some(Err(e)) => tracing::warn!(error = %e, "renewing leases failed; retrying"),
+            None => {
+                let late = clock.now().as_millis() - renewed.as_millis();
+                stop_all(&inner, late);
+            }
         }
     }
 }

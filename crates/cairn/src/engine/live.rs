@@ -102,6 +102,7 @@ mod tests {
                 instance: InstanceRef(7),
                 epoch,
             },
+            Timestamp::from_millis(0),
             WorkflowName::new("w").unwrap(),
             InstanceId::new("i").unwrap(),
             Timestamp::from_millis(0),

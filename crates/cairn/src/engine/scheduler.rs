@@ -53,7 +53,7 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
                     failures = 0;
                     filled = claimed.len() == free;
                     for c in claimed {
-                        drivers.spawn(crate::engine::driver::drive(Arc::clone(&inner), c));
+                        drivers.spawn(crate::engine::driver::drive(Arc::clone(&inner), c, now));
                     }
                 }
                 Err(e) => {

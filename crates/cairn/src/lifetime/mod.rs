@@ -36,8 +36,8 @@ pub(crate) enum Abort {
 pub(crate) struct Lifetime {
     pub(crate) env: Arc<Env>,
     pub(crate) lease: Lease,
-    /// When the lease was taken (about): it holds for the TTL from then or from the
-    /// engine's last renewal.
+    /// When the lease was taken (the `now` the claim counted it from): it holds for the TTL
+    /// from then or from the engine's last renewal.
     claimed_at: Timestamp,
     pub(crate) workflow: WorkflowName,
     pub(crate) instance_id: InstanceId,
@@ -99,11 +99,11 @@ impl Lifetime {
     pub(crate) fn new(
         env: Arc<Env>,
         lease: Lease,
+        claimed_at: Timestamp,
         workflow: WorkflowName,
         instance_id: InstanceId,
         created_at: Timestamp,
     ) -> Self {
-        let claimed_at = env.clock.now();
         Lifetime {
             claimed_at,
             env,

@@ -86,13 +86,24 @@ impl Store for FailingStore {
         self.inner.release_all(owner)
     }
 
+    fn reclaim(
+        &self,
+        owner: &str,
+        lease: Lease,
+        now: Timestamp,
+        ttl: std::time::Duration,
+    ) -> StoreFuture<'_, Lease> {
+        self.inner.reclaim(owner, lease, now, ttl)
+    }
+
     fn renew(
         &self,
         owner: &str,
+        instances: Vec<InstanceRef>,
         now: Timestamp,
         until: Timestamp,
     ) -> StoreFuture<'_, Vec<InstanceRef>> {
-        self.inner.renew(owner, now, until)
+        self.inner.renew(owner, instances, now, until)
     }
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {
         self.inner.journal(i)

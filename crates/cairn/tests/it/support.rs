@@ -444,13 +444,28 @@ impl Store for Hooked {
         hooked!(self, "release_all", self.inner.release_all(owner))
     }
 
+    fn reclaim(
+        &self,
+        owner: &str,
+        lease: cairn::store::Lease,
+        now: cairn::Timestamp,
+        ttl: std::time::Duration,
+    ) -> StoreFuture<'_, cairn::store::Lease> {
+        hooked!(self, "reclaim", self.inner.reclaim(owner, lease, now, ttl))
+    }
+
     fn renew(
         &self,
         owner: &str,
+        instances: Vec<cairn::store::InstanceRef>,
         now: cairn::Timestamp,
         until: cairn::Timestamp,
     ) -> StoreFuture<'_, Vec<cairn::store::InstanceRef>> {
-        hooked!(self, "renew", self.inner.renew(owner, now, until))
+        hooked!(
+            self,
+            "renew",
+            self.inner.renew(owner, instances, now, until)
+        )
     }
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::StepRecord>> {
         hooked!(self, "journal", self.inner.journal(i))
