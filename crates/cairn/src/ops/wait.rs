@@ -204,6 +204,9 @@ async fn wait<T: DeserializeOwned>(
         }
     };
     let deadline = record.wake_at.unwrap_or_else(|| state.now());
+    // At the deadline, one last look: an event that landed just before it (its notice late
+    // or lost, say from another engine) is delivered rather than left behind a timeout.
+    let mut last_look = false;
     loop {
         // Listen before looking, so an event sent in between is not missed.
         let arrived = state.events.notified();
@@ -217,14 +220,14 @@ async fn wait<T: DeserializeOwned>(
             });
             return decode(&key, &object.to_string());
         }
-        if state.now() >= deadline {
+        if last_look || state.now() >= deadline {
             break;
         }
         if !activity
             .wait(deadline, Some(event_type.clone()), arrived)
             .await
         {
-            break;
+            last_look = true;
         }
     }
     let timeout_ms = deadline.since(record.started_at).as_millis();
