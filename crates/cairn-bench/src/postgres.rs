@@ -151,6 +151,7 @@ pub async fn postgres(
     }
     rows.extend(latency(url, 200, steps, single.commits_per_sec()).await?);
     rows.extend(events(url, 2_000).await?);
+    rows.extend(hibernation(url, 10_000).await?);
     rows.extend(takeover(url, 200, exe).await?);
     Ok(rows)
 }
@@ -272,6 +273,58 @@ async fn events(url: &str, instances: usize) -> Result<Vec<Row>, BenchError> {
     .await?;
     drop_schema(url, &schema).await?;
     Ok(rows)
+}
+
+/// Instances sleeping an hour hold no memory; an engine whose clock is an hour ahead wakes
+/// them all.
+async fn hibernation(url: &str, instances: usize) -> Result<Vec<Row>, BenchError> {
+    let schema = schema("hibernation");
+    drop_schema(url, &schema).await?;
+    let engine = builder(url, &schema).register(crate::Nap).start().await?;
+    let start = Instant::now();
+    create_all::<crate::Nap>(&engine, |_| (), instances, "h").await?;
+    let naps = engine.workflow_by_name("nap")?;
+    while naps.count(InstanceStatus::Waiting).await? < instances as u64 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let asleep = start.elapsed();
+    let live = engine.live_instances();
+    let rss = resident_bytes();
+    engine.shutdown().await;
+    let later = cairn::Clock::virtual_at(
+        cairn::Timestamp::from_system_time(std::time::SystemTime::now())
+            .saturating_add(Duration::from_secs(3601)),
+    );
+    let start = Instant::now();
+    let engine = builder(url, &schema)
+        .clock(later)
+        .register(crate::Nap)
+        .start()
+        .await?;
+    let naps = engine.workflow_by_name("nap")?;
+    while naps.count(InstanceStatus::Complete).await? < instances as u64 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let woke = start.elapsed().as_secs_f64();
+    engine.shutdown().await;
+    drop_schema(url, &schema).await?;
+    let w = format!("PostgreSQL hibernation ({instances} sleeping, 1 engine)");
+    Ok(vec![
+        Row::new(
+            &w,
+            "time to create and hibernate all",
+            asleep.as_secs_f64(),
+            "s",
+        ),
+        Row::new(&w, "instances in memory while asleep", live as f64, ""),
+        Row::new(&w, "resident memory while asleep", crate::mib(rss), "MiB"),
+        Row::new(
+            &w,
+            "timer wake-ups/s (to completion)",
+            instances as f64 / woke,
+            "1/s",
+        ),
+    ])
 }
 
 /// SIGKILLs an engine holding `instances` running instances; this process's engine takes
