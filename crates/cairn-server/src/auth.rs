@@ -15,12 +15,24 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The credentials of a `Bearer` authorization; the scheme is case-insensitive (RFC 7235).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credentials.trim_start())
+}
+
 pub(crate) async fn check(token: String, req: Request, next: Next) -> Response {
+    // Load balancers probe `/healthz` without credentials; it reveals nothing else.
+    if req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
     let given = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer);
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => next.run(req).await,
         _ => ApiError::new(
@@ -34,6 +46,15 @@ pub(crate) async fn check(token: String, req: Request, next: Next) -> Response {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(super::bearer("Bearer abc"), Some("abc"));
+        assert_eq!(super::bearer("bearer abc"), Some("abc"));
+        assert_eq!(super::bearer("BEARER  abc"), Some("abc"));
+        assert_eq!(super::bearer("Basic abc"), None);
+        assert_eq!(super::bearer("Bearerabc"), None);
+    }
+
     #[test]
     fn constant_time_eq_compares_exactly() {
         assert!(super::constant_time_eq(b"secret", b"secret"));

@@ -61,3 +61,79 @@ impl IntoResponse for ApiError {
             .into_response()
     }
 }
+
+/// Turns every error response that is not JSON yet (axum's own: an unknown route, a wrong
+/// method, a path that is not UTF-8 or does not parse) into `{code, message}`, keeping its
+/// status and headers (`Allow` on a 405).
+pub(crate) async fn json_errors(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    let response = next.run(req).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/event-stream"));
+    if status.as_u16() < 400 || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let shown = crate::error::clip(&path);
+    let (code, message) = match status {
+        StatusCode::NOT_FOUND => (
+            "route.not_found",
+            format!("no route {method} {shown} (see /api/openapi.json)"),
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allow = parts
+                .headers
+                .get(axum::http::header::ALLOW)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            (
+                "method.not_allowed",
+                format!("{method} is not allowed on {shown} (allowed: {allow})"),
+            )
+        }
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("request.unsupported_media_type", text),
+        StatusCode::PAYLOAD_TOO_LARGE => ("payload.too_large", text),
+        s if s.is_server_error() => ("internal", text),
+        _ => (
+            "request.invalid",
+            if text.is_empty() {
+                status.to_string()
+            } else {
+                text
+            },
+        ),
+    };
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    let body = json!({ "code": code, "message": message }).to_string();
+    Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+/// Input echoed in a message, cut to a readable length (a 10 kB id is not echoed whole).
+pub(crate) fn clip(text: &str) -> String {
+    const MAX: usize = 200;
+    if text.len() <= MAX {
+        return text.to_owned();
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len())
+}

@@ -51,12 +51,14 @@ pub fn router_with_limits(engine: Engine, token: Option<String>, limits: &Limits
             tokio::sync::Semaphore::new(limits.max_streams),
         ))))
         .with_state(engine);
-    match token {
+    let routes = match token {
         Some(token) => routes.layer(axum::middleware::from_fn(move |req, next| {
             auth::check(token.clone(), req, next)
         })),
         None => routes,
-    }
+    };
+    // Outermost: also axum's own answers (no route, wrong method) become JSON errors.
+    routes.layer(axum::middleware::from_fn(error::json_errors))
 }
 
 pub use axum::Router;

@@ -5,7 +5,8 @@ use serde_json::{Map, Value, json};
 
 /// Every route: method, path, summary.
 pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
-    ("get", "/healthz", "Liveness check"),
+    ("get", "/healthz", "Liveness check (open without the token)"),
+    ("get", "/api", "The API's index: version and links"),
     ("get", "/api/openapi.json", "This document"),
     ("get", "/api/workflows", "List the registered workflows"),
     (

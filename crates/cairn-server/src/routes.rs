@@ -17,6 +17,7 @@ type ApiResult<T> = Result<T, ApiError>;
 pub(crate) fn routes() -> Router<Engine> {
     Router::new()
         .route("/healthz", get(|| async { Json(json!({ "ok": true })) }))
+        .route("/api", get(index))
         .route("/api/workflows", get(list_workflows))
         .route(
             "/api/openapi.json",
@@ -68,6 +69,19 @@ fn body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
 
 fn workflow(engine: &Engine, name: &str) -> ApiResult<UntypedWorkflow> {
     Ok(engine.workflow_by_name(name)?)
+}
+
+/// What the banner's URL answers: the version and where to go next.
+async fn index() -> Json<Value> {
+    Json(json!({
+        "name": "cairn",
+        "version": env!("CARGO_PKG_VERSION"),
+        "links": {
+            "openapi": "/api/openapi.json",
+            "workflows": "/api/workflows",
+            "health": "/healthz",
+        },
+    }))
 }
 
 async fn list_workflows(State(engine): State<Engine>) -> Json<Value> {

@@ -489,6 +489,9 @@ async fn a_configured_token_is_required_on_every_request() {
     let (_, doc) = call(&engine, Method::GET, "/api/openapi.json", None).await;
     let mut checked = 0;
     for (method, path, uri) in documented_routes(&doc, "x") {
+        if path == "/healthz" {
+            continue; // open: load balancers probe it (below)
+        }
         let (s, body) = raw_call(
             router(),
             method.clone(),
@@ -501,6 +504,18 @@ async fn a_configured_token_is_required_on_every_request() {
         checked += 1;
     }
     assert!(checked >= 10, "only {checked} routes documented");
+    // The scheme is case-insensitive (RFC 7235); /healthz needs no token and says nothing else.
+    let (s, _) = raw_call(
+        router(),
+        Method::GET,
+        "/api/workflows",
+        &[("authorization", "bearer s3cret")],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, body) = raw_call(router(), Method::GET, "/healthz", &[], "").await;
+    assert_eq!((s, body.as_str()), (StatusCode::OK, r#"{"ok":true}"#));
     let (_, v) = call(
         &engine,
         Method::GET,
@@ -978,5 +993,62 @@ async fn a_retried_send_with_an_idempotency_key_is_delivered_once() {
         (s, v["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("event.invalid_key"))
     );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_routes_wrong_methods_and_bad_paths_answer_json_errors() {
+    let (engine, _dir) = app().await;
+    let router = || cairn_server::router(engine.clone());
+    let json = |body: &str| serde_json::from_str::<Value>(body).unwrap_or(Value::Null);
+    // An unknown route: a JSON 404, not an empty body.
+    let (s, body) = raw_call(router(), Method::GET, "/api/nope", &[], "").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(json(&body)["code"], "route.not_found", "{body}");
+    // A wrong method: a JSON 405 that keeps its Allow header.
+    let response = router()
+        .oneshot(
+            Request::builder()
+                .method(Method::DELETE)
+                .uri("/api/workflows")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let allow = response
+        .headers()
+        .get("allow")
+        .map(|v| v.to_str().unwrap().to_owned());
+    assert!(
+        allow.as_deref().is_some_and(|a| a.contains("GET")),
+        "{allow:?}"
+    );
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8(bytes.to_vec()).unwrap();
+    assert_eq!(json(&body)["code"], "method.not_allowed", "{body}");
+    // A path segment that is not UTF-8: JSON, not text/plain.
+    let (s, body) = raw_call(
+        router(),
+        Method::GET,
+        "/api/workflows/approval/instances/%FF",
+        &[],
+        "",
+    )
+    .await;
+    assert!(s.is_client_error(), "{s}");
+    assert!(json(&body)["code"].is_string(), "{body}");
+    // A 10 kB unknown path is not echoed whole.
+    let long = format!("/api/{}", "x".repeat(10_000));
+    let (_, body) = raw_call(router(), Method::GET, &long, &[], "").await;
+    assert!(body.len() < 1_000, "{} bytes", body.len());
+    // The banner's URL answers with an index.
+    let (s, body) = raw_call(router(), Method::GET, "/api", &[], "").await;
+    assert_eq!(s, StatusCode::OK);
+    let index = json(&body);
+    assert_eq!(index["links"]["openapi"], "/api/openapi.json");
+    assert_eq!(index["links"]["workflows"], "/api/workflows");
+    assert!(index["version"].is_string());
     engine.shutdown().await;
 }
