@@ -12,10 +12,30 @@ pub(crate) struct Client {
 
 type Result<T> = std::result::Result<T, String>;
 
+/// Everything but the unreserved characters of RFC 3986 is escaped in a path segment or a
+/// query value: an id like `a/b` or `x?y=1` must reach the server as one id.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `text` as one path segment or query value.
+pub(crate) fn seg(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, SEGMENT).to_string()
+}
+
+/// How long the client waits to connect, and for an answer's head (a live stream's body is
+/// read as it comes, without a deadline).
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Client {
     pub(crate) fn new(url: String, token: Option<String>) -> Self {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .timeout_recv_response(Some(ANSWER_TIMEOUT))
             .build()
             .into();
         Client {
@@ -53,7 +73,7 @@ impl Client {
                 req.content_type("application/json").send(text.as_str())
             }
         };
-        let mut response = response.map_err(|e| format!("request {method} {url}: {e}"))?;
+        let mut response = response.map_err(|e| self.unreachable(&e))?;
         let status = response.status().as_u16();
         let text = response
             .body_mut()
@@ -70,7 +90,29 @@ impl Client {
         } else {
             let message = value["message"].as_str().unwrap_or(&text).to_owned();
             let code = value["code"].as_str().unwrap_or("http.error");
-            Err(format!("{message} ({code}, HTTP {status})"))
+            let hint = if status == 401 {
+                " — pass the server's token with --token or CAIRN_TOKEN"
+            } else {
+                ""
+            };
+            Err(format!("{message} ({code}, HTTP {status}){hint}"))
+        }
+    }
+
+    /// What to say when the request did not get an answer.
+    fn unreachable(&self, e: &ureq::Error) -> String {
+        match e {
+            ureq::Error::Io(_) | ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => {
+                format!(
+                    "cannot reach Cairn at {} — is 'cairn serve' running? (set --url or CAIRN_URL) [{e}]",
+                    self.url
+                )
+            }
+            ureq::Error::Timeout(_) => format!(
+                "Cairn at {} did not answer in time — is it overloaded or stopped? [{e}]",
+                self.url
+            ),
+            _ => format!("request to {}: {e}", self.url),
         }
     }
 
@@ -134,7 +176,7 @@ impl Client {
         }
         let page = self.call(
             "GET",
-            &format!("/api/workflows/{workflow}/instances?limit=1"),
+            &format!("/api/workflows/{}/instances?limit=1", seg(&workflow)),
             None,
         )?;
         page["instances"][0]["id"]

@@ -207,6 +207,11 @@ async fn serve(
         )
         .into());
     }
+    // The address first: a busy port must not create or open the database (and take over
+    // its leases) only to fail afterwards.
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("listen on {addr}: {e}"))?;
     let builder = if is_postgres(&db) {
         cairn::Engine::builder().postgres(db.clone())
     } else {
@@ -217,13 +222,18 @@ async fn serve(
         .start()
         .await
         .map_err(|e| format!("start the engine on {shown}: {e}"))?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("listen on {addr}: {e}"))?;
     let names: Vec<&str> = engine.workflow_names().iter().map(|n| n.as_str()).collect();
     out!(
         "cairn: serving http://{addr}/api on {shown} (workflows: {})",
         names.join(", ")
+    );
+    out!(
+        "cairn: API index http://{addr}/api, OpenAPI http://{addr}/api/openapi.json; {}",
+        if token.is_some() {
+            "every request needs the token (Authorization: Bearer …; the CLI takes --token or CAIRN_TOKEN)"
+        } else {
+            "no token required (loopback only)"
+        }
     );
     // The first Ctrl-C or SIGTERM stops gracefully; a second one exits at once.
     let stop = std::sync::Arc::new(tokio::sync::Notify::new());
@@ -300,7 +310,11 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
             });
         }
         WorkflowsCommand::Describe { name } => {
-            let v = c.call("GET", &format!("/api/workflows/{name}"), None)?;
+            let v = c.call(
+                "GET",
+                &format!("/api/workflows/{}", client::seg(&name)),
+                None,
+            )?;
             print(json, &v, || {
                 out!("Workflow: {name}");
                 let counts: Vec<Vec<String>> = v["instances"]
@@ -322,7 +336,7 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
             let body = json!({ "instance_id": id, "params": params });
             let v = c.call(
                 "POST",
-                &format!("/api/workflows/{name}/instances"),
+                &format!("/api/workflows/{}/instances", client::seg(&name)),
                 Some(&body),
             )?;
             print(json, &v, || {
@@ -347,7 +361,11 @@ fn change_status(
     let id = c.resolve(name, id)?;
     let v = c.call(
         "PATCH",
-        &format!("/api/workflows/{name}/instances/{id}/status"),
+        &format!(
+            "/api/workflows/{}/instances/{}/status",
+            client::seg(&name),
+            client::seg(&id)
+        ),
         Some(&body),
     )?;
     print(json, &v, || {
@@ -366,9 +384,12 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
             status,
             limit,
         } => {
-            let mut path = format!("/api/workflows/{name}/instances?limit={limit}");
+            let mut path = format!(
+                "/api/workflows/{}/instances?limit={limit}",
+                client::seg(&name)
+            );
             if let Some(s) = status {
-                path.push_str(&format!("&status={s}"));
+                path.push_str(&format!("&status={}", client::seg(&s)));
             }
             let v = c.call("GET", &path, None)?;
             print(json, &v, || {
@@ -392,12 +413,20 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
             let id = c.resolve(&name, &id)?;
             let v = c.call(
                 "GET",
-                &format!("/api/workflows/{name}/instances/{id}"),
+                &format!(
+                    "/api/workflows/{}/instances/{}",
+                    client::seg(&name),
+                    client::seg(&id)
+                ),
                 None,
             )?;
             print(json, &v, || client::describe(&v, full_output));
             if watch {
-                let path = format!("/api/workflows/{name}/instances/{id}/stream");
+                let path = format!(
+                    "/api/workflows/{}/instances/{}/stream",
+                    client::seg(&name),
+                    client::seg(&id)
+                );
                 c.follow(&path, |n, event, record| {
                     if json {
                         out!("{}", json!({ "id": n, "event": event, "record": record }));
@@ -430,7 +459,12 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                 Some(p) => client::parse_json("--payload", &p)?,
                 None => client::empty_object(),
             };
-            let path = format!("/api/workflows/{name}/instances/{id}/events/{event_type}");
+            let path = format!(
+                "/api/workflows/{}/instances/{}/events/{}",
+                client::seg(&name),
+                client::seg(&id),
+                client::seg(&event_type)
+            );
             let v = c.call("POST", &path, Some(&payload))?;
             print(json, &v, || {
                 out!("📤 Event {event_type:?} sent to instance {id:?}")
@@ -488,7 +522,10 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                 .iter()
                 .map(|id| c.resolve(&name, id))
                 .collect::<Result<Vec<_>, _>>()?;
-            let path = format!("/api/workflows/{name}/instances/batch/delete");
+            let path = format!(
+                "/api/workflows/{}/instances/batch/delete",
+                client::seg(&name)
+            );
             let v = c.call("POST", &path, Some(&json!({ "instances": ids })))?;
             print(json, &v, || {
                 for id in v["deleted"].as_array().into_iter().flatten() {

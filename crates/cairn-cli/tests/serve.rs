@@ -262,7 +262,7 @@ fn the_cli_drives_an_instance_through_its_life() {
     assert!(!ok && err.contains("--from-step-name is required"), "{err}");
     let (ok, _, err) = cairn(free_port(), &["workflows", "list"]);
     assert!(
-        !ok && err.starts_with("error: request GET"),
+        !ok && err.starts_with("error: cannot reach Cairn at"),
         "no server: {err}"
     );
 }
@@ -346,5 +346,91 @@ fn sigterm_stops_serve_even_with_an_open_stream() {
     assert!(
         rest.ends_with("0\r\n\r\n"),
         "the chunked stream ended cleanly: {rest:?}"
+    );
+}
+
+/// Ids and values with reserved characters reach the server as one id: `a/b` is refused by
+/// the server's id check (not an empty 404), `x?y=1` is not `x`, and a status cannot
+/// smuggle a parameter.
+#[test]
+fn ids_and_values_are_percent_encoded() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    let (ok, _, _) = cairn(port, &["workflows", "trigger", "greet", "{}", "--id", "x"]);
+    assert!(ok);
+    let (ok, out, err) = cairn(port, &["instances", "describe", "greet", "a/b"]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("instance.invalid_id") || err.contains("instance.not_found"),
+        "{err}"
+    );
+    assert!(!err.contains("route.not_found"), "{err}");
+    let (ok, out, err) = cairn(port, &["instances", "describe", "greet", "x?y=1"]);
+    assert!(!ok, "described {out}");
+    assert!(!out.contains("Instance  x\n"), "{out}");
+    assert!(err.contains("instance."), "{err}");
+    let (ok, out, err) = cairn(
+        port,
+        &["instances", "list", "greet", "--status", "complete&limit=1"],
+    );
+    assert!(!ok, "listed {out}");
+    assert!(
+        err.contains("request.invalid") || err.contains("status"),
+        "{err}"
+    );
+}
+
+/// The CLI says what to do: a server that is not running, a missing token.
+#[test]
+fn errors_say_what_to_do() {
+    let port = free_port();
+    let (ok, _, err) = cairn(port, &["workflows", "list"]);
+    assert!(!ok);
+    assert!(err.contains("is 'cairn serve' running?"), "{err}");
+    assert!(err.contains("CAIRN_URL"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--token", "t0k", "--db"])
+        .arg(dir.path().join("cairn.db"))
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let _server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http(port, "GET", "/healthz", "").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, _, err) = cairn(port, &["workflows", "list"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--token") && err.contains("CAIRN_TOKEN"),
+        "{err}"
+    );
+}
+
+/// A busy port fails `serve` before it creates (or opens) the database.
+#[test]
+fn serve_binds_before_it_opens_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _first = start(&dir.path().join("first.db"), port);
+    let second = dir.path().join("second.db");
+    let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--db"])
+        .arg(&second)
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("listen on"), "{stderr}");
+    assert!(
+        !second.exists(),
+        "the database was created before the bind failed"
     );
 }
