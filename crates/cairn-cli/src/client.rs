@@ -176,7 +176,7 @@ impl Client {
         }
         let page = self.call(
             "GET",
-            &format!("/api/workflows/{}/instances?limit=1", seg(&workflow)),
+            &format!("/api/workflows/{}/instances?limit=1", seg(workflow)),
             None,
         )?;
         page["instances"][0]["id"]
