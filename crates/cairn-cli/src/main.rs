@@ -363,7 +363,7 @@ fn change_status(
         "PATCH",
         &format!(
             "/api/workflows/{}/instances/{}/status",
-            client::seg(&name),
+            client::seg(name),
             client::seg(&id)
         ),
         Some(&body),
