@@ -48,7 +48,8 @@ impl From<cairn::Error> for ApiError {
             "internal" | "engine.config" => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::BAD_REQUEST,
         };
-        ApiError::new(status, e.code(), e.to_string())
+        // An id or name the caller sent may be echoed in the message: never 10 kB of it.
+        ApiError::new(status, e.code(), clip_to(&e.to_string(), 1_000))
     }
 }
 
@@ -127,11 +128,15 @@ pub(crate) async fn json_errors(
 
 /// Input echoed in a message, cut to a readable length (a 10 kB id is not echoed whole).
 pub(crate) fn clip(text: &str) -> String {
-    const MAX: usize = 200;
-    if text.len() <= MAX {
+    clip_to(text, 200)
+}
+
+/// `text`, cut to at most `max` bytes (on a character boundary) with the length said.
+pub(crate) fn clip_to(text: &str, max: usize) -> String {
+    if text.len() <= max {
         return text.to_owned();
     }
-    let mut end = MAX;
+    let mut end = max;
     while !text.is_char_boundary(end) {
         end -= 1;
     }

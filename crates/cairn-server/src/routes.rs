@@ -52,12 +52,14 @@ pub(crate) fn routes() -> Router<Engine> {
 /// Maps an extractor's rejection (malformed JSON, wrong content type, oversized body) to
 /// an [`ApiError`].
 fn rejected(status: StatusCode, detail: String) -> ApiError {
-    let code = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => "payload.too_large",
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => "request.unsupported_media_type",
-        _ => "request.invalid",
-    };
-    ApiError::new(status, code, detail)
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "payload.too_large", detail),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            ApiError::new(status, "request.unsupported_media_type", detail)
+        }
+        // Malformed JSON (400) and JSON of the wrong shape (422) alike: one code, one status.
+        _ => ApiError::bad_request(detail),
+    }
 }
 
 /// A JSON body; `Object` bodies refuse an array with the same `request.invalid` as any
@@ -117,8 +119,12 @@ async fn create_instance(
     ))
 }
 
+/// The largest page of a list.
+const MAX_LIMIT: usize = 1_000;
+
+/// Unknown query keys are ignored (cache-busters such as `?_=1` are common); bodies, which
+/// a caller composes on purpose, refuse them.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct ListQuery {
     status: Option<String>,
     limit: Option<usize>,
@@ -136,7 +142,15 @@ async fn list_instances(
         Some(s) => Some(s.parse::<InstanceStatus>().map_err(ApiError::bad_request)?),
         None => None,
     };
-    let limit = query.limit.unwrap_or(50).clamp(1, 1_000);
+    let limit = match query.limit {
+        None => 50,
+        Some(n @ 1..=MAX_LIMIT) => n,
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "limit must be between 1 and {MAX_LIMIT}, not {n}"
+            )));
+        }
+    };
     let mut options = cairn::ListOptions::default().limit(limit);
     options.status = status;
     options.cursor = query.cursor.clone();
@@ -242,9 +256,15 @@ async fn send_event(
     State(engine): State<Engine>,
     Path((name, id, event_type)): Path<(String, String, String)>,
     headers: axum::http::HeaderMap,
-    payload: Result<Json<Value>, JsonRejection>,
+    payload: axum::body::Bytes,
 ) -> ApiResult<Json<Value>> {
-    let payload = body(payload)?;
+    // No body is an event without a payload (`null`), whatever the content type says.
+    let payload: Value = if payload.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(&payload)
+            .map_err(|e| ApiError::bad_request(format!("the event payload is not JSON: {e}")))?
+    };
     // Bad input is reported before any lookup.
     cairn::EventType::new(event_type.as_str()).map_err(cairn::Error::from)?;
     let key = match headers.get("idempotency-key") {
@@ -322,7 +342,6 @@ async fn delete_batch(
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct StreamQuery {
     cursor: Option<u64>,
 }

@@ -239,7 +239,7 @@ async fn bad_input_gets_a_status_and_a_stable_code_and_changes_nothing() {
             Method::POST,
             "/api/workflows/approval/instances",
             Some(r#"{"unknown": 1}"#),
-            StatusCode::UNPROCESSABLE_ENTITY,
+            StatusCode::BAD_REQUEST,
             "request.invalid",
         ),
         (
@@ -399,7 +399,7 @@ async fn json_arrays_are_not_request_bodies() {
         let (s, v) = call(&engine, method.clone(), uri, Some(body)).await;
         assert_eq!(
             (s, v["code"].as_str().unwrap_or("")),
-            (StatusCode::UNPROCESSABLE_ENTITY, "request.invalid"),
+            (StatusCode::BAD_REQUEST, "request.invalid"),
             "{method} {uri} {body}: {v}"
         );
         assert!(
@@ -1050,5 +1050,62 @@ async fn unknown_routes_wrong_methods_and_bad_paths_answer_json_errors() {
     assert_eq!(index["links"]["openapi"], "/api/openapi.json");
     assert_eq!(index["links"]["workflows"], "/api/workflows");
     assert!(index["version"].is_string());
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn input_edges_limits_unknown_keys_empty_events_and_long_ids() {
+    let (engine, _dir) = app().await;
+    let list = "/api/workflows/approval/instances";
+    // limit=0 and a limit over the maximum are refused, naming the range.
+    for bad in ["0", "1001"] {
+        let (s, v) = call(&engine, Method::GET, &format!("{list}?limit={bad}"), None).await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (StatusCode::BAD_REQUEST, json!("request.invalid"))
+        );
+        assert!(v["message"].as_str().unwrap().contains("1000"), "{v}");
+    }
+    // Unknown query keys (a cache-buster) are ignored.
+    let (s, _) = call(&engine, Method::GET, &format!("{list}?limit=5&_=123"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    // A create body shaped as an array is refused with the one status of request.invalid.
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        list,
+        Some(r#"["id", {"params": 1}]"#),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::BAD_REQUEST, json!("request.invalid"))
+    );
+    // An event with no body (and no content type) is an event with a null payload.
+    let (s, _) = call(&engine, Method::POST, list, Some(r#"{"instance_id": "e"}"#)).await;
+    assert_eq!(s, StatusCode::CREATED);
+    until_status(&engine, "e", "waiting").await;
+    let router = cairn_server::router(engine.clone());
+    let (s, body) = raw_call(
+        router,
+        Method::POST,
+        "/api/workflows/approval/instances/e/events/approved",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    until_status(&engine, "e", "complete").await;
+    let (_, v) = call(&engine, Method::GET, &format!("{list}/e"), None).await;
+    assert_eq!(v["output"]["event"], Value::Null, "{v}");
+    // A 10 kB id is not echoed whole.
+    let long = "i".repeat(10_000);
+    let (s, v) = call(&engine, Method::GET, &format!("{list}/{long}"), None).await;
+    assert!(s.is_client_error());
+    assert!(
+        v["message"].as_str().unwrap().len() < 1_100,
+        "{} bytes",
+        v["message"].as_str().unwrap().len()
+    );
     engine.shutdown().await;
 }
