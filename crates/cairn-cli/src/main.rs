@@ -76,9 +76,16 @@ enum WorkflowsCommand {
     /// The registered workflows.
     List,
     /// A workflow's instance counts by status.
-    Describe { name: String },
+    Describe {
+        /// The workflow's name (`cairn workflows list` shows them).
+        name: String,
+    },
     /// Create an instance.
+    #[command(
+        after_help = "Examples:\n  cairn workflows trigger approval '{\"amount\": 42}' --id req-1\n  cairn workflows trigger greet"
+    )]
     Trigger {
+        /// The workflow's name (`cairn workflows list` shows them).
         name: String,
         /// Params as JSON (default `{}`).
         params: Option<String>,
@@ -91,16 +98,28 @@ enum WorkflowsCommand {
 #[derive(Subcommand)]
 enum InstancesCommand {
     /// A workflow's instances, newest first.
+    #[command(
+        after_help = "Examples:\n  cairn instances list approval\n  cairn instances list approval --status waiting --limit 5 --json"
+    )]
     List {
+        /// The workflow's name (`cairn workflows list` shows them).
         name: String,
+        /// Only instances in this status: queued, running, paused, errored, terminated,
+        /// complete, waitingForPause or waiting.
         #[arg(long)]
         status: Option<String>,
+        /// How many instances, at most (1 to 1000).
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
-    /// An instance's status and step timeline (`latest` for the newest).
+    /// An instance's status and step timeline.
+    #[command(
+        after_help = "Examples:\n  cairn instances describe approval req-1\n  cairn instances describe approval latest --watch"
+    )]
     Describe {
+        /// The workflow's name (`cairn workflows list` shows them).
         name: String,
+        /// The instance id (`latest`: the newest instance of the workflow).
         #[arg(default_value = "latest")]
         id: String,
         /// Show outputs whole instead of cut at 60 characters.
@@ -111,9 +130,15 @@ enum InstancesCommand {
         watch: bool,
     },
     /// Send an event to an instance.
+    #[command(
+        after_help = "Example:\n  cairn instances send-event approval req-1 --type approved --payload '{\"by\": \"ada\"}'"
+    )]
     SendEvent {
+        /// The workflow's name (`cairn workflows list` shows them).
         name: String,
+        /// The instance id (`latest`: the newest instance of the workflow).
         id: String,
+        /// The event type, as the workflow's `wait_for_event` names it.
         #[arg(long = "type")]
         event_type: String,
         /// The payload as JSON (default `{}`).
@@ -121,32 +146,53 @@ enum InstancesCommand {
         payload: Option<String>,
     },
     /// Pause an instance.
-    Pause { name: String, id: String },
+    Pause {
+        /// The workflow's name (`cairn workflows list` shows them).
+        name: String,
+        /// The instance id (`latest`: the newest instance of the workflow).
+        id: String,
+    },
     /// Resume an instance.
-    Resume { name: String, id: String },
+    Resume {
+        /// The workflow's name (`cairn workflows list` shows them).
+        name: String,
+        /// The instance id (`latest`: the newest instance of the workflow).
+        id: String,
+    },
     /// Terminate an instance.
     Terminate {
+        /// The workflow's name (`cairn workflows list` shows them).
         name: String,
+        /// The instance id (`latest`: the newest instance of the workflow).
         id: String,
         /// Run the rollback handlers first.
         #[arg(long)]
         rollback: bool,
     },
     /// Restart an instance, from scratch or from a step.
+    #[command(
+        after_help = "Examples:\n  cairn instances restart approval req-1\n  cairn instances restart approval req-1 --from-step-name charge --from-step-count 2"
+    )]
     Restart {
+        /// The workflow's name (`cairn workflows list` shows them).
         name: String,
+        /// The instance id (`latest`: the newest instance of the workflow).
         id: String,
+        /// Restart from the step with this name (and every step started after it).
         #[arg(long)]
         from_step_name: Option<String>,
+        /// Which of the steps with that name: 1 for the first (default 1).
         #[arg(long)]
         from_step_count: Option<u32>,
-        /// run, sleep or wait_for_event.
+        /// The step's type: run, sleep or wait_for_event.
         #[arg(long)]
         from_step_type: Option<String>,
     },
     /// Delete instances.
     Delete {
+        /// The workflow's name (`cairn workflows list` shows them).
         name: String,
+        /// The ids of the instances to delete (up to 100).
         #[arg(required = true)]
         ids: Vec<String>,
     },
@@ -542,4 +588,31 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// Every argument and option of every command says what it is.
+    #[test]
+    fn no_argument_lacks_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "cairn", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
+    }
 }
