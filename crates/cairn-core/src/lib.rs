@@ -41,7 +41,7 @@ pub use record::{
 };
 pub use rollback::{RollbackStatus, RollbackTrigger};
 pub use status::InstanceStatus;
-pub use time::Timestamp;
+pub use time::{Timestamp, rfc3339};
 
 /// The default limit on a step output, on params and on event payloads: 1 MiB.
 pub const DEFAULT_PAYLOAD_LIMIT: usize = 1 << 20;

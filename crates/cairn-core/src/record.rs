@@ -264,7 +264,8 @@ impl fmt::Display for LogKind {
 pub struct LogEntry {
     /// What happened.
     pub kind: LogKind,
-    /// When.
+    /// When (RFC 3339 in JSON).
+    #[serde(with = "crate::time::rfc3339")]
     pub at: Timestamp,
     /// The step it concerns, if any.
     pub step: Option<StepKey>,

@@ -64,9 +64,99 @@ impl fmt::Display for Timestamp {
     }
 }
 
+/// Serde for timestamps in the API's views: RFC 3339, UTC, milliseconds
+/// (`2024-10-24T13:00:00.123Z`), as Cloudflare's API writes them. Reading accepts that or
+/// milliseconds since the epoch. Storage does not go through serde.
+pub mod rfc3339 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Timestamp;
+
+    /// Writes `t` as RFC 3339.
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<S: Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&t.to_rfc3339())
+    }
+
+    /// Reads RFC 3339 or epoch milliseconds.
+    ///
+    /// # Errors
+    /// When the value is neither.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Millis(i64),
+            Text(String),
+        }
+        match Either::deserialize(d)? {
+            Either::Millis(ms) => Ok(Timestamp::from_millis(ms)),
+            Either::Text(text) => humantime::parse_rfc3339_weak(&text)
+                .map(Timestamp::from_system_time)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+
+    /// The same for an optional timestamp.
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        use super::Timestamp;
+
+        /// Writes `t` as RFC 3339, or `null`.
+        ///
+        /// # Errors
+        /// The serializer's.
+        pub fn serialize<S: Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+            match t {
+                Some(t) => s.serialize_str(&t.to_rfc3339()),
+                None => s.serialize_none(),
+            }
+        }
+
+        /// Reads RFC 3339, epoch milliseconds, or `null`.
+        ///
+        /// # Errors
+        /// When the value is none of them.
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+            #[derive(Deserialize)]
+            struct Wrap(#[serde(with = "super")] Timestamp);
+            Ok(Option::<Wrap>::deserialize(d)?.map(|Wrap(t)| t))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn api_timestamps_are_rfc3339_and_read_back_either_way() {
+        #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+        struct T {
+            #[serde(with = "rfc3339")]
+            at: Timestamp,
+            #[serde(with = "rfc3339::option")]
+            end: Option<Timestamp>,
+        }
+        let t = T {
+            at: Timestamp::from_millis(1_729_774_800_123),
+            end: None,
+        };
+        let text = serde_json::to_string(&t).unwrap_or_default();
+        assert_eq!(text, r#"{"at":"2024-10-24T13:00:00.123Z","end":null}"#);
+        assert_eq!(serde_json::from_str::<T>(&text).ok(), Some(T { ..t }));
+        let old: Option<T> = serde_json::from_str(r#"{"at":1729774800123,"end":5}"#).ok();
+        assert_eq!(
+            old.map(|o| (o.at, o.end)),
+            Some((
+                Timestamp::from_millis(1_729_774_800_123),
+                Some(Timestamp::from_millis(5))
+            ))
+        );
+    }
 
     #[test]
     fn formats_rfc3339() {

@@ -1109,3 +1109,60 @@ async fn input_edges_limits_unknown_keys_empty_events_and_long_ids() {
     );
     engine.shutdown().await;
 }
+
+/// One time format in every field: RFC 3339, UTC, milliseconds.
+fn is_rfc3339_millis(v: &Value) -> bool {
+    let Some(t) = v.as_str() else { return false };
+    let b = t.as_bytes();
+    t.len() == 24
+        && b[4] == b'-'
+        && b[10] == b'T'
+        && b[19] == b'.'
+        && t.ends_with('Z')
+        && t.chars().filter(char::is_ascii_digit).count() == 17
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_time_is_rfc3339_in_lists_details_and_streams() {
+    let (engine, _dir) = app().await;
+    let list = "/api/workflows/approval/instances";
+    call(&engine, Method::POST, list, Some(r#"{"instance_id": "t"}"#)).await;
+    until_status(&engine, "t", "waiting").await;
+    call(
+        &engine,
+        Method::POST,
+        &format!("{list}/t/events/approved"),
+        Some("1"),
+    )
+    .await;
+    until_status(&engine, "t", "complete").await;
+    let (_, v) = call(&engine, Method::GET, list, None).await;
+    let row = &v["instances"][0];
+    for field in ["created", "started", "ended"] {
+        assert!(is_rfc3339_millis(&row[field]), "list {field}: {row}");
+    }
+    let (_, v) = call(&engine, Method::GET, &format!("{list}/t"), None).await;
+    assert!(is_rfc3339_millis(&v["steps"][0]["start"]), "details: {v}");
+    // The stream of a finished instance replays its records and ends.
+    let (s, body) = raw_call(
+        cairn_server::router(engine.clone()),
+        Method::GET,
+        &format!("{list}/t/stream"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let records: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .filter(|v: &Value| v.get("at").is_some())
+        .collect();
+    assert!(records.len() >= 5, "{body}");
+    assert!(
+        records.iter().all(|r| is_rfc3339_millis(&r["at"])),
+        "{body}"
+    );
+    engine.shutdown().await;
+}

@@ -8,18 +8,10 @@ use cairn_core::{
     StepState, Timestamp,
 };
 use cairn_store::InstanceRecord;
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 
-fn iso<S: Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&t.to_rfc3339())
-}
-
-fn iso_opt<S: Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
-    match t {
-        Some(t) => s.serialize_str(&t.to_rfc3339()),
-        None => s.serialize_none(),
-    }
-}
+use cairn_core::rfc3339::option::serialize as iso_opt;
+use cairn_core::rfc3339::serialize as iso;
 
 /// Everything about one instance.
 #[derive(Debug, Clone, Serialize)]

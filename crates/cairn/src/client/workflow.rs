@@ -23,11 +23,14 @@ pub struct InstanceSummary {
     pub id: InstanceId,
     /// Its status.
     pub status: InstanceStatus,
-    /// When it was created.
+    /// When it was created (RFC 3339 in JSON, as every time the API shows).
+    #[serde(serialize_with = "cairn_core::rfc3339::serialize")]
     pub created: cairn_core::Timestamp,
     /// When it first started.
+    #[serde(serialize_with = "cairn_core::rfc3339::option::serialize")]
     pub started: Option<cairn_core::Timestamp>,
     /// When it finished.
+    #[serde(serialize_with = "cairn_core::rfc3339::option::serialize")]
     pub ended: Option<cairn_core::Timestamp>,
 }
 
