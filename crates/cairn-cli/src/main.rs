@@ -184,7 +184,7 @@ enum InstancesCommand {
         /// Which of the steps with that name: 1 for the first (default 1).
         #[arg(long)]
         from_step_count: Option<u32>,
-        /// The step's type: run, sleep or wait_for_event.
+        /// The step's type: step, sleep or waitForEvent (also do, run, wait_for_event).
         #[arg(long)]
         from_step_type: Option<String>,
     },
@@ -549,15 +549,15 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                 None => json!({"status": "restart"}),
                 Some(step) => {
                     let kind = match from_step_type.as_deref() {
-                        None | Some("run" | "do") => "do",
-                        Some("sleep") => "sleep",
-                        Some("wait_for_event" | "waitForEvent") => "waitForEvent",
-                        Some(other) => {
-                            return Err(format!(
-                                "--from-step-type {other:?}: expected run, sleep or wait_for_event"
-                            ));
-                        }
-                    };
+                        None => cairn::StepKind::Run,
+                        Some(name) => cairn::StepKind::parse(name).ok_or_else(|| {
+                            format!(
+                                "--from-step-type {name:?}: expected {}",
+                                cairn::StepKind::NAMES
+                            )
+                        })?,
+                    }
+                    .as_str();
                     json!({"status": "restart", "from": {"name": step, "count": from_step_count.unwrap_or(1), "type": kind}})
                 }
             };

@@ -59,12 +59,13 @@ impl fmt::Display for ErrorInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum StepKind {
-    /// `step.run` (Cloudflare's `step.do`).
-    #[serde(rename = "do")]
+    /// `step.run` (Cloudflare's `step.do`), named `step` as in Cloudflare's instance details.
+    #[serde(rename = "step", alias = "do", alias = "run")]
     Run,
     /// `step.sleep` and `step.sleep_until`.
     Sleep,
     /// `step.wait_for_event`.
+    #[serde(alias = "wait_for_event")]
     WaitForEvent,
     /// The rollback (saga compensation) of the `run` step with the same name and count.
     Rollback,
@@ -93,10 +94,24 @@ impl StepKind {
         .find(|k| k.code() == code)
     }
 
-    /// Cloudflare's name: `do`, `sleep`, `waitForEvent`.
+    /// The kind named `name`: Cloudflare's names (`step`, `sleep`, `waitForEvent`) or their
+    /// aliases (`do` and `run`, `wait_for_event`), everywhere a user names a step's type.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "step" | "do" | "run" => Some(StepKind::Run),
+            "sleep" => Some(StepKind::Sleep),
+            "waitForEvent" | "wait_for_event" => Some(StepKind::WaitForEvent),
+            _ => None,
+        }
+    }
+
+    /// The names [`StepKind::parse`] takes, for error messages.
+    pub const NAMES: &'static str = "step, sleep or waitForEvent (also do, run, wait_for_event)";
+
+    /// Cloudflare's name: `step`, `sleep`, `waitForEvent` (and `rollback`).
     pub fn as_str(self) -> &'static str {
         match self {
-            StepKind::Run => "do",
+            StepKind::Run => "step",
             StepKind::Sleep => "sleep",
             StepKind::WaitForEvent => "waitForEvent",
             StepKind::Rollback => "rollback",
@@ -326,6 +341,16 @@ mod tests {
             count: 2,
         };
         assert_eq!(key.target(), "charge-2");
-        assert_eq!(serde_json::to_value(StepKind::Run).expect("ser"), "do");
+        assert_eq!(serde_json::to_value(StepKind::Run).expect("ser"), "step");
+        for alias in ["\"do\"", "\"run\"", "\"step\""] {
+            assert_eq!(
+                serde_json::from_str::<StepKind>(alias).ok(),
+                Some(StepKind::Run)
+            );
+        }
+        assert_eq!(
+            serde_json::from_str::<StepKind>("\"wait_for_event\"").ok(),
+            Some(StepKind::WaitForEvent)
+        );
     }
 }

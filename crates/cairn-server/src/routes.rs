@@ -227,14 +227,14 @@ async fn change_status(
             None => instance.restart().await?,
             Some(from) => {
                 let kind = match from.kind.as_deref() {
-                    None | Some("do") => StepKind::Run,
-                    Some("sleep") => StepKind::Sleep,
-                    Some("waitForEvent") => StepKind::WaitForEvent,
-                    Some(other) => {
-                        return Err(ApiError::bad_request(format!(
-                            "unknown step type {other:?}: expected do, sleep or waitForEvent"
-                        )));
-                    }
+                    None => StepKind::Run,
+                    Some(name) => StepKind::parse(name).ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "unknown step type {:?}: expected {}",
+                            crate::error::clip(name),
+                            StepKind::NAMES
+                        ))
+                    })?,
                 };
                 instance
                     .restart_from(kind, &from.name, from.count.unwrap_or(1))

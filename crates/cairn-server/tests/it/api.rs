@@ -1166,3 +1166,64 @@ async fn every_time_is_rfc3339_in_lists_details_and_streams() {
     );
     engine.shutdown().await;
 }
+
+/// One step-type vocabulary: Cloudflare's `step`, `sleep`, `waitForEvent` in details and
+/// records, and accepted (with the aliases `do`, `run`, `wait_for_event`) wherever a step's
+/// type is named.
+#[tokio::test(start_paused = true)]
+async fn one_step_type_vocabulary_everywhere() {
+    let (engine, _dir) = app().await;
+    let list = "/api/workflows/approval/instances";
+    call(&engine, Method::POST, list, Some(r#"{"instance_id": "v"}"#)).await;
+    until_status(&engine, "v", "waiting").await;
+    let (_, v) = call(&engine, Method::GET, &format!("{list}/v"), None).await;
+    let types: Vec<&str> = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["step", "waitForEvent"], "{v}");
+    for name in ["step", "do", "run"] {
+        let body =
+            format!(r#"{{"status": "restart", "from": {{"name": "first", "type": "{name}"}}}}"#);
+        let (s, v) = call(
+            &engine,
+            Method::PATCH,
+            &format!("{list}/v/status"),
+            Some(&body),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{name}: {v}");
+        until_status(&engine, "v", "waiting").await;
+    }
+    for name in ["waitForEvent", "wait_for_event"] {
+        let body =
+            format!(r#"{{"status": "restart", "from": {{"name": "approval", "type": "{name}"}}}}"#);
+        let (s, v) = call(
+            &engine,
+            Method::PATCH,
+            &format!("{list}/v/status"),
+            Some(&body),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{name}: {v}");
+        until_status(&engine, "v", "waiting").await;
+    }
+    let (s, v) = call(
+        &engine,
+        Method::PATCH,
+        &format!("{list}/v/status"),
+        Some(r#"{"status": "restart", "from": {"name": "first", "type": "task"}}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("step, sleep or waitForEvent"),
+        "{v}"
+    );
+    engine.shutdown().await;
+}

@@ -107,12 +107,7 @@ pub struct AttemptDetails {
 }
 
 fn kind_label(kind: StepKind) -> &'static str {
-    match kind {
-        StepKind::Run => "step",
-        StepKind::Sleep => "sleep",
-        StepKind::WaitForEvent => "waitForEvent",
-        StepKind::Rollback => "rollback",
-    }
+    kind.as_str()
 }
 
 impl InstanceDetails {
