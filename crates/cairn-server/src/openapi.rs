@@ -66,27 +66,255 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The query parameters, request body and success answer of a route.
+fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static str, Value)) {
+    let query = |name: &str, description: &str, schema: Value| json!({ "name": name, "in": "query", "required": false, "description": description, "schema": schema });
+    let schema = |name: &str| json!({ "$ref": format!("#/components/schemas/{name}") });
+    let body = |s: Value| {
+        Some(json!({ "required": true, "content": { "application/json": { "schema": s } } }))
+    };
+    let sse = json!({ "text/event-stream": { "schema": { "type": "string" } } });
+    match (method, path) {
+        ("get", "/healthz") => (vec![], None, ("200", schema("Health"))),
+        ("get", "/api") => (vec![], None, ("200", schema("Index"))),
+        ("get", "/api/openapi.json") => (vec![], None, ("200", json!({ "type": "object" }))),
+        ("get", "/api/workflows") => (vec![], None, ("200", schema("WorkflowList"))),
+        ("get", "/api/workflows/{name}") => (vec![], None, ("200", schema("Workflow"))),
+        ("post", "/api/workflows/{name}/instances") => (
+            vec![],
+            body(schema("CreateInstance")),
+            ("201", schema("Created")),
+        ),
+        ("get", "/api/workflows/{name}/instances") => (
+            vec![
+                query("status", "Only instances in this status", schema("Status")),
+                query(
+                    "limit",
+                    "Page size, 1 to 1000 (default 50)",
+                    json!({ "type": "integer", "minimum": 1, "maximum": 1000 }),
+                ),
+                query(
+                    "cursor",
+                    "The `cursor` of the previous page",
+                    json!({ "type": "string" }),
+                ),
+            ],
+            None,
+            ("200", schema("InstanceList")),
+        ),
+        ("post", "/api/workflows/{name}/instances/batch") => (
+            vec![],
+            body(json!({ "type": "array", "maxItems": 100, "items": schema("CreateInstance") })),
+            ("201", schema("BatchCreated")),
+        ),
+        ("post", "/api/workflows/{name}/instances/batch/delete") => (
+            vec![],
+            body(
+                json!({ "type": "object", "required": ["instances"], "properties": { "instances": { "type": "array", "maxItems": 100, "items": { "type": "string" } } } }),
+            ),
+            ("200", schema("BatchDeleted")),
+        ),
+        ("get", "/api/workflows/{name}/instances/{id}") => {
+            (vec![], None, ("200", schema("InstanceDetails")))
+        }
+        ("delete", "/api/workflows/{name}/instances/{id}") => {
+            (vec![], None, ("200", json!({ "type": "object" })))
+        }
+        ("patch", "/api/workflows/{name}/instances/{id}/status") => (
+            vec![],
+            body(schema("StatusChange")),
+            ("200", schema("StatusOnly")),
+        ),
+        ("post", "/api/workflows/{name}/instances/{id}/events/{type}") => (
+            vec![],
+            Some(
+                json!({ "required": false, "description": "The payload (none: null)", "content": { "application/json": { "schema": {} } } }),
+            ),
+            (
+                "200",
+                json!({ "type": "object", "properties": { "duplicate": { "type": "boolean" } } }),
+            ),
+        ),
+        (_, p) if p.ends_with("/stream") => (
+            vec![query(
+                "cursor",
+                "Resume after this record id (or send Last-Event-ID)",
+                json!({ "type": "integer", "minimum": 0 }),
+            )],
+            None,
+            ("200", sse),
+        ),
+        _ => (vec![], None, ("200", json!({ "type": "object" }))),
+    }
+}
+
+/// The shapes the API answers and takes.
+fn schemas() -> Value {
+    let time = json!({ "type": "string", "format": "date-time", "description": "RFC 3339, UTC, milliseconds" });
+    let nullable_time = json!({ "type": "string", "format": "date-time", "nullable": true });
+    json!({
+        "Error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": { "type": "string", "example": "instance.not_found" },
+                "message": { "type": "string" },
+            },
+        },
+        "Status": {
+            "type": "string",
+            "enum": ["queued", "running", "paused", "errored", "terminated", "complete", "waitingForPause", "waiting"],
+        },
+        "Health": { "type": "object", "properties": { "ok": { "type": "boolean" } } },
+        "Index": {
+            "type": "object",
+            "properties": {
+                "name": { "type": "string" },
+                "version": { "type": "string" },
+                "links": { "type": "object", "additionalProperties": { "type": "string" } },
+            },
+        },
+        "WorkflowList": {
+            "type": "object",
+            "properties": { "workflows": { "type": "array", "items": { "type": "object", "properties": { "name": { "type": "string" } } } } },
+        },
+        "Workflow": {
+            "type": "object",
+            "properties": {
+                "name": { "type": "string" },
+                "instances": { "type": "object", "additionalProperties": { "type": "integer" }, "description": "Counts by status" },
+            },
+        },
+        "CreateInstance": {
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "instance_id": { "type": "string", "description": "Generated when omitted" },
+                "params": { "description": "Any JSON (default {})" },
+            },
+        },
+        "Created": {
+            "type": "object",
+            "properties": { "id": { "type": "string" }, "status": { "$ref": "#/components/schemas/Status" } },
+        },
+        "BatchCreated": {
+            "type": "object",
+            "properties": {
+                "created": { "type": "array", "items": { "type": "string" } },
+                "errors": { "type": "array", "items": { "type": "object" } },
+            },
+        },
+        "BatchDeleted": {
+            "type": "object",
+            "properties": {
+                "deleted": { "type": "array", "items": { "type": "string" } },
+                "errors": { "type": "array", "items": { "type": "object" } },
+            },
+        },
+        "InstanceSummary": {
+            "type": "object",
+            "properties": {
+                "id": { "type": "string" },
+                "status": { "$ref": "#/components/schemas/Status" },
+                "created": time,
+                "started": nullable_time,
+                "ended": nullable_time,
+            },
+        },
+        "InstanceList": {
+            "type": "object",
+            "properties": {
+                "instances": { "type": "array", "items": { "$ref": "#/components/schemas/InstanceSummary" } },
+                "cursor": { "type": "string", "nullable": true, "description": "Pass as `cursor` for the next page" },
+            },
+        },
+        "InstanceDetails": {
+            "type": "object",
+            "description": "SPEC §6.2: status, params, trigger, times, output, error, and the steps with their attempts",
+            "properties": {
+                "status": { "$ref": "#/components/schemas/Status" },
+                "params": {},
+                "output": {},
+                "error": { "type": "object", "nullable": true, "properties": { "name": { "type": "string" }, "message": { "type": "string" } } },
+                "steps": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": { "type": "string" },
+                            "type": { "type": "string", "enum": ["step", "sleep", "waitForEvent", "rollback"] },
+                            "start": time,
+                            "end": nullable_time,
+                        },
+                    },
+                },
+            },
+        },
+        "StatusChange": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["status"],
+            "properties": {
+                "status": { "type": "string", "enum": ["pause", "resume", "terminate", "restart"] },
+                "rollback": { "type": "boolean", "description": "terminate: run the rollback handlers first" },
+                "from": {
+                    "type": "object",
+                    "description": "restart from this step",
+                    "required": ["name"],
+                    "properties": {
+                        "name": { "type": "string" },
+                        "count": { "type": "integer", "minimum": 1 },
+                        "type": { "type": "string", "enum": ["step", "sleep", "waitForEvent", "do", "run", "wait_for_event"] },
+                    },
+                },
+            },
+        },
+        "StatusOnly": {
+            "type": "object",
+            "properties": { "status": { "$ref": "#/components/schemas/Status" } },
+        },
+    })
+}
+
 pub(crate) fn document() -> Value {
     let mut paths = Map::new();
     for (method, path, summary) in ROUTES {
+        let mut parameters: Vec<Value> = path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(|name| json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } }))
+            .collect();
+        let (query, body, (status, answer)) = operation(method, path);
+        parameters.extend(query);
+        let content = if answer.get("text/event-stream").is_some() {
+            answer
+        } else {
+            json!({ "application/json": { "schema": answer } })
+        };
+        let mut op = json!({
+            "summary": summary,
+            "operationId": format!("{method}{}", path.replace(['/', '{', '}', '.'], "_")),
+            "parameters": parameters,
+            "responses": {
+                status: { "description": "Success", "content": content },
+                "default": {
+                    "description": "An error: {code, message}",
+                    "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } },
+                },
+            },
+        });
+        if let (Some(body), Some(map)) = (body, op.as_object_mut()) {
+            map.insert("requestBody".into(), body);
+        }
         let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
         if let Some(map) = entry.as_object_mut() {
-            map.insert(
-                method.to_string(),
-                json!({
-                    "summary": summary,
-                    "responses": {
-                        "default": {
-                            "description": "JSON; errors are {code, message}",
-                        }
-                    }
-                }),
-            );
+            map.insert(method.to_string(), op);
         }
     }
     json!({
         "openapi": "3.0.3",
         "info": { "title": "Cairn", "version": env!("CARGO_PKG_VERSION") },
         "paths": paths,
+        "components": { "schemas": schemas() },
     })
 }
