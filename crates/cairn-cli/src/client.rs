@@ -25,6 +25,16 @@ pub(crate) fn seg(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, SEGMENT).to_string()
 }
 
+/// The records that end an instance's stream.
+const TERMINAL: &[&str] = &[
+    "WORKFLOW_SUCCESS",
+    "WORKFLOW_FAILURE",
+    "WORKFLOW_TERMINATED",
+];
+
+/// How long `--watch` keeps trying to reach a server that went away.
+const RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// How long the client waits to connect, and for an answer's head (a live stream's body is
 /// read as it comes, without a deadline).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -122,7 +132,13 @@ impl Client {
         use std::io::BufRead as _;
         let url = format!("{}{path}", self.url);
         let mut last: Option<u64> = None;
-        for _ in 0..2 {
+        let mut finished = false;
+        // Across a server restart (or a dropped connection) the stream is picked up again
+        // after the last record seen, waiting 100 ms, doubling, up to 5 s between tries, for
+        // at most RECONNECT_FOR.
+        let mut pause = std::time::Duration::from_millis(100);
+        let mut down_since: Option<std::time::Instant> = None;
+        loop {
             let mut req = self.agent.get(&url);
             if let Some(t) = &self.token {
                 req = req.header("Authorization", &format!("Bearer {t}"));
@@ -130,7 +146,19 @@ impl Client {
             if let Some(id) = last {
                 req = req.header("Last-Event-ID", &id.to_string());
             }
-            let mut response = req.call().map_err(|e| format!("request GET {url}: {e}"))?;
+            let mut response = match req.call() {
+                Ok(r) => r,
+                Err(e) => {
+                    let since = *down_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() > RECONNECT_FOR {
+                        return Err(self.unreachable(&e));
+                    }
+                    eprintln!("cairn: stream interrupted ({e}); reconnecting in {pause:?}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                    continue;
+                }
+            };
             if response.status().as_u16() != 200 {
                 let text = response.body_mut().read_to_string().unwrap_or_default();
                 return Err(format!(
@@ -138,14 +166,12 @@ impl Client {
                     response.status().as_u16()
                 ));
             }
+            down_since = None;
+            pause = std::time::Duration::from_millis(100);
             let reader = std::io::BufReader::new(response.body_mut().as_reader());
             let (mut id, mut event, mut data) = (None, String::new(), String::new());
-            let mut clean_end = true;
             for line in reader.lines() {
-                let Ok(line) = line else {
-                    clean_end = false;
-                    break;
-                };
+                let Ok(line) = line else { break };
                 if let Some(v) = line.strip_prefix("id: ") {
                     id = v.parse().ok();
                 } else if let Some(v) = line.strip_prefix("event: ") {
@@ -157,16 +183,19 @@ impl Client {
                         let value = serde_json::from_str(&data).unwrap_or(Value::Null);
                         each(n, &event, &value);
                         last = Some(n);
+                        finished = TERMINAL.contains(&event.as_str());
                     }
                     event.clear();
                     data.clear();
                 }
             }
-            if clean_end {
+            // The stream of a finished instance ends after its last record; any other end
+            // (a server stopping, a connection dropped) is picked up again.
+            if finished {
                 return Ok(());
             }
+            down_since.get_or_insert_with(std::time::Instant::now);
         }
-        Ok(())
     }
 
     /// `latest` means the most recently created instance.

@@ -434,3 +434,45 @@ fn serve_binds_before_it_opens_the_database() {
         "the database was created before the bind failed"
     );
 }
+
+/// `--watch` survives a server restart: it reconnects with back-off and resumes after the
+/// last record it printed (no record twice, none missed).
+#[test]
+fn describe_watch_reconnects_across_a_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let port = free_port();
+    let server = start(&db, port);
+    cairn(port, &["workflows", "trigger", "approval", "--id", "r"]);
+    until(port, "r", "waiting");
+    let watcher = std::thread::spawn(move || {
+        cairn(port, &["instances", "describe", "approval", "r", "--watch"])
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    drop(server); // killed: the stream breaks mid-way
+    std::thread::sleep(Duration::from_millis(700));
+    let _server = start(&db, port);
+    cairn(
+        port,
+        &[
+            "instances",
+            "send-event",
+            "approval",
+            "r",
+            "--type",
+            "approved",
+        ],
+    );
+    let (ok, out, err) = watcher.join().unwrap();
+    assert!(ok, "{err}");
+    assert!(out.trim_end().ends_with("WORKFLOW_SUCCESS"), "{out}");
+    let ids: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    let unique: std::collections::BTreeSet<&&str> = ids.iter().collect();
+    assert_eq!(ids.len(), unique.len(), "a record printed twice: {out}");
+    assert!(out.contains("WORKFLOW_QUEUED"), "{out}");
+    assert!(err.contains("reconnecting"), "{err}");
+}
