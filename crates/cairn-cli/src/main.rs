@@ -32,7 +32,17 @@ use serde_json::{Value, json};
     about = "Durable execution for Rust: the Cairn server and its client"
 )]
 struct Cli {
-    /// The server to talk to (client commands).
+    /// Bearer token: required by `serve` for every request, sent by the client commands.
+    #[arg(long, global = true, env = "CAIRN_TOKEN")]
+    token: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The options of the client commands (not of `serve`, whose help lists only its own).
+#[derive(clap::Args)]
+struct ClientArgs {
+    /// The server to talk to.
     #[arg(
         long,
         global = true,
@@ -40,14 +50,9 @@ struct Cli {
         default_value = "http://127.0.0.1:8787"
     )]
     url: String,
-    /// Bearer token: required by `serve` for every request, sent by the client commands.
-    #[arg(long, global = true, env = "CAIRN_TOKEN")]
-    token: Option<String>,
-    /// Print JSON instead of tables (client commands).
+    /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
-    #[command(subcommand)]
-    command: Command,
 }
 
 #[derive(Subcommand)]
@@ -64,11 +69,19 @@ enum Command {
         addr: SocketAddr,
     },
     /// Workflows: list, describe, trigger.
-    #[command(subcommand)]
-    Workflows(WorkflowsCommand),
+    Workflows {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: WorkflowsCommand,
+    },
     /// Instances: list, describe, send-event, pause, resume, terminate, restart, delete.
-    #[command(subcommand)]
-    Instances(InstancesCommand),
+    Instances {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: InstancesCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -207,16 +220,23 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
-    let json = cli.json;
     match cli.command {
         Command::Serve { db, addr } => serve(db, addr, cli.token).await,
-        Command::Workflows(command) => {
-            let client = client::Client::new(cli.url, cli.token);
+        Command::Workflows {
+            client: args,
+            command,
+        } => {
+            let client = client::Client::new(args.url, cli.token);
+            let json = args.json;
             tokio::task::spawn_blocking(move || workflows(&client, command, json)).await??;
             Ok(())
         }
-        Command::Instances(command) => {
-            let client = client::Client::new(cli.url, cli.token);
+        Command::Instances {
+            client: args,
+            command,
+        } => {
+            let client = client::Client::new(args.url, cli.token);
+            let json = args.json;
             tokio::task::spawn_blocking(move || instances(&client, command, json)).await??;
             Ok(())
         }
@@ -593,6 +613,17 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory as _;
+
+    /// `serve --help` lists only what `serve` takes.
+    #[test]
+    fn serve_help_lists_only_serve_options() {
+        let mut command = super::Cli::command();
+        command.build();
+        let serve = command.find_subcommand("serve").expect("serve");
+        let ids: Vec<&str> = serve.get_arguments().map(|a| a.get_id().as_str()).collect();
+        assert!(!ids.contains(&"url") && !ids.contains(&"json"), "{ids:?}");
+        assert!(ids.contains(&"db") && ids.contains(&"token"), "{ids:?}");
+    }
 
     /// Every argument and option of every command says what it is.
     #[test]
