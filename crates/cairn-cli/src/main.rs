@@ -39,6 +39,29 @@ struct Cli {
     command: Command,
 }
 
+/// How `cairn serve` writes its log.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the log subscriber of `cairn serve`: stderr, level from RUST_LOG (default info).
+fn install_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
 /// The options of the client commands (not of `serve`, whose help lists only its own).
 #[derive(clap::Args)]
 struct ClientArgs {
@@ -67,6 +90,10 @@ enum Command {
         /// Where to listen. A non-loopback address requires a token.
         #[arg(long, default_value = "127.0.0.1:8787")]
         addr: SocketAddr,
+        /// The log lines on stderr: `text` or `json` (one object per line). Their level
+        /// comes from RUST_LOG (default `info`; e.g. `RUST_LOG=cairn=debug`).
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
     },
     /// Workflows: list, describe, trigger.
     Workflows {
@@ -221,7 +248,14 @@ async fn main() {
 
 async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
-        Command::Serve { db, addr } => serve(db, addr, cli.token).await,
+        Command::Serve {
+            db,
+            addr,
+            log_format,
+        } => {
+            install_logging(log_format);
+            serve(db, addr, cli.token).await
+        }
         Command::Workflows {
             client: args,
             command,
@@ -289,6 +323,14 @@ async fn serve(
         .await
         .map_err(|e| format!("start the engine on {shown}: {e}"))?;
     let names: Vec<&str> = engine.workflow_names().iter().map(|n| n.as_str()).collect();
+    tracing::info!(
+        backend = if is_postgres(&db) { "postgres" } else { "sqlite" },
+        database = %shown,
+        address = %addr,
+        token_required = token.is_some(),
+        workflows = %names.join(","),
+        "serving"
+    );
     out!(
         "cairn: serving http://{addr}/api on {shown} (workflows: {})",
         names.join(", ")
@@ -322,7 +364,9 @@ async fn serve(
     let router = cairn_server::router_with(engine.clone(), token);
     let served = cairn_server::serve_router(listener, router, shutdown).await;
     out!("cairn: HTTP server stopped; draining the engine");
+    tracing::info!("HTTP server stopped; draining the engine");
     engine.shutdown().await;
+    tracing::info!("stopped");
     out!("cairn: stopped");
     served.map_err(|e| format!("serve: {e}").into())
 }

@@ -476,3 +476,88 @@ fn describe_watch_reconnects_across_a_server_restart() {
     assert!(out.contains("WORKFLOW_QUEUED"), "{out}");
     assert!(err.contains("reconnecting"), "{err}");
 }
+
+/// `cairn serve` logs startup, one line per request (method, route, status, duration) and
+/// shutdown on stderr, as JSON with `--log-format json`; never the token.
+#[test]
+fn serve_logs_requests_and_never_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let log = dir.path().join("serve.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args([
+            "serve",
+            "--log-format",
+            "json",
+            "--token",
+            "t0k3n-secret",
+            "--db",
+        ])
+        .arg(dir.path().join("cairn.db"))
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http(port, "GET", "/healthz", "").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args([
+            "workflows",
+            "list",
+            "--url",
+            &format!("http://127.0.0.1:{port}"),
+        ])
+        .args(["--token", "t0k3n-secret"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let _ = http(port, "GET", "/api/nope", "");
+    let stopped = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let mut server = server;
+    let _ = server.0.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("t0k3n-secret"),
+        "the token was logged: {text}"
+    );
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let requests: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["target"] == "cairn::http")
+        .collect();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r["fields"]["route"] == "/api/workflows"
+                && r["fields"]["status"] == 200
+                && r["fields"]["method"] == "GET"),
+        "{text}"
+    );
+    assert!(
+        requests.iter().any(|r| r["fields"]["status"] == 401),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "serving" && l["fields"]["token_required"] == true),
+        "{text}"
+    );
+    assert!(
+        lines.iter().any(|l| l["fields"]["message"] == "stopped"),
+        "{text}"
+    );
+}

@@ -57,8 +57,35 @@ pub fn router_with_limits(engine: Engine, token: Option<String>, limits: &Limits
         })),
         None => routes,
     };
-    // Outermost: also axum's own answers (no route, wrong method) become JSON errors.
-    routes.layer(axum::middleware::from_fn(error::json_errors))
+    // Outermost: also axum's own answers (no route, wrong method) become JSON errors, and
+    // every request is logged with its final status.
+    routes
+        .layer(axum::middleware::from_fn(error::json_errors))
+        .layer(axum::middleware::from_fn(log_request))
+}
+
+/// One log line per request at info (target `cairn::http`): method, route template, status
+/// and duration. Never the query, the body or the headers (the token is in a header).
+async fn log_request(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "(no route)".to_owned(), |p| p.as_str().to_owned());
+    let start = std::time::Instant::now();
+    let response = next.run(req).await;
+    tracing::info!(
+        target: "cairn::http",
+        method = %method,
+        route = %route,
+        status = response.status().as_u16(),
+        ms = start.elapsed().as_secs_f64() * 1e3,
+        "request"
+    );
+    response
 }
 
 pub use axum::Router;
