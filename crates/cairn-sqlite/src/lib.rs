@@ -394,7 +394,28 @@ pub(crate) const PENDING_PAUSES_SQL: &str = "SELECT iid FROM instances WHERE sta
 /// "At once" is `ready_at = created_at`, not the system time: the engine claims by its own
 /// clock (possibly virtual), and the creation time came from that clock.
 fn take_over(conn: &Connection) -> rusqlite::Result<()> {
+    // What the summary line tells an operator: how many instances the dead owner held, and
+    // how many of their attempts it left unrecorded (each is recorded as interrupted and
+    // retried when the instance runs again). Counted over the leased instances only.
+    let leased: Vec<i64> = conn
+        .prepare("SELECT iid FROM instances WHERE lease_owner IS NOT NULL")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut interrupted = 0i64;
+    {
+        let mut st = conn.prepare("SELECT COUNT(*) FROM steps WHERE iid = ?1 AND in_flight = 1")?;
+        for iid in &leased {
+            interrupted += st.query_row([iid], |r| r.get::<_, i64>(0))?;
+        }
+    }
     conn.execute(TAKE_OVER_LEASES_SQL, [])?;
+    if !leased.is_empty() {
+        tracing::info!(
+            instances = leased.len(),
+            interrupted_attempts = interrupted,
+            "recovered the instances a previous engine was running; interrupted attempts are recorded and retried"
+        );
+    }
     // The pause takes effect now, but the instance ran on after it was requested, up to its
     // last record: timers shift on resume by the time since then, not since the request.
     // It is logged as any pause that takes effect is.

@@ -112,3 +112,91 @@ async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
     );
     store.close().await;
 }
+
+/// A writer the test can read back: what the log subscriber wrote.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Opening a database a dead engine held logs what it recovers: the instances it ran and
+/// the attempts it left unrecorded (to be recorded as interrupted and retried).
+#[tokio::test]
+async fn opening_after_a_crash_logs_what_is_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let w = WorkflowName::new("w").unwrap();
+    let store = SqliteStore::open(&db, Options::default()).unwrap();
+    for id in ["a", "b"] {
+        store
+            .create(vec![NewInstance {
+                workflow: w.clone(),
+                id: InstanceId::new(id).unwrap(),
+                params: "{}".into(),
+                created_at: T0,
+                queued: entry(LogKind::WorkflowQueued, T0),
+                retention: Retention {
+                    success: Duration::from_secs(60),
+                    error: Duration::from_secs(60),
+                },
+            }])
+            .await
+            .unwrap();
+    }
+    let claimed = store
+        .claim("dead", std::slice::from_ref(&w), T0, Duration::MAX, 2)
+        .await
+        .unwrap();
+    // One of them has an attempt in flight.
+    store
+        .commit(
+            claimed[0].lease,
+            vec![Write::Step(StepRecord {
+                key: StepKey {
+                    kind: StepKind::Run,
+                    name: "s".into(),
+                    count: 1,
+                },
+                seq: 1,
+                state: StepState::Running,
+                config: serde_json::json!({}),
+                attempts: 1,
+                in_flight: true,
+                wake_at: None,
+                output: None,
+                error: None,
+                started_at: T0,
+                ended_at: None,
+                has_rollback: false,
+            })],
+        )
+        .await
+        .unwrap();
+    store.close().await;
+    drop(store);
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let reopened = tracing::subscriber::with_default(subscriber, || {
+        SqliteStore::open(&db, Options::default()).unwrap()
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.contains("recovered the instances a previous engine was running")
+            && text.contains("instances=2")
+            && text.contains("interrupted_attempts=1"),
+        "{text}"
+    );
+    reopened.close().await;
+}

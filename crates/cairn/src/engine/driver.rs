@@ -62,6 +62,7 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
     let mut claimed_at = claimed_at;
     let mut record = claimed.record;
     let mut pause = Outage::default();
+    tracing::debug!(workflow = %record.workflow, instance = %record.id, status = ?record.status, "claimed");
     loop {
         // The lifetime is registered as live before its first await (inside `one_lifetime`),
         // and any panic in it, engine code included, is caught here: it must release the
@@ -71,6 +72,7 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
         match lifetime {
             Ok(Ok(())) => {
                 inner.panics().remove(&lease.instance);
+                tracing::debug!(workflow = %record.workflow, instance = %record.id, "lifetime ended (finished, hibernated or paused)");
                 break;
             }
             Ok(Err(Abort::Stopped)) => break,
