@@ -159,15 +159,23 @@ impl Client {
                     continue;
                 }
             };
-            if response.status().as_u16() != 200 {
+            let status = response.status().as_u16();
+            if status != 200 {
                 let text = response.body_mut().read_to_string().unwrap_or_default();
-                return Err(format!(
-                    "GET {url}: HTTP {}: {text}",
-                    response.status().as_u16()
-                ));
+                let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                let message = value["message"].as_str().unwrap_or(&text).to_owned();
+                let code = value["code"].as_str().unwrap_or("http.error");
+                // Busy or briefly without its store (503): try again, as after a restart.
+                let since = *down_since.get_or_insert_with(std::time::Instant::now);
+                if status == 503 && since.elapsed() <= RECONNECT_FOR {
+                    eprintln!("cairn: {message} ({code}); reconnecting in {pause:?}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                    continue;
+                }
+                return Err(format!("{message} ({code}, HTTP {status})"));
             }
-            down_since = None;
-            pause = std::time::Duration::from_millis(100);
+            let mut received = false;
             let reader = std::io::BufReader::new(response.body_mut().as_reader());
             let (mut id, mut event, mut data) = (None, String::new(), String::new());
             for line in reader.lines() {
@@ -183,6 +191,7 @@ impl Client {
                         let value = serde_json::from_str(&data).unwrap_or(Value::Null);
                         each(n, &event, &value);
                         last = Some(n);
+                        received = true;
                         finished = TERMINAL.contains(&event.as_str());
                     }
                     event.clear();
@@ -194,7 +203,21 @@ impl Client {
             if finished {
                 return Ok(());
             }
-            down_since.get_or_insert_with(std::time::Instant::now);
+            // A connection that carried records resets the back-off; one that ended with
+            // none counts toward giving up, so a stream that keeps ending at once (the
+            // server cannot read the log) is never retried in a tight loop.
+            if received {
+                down_since = None;
+                pause = std::time::Duration::from_millis(100);
+            }
+            let since = *down_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() > RECONNECT_FOR {
+                return Err(format!(
+                    "the stream of {url} keeps ending without new records; giving up"
+                ));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_secs(5));
         }
     }
 

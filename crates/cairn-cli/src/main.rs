@@ -612,6 +612,7 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                 }
                 None => json!({"status": "restart"}),
                 Some(step) => {
+                    // `do` for a run step: the name every server version takes.
                     let kind = match from_step_type.as_deref() {
                         None => cairn::StepKind::Run,
                         Some(name) => cairn::StepKind::parse(name).ok_or_else(|| {
@@ -620,8 +621,11 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                                 cairn::StepKind::NAMES
                             )
                         })?,
-                    }
-                    .as_str();
+                    };
+                    let kind = match kind {
+                        cairn::StepKind::Run => "do",
+                        other => other.as_str(),
+                    };
                     json!({"status": "restart", "from": {"name": step, "count": from_step_count.unwrap_or(1), "type": kind}})
                 }
             };

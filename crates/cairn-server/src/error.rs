@@ -93,18 +93,11 @@ pub(crate) async fn json_errors(
             "route.not_found",
             format!("no route {method} {shown} (see /api/openapi.json)"),
         ),
-        StatusCode::METHOD_NOT_ALLOWED => {
-            let allow = parts
-                .headers
-                .get(axum::http::header::ALLOW)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
-            (
-                "method.not_allowed",
-                format!("{method} is not allowed on {shown} (allowed: {allow})"),
-            )
-        }
+        // The allowed methods are in the `Allow` header (axum adds it after this layer).
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method.not_allowed",
+            format!("{method} is not allowed on {shown} (see the Allow header)"),
+        ),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ("request.unsupported_media_type", text),
         StatusCode::PAYLOAD_TOO_LARGE => ("payload.too_large", text),
         s if s.is_server_error() => ("internal", text),

@@ -258,10 +258,25 @@ async fn send_event(
     headers: axum::http::HeaderMap,
     payload: axum::body::Bytes,
 ) -> ApiResult<Json<Value>> {
-    // No body is an event without a payload (`null`), whatever the content type says.
+    // No body is an event without a payload (`null`). A body must be declared JSON: a
+    // browser sends `text/plain` cross-site without asking, so accepting it would let any
+    // web page send events to a server without a token.
     let payload: Value = if payload.iter().all(u8::is_ascii_whitespace) {
         Value::Null
     } else {
+        let json = headers
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(str::trim)
+            .is_some_and(|v| v == "application/json" || v.ends_with("+json"));
+        if !json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "request.unsupported_media_type",
+                "an event payload must be sent as application/json",
+            ));
+        }
         serde_json::from_slice(&payload)
             .map_err(|e| ApiError::bad_request(format!("the event payload is not JSON: {e}")))?
     };

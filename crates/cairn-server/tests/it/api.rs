@@ -1295,3 +1295,42 @@ async fn the_openapi_document_is_valid_and_lists_every_route() {
         Err(e) => panic!("python3: {e}"),
     }
 }
+
+/// An event with a body must declare it JSON: a browser may send `text/plain` cross-site
+/// without asking, which would let any web page send events to a server without a token.
+#[tokio::test(start_paused = true)]
+async fn an_event_body_that_is_not_declared_json_is_refused() {
+    let (engine, _dir) = app().await;
+    let list = "/api/workflows/approval/instances";
+    call(&engine, Method::POST, list, Some(r#"{"instance_id": "c"}"#)).await;
+    until_status(&engine, "c", "waiting").await;
+    let uri = format!("{list}/c/events/approved");
+    for headers in [&[("content-type", "text/plain")][..], &[][..]] {
+        let (s, body) = raw_call(
+            cairn_server::router(engine.clone()),
+            Method::POST,
+            &uri,
+            headers,
+            r#"{"by": "x"}"#,
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{headers:?}: {body}");
+    }
+    assert_eq!(
+        super::api::status_of_instance(&engine, "c").await,
+        "waiting",
+        "nothing delivered"
+    );
+    engine.shutdown().await;
+}
+
+async fn status_of_instance(engine: &cairn::Engine, id: &str) -> String {
+    let (_, v) = call(
+        engine,
+        Method::GET,
+        &format!("/api/workflows/approval/instances/{id}"),
+        None,
+    )
+    .await;
+    v["status"].as_str().unwrap_or_default().to_owned()
+}
