@@ -35,9 +35,18 @@ struct Cli {
     /// Bearer token: required by `serve` for every request, sent by the client commands.
     #[arg(long, global = true, env = "CAIRN_TOKEN")]
     token: Option<String>,
+    /// `--url` before the command group, as earlier versions took it (hidden).
+    #[arg(long = "url", id = "top_url", hide = true)]
+    top_url: Option<String>,
+    /// `--json` before the command group, as earlier versions took it (hidden).
+    #[arg(long = "json", id = "top_json", hide = true)]
+    top_json: bool,
     #[command(subcommand)]
     command: Command,
 }
+
+/// Where the client commands go when neither `--url` nor `CAIRN_URL` says.
+const DEFAULT_URL: &str = "http://127.0.0.1:8787";
 
 /// How `cairn serve` writes its log.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -65,14 +74,9 @@ fn install_logging(format: LogFormat) {
 /// The options of the client commands (not of `serve`, whose help lists only its own).
 #[derive(clap::Args)]
 struct ClientArgs {
-    /// The server to talk to.
-    #[arg(
-        long,
-        global = true,
-        env = "CAIRN_URL",
-        default_value = "http://127.0.0.1:8787"
-    )]
-    url: String,
+    /// The server to talk to [default: http://127.0.0.1:8787].
+    #[arg(long, global = true, env = "CAIRN_URL")]
+    url: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -260,8 +264,12 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             client: args,
             command,
         } => {
-            let client = client::Client::new(args.url, cli.token);
-            let json = args.json;
+            let url = args
+                .url
+                .or(cli.top_url)
+                .unwrap_or_else(|| DEFAULT_URL.into());
+            let client = client::Client::new(url, cli.token);
+            let json = args.json || cli.top_json;
             tokio::task::spawn_blocking(move || workflows(&client, command, json)).await??;
             Ok(())
         }
@@ -269,8 +277,12 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             client: args,
             command,
         } => {
-            let client = client::Client::new(args.url, cli.token);
-            let json = args.json;
+            let url = args
+                .url
+                .or(cli.top_url)
+                .unwrap_or_else(|| DEFAULT_URL.into());
+            let client = client::Client::new(url, cli.token);
+            let json = args.json || cli.top_json;
             tokio::task::spawn_blocking(move || instances(&client, command, json)).await??;
             Ok(())
         }
