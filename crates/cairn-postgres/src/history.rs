@@ -272,28 +272,20 @@ pub(crate) async fn log(
     limit: usize,
 ) -> Result<Vec<LogRecord>> {
     let st = client.prepare_cached(LOG_SQL).await.map_err(map_pg)?;
-    // One row more than records wanted: the first row may hold only the cursor's record.
     let rows = client
         .query(
             &st,
             &[
                 &instance.0,
                 &sql_int(after),
-                &sql_int(limit.saturating_add(1)),
+                &sql_int(packing::rows_for(limit)),
             ],
         )
         .await
         .map_err(map_pg)?;
-    let mut out = Vec::new();
-    for row in &rows {
-        out.extend(records(row)?.into_iter().filter(|r| r.id > after));
-    }
-    out.truncate(limit);
-    Ok(out)
+    let rows = rows.iter().map(records).collect::<Result<Vec<_>>>()?;
+    Ok(packing::instance_page(rows, after, limit))
 }
-
-/// How many log ids one workflow-log read looks at, at most (10,000 rows, two ids each).
-const WORKFLOW_LOG_WINDOW: u64 = 20_000;
 
 /// Up to `limit` records of a workflow's instances with ids above `after`, and how far the
 /// read looked. The clock is read first: every id up to it (and the second record of its
@@ -311,13 +303,12 @@ pub(crate) async fn workflow_log(
         .map_err(map_pg)?;
     let last: i64 = client.query_one(&st, &[]).await.map_err(map_pg)?.get(0);
     let newest = u64::try_from(last).unwrap_or(0) + 1;
-    let until = after.saturating_add(WORKFLOW_LOG_WINDOW).min(newest);
-    if until <= after {
+    let Some(until) = packing::workflow_window(after, newest) else {
         return Ok(WorkflowLogPage {
             records: Vec::new(),
             scanned_to: after,
         });
-    }
+    };
     let st = client
         .prepare_cached(WORKFLOW_LOG_SQL)
         .await
@@ -328,33 +319,18 @@ pub(crate) async fn workflow_log(
             &[
                 &workflow,
                 &sql_int(after),
-                &sql_int(limit.saturating_add(1)),
+                &sql_int(packing::rows_for(limit)),
                 &sql_int(until),
             ],
         )
         .await
         .map_err(map_pg)?;
-    let mut out = Vec::new();
-    for row in &rows {
-        let id: String = row.try_get(11).map_err(corrupt)?;
-        let id = InstanceId::new(id).map_err(corrupt)?;
-        out.extend(
-            records(row)?
-                .into_iter()
-                .filter(|r| r.id > after && r.id <= until)
-                .map(|r| (id.clone(), r)),
-        );
-    }
-    // `limit + 1` rows read means the window was not exhausted: the page ends at its last
-    // record (every row after the first holds at least one record in the window).
-    let scanned_to = if rows.len() > limit || out.len() > limit {
-        out.truncate(limit);
-        out.last().map_or(after, |(_, r)| r.id)
-    } else {
-        until
-    };
-    Ok(WorkflowLogPage {
-        records: out,
-        scanned_to,
-    })
+    let rows = rows
+        .iter()
+        .map(|row| {
+            let id: String = row.try_get(11).map_err(corrupt)?;
+            Ok((InstanceId::new(id).map_err(corrupt)?, records(row)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(packing::workflow_page(rows, after, until, limit))
 }

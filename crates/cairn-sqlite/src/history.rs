@@ -137,23 +137,20 @@ pub(crate) fn log(
     limit: usize,
 ) -> Result<Vec<LogRecord>> {
     let mut st = conn.prepare_cached(LOG_SQL).map_err(map_sqlite)?;
-    // One row more than records wanted: the first row may hold only the cursor's record.
     let rows = st
         .query_map(
-            params![instance.0, sql_int(after), sql_int(limit.saturating_add(1))],
+            params![
+                instance.0,
+                sql_int(after),
+                sql_int(packing::rows_for(limit))
+            ],
             records,
         )
         .map_err(map_sqlite)?;
-    let mut out = Vec::new();
-    for row in rows {
-        out.extend(
-            row.map_err(map_sqlite)??
-                .into_iter()
-                .filter(|r| r.id > after),
-        );
-    }
-    out.truncate(limit);
-    Ok(out)
+    let rows = rows
+        .map(|row| row.map_err(map_sqlite)?)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(packing::instance_page(rows, after, limit))
 }
 
 /// A workflow's rows after a cursor, driven by the log's own ids (`CROSS JOIN` fixes the
@@ -166,10 +163,6 @@ pub(crate) const WORKFLOW_LOG_SQL: &str = concat!(
      LEFT JOIN configs c ON c.id = l.config
      WHERE l.id >= ?2 AND l.id <= ?4 AND i.workflow = ?1 ORDER BY l.id LIMIT ?3"
 );
-
-/// How many log ids one workflow-log read looks at, at most (10,000 rows, two ids each): a
-/// workflow that is quiet while others write passes over their records a window at a time.
-const WORKFLOW_LOG_WINDOW: u64 = 20_000;
 
 /// Up to `limit` records of a workflow's instances with ids above `after`, and how far the
 /// read looked (see [`WorkflowLogPage`]).
@@ -187,23 +180,19 @@ pub(crate) fn workflow_log(
         .and_then(|mut st| st.query_row([], |r| r.get(0)))
         .map_err(map_sqlite)?;
     let newest = u64::try_from(newest.unwrap_or(0)).unwrap_or(0);
-    let until = after.saturating_add(WORKFLOW_LOG_WINDOW).min(newest);
-    if until <= after {
+    let Some(until) = packing::workflow_window(after, newest) else {
         return Ok(WorkflowLogPage {
             records: Vec::new(),
             scanned_to: after,
         });
-    }
-    // One row more than records wanted: the first row may hold only the cursor's record,
-    // every later one at least one record in the window. So `limit + 1` rows read means
-    // the window was not exhausted, and the page ends at its last record.
+    };
     let mut st = conn.prepare_cached(WORKFLOW_LOG_SQL).map_err(map_sqlite)?;
     let rows = st
         .query_map(
             params![
                 workflow,
                 sql_int(after),
-                sql_int(limit.saturating_add(1)),
+                sql_int(packing::rows_for(limit)),
                 sql_int(until)
             ],
             |r| {
@@ -212,27 +201,11 @@ pub(crate) fn workflow_log(
             },
         )
         .map_err(map_sqlite)?;
-    let mut out = Vec::new();
-    let mut read = 0;
-    for row in rows {
-        read += 1;
-        let (id, records) = row.map_err(map_sqlite)?;
-        let id = InstanceId::new(id).map_err(corrupt)?;
-        out.extend(
-            records?
-                .into_iter()
-                .filter(|r| r.id > after && r.id <= until)
-                .map(|r| (id.clone(), r)),
-        );
-    }
-    let scanned_to = if read > limit || out.len() > limit {
-        out.truncate(limit);
-        out.last().map_or(after, |(_, r)| r.id)
-    } else {
-        until
-    };
-    Ok(WorkflowLogPage {
-        records: out,
-        scanned_to,
-    })
+    let rows = rows
+        .map(|row| {
+            let (id, records) = row.map_err(map_sqlite)?;
+            Ok((InstanceId::new(id).map_err(corrupt)?, records?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(packing::workflow_page(rows, after, until, limit))
 }

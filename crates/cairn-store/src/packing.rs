@@ -11,9 +11,9 @@
 //! Readers start at the row with the cursor's id (its second record may be after the cursor)
 //! and drop what is not after it.
 
-use cairn_core::{LogEntry, LogKind, LogRecord, StepKey, StepKind, Timestamp};
+use cairn_core::{InstanceId, LogEntry, LogKind, LogRecord, StepKey, StepKind, Timestamp};
 
-use crate::{Error, Result};
+use crate::{Error, Result, WorkflowLogPage};
 
 /// How far apart the ids of consecutive log rows are.
 pub const ROW_ID_STRIDE: u64 = 2;
@@ -182,6 +182,64 @@ pub fn unpack(row: StoredRow) -> Result<Vec<LogRecord>> {
         });
     }
     Ok(out)
+}
+
+/// How many log ids one workflow-log read looks at, at most (10,000 rows, two ids each): a
+/// workflow that is quiet while others write passes over their records a window at a time.
+pub const WORKFLOW_LOG_WINDOW: u64 = 20_000;
+
+/// How many rows a page of `limit` records reads: one more, since the first row (the one
+/// with the cursor's id) may hold only the cursor's record, and every later one holds at
+/// least one record after it.
+pub fn rows_for(limit: usize) -> usize {
+    limit.saturating_add(1)
+}
+
+/// The ids a workflow-log read after `after` looks at: up to the returned bound, given
+/// the newest id committed (a row's second record included). `None`: nothing to read.
+pub fn workflow_window(after: u64, newest: u64) -> Option<u64> {
+    let until = after.saturating_add(WORKFLOW_LOG_WINDOW).min(newest);
+    (until > after).then_some(until)
+}
+
+/// An instance's page from rows read with `id >= after` (at most [`rows_for`] of them):
+/// the records after the cursor, at most `limit`.
+pub fn instance_page(rows: Vec<Vec<LogRecord>>, after: u64, limit: usize) -> Vec<LogRecord> {
+    let mut out: Vec<LogRecord> = rows
+        .into_iter()
+        .flatten()
+        .filter(|r| r.id > after)
+        .collect();
+    out.truncate(limit);
+    out
+}
+
+/// A workflow's page from rows read with `after <= id <= until` (at most [`rows_for`] of
+/// them), each with its instance: the records in `(after, until]`, at most `limit`, and how
+/// far the read looked. More rows than `limit` means the window was not exhausted, so the
+/// page ends at its last record; otherwise everything up to `until` was seen.
+pub fn workflow_page(
+    rows: Vec<(InstanceId, Vec<LogRecord>)>,
+    after: u64,
+    until: u64,
+    limit: usize,
+) -> WorkflowLogPage {
+    let read = rows.len();
+    let mut records: Vec<(InstanceId, LogRecord)> = rows
+        .into_iter()
+        .flat_map(|(id, records)| records.into_iter().map(move |r| (id.clone(), r)))
+        .filter(|(_, r)| r.id > after && r.id <= until)
+        .collect();
+    let scanned_to = if read > limit || records.len() > limit {
+        records.truncate(limit);
+        records.last().map_or(after, |(_, r)| r.id)
+    } else {
+        until
+    };
+    WorkflowLogPage {
+        records,
+        scanned_to,
+    }
 }
 
 #[cfg(test)]
