@@ -34,6 +34,15 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)
     Some((status, body))
 }
 
+/// Waits until a server on `port` answers `/healthz`.
+fn wait_up(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http(port, "GET", "/healthz", "").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 struct Server(Child);
 
 impl Drop for Server {
@@ -53,11 +62,7 @@ fn start(db: &std::path::Path, port: u16) -> Server {
         .spawn()
         .unwrap();
     let server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http(port, "GET", "/healthz", "").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "the server did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_up(port);
     server
 }
 
@@ -400,11 +405,7 @@ fn errors_say_what_to_do() {
         .spawn()
         .unwrap();
     let _server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http(port, "GET", "/healthz", "").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "the server did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_up(port);
     let (ok, _, err) = cairn(port, &["workflows", "list"]);
     assert!(!ok);
     assert!(
@@ -501,11 +502,7 @@ fn serve_logs_requests_and_never_the_token() {
         .spawn()
         .unwrap();
     let server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http(port, "GET", "/healthz", "").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "the server did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_up(port);
     let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args([
             "workflows",

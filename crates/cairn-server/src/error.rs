@@ -119,6 +119,17 @@ pub(crate) async fn json_errors(
     Response::from_parts(parts, axum::body::Body::from(body))
 }
 
+/// The stable code of an error answer known only by its status (an extractor's rejection,
+/// axum's own answers): the one table both places use.
+pub(crate) fn code_for(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "payload.too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "request.unsupported_media_type",
+        s if s.is_server_error() => "internal",
+        _ => "request.invalid",
+    }
+}
+
 /// Input echoed in a message, cut to a readable length (a 10 kB id is not echoed whole).
 pub(crate) fn clip(text: &str) -> String {
     clip_to(text, 200)

@@ -53,9 +53,8 @@ pub(crate) fn routes() -> Router<Engine> {
 /// an [`ApiError`].
 fn rejected(status: StatusCode, detail: String) -> ApiError {
     match status {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "payload.too_large", detail),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
-            ApiError::new(status, "request.unsupported_media_type", detail)
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            ApiError::new(status, crate::error::code_for(status), detail)
         }
         // Malformed JSON (400) and JSON of the wrong shape (422) alike: one code, one status.
         _ => ApiError::bad_request(detail),

@@ -164,6 +164,23 @@ fn pg_kill_child_entry() {
 /// The engine processes; killed if the test ends early (a panic), so none outlives it.
 struct Engines(Vec<Child>);
 
+impl Engines {
+    /// Waits (up to two minutes) for every engine to finish its run successfully.
+    fn finish(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for (i, child) in self.0.iter_mut().enumerate() {
+            loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    assert!(status.success(), "engine {i} failed: {status}");
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the engines did not finish");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
 impl Drop for Engines {
     fn drop(&mut self) {
         for child in &mut self.0 {
@@ -312,17 +329,7 @@ fn pg_engines_killed_at_random_lose_nothing_and_repeat_nothing() {
         children[victim] = spawn_child(dir.path(), test, "kill");
         kills += 1;
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    for (i, child) in children.iter_mut().enumerate() {
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "engine {i} failed: {status}");
-                break;
-            }
-            assert!(Instant::now() < deadline, "the engines did not finish");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    engines.finish();
     eprintln!("killed an engine {kills} times");
     assert_eq!(kills, KILLS, "the run ended before every kill landed");
     rt.block_on(verify_mixed_run(&*store, dir.path(), INSTANCES));
@@ -637,17 +644,7 @@ fn pg_engines_survive_their_connections_being_killed() {
             events.await;
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(120);
-    for (i, child) in engines.0.iter_mut().enumerate() {
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "engine {i} failed: {status}");
-                break;
-            }
-            assert!(Instant::now() < deadline, "the engines did not finish");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    engines.finish();
     // The raw store's own connections were cut too: it reconnects as the engines do.
     rt.block_on(verify_mixed_run(&*store, dir.path(), N));
 }
@@ -732,16 +729,6 @@ fn pg_engines_survive_a_postgres_restart() {
             finished(&*store)
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    for (i, child) in engines.0.iter_mut().enumerate() {
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "engine {i} failed: {status}");
-                break;
-            }
-            assert!(Instant::now() < deadline, "the engines did not finish");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    engines.finish();
     rt.block_on(verify_mixed_run(&*store, &dir, N));
 }
