@@ -393,22 +393,30 @@ pub(crate) const PENDING_PAUSES_SQL: &str = "SELECT iid FROM instances WHERE sta
 ///
 /// "At once" is `ready_at = created_at`, not the system time: the engine claims by its own
 /// clock (possibly virtual), and the creation time came from that clock.
-fn take_over(conn: &Connection) -> rusqlite::Result<()> {
+fn take_over(conn: &Connection) -> Result<()> {
     // What the summary line tells an operator: how many instances the dead owner held, and
     // how many of their attempts it left unrecorded (each is recorded as interrupted and
     // retried when the instance runs again). Counted over the leased instances only.
     let leased: Vec<i64> = conn
-        .prepare("SELECT iid FROM instances WHERE lease_owner IS NOT NULL")?
-        .query_map([], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+        .prepare("SELECT iid FROM instances WHERE lease_owner IS NOT NULL")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .map_err(map_sqlite)?;
     let mut interrupted = 0i64;
     {
-        let mut st = conn.prepare("SELECT COUNT(*) FROM steps WHERE iid = ?1 AND in_flight = 1")?;
+        let mut st = conn
+            .prepare("SELECT COUNT(*) FROM steps WHERE iid = ?1 AND in_flight = 1")
+            .map_err(map_sqlite)?;
         for iid in &leased {
-            interrupted += st.query_row([iid], |r| r.get::<_, i64>(0))?;
+            interrupted += st
+                .query_row([iid], |r| r.get::<_, i64>(0))
+                .map_err(map_sqlite)?;
         }
     }
-    conn.execute(TAKE_OVER_LEASES_SQL, [])?;
+    let pausing: Vec<i64> = conn
+        .prepare(PENDING_PAUSES_SQL)
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .map_err(map_sqlite)?;
+    conn.execute(TAKE_OVER_LEASES_SQL, []).map_err(map_sqlite)?;
     if !leased.is_empty() {
         tracing::info!(
             instances = leased.len(),
@@ -416,31 +424,7 @@ fn take_over(conn: &Connection) -> rusqlite::Result<()> {
             "recovered the instances a previous engine was running; interrupted attempts are recorded and retried"
         );
     }
-    // The pause takes effect now, but the instance ran on after it was requested, up to its
-    // last record: timers shift on resume by the time since then, not since the request.
-    // It is logged as any pause that takes effect is.
-    let pausing: Vec<i64> = conn
-        .prepare(PENDING_PAUSES_SQL)?
-        .query_map([], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    conn.execute(
-        "UPDATE instances SET status = 2, lease_owner = NULL, lease_until = NULL, ready_at = NULL,
-             paused_at = MAX(COALESCE(paused_at, 0),
-                             COALESCE((SELECT MAX(at) FROM log WHERE log.iid = instances.iid), 0))
-         WHERE status = 6",
-        [],
-    )?;
-    for iid in pausing {
-        conn.execute(
-            &format!(
-                "INSERT INTO log (id, iid, at, kind, meta)
-                 SELECT {}, iid, paused_at, ?2, '{{\"recovered\":true}}' FROM instances WHERE iid = ?1",
-                history::NEXT_LOG_ID
-            ),
-            rusqlite::params![iid, cairn_core::LogKind::WorkflowPaused.code()],
-        )?;
-    }
-    Ok(())
+    rows::complete_pauses(conn, &pausing)
 }
 
 impl Store for SqliteStore {

@@ -989,16 +989,11 @@ pub(crate) fn next_purge(conn: &Connection) -> Result<Option<Timestamp>> {
     Ok(ts(at))
 }
 
-/// See `Store::release_all`: the take-over at open (`take_over`), for one owner.
-pub(crate) fn release_all(conn: &Connection, owner: &str) -> Result<()> {
-    let pausing: Vec<i64> = conn
-        .prepare_cached("SELECT iid FROM instances WHERE status = 6 AND lease_owner = ?1")
-        .and_then(|mut st| {
-            st.query_map([owner], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()
-        })
-        .map_err(map_sqlite)?;
-    for iid in pausing {
+/// Pending pauses of instances whose lifetime is gone take effect. The instance ran on
+/// after the pause was requested, up to its last record: timers shift on resume by the
+/// time since then, not since the request. Logged as any pause that takes effect is.
+pub(crate) fn complete_pauses(conn: &Connection, iids: &[i64]) -> Result<()> {
+    for &iid in iids {
         let at: i64 = conn
             .prepare_cached(
                 "UPDATE instances SET status = 2, lease_owner = NULL, lease_until = NULL, ready_at = NULL,
@@ -1016,6 +1011,19 @@ pub(crate) fn release_all(conn: &Connection, owner: &str) -> Result<()> {
             serde_json::json!({ "recovered": true }),
         )?;
     }
+    Ok(())
+}
+
+/// See `Store::release_all`: the take-over at open (`take_over`), for one owner.
+pub(crate) fn release_all(conn: &Connection, owner: &str) -> Result<()> {
+    let pausing: Vec<i64> = conn
+        .prepare_cached("SELECT iid FROM instances WHERE status = 6 AND lease_owner = ?1")
+        .and_then(|mut st| {
+            st.query_map([owner], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()
+        })
+        .map_err(map_sqlite)?;
+    complete_pauses(conn, &pausing)?;
     conn.prepare_cached(
         "UPDATE instances SET lease_owner = NULL, lease_until = NULL,
              ready_at = CASE WHEN status IN (0, 1, 7) THEN created_at ELSE ready_at END,
