@@ -9,7 +9,7 @@ import os, re, sys
 
 # Lowest first. A folder is one layer; each vocabulary file is its own.
 LAYERS = [
-    "failure", "panic", "clock", "error", "context", "config", "env",
+    "telemetry", "failure", "panic", "clock", "error", "context", "config", "env",
     "lifetime", "ops", "workflow", "engine", "client",
 ]
 

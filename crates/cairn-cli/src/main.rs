@@ -324,6 +324,8 @@ async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("listen on {addr}: {e}"))?;
+    // Before the engine starts, so the engine's metric descriptions reach the recorder.
+    let metrics = cairn_server::Metrics::install()?;
     let builder = if is_postgres(&db) {
         cairn::Engine::builder().postgres(db.clone())
     } else {
@@ -373,7 +375,12 @@ async fn serve(
         }
     });
     let shutdown = async move { stop.notified().await };
-    let router = cairn_server::router_with(engine.clone(), token);
+    let router = cairn_server::router_with_metrics(
+        engine.clone(),
+        token,
+        &cairn_server::Limits::default(),
+        metrics,
+    );
     let served = cairn_server::serve_router(listener, router, shutdown).await;
     out!("cairn: HTTP server stopped; draining the engine");
     tracing::info!("HTTP server stopped; draining the engine");

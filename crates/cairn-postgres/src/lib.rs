@@ -40,7 +40,7 @@ use std::time::Duration;
 use cairn_core::{EventType, InstanceId, InstanceStatus, StepKey, Timestamp, WorkflowName};
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, Result, Sent, Store, StoreFuture, StoredEvent, Write,
+    ListQuery, NewEvent, NewInstance, Result, Sent, Store, StoreFuture, StoredEvent, Timers, Write,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio::sync::{mpsc, oneshot};
@@ -468,6 +468,11 @@ impl Store for PostgresStore {
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         let workflows = names(workflows);
         Box::pin(async move { reads::next_ready(&self.reader().await?, &workflows).await })
+    }
+
+    fn timers(&self, workflow: &WorkflowName, now: Timestamp) -> StoreFuture<'_, Timers> {
+        let workflow = workflow.to_string();
+        Box::pin(async move { reads::timers(&self.reader().await?, &workflow, now).await })
     }
 
     fn send_event(

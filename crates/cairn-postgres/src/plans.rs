@@ -87,6 +87,7 @@ async fn hot_queries_never_scan_or_sort_history() {
         ),
         ("next wake-up", reads::NEXT_READY_SQL.into(), vec![&w]),
         ("count by status", reads::COUNT_SQL.into(), vec![&w, &s5]),
+        ("timers", reads::TIMERS_SQL.into(), vec![&w, &t]),
         (
             "instance by key",
             format!(

@@ -4,7 +4,7 @@ use cairn_core::{
     ErrorInfo, InstanceId, InstanceStatus, StepKey, StepKind, StepRecord, StepState, Timestamp,
     WorkflowName,
 };
-use cairn_store::{InstanceRecord, InstanceRef, ListQuery, Result};
+use cairn_store::{InstanceRecord, InstanceRef, ListQuery, Result, Timers};
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
@@ -222,6 +222,31 @@ pub(crate) async fn next_ready(
         };
     }
     Ok(ts(next))
+}
+
+/// The timers of a workflow at a time (see the SQLite store's `TIMERS_SQL`).
+pub(crate) const TIMERS_SQL: &str = "SELECT
+    (SELECT count(*) FROM instances WHERE workflow = $1 AND ready_at IS NOT NULL AND ready_at <= $2)
+  + (SELECT count(*) FROM instances WHERE lease_owner IS NOT NULL AND lease_until < $2 AND workflow = $1),
+    (SELECT count(*) FROM instances WHERE workflow = $1 AND ready_at IS NOT NULL AND ready_at > $2)";
+
+pub(crate) async fn timers(
+    client: &impl GenericClient,
+    workflow: &str,
+    now: Timestamp,
+) -> Result<Timers> {
+    let rows = query(client, TIMERS_SQL, &[&workflow, &now.as_millis()]).await?;
+    let count = |i: usize| -> Result<u64> {
+        let n: i64 = rows
+            .first()
+            .map_or(Ok(0), |r| r.try_get(i))
+            .map_err(corrupt)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    Ok(Timers {
+        due: count(0)?,
+        pending: count(1)?,
+    })
 }
 
 pub(crate) const NEXT_PURGE_SQL: &str =

@@ -417,6 +417,7 @@ pub struct BatchStats {
 
 impl BatchStats {
     fn record(&self, jobs: usize) {
+        metrics::histogram!(cairn_store::BATCH_METRIC).record(jobs as f64);
         let jobs = u64::try_from(jobs).unwrap_or(u64::MAX);
         self.transactions.fetch_add(1, Ordering::Relaxed);
         self.jobs.fetch_add(jobs, Ordering::Relaxed);

@@ -14,6 +14,7 @@
 mod auth;
 mod error;
 mod openapi;
+mod prometheus;
 mod routes;
 mod serve;
 mod stream;
@@ -23,6 +24,7 @@ use std::future::Future;
 use cairn::Engine;
 
 pub use error::ApiError;
+pub use prometheus::Metrics;
 pub use serve::Limits;
 
 /// The largest request body accepted: 1 MiB of payload plus room for the envelope.
@@ -41,8 +43,40 @@ pub fn router_with(engine: Engine, token: Option<String>) -> Router {
 
 /// [`router_with`], with the body timeout and the cap on live streams of `limits`.
 pub fn router_with_limits(engine: Engine, token: Option<String>, limits: &Limits) -> Router {
+    build(engine, token, limits, None)
+}
+
+/// [`router_with_limits`], and `GET /metrics` in Prometheus' text format from `metrics`
+/// (behind the token like every route).
+pub fn router_with_metrics(
+    engine: Engine,
+    token: Option<String>,
+    limits: &Limits,
+    metrics: Metrics,
+) -> Router {
+    build(engine, token, limits, Some(metrics))
+}
+
+fn build(
+    engine: Engine,
+    token: Option<String>,
+    limits: &Limits,
+    metrics: Option<Metrics>,
+) -> Router {
     let body_timeout = limits.body_timeout;
-    let routes = routes::routes()
+    let routes = match metrics {
+        Some(metrics) => routes::routes().route(
+            "/metrics",
+            axum::routing::get(
+                move |axum::extract::State(engine): axum::extract::State<Engine>| {
+                    let metrics = metrics.clone();
+                    async move { prometheus::scrape(&engine, &metrics).await }
+                },
+            ),
+        ),
+        None => routes::routes(),
+    };
+    let routes = routes
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(move |req, next| {
             serve::read_body_within(body_timeout, req, next)
@@ -77,6 +111,12 @@ async fn log_request(
         .map_or_else(|| "(no route)".to_owned(), |p| p.as_str().to_owned());
     let start = std::time::Instant::now();
     let response = next.run(req).await;
+    prometheus::request(
+        method.as_str(),
+        &route,
+        response.status().as_u16(),
+        start.elapsed(),
+    );
     tracing::info!(
         target: "cairn::http",
         method = %method,

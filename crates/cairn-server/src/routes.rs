@@ -379,10 +379,10 @@ fn stream_lease((slots, closing): StreamExtensions) -> ApiResult<crate::stream::
         })?),
         None => None,
     };
-    Ok(crate::stream::Lease {
-        _slot: slot,
-        closing: closing.map(|Extension(c)| c.0),
-    })
+    Ok(crate::stream::Lease::new(
+        slot,
+        closing.map(|Extension(c)| c.0),
+    ))
 }
 
 async fn workflow_stream(

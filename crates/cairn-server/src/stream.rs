@@ -19,13 +19,30 @@ const POLL: Duration = Duration::from_secs(1);
 const WORKFLOW_COALESCE: Duration = Duration::from_millis(10);
 
 /// What every open stream holds: its slot (see `Limits::max_streams`) and the server's
-/// shutdown signal.
+/// shutdown signal. Counted in the open-streams gauge while it lives.
 pub(crate) struct Lease {
-    pub(crate) _slot: Option<tokio::sync::OwnedSemaphorePermit>,
-    pub(crate) closing: Option<watch::Receiver<bool>>,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    closing: Option<watch::Receiver<bool>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::prometheus::STREAMS_OPEN).decrement(1);
+    }
 }
 
 impl Lease {
+    pub(crate) fn new(
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+        closing: Option<watch::Receiver<bool>>,
+    ) -> Self {
+        metrics::gauge!(crate::prometheus::STREAMS_OPEN).increment(1);
+        Lease {
+            _slot: slot,
+            closing,
+        }
+    }
+
     /// Whether the server is shutting down: the stream ends.
     fn closed(&self) -> bool {
         self.closing.as_ref().is_some_and(|c| *c.borrow())

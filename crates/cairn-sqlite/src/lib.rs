@@ -32,7 +32,7 @@ use std::time::Duration;
 use cairn_core::{EventType, InstanceId, InstanceStatus, StepKey, Timestamp, WorkflowName};
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, Result, Sent, Store, StoreFuture, StoredEvent, Write,
+    ListQuery, NewEvent, NewInstance, Result, Sent, Store, StoreFuture, StoredEvent, Timers, Write,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use std::sync::mpsc::Sender;
@@ -580,6 +580,11 @@ impl Store for SqliteStore {
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         let workflows: Vec<String> = workflows.iter().map(ToString::to_string).collect();
         self.read(move |conn| rows::next_ready(conn, &workflows))
+    }
+
+    fn timers(&self, workflow: &WorkflowName, now: Timestamp) -> StoreFuture<'_, Timers> {
+        let workflow = workflow.to_string();
+        self.read(move |conn| rows::timers(conn, &workflow, now))
     }
 
     fn send_event(

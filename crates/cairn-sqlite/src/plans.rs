@@ -79,6 +79,7 @@ fn hot_queries_never_scan_or_sort_history() {
         ("claim: expired leases", rows::CLAIM_EXPIRED_SQL.into()),
         ("next wake-up", rows::NEXT_READY_SQL.into()),
         ("count by status", rows::COUNT_SQL.into()),
+        ("timers", rows::TIMERS_SQL.into()),
         ("instance by key", rows::INSTANCE_KEY_SQL.into()),
         ("instance log tail", crate::history::LOG_SQL.into()),
         ("workflow log tail", crate::history::WORKFLOW_LOG_SQL.into()),

@@ -8,7 +8,7 @@ use cairn_core::{
 };
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, Result, Sent, StatusChange, StoredEvent, Write,
+    ListQuery, NewEvent, NewInstance, Result, Sent, StatusChange, StoredEvent, Timers, Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
@@ -434,6 +434,29 @@ pub(crate) const COUNT_SQL: &str =
 
 pub(crate) const NEXT_READY_SQL: &str =
     "SELECT MIN(ready_at) FROM instances WHERE workflow = ?1 AND ready_at IS NOT NULL";
+
+/// The timers of a workflow at a time: due and unclaimed (a wake-up that has come, or a
+/// lease that ran out), and still to come. Range counts over `instances_next_ready` and
+/// `instances_lease`: the due ones are the backlog, the pending ones the hibernating.
+pub(crate) const TIMERS_SQL: &str = "SELECT
+    (SELECT count(*) FROM instances WHERE workflow = ?1 AND ready_at IS NOT NULL AND ready_at <= ?2)
+  + (SELECT count(*) FROM instances WHERE lease_owner IS NOT NULL AND lease_until < ?2 AND workflow = ?1),
+    (SELECT count(*) FROM instances WHERE workflow = ?1 AND ready_at IS NOT NULL AND ready_at > ?2)";
+
+pub(crate) fn timers(conn: &Connection, workflow: &str, now: Timestamp) -> Result<Timers> {
+    let (due, pending): (i64, i64) = conn
+        .prepare_cached(TIMERS_SQL)
+        .and_then(|mut st| {
+            st.query_row(params![workflow, now.as_millis()], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+        })
+        .map_err(map_sqlite)?;
+    Ok(Timers {
+        due: u64::try_from(due).unwrap_or(0),
+        pending: u64::try_from(pending).unwrap_or(0),
+    })
+}
 
 pub(crate) fn send_event(
     conn: &Connection,

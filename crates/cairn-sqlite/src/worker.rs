@@ -121,6 +121,7 @@ fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) {
             Err(Error::Unavailable(reason))
         }
         None => {
+            metrics::histogram!(cairn_store::BATCH_METRIC).record(completions.len() as f64);
             let outcome = conn.execute_batch("COMMIT").map_err(map_sqlite);
             if outcome.is_err() && !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");

@@ -297,6 +297,15 @@ pub enum ControlOutcome {
     StepNotFound,
 }
 
+/// The timers of one workflow at a moment (see [`Store::timers`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timers {
+    /// Instances due to run that no engine has claimed yet.
+    pub due: u64,
+    /// Instances waiting for a wake-up time still to come.
+    pub pending: u64,
+}
+
 /// An event sent to an instance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
@@ -392,6 +401,10 @@ pub struct ListQuery {
     /// At most this many.
     pub limit: usize,
 }
+
+/// The histogram of jobs per write transaction (the group commit's batch size) that both
+/// backends record through the `metrics` facade; listed with the engine's metrics.
+pub const BATCH_METRIC: &str = "cairn_store_batch_jobs";
 
 /// The storage contract. Every method is atomic and cancel-safe in this sense: dropping the
 /// returned future may or may not let the operation happen, but never half of it.
@@ -510,6 +523,11 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest `ready_at` among instances of `workflows` that are not leased: when the
     /// scheduler should look again.
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>>;
+
+    /// The timers of `workflow` at `now`: how many instances are due (their wake-up time
+    /// has come, or their lease ran out) and no engine has claimed yet, and how many wait
+    /// for a wake-up still to come. What the engine's backlog gauges report.
+    fn timers(&self, workflow: &WorkflowName, now: Timestamp) -> StoreFuture<'_, Timers>;
 
     /// Buffers an event for an instance (per type, first in first out) and, if it is
     /// hibernating, makes it claimable at once.

@@ -11,6 +11,7 @@ mod failure;
 mod lifetime;
 mod ops;
 mod panic;
+pub mod telemetry;
 mod workflow;
 
 pub use cairn_core::json;

@@ -347,6 +347,9 @@ impl<O: DeserializeOwned> Instance<O> {
                         }
                     }
                 }
+                if to == cairn_core::InstanceStatus::Terminated {
+                    crate::telemetry::finished(&self.workflow, to, None);
+                }
                 inner.wake.notify_one();
                 inner.changed();
                 Ok(())

@@ -293,7 +293,12 @@ impl UntypedWorkflow {
     async fn insert(&self, prepared: Vec<Prepared>) -> Result<Vec<(Prepared, Created)>, Error> {
         let news = prepared.iter().map(|p| p.new.clone()).collect();
         let created = self.engine.inner.env.store.create(news).await?;
-        if created.iter().any(|c| matches!(c, Created::New(_))) {
+        let new = created
+            .iter()
+            .filter(|c| matches!(c, Created::New(_)))
+            .count();
+        if new > 0 {
+            crate::telemetry::created(&self.name, new);
             self.engine.inner.wake.notify_one();
             self.engine.inner.changed();
         }

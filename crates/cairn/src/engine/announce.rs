@@ -17,7 +17,7 @@ use cairn_core::{
 };
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
+    ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Timers, Write,
 };
 use tokio::sync::watch;
 
@@ -327,6 +327,10 @@ impl Store for Announcing {
 
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         self.store.next_ready(workflows)
+    }
+
+    fn timers(&self, workflow: &WorkflowName, now: Timestamp) -> StoreFuture<'_, Timers> {
+        self.store.timers(workflow, now)
     }
 
     fn send_event(

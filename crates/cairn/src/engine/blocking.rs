@@ -14,7 +14,7 @@ use cairn_core::{
 };
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
+    ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Timers, Write,
 };
 
 pub(crate) struct Blocking(pub(crate) Arc<dyn Store>);
@@ -155,6 +155,13 @@ impl Store for Blocking {
         let workflows = workflows.to_vec();
         blocking(&self.0, move |s| {
             Box::pin(async move { s.next_ready(&workflows).await })
+        })
+    }
+
+    fn timers(&self, workflow: &WorkflowName, now: Timestamp) -> StoreFuture<'_, Timers> {
+        let workflow = workflow.clone();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.timers(&workflow, now).await })
         })
     }
 

@@ -239,6 +239,13 @@ async fn one_lifetime(
         Vec::new()
     };
     state.load_journal(journal);
+    if let Some(at) = record.started_at {
+        state.set_started_at(at);
+    }
+    if record.status == InstanceStatus::Running && record.rollback_trigger.is_none() {
+        // Claimed while running: its last lifetime ended without recording why.
+        crate::telemetry::taken_over(&record.workflow);
+    }
     if record.status != InstanceStatus::Running {
         let now = env.clock.now();
         let mut writes = vec![Write::Status(StatusChange {
@@ -252,6 +259,10 @@ async fn one_lifetime(
         let status = state.commit_now(writes).await.map_err(Abort::Store)?;
         state.observe(status);
         inner.changed();
+        if record.started_at.is_none() {
+            state.set_started_at(now);
+            crate::telemetry::started(&record.workflow, now.since(record.created_at));
+        }
     }
 
     let params = match serde_json::from_str(&record.params) {
@@ -497,6 +508,11 @@ async fn finish(
 ) -> Result<(), Abort> {
     let now = state.now();
     let rollback_outcome = rollback;
+    let status = match &outcome {
+        _ if terminated => InstanceStatus::Terminated,
+        Ok(_) => InstanceStatus::Complete,
+        Err(_) => InstanceStatus::Errored,
+    };
     let writes = match outcome {
         // Terminated with rollback: the handlers ran; now it ends as a terminate does.
         _ if terminated => vec![
@@ -532,11 +548,10 @@ async fn finish(
             state.log(LogKind::WorkflowFailure, None, json!({ "error": error })),
         ],
     };
-    state
-        .commit_now(writes)
-        .await
-        .map(drop)
-        .map_err(Abort::Store)
+    state.commit_now(writes).await.map_err(Abort::Store)?;
+    let ran = state.started_at().map(|at| now.since(at));
+    crate::telemetry::finished(&state.workflow, status, ran);
+    Ok(())
 }
 
 /// Resolves once the engine is shutting down.

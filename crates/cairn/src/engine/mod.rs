@@ -13,6 +13,7 @@ use tokio::sync::{Notify, watch};
 mod announce;
 mod blocking;
 mod driver;
+mod gauges;
 pub(crate) mod leases;
 pub(crate) mod live;
 mod remote;
@@ -107,6 +108,16 @@ impl Engine {
     /// waiting for an event or a retry) are not counted: they hold no memory.
     pub fn live_instances(&self) -> usize {
         self.inner.live.len()
+    }
+
+    /// Sets the gauges of [`crate::telemetry`] from the store and from memory now
+    /// (instances by status, due backlog, pending timers, lifetimes held). The engine does
+    /// this every 15 s on its own; an exporter that scrapes calls it first for exact values.
+    ///
+    /// # Errors
+    /// When the store cannot be read.
+    pub async fn refresh_gauges(&self) -> Result<(), Error> {
+        gauges::refresh(&self.inner).await.map_err(Error::from)
     }
 
     /// The engine's clock.
@@ -269,6 +280,7 @@ impl EngineBuilder {
     /// [`Error::Config`] for a missing store, an invalid or duplicate workflow name, or a
     /// store that cannot be opened.
     pub async fn start(self) -> Result<Engine, Error> {
+        crate::telemetry::describe();
         let mut workflows = HashMap::new();
         let mut names = Vec::new();
         for (name, workflow) in self.workflows {
@@ -399,6 +411,9 @@ impl EngineBuilder {
         });
         if let Some(changes) = inner.env.store.changes() {
             tokio::spawn(remote::follow(Arc::clone(&inner), changes));
+        }
+        if !inner.env.clock.is_virtual() {
+            tokio::spawn(gauges::keep(Arc::clone(&inner)));
         }
         let handle = tokio::spawn(scheduler::schedule(Arc::clone(&inner)));
         if let Ok(mut slot) = inner.scheduler.lock() {

@@ -42,6 +42,8 @@ pub(crate) struct Lifetime {
     pub(crate) workflow: WorkflowName,
     pub(crate) instance_id: InstanceId,
     pub(crate) created_at: Timestamp,
+    /// When the instance first started (set by the driver at the first start).
+    started_at: std::sync::OnceLock<Timestamp>,
     inner: Mutex<Inner>,
     abort: Mutex<Option<Abort>>,
     aborted: Notify,
@@ -111,6 +113,7 @@ impl Lifetime {
             workflow,
             instance_id,
             created_at,
+            started_at: std::sync::OnceLock::new(),
             inner: Mutex::new(Inner {
                 journal: HashMap::new(),
                 counters: HashMap::new(),
@@ -373,7 +376,20 @@ impl Lifetime {
         if !self.holds_lease() {
             return Err(cairn_store::Error::LeaseLost(self.lease.instance));
         }
-        self.env.store.commit(self.lease, writes).await
+        let start = std::time::Instant::now();
+        let committed = self.env.store.commit(self.lease, writes).await;
+        crate::telemetry::committed(start.elapsed());
+        committed
+    }
+
+    /// When the instance first started, once known.
+    pub(crate) fn started_at(&self) -> Option<Timestamp> {
+        self.started_at.get().copied()
+    }
+
+    /// Records when the instance first started (the first call wins).
+    pub(crate) fn set_started_at(&self, at: Timestamp) {
+        let _ = self.started_at.set(at);
     }
 
     /// When the lease was taken (about).

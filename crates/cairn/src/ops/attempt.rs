@@ -20,6 +20,8 @@ use crate::context::{StepContext, StepId};
 use crate::failure::{DELAY_FAILED, INTERNAL, StepError, TIMEOUT, WorkflowError};
 use crate::lifetime::Lifetime;
 use crate::ops::handler::Handler;
+use crate::telemetry::AttemptOutcome;
+use tracing::Instrument;
 
 /// How long a delay function may take.
 const DELAY_FN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -58,6 +60,13 @@ impl Drop for Execution {
         let state = &self.state;
         let mut records = Vec::with_capacity(2);
         let error = if record.in_flight {
+            crate::telemetry::attempt(
+                &state.workflow,
+                &key.name,
+                false,
+                AttemptOutcome::Cancelled,
+                None,
+            );
             let error = ErrorInfo::new(
                 crate::failure::CANCELLED,
                 format!(
@@ -218,7 +227,7 @@ impl Execution {
             })?;
 
         // `loaded`: the record comes from the journal, written by an earlier lifetime.
-        let (mut record, loaded) = match state.take_record(&key) {
+        let (record, loaded) = match state.take_record(&key) {
             Some(rec) if rec.state == StepState::Succeeded => return decode(&key, &rec),
             Some(rec) if rec.state == StepState::Cancelled => {
                 // It lost a race last time: it never completes, so the race goes the same
@@ -235,6 +244,65 @@ impl Execution {
             Some(rec) => (rec, true),
             None => (self.start_first_attempt(&key, &resolved).await, false),
         };
+        // A span for the work this lifetime does on the step; a step answered from the
+        // journal (above) has none, so a replay reports no attempt twice.
+        let span = if self.is_rollback() {
+            tracing::info_span!("step.rollback", step.name = %key.name, step.count = key.count, outcome = tracing::field::Empty)
+        } else {
+            tracing::info_span!("step.do", step.name = %key.name, step.count = key.count, outcome = tracing::field::Empty)
+        };
+        let result = self
+            .attempts(
+                &key,
+                &mut body,
+                record,
+                loaded,
+                resolved,
+                delay_fn,
+                &mut activity,
+            )
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", if result.is_ok() { "success" } else { "error" });
+        result
+    }
+
+    /// Whether this execution runs a rollback handler rather than a step.
+    fn is_rollback(&self) -> bool {
+        self.kinds.step_start != LogKind::StepStart
+    }
+
+    /// Counts one attempt of this execution's step that ended with `outcome`.
+    fn count_attempt(&self, key: &StepKey, outcome: AttemptOutcome, ran: Option<Duration>) {
+        crate::telemetry::attempt(
+            &self.state.workflow,
+            &key.name,
+            self.is_rollback(),
+            outcome,
+            ran,
+        );
+    }
+
+    /// Runs the step's attempts from `record` (`loaded` from the journal, or just started)
+    /// until one succeeds or the step fails for good.
+    #[allow(clippy::too_many_arguments)]
+    async fn attempts<T, F, Fut>(
+        &self,
+        key: &StepKey,
+        body: &mut F,
+        mut record: StepRecord,
+        loaded: bool,
+        resolved: ResolvedConfig,
+        delay_fn: Option<DelayFn>,
+        activity: &mut crate::lifetime::Activity,
+    ) -> Result<T, WorkflowError>
+    where
+        F: FnMut(StepContext) -> Fut,
+        Fut: Future<Output = Result<T, StepError>>,
+        T: Serialize + DeserializeOwned,
+    {
+        let key = key.clone();
+        let state = &*self.state;
         // The config persisted at the first execution wins: changing code does not change a
         // step already in progress.
         let config = ResolvedConfig::from_persisted_json(&record.config).unwrap_or(resolved);
@@ -247,8 +315,11 @@ impl Execution {
             let error = ErrorInfo::new(INTERNAL, "Attempt failed due to internal workflows error");
             // Recording its outcome ends it, like any attempt in flight.
             self.attempt_begin();
-            self.record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
-                .await?;
+            let failed = self
+                .record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
+                .await;
+            self.count_attempt(&key, AttemptOutcome::Interrupted, None);
+            failed?;
             self.set_running(Some(&record));
         }
 
@@ -272,8 +343,16 @@ impl Execution {
                 config,
                 idempotency_key: state.idempotency_key(&key),
             };
+            let began = state.now();
+            let span = tracing::info_span!(
+                "step.attempt",
+                attempt = record.attempts,
+                outcome = tracing::field::Empty
+            );
             // A panic while the body builds its future is an attempt failure too.
-            let attempt = std::pin::pin!(crate::panic::guarded(|| body(ctx)));
+            let attempt = std::pin::pin!(
+                crate::panic::guarded(|| span.in_scope(|| body(ctx))).instrument(span.clone())
+            );
             let timed = select(attempt, state.env.clock.sleep(config.timeout)).await;
             let outcome = match timed {
                 Either::Left((Ok(Ok(value)), _)) => match crate::panic::to_json(&value) {
@@ -318,22 +397,34 @@ impl Execution {
                     true,
                 ),
             };
+            let ran = Some(state.now().since(began));
             match outcome {
                 Outcome::Success(json) => {
                     self.record_success(&key, &mut record, &config, json.clone())
                         .await;
+                    span.record("outcome", "success");
+                    self.count_attempt(&key, AttemptOutcome::Success, ran);
                     return decode_json(&key, &json);
                 }
                 Outcome::Failure(error, retryable) => {
-                    self.record_failure(
-                        &key,
-                        &mut record,
-                        &config,
-                        delay_fn.as_ref(),
-                        error,
-                        retryable,
-                    )
-                    .await?;
+                    let outcome = if error.name == TIMEOUT {
+                        AttemptOutcome::Timeout
+                    } else {
+                        AttemptOutcome::Error
+                    };
+                    let failed = self
+                        .record_failure(
+                            &key,
+                            &mut record,
+                            &config,
+                            delay_fn.as_ref(),
+                            error,
+                            retryable,
+                        )
+                        .await;
+                    span.record("outcome", outcome.as_str());
+                    self.count_attempt(&key, outcome, ran);
+                    failed?;
                     // Waiting to retry: still in progress, so a drop now cancels it too.
                     self.set_running(Some(&record));
                 }

@@ -156,6 +156,9 @@ impl Store for FailingStore {
     fn next_ready(&self, w: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         self.inner.next_ready(w)
     }
+    fn timers(&self, w: &WorkflowName, now: Timestamp) -> StoreFuture<'_, cairn::store::Timers> {
+        self.inner.timers(w, now)
+    }
     fn send_event(&self, w: &WorkflowName, id: &InstanceId, e: NewEvent) -> StoreFuture<'_, Sent> {
         if self.dead() {
             return down();

@@ -499,6 +499,13 @@ impl Store for Hooked {
     fn next_ready(&self, w: &[cairn::WorkflowName]) -> StoreFuture<'_, Option<cairn::Timestamp>> {
         hooked!(self, "next_ready", self.inner.next_ready(w))
     }
+    fn timers(
+        &self,
+        w: &cairn::WorkflowName,
+        now: cairn::Timestamp,
+    ) -> StoreFuture<'_, cairn::store::Timers> {
+        hooked!(self, "timers", self.inner.timers(w, now))
+    }
     fn send_event(
         &self,
         w: &cairn::WorkflowName,

@@ -1,0 +1,112 @@
+//! `GET /metrics`: the engine's and the server's metrics in Prometheus' text format, from
+//! the `metrics` facade's Prometheus recorder. The server adds its own: requests by route
+//! and status, their duration, and the live streams open.
+
+use std::time::Duration;
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// HTTP requests answered, by method, route template and status.
+pub(crate) const HTTP_REQUESTS: &str = "cairn_http_requests_total";
+/// How long HTTP requests took to answer (until the response head; a stream's life is not
+/// counted), by method and route template.
+pub(crate) const HTTP_DURATION: &str = "cairn_http_request_duration_seconds";
+/// Live event streams (SSE) open now.
+pub(crate) const STREAMS_OPEN: &str = "cairn_http_streams_open";
+
+/// Histogram buckets for durations: from half a millisecond (a commit) to a day (an
+/// instance that sleeps).
+const SECONDS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0, 1800.0, 3600.0, 86400.0,
+];
+
+/// Histogram buckets for the group commit's jobs per transaction.
+const JOBS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+
+/// The Prometheus recorder, installed for the whole process: what `/metrics` renders.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    handle: PrometheusHandle,
+}
+
+impl Metrics {
+    /// Installs the Prometheus recorder as the process's `metrics` recorder (once per
+    /// process) and starts its upkeep (histograms are drained every 5 s).
+    ///
+    /// # Errors
+    /// When a recorder is installed already.
+    pub fn install() -> Result<Metrics, String> {
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(cairn::telemetry::BATCH_SIZE.into()), JOBS)
+            })
+            .map_err(|e| e.to_string())?
+            .install_recorder()
+            .map_err(|e| format!("install the metrics recorder: {e}"))?;
+        let upkeep = handle.clone();
+        std::thread::Builder::new()
+            .name("cairn-metrics-upkeep".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(Duration::from_secs(5));
+                    upkeep.run_upkeep();
+                }
+            })
+            .map_err(|e| format!("start the metrics upkeep thread: {e}"))?;
+        describe_counter!(
+            HTTP_REQUESTS,
+            "HTTP requests answered, by route and status."
+        );
+        describe_histogram!(
+            HTTP_DURATION,
+            Unit::Seconds,
+            "How long HTTP requests took to answer."
+        );
+        describe_gauge!(STREAMS_OPEN, "Live event streams (SSE) open now.");
+        // Zero from the start, so a scrape before the first stream shows it.
+        metrics::gauge!(STREAMS_OPEN).set(0.0);
+        Ok(Metrics { handle })
+    }
+
+    /// The current values, in Prometheus' text exposition format.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+}
+
+/// `GET /metrics`: refreshes the engine's gauges from the store, then renders everything.
+pub(crate) async fn scrape(engine: &cairn::Engine, metrics: &Metrics) -> Response {
+    if let Err(e) = engine.refresh_gauges().await {
+        // Still answer: the counters are right; the gauges are as of the last refresh.
+        tracing::warn!(error = %e, "refreshing the gauges for a scrape failed");
+    }
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics.render(),
+    )
+        .into_response()
+}
+
+/// Counts one answered request.
+pub(crate) fn request(method: &str, route: &str, status: u16, took: Duration) {
+    metrics::counter!(
+        HTTP_REQUESTS,
+        "method" => method.to_owned(),
+        "route" => route.to_owned(),
+        "status" => status.to_string()
+    )
+    .increment(1);
+    metrics::histogram!(HTTP_DURATION, "method" => method.to_owned(), "route" => route.to_owned())
+        .record(took.as_secs_f64());
+}

@@ -1,0 +1,419 @@
+//! `/metrics` over a real socket after a known workload: exact counter values, gauges that
+//! go back to zero, and an exposition that Prometheus' own `promtool` accepts. Its own test
+//! binary: the Prometheus recorder is global to the process, so no other test may share it.
+
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use cairn::prelude::*;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reserves, then charges: the charge fails on its first attempt and succeeds on the next.
+struct Orders(Arc<AtomicU32>);
+
+impl Workflow for Orders {
+    const NAME: &'static str = "orders";
+    type Params = Value;
+    type Output = Value;
+
+    async fn run(
+        &self,
+        _: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> Result<Value, WorkflowError> {
+        step.run("reserve", |_| async { Ok(1) }).await?;
+        let charges = Arc::clone(&self.0);
+        let retry = StepConfig {
+            retries: Some(Retries::constant(3, Duration::from_millis(5))),
+            ..StepConfig::default()
+        };
+        step.run("charge", move |ctx| {
+            charges.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if ctx.attempt == 1 {
+                    Err::<u32, _>("card declined".into())
+                } else {
+                    Ok(2)
+                }
+            }
+        })
+        .config(&retry)
+        .await?;
+        Ok(json!("shipped"))
+    }
+}
+
+/// One step that always times out, with no retries: the instance errors.
+struct Doomed;
+
+impl Workflow for Doomed {
+    const NAME: &'static str = "doomed";
+    type Params = Value;
+    type Output = Value;
+
+    async fn run(
+        &self,
+        _: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> Result<Value, WorkflowError> {
+        let once = StepConfig {
+            retries: Some(Retries::none()),
+            timeout: Some(Duration::from_millis(20)),
+            ..StepConfig::default()
+        };
+        step.run("slow", |_| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(0)
+        })
+        .config(&once)
+        .await?;
+        Ok(Value::Null)
+    }
+}
+
+/// Sleeps for an hour: hibernates.
+struct Sleepy;
+
+impl Workflow for Sleepy {
+    const NAME: &'static str = "sleepy";
+    type Params = Value;
+    type Output = Value;
+
+    async fn run(
+        &self,
+        _: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> Result<Value, WorkflowError> {
+        step.sleep("nap", Duration::from_secs(3600)).await?;
+        Ok(Value::Null)
+    }
+}
+
+/// One HTTP/1.1 request on its own connection; the status and the body.
+async fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer secret\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// The samples of an exposition, by series (`name{labels}`, labels as printed).
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+async fn scrape(port: u16) -> (String, HashMap<String, f64>) {
+    let (status, text) = http(port, "GET", "/metrics", "").await;
+    assert_eq!(status, 200, "{text}");
+    let parsed = samples(&text);
+    (text, parsed)
+}
+
+fn value(samples: &HashMap<String, f64>, series: &str) -> f64 {
+    *samples
+        .get(series)
+        .unwrap_or_else(|| panic!("no series {series} in the scrape"))
+}
+
+async fn until_status(port: u16, workflow: &str, id: &str, status: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, body) = http(
+            port,
+            "GET",
+            &format!("/api/workflows/{workflow}/instances/{id}"),
+            "",
+        )
+        .await;
+        let details: Value = serde_json::from_str(&body).unwrap();
+        if details["status"] == status {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{workflow}/{id} never reached {status}: {details}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_a_known_workload_exactly_and_gauges_return_to_zero() {
+    let metrics = cairn_server::Metrics::install().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let charges = Arc::new(AtomicU32::new(0));
+    let engine = cairn::Engine::builder()
+        .sqlite(dir.path().join("cairn.db"))
+        .hibernate_after(Duration::from_millis(50))
+        .register(Orders(Arc::clone(&charges)))
+        .register(Doomed)
+        .register(Sleepy)
+        .start()
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let router = cairn_server::router_with_metrics(
+        engine.clone(),
+        Some("secret".into()),
+        &cairn_server::Limits::default(),
+        metrics,
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(cairn_server::serve_router(listener, router, async move {
+        let _ = stopped.await;
+    }));
+
+    // The token guards /metrics like every route.
+    let mut bare = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    bare.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    bare.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+
+    let create = |workflow: &'static str, id: String| async move {
+        let (status, body) = http(
+            port,
+            "POST",
+            &format!("/api/workflows/{workflow}/instances"),
+            &json!({ "instance_id": id }).to_string(),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    };
+    for i in 0..5 {
+        create("orders", format!("o{i}")).await;
+    }
+    for i in 0..2 {
+        create("doomed", format!("d{i}")).await;
+    }
+    for i in 0..3 {
+        create("sleepy", format!("s{i}")).await;
+    }
+    for i in 0..5 {
+        until_status(port, "orders", &format!("o{i}"), "complete").await;
+    }
+    for i in 0..2 {
+        until_status(port, "doomed", &format!("d{i}"), "errored").await;
+    }
+    for i in 0..3 {
+        until_status(port, "sleepy", &format!("s{i}"), "waiting").await;
+    }
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        10,
+        "two charge attempts per order"
+    );
+
+    // A live stream open while the sleepers hibernate.
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    stream
+        .write_all(b"GET /api/workflows/sleepy/instances/s0/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+
+    let (_, m) = scrape(port).await;
+    let c = |series: &str| value(&m, series);
+    assert_eq!(
+        c(r#"cairn_instances_created_total{workflow="orders"}"#),
+        5.0
+    );
+    assert_eq!(
+        c(r#"cairn_instances_created_total{workflow="doomed"}"#),
+        2.0
+    );
+    assert_eq!(
+        c(r#"cairn_instances_created_total{workflow="sleepy"}"#),
+        3.0
+    );
+    assert_eq!(
+        c(r#"cairn_instances_started_total{workflow="orders"}"#),
+        5.0
+    );
+    assert_eq!(
+        c(r#"cairn_instances_started_total{workflow="sleepy"}"#),
+        3.0
+    );
+    assert_eq!(
+        c(r#"cairn_instances_finished_total{workflow="orders",status="complete"}"#),
+        5.0
+    );
+    assert_eq!(
+        c(r#"cairn_instances_finished_total{workflow="doomed",status="errored"}"#),
+        2.0
+    );
+    let attempts = |wf: &str, step: &str, outcome: &str| {
+        c(&format!(
+            r#"cairn_step_attempts_total{{workflow="{wf}",step="{step}",kind="step",outcome="{outcome}"}}"#
+        ))
+    };
+    assert_eq!(attempts("orders", "reserve", "success"), 5.0);
+    assert_eq!(attempts("orders", "charge", "error"), 5.0);
+    assert_eq!(attempts("orders", "charge", "success"), 5.0);
+    assert_eq!(attempts("doomed", "slow", "timeout"), 2.0);
+    assert_eq!(
+        c(
+            r#"cairn_step_attempt_duration_seconds_count{workflow="orders",step="charge",kind="step"}"#
+        ),
+        10.0
+    );
+    assert_eq!(
+        c(r#"cairn_instance_duration_seconds_count{workflow="orders",status="complete"}"#),
+        5.0
+    );
+    assert_eq!(
+        c(r#"cairn_instance_queue_delay_seconds_count{workflow="orders"}"#),
+        5.0
+    );
+    assert!(c("cairn_store_commit_duration_seconds_count") > 0.0);
+    assert!(c("cairn_store_batch_jobs_count") > 0.0);
+    assert_eq!(
+        c(
+            r#"cairn_http_requests_total{method="POST",route="/api/workflows/{name}/instances",status="201"}"#
+        ),
+        10.0
+    );
+    assert_eq!(
+        c(r#"cairn_http_requests_total{method="GET",route="/metrics",status="401"}"#),
+        1.0
+    );
+    // The sleepers hibernate: waiting, each with a timer to come; nothing else is live.
+    assert_eq!(
+        c(r#"cairn_instances{workflow="sleepy",status="waiting"}"#),
+        3.0
+    );
+    assert_eq!(c(r#"cairn_timers_pending{workflow="sleepy"}"#), 3.0);
+    assert_eq!(c(r#"cairn_backlog_instances{workflow="sleepy"}"#), 0.0);
+    assert_eq!(
+        c(r#"cairn_instances{workflow="orders",status="complete"}"#),
+        5.0
+    );
+    assert_eq!(
+        c(r#"cairn_instances{workflow="doomed",status="errored"}"#),
+        2.0
+    );
+    assert_eq!(c("cairn_instances_in_memory"), 0.0);
+    assert_eq!(c("cairn_http_streams_open"), 1.0);
+
+    // Terminate the sleepers and close the stream: every gauge of live work is back to 0.
+    for i in 0..3 {
+        let (status, body) = http(
+            port,
+            "PATCH",
+            &format!("/api/workflows/sleepy/instances/s{i}/status"),
+            r#"{"status":"terminate"}"#,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (text, m) = loop {
+        let (text, m) = scrape(port).await;
+        if m.get("cairn_http_streams_open") == Some(&0.0) || Instant::now() > deadline {
+            break (text, m);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let c = |series: &str| value(&m, series);
+    assert_eq!(
+        c(r#"cairn_instances_finished_total{workflow="sleepy",status="terminated"}"#),
+        3.0
+    );
+    for workflow in ["orders", "doomed", "sleepy"] {
+        for status in ["queued", "running", "paused", "waiting", "waitingForPause"] {
+            assert_eq!(
+                c(&format!(
+                    r#"cairn_instances{{workflow="{workflow}",status="{status}"}}"#
+                )),
+                0.0,
+                "{workflow} {status}"
+            );
+        }
+        assert_eq!(
+            c(&format!(r#"cairn_timers_pending{{workflow="{workflow}"}}"#)),
+            0.0
+        );
+        assert_eq!(
+            c(&format!(
+                r#"cairn_backlog_instances{{workflow="{workflow}"}}"#
+            )),
+            0.0
+        );
+    }
+    assert_eq!(c("cairn_instances_in_memory"), 0.0);
+    assert_eq!(c("cairn_http_streams_open"), 0.0);
+    // No series is labelled by instance id.
+    for id in ["o0", "d0", "s0"] {
+        assert!(
+            !text.contains(&format!("\"{id}\"")),
+            "an instance id is a label value"
+        );
+    }
+
+    promtool_accepts(&text);
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
+    engine.shutdown().await;
+}
+
+/// `promtool check metrics` (Debian package `prometheus`) lints the exposition.
+fn promtool_accepts(text: &str) {
+    use std::io::Write as _;
+    let spawned = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!(
+                "\n*** SKIPPED the promtool check: promtool not found ({e}); install the Debian package `prometheus` (.ci/run does) ***\n"
+            );
+            return;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

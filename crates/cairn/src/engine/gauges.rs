@@ -1,0 +1,44 @@
+//! The gauges read from the store (instances by status, the due backlog, pending timers)
+//! and from memory (lifetimes held): refreshed every [`EVERY`] and on demand
+//! ([`crate::Engine::refresh_gauges`], which `cairn serve` calls before each scrape).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_core::InstanceStatus;
+
+use crate::engine::runtime::Runtime;
+
+/// How often the engine refreshes its gauges on its own.
+pub(crate) const EVERY: Duration = Duration::from_secs(15);
+
+/// Reads the store's counts and timers of every registered workflow into the gauges.
+pub(crate) async fn refresh(inner: &Runtime) -> Result<(), cairn_store::Error> {
+    let store = &inner.env.store;
+    let now = inner.env.clock.now();
+    for workflow in &inner.names {
+        for status in InstanceStatus::ALL {
+            let n = store.count(workflow, status).await?;
+            crate::telemetry::instance_gauges(workflow, status, n);
+        }
+        let timers = store.timers(workflow, now).await?;
+        crate::telemetry::timer_gauges(workflow, timers.due, timers.pending);
+    }
+    crate::telemetry::in_memory(inner.live.len());
+    Ok(())
+}
+
+/// Refreshes the gauges every [`EVERY`] until shutdown. Not on a virtual clock: a test's
+/// idle runtime jumps to its next timer, and a 30-day sleep would stop every 15 s.
+pub(crate) async fn keep(inner: Arc<Runtime>) {
+    let mut shutdown = inner.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(EVERY) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        if let Err(e) = refresh(&inner).await {
+            tracing::debug!(error = %e, "refreshing the gauges failed; trying again later");
+        }
+    }
+}

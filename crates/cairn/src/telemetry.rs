@@ -1,0 +1,245 @@
+//! The engine's metrics, each named once here with what it counts and its labels, through
+//! the [`metrics`] facade: an embedded user installs any recorder (Prometheus, StatsD,
+//! OpenTelemetry…); with none installed every call is a no-op. `cairn serve` installs the
+//! Prometheus one and serves it at `/metrics`. The table in `docs/operating.md` lists them.
+//!
+//! Labels stay bounded: never an instance id; a step's name only for the first
+//! [`MAX_STEP_LABELS`] names of a workflow (a workflow that names steps after its data,
+//! `item-{n}`, would otherwise make a series per item), later names count as `"(other)"`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use cairn_core::{InstanceStatus, WorkflowName};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+
+/// Instances created (by `create`, `create_batch`, or the API), by workflow.
+pub const INSTANCES_CREATED: &str = "cairn_instances_created_total";
+/// Instances that started running for the first time, by workflow.
+pub const INSTANCES_STARTED: &str = "cairn_instances_started_total";
+/// Instances that ended, by workflow and `status` (`complete`, `errored`, `terminated`).
+pub const INSTANCES_FINISHED: &str = "cairn_instances_finished_total";
+/// Step attempts, by workflow, step, `kind` (`step`, `rollback`) and `outcome` (`success`,
+/// `error`, `timeout`, `interrupted`: a crash or lost lease cut it off, `cancelled`: the
+/// workflow stopped awaiting it).
+pub const STEP_ATTEMPTS: &str = "cairn_step_attempts_total";
+/// How long step attempts ran, by workflow, step and kind (engine clock).
+pub const STEP_ATTEMPT_DURATION: &str = "cairn_step_attempt_duration_seconds";
+/// From an instance's first start to its end, by workflow and status (engine clock).
+pub const INSTANCE_DURATION: &str = "cairn_instance_duration_seconds";
+/// From an instance's creation to its first start, by workflow (engine clock).
+pub const QUEUE_DELAY: &str = "cairn_instance_queue_delay_seconds";
+/// Instances whose previous lifetime ended without recording why (a crash, a lost lease,
+/// a shutdown past its drain deadline), taken over by this engine, by workflow.
+pub const LEASE_TAKEOVERS: &str = "cairn_lease_takeovers_total";
+/// Lifetimes this engine stopped because their lease ran out or moved to another engine.
+pub const LEASES_LOST: &str = "cairn_leases_lost_total";
+/// How long the store took to commit one lifetime's writes (wall clock).
+pub const COMMIT_DURATION: &str = "cairn_store_commit_duration_seconds";
+/// Jobs per store transaction: the group commit's batch size.
+pub const BATCH_SIZE: &str = cairn_store::BATCH_METRIC;
+/// Instances by workflow and `status`, as the store counts them (every engine on a shared
+/// database reports the same numbers: aggregate with `max`, not `sum`).
+pub const INSTANCES: &str = "cairn_instances";
+/// Instances of a workflow whose wake-up time has come and that no engine has claimed yet.
+pub const BACKLOG: &str = "cairn_backlog_instances";
+/// Hibernating instances of a workflow with a wake-up time still to come.
+pub const TIMERS_PENDING: &str = "cairn_timers_pending";
+/// Instances with a lifetime in this engine's memory.
+pub const INSTANCES_IN_MEMORY: &str = "cairn_instances_in_memory";
+
+/// The most step names one workflow gets as label values; later ones are `"(other)"`.
+pub const MAX_STEP_LABELS: usize = 200;
+
+/// Registers every metric's description and unit with the installed recorder (a recorder
+/// installed later misses them; the values are recorded regardless).
+pub(crate) fn describe() {
+    describe_counter!(INSTANCES_CREATED, "Instances created.");
+    describe_counter!(
+        INSTANCES_STARTED,
+        "Instances that started running for the first time."
+    );
+    describe_counter!(INSTANCES_FINISHED, "Instances that ended, by status.");
+    describe_counter!(STEP_ATTEMPTS, "Step attempts, by kind and outcome.");
+    describe_histogram!(
+        STEP_ATTEMPT_DURATION,
+        Unit::Seconds,
+        "How long step attempts ran."
+    );
+    describe_histogram!(
+        INSTANCE_DURATION,
+        Unit::Seconds,
+        "From an instance's first start to its end."
+    );
+    describe_histogram!(
+        QUEUE_DELAY,
+        Unit::Seconds,
+        "From an instance's creation to its first start."
+    );
+    describe_counter!(
+        LEASE_TAKEOVERS,
+        "Instances taken over from a lifetime that ended without recording why."
+    );
+    describe_counter!(
+        LEASES_LOST,
+        "Lifetimes stopped because their lease ran out or moved on."
+    );
+    describe_histogram!(
+        COMMIT_DURATION,
+        Unit::Seconds,
+        "How long the store took to commit a lifetime's writes."
+    );
+    describe_histogram!(
+        BATCH_SIZE,
+        Unit::Count,
+        "Jobs per store transaction (group commit)."
+    );
+    describe_gauge!(INSTANCES, "Instances by status, as the store counts them.");
+    describe_gauge!(
+        BACKLOG,
+        "Instances due to run that no engine has claimed yet."
+    );
+    describe_gauge!(
+        TIMERS_PENDING,
+        "Hibernating instances with a wake-up time still to come."
+    );
+    describe_gauge!(
+        INSTANCES_IN_MEMORY,
+        "Instances with a lifetime in this engine's memory."
+    );
+}
+
+fn label(workflow: &WorkflowName) -> String {
+    workflow.as_str().to_owned()
+}
+
+/// `n` instances of `workflow` were created.
+pub(crate) fn created(workflow: &WorkflowName, n: usize) {
+    counter!(INSTANCES_CREATED, "workflow" => label(workflow)).increment(n as u64);
+}
+
+/// An instance started for the first time, `queued` after it was created.
+pub(crate) fn started(workflow: &WorkflowName, queued: Duration) {
+    counter!(INSTANCES_STARTED, "workflow" => label(workflow)).increment(1);
+    histogram!(QUEUE_DELAY, "workflow" => label(workflow)).record(queued.as_secs_f64());
+}
+
+/// An instance ended in `status`; `ran` is how long since its first start, when known.
+pub(crate) fn finished(workflow: &WorkflowName, status: InstanceStatus, ran: Option<Duration>) {
+    let labels = [
+        ("workflow", label(workflow)),
+        ("status", status.as_str().to_owned()),
+    ];
+    counter!(INSTANCES_FINISHED, &labels).increment(1);
+    if let Some(ran) = ran {
+        histogram!(INSTANCE_DURATION, &labels).record(ran.as_secs_f64());
+    }
+}
+
+/// How a step attempt ended.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum AttemptOutcome {
+    Success,
+    Error,
+    Timeout,
+    Interrupted,
+    Cancelled,
+}
+
+impl AttemptOutcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Success => "success",
+            AttemptOutcome::Error => "error",
+            AttemptOutcome::Timeout => "timeout",
+            AttemptOutcome::Interrupted => "interrupted",
+            AttemptOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A step attempt ended with `outcome` after running `ran` (unknown for an attempt a crash
+/// interrupted). `rollback` tells a compensation's attempt from a step's.
+pub(crate) fn attempt(
+    workflow: &WorkflowName,
+    step: &str,
+    rollback: bool,
+    outcome: AttemptOutcome,
+    ran: Option<Duration>,
+) {
+    let kind = if rollback { "rollback" } else { "step" };
+    let step = step_label(workflow, step);
+    counter!(
+        STEP_ATTEMPTS,
+        "workflow" => label(workflow),
+        "step" => step.clone(),
+        "kind" => kind,
+        "outcome" => outcome.as_str()
+    )
+    .increment(1);
+    if let Some(ran) = ran {
+        histogram!(
+            STEP_ATTEMPT_DURATION,
+            "workflow" => label(workflow),
+            "step" => step,
+            "kind" => kind
+        )
+        .record(ran.as_secs_f64());
+    }
+}
+
+/// An instance whose last lifetime ended without recording why was claimed again.
+pub(crate) fn taken_over(workflow: &WorkflowName) {
+    counter!(LEASE_TAKEOVERS, "workflow" => label(workflow)).increment(1);
+}
+
+/// `n` lifetimes were stopped because their lease was lost.
+pub(crate) fn leases_lost(n: usize) {
+    counter!(LEASES_LOST).increment(n as u64);
+}
+
+/// A commit of a lifetime's writes took `took`.
+pub(crate) fn committed(took: Duration) {
+    histogram!(COMMIT_DURATION).record(took.as_secs_f64());
+}
+
+/// The store's counts for one workflow, as gauges.
+pub(crate) fn instance_gauges(workflow: &WorkflowName, status: InstanceStatus, n: u64) {
+    gauge!(INSTANCES, "workflow" => label(workflow), "status" => status.as_str()).set(n as f64);
+}
+
+/// The due backlog and pending timers of one workflow, as gauges.
+pub(crate) fn timer_gauges(workflow: &WorkflowName, due: u64, pending: u64) {
+    gauge!(BACKLOG, "workflow" => label(workflow)).set(due as f64);
+    gauge!(TIMERS_PENDING, "workflow" => label(workflow)).set(pending as f64);
+}
+
+/// The lifetimes this engine holds in memory.
+pub(crate) fn in_memory(n: usize) {
+    gauge!(INSTANCES_IN_MEMORY).set(n as f64);
+}
+
+/// `step` as a label value: itself for the first [`MAX_STEP_LABELS`] names of a workflow
+/// seen by this process, `"(other)"` after that.
+fn step_label(workflow: &WorkflowName, step: &str) -> String {
+    static SEEN: OnceLock<Mutex<HashMap<String, HashSet<String>>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if seen
+        .get(workflow.as_str())
+        .is_some_and(|names| names.contains(step))
+    {
+        return step.to_owned();
+    }
+    let names = seen.entry(workflow.as_str().to_owned()).or_default();
+    if names.len() < MAX_STEP_LABELS {
+        names.insert(step.to_owned());
+        return step.to_owned();
+    }
+    "(other)".to_owned()
+}
