@@ -13,6 +13,7 @@ use cairn_core::{
 };
 use cairn_store::{Claimed, InstanceRecord, Lease, StatusChange, Write};
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::engine::runtime::Runtime;
 use crate::failure::{ERROR, INTERNAL};
@@ -67,8 +68,16 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
         // The lifetime is registered as live before its first await (inside `one_lifetime`),
         // and any panic in it, engine code included, is caught here: it must release the
         // instance, never leave it leased with no lifetime.
-        let lifetime =
-            crate::panic::guarded(|| one_lifetime(&inner, lease, claimed_at, &record)).await;
+        // One span per lifetime: a hibernating instance has one for each time it runs.
+        let span = tracing::info_span!(
+            "workflow.run",
+            workflow.name = %record.workflow,
+            workflow.id = %record.id,
+            resumed = record.started_at.is_some(),
+        );
+        let lifetime = crate::panic::guarded(|| one_lifetime(&inner, lease, claimed_at, &record))
+            .instrument(span)
+            .await;
         match lifetime {
             Ok(Ok(())) => {
                 inner.panics().remove(&lease.instance);

@@ -11,6 +11,7 @@ use cairn_core::{
 };
 use futures::future::BoxFuture;
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::failure::{ERROR, WorkflowError};
 use crate::lifetime::Lifetime;
@@ -187,20 +188,32 @@ async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(),
         }
     };
     let wake_at = record.wake_at.unwrap_or_else(|| state.now());
-    activity
-        .wait(wake_at, None, std::future::pending::<()>())
-        .await;
-    let done = StepRecord {
-        state: StepState::Succeeded,
-        wake_at: None,
-        ended_at: Some(state.now()),
-        ..record
-    };
-    state
-        .commit(vec![
-            state.log(LogKind::SleepComplete, Some(&key), json!({})),
-            cairn_store::Write::Step(done),
-        ])
-        .await;
-    Ok(())
+    // A span for the part of the sleep this lifetime waits (a hibernated sleep has one per
+    // lifetime); a sleep answered from the journal has none.
+    let span = tracing::info_span!(
+        "step.sleep",
+        step.name = %key.name,
+        step.count = key.count,
+        wake_at = %wake_at,
+    );
+    async {
+        activity
+            .wait(wake_at, None, std::future::pending::<()>())
+            .await;
+        let done = StepRecord {
+            state: StepState::Succeeded,
+            wake_at: None,
+            ended_at: Some(state.now()),
+            ..record
+        };
+        state
+            .commit(vec![
+                state.log(LogKind::SleepComplete, Some(&key), json!({})),
+                cairn_store::Write::Step(done),
+            ])
+            .await;
+        Ok(())
+    }
+    .instrument(span)
+    .await
 }

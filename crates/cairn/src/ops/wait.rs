@@ -15,6 +15,7 @@ use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::failure::{ERROR, INTERNAL, TIMEOUT, WorkflowError};
 use crate::lifetime::Lifetime;
@@ -203,48 +204,70 @@ async fn wait<T: DeserializeOwned>(
             record
         }
     };
-    let deadline = record.wake_at.unwrap_or_else(|| state.now());
-    // At the deadline, one last look: an event that landed just before it (its notice late
-    // or lost, say from another engine) is delivered rather than left behind a timeout.
-    let mut last_look = false;
-    loop {
-        // Listen before looking, so an event sent in between is not missed.
-        let arrived = state.events.notified();
-        let mut arrived = std::pin::pin!(arrived);
-        arrived.as_mut().enable();
-        if let Some(event) = state.take_event(&key, &event_type).await {
-            let object = json!({
-                "payload": serde_json::from_str::<serde_json::Value>(&event.payload).unwrap_or_default(),
-                "timestamp": event.at,
-                "type": event.event_type,
-            });
-            return decode(&key, &object.to_string());
+    // A span for the part of the wait this lifetime spends (a hibernated wait has one per
+    // lifetime); a wait answered from the journal has none.
+    let span = tracing::info_span!(
+        "step.wait_for_event",
+        step.name = %key.name,
+        step.count = key.count,
+        event_type = %event_type,
+        outcome = tracing::field::Empty,
+    );
+    let result = async {
+        let deadline = record.wake_at.unwrap_or_else(|| state.now());
+        // At the deadline, one last look: an event that landed just before it (its notice late
+        // or lost, say from another engine) is delivered rather than left behind a timeout.
+        let mut last_look = false;
+        loop {
+            // Listen before looking, so an event sent in between is not missed.
+            let arrived = state.events.notified();
+            let mut arrived = std::pin::pin!(arrived);
+            arrived.as_mut().enable();
+            if let Some(event) = state.take_event(&key, &event_type).await {
+                let object = json!({
+                    "payload": serde_json::from_str::<serde_json::Value>(&event.payload).unwrap_or_default(),
+                    "timestamp": event.at,
+                    "type": event.event_type,
+                });
+                return decode(&key, &object.to_string());
+            }
+            if last_look || state.now() >= deadline {
+                break;
+            }
+            if !activity
+                .wait(deadline, Some(event_type.clone()), arrived)
+                .await
+            {
+                last_look = true;
+            }
         }
-        if last_look || state.now() >= deadline {
-            break;
-        }
-        if !activity
-            .wait(deadline, Some(event_type.clone()), arrived)
-            .await
-        {
-            last_look = true;
-        }
+        let timeout_ms = deadline.since(record.started_at).as_millis();
+        let error = ErrorInfo::new(TIMEOUT, format!("Execution timed out after {timeout_ms}ms"));
+        record.state = StepState::Failed;
+        record.wake_at = None;
+        record.error = Some(error.clone());
+        record.ended_at = Some(state.now());
+        state
+            .commit(vec![
+                state.log(
+                    LogKind::WaitTimedOut,
+                    Some(&key),
+                    serde_json::to_value(&error).unwrap_or_default(),
+                ),
+                cairn_store::Write::Step(record),
+            ])
+            .await;
+        Err(WorkflowError::from_info(error))
     }
-    let timeout_ms = deadline.since(record.started_at).as_millis();
-    let error = ErrorInfo::new(TIMEOUT, format!("Execution timed out after {timeout_ms}ms"));
-    record.state = StepState::Failed;
-    record.wake_at = None;
-    record.error = Some(error.clone());
-    record.ended_at = Some(state.now());
-    state
-        .commit(vec![
-            state.log(
-                LogKind::WaitTimedOut,
-                Some(&key),
-                serde_json::to_value(&error).unwrap_or_default(),
-            ),
-            cairn_store::Write::Step(record),
-        ])
-        .await;
-    Err(WorkflowError::from_info(error))
+    .instrument(span.clone())
+    .await;
+    span.record(
+        "outcome",
+        if result.is_ok() {
+            "received"
+        } else {
+            "timeout"
+        },
+    );
+    result
 }
