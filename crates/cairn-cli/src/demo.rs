@@ -71,6 +71,60 @@ impl Workflow for Nap {
     }
 }
 
+/// Builds a report, then signs it in a sensitive step (its output shows as `[REDACTED]`
+/// and is never logged). The first attempt of the build takes `seconds` (default 5, at
+/// most 60): stop the server meanwhile (Ctrl-C twice, or kill it) and watch the next start
+/// recover the instance and retry the interrupted attempt.
+pub(crate) struct Report;
+
+impl Workflow for Report {
+    const NAME: &'static str = "report";
+    type Params = serde_json::Value;
+    type Output = serde_json::Value;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<serde_json::Value>,
+        step: WorkflowStep,
+    ) -> Result<serde_json::Value, WorkflowError> {
+        let seconds = event.payload["seconds"].as_u64().unwrap_or(5).min(60);
+        // An interrupted attempt is retried like a failed one: after a second here.
+        let retries = StepConfig {
+            retries: Some(Retries::constant(3, Duration::from_secs(1))),
+            ..StepConfig::default()
+        };
+        let rows: u64 = step
+            .run("build report", move |ctx| async move {
+                if ctx.attempt == 1 {
+                    tokio::time::sleep(Duration::from_secs(seconds)).await;
+                }
+                Ok(42)
+            })
+            .config(&retries)
+            .await?;
+        let key = event.payload["signing_key"]
+            .as_str()
+            .unwrap_or("demo")
+            .to_owned();
+        let sensitive = StepConfig {
+            sensitive: true,
+            ..StepConfig::default()
+        };
+        let signature: String = step
+            .run("sign report", move |_| {
+                let key = key.clone();
+                async move { Ok(format!("signed-with-{key}-{rows}")) }
+            })
+            .config(&sensitive)
+            .await?;
+        Ok(serde_json::json!({ "rows": rows, "signed": !signature.is_empty() }))
+    }
+}
+
 pub(crate) fn register(builder: cairn::EngineBuilder) -> cairn::EngineBuilder {
-    builder.register(Greet).register(Approval).register(Nap)
+    builder
+        .register(Greet)
+        .register(Approval)
+        .register(Nap)
+        .register(Report)
 }

@@ -558,3 +558,120 @@ fn serve_logs_requests_and_never_the_token() {
         "{text}"
     );
 }
+
+/// Starts `cairn serve` on `db` with `RUST_LOG=debug` and JSON logs written to `log`.
+fn start_logging(db: &std::path::Path, port: u16, log: &std::path::Path) -> Server {
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--log-format", "json", "--db"])
+        .arg(db)
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    wait_up(port);
+    server
+}
+
+fn json_lines(path: &std::path::Path) -> (String, Vec<serde_json::Value>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let lines = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    (text, lines)
+}
+
+/// A SIGKILL in the middle of an attempt, then a restart: the second process logs what it
+/// recovers (one instance, one interrupted attempt), the instance's lifecycle at debug with
+/// its workflow and id, and never a param or a sensitive step's output.
+#[test]
+fn serve_logs_the_recovery_after_a_kill_and_never_params_or_sensitive_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let port = free_port();
+    let first_log = dir.path().join("first.log");
+    let mut first = start_logging(&db, port, &first_log);
+    let (status, body) = http(
+        port,
+        "POST",
+        "/api/workflows/report/instances",
+        r#"{"instance_id": "r1", "params": {"seconds": 60, "signing_key": "k3y-never-logged"}}"#,
+    )
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+    // The first attempt of "build report" is in flight: kill the process under it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, body) = http(port, "GET", "/api/workflows/report/instances/r1", "").unwrap();
+        let details: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if details["steps"][0]["attempts"][0]["start"].is_string() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the attempt never started: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+
+    let second_log = dir.path().join("second.log");
+    let _second = start_logging(&db, port, &second_log);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, body) = http(port, "GET", "/api/workflows/report/instances/r1", "").unwrap();
+        let details: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if details["status"] == "complete" {
+            assert_eq!(details["steps"][1]["output"], "[REDACTED]", "{details}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not complete: {body}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The lines are written as they happen; give the last ones a moment.
+    std::thread::sleep(Duration::from_millis(200));
+
+    let (first_text, first_lines) = json_lines(&first_log);
+    let (second_text, second_lines) = json_lines(&second_log);
+    let recovered = second_lines
+        .iter()
+        .find(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("recovered"))
+        })
+        .unwrap_or_else(|| panic!("no recovery summary:\n{second_text}"));
+    assert_eq!(recovered["level"], "INFO");
+    assert_eq!(recovered["fields"]["instances"], 1, "{recovered}");
+    assert_eq!(
+        recovered["fields"]["interrupted_attempts"], 1,
+        "{recovered}"
+    );
+    let lifecycle = |lines: &[serde_json::Value], message: &str| {
+        lines.iter().any(|l| {
+            l["level"] == "DEBUG"
+                && l["fields"]["message"] == message
+                && l["fields"]["workflow"] == "report"
+                && l["fields"]["instance"] == "r1"
+        })
+    };
+    assert!(lifecycle(&first_lines, "claimed"), "{first_text}");
+    assert!(lifecycle(&second_lines, "claimed"), "{second_text}");
+    assert!(lifecycle(&second_lines, "finished"), "{second_text}");
+    assert!(
+        first_lines.iter().any(|l| l["target"] == "cairn::http"
+            && l["fields"]["route"] == "/api/workflows/{name}/instances"
+            && l["fields"]["status"] == 201),
+        "{first_text}"
+    );
+    for (text, name) in [(&first_text, "first"), (&second_text, "second")] {
+        assert!(
+            !text.contains("k3y-never-logged"),
+            "the {name} log holds a param or the sensitive output:\n{text}"
+        );
+    }
+}

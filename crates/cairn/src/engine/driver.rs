@@ -63,7 +63,11 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
     let mut claimed_at = claimed_at;
     let mut record = claimed.record;
     let mut pause = Outage::default();
-    tracing::debug!(workflow = %record.workflow, instance = %record.id, status = ?record.status, "claimed");
+    if record.status == InstanceStatus::Waiting {
+        tracing::debug!(workflow = %record.workflow, instance = %record.id, "woken");
+    } else {
+        tracing::debug!(workflow = %record.workflow, instance = %record.id, status = %record.status, "claimed");
+    }
     loop {
         // The lifetime is registered as live before its first await (inside `one_lifetime`),
         // and any panic in it, engine code included, is caught here: it must release the
@@ -81,7 +85,7 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
         match lifetime {
             Ok(Ok(())) => {
                 inner.panics().remove(&lease.instance);
-                tracing::debug!(workflow = %record.workflow, instance = %record.id, "lifetime ended (finished, hibernated or paused)");
+                tracing::debug!(workflow = %record.workflow, instance = %record.id, "lifetime ended");
                 break;
             }
             Ok(Err(Abort::Stopped)) => break,
@@ -473,6 +477,7 @@ async fn run_phase<F: Future>(
                     }];
                     let status = state.commit_now(writes).await.map_err(Abort::Store)?;
                     if status == InstanceStatus::Paused {
+                        tracing::debug!(workflow = %state.workflow, instance = %state.instance_id, "paused");
                         return Ok(None);
                     }
                     // Resumed meanwhile: carry on.
@@ -504,6 +509,7 @@ async fn hibernate(inner: &Runtime, state: &Lifetime, h: Hibernation) -> Result<
         ])
         .await
         .map_err(Abort::Store)?;
+    tracing::debug!(workflow = %state.workflow, instance = %state.instance_id, wake_at = %h.wake_at, "hibernated");
     // Its wake-up is a new timer, or (an event already buffered) it is claimable at once.
     inner.wake.notify_one();
     Ok(())
@@ -560,6 +566,7 @@ async fn finish(
     state.commit_now(writes).await.map_err(Abort::Store)?;
     let ran = state.started_at().map(|at| now.since(at));
     crate::telemetry::finished(&state.workflow, status, ran);
+    tracing::debug!(workflow = %state.workflow, instance = %state.instance_id, status = %status, "finished");
     Ok(())
 }
 
