@@ -18,11 +18,13 @@ macro_rules! out {
 
 mod client;
 mod demo;
+mod logging;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use logging::LogFormat;
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -47,29 +49,6 @@ struct Cli {
 
 /// Where the client commands go when neither `--url` nor `CAIRN_URL` says.
 const DEFAULT_URL: &str = "http://127.0.0.1:8787";
-
-/// How `cairn serve` writes its log.
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-/// Installs the log subscriber of `cairn serve`: stderr, level from RUST_LOG (default info).
-fn install_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
-}
 
 /// The options of the client commands (not of `serve`, whose help lists only its own).
 #[derive(clap::Args)]
@@ -98,6 +77,11 @@ enum Command {
         /// comes from RUST_LOG (default `info`; e.g. `RUST_LOG=cairn=debug`).
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
+        /// Export the engine's spans (`workflow.run`, `step.do`, …) to this OpenTelemetry
+        /// collector over OTLP/HTTP, e.g. `http://127.0.0.1:4318` (`/v1/traces` is added).
+        /// Needs a build with the `otel` feature.
+        #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+        otlp_endpoint: Option<String>,
     },
     /// Workflows: list, describe, trigger.
     Workflows {
@@ -256,8 +240,9 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             db,
             addr,
             log_format,
+            otlp_endpoint,
         } => {
-            install_logging(log_format);
+            let _traces = logging::install(log_format, otlp_endpoint.as_deref())?;
             serve(db, addr, cli.token).await
         }
         Command::Workflows {
