@@ -11,8 +11,10 @@
 //! # Ok(()) }
 //! ```
 
+mod overhead;
 mod postgres;
 
+pub use overhead::overhead;
 pub use postgres::{engine_child as postgres_engine_child, postgres};
 
 pub(crate) use events_on as measure_events;
@@ -101,7 +103,7 @@ impl Default for Settings {
     }
 }
 
-fn label(s: Settings) -> &'static str {
+pub(crate) fn label(s: Settings) -> &'static str {
     match s.durability {
         Durability::Normal => "NORMAL",
         _ => "FULL",
@@ -120,7 +122,7 @@ fn mib(bytes: Option<u64>) -> f64 {
     bytes.map_or(f64::NAN, |b| b as f64 / (1024.0 * 1024.0))
 }
 
-async fn engine_on(
+pub(crate) async fn engine_on(
     path: &Path,
     s: Settings,
     register: impl FnOnce(cairn::EngineBuilder) -> cairn::EngineBuilder,
@@ -163,7 +165,7 @@ impl Workflow for NoOp {
     }
 }
 
-async fn create_all<W: Workflow>(
+pub(crate) async fn create_all<W: Workflow>(
     engine: &Engine,
     params: impl Fn(usize) -> W::Params,
     n: usize,

@@ -40,6 +40,15 @@ enum Workload {
         #[arg(long, default_value_t = 10)]
         steps: u32,
     },
+    /// Throughput with the engine's metrics recorded (Prometheus) and not, alternated.
+    Overhead {
+        #[arg(long, default_value_t = 1_000)]
+        instances: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: u32,
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// One instance at a time, end to end.
     Latency {
         #[arg(long, default_value_t = 200)]
@@ -125,6 +134,11 @@ async fn main() -> Result<(), BenchError> {
         Workload::Throughput { instances, steps } => {
             cairn_bench::throughput(path, settings, instances, steps).await?
         }
+        Workload::Overhead {
+            instances,
+            steps,
+            rounds,
+        } => cairn_bench::overhead(path, settings, instances, steps, rounds).await?,
         Workload::Latency { runs, steps } => {
             cairn_bench::latency(path, settings, runs, steps).await?
         }
