@@ -380,6 +380,7 @@ async fn metrics_count_a_known_workload_exactly_and_gauges_return_to_zero() {
     }
 
     promtool_accepts(&text);
+    docs_match(&text);
     let _ = stop.send(());
     served.await.unwrap().unwrap();
     engine.shutdown().await;
@@ -416,4 +417,118 @@ fn promtool_accepts(text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The metric names an exposition has (from its `# TYPE` lines).
+fn exposed(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The `cairn_…` metric names a PromQL expression uses (a histogram's series by their
+/// histogram's name).
+fn used(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("cairn_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let name = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                name.strip_suffix(s)
+                    .filter(|n| n.ends_with("_seconds") || n.ends_with("_jobs"))
+            })
+            .unwrap_or(name);
+        names.push(name.to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// docs/operating.md's metric table and alert table, and the Grafana dashboard, hold to
+/// what the server exposes: every exposed metric is documented, every documented one
+/// exists, and every PromQL expression parses (`promtool check rules`) and names only
+/// documented metrics.
+fn docs_match(scraped: &str) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let doc = std::fs::read_to_string(root.join("docs/operating.md")).unwrap();
+    let documented: std::collections::BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `cairn_"))
+        .filter_map(|l| l.split('`').next())
+        .map(|n| format!("cairn_{n}"))
+        .collect();
+    let exposed = exposed(scraped);
+    // Counters this workload never moves do not appear until they do.
+    let quiet = ["cairn_lease_takeovers_total", "cairn_leases_lost_total"];
+    let mut expected = exposed.clone();
+    expected.extend(quiet.iter().map(|s| (*s).to_owned()));
+    assert_eq!(documented, expected, "docs/operating.md's metric table");
+
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("docs/grafana-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(exprs.len() > 10, "the dashboard has its queries");
+    // The alert table: the first code span of each row that has PromQL in it.
+    exprs.extend(
+        doc.lines()
+            .filter(|l| l.starts_with('|') && l.contains("cairn_") && !l.starts_with("| `cairn_"))
+            .filter_map(|l| l.split('`').nth(1))
+            .filter(|e| e.contains('('))
+            .map(str::to_owned),
+    );
+    let mut rules = String::from("groups:\n  - name: cairn-docs\n    rules:\n");
+    for (i, expr) in exprs.iter().enumerate() {
+        for name in used(expr) {
+            assert!(
+                documented.contains(&name),
+                "{name} in `{expr}` is not a metric"
+            );
+        }
+        let expr = expr
+            .replace("$__rate_interval", "5m")
+            .replace("$workflow", ".*")
+            .replace('\'', "''");
+        rules.push_str(&format!(
+            "      - record: cairn:docs_{i}\n        expr: '{expr}'\n"
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.yml");
+    eprintln!(
+        "checking {} documented PromQL expressions with promtool",
+        exprs.len()
+    );
+    std::fs::write(&file, rules).unwrap();
+    match std::process::Command::new("promtool")
+        .arg("check")
+        .arg("rules")
+        .arg(&file)
+        .output()
+    {
+        Ok(out) => assert!(
+            out.status.success(),
+            "a dashboard or alert query does not parse:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => {
+            eprintln!("\n*** SKIPPED parsing the documented PromQL: promtool not found ({e}) ***\n")
+        }
+    }
 }
