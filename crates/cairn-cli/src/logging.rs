@@ -21,33 +21,40 @@ pub(crate) struct Guard {
     _traces: Option<otel::Exporter>,
 }
 
-type Filtered = tracing_subscriber::layer::Layered<EnvFilter, Registry>;
+/// The environment variable OpenTelemetry's exporters read for the collector's address.
+const OTLP_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
-/// Installs the subscriber: log lines in `format` and, given an endpoint, OTLP traces.
+/// Installs the subscriber: log lines in `format`, their level from `RUST_LOG` and, given
+/// an endpoint (`--otlp-endpoint`, or `OTEL_EXPORTER_OTLP_ENDPOINT` in an `otel` build),
+/// the engine's spans over OTLP at `info` whatever `RUST_LOG` says.
 ///
 /// # Errors
-/// When an OTLP endpoint is given to a build without the `otel` feature, or the exporter
+/// When `--otlp-endpoint` is given to a build without the `otel` feature, or the exporter
 /// cannot be built.
 pub(crate) fn install(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Guard, String> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false);
-    let lines: Box<dyn Layer<Filtered> + Send + Sync> = match format {
-        LogFormat::Text => Box::new(lines),
-        LogFormat::Json => Box::new(lines.json()),
+    let lines: Box<dyn Layer<Registry> + Send + Sync> = match format {
+        LogFormat::Text => Box::new(lines.with_filter(filter)),
+        LogFormat::Json => Box::new(lines.json().with_filter(filter)),
     };
-    let registry = tracing_subscriber::registry().with(filter).with(lines);
     #[cfg(feature = "otel")]
     {
-        let (layer, exporter) = match otlp_endpoint {
+        let endpoint = otlp_endpoint
+            .map(str::to_owned)
+            .or_else(|| std::env::var(OTLP_ENV).ok().filter(|v| !v.is_empty()));
+        let mut layers = vec![lines];
+        let exporter = match endpoint {
             Some(endpoint) => {
-                let (layer, exporter) = otel::layer(endpoint)?;
-                (Some(layer), Some(exporter))
+                let (layer, exporter) = otel::layer(&endpoint)?;
+                layers.push(layer);
+                Some(exporter)
             }
-            None => (None, None),
+            None => None,
         };
-        let _ = registry.with(layer).try_init();
+        let _ = tracing_subscriber::registry().with(layers).try_init();
         Ok(Guard { _traces: exporter })
     }
     #[cfg(not(feature = "otel"))]
@@ -57,7 +64,13 @@ pub(crate) fn install(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<
                 "this cairn was built without the `otel` feature, so it cannot export traces: build it with `cargo build -p cairn-cli --features otel`".into(),
             );
         }
-        let _ = registry.try_init();
+        let _ = tracing_subscriber::registry().with(lines).try_init();
+        // Often set for every process in a cluster: not a reason to refuse to start.
+        if std::env::var_os(OTLP_ENV).is_some() {
+            tracing::warn!(
+                "{OTLP_ENV} is set, but this cairn was built without the `otel` feature: no traces are exported"
+            );
+        }
         Ok(Guard {})
     }
 }
@@ -67,6 +80,7 @@ mod otel {
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_otlp::WithExportConfig as _;
     use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_subscriber::{Layer, Registry};
 
     /// The tracer provider; shut down (flushing its batch) when dropped.
     pub(crate) struct Exporter(SdkTracerProvider);
@@ -82,18 +96,17 @@ mod otel {
     /// A layer that turns spans into OpenTelemetry spans, batched to `endpoint` over OTLP
     /// (HTTP, protobuf). `endpoint` is the collector's base URL (as in
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`, e.g. `http://127.0.0.1:4318`); `/v1/traces` is added.
-    pub(crate) fn layer<S>(
+    ///
+    /// Its own filter: spans at `info` and above whatever `RUST_LOG` says, and none of the
+    /// exporter's own (its errors go to the log lines, not back into the exporter).
+    pub(crate) fn layer(
         endpoint: &str,
-    ) -> Result<
-        (
-            tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>,
-            Exporter,
-        ),
-        String,
-    >
-    where
-        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
-    {
+    ) -> Result<(Box<dyn Layer<Registry> + Send + Sync>, Exporter), String> {
+        if !endpoint.starts_with("http://") {
+            return Err(format!(
+                "--otlp-endpoint {endpoint}: only http:// is supported (this build has no TLS); run a collector next to the server"
+            ));
+        }
         let base = endpoint.trim_end_matches('/');
         let url = if base.ends_with("/v1/traces") {
             base.to_owned()
@@ -114,8 +127,20 @@ mod otel {
             )
             .build();
         let tracer = provider.tracer("cairn");
+        let filter = tracing_subscriber::filter::Targets::new()
+            .with_default(tracing::Level::INFO)
+            .with_target(
+                "opentelemetry",
+                tracing_subscriber::filter::LevelFilter::OFF,
+            )
+            .with_target("reqwest", tracing_subscriber::filter::LevelFilter::OFF)
+            .with_target("hyper", tracing_subscriber::filter::LevelFilter::OFF);
         Ok((
-            tracing_opentelemetry::layer().with_tracer(tracer),
+            Box::new(
+                tracing_opentelemetry::layer()
+                    .with_tracer(tracer)
+                    .with_filter(filter),
+            ),
             Exporter(provider),
         ))
     }

@@ -79,8 +79,9 @@ enum Command {
         log_format: LogFormat,
         /// Export the engine's spans (`workflow.run`, `step.do`, …) to this OpenTelemetry
         /// collector over OTLP/HTTP, e.g. `http://127.0.0.1:4318` (`/v1/traces` is added).
-        /// Needs a build with the `otel` feature.
-        #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+        /// Needs a build with the `otel` feature, which also reads
+        /// OTEL_EXPORTER_OTLP_ENDPOINT when the flag is not given.
+        #[arg(long)]
         otlp_endpoint: Option<String>,
     },
     /// Workflows: list, describe, trigger.

@@ -675,3 +675,40 @@ fn serve_logs_the_recovery_after_a_kill_and_never_params_or_sensitive_outputs() 
         );
     }
 }
+
+/// A default build (no `otel` feature) refuses `--otlp-endpoint` with what to do, and
+/// starts anyway when OTEL_EXPORTER_OTLP_ENDPOINT is merely set in its environment (as a
+/// cluster may set it for every process).
+#[cfg(not(feature = "otel"))]
+#[test]
+fn serve_without_the_otel_feature_refuses_the_flag_but_not_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let refused = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--otlp-endpoint", "http://127.0.0.1:4318", "--db"])
+        .arg(dir.path().join("cairn.db"))
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--features otel"), "{stderr}");
+
+    let log = dir.path().join("serve.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--db"])
+        .arg(dir.path().join("cairn.db"))
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _server = Server(child);
+    wait_up(port);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("OTEL_EXPORTER_OTLP_ENDPOINT is set"),
+        "{text}"
+    );
+}

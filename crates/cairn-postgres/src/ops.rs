@@ -430,8 +430,10 @@ pub(crate) async fn claim(
     for row in query(tx, CLAIM_READY_SQL, &[&0i64, &now_ms, &workflows, &lim]).await? {
         candidates.push((row.get(0), row.get(1)));
     }
+    let mut expired = std::collections::HashSet::new();
     for row in query(tx, CLAIM_EXPIRED_SQL, &[&now_ms, &workflows, &lim]).await? {
         candidates.push((row.get(0), row.get(1)));
+        expired.insert(row.get::<_, i64>(1));
     }
     candidates.sort_unstable();
     let mut seen = std::collections::HashSet::new();
@@ -474,6 +476,7 @@ pub(crate) async fn claim(
                 instance: record.instance,
                 epoch: u64::try_from(epoch).map_err(corrupt)?,
             },
+            taken_over: expired.contains(&record.instance.0),
             record,
         });
     }

@@ -227,7 +227,8 @@ pub(crate) async fn next_ready(
 /// The timers of a workflow at a time (see the SQLite store's `TIMERS_SQL`).
 pub(crate) const TIMERS_SQL: &str = "SELECT
     (SELECT count(*) FROM instances WHERE workflow = $1 AND ready_at IS NOT NULL AND ready_at <= $2)
-  + (SELECT count(*) FROM instances WHERE lease_owner IS NOT NULL AND lease_until < $2 AND workflow = $1),
+  + (SELECT count(*) FROM instances WHERE lease_owner IS NOT NULL AND lease_until < $2 AND workflow = $1
+         AND status IN (0, 1, 7) AND (ready_at IS NULL OR ready_at > $2)),
     (SELECT count(*) FROM instances WHERE workflow = $1 AND ready_at IS NOT NULL AND ready_at > $2)";
 
 pub(crate) async fn timers(

@@ -98,8 +98,15 @@ pub(crate) async fn scrape(engine: &cairn::Engine, metrics: &Metrics) -> Respons
         .into_response()
 }
 
-/// Counts one answered request.
+/// Counts one answered request. The method is one of HTTP's own or `OTHER`: any token is
+/// a method to hyper, and each would be a new series, also before authentication.
 pub(crate) fn request(method: &str, route: &str, status: u16, took: Duration) {
+    let method = match method {
+        "GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS" | "CONNECT" | "TRACE" => {
+            method
+        }
+        _ => "OTHER",
+    };
     metrics::counter!(
         HTTP_REQUESTS,
         "method" => method.to_owned(),

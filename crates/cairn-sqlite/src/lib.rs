@@ -397,10 +397,11 @@ fn take_over(conn: &Connection) -> Result<()> {
     // What the summary line tells an operator: how many instances the dead owner held, and
     // how many of their attempts it left unrecorded (each is recorded as interrupted and
     // retried when the instance runs again). Counted over the leased instances only.
-    let leased: Vec<i64> = conn
-        .prepare("SELECT iid FROM instances WHERE lease_owner IS NOT NULL")
-        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+    let held: Vec<(i64, String)> = conn
+        .prepare("SELECT iid, workflow FROM instances WHERE lease_owner IS NOT NULL")
+        .and_then(|mut st| st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
         .map_err(map_sqlite)?;
+    let leased: Vec<i64> = held.iter().map(|(iid, _)| *iid).collect();
     let mut interrupted = 0i64;
     {
         let mut st = conn
@@ -417,6 +418,10 @@ fn take_over(conn: &Connection) -> Result<()> {
         .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
         .map_err(map_sqlite)?;
     conn.execute(TAKE_OVER_LEASES_SQL, []).map_err(map_sqlite)?;
+    for (_, workflow) in &held {
+        metrics::counter!(cairn_store::TAKEOVER_METRIC, "workflow" => workflow.clone())
+            .increment(1);
+    }
     if !leased.is_empty() {
         tracing::info!(
             instances = leased.len(),

@@ -216,6 +216,7 @@ pub(crate) fn claim(
                 epoch: u64::try_from(epoch).map_err(corrupt)?,
             },
             record,
+            taken_over: false,
         });
     }
     Ok(claimed)
@@ -436,11 +437,12 @@ pub(crate) const NEXT_READY_SQL: &str =
     "SELECT MIN(ready_at) FROM instances WHERE workflow = ?1 AND ready_at IS NOT NULL";
 
 /// The timers of a workflow at a time: due and unclaimed (a wake-up that has come, or a
-/// lease that ran out), and still to come. Range counts over `instances_next_ready` and
+/// lease of a runnable instance that ran out, counted once if both), and still to come. Range counts over `instances_next_ready` and
 /// `instances_lease`: the due ones are the backlog, the pending ones the hibernating.
 pub(crate) const TIMERS_SQL: &str = "SELECT
     (SELECT count(*) FROM instances WHERE workflow = ?1 AND ready_at IS NOT NULL AND ready_at <= ?2)
-  + (SELECT count(*) FROM instances WHERE lease_owner IS NOT NULL AND lease_until < ?2 AND workflow = ?1),
+  + (SELECT count(*) FROM instances WHERE lease_owner IS NOT NULL AND lease_until < ?2 AND workflow = ?1
+         AND status IN (0, 1, 7) AND (ready_at IS NULL OR ready_at > ?2)),
     (SELECT count(*) FROM instances WHERE workflow = ?1 AND ready_at IS NOT NULL AND ready_at > ?2)";
 
 pub(crate) fn timers(conn: &Connection, workflow: &str, now: Timestamp) -> Result<Timers> {

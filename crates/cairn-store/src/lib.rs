@@ -152,6 +152,10 @@ pub struct Claimed {
     pub record: InstanceRecord,
     /// The lease.
     pub lease: Lease,
+    /// The claim took the instance over from an owner whose lease ran out (it stopped, or
+    /// lost its lease): what [`TAKEOVER_METRIC`] counts. A store that takes a dead owner's
+    /// leases over when it opens (SQLite) counts those there instead.
+    pub taken_over: bool,
 }
 
 /// A status change of the leased instance.
@@ -405,6 +409,10 @@ pub struct ListQuery {
 /// The histogram of jobs per write transaction (the group commit's batch size) that both
 /// backends record through the `metrics` facade; listed with the engine's metrics.
 pub const BATCH_METRIC: &str = "cairn_store_batch_jobs";
+
+/// The counter of instances taken over from an owner whose lease ran out or who died
+/// (label `workflow`); listed with the engine's metrics.
+pub const TAKEOVER_METRIC: &str = "cairn_lease_takeovers_total";
 
 /// The storage contract. Every method is atomic and cancel-safe in this sense: dropping the
 /// returned future may or may not let the operation happen, but never half of it.

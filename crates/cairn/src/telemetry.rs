@@ -18,7 +18,7 @@ use metrics::{
 
 /// Instances created (by `create`, `create_batch`, or the API), by workflow.
 pub const INSTANCES_CREATED: &str = "cairn_instances_created_total";
-/// Instances that started running for the first time, by workflow.
+/// Instances that started running: the first time, and again at each restart, by workflow.
 pub const INSTANCES_STARTED: &str = "cairn_instances_started_total";
 /// Instances that ended, by workflow and `status` (`complete`, `errored`, `terminated`).
 pub const INSTANCES_FINISHED: &str = "cairn_instances_finished_total";
@@ -32,9 +32,9 @@ pub const STEP_ATTEMPT_DURATION: &str = "cairn_step_attempt_duration_seconds";
 pub const INSTANCE_DURATION: &str = "cairn_instance_duration_seconds";
 /// From an instance's creation to its first start, by workflow (engine clock).
 pub const QUEUE_DELAY: &str = "cairn_instance_queue_delay_seconds";
-/// Instances whose previous lifetime ended without recording why (a crash, a lost lease,
-/// a shutdown past its drain deadline), taken over by this engine, by workflow.
-pub const LEASE_TAKEOVERS: &str = "cairn_lease_takeovers_total";
+/// Instances taken over from an engine that died (SQLite: at open) or whose lease ran out
+/// (PostgreSQL: a crashed, stalled or cut-off engine), by workflow.
+pub const LEASE_TAKEOVERS: &str = cairn_store::TAKEOVER_METRIC;
 /// Lifetimes this engine stopped because their lease ran out or moved to another engine.
 pub const LEASES_LOST: &str = "cairn_leases_lost_total";
 /// How long the store took to commit one lifetime's writes (wall clock).
@@ -125,6 +125,11 @@ pub(crate) fn created(workflow: &WorkflowName, n: usize) {
 pub(crate) fn started(workflow: &WorkflowName, queued: Duration) {
     counter!(INSTANCES_STARTED, "workflow" => label(workflow)).increment(1);
     histogram!(QUEUE_DELAY, "workflow" => label(workflow)).record(queued.as_secs_f64());
+}
+
+/// An instance was restarted: it starts again (its queue delay is not recorded again).
+pub(crate) fn restarted(workflow: &WorkflowName) {
+    counter!(INSTANCES_STARTED, "workflow" => label(workflow)).increment(1);
 }
 
 /// An instance ended in `status`; `ran` is how long since its first start, when known.

@@ -347,8 +347,12 @@ impl<O: DeserializeOwned> Instance<O> {
                         }
                     }
                 }
-                if to == cairn_core::InstanceStatus::Terminated {
-                    crate::telemetry::finished(&self.workflow, to, None);
+                match request {
+                    _ if to == cairn_core::InstanceStatus::Terminated => {
+                        crate::telemetry::finished(&self.workflow, to, None);
+                    }
+                    ControlRequest::Restart { .. } => crate::telemetry::restarted(&self.workflow),
+                    _ => {}
                 }
                 inner.wake.notify_one();
                 inner.changed();

@@ -255,10 +255,6 @@ async fn one_lifetime(
     if let Some(at) = record.started_at {
         state.set_started_at(at);
     }
-    if record.status == InstanceStatus::Running && record.rollback_trigger.is_none() {
-        // Claimed while running: its last lifetime ended without recording why.
-        crate::telemetry::taken_over(&record.workflow);
-    }
     if record.status != InstanceStatus::Running {
         let now = env.clock.now();
         let mut writes = vec![Write::Status(StatusChange {

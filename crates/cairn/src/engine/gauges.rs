@@ -12,8 +12,23 @@ use crate::engine::runtime::Runtime;
 /// How often the engine refreshes its gauges on its own.
 pub(crate) const EVERY: Duration = Duration::from_secs(15);
 
-/// Reads the store's counts and timers of every registered workflow into the gauges.
+/// Refreshes closer together than this answer from the last one: scrapers from several
+/// Prometheus servers, or a scrape beside the periodic refresh, cost one set of reads.
+const FRESH: Duration = Duration::from_secs(1);
+
+/// Reads the store's counts and timers of every registered workflow into the gauges, one
+/// refresh at a time, and not again within [`FRESH`] of the last.
 pub(crate) async fn refresh(inner: &Runtime) -> Result<(), cairn_store::Error> {
+    let mut last = inner.gauges_refreshed.lock().await;
+    if last.is_some_and(|at| at.elapsed() < FRESH) {
+        return Ok(());
+    }
+    read(inner).await?;
+    *last = Some(std::time::Instant::now());
+    Ok(())
+}
+
+async fn read(inner: &Runtime) -> Result<(), cairn_store::Error> {
     let store = &inner.env.store;
     let now = inner.env.clock.now();
     for workflow in &inner.names {

@@ -83,8 +83,10 @@ fn stop_lost(inner: &Runtime, at: Timestamp, kept: &[InstanceRef]) {
                 instance = %lifetime.instance_id,
                 "lease ran out before it was renewed; stopping this run (another engine may own it)"
             );
-            crate::telemetry::leases_lost(1);
-            lifetime.abort(Abort::Store(StoreError::LeaseLost(lifetime.lease.instance)));
+            // Counted once per lifetime, however many ticks find it still stopping.
+            if lifetime.abort(Abort::Store(StoreError::LeaseLost(lifetime.lease.instance))) {
+                crate::telemetry::leases_lost(1);
+            }
         }
     }
 }
@@ -100,8 +102,9 @@ fn stop_all(inner: &Runtime, late_ms: i64) {
         late_ms,
         "leases not renewed within their TTL; stopping every lifetime (another engine may own them now)"
     );
-    crate::telemetry::leases_lost(lifetimes.len());
     for lifetime in lifetimes {
-        lifetime.abort(Abort::Store(StoreError::LeaseLost(lifetime.lease.instance)));
+        if lifetime.abort(Abort::Store(StoreError::LeaseLost(lifetime.lease.instance))) {
+            crate::telemetry::leases_lost(1);
+        }
     }
 }

@@ -406,6 +406,7 @@ impl EngineBuilder {
             changes: watch::channel(0).0,
             commits,
             shutdown: watch::channel(false).0,
+            gauges_refreshed: tokio::sync::Mutex::new(None),
             scheduler: Mutex::new(None),
             _temp_dir: temp_dir,
         });

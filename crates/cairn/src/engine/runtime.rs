@@ -37,6 +37,8 @@ pub(crate) struct Runtime {
     /// Bumped after every successful store write, per instance and workflow (`announce.rs`).
     pub(crate) commits: Arc<crate::engine::announce::Commits>,
     pub(crate) shutdown: watch::Sender<bool>,
+    /// When the gauges were last read from the store; held while they are read.
+    pub(crate) gauges_refreshed: tokio::sync::Mutex<Option<std::time::Instant>>,
     pub(crate) scheduler: Mutex<Option<JoinHandle<()>>>,
     pub(crate) _temp_dir: Option<tempfile::TempDir>,
 }

@@ -52,18 +52,18 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
                 Ok(claimed) => {
                     failures = 0;
                     filled = claimed.len() == free;
-                    // A shared store's recovery summary: running instances claimed again
-                    // were left by an engine that stopped or lost its lease. (SQLite says
-                    // so once, at open, where it takes the dead engine's leases over.)
-                    let taken_over = claimed
-                        .iter()
-                        .filter(|c| c.record.status == cairn_core::InstanceStatus::Running)
-                        .count();
-                    if taken_over > 0 && inner.env.leases.expire() {
+                    // A shared store's recovery summary: leases that ran out under another
+                    // engine. (SQLite says so once, at open, where it takes the dead
+                    // engine's leases over.)
+                    let taken_over = claimed.iter().filter(|c| c.taken_over).count();
+                    if taken_over > 0 {
                         tracing::info!(
                             instances = taken_over,
-                            "taking over running instances from an engine that stopped or lost its lease; their interrupted attempts are recorded and retried"
+                            "took over instances whose engine stopped or lost its lease; their interrupted attempts are recorded and retried"
                         );
+                    }
+                    for c in claimed.iter().filter(|c| c.taken_over) {
+                        crate::telemetry::taken_over(&c.record.workflow);
                     }
                     for c in claimed {
                         drivers.spawn(crate::engine::driver::drive(Arc::clone(&inner), c, now));

@@ -370,6 +370,18 @@ impl Lifetime {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
+        // Attempts the workflow stopped awaiting, counted once their cancel is committed.
+        let cancelled: Vec<String> = deferred
+            .iter()
+            .filter_map(|w| match w {
+                Write::Cancel { step, records }
+                    if records.iter().any(|r| r.kind == LogKind::AttemptFailure) =>
+                {
+                    Some(step.key.name.clone())
+                }
+                _ => None,
+            })
+            .collect();
         if !deferred.is_empty() {
             writes.splice(0..0, deferred);
         }
@@ -379,6 +391,20 @@ impl Lifetime {
         let start = std::time::Instant::now();
         let committed = self.env.store.commit(self.lease, writes).await;
         crate::telemetry::committed(start.elapsed());
+        if committed.is_ok() {
+            // (If the step's own outcome landed first, the store kept it and skipped the
+            // cancel; that outcome was never counted, since its commit's await was dropped
+            // with the op: the attempt is still counted once, as cancelled.)
+            for step in &cancelled {
+                crate::telemetry::attempt(
+                    &self.workflow,
+                    step,
+                    false,
+                    crate::telemetry::AttemptOutcome::Cancelled,
+                    None,
+                );
+            }
+        }
         committed
     }
 
@@ -421,16 +447,20 @@ impl Lifetime {
             .extend(writes);
     }
 
-    pub(crate) fn abort(&self, reason: Abort) {
+    /// Returns whether this call set the reason (the first abort wins).
+    pub(crate) fn abort(&self, reason: Abort) -> bool {
         let mut slot = self
             .abort
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if slot.is_none() {
+        let first = slot.is_none();
+        if first {
             *slot = Some(reason);
         }
+        drop(slot);
         self.aborted.notify_waiters();
         self.aborted.notify_one();
+        first
     }
 
     /// Resolves when the lifetime has been aborted.

@@ -60,13 +60,7 @@ impl Drop for Execution {
         let state = &self.state;
         let mut records = Vec::with_capacity(2);
         let error = if record.in_flight {
-            crate::telemetry::attempt(
-                &state.workflow,
-                &key.name,
-                false,
-                AttemptOutcome::Cancelled,
-                None,
-            );
+            // Counted as cancelled when this write is committed (`Lifetime::commit_now`).
             let error = ErrorInfo::new(
                 crate::failure::CANCELLED,
                 format!(
@@ -226,8 +220,7 @@ impl Execution {
                 )
             })?;
 
-        // `loaded`: the record comes from the journal, written by an earlier lifetime.
-        let (record, loaded) = match state.take_record(&key) {
+        let found = match state.take_record(&key) {
             Some(rec) if rec.state == StepState::Succeeded => return decode(&key, &rec),
             Some(rec) if rec.state == StepState::Cancelled => {
                 // It lost a race last time: it never completes, so the race goes the same
@@ -241,18 +234,23 @@ impl Execution {
                         .unwrap_or_else(|| ErrorInfo::new(INTERNAL, "step failed")),
                 ));
             }
-            Some(rec) => (rec, true),
-            None => (self.start_first_attempt(&key, &resolved).await, false),
+            found => found,
         };
-        // A span for the work this lifetime does on the step; a step answered from the
-        // journal (above) has none, so a replay reports no attempt twice.
+        // A span for the work this lifetime does on the step, its first commit included; a
+        // step answered from the journal (above) has none, so a replay reports no attempt
+        // twice.
         let span = if self.is_rollback() {
-            tracing::info_span!("step.rollback", step.name = %key.name, step.count = key.count, outcome = tracing::field::Empty)
+            tracing::info_span!("step.rollback", step.name = %key.name, step.count = key.count, outcome = tracing::field::Empty, otel.status_code = tracing::field::Empty)
         } else {
-            tracing::info_span!("step.do", step.name = %key.name, step.count = key.count, outcome = tracing::field::Empty)
+            tracing::info_span!("step.do", step.name = %key.name, step.count = key.count, outcome = tracing::field::Empty, otel.status_code = tracing::field::Empty)
         };
-        let result = self
-            .attempts(
+        let result = async {
+            // `loaded`: the record comes from the journal, written by an earlier lifetime.
+            let (record, loaded) = match found {
+                Some(rec) => (rec, true),
+                None => (self.start_first_attempt(&key, &resolved).await, false),
+            };
+            self.attempts(
                 &key,
                 &mut body,
                 record,
@@ -261,9 +259,16 @@ impl Execution {
                 delay_fn,
                 &mut activity,
             )
-            .instrument(span.clone())
-            .await;
-        span.record("outcome", if result.is_ok() { "success" } else { "error" });
+            .await
+        }
+        .instrument(span.clone())
+        .await;
+        if result.is_ok() {
+            span.record("outcome", "success");
+        } else {
+            span.record("outcome", "error");
+            span.record("otel.status_code", "ERROR");
+        }
         result
     }
 
@@ -343,17 +348,19 @@ impl Execution {
                 config,
                 idempotency_key: state.idempotency_key(&key),
             };
-            let began = state.now();
+            let began = std::time::Instant::now();
             let span = tracing::info_span!(
                 "step.attempt",
                 attempt = record.attempts,
-                outcome = tracing::field::Empty
+                outcome = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
             );
             // A panic while the body builds its future is an attempt failure too.
             let attempt = std::pin::pin!(
                 crate::panic::guarded(|| span.in_scope(|| body(ctx))).instrument(span.clone())
             );
             let timed = select(attempt, state.env.clock.sleep(config.timeout)).await;
+            let timed_out = matches!(timed, Either::Right(_));
             let outcome = match timed {
                 Either::Left((Ok(Ok(value)), _)) => match crate::panic::to_json(&value) {
                     Ok(json) if json.len() > state.env.limits.payload_limit => Outcome::Failure(
@@ -397,7 +404,7 @@ impl Execution {
                     true,
                 ),
             };
-            let ran = Some(state.now().since(began));
+            let ran = Some(began.elapsed());
             match outcome {
                 Outcome::Success(json) => {
                     self.record_success(&key, &mut record, &config, json.clone())
@@ -407,7 +414,7 @@ impl Execution {
                     return decode_json(&key, &json);
                 }
                 Outcome::Failure(error, retryable) => {
-                    let outcome = if error.name == TIMEOUT {
+                    let outcome = if timed_out {
                         AttemptOutcome::Timeout
                     } else {
                         AttemptOutcome::Error
@@ -423,6 +430,7 @@ impl Execution {
                         )
                         .await;
                     span.record("outcome", outcome.as_str());
+                    span.record("otel.status_code", "ERROR");
                     self.count_attempt(&key, outcome, ran);
                     failed?;
                     // Waiting to retry: still in progress, so a drop now cancels it too.

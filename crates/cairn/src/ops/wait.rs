@@ -212,6 +212,7 @@ async fn wait<T: DeserializeOwned>(
         step.count = key.count,
         event_type = %event_type,
         outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
     let result = async {
         let deadline = record.wake_at.unwrap_or_else(|| state.now());
@@ -261,13 +262,13 @@ async fn wait<T: DeserializeOwned>(
     }
     .instrument(span.clone())
     .await;
-    span.record(
-        "outcome",
-        if result.is_ok() {
-            "received"
-        } else {
-            "timeout"
-        },
-    );
+    match &result {
+        Ok(_) => span.record("outcome", "received"),
+        Err(e) if e.name() == TIMEOUT => span.record("outcome", "timeout"),
+        // The event arrived but does not decode as the type the code expects.
+        Err(_) => span
+            .record("outcome", "error")
+            .record("otel.status_code", "ERROR"),
+    };
     result
 }

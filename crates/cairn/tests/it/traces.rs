@@ -208,3 +208,78 @@ async fn spans_of_an_instance_that_retries_hibernates_and_completes_report_each_
     assert_eq!(sleeps.len(), 2, "{sleeps:#?}");
     assert!(sleeps.iter().all(|s| s.fields["step.name"] == "nap"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn spans_of_an_event_wait_a_failing_step_and_its_rollback() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // See the first test: keeps callsite interest per thread.
+    let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+
+    let (engine, _dir) = engine(|b| {
+        b.register(super::support::wf(|_, step| async move {
+            step.run("reserve", |_| async { Ok(1u32) })
+                .rollback(|_: Rollback<u32>| async { Ok(()) })
+                .await?;
+            let _: StepEvent<Value> = step.wait_for_event("approval", "approved").await?;
+            let no_retry = StepConfig {
+                retries: Some(Retries::none()),
+                ..StepConfig::default()
+            };
+            step.run("charge", |_| async { Err::<u32, _>("declined".into()) })
+                .config(&no_retry)
+                .await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow<0>>()
+        .create(cairn::CreateOptions::new(json!({})).id("saga"))
+        .await
+        .unwrap();
+    instance
+        .send_event("approved", &json!({"by": "ada"}))
+        .await
+        .unwrap();
+    let _ = instance.wait().await;
+    engine.shutdown().await;
+
+    let spans = capture.spans.lock().unwrap().clone();
+    let one = |name: &str, step: &str| {
+        let found: Vec<Captured> = spans
+            .iter()
+            .filter(|s| {
+                s.name == name && s.fields.get("step.name").map(String::as_str) == Some(step)
+            })
+            .cloned()
+            .collect();
+        assert_eq!(found.len(), 1, "{name} {step}: {spans:#?}");
+        found.into_iter().next().unwrap()
+    };
+    let wait = one("step.wait_for_event", "approval");
+    assert_eq!(wait.fields["event_type"], "approved");
+    assert_eq!(wait.fields["outcome"], "received");
+    let charge = one("step.do", "charge");
+    assert_eq!(charge.fields["outcome"], "error");
+    assert_eq!(charge.fields["otel.status_code"], "ERROR");
+    let attempt = spans
+        .iter()
+        .find(|s| s.name == "step.attempt" && s.parent == Some(charge.serial))
+        .unwrap();
+    assert_eq!(attempt.fields["outcome"], "error");
+    // The compensation of `reserve`, with its attempt under it, in the same lifetime.
+    let rollback = one("step.rollback", "reserve");
+    assert_eq!(rollback.fields["outcome"], "success");
+    assert_eq!(
+        rollback.parent, charge.parent,
+        "both under the one workflow.run"
+    );
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.name == "step.attempt" && s.parent == Some(rollback.serial)),
+        "{spans:#?}"
+    );
+}
