@@ -83,6 +83,10 @@ enum Command {
         /// OTEL_EXPORTER_OTLP_ENDPOINT when the flag is not given.
         #[arg(long)]
         otlp_endpoint: Option<String>,
+        /// The account id Cloudflare's routes (`/client/v4/accounts/ID/workflows`, for
+        /// wrangler and Cloudflare's SDKs) accept; any when not set.
+        #[arg(long, env = "CAIRN_ACCOUNT_ID")]
+        account_id: Option<String>,
     },
     /// Workflows: list, describe, trigger.
     Workflows {
@@ -242,9 +246,10 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             addr,
             log_format,
             otlp_endpoint,
+            account_id,
         } => {
             let _traces = logging::install(log_format, otlp_endpoint.as_deref())?;
-            serve(db, addr, cli.token).await
+            serve(db, addr, cli.token, account_id).await
         }
         Command::Workflows {
             client: args,
@@ -298,6 +303,7 @@ async fn serve(
     db: String,
     addr: SocketAddr,
     token: Option<String>,
+    account_id: Option<String>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     if !addr.ip().is_loopback() && token.is_none() {
         return Err(format!(
@@ -361,11 +367,14 @@ async fn serve(
         }
     });
     let shutdown = async move { stop.notified().await };
-    let router = cairn_server::router_with_metrics(
+    let router = cairn_server::router_with_options(
         engine.clone(),
-        token,
-        &cairn_server::Limits::default(),
-        metrics,
+        cairn_server::Options {
+            token,
+            metrics: Some(metrics),
+            account_id,
+            ..cairn_server::Options::default()
+        },
     );
     let served = cairn_server::serve_router(listener, router, shutdown).await;
     out!("cairn: HTTP server stopped; draining the engine");

@@ -11,7 +11,9 @@
 //! # }
 //! ```
 
+mod actions;
 mod auth;
+mod cloudflare;
 mod error;
 mod openapi;
 mod prometheus;
@@ -43,7 +45,7 @@ pub fn router_with(engine: Engine, token: Option<String>) -> Router {
 
 /// [`router_with`], with the body timeout and the cap on live streams of `limits`.
 pub fn router_with_limits(engine: Engine, token: Option<String>, limits: &Limits) -> Router {
-    build(engine, token, limits, None)
+    build(engine, token, limits, None, None)
 }
 
 /// [`router_with_limits`], and `GET /metrics` in Prometheus' text format from `metrics`
@@ -54,7 +56,41 @@ pub fn router_with_metrics(
     limits: &Limits,
     metrics: Metrics,
 ) -> Router {
-    build(engine, token, limits, Some(metrics))
+    router_with_options(
+        engine,
+        Options {
+            token,
+            limits: limits.clone(),
+            metrics: Some(metrics),
+            account_id: None,
+        },
+    )
+}
+
+/// How [`router_with_options`] serves.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Every request must carry `Authorization: Bearer <token>` (`/healthz` excepted).
+    pub token: Option<String>,
+    /// Body timeout and the cap on live streams.
+    pub limits: Limits,
+    /// Serve `GET /metrics` from this recorder.
+    pub metrics: Option<Metrics>,
+    /// The only account id Cloudflare's routes accept (`/client/v4/accounts/{id}/…`);
+    /// any when `None`.
+    pub account_id: Option<String>,
+}
+
+/// The API's routes (`/api` and Cloudflare's `/client/v4`) over `engine`, served as
+/// `options` say.
+pub fn router_with_options(engine: Engine, options: Options) -> Router {
+    let Options {
+        token,
+        limits,
+        metrics,
+        account_id,
+    } = options;
+    build(engine, token, &limits, metrics, account_id)
 }
 
 fn build(
@@ -62,8 +98,15 @@ fn build(
     token: Option<String>,
     limits: &Limits,
     metrics: Option<Metrics>,
+    account_id: Option<String>,
 ) -> Router {
     let body_timeout = limits.body_timeout;
+    let cloudflare = cloudflare::routes()
+        .route_layer(axum::middleware::from_fn(cloudflare::check_account))
+        .layer(axum::Extension(cloudflare::Config {
+            account_id,
+            started: engine.clock().now(),
+        }));
     let routes = match metrics {
         Some(metrics) => routes::routes().route(
             "/metrics",
@@ -76,6 +119,7 @@ fn build(
         ),
         None => routes::routes(),
     };
+    let routes = routes.merge(cloudflare);
     let routes = routes
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(move |req, next| {
@@ -95,6 +139,7 @@ fn build(
     // every request is logged with its final status.
     routes
         .layer(axum::middleware::from_fn(error::json_errors))
+        .layer(axum::middleware::from_fn(cloudflare::envelope))
         .layer(axum::middleware::from_fn(log_request))
 }
 

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, patch, post};
 use axum::{Extension, Json, Router};
 use cairn::json::Object;
-use cairn::{CreateOptions, Engine, InstanceStatus, StepKind, UntypedWorkflow};
+use cairn::{CreateOptions, Engine, InstanceStatus, UntypedWorkflow};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -182,70 +182,14 @@ async fn delete_instance(
     Ok(Json(json!({})))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct From {
-    name: String,
-    count: Option<u32>,
-    #[serde(rename = "type")]
-    kind: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StatusBody {
-    status: String,
-    #[serde(default, deserialize_with = "cairn::json::optional_object")]
-    from: Option<From>,
-    rollback: Option<bool>,
-}
-
 async fn change_status(
     State(engine): State<Engine>,
     Path((name, id)): Path<(String, String)>,
-    payload: Result<Json<Object<StatusBody>>, JsonRejection>,
+    payload: Result<Json<Object<crate::actions::StatusChange>>, JsonRejection>,
 ) -> ApiResult<Json<Value>> {
     let Object(request) = body(payload)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
-    if request.rollback.is_some() && request.status != "terminate" {
-        return Err(ApiError::bad_request(
-            "'rollback' is only valid when terminating.",
-        ));
-    }
-    if request.from.is_some() && request.status != "restart" {
-        return Err(ApiError::bad_request(
-            "'from' is only valid when restarting.",
-        ));
-    }
-    match request.status.as_str() {
-        "pause" => instance.pause().await?,
-        "resume" => instance.resume().await?,
-        "terminate" if request.rollback == Some(true) => instance.terminate_with_rollback().await?,
-        "terminate" => instance.terminate().await?,
-        "restart" => match request.from {
-            None => instance.restart().await?,
-            Some(from) => {
-                let kind = match from.kind.as_deref() {
-                    None => StepKind::Run,
-                    Some(name) => StepKind::parse(name).ok_or_else(|| {
-                        ApiError::bad_request(format!(
-                            "unknown step type {:?}: expected {}",
-                            crate::error::clip(name),
-                            StepKind::NAMES
-                        ))
-                    })?,
-                };
-                instance
-                    .restart_from(kind, &from.name, from.count.unwrap_or(1))
-                    .await?;
-            }
-        },
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "unknown status {other:?}: expected pause, resume, terminate or restart"
-            )));
-        }
-    }
+    crate::actions::change_status(&instance, request).await?;
     Ok(Json(json!({ "status": instance.status().await?.status })))
 }
 
@@ -257,28 +201,7 @@ async fn send_event(
     headers: axum::http::HeaderMap,
     payload: axum::body::Bytes,
 ) -> ApiResult<Json<Value>> {
-    // No body is an event without a payload (`null`). A body must be declared JSON: a
-    // browser sends `text/plain` cross-site without asking, so accepting it would let any
-    // web page send events to a server without a token.
-    let payload: Value = if payload.iter().all(u8::is_ascii_whitespace) {
-        Value::Null
-    } else {
-        let json = headers
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .map(str::trim)
-            .is_some_and(|v| v == "application/json" || v.ends_with("+json"));
-        if !json {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "request.unsupported_media_type",
-                "an event payload must be sent as application/json",
-            ));
-        }
-        serde_json::from_slice(&payload)
-            .map_err(|e| ApiError::bad_request(format!("the event payload is not JSON: {e}")))?
-    };
+    let payload = crate::actions::event_payload(&headers, &payload)?;
     // Bad input is reported before any lookup.
     cairn::EventType::new(event_type.as_str()).map_err(cairn::Error::from)?;
     let key = match headers.get("idempotency-key") {
@@ -520,7 +443,7 @@ mod tests {
         #[test]
         fn body_parsers_match_the_documented_bodies(v in body_like()) {
             prop_assert_eq!(parses::<CreateBody>(&v), create_ok(&v), "create {}", v);
-            prop_assert_eq!(parses::<StatusBody>(&v), status_ok(&v), "status {}", v);
+            prop_assert_eq!(parses::<crate::actions::StatusChange>(&v), status_ok(&v), "status {}", v);
             prop_assert_eq!(parses::<DeleteBatchBody>(&v), delete_ok(&v), "delete {}", v);
             let batch = serde_json::from_str::<Vec<Object<CreateBody>>>(&v.to_string()).is_ok();
             let batch_ok = v.as_array().is_some_and(|a| a.iter().all(create_ok));

@@ -32,6 +32,17 @@ pub struct InstanceSummary {
     /// When it finished.
     #[serde(serialize_with = "cairn_core::rfc3339::option::serialize")]
     pub ended: Option<cairn_core::Timestamp>,
+    /// Its place in listings (see [`InstanceSummary::cursor`]).
+    #[serde(skip)]
+    position: cairn_store::InstanceRef,
+}
+
+impl InstanceSummary {
+    /// A cursor ([`ListOptions::cursor`]) for the listing that continues right after this
+    /// row: for callers that stop within a page (a filter of their own, a smaller page).
+    pub fn cursor(&self) -> String {
+        encode_cursor(self.position)
+    }
 }
 
 /// Which instances a listing returns.
@@ -499,6 +510,7 @@ impl UntypedWorkflow {
                     created: r.created_at,
                     started: r.started_at,
                     ended: r.ended_at,
+                    position: r.instance,
                 })
                 .collect(),
             cursor,

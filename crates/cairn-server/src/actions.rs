@@ -1,0 +1,103 @@
+//! What both route sets (`/api` and Cloudflare's `/client/v4`) do to an instance beyond a
+//! single engine call: a status change with its options, and reading an event's payload.
+//! Each route set parses its own request shape into these and renders its own answer.
+
+use axum::http::{HeaderMap, StatusCode};
+use cairn::{Instance, StepKind};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// Where a restart begins (`from`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct From {
+    pub(crate) name: String,
+    pub(crate) count: Option<u32>,
+    #[serde(rename = "type")]
+    pub(crate) kind: Option<String>,
+}
+
+/// `{"status": "pause" | "resume" | "terminate" | "restart", "rollback"?, "from"?}`: the
+/// body of `PATCH …/status` in both APIs.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StatusChange {
+    pub(crate) status: String,
+    #[serde(default, deserialize_with = "cairn::json::optional_object")]
+    pub(crate) from: Option<From>,
+    pub(crate) rollback: Option<bool>,
+}
+
+/// Applies a status change to `instance`.
+pub(crate) async fn change_status(
+    instance: &Instance<Value>,
+    request: StatusChange,
+) -> Result<(), ApiError> {
+    if request.rollback.is_some() && request.status != "terminate" {
+        return Err(ApiError::bad_request(
+            "'rollback' is only valid when terminating.",
+        ));
+    }
+    if request.from.is_some() && request.status != "restart" {
+        return Err(ApiError::bad_request(
+            "'from' is only valid when restarting.",
+        ));
+    }
+    match request.status.as_str() {
+        "pause" => instance.pause().await?,
+        "resume" => instance.resume().await?,
+        "terminate" if request.rollback == Some(true) => instance.terminate_with_rollback().await?,
+        "terminate" => instance.terminate().await?,
+        "restart" => match request.from {
+            None => instance.restart().await?,
+            Some(from) => {
+                let kind = match from.kind.as_deref() {
+                    None => StepKind::Run,
+                    Some(name) => StepKind::parse(name).ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "unknown step type {:?}: expected {}",
+                            crate::error::clip(name),
+                            StepKind::NAMES
+                        ))
+                    })?,
+                };
+                instance
+                    .restart_from(kind, &from.name, from.count.unwrap_or(1))
+                    .await?;
+            }
+        },
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "unknown status {:?}: expected pause, resume, terminate or restart",
+                crate::error::clip(other)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// An event's payload from a request body: no body is `null`; a body must be declared
+/// JSON, since a browser sends `text/plain` cross-site without asking, so accepting it
+/// would let any web page send events to a server without a token.
+pub(crate) fn event_payload(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim)
+        .is_some_and(|v| v == "application/json" || v.ends_with("+json"));
+    if !json {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "request.unsupported_media_type",
+            "an event payload must be sent as application/json",
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the event payload is not JSON: {e}")))
+}

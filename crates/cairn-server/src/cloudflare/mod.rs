@@ -1,0 +1,793 @@
+//! Cloudflare's Workflows REST API, under `/client/v4/accounts/{account_id}/workflows`:
+//! what `wrangler workflows …` and Cloudflare's SDKs call, so they drive Cairn unchanged
+//! (`CLOUDFLARE_API_BASE_URL=http://HOST:PORT/client/v4`). The handlers call the same
+//! engine API as `/api`'s and share its status changes and event reading
+//! (`crate::actions`); `shapes.rs` renders Cairn's values in Cloudflare's field names.
+//!
+//! Every answer is Cloudflare's envelope, `{"success", "errors": [{"code", "message"}],
+//! "messages", "result", "result_info"?}`: [`envelope`] rewrites the errors of this path
+//! (the handlers', the token check's, axum's own) into it, with Cloudflare's numeric codes.
+
+mod shapes;
+
+use std::collections::HashMap;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, patch, post, put};
+use axum::{Extension, Json, Router};
+use cairn::{CreateOptions, Engine, InstanceStatus, Timestamp, UntypedWorkflow};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+
+type CfResult<T> = Result<T, ApiError>;
+
+/// Where Cloudflare's routes live.
+pub(crate) const PREFIX: &str = "/client/v4";
+
+/// How the Cloudflare routes answer: the account they serve and when this server started
+/// (a workflow's and its version's `created_on`: the code registered now is the version).
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    /// The only account id accepted in the path; any, when `None`.
+    pub(crate) account_id: Option<String>,
+    pub(crate) started: Timestamp,
+}
+
+/// The largest page (Cloudflare's limit).
+const MAX_PER_PAGE: usize = 100;
+/// A page's size when the caller does not say.
+const DEFAULT_PER_PAGE: usize = 50;
+
+pub(crate) fn routes() -> Router<Engine> {
+    let base = "/client/v4/accounts/{account}/workflows";
+    Router::new()
+        .route(base, get(list_workflows))
+        .route(
+            &format!("{base}/{{name}}"),
+            get(get_workflow).put(put_workflow).delete(delete_workflow),
+        )
+        .route(&format!("{base}/{{name}}/versions"), get(list_versions))
+        .route(
+            &format!("{base}/{{name}}/versions/{{version}}"),
+            get(get_version),
+        )
+        .route(
+            &format!("{base}/{{name}}/instances"),
+            get(list_instances).post(create_instance),
+        )
+        // wrangler asks for the latest instance with a trailing slash.
+        .route(&format!("{base}/{{name}}/instances/"), get(list_instances))
+        .route(
+            &format!("{base}/{{name}}/instances/batch"),
+            post(bulk_create),
+        )
+        .route(
+            &format!("{base}/{{name}}/instances/batch/delete"),
+            post(bulk_delete),
+        )
+        .route(
+            &format!("{base}/{{name}}/instances/terminate"),
+            put(terminate_all),
+        )
+        .route(
+            &format!("{base}/{{name}}/instances/{{id}}"),
+            get(get_instance),
+        )
+        .route(
+            &format!("{base}/{{name}}/instances/{{id}}/step"),
+            get(step_output),
+        )
+        .route(
+            &format!("{base}/{{name}}/instances/{{id}}/status"),
+            patch(change_status),
+        )
+        .route(
+            &format!("{base}/{{name}}/instances/{{id}}/events/{{event_type}}"),
+            post(send_event),
+        )
+}
+
+/// A successful answer in Cloudflare's envelope.
+fn ok(result: Value) -> Response {
+    Json(json!({ "success": true, "errors": [], "messages": [], "result": result })).into_response()
+}
+
+/// A successful list answer with its `result_info`.
+fn ok_list(result: Vec<Value>, info: Value) -> Response {
+    Json(json!({
+        "success": true, "errors": [], "messages": [], "result": result, "result_info": info,
+    }))
+    .into_response()
+}
+
+/// Cloudflare's numeric code for one of Cairn's error codes. The ones Cloudflare documents
+/// for workflows: 10200 (workflow not found), 10400 (instance not found), 10001 (internal);
+/// 7000/7001 are its "no route" and "method not allowed"; 7003 an unknown account. Other
+/// request errors are 10002 ("workflows.api.error.body"); the message starts with Cairn's
+/// own stable code. Never 10000 or 9106: on those wrangler runs its login check against
+/// `/user` endpoints Cairn does not serve.
+pub(crate) fn numeric_code(code: &str, status: StatusCode) -> u32 {
+    match code {
+        "workflow.not_found" => 10200,
+        "instance.not_found" => 10400,
+        "route.not_found" => 7000,
+        "method.not_allowed" => 7001,
+        "account.not_found" => 7003,
+        "auth.unauthorized" => 9109,
+        _ if status.is_server_error() => 10001,
+        _ => 10002,
+    }
+}
+
+/// Rewrites error answers under [`PREFIX`] (`{code, message}`, whoever made them) into
+/// Cloudflare's envelope; leaves every other answer alone.
+pub(crate) async fn envelope(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !req.uri().path().starts_with(PREFIX) {
+        return next.run(req).await;
+    }
+    let response = next.run(req).await;
+    let status = response.status();
+    if status.as_u16() < 400 {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let ours: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let code = ours["code"].as_str().unwrap_or("internal");
+    let message = ours["message"].as_str().unwrap_or("error");
+    let body = json!({
+        "success": false,
+        "errors": [{ "code": numeric_code(code, status), "message": format!("{code}: {message}") }],
+        "messages": [],
+        "result": null,
+    });
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    // The Python SDK retries 409s (and 5xx) three times, POST included: a duplicate id
+    // is not worth two more tries.
+    if status == StatusCode::CONFLICT {
+        parts.headers.insert(
+            "x-should-retry",
+            axum::http::HeaderValue::from_static("false"),
+        );
+    }
+    (parts, Json(body)).into_response()
+}
+
+/// Refuses an account id other than the configured one (any is accepted without one).
+pub(crate) async fn check_account(
+    Extension(config): Extension<Config>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let (Some(expected), Some(given)) = (
+        config.account_id.as_deref(),
+        req.uri()
+            .path()
+            .strip_prefix("/client/v4/accounts/")
+            .and_then(|rest| rest.split('/').next()),
+    ) && given != expected
+    {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "account.not_found",
+            format!(
+                "this server serves account {expected:?}, not {:?}: set CLOUDFLARE_ACCOUNT_ID to it",
+                crate::error::clip(given)
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+fn workflow(engine: &Engine, name: &str) -> CfResult<UntypedWorkflow> {
+    Ok(engine.workflow_by_name(name)?)
+}
+
+/// A positive whole number from a query value; the Python SDK sends `2.0` for 2.
+fn whole(query: &HashMap<String, String>, key: &str) -> CfResult<Option<usize>> {
+    let Some(text) = query.get(key).filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    match text.parse::<f64>() {
+        Ok(n) if n >= 1.0 && n.fract() == 0.0 && n <= 1e9 => Ok(Some(n as usize)),
+        _ => Err(ApiError::bad_request(format!(
+            "{key} must be a whole number of at least 1, not {:?}",
+            crate::error::clip(text)
+        ))),
+    }
+}
+
+fn per_page(query: &HashMap<String, String>) -> CfResult<usize> {
+    match whole(query, "per_page")? {
+        None => Ok(DEFAULT_PER_PAGE),
+        Some(n) if n <= MAX_PER_PAGE => Ok(n),
+        Some(n) => Err(ApiError::bad_request(format!(
+            "per_page must be at most {MAX_PER_PAGE}, not {n}"
+        ))),
+    }
+}
+
+/// A time in a query: ISO 8601 in UTC (`Z`, `+00:00`, or no offset).
+fn time(query: &HashMap<String, String>, key: &str) -> CfResult<Option<Timestamp>> {
+    let Some(text) = query.get(key).filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let utc = text
+        .strip_suffix("+00:00")
+        .map_or_else(|| text.clone(), |t| format!("{t}Z"));
+    humantime::parse_rfc3339_weak(&utc)
+        .map(|t| Some(Timestamp::from_system_time(t)))
+        .map_err(|_| {
+            ApiError::bad_request(format!(
+                "{key} must be an ISO 8601 time in UTC, e.g. 2026-01-31T00:00:00Z, not {:?}",
+                crate::error::clip(text)
+            ))
+        })
+}
+
+type Queried = Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>;
+
+fn query(q: Queried) -> CfResult<HashMap<String, String>> {
+    q.map(|Query(q)| q)
+        .map_err(|e| ApiError::bad_request(e.body_text()))
+}
+
+async fn list_workflows(
+    State(engine): State<Engine>,
+    Extension(config): Extension<Config>,
+    q: Queried,
+) -> CfResult<Response> {
+    let q = query(q)?;
+    let page = whole(&q, "page")?.unwrap_or(1);
+    let per_page = per_page(&q)?;
+    let search = q.get("search").map(String::as_str).unwrap_or("");
+    let names: Vec<&str> = engine
+        .workflow_names()
+        .iter()
+        .map(|n| n.as_str())
+        .filter(|n| n.contains(search))
+        .collect();
+    let mut result = Vec::new();
+    for name in names.iter().skip((page - 1) * per_page).take(per_page) {
+        result.push(shapes::workflow(&workflow(&engine, name)?, &config).await?);
+    }
+    let total = names.len();
+    Ok(ok_list(
+        result.clone(),
+        json!({
+            "page": page, "per_page": per_page, "count": result.len(),
+            "total_count": total, "total_pages": total.div_ceil(per_page),
+        }),
+    ))
+}
+
+async fn get_workflow(
+    State(engine): State<Engine>,
+    Extension(config): Extension<Config>,
+    Path((_, name)): Path<(String, String)>,
+) -> CfResult<Response> {
+    Ok(ok(
+        shapes::workflow(&workflow(&engine, &name)?, &config).await?
+    ))
+}
+
+/// `PUT` (deploy): a Cairn workflow is code registered in the engine, so a deploy cannot
+/// create or change one. For a registered workflow it answers what is deployed (so a
+/// deploy script finds it in place); for another name it says where workflows come from.
+async fn put_workflow(
+    State(engine): State<Engine>,
+    Extension(config): Extension<Config>,
+    Path((_, name)): Path<(String, String)>,
+) -> CfResult<Response> {
+    let workflow = engine.workflow_by_name(&name).map_err(|_| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "workflow.not_found",
+            format!(
+                "no workflow named {:?} is registered: Cairn's workflows are Rust code registered with Engine::builder().register(..), not deployed over the API",
+                crate::error::clip(&name)
+            ),
+        )
+    })?;
+    let mut shape = shapes::workflow(&workflow, &config).await?;
+    if let Some(map) = shape.as_object_mut() {
+        map.insert("version_id".into(), json!(shapes::version_id(&name)));
+        map.insert("is_deleted".into(), json!(0));
+        map.insert("terminator_running".into(), json!(0));
+    }
+    Ok(ok(shape))
+}
+
+/// `DELETE`: deletes every instance of the workflow (in the background, as Cloudflare's
+/// does); its code stays registered, so new instances can be created at once.
+async fn delete_workflow(
+    State(engine): State<Engine>,
+    Path((_, name)): Path<(String, String)>,
+) -> CfResult<Response> {
+    let workflow = workflow(&engine, &name)?;
+    tokio::spawn(async move {
+        loop {
+            let page = match workflow
+                .list(&cairn::ListOptions::default().limit(100))
+                .await
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::warn!(workflow = %workflow.name(), error = %e, "deleting the workflow's instances failed");
+                    return;
+                }
+            };
+            if page.instances.is_empty() {
+                return;
+            }
+            let ids: Vec<&str> = page.instances.iter().map(|i| i.id.as_str()).collect();
+            if let Err(e) = workflow.delete_batch(&ids).await {
+                tracing::warn!(workflow = %workflow.name(), error = %e, "deleting the workflow's instances failed");
+                return;
+            }
+        }
+    });
+    Ok(ok(json!({ "status": "ok", "success": true })))
+}
+
+async fn list_versions(
+    State(engine): State<Engine>,
+    Extension(config): Extension<Config>,
+    Path((_, name)): Path<(String, String)>,
+    q: Queried,
+) -> CfResult<Response> {
+    let q = query(q)?;
+    let workflow = workflow(&engine, &name)?;
+    let page = whole(&q, "page")?.unwrap_or(1);
+    let per_page = per_page(&q)?;
+    // One version: the code running now.
+    let result = if page == 1 {
+        vec![shapes::version(&workflow, &config)]
+    } else {
+        Vec::new()
+    };
+    Ok(ok_list(
+        result.clone(),
+        json!({ "page": page, "per_page": per_page, "count": result.len(), "total_count": 1, "total_pages": 1 }),
+    ))
+}
+
+async fn get_version(
+    State(engine): State<Engine>,
+    Extension(config): Extension<Config>,
+    Path((_, name, version)): Path<(String, String, String)>,
+) -> CfResult<Response> {
+    let workflow = workflow(&engine, &name)?;
+    if version != shapes::version_id(&name) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "version.not_found",
+            format!(
+                "workflow {name:?} has one version, the code running now ({})",
+                shapes::version_id(&name)
+            ),
+        ));
+    }
+    Ok(ok(shapes::version(&workflow, &config)))
+}
+
+/// A create request: Cloudflare's fields. Unknown keys are ignored (newer clients send
+/// more); `location_hint` is accepted and has no meaning on one database.
+#[derive(Deserialize, Default)]
+struct CreateBody {
+    instance_id: Option<String>,
+    params: Option<Value>,
+    instance_retention: Option<Retention>,
+    #[allow(dead_code)]
+    location_hint: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Retention {
+    success_retention: Option<Value>,
+    error_retention: Option<Value>,
+}
+
+/// A retention: milliseconds or a duration string such as `"30 days"`.
+fn retention(value: Option<&Value>, what: &str) -> CfResult<Option<std::time::Duration>> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(|ms| Some(std::time::Duration::from_millis(ms)))
+            .ok_or_else(|| ApiError::bad_request(format!("{what} must be a whole number of ms"))),
+        Some(Value::String(s)) => cairn::parse_duration(s)
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(format!("{what}: {e}"))),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "{what} must be milliseconds or a duration such as \"30 days\""
+        ))),
+    }
+}
+
+impl CreateBody {
+    fn options(self) -> CfResult<CreateOptions<Value>> {
+        // The SDKs type `params` as JSON text; wrangler sends the value. Text that is a
+        // JSON object or array is that value; any other text is a string param.
+        let params = match self.params {
+            None => json!({}),
+            Some(Value::String(text)) => match serde_json::from_str::<Value>(&text) {
+                Ok(v @ (Value::Object(_) | Value::Array(_))) => v,
+                _ => Value::String(text),
+            },
+            Some(v) => v,
+        };
+        let mut options = CreateOptions::new(params);
+        options.id = self.instance_id;
+        if let Some(r) = &self.instance_retention {
+            if let Some(d) = retention(r.success_retention.as_ref(), "success_retention")? {
+                options = options.success_retention(d);
+            }
+            if let Some(d) = retention(r.error_retention.as_ref(), "error_retention")? {
+                options = options.error_retention(d);
+            }
+        }
+        Ok(options)
+    }
+}
+
+fn parse_body<T: serde::de::DeserializeOwned + Default>(
+    payload: Result<Json<Value>, JsonRejection>,
+) -> CfResult<T> {
+    match payload {
+        Ok(Json(value)) => {
+            serde_json::from_value(value).map_err(|e| ApiError::bad_request(e.to_string()))
+        }
+        // No body at all: every field is optional.
+        Err(JsonRejection::MissingJsonContentType(_)) => Ok(T::default()),
+        Err(e) => Err(ApiError::bad_request(e.body_text())),
+    }
+}
+
+async fn create_instance(
+    State(engine): State<Engine>,
+    Path((_, name)): Path<(String, String)>,
+    payload: Result<Json<Value>, JsonRejection>,
+) -> CfResult<Response> {
+    let body: CreateBody = parse_body(payload)?;
+    let workflow = workflow(&engine, &name)?;
+    let instance = workflow.create(body.options()?).await?;
+    let status = instance.status().await?.status;
+    Ok(ok(shapes::created(&name, instance.id().as_str(), status)))
+}
+
+async fn bulk_create(
+    State(engine): State<Engine>,
+    Path((_, name)): Path<(String, String)>,
+    payload: Result<Json<Value>, JsonRejection>,
+) -> CfResult<Response> {
+    let entries: Vec<Value> = match payload {
+        Ok(Json(Value::Array(entries))) => entries,
+        Ok(_) => {
+            return Err(ApiError::bad_request(
+                "the body must be an array of instances",
+            ));
+        }
+        Err(e) => return Err(ApiError::bad_request(e.body_text())),
+    };
+    let workflow = workflow(&engine, &name)?;
+    let mut batch = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let body: CreateBody =
+            serde_json::from_value(entry).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        batch.push(body.options()?);
+    }
+    let result = workflow.create_batch_detailed(batch).await?;
+    let mut created = Vec::with_capacity(result.created.len());
+    for instance in &result.created {
+        created.push(shapes::created(
+            &name,
+            instance.id().as_str(),
+            InstanceStatus::Queued,
+        ));
+    }
+    // Cloudflare skips ids that exist; Cairn says which it skipped, as messages.
+    let messages: Vec<Value> = result
+        .errors
+        .iter()
+        .map(|e| json!({ "code": numeric_code(&e.code, StatusCode::CONFLICT), "message": format!("{}: {} (entry {})", e.code, e.message, e.index) }))
+        .collect();
+    Ok(
+        Json(json!({ "success": true, "errors": [], "messages": messages, "result": created }))
+            .into_response(),
+    )
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DeleteBody {
+    instances: Vec<String>,
+}
+
+async fn bulk_delete(
+    State(engine): State<Engine>,
+    Path((_, name)): Path<(String, String)>,
+    payload: Result<Json<Value>, JsonRejection>,
+) -> CfResult<Response> {
+    let body: DeleteBody = parse_body(payload)?;
+    let ids: Vec<&str> = body.instances.iter().map(String::as_str).collect();
+    let result = workflow(&engine, &name)?.delete_batch(&ids).await?;
+    let deleted: Vec<Value> = result
+        .deleted
+        .iter()
+        .map(|id| json!({ "id": id }))
+        .collect();
+    let errors: Vec<Value> = result
+        .errors
+        .iter()
+        .map(|e| {
+            json!({
+                "id": e.id.clone().or_else(|| body.instances.get(e.index).cloned()),
+                "code": numeric_code(&e.code, StatusCode::BAD_REQUEST),
+                "message": format!("{}: {}", e.code, e.message),
+            })
+        })
+        .collect();
+    Ok(ok(json!({ "deleted": deleted, "errors": errors })))
+}
+
+/// `PUT …/instances/terminate[?status=S]`: terminates every unfinished instance (or those
+/// in status S) in the background and answers at once, as Cloudflare's job does; a second
+/// request while one runs answers `already_running`.
+async fn terminate_all(
+    State(engine): State<Engine>,
+    Path((_, name)): Path<(String, String)>,
+    q: Queried,
+) -> CfResult<Response> {
+    static RUNNING: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let q = query(q)?;
+    let only = match q.get("status") {
+        Some(s) => Some(s.parse::<InstanceStatus>().map_err(ApiError::bad_request)?),
+        None => None,
+    };
+    if only.is_some_and(InstanceStatus::is_terminal) {
+        return Err(ApiError::bad_request(
+            "status must be an unfinished one: queued, running, paused, waitingForPause or waiting",
+        ));
+    }
+    let workflow = workflow(&engine, &name)?;
+    {
+        let mut running = RUNNING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if running.contains(&name) {
+            return Ok(ok(json!({ "status": "already_running" })));
+        }
+        running.push(name.clone());
+    }
+    tokio::spawn(async move {
+        let statuses: Vec<InstanceStatus> = match only {
+            Some(s) => vec![s],
+            None => InstanceStatus::ALL
+                .into_iter()
+                .filter(|s| !s.is_terminal())
+                .collect(),
+        };
+        for status in statuses {
+            let mut cursor = None;
+            loop {
+                let mut options = cairn::ListOptions::default().status(status).limit(100);
+                options.cursor = cursor.take();
+                let Ok(page) = workflow.list(&options).await else {
+                    break;
+                };
+                for summary in &page.instances {
+                    if let Ok(instance) = workflow.get(summary.id.as_str()).await {
+                        // One that finished meanwhile cannot be terminated: fine.
+                        let _ = instance.terminate().await;
+                    }
+                }
+                match page.cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+        }
+        RUNNING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|n| *n != name);
+    });
+    Ok(ok(json!({ "status": "ok" })))
+}
+
+/// `GET …/instances`: newest first. wrangler follows `result_info.cursor`; the Python SDK
+/// sends `page=2, 3, …` (with the cursor it started from, if any) until a page is empty;
+/// both work. `date_start`/`date_end` bound the creation time; `direction=asc` is refused
+/// (listings are newest first).
+async fn list_instances(
+    State(engine): State<Engine>,
+    Path((_, name)): Path<(String, String)>,
+    q: Queried,
+) -> CfResult<Response> {
+    let q = query(q)?;
+    let workflow = workflow(&engine, &name)?;
+    let per_page = per_page(&q)?;
+    let page = whole(&q, "page")?.unwrap_or(1);
+    if q.get("direction").is_some_and(|d| d == "asc") {
+        return Err(ApiError::bad_request(
+            "direction=asc is not supported: Cairn lists instances newest first",
+        ));
+    }
+    let status = match q.get("status").filter(|s| !s.is_empty()) {
+        Some(s) => Some(s.parse::<InstanceStatus>().map_err(ApiError::bad_request)?),
+        None => None,
+    };
+    let (start, end) = (time(&q, "date_start")?, time(&q, "date_end")?);
+    if let (Some(s), Some(e)) = (start, end)
+        && s > e
+    {
+        return Err(ApiError::bad_request("date_start is after date_end"));
+    }
+    // Walk the listing from the cursor, skipping `page - 1` pages of matching rows. A
+    // page that fills up ends with the cursor after its last row when more rows follow
+    // (the next page may still turn out empty under a date filter).
+    let skip = (page - 1) * per_page;
+    let mut matched = Vec::new();
+    let mut cursor = q.get("cursor").filter(|c| !c.is_empty()).cloned();
+    let mut more = false;
+    'walk: loop {
+        let mut options = cairn::ListOptions::default().limit(per_page.max(50));
+        options.status = status;
+        options.cursor = cursor.take();
+        let listed = workflow.list(&options).await?;
+        let rows = listed.instances.len();
+        for (i, row) in listed.instances.into_iter().enumerate() {
+            if end.is_some_and(|e| row.created > e) {
+                continue;
+            }
+            // Newest first: past the start, nothing older can match.
+            if start.is_some_and(|s| row.created < s) {
+                break 'walk;
+            }
+            matched.push(row);
+            if matched.len() == skip + per_page {
+                more = i + 1 < rows || listed.cursor.is_some();
+                break 'walk;
+            }
+        }
+        match listed.cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let next = if more {
+        matched.last().map(cairn::InstanceSummary::cursor)
+    } else {
+        None
+    };
+    let result: Vec<Value> = matched
+        .iter()
+        .skip(skip)
+        .map(|row| shapes::listed(&name, row))
+        .collect();
+    let total = match (status, start, end) {
+        (_, Some(_), _) | (_, _, Some(_)) => None,
+        (Some(s), None, None) => Some(workflow.count(s).await?),
+        (None, None, None) => {
+            let mut n = 0;
+            for s in InstanceStatus::ALL {
+                n += workflow.count(s).await?;
+            }
+            Some(n)
+        }
+    };
+    Ok(ok_list(
+        result.clone(),
+        json!({
+            "page": page, "per_page": per_page, "count": result.len(),
+            "total_count": total, "cursor": next,
+        }),
+    ))
+}
+
+async fn get_instance(
+    State(engine): State<Engine>,
+    Path((_, name, id)): Path<(String, String, String)>,
+    q: Queried,
+) -> CfResult<Response> {
+    let q = query(q)?;
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    let details = instance.details().await?;
+    let status = instance.status().await?;
+    let descending = match q.get("order").map(String::as_str) {
+        None | Some("" | "asc") => false,
+        Some("desc") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "order must be asc or desc, not {:?}",
+                crate::error::clip(other)
+            )));
+        }
+    };
+    let simple = q.get("simple").is_some_and(|s| s == "true");
+    Ok(ok(shapes::details(
+        &name,
+        &details,
+        status.rollback.as_ref(),
+        descending,
+        simple,
+    )))
+}
+
+/// `GET …/instances/{id}/step?name=&type=&attempt=`: a step's full output (not truncated).
+async fn step_output(
+    State(engine): State<Engine>,
+    Path((_, name, id)): Path<(String, String, String)>,
+    q: Queried,
+) -> CfResult<Response> {
+    let q = query(q)?;
+    let step = q
+        .get("name")
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::bad_request("name is required: the step's name, e.g. fetch-1"))?;
+    let kind = q.get("type").map_or("step", String::as_str);
+    if !matches!(kind, "step" | "waitForEvent") {
+        return Err(ApiError::bad_request(format!(
+            "type must be step or waitForEvent, not {:?}",
+            crate::error::clip(kind)
+        )));
+    }
+    let attempt = match q.get("attempt") {
+        Some(a) => Some(a.parse::<u32>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "attempt must be a number, not {:?}",
+                crate::error::clip(a)
+            ))
+        })?),
+        None => None,
+    };
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    let details = instance.details().await?;
+    shapes::step_output(&details, step, kind, attempt).map(ok)
+}
+
+async fn change_status(
+    State(engine): State<Engine>,
+    Path((_, name, id)): Path<(String, String, String)>,
+    payload: Result<Json<Value>, JsonRejection>,
+) -> CfResult<Response> {
+    let request: crate::actions::StatusChange = match payload {
+        Ok(Json(value)) => {
+            serde_json::from_value(value).map_err(|e| ApiError::bad_request(e.to_string()))?
+        }
+        Err(e) => return Err(ApiError::bad_request(e.body_text())),
+    };
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    crate::actions::change_status(&instance, request).await?;
+    let status = instance.status().await?.status;
+    Ok(ok(json!({ "status": status, "timestamp": now(&engine) })))
+}
+
+async fn send_event(
+    State(engine): State<Engine>,
+    Path((_, name, id, event_type)): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> CfResult<Response> {
+    let payload = crate::actions::event_payload(&headers, &body)?;
+    cairn::EventType::new(event_type.as_str()).map_err(cairn::Error::from)?;
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    instance.send_event(&event_type, &payload).await?;
+    Ok(ok(json!({ "instanceId": id, "timestamp": now(&engine) })))
+}
+
+fn now(engine: &Engine) -> String {
+    engine.clock().now().to_rfc3339()
+}
