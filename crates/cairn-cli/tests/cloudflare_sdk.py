@@ -7,6 +7,7 @@ CAIRN_ACCOUNT set. Each result is checked through Cairn's own API; any failure r
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 
 import cloudflare
@@ -22,6 +23,19 @@ def api(path):
     request = urllib.request.Request(API + path, headers={"Authorization": "Bearer " + TOKEN})
     with urllib.request.urlopen(request) as answer:
         return json.load(answer)
+
+
+def raw(method, path, body, content_type="application/json"):
+    """A request to Cloudflare's routes without the SDK: the status and the headers."""
+    request = urllib.request.Request(
+        URL + path, data=body.encode(), method=method,
+        headers={"Authorization": "Bearer " + TOKEN, "Content-Type": content_type},
+    )
+    try:
+        with urllib.request.urlopen(request) as answer:
+            return answer.status, answer.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers
 
 
 def until(workflow, id, status):
@@ -82,6 +96,9 @@ assert [s.name for s in desc.steps] == ["deliver greeting", "compose greeting"]
 # The step route: a step's full output.
 out = inst.step("p1", account_id=ACCOUNT, workflow_name="greet", name="compose greeting-1", type="step")
 assert out.status == "complete" and out.output == "Hello, Py!", out
+first_attempt = inst.step("p1", account_id=ACCOUNT, workflow_name="greet", name="compose greeting", type="step", attempt=1)
+assert first_attempt.status == "complete" and first_attempt.output == "Hello, Py!", first_attempt
+fails(lambda: inst.step("p1", account_id=ACCOUNT, workflow_name="greet", name="nope", type="step"), cloudflare.NotFoundError, 10002)
 
 # List: a status filter, pages of two (the SDK asks for page 2, 3, … until one is empty),
 # and a date range with nothing in it.
@@ -90,6 +107,15 @@ assert sorted(listed) == ["b1", "b2", "p1", "p2"], listed
 assert listed == ["b2", "b1", "p2", "p1"], "newest first"
 assert [i.id for i in inst.list("greet", account_id=ACCOUNT, status="errored")] == []
 assert list(inst.list("greet", account_id=ACCOUNT, date_start="2999-01-01T00:00:00Z")) == []
+# A range with both ends on rows: both ends are in it (inclusive), the SDK's +00:00 form too.
+rows = inst.list("greet", account_id=ACCOUNT, per_page=4)
+assert [r.id for r in rows.result] == ["b2", "b1", "p2", "p1"] and not rows.result_info.cursor, "the last page has no cursor"
+newest, oldest = rows.result[0].created_on, rows.result[3].created_on
+ranged = [i.id for i in inst.list("greet", account_id=ACCOUNT, date_start=oldest, date_end=newest)]
+assert ranged == ["b2", "b1", "p2", "p1"], ranged
+assert [i.id for i in inst.list("greet", account_id=ACCOUNT, date_end=oldest)] == [
+    r.id for r in rows.result if r.created_on <= oldest
+]
 first = inst.list("greet", account_id=ACCOUNT, per_page=1)
 assert first.result[0].id == "b2" and first.result[0].created_on, first.result
 assert first.result_info.cursor, "more instances follow: a cursor"
@@ -123,10 +149,20 @@ fails(lambda: wf.get("nope", account_id=ACCOUNT), cloudflare.NotFoundError, 1020
 fails(lambda: wf.get("greet", account_id="someone-else"), cloudflare.NotFoundError, 7003)
 bad = Cloudflare(api_token="wrong", base_url=URL, max_retries=0)
 fails(lambda: bad.workflows.get("greet", account_id=ACCOUNT), cloudflare.AuthenticationError, 9109)
-retrying = Cloudflare(api_token=TOKEN, base_url=URL)  # the SDK's default: retries 409s
-began = time.time()
-fails(lambda: retrying.workflows.instances.create("greet", account_id=ACCOUNT, instance_id="p1"), cloudflare.ConflictError, 10002)
-assert time.time() - began < 0.4, "a duplicate id is not retried"
+fails(lambda: inst.create("greet", account_id=ACCOUNT, instance_id="p1"), cloudflare.ConflictError, 10002)
+# The SDK retries a 409 (POST too) unless told not to.
+status, headers = raw("POST", f"/accounts/{ACCOUNT}/workflows/greet/instances", '{"instance_id": "p1"}')
+assert status == 409 and headers["x-should-retry"] == "false", (status, dict(headers))
+# A body that is not declared JSON (what a web page can send cross-site) is refused.
+status, _ = raw("POST", f"/accounts/{ACCOUNT}/workflows/greet/instances", '{"instance_id": "csrf"}', "text/plain")
+assert status == 415, status
+fails(lambda: inst.get("csrf", account_id=ACCOUNT, workflow_name="greet"), cloudflare.NotFoundError, 10400)
+# An array is not a status change.
+status, _ = raw("PATCH", f"/accounts/{ACCOUNT}/workflows/greet/instances/p1/status", '["pause", null, null]')
+assert status == 400, status
+# Bad input in a batch fails it whole: nothing is created.
+fails(lambda: list(inst.bulk("greet", account_id=ACCOUNT, body=[{"instance_id": "ok1"}, {"instance_id": "bad id!"}])), cloudflare.BadRequestError, 10002)
+fails(lambda: inst.get("ok1", account_id=ACCOUNT, workflow_name="greet"), cloudflare.NotFoundError, 10400)
 fails(lambda: inst.create("greet", account_id=ACCOUNT, instance_id="bad id!"), cloudflare.BadRequestError, 10002)
 
 # Deleting a workflow deletes its instances; its code stays registered.

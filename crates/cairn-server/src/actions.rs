@@ -78,12 +78,12 @@ pub(crate) async fn change_status(
     Ok(())
 }
 
-/// An event's payload from a request body: no body is `null`; a body must be declared
-/// JSON, since a browser sends `text/plain` cross-site without asking, so accepting it
-/// would let any web page send events to a server without a token.
-pub(crate) fn event_payload(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+/// A JSON body, or `None` when there is none. A body must be declared JSON: a browser
+/// sends `text/plain` (and form encodings) cross-site without asking, so accepting those
+/// would let any web page act on a server without a token.
+pub(crate) fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<Option<Value>, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Value::Null);
+        return Ok(None);
     }
     let json = headers
         .get(axum::http::header::CONTENT_TYPE)
@@ -95,9 +95,24 @@ pub(crate) fn event_payload(headers: &HeaderMap, body: &[u8]) -> Result<Value, A
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "request.unsupported_media_type",
-            "an event payload must be sent as application/json",
+            "a request body must be sent as application/json",
         ));
     }
     serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the event payload is not JSON: {e}")))
+        .map(Some)
+        .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))
+}
+
+/// An event's payload from a request body: no body is `null` (see [`json_body`]).
+pub(crate) fn event_payload(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    json_body(headers, body).map(Option::unwrap_or_default)
+}
+
+/// A request object of type `T` from a JSON value: an array is refused (serde would read
+/// it positionally, bypassing field names), as `cairn::json::Object` does for `/api`.
+pub(crate) fn object<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::bad_request(e.to_string()))
 }

@@ -32,22 +32,27 @@ impl ApiError {
     }
 }
 
+/// The HTTP status of one of the engine's error codes.
+pub(crate) fn status_of_code(code: &str) -> StatusCode {
+    match code {
+        "instance.not_found" | "workflow.not_found" => StatusCode::NOT_FOUND,
+        "instance.already_exists"
+        | "instance.cannot_terminate"
+        | "instance.cannot_pause"
+        | "instance.cannot_resume"
+        | "instance.cannot_delete"
+        | "instance.finished" => StatusCode::CONFLICT,
+        "payload.too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+        "params.invalid" | "instance.cannot_restart" => StatusCode::UNPROCESSABLE_ENTITY,
+        "store.unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+        "internal" | "engine.config" => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
 impl From<cairn::Error> for ApiError {
     fn from(e: cairn::Error) -> Self {
-        let status = match e.code() {
-            "instance.not_found" | "workflow.not_found" => StatusCode::NOT_FOUND,
-            "instance.already_exists"
-            | "instance.cannot_terminate"
-            | "instance.cannot_pause"
-            | "instance.cannot_resume"
-            | "instance.cannot_delete"
-            | "instance.finished" => StatusCode::CONFLICT,
-            "payload.too_large" => StatusCode::PAYLOAD_TOO_LARGE,
-            "params.invalid" | "instance.cannot_restart" => StatusCode::UNPROCESSABLE_ENTITY,
-            "store.unavailable" => StatusCode::SERVICE_UNAVAILABLE,
-            "internal" | "engine.config" => StatusCode::INTERNAL_SERVER_ERROR,
-            _ => StatusCode::BAD_REQUEST,
-        };
+        let status = status_of_code(e.code());
         // An id or name the caller sent may be echoed in the message: never 10 kB of it.
         ApiError::new(status, e.code(), clip_to(&e.to_string(), 1_000))
     }

@@ -106,6 +106,7 @@ fn build(
         .layer(axum::Extension(cloudflare::Config {
             account_id,
             started: engine.clock().now(),
+            jobs: cloudflare::Jobs::default(),
         }));
     let routes = match metrics {
         Some(metrics) => routes::routes().route(

@@ -12,7 +12,6 @@ mod shapes;
 
 use std::collections::HashMap;
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -36,7 +35,50 @@ pub(crate) struct Config {
     /// The only account id accepted in the path; any, when `None`.
     pub(crate) account_id: Option<String>,
     pub(crate) started: Timestamp,
+    /// The background jobs running (terminate-all, workflow delete), by job and workflow:
+    /// one of each per workflow at a time.
+    pub(crate) jobs: Jobs,
 }
+
+/// The set of background jobs running; a [`Job`] leaves it when dropped, also when its
+/// task panics or is dropped with the runtime.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Jobs(std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+
+pub(crate) struct Job {
+    jobs: Jobs,
+    key: String,
+}
+
+impl Jobs {
+    /// Starts job `key`; `None` when it runs already.
+    fn start(&self, key: String) -> Option<Job> {
+        let mut running = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        running.insert(key.clone()).then(|| Job {
+            jobs: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.jobs
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.key);
+    }
+}
+
+/// Most rows a listing may skip to reach a page number: past it, follow the cursor.
+const MAX_SKIP: usize = 10_000;
+/// Most rows one listing request looks at (a date filter far from the newest rows): past
+/// it, the page ends early with a cursor to continue.
+const MAX_SCAN: usize = 100_000;
 
 /// The largest page (Cloudflare's limit).
 const MAX_PER_PAGE: usize = 100;
@@ -44,9 +86,9 @@ const MAX_PER_PAGE: usize = 100;
 const DEFAULT_PER_PAGE: usize = 50;
 
 pub(crate) fn routes() -> Router<Engine> {
-    let base = "/client/v4/accounts/{account}/workflows";
+    let base = format!("{PREFIX}/accounts/{{account}}/workflows");
     Router::new()
-        .route(base, get(list_workflows))
+        .route(&base, get(list_workflows))
         .route(
             &format!("{base}/{{name}}"),
             get(get_workflow).put(put_workflow).delete(delete_workflow),
@@ -173,7 +215,8 @@ pub(crate) async fn check_account(
         config.account_id.as_deref(),
         req.uri()
             .path()
-            .strip_prefix("/client/v4/accounts/")
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.strip_prefix("/accounts/"))
             .and_then(|rest| rest.split('/').next()),
     ) && given != expected
     {
@@ -262,11 +305,11 @@ async fn list_workflows(
     for name in names.iter().skip((page - 1) * per_page).take(per_page) {
         result.push(shapes::workflow(&workflow(&engine, name)?, &config).await?);
     }
-    let total = names.len();
+    let (total, count) = (names.len(), result.len());
     Ok(ok_list(
-        result.clone(),
+        result,
         json!({
-            "page": page, "per_page": per_page, "count": result.len(),
+            "page": page, "per_page": per_page, "count": count,
             "total_count": total, "total_pages": total.div_ceil(per_page),
         }),
     ))
@@ -310,31 +353,42 @@ async fn put_workflow(
 }
 
 /// `DELETE`: deletes every instance of the workflow (in the background, as Cloudflare's
-/// does); its code stays registered, so new instances can be created at once.
+/// does); its code stays registered, so new instances can be created at once. A delete
+/// that finds ids it cannot delete stops there (the next `DELETE` tries again).
 async fn delete_workflow(
     State(engine): State<Engine>,
+    Extension(config): Extension<Config>,
     Path((_, name)): Path<(String, String)>,
 ) -> CfResult<Response> {
     let workflow = workflow(&engine, &name)?;
+    let Some(job) = config.jobs.start(format!("delete {name}")) else {
+        return Ok(ok(json!({ "status": "ok", "success": true })));
+    };
     tokio::spawn(async move {
+        let _job = job;
         loop {
-            let page = match workflow
+            let listed = workflow
                 .list(&cairn::ListOptions::default().limit(100))
-                .await
-            {
+                .await;
+            let page = match listed {
+                Ok(page) if page.instances.is_empty() => return,
                 Ok(page) => page,
                 Err(e) => {
                     tracing::warn!(workflow = %workflow.name(), error = %e, "deleting the workflow's instances failed");
                     return;
                 }
             };
-            if page.instances.is_empty() {
-                return;
-            }
             let ids: Vec<&str> = page.instances.iter().map(|i| i.id.as_str()).collect();
-            if let Err(e) = workflow.delete_batch(&ids).await {
-                tracing::warn!(workflow = %workflow.name(), error = %e, "deleting the workflow's instances failed");
-                return;
+            match workflow.delete_batch(&ids).await {
+                Ok(done) if done.errors.is_empty() => {}
+                Ok(done) => {
+                    tracing::warn!(workflow = %workflow.name(), failed = done.errors.len(), "some instances could not be deleted; stopping");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(workflow = %workflow.name(), error = %e, "deleting the workflow's instances failed");
+                    return;
+                }
             }
         }
     });
@@ -357,9 +411,10 @@ async fn list_versions(
     } else {
         Vec::new()
     };
+    let count = result.len();
     Ok(ok_list(
-        result.clone(),
-        json!({ "page": page, "per_page": per_page, "count": result.len(), "total_count": 1, "total_pages": 1 }),
+        result,
+        json!({ "page": page, "per_page": per_page, "count": count, "total_count": 1, "total_pages": 1 }),
     ))
 }
 
@@ -442,25 +497,24 @@ impl CreateBody {
     }
 }
 
+/// A request object, or `T::default()` when there is no body (every field is optional).
 fn parse_body<T: serde::de::DeserializeOwned + Default>(
-    payload: Result<Json<Value>, JsonRejection>,
+    headers: &HeaderMap,
+    body: &[u8],
 ) -> CfResult<T> {
-    match payload {
-        Ok(Json(value)) => {
-            serde_json::from_value(value).map_err(|e| ApiError::bad_request(e.to_string()))
-        }
-        // No body at all: every field is optional.
-        Err(JsonRejection::MissingJsonContentType(_)) => Ok(T::default()),
-        Err(e) => Err(ApiError::bad_request(e.body_text())),
+    match crate::actions::json_body(headers, body)? {
+        None => Ok(T::default()),
+        Some(value) => crate::actions::object(value),
     }
 }
 
 async fn create_instance(
     State(engine): State<Engine>,
     Path((_, name)): Path<(String, String)>,
-    payload: Result<Json<Value>, JsonRejection>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
 ) -> CfResult<Response> {
-    let body: CreateBody = parse_body(payload)?;
+    let body: CreateBody = parse_body(&headers, &body)?;
     let workflow = workflow(&engine, &name)?;
     let instance = workflow.create(body.options()?).await?;
     let status = instance.status().await?.status;
@@ -470,38 +524,40 @@ async fn create_instance(
 async fn bulk_create(
     State(engine): State<Engine>,
     Path((_, name)): Path<(String, String)>,
-    payload: Result<Json<Value>, JsonRejection>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
 ) -> CfResult<Response> {
-    let entries: Vec<Value> = match payload {
-        Ok(Json(Value::Array(entries))) => entries,
-        Ok(_) => {
-            return Err(ApiError::bad_request(
-                "the body must be an array of instances",
-            ));
-        }
-        Err(e) => return Err(ApiError::bad_request(e.body_text())),
+    let Some(Value::Array(entries)) = crate::actions::json_body(&headers, &body)? else {
+        return Err(ApiError::bad_request(
+            "the body must be an array of instances",
+        ));
     };
     let workflow = workflow(&engine, &name)?;
     let mut batch = Vec::with_capacity(entries.len());
     for entry in entries {
-        let body: CreateBody =
-            serde_json::from_value(entry).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        batch.push(body.options()?);
+        let options = crate::actions::object::<CreateBody>(entry)?.options()?;
+        // Bad input fails the whole request, before anything is created.
+        if let Some(id) = &options.id {
+            cairn::InstanceId::new(id.as_str()).map_err(cairn::Error::from)?;
+        }
+        batch.push(options);
     }
     let result = workflow.create_batch_detailed(batch).await?;
-    let mut created = Vec::with_capacity(result.created.len());
-    for instance in &result.created {
-        created.push(shapes::created(
-            &name,
-            instance.id().as_str(),
-            InstanceStatus::Queued,
-        ));
-    }
+    let created: Vec<Value> = result
+        .created
+        .iter()
+        .map(|i| shapes::created(&name, i.id().as_str(), InstanceStatus::Queued))
+        .collect();
     // Cloudflare skips ids that exist; Cairn says which it skipped, as messages.
     let messages: Vec<Value> = result
         .errors
         .iter()
-        .map(|e| json!({ "code": numeric_code(&e.code, StatusCode::CONFLICT), "message": format!("{}: {} (entry {})", e.code, e.message, e.index) }))
+        .map(|e| {
+            json!({
+                "code": numeric_code(&e.code, StatusCode::CONFLICT),
+                "message": format!("{}: {} (entry {})", e.code, e.message, e.index),
+            })
+        })
         .collect();
     Ok(
         Json(json!({ "success": true, "errors": [], "messages": messages, "result": created }))
@@ -518,9 +574,10 @@ struct DeleteBody {
 async fn bulk_delete(
     State(engine): State<Engine>,
     Path((_, name)): Path<(String, String)>,
-    payload: Result<Json<Value>, JsonRejection>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
 ) -> CfResult<Response> {
-    let body: DeleteBody = parse_body(payload)?;
+    let body: DeleteBody = parse_body(&headers, &body)?;
     let ids: Vec<&str> = body.instances.iter().map(String::as_str).collect();
     let result = workflow(&engine, &name)?.delete_batch(&ids).await?;
     let deleted: Vec<Value> = result
@@ -534,7 +591,7 @@ async fn bulk_delete(
         .map(|e| {
             json!({
                 "id": e.id.clone().or_else(|| body.instances.get(e.index).cloned()),
-                "code": numeric_code(&e.code, StatusCode::BAD_REQUEST),
+                "code": numeric_code(&e.code, crate::error::status_of_code(&e.code)),
                 "message": format!("{}: {}", e.code, e.message),
             })
         })
@@ -544,67 +601,62 @@ async fn bulk_delete(
 
 /// `PUT …/instances/terminate[?status=S]`: terminates every unfinished instance (or those
 /// in status S) in the background and answers at once, as Cloudflare's job does; a second
-/// request while one runs answers `already_running`.
+/// request while one runs answers `already_running`. One walk over the listing, newest
+/// first: an instance that changes status meanwhile is still met once.
 async fn terminate_all(
     State(engine): State<Engine>,
+    Extension(config): Extension<Config>,
     Path((_, name)): Path<(String, String)>,
     q: Queried,
 ) -> CfResult<Response> {
-    static RUNNING: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let q = query(q)?;
-    let only = match q.get("status") {
-        Some(s) => Some(s.parse::<InstanceStatus>().map_err(ApiError::bad_request)?),
-        None => None,
-    };
+    let only = status_filter(&q)?;
     if only.is_some_and(InstanceStatus::is_terminal) {
         return Err(ApiError::bad_request(
             "status must be an unfinished one: queued, running, paused, waitingForPause or waiting",
         ));
     }
     let workflow = workflow(&engine, &name)?;
-    {
-        let mut running = RUNNING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if running.contains(&name) {
-            return Ok(ok(json!({ "status": "already_running" })));
-        }
-        running.push(name.clone());
-    }
+    let Some(job) = config.jobs.start(format!("terminate {name}")) else {
+        return Ok(ok(json!({ "status": "already_running" })));
+    };
     tokio::spawn(async move {
-        let statuses: Vec<InstanceStatus> = match only {
-            Some(s) => vec![s],
-            None => InstanceStatus::ALL
-                .into_iter()
-                .filter(|s| !s.is_terminal())
-                .collect(),
-        };
-        for status in statuses {
-            let mut cursor = None;
-            loop {
-                let mut options = cairn::ListOptions::default().status(status).limit(100);
-                options.cursor = cursor.take();
-                let Ok(page) = workflow.list(&options).await else {
-                    break;
-                };
-                for summary in &page.instances {
-                    if let Ok(instance) = workflow.get(summary.id.as_str()).await {
-                        // One that finished meanwhile cannot be terminated: fine.
-                        let _ = instance.terminate().await;
-                    }
+        let _job = job;
+        let mut cursor = None;
+        loop {
+            let mut options = cairn::ListOptions::default().limit(100);
+            options.status = only;
+            options.cursor = cursor.take();
+            let page = match workflow.list(&options).await {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::warn!(workflow = %workflow.name(), error = %e, "terminating the workflow's instances failed");
+                    return;
                 }
-                match page.cursor {
-                    Some(next) => cursor = Some(next),
-                    None => break,
+            };
+            for row in page.instances.iter().filter(|r| !r.status.is_terminal()) {
+                if let Ok(instance) = workflow.get(row.id.as_str()).await {
+                    // One that finished meanwhile cannot be terminated: fine.
+                    let _ = instance.terminate().await;
                 }
             }
+            match page.cursor {
+                Some(next) => cursor = Some(next),
+                None => return,
+            }
         }
-        RUNNING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|n| *n != name);
     });
     Ok(ok(json!({ "status": "ok" })))
+}
+
+/// The `status` filter of a query, if any.
+fn status_filter(q: &HashMap<String, String>) -> CfResult<Option<InstanceStatus>> {
+    match q.get("status").filter(|s| !s.is_empty()) {
+        Some(s) => Ok(Some(
+            s.parse::<InstanceStatus>().map_err(ApiError::bad_request)?,
+        )),
+        None => Ok(None),
+    }
 }
 
 /// `GET …/instances`: newest first. wrangler follows `result_info.cursor`; the Python SDK
@@ -620,28 +672,44 @@ async fn list_instances(
     let workflow = workflow(&engine, &name)?;
     let per_page = per_page(&q)?;
     let page = whole(&q, "page")?.unwrap_or(1);
-    if q.get("direction").is_some_and(|d| d == "asc") {
-        return Err(ApiError::bad_request(
-            "direction=asc is not supported: Cairn lists instances newest first",
-        ));
+    match q.get("direction").map(String::as_str) {
+        None | Some("" | "desc") => {}
+        Some("asc") => {
+            return Err(ApiError::bad_request(
+                "direction=asc is not supported: Cairn lists instances newest first",
+            ));
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "direction must be desc, not {:?}",
+                crate::error::clip(other)
+            )));
+        }
     }
-    let status = match q.get("status").filter(|s| !s.is_empty()) {
-        Some(s) => Some(s.parse::<InstanceStatus>().map_err(ApiError::bad_request)?),
-        None => None,
-    };
+    let status = status_filter(&q)?;
     let (start, end) = (time(&q, "date_start")?, time(&q, "date_end")?);
     if let (Some(s), Some(e)) = (start, end)
         && s > e
     {
         return Err(ApiError::bad_request("date_start is after date_end"));
     }
-    // Walk the listing from the cursor, skipping `page - 1` pages of matching rows. A
-    // page that fills up ends with the cursor after its last row when more rows follow
-    // (the next page may still turn out empty under a date filter).
-    let skip = (page - 1) * per_page;
+    let skip = (page - 1)
+        .checked_mul(per_page)
+        .filter(|n| *n <= MAX_SKIP)
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "page {page} of {per_page} is past the {MAX_SKIP} rows a page number may skip: follow result_info.cursor instead"
+            ))
+        })?;
+    // Walk the listing from the cursor: skip `skip` matching rows, keep `per_page`. A
+    // page that fills up ends with the cursor after its last row when more rows may
+    // follow; one that looked at MAX_SCAN rows ends early with the cursor after the last
+    // row it looked at.
+    let mut skipped = 0;
     let mut matched = Vec::new();
     let mut cursor = q.get("cursor").filter(|c| !c.is_empty()).cloned();
-    let mut more = false;
+    let mut next = None;
+    let mut scanned = 0;
     'walk: loop {
         let mut options = cairn::ListOptions::default().limit(per_page.max(50));
         options.status = status;
@@ -649,16 +717,26 @@ async fn list_instances(
         let listed = workflow.list(&options).await?;
         let rows = listed.instances.len();
         for (i, row) in listed.instances.into_iter().enumerate() {
-            if end.is_some_and(|e| row.created > e) {
-                continue;
-            }
+            scanned += 1;
+            let more = i + 1 < rows || listed.cursor.is_some();
             // Newest first: past the start, nothing older can match.
             if start.is_some_and(|s| row.created < s) {
                 break 'walk;
             }
-            matched.push(row);
-            if matched.len() == skip + per_page {
-                more = i + 1 < rows || listed.cursor.is_some();
+            if end.is_none_or(|e| row.created <= e) {
+                if skipped < skip {
+                    skipped += 1;
+                } else {
+                    matched.push(row);
+                    if matched.len() == per_page {
+                        next = more.then(|| matched[matched.len() - 1].cursor());
+                        break 'walk;
+                    }
+                    continue;
+                }
+            }
+            if scanned >= MAX_SCAN {
+                next = more.then(|| row.cursor());
                 break 'walk;
             }
         }
@@ -667,14 +745,8 @@ async fn list_instances(
             None => break,
         }
     }
-    let next = if more {
-        matched.last().map(cairn::InstanceSummary::cursor)
-    } else {
-        None
-    };
     let result: Vec<Value> = matched
         .iter()
-        .skip(skip)
         .map(|row| shapes::listed(&name, row))
         .collect();
     let total = match (status, start, end) {
@@ -688,10 +760,11 @@ async fn list_instances(
             Some(n)
         }
     };
+    let count = result.len();
     Ok(ok_list(
-        result.clone(),
+        result,
         json!({
-            "page": page, "per_page": per_page, "count": result.len(),
+            "page": page, "per_page": per_page, "count": count,
             "total_count": total, "cursor": next,
         }),
     ))
@@ -703,9 +776,6 @@ async fn get_instance(
     q: Queried,
 ) -> CfResult<Response> {
     let q = query(q)?;
-    let instance = workflow(&engine, &name)?.get(&id).await?;
-    let details = instance.details().await?;
-    let status = instance.status().await?;
     let descending = match q.get("order").map(String::as_str) {
         None | Some("" | "asc") => false,
         Some("desc") => true,
@@ -717,6 +787,9 @@ async fn get_instance(
         }
     };
     let simple = q.get("simple").is_some_and(|s| s == "true");
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    let details = instance.details().await?;
+    let status = instance.status().await?;
     Ok(ok(shapes::details(
         &name,
         &details,
@@ -761,13 +834,16 @@ async fn step_output(
 async fn change_status(
     State(engine): State<Engine>,
     Path((_, name, id)): Path<(String, String, String)>,
-    payload: Result<Json<Value>, JsonRejection>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
 ) -> CfResult<Response> {
-    let request: crate::actions::StatusChange = match payload {
-        Ok(Json(value)) => {
-            serde_json::from_value(value).map_err(|e| ApiError::bad_request(e.to_string()))?
+    let request: crate::actions::StatusChange = match crate::actions::json_body(&headers, &body)? {
+        Some(value) => crate::actions::object(value)?,
+        None => {
+            return Err(ApiError::bad_request(
+                "the body must say the status: {\"status\": \"pause\"}",
+            ));
         }
-        Err(e) => return Err(ApiError::bad_request(e.body_text())),
     };
     let instance = workflow(&engine, &name)?.get(&id).await?;
     crate::actions::change_status(&instance, request).await?;

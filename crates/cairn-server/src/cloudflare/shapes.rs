@@ -138,6 +138,8 @@ fn step(step: &StepDetails) -> Value {
         "sleep" => json!({
             "type": "sleep",
             "name": step.name,
+            // Which occurrence of the name (the step route takes `name-count`).
+            "count": step.count,
             "start": time(step.start),
             // Cloudflare gives a sleep's end while it sleeps: when it wakes.
             "end": time_opt(step.end.or(step.until)),
@@ -147,6 +149,7 @@ fn step(step: &StepDetails) -> Value {
         "waitForEvent" => json!({
             "type": "waitForEvent",
             "name": step.name,
+            "count": step.count,
             "start": time(step.start),
             "end": time_opt(step.end.or(step.until)),
             "finished": step.end.is_some(),
@@ -156,6 +159,7 @@ fn step(step: &StepDetails) -> Value {
         kind => json!({
             "type": if kind == "rollback" { "rollback" } else { "step" },
             "name": step.name,
+            "count": step.count,
             "start": time(step.start),
             "end": time_opt(step.end),
             "success": step.success,
@@ -180,10 +184,10 @@ pub(super) fn details(
     simple: bool,
 ) -> Value {
     let mut steps: Vec<Value> = d.steps.iter().map(step).collect();
+    let step_count = steps.len();
     if d.status == InstanceStatus::Terminated {
         steps.push(json!({ "type": "termination", "trigger": { "source": "api" } }));
     }
-    let step_count = steps.len();
     if descending {
         steps.reverse();
     }
