@@ -125,6 +125,10 @@ enum WorkflowsCommand {
         /// The instance id (generated when omitted).
         #[arg(long)]
         id: Option<String>,
+        /// Wait until the instance has finished and print its status and output; with a
+        /// duration (`--wait 5m`), for at most that long.
+        #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever")]
+        wait: Option<String>,
     },
 }
 
@@ -452,26 +456,99 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
                 client::table(&["STATUS", "INSTANCES"], &counts);
             });
         }
-        WorkflowsCommand::Trigger { name, params, id } => {
+        WorkflowsCommand::Trigger {
+            name,
+            params,
+            id,
+            wait,
+        } => {
             let params = match params {
                 Some(p) => client::parse_json("PARAMS", &p)?,
                 None => client::empty_object(),
             };
+            let deadline = match wait.as_deref() {
+                None => None,
+                Some("forever") => Some(None),
+                Some(d) => Some(Some(
+                    std::time::Instant::now()
+                        + humantime::parse_duration(d)
+                            .ok()
+                            .or_else(|| cairn::parse_duration(d).ok())
+                            .ok_or_else(|| {
+                                format!(
+                                    "--wait {d:?} is not a duration (e.g. --wait 30s, --wait 5m)"
+                                )
+                            })?,
+                )),
+            };
+            // Each request waits at most this long (the server's limit is 60 s); past it,
+            // the CLI asks again until the instance has finished or the deadline passes.
+            let step = std::time::Duration::from_secs(50);
+            let round = |deadline: Option<std::time::Instant>| {
+                let left = deadline.map_or(step, |d| {
+                    d.saturating_duration_since(std::time::Instant::now())
+                        .min(step)
+                });
+                format!("{}ms", left.as_millis().max(1))
+            };
+            let path = format!("/api/workflows/{}/instances", client::seg(&name));
             let body = json!({ "instance_id": id, "params": params });
-            let v = c.call(
-                "POST",
-                &format!("/api/workflows/{}/instances", client::seg(&name)),
-                Some(&body),
-            )?;
+            let mut v = match deadline {
+                None => c.call("POST", &path, Some(&body))?,
+                Some(d) => c.call("POST", &format!("{path}?wait={}", round(d)), Some(&body))?,
+            };
+            if let Some(d) = deadline {
+                let id = client::text(&v["id"]);
+                while !finished(&v) && d.is_none_or(|d| std::time::Instant::now() < d) {
+                    v = c.call(
+                        "GET",
+                        &format!("{path}/{}/wait?timeout={}", client::seg(&id), round(d)),
+                        None,
+                    )?;
+                }
+            }
             print(json, &v, || {
-                out!(
-                    "🚀 Workflow instance {:?} has been queued successfully",
-                    client::text(&v["id"])
-                );
+                let id = client::text(&v["id"]);
+                match (deadline, v["status"].as_str()) {
+                    (None, _) => out!("🚀 Workflow instance {id:?} has been queued successfully"),
+                    (Some(_), Some("complete")) => {
+                        out!("✅ Workflow instance {id:?} completed");
+                        out!(
+                            "{}",
+                            serde_json::to_string_pretty(&v["output"]).unwrap_or_default()
+                        );
+                    }
+                    (Some(_), Some(status)) if finished(&v) => {
+                        out!("❌ Workflow instance {id:?} is {status}");
+                        if !v["error"].is_null() {
+                            out!(
+                                "{}: {}",
+                                client::text(&v["error"]["name"]),
+                                client::text(&v["error"]["message"])
+                            );
+                        }
+                    }
+                    (Some(_), status) => out!(
+                        "⏳ Workflow instance {id:?} is still {} (the wait is over)",
+                        status.unwrap_or("unknown")
+                    ),
+                }
             });
+            // A script can tell: 0 complete, 1 failed or still running.
+            if deadline.is_some() && v["status"] != "complete" {
+                std::process::exit(1);
+            }
         }
     }
     Ok(())
+}
+
+/// Whether a status answer is a finished instance's.
+fn finished(v: &Value) -> bool {
+    matches!(
+        v["status"].as_str(),
+        Some("complete" | "errored" | "terminated")
+    )
 }
 
 fn change_status(

@@ -712,3 +712,44 @@ fn serve_without_the_otel_feature_refuses_the_flag_but_not_the_environment() {
         "{text}"
     );
 }
+
+/// `trigger --wait` prints the output of a finished instance and exits 0; with a wait that
+/// runs out first it says so and exits 1 (a script can tell).
+#[test]
+fn trigger_wait_prints_the_output_or_says_it_is_still_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    let (ok, out, err) = cairn(
+        port,
+        &[
+            "workflows",
+            "trigger",
+            "greet",
+            r#"{"name": "Ada"}"#,
+            "--wait",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("completed") && out.contains("\"Hello, Ada!\""),
+        "{out}"
+    );
+    let (ok, out, err) = cairn(
+        port,
+        &[
+            "workflows",
+            "trigger",
+            "approval",
+            "--id",
+            "slow",
+            "--wait",
+            "300ms",
+        ],
+    );
+    assert!(!ok, "{out}{err}");
+    assert!(out.contains("is still") && out.contains("slow"), "{out}");
+    let v = json_of(port, &["workflows", "trigger", "greet", "--wait"]);
+    assert_eq!(v["status"], "complete", "{v}");
+    assert_eq!(v["output"], "Hello, world!", "{v}");
+}

@@ -17,7 +17,7 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
     (
         "post",
         "/api/workflows/{name}/instances",
-        "Create an instance {instance_id?, params?}",
+        "Create an instance {instance_id?, params?}; with ?wait=30s, answer once it has finished (create and wait in one request)",
     ),
     (
         "get",
@@ -56,6 +56,11 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
     ),
     (
         "get",
+        "/api/workflows/{name}/instances/{id}/wait",
+        "Long poll: answers when the instance has finished, or at the timeout, with its status and output",
+    ),
+    (
+        "get",
         "/api/workflows/{name}/instances/{id}/stream",
         "Server-Sent Events: the event log, then live records (Last-Event-ID or cursor)",
     ),
@@ -81,9 +86,22 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
         ("get", "/api/workflows") => (vec![], None, ("200", schema("WorkflowList"))),
         ("get", "/api/workflows/{name}") => (vec![], None, ("200", schema("Workflow"))),
         ("post", "/api/workflows/{name}/instances") => (
-            vec![],
+            vec![query(
+                "wait",
+                "Wait up to this long (30s, 2m, 500ms; at most 60 s) for the instance to finish; the answer then has its output or error",
+                json!({ "type": "string" }),
+            )],
             body(schema("CreateInstance")),
-            ("201", schema("Created")),
+            ("201", schema("Settled")),
+        ),
+        ("get", "/api/workflows/{name}/instances/{id}/wait") => (
+            vec![query(
+                "timeout",
+                "How long to wait (30s, 2m, 500ms; default 30 s, at most 60 s)",
+                json!({ "type": "string" }),
+            )],
+            None,
+            ("200", schema("Settled")),
         ),
         ("get", "/api/workflows/{name}/instances") => (
             vec![
@@ -191,6 +209,17 @@ fn schemas() -> Value {
             "properties": {
                 "instance_id": { "type": "string", "description": "Generated when omitted" },
                 "params": { "description": "Any JSON (default {})" },
+            },
+        },
+        "Settled": {
+            "type": "object",
+            "description": "An instance's status after a wait: finished (complete, errored, terminated) or not yet",
+            "properties": {
+                "id": { "type": "string" },
+                "status": { "$ref": "#/components/schemas/Status" },
+                "output": { "description": "When complete" },
+                "error": { "type": "object", "nullable": true, "properties": { "name": { "type": "string" }, "message": { "type": "string" } } },
+                "rollback": { "type": "object", "nullable": true },
             },
         },
         "Created": {

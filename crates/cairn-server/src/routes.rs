@@ -30,6 +30,10 @@ pub(crate) fn routes() -> Router<Engine> {
             post(delete_batch),
         )
         .route("/api/workflows/{name}/instances/{id}/stream", get(stream))
+        .route(
+            "/api/workflows/{name}/instances/{id}/wait",
+            get(wait_instance),
+        )
         .route("/api/workflows/{name}/stream", get(workflow_stream))
         .route(
             "/api/workflows/{name}/instances",
@@ -101,21 +105,110 @@ struct CreateBody {
     params: Option<Value>,
 }
 
+/// `?wait=30s`: how long a create (or `GET …/wait?timeout=`) waits for the instance to
+/// finish. Unknown keys are ignored, as on every query.
+#[derive(Deserialize)]
+struct WaitQuery {
+    wait: Option<String>,
+    timeout: Option<String>,
+}
+
+/// The longest one request waits for an instance to finish; a client that wants to wait
+/// longer asks again (`cairn workflows trigger --wait` does).
+pub(crate) const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A wait from a query value: a duration (`30s`, `2 minutes`, milliseconds), at most
+/// [`MAX_WAIT`].
+fn wait_for(value: Option<&str>) -> ApiResult<Option<std::time::Duration>> {
+    let Some(text) = value.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    // `30s`, `2m`, `500ms` (humantime), or Cloudflare's `30 seconds` / milliseconds.
+    let wait = humantime::parse_duration(text)
+        .ok()
+        .or_else(|| cairn::parse_duration(text).ok())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "the wait must be a duration such as 30s, 2m or 500ms, not {:?}",
+                crate::error::clip(text)
+            ))
+        })?;
+    if wait > MAX_WAIT {
+        return Err(ApiError::bad_request(format!(
+            "the wait is at most {} s per request; ask again to wait longer",
+            MAX_WAIT.as_secs()
+        )));
+    }
+    Ok(Some(wait))
+}
+
+/// Waits up to `wait` (wall clock) for `instance` to finish, or until the server begins
+/// to shut down, and answers its status then: `{id, status, output, error, rollback?}`.
+async fn settle(
+    instance: &cairn::Instance<Value>,
+    wait: std::time::Duration,
+    closing: Option<Extension<crate::serve::Closing>>,
+) -> ApiResult<Value> {
+    let closed = async {
+        match closing {
+            Some(Extension(mut c)) => {
+                let _ = c.0.wait_for(|closing| *closing).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let status = tokio::select! {
+        status = instance.wait() => status?,
+        () = tokio::time::sleep(wait) => instance.status().await?,
+        () = closed => instance.status().await?,
+    };
+    let mut answer = json!({
+        "id": instance.id().as_str(),
+        "status": status.status,
+        "output": status.output,
+        "error": status.error,
+    });
+    if let (Some(map), Some(rollback)) = (answer.as_object_mut(), status.rollback) {
+        map.insert("rollback".into(), json!(rollback));
+    }
+    Ok(answer)
+}
+
+/// `POST …/instances[?wait=30s]`: with a wait, the answer comes when the instance has
+/// finished (or the wait is over), with its output: create and wait in one round trip.
 async fn create_instance(
     State(engine): State<Engine>,
     Path(name): Path<String>,
+    query: Result<Query<WaitQuery>, QueryRejection>,
+    closing: Option<Extension<crate::serve::Closing>>,
     payload: Result<Json<Object<CreateBody>>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
+    let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
+    let wait = wait_for(query.wait.as_deref())?;
     let Object(request) = body(payload)?;
     let workflow = workflow(&engine, &name)?;
     let mut options = CreateOptions::new(request.params.unwrap_or_else(|| json!({})));
     options.id = request.instance_id;
     let instance = workflow.create(options).await?;
-    let status = instance.status().await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "id": instance.id().as_str(), "status": status.status })),
-    ))
+    let answer = match wait {
+        Some(wait) => settle(&instance, wait, closing).await?,
+        None => json!({ "id": instance.id().as_str(), "status": instance.status().await?.status }),
+    };
+    Ok((StatusCode::CREATED, Json(answer)))
+}
+
+/// `GET …/instances/{id}/wait?timeout=30s` (default 30 s, at most 60 s): a long poll that
+/// answers when the instance has finished, or at the timeout, with its status and output.
+async fn wait_instance(
+    State(engine): State<Engine>,
+    Path((name, id)): Path<(String, String)>,
+    query: Result<Query<WaitQuery>, QueryRejection>,
+    closing: Option<Extension<crate::serve::Closing>>,
+) -> ApiResult<Json<Value>> {
+    let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
+    let wait = wait_for(query.timeout.as_deref())?.unwrap_or(std::time::Duration::from_secs(30));
+    let instance = workflow(&engine, &name)?.get(&id).await?;
+    Ok(Json(settle(&instance, wait, closing).await?))
 }
 
 /// The largest page of a list.

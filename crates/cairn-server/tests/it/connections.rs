@@ -205,3 +205,96 @@ async fn stop(server: Server) {
     served.await.unwrap().unwrap();
     engine.shutdown().await;
 }
+
+fn post_json(path: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+}
+
+fn json_of(answer: &str) -> serde_json::Value {
+    serde_json::from_str(answer.split_once("\r\n\r\n").map_or("", |(_, b)| b)).unwrap()
+}
+
+/// Create-and-wait in one request (`?wait=`), and the long poll (`…/wait?timeout=`): the
+/// answer comes when the instance finishes (here: when its event arrives), not at the
+/// timeout; a timeout answers the status then; at shutdown a wait answers at once.
+#[tokio::test]
+async fn waits_answer_when_the_instance_finishes_or_at_the_timeout() {
+    let server = start(Limits::default()).await;
+    let port = server.port;
+    // Not finished within the wait: the answer is its status then.
+    let started = Instant::now();
+    let answer = request(
+        port,
+        &post_json(
+            "/api/workflows/wait/instances?wait=300ms",
+            r#"{"instance_id": "w1"}"#,
+        ),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let settled = json_of(&answer);
+    assert_eq!(settled["id"], "w1");
+    assert!(
+        ["queued", "running", "waiting"].contains(&settled["status"].as_str().unwrap()),
+        "{settled}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A long poll answers as soon as the event completes the instance.
+    let raw = get("/api/workflows/wait/instances/w1/wait?timeout=20s");
+    let poll = tokio::spawn(async move { request(port, &raw).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let sent = Instant::now();
+    let answer = request(
+        port,
+        &post_json("/api/workflows/wait/instances/w1/events/go", r#"{"n": 7}"#),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let answer = poll.await.unwrap();
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        sent.elapsed()
+    );
+    let settled = json_of(&answer);
+    assert_eq!(settled["status"], "complete", "{settled}");
+    assert_eq!(settled["output"]["n"], 7);
+
+    // More than the limit is refused, with the way to wait longer.
+    let answer = request(
+        port,
+        &get("/api/workflows/wait/instances/w1/wait?timeout=2m"),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("ask again"), "{answer}");
+
+    // At shutdown, a wait in progress answers at once.
+    let raw = post_json(
+        "/api/workflows/wait/instances?wait=50s",
+        r#"{"instance_id": "w2"}"#,
+    );
+    let poll = tokio::spawn(async move { request(port, &raw).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopping = Instant::now();
+    stop(server).await;
+    let answer = poll.await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        stopping.elapsed()
+    );
+}

@@ -136,14 +136,26 @@ impl<O: DeserializeOwned> Instance<O> {
         &self,
         mut done: impl FnMut(&Status<O>) -> bool,
     ) -> Result<Status<O>, Error> {
-        let mut changes = self.engine.inner.changes.subscribe();
+        // This instance's own commits (and, on a shared store, other engines' writes to
+        // it, from their notices): a waiter is not woken by every other instance's step.
+        let mut changes = self.commits().await?;
+        // A notice can be lost (a listener reconnecting): on a shared store, look again
+        // each second anyway. Not on SQLite, where no other process writes (and a virtual
+        // clock would turn the poll into a spin through a test's 30-day sleep).
+        let shared = self.engine.inner.env.leases.expire();
         loop {
             changes.borrow_and_update();
             let status = self.status().await?;
             if done(&status) {
                 return Ok(status);
             }
-            if changes.changed().await.is_err() {
+            if shared {
+                if let Ok(Err(_)) =
+                    tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed()).await
+                {
+                    return Ok(status);
+                }
+            } else if changes.changed().await.is_err() {
                 return Ok(status);
             }
         }
