@@ -12,9 +12,11 @@
 //! ```
 
 mod overhead;
+mod peers;
 mod postgres;
 
 pub use overhead::overhead;
+pub use peers::{PEER_SHAPES, peers};
 pub use postgres::{engine_child as postgres_engine_child, postgres};
 
 pub(crate) use events_on as measure_events;
@@ -249,7 +251,7 @@ pub async fn throughput(
     ])
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }

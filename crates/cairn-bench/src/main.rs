@@ -49,6 +49,14 @@ enum Workload {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
     },
+    /// The peers' shapes (single, 200@50, 1000@200), embedded and over HTTP.
+    Peers {
+        /// Single instances per round.
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// One instance at a time, end to end.
     Latency {
         #[arg(long, default_value_t = 200)]
@@ -139,6 +147,9 @@ async fn main() -> Result<(), BenchError> {
             steps,
             rounds,
         } => cairn_bench::overhead(path, settings, instances, steps, rounds).await?,
+        Workload::Peers { runs, rounds } => {
+            cairn_bench::peers(path, settings, runs, rounds, cairn_bench::PEER_SHAPES).await?
+        }
         Workload::Latency { runs, steps } => {
             cairn_bench::latency(path, settings, runs, steps).await?
         }

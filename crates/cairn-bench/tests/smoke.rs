@@ -33,6 +33,12 @@ async fn every_workload_runs_at_a_small_size() {
     let rows = cairn_bench::overhead(p, normal(), 20, 3, 1).await.unwrap();
     assert!(value(&rows, "durable no-op steps/s, metrics on") > 0.0);
 
+    let rows = cairn_bench::peers(p, normal(), 3, 1, &[(10, 3)])
+        .await
+        .unwrap();
+    assert!(value(&rows, "single p50, HTTP") > 0.0);
+    assert!(value(&rows, "10@3, HTTP") > 0.0);
+
     let rows = cairn_bench::latency(p, normal(), 5, 3).await.unwrap();
     assert!(value(&rows, "end to end p50") > 0.0);
 
