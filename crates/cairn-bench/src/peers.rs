@@ -97,15 +97,20 @@ async fn closed_loop(
     in_flight: usize,
 ) -> Result<f64, BenchError> {
     let next = Arc::new(AtomicUsize::new(0));
+    // The connections are open before the clock starts, as a client's pool would be:
+    // 200 connects at once measure the kernel's accept queue, not the engine.
+    let mut conns = Vec::with_capacity(in_flight);
+    for _ in 0..in_flight {
+        conns.push(match port {
+            Some(port) => Some(Conn::open(port).await?),
+            None => None,
+        });
+    }
     let start = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..in_flight {
+    for mut conn in conns {
         let (engine, next) = (engine.clone(), Arc::clone(&next));
         workers.spawn(async move {
-            let mut conn = match port {
-                Some(port) => Some(Conn::open(port).await?),
-                None => None,
-            };
             while next.fetch_add(1, Ordering::Relaxed) < total {
                 match conn.as_mut() {
                     Some(conn) => http_run(conn, steps).await?,
@@ -180,7 +185,11 @@ pub async fn peers(
             let k = usize::from(http);
             results[0][k].push(single(&engine, port, STEPS, runs).await?.as_secs_f64() * 1e3);
             for (i, &(total, in_flight)) in shapes.iter().enumerate() {
-                results[i + 1][k].push(closed_loop(&engine, port, STEPS, total, in_flight).await?);
+                let rate = closed_loop(&engine, port, STEPS, total, in_flight).await?;
+                if std::env::var_os("CAIRN_BENCH_SAMPLES").is_some() {
+                    eprintln!("{total}@{in_flight} http={http}: {rate:.0} inst/s");
+                }
+                results[i + 1][k].push(rate);
             }
         }
     }

@@ -136,9 +136,13 @@ impl<O: DeserializeOwned> Instance<O> {
         &self,
         mut done: impl FnMut(&Status<O>) -> bool,
     ) -> Result<Status<O>, Error> {
-        // This instance's own commits (and, on a shared store, other engines' writes to
-        // it, from their notices): a waiter is not woken by every other instance's step.
-        let mut changes = self.commits().await?;
+        // This instance's own status signal (and, on a shared store, other engines'
+        // writes to it, from their notices): a waiter is not woken by every other
+        // instance's change.
+        let mut changes = {
+            let record = self.record().await?;
+            self.engine.inner.statuses.subscribe(&record.instance)
+        };
         // A notice can be lost (a listener reconnecting): on a shared store, look again
         // each second anyway. Not on SQLite, where no other process writes (and a virtual
         // clock would turn the poll into a spin through a test's 30-day sleep).
@@ -367,7 +371,7 @@ impl<O: DeserializeOwned> Instance<O> {
                     _ => {}
                 }
                 inner.wake.notify_one();
-                inner.changed();
+                inner.status_changed(instance);
                 Ok(())
             }
         }

@@ -27,10 +27,10 @@ fn bump(counter: &watch::Sender<u64>) {
 }
 
 /// Counters keyed by what a write touched; a key has a counter only while someone watches.
-struct Topics<K>(Mutex<HashMap<K, watch::Sender<u64>>>);
+pub(crate) struct Topics<K>(Mutex<HashMap<K, watch::Sender<u64>>>);
 
 impl<K: Eq + Hash + Clone> Topics<K> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Topics(Mutex::new(HashMap::new()))
     }
 
@@ -40,7 +40,7 @@ impl<K: Eq + Hash + Clone> Topics<K> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn subscribe(&self, key: &K) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self, key: &K) -> watch::Receiver<u64> {
         let mut topics = self.lock();
         // Forget counters nobody watches any more, so the map follows the open views.
         topics.retain(|_, sender| sender.receiver_count() > 0);
@@ -50,13 +50,13 @@ impl<K: Eq + Hash + Clone> Topics<K> {
             .subscribe()
     }
 
-    fn bump(&self, key: &K) {
+    pub(crate) fn bump(&self, key: &K) {
         if let Some(sender) = self.lock().get(key) {
             bump(sender);
         }
     }
 
-    fn bump_all(&self) {
+    pub(crate) fn bump_all(&self) {
         for sender in self.lock().values() {
             bump(sender);
         }

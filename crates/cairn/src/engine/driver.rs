@@ -129,7 +129,7 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
             }
         }
     }
-    inner.changed();
+    inner.status_changed(lease.instance);
     inner.wake.notify_one();
 }
 
@@ -267,7 +267,7 @@ async fn one_lifetime(
         }
         let status = state.commit_now(writes).await.map_err(Abort::Store)?;
         state.observe(status);
-        inner.changed();
+        inner.status_changed(state.lease.instance);
         if record.started_at.is_none() {
             state.set_started_at(now);
             crate::telemetry::started(&record.workflow, now.since(record.created_at));

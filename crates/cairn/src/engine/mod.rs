@@ -10,7 +10,7 @@ use cairn_core::{DEFAULT_PAYLOAD_LIMIT, DEFAULT_STEP_LIMIT, WorkflowName};
 use cairn_store::{Retention, Store};
 use tokio::sync::{Notify, watch};
 
-mod announce;
+pub(crate) mod announce;
 mod blocking;
 mod driver;
 mod gauges;
@@ -404,6 +404,7 @@ impl EngineBuilder {
             max_running: self.max_running,
             wake: Notify::new(),
             changes: watch::channel(0).0,
+            statuses: crate::engine::announce::Topics::new(),
             commits,
             shutdown: watch::channel(false).0,
             gauges_refreshed: tokio::sync::Mutex::new(None),

@@ -32,6 +32,7 @@ fn apply(inner: &Arc<Runtime>, changes: Changes) {
     match changes.instances {
         None => {
             inner.commits.remote(None);
+            inner.statuses.bump_all();
             for lifetime in inner.live.all() {
                 lifetime.events.notify_waiters();
                 observe_later(inner, &lifetime);
@@ -40,6 +41,7 @@ fn apply(inner: &Arc<Runtime>, changes: Changes) {
         Some(list) => {
             for changed in list {
                 inner.commits.remote(Some(changed.instance));
+                inner.statuses.bump(&changed.instance);
                 let Some(lifetime) = inner.live.get(changed.instance) else {
                     continue;
                 };

@@ -32,8 +32,12 @@ pub(crate) struct Runtime {
     pub(crate) max_running: usize,
     /// Wakes the scheduler: an instance became runnable or a slot freed up.
     pub(crate) wake: Notify,
-    /// Bumped whenever an instance's status may have changed; status waiters watch it.
+    /// Bumped whenever an instance's status may have changed.
     pub(crate) changes: watch::Sender<u64>,
+    /// The same, per instance: what `Instance::wait_for` watches. Bumped where `changes`
+    /// is, after the driver let go of the lifetime (so a waiter that sees `waiting` or
+    /// `complete` finds the instance out of memory), not at the commit.
+    pub(crate) statuses: crate::engine::announce::Topics<cairn_store::InstanceRef>,
     /// Bumped after every successful store write, per instance and workflow (`announce.rs`).
     pub(crate) commits: Arc<crate::engine::announce::Commits>,
     pub(crate) shutdown: watch::Sender<bool>,
@@ -46,6 +50,18 @@ pub(crate) struct Runtime {
 impl Runtime {
     pub(crate) fn changed(&self) {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The status of `instance` may have changed.
+    pub(crate) fn status_changed(&self, instance: cairn_store::InstanceRef) {
+        self.statuses.bump(&instance);
+        self.changed();
+    }
+
+    /// The status of any instance may have changed (a purge, lost notices).
+    pub(crate) fn statuses_changed(&self) {
+        self.statuses.bump_all();
+        self.changed();
     }
 
     pub(crate) fn panics(

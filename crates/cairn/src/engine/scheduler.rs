@@ -98,7 +98,7 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
             Ok(Some(at)) if at <= now => match store.purge(now, 1_000).await {
                 Ok(purged) => {
                     tracing::debug!(purged, "purged finished instances");
-                    inner.changed();
+                    inner.statuses_changed();
                     claim_now = true;
                     continue;
                 }
