@@ -269,14 +269,25 @@ pub(crate) fn status_of(conn: &Connection, instance: InstanceRef) -> Result<Inst
 }
 
 pub(crate) fn check_lease(conn: &Connection, lease: Lease) -> Result<()> {
-    let epoch: Option<i64> = conn
+    leased_status(conn, lease).map(drop)
+}
+
+/// Checks that `lease` holds, and answers the instance's status, read in the same query.
+pub(crate) fn leased_status(conn: &Connection, lease: Lease) -> Result<InstanceStatus> {
+    let row: Option<(i64, i64)> = conn
         .prepare_cached(
-            "SELECT lease_epoch FROM instances WHERE iid = ?1 AND lease_owner IS NOT NULL",
+            "SELECT lease_epoch, status FROM instances WHERE iid = ?1 AND lease_owner IS NOT NULL",
         )
-        .and_then(|mut st| st.query_row([lease.instance.0], |r| r.get(0)).optional())
+        .and_then(|mut st| {
+            st.query_row([lease.instance.0], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
         .map_err(map_sqlite)?;
-    match epoch {
-        Some(e) if u64::try_from(e).ok() == Some(lease.epoch) => Ok(()),
+    match row {
+        Some((e, code)) if u64::try_from(e).ok() == Some(lease.epoch) => {
+            InstanceStatus::from_code(code)
+                .ok_or_else(|| corrupt(format!("unknown status code {code}")))
+        }
         Some(_) => Err(Error::LeaseLost(lease.instance)),
         None => {
             let exists: bool = conn
