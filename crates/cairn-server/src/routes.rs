@@ -142,6 +142,23 @@ fn wait_for(value: Option<&str>) -> ApiResult<Option<std::time::Duration>> {
     Ok(Some(wait))
 }
 
+/// A slot for one more wait: waits hold a connection and a task like a live stream, so
+/// they share the streams' cap (`Limits::max_streams`); 503 `stream.too_many` past it.
+fn wait_slot(
+    slots: Option<Extension<crate::serve::StreamSlots>>,
+) -> ApiResult<Option<tokio::sync::OwnedSemaphorePermit>> {
+    match slots {
+        Some(Extension(slots)) => slots.0.try_acquire_owned().map(Some).map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "stream.too_many",
+                "too many live streams and waits are open; retry later",
+            )
+        }),
+        None => Ok(None),
+    }
+}
+
 /// Waits up to `wait` (wall clock) for `instance` to finish, or until the server begins
 /// to shut down, and answers its status then: `{id, status, output, error, rollback?}`.
 async fn settle(
@@ -180,11 +197,16 @@ async fn create_instance(
     State(engine): State<Engine>,
     Path(name): Path<String>,
     query: Result<Query<WaitQuery>, QueryRejection>,
-    closing: Option<Extension<crate::serve::Closing>>,
+    (slots, closing): StreamExtensions,
     payload: Result<Json<Object<CreateBody>>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
     let wait = wait_for(query.wait.as_deref())?;
+    // Refused before anything is created.
+    let _slot = match wait {
+        Some(_) => wait_slot(slots)?,
+        None => None,
+    };
     let Object(request) = body(payload)?;
     let workflow = workflow(&engine, &name)?;
     let mut options = CreateOptions::new(request.params.unwrap_or_else(|| json!({})));
@@ -203,10 +225,11 @@ async fn wait_instance(
     State(engine): State<Engine>,
     Path((name, id)): Path<(String, String)>,
     query: Result<Query<WaitQuery>, QueryRejection>,
-    closing: Option<Extension<crate::serve::Closing>>,
+    (slots, closing): StreamExtensions,
 ) -> ApiResult<Json<Value>> {
     let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
     let wait = wait_for(query.timeout.as_deref())?.unwrap_or(std::time::Duration::from_secs(30));
+    let _slot = wait_slot(slots)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
     Ok(Json(settle(&instance, wait, closing).await?))
 }

@@ -298,3 +298,41 @@ async fn waits_answer_when_the_instance_finishes_or_at_the_timeout() {
         stopping.elapsed()
     );
 }
+
+/// Waits share the live streams' cap: past it, a wait is refused (503) and nothing is
+/// created.
+#[tokio::test]
+async fn waits_count_against_the_cap_on_live_streams() {
+    let server = start(Limits::default().max_streams(1)).await;
+    let port = server.port;
+    let raw = post_json(
+        "/api/workflows/wait/instances?wait=5s",
+        r#"{"instance_id": "held"}"#,
+    );
+    let held = tokio::spawn(async move { request(port, &raw).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let answer = request(
+        port,
+        &post_json(
+            "/api/workflows/wait/instances?wait=5s",
+            r#"{"instance_id": "refused"}"#,
+        ),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("stream.too_many"), "{answer}");
+    let answer = request(port, &get("/api/workflows/wait/instances/refused")).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 404"),
+        "nothing was created: {answer}"
+    );
+    let answer = request(
+        port,
+        &get("/api/workflows/wait/instances/held/wait?timeout=1s"),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    stop(server).await;
+    let answer = held.await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+}
