@@ -126,8 +126,15 @@ enum WorkflowsCommand {
         #[arg(long)]
         id: Option<String>,
         /// Wait until the instance has finished and print its status and output; with a
-        /// duration (`--wait 5m`), for at most that long.
-        #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever")]
+        /// duration (`--wait=5m`), for at most that long. Exit code: 0 complete, 2 still
+        /// running when the wait ran out, 3 errored or terminated.
+        #[arg(
+            long,
+            value_name = "DURATION",
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "forever"
+        )]
         wait: Option<String>,
     },
 }
@@ -469,17 +476,13 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
             let deadline = match wait.as_deref() {
                 None => None,
                 Some("forever") => Some(None),
-                Some(d) => Some(Some(
-                    std::time::Instant::now()
-                        + humantime::parse_duration(d)
-                            .ok()
-                            .or_else(|| cairn::parse_duration(d).ok())
-                            .ok_or_else(|| {
-                                format!(
-                                    "--wait {d:?} is not a duration (e.g. --wait 30s, --wait 5m)"
-                                )
-                            })?,
-                )),
+                Some(d) => {
+                    let wait = humantime::parse_duration(d).map_err(|_| {
+                        format!("--wait={d} is not a duration (e.g. --wait=30s, --wait=5m)")
+                    })?;
+                    // Too far to represent: as good as no deadline.
+                    Some(std::time::Instant::now().checked_add(wait))
+                }
             };
             // Each request waits at most this long (the server's limit is 60 s); past it,
             // the CLI asks again until the instance has finished or the deadline passes.
@@ -534,9 +537,10 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
                     ),
                 }
             });
-            // A script can tell: 0 complete, 1 failed or still running.
+            // A script can tell: 0 complete, 2 still running, 3 errored or terminated
+            // (1 is any other failure, such as a refused request).
             if deadline.is_some() && v["status"] != "complete" {
-                std::process::exit(1);
+                std::process::exit(if finished(&v) { 3 } else { 2 });
             }
         }
     }

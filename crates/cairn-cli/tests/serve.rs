@@ -743,11 +743,17 @@ fn trigger_wait_prints_the_output_or_says_it_is_still_running() {
             "approval",
             "--id",
             "slow",
-            "--wait",
-            "300ms",
+            "--wait=300ms",
         ],
     );
     assert!(!ok, "{out}{err}");
+    let code = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["workflows", "trigger", "approval", "--wait=100ms"])
+        .args(["--url", &format!("http://127.0.0.1:{port}")])
+        .status()
+        .unwrap()
+        .code();
+    assert_eq!(code, Some(2), "still running: exit code 2");
     assert!(out.contains("is still") && out.contains("slow"), "{out}");
     let v = json_of(port, &["workflows", "trigger", "greet", "--wait"]);
     assert_eq!(v["status"], "complete", "{v}");

@@ -123,7 +123,14 @@ fn wait_for(value: Option<&str>) -> ApiResult<Option<std::time::Duration>> {
     let Some(text) = value.filter(|t| !t.is_empty()) else {
         return Ok(None);
     };
-    // `30s`, `2m`, `500ms` (humantime), or Cloudflare's `30 seconds` / milliseconds.
+    // A bare number would be milliseconds in Cloudflare's grammar: `wait=30` meaning 30 ms
+    // surprises everyone, so a unit is required.
+    if text != "0" && text.trim().parse::<f64>().is_ok() {
+        return Err(ApiError::bad_request(format!(
+            "the wait needs a unit: {text}s, {text}ms, …"
+        )));
+    }
+    // `30s`, `2m`, `500ms` (humantime), or Cloudflare's `30 seconds`.
     let wait = humantime::parse_duration(text)
         .ok()
         .or_else(|| cairn::parse_duration(text).ok())
@@ -212,10 +219,23 @@ async fn create_instance(
     let mut options = CreateOptions::new(request.params.unwrap_or_else(|| json!({})));
     options.id = request.instance_id;
     let instance = workflow.create(options).await?;
+    // Created: the answer is 201 with the id whatever happens next, so a client never
+    // creates it again for an error that came after.
     let answer = match wait {
-        Some(wait) => settle(&instance, wait, closing).await?,
-        None => json!({ "id": instance.id().as_str(), "status": instance.status().await?.status }),
+        Some(wait) => settle(&instance, wait, closing).await,
+        None => instance
+            .status()
+            .await
+            .map(|s| json!({ "id": instance.id().as_str(), "status": s.status }))
+            .map_err(ApiError::from),
     };
+    let answer = answer.unwrap_or_else(|e| {
+        json!({
+            "id": instance.id().as_str(),
+            "status": "unknown",
+            "waitError": { "code": e.code, "message": e.message },
+        })
+    });
     Ok((StatusCode::CREATED, Json(answer)))
 }
 

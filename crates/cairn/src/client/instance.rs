@@ -107,6 +107,10 @@ impl<O: DeserializeOwned> Instance<O> {
     /// stored output does not decode as `O`.
     pub async fn status(&self) -> Result<Status<O>, Error> {
         let record = self.record().await?;
+        self.status_of(record)
+    }
+
+    fn status_of(&self, record: InstanceRecord) -> Result<Status<O>, Error> {
         let output = match (&record.output, record.status) {
             (Some(json), InstanceStatus::Complete) => {
                 Some(serde_json::from_str(json).map_err(|e| {
@@ -139,17 +143,24 @@ impl<O: DeserializeOwned> Instance<O> {
         // This instance's own status signal (and, on a shared store, other engines'
         // writes to it, from their notices): a waiter is not woken by every other
         // instance's change.
-        let mut changes = {
-            let record = self.record().await?;
-            self.engine.inner.statuses.subscribe(&record.instance)
-        };
+        let statuses = &self.engine.inner.statuses;
+        let mut watched = self.record().await?.instance;
+        let mut changes = statuses.subscribe(&watched);
         // A notice can be lost (a listener reconnecting): on a shared store, look again
         // each second anyway. Not on SQLite, where no other process writes (and a virtual
         // clock would turn the poll into a spin through a test's 30-day sleep).
         let shared = self.engine.inner.env.leases.expire();
         loop {
             changes.borrow_and_update();
-            let status = self.status().await?;
+            let record = self.record().await?;
+            if record.instance != watched {
+                // Deleted and created again under the same id: a new row, with its own
+                // signal. Watch that one, then read again.
+                watched = record.instance;
+                changes = statuses.subscribe(&watched);
+                continue;
+            }
+            let status = self.status_of(record)?;
             if done(&status) {
                 return Ok(status);
             }

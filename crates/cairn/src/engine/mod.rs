@@ -155,6 +155,8 @@ impl Engine {
         if let Err(e) = self.inner.env.store.release_all(&self.inner.owner).await {
             tracing::warn!(error = %e, "releasing the leases failed; they expire after their TTL");
         }
+        // Releasing completes pending pauses (`waitingForPause` becomes `paused`).
+        self.inner.statuses_changed();
         if let Err(e) = self.inner.env.store.close().await {
             tracing::warn!(error = %e, "closing the store failed");
         }

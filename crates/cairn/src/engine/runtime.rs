@@ -35,8 +35,9 @@ pub(crate) struct Runtime {
     /// Bumped whenever an instance's status may have changed.
     pub(crate) changes: watch::Sender<u64>,
     /// The same, per instance: what `Instance::wait_for` watches. Bumped where `changes`
-    /// is, after the driver let go of the lifetime (so a waiter that sees `waiting` or
-    /// `complete` finds the instance out of memory), not at the commit.
+    /// is: at the start commit, and at the end of a lifetime after the driver let go of it
+    /// (so a waiter that sees `waiting` or `complete` finds the instance out of memory),
+    /// not at every commit.
     pub(crate) statuses: crate::engine::announce::Topics<cairn_store::InstanceRef>,
     /// Bumped after every successful store write, per instance and workflow (`announce.rs`).
     pub(crate) commits: Arc<crate::engine::announce::Commits>,
