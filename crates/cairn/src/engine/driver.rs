@@ -403,6 +403,9 @@ enum Next<T> {
     Drained,
     Hibernate(Hibernation),
     Pause,
+    /// Writes wait for a commit (a sleep's completion, a cancelled step) and nothing else
+    /// will commit soon: the workflow waits on something that is not an op.
+    Flush,
 }
 
 /// The handlers a rollback will need: started steps with a handler whose compensation has
@@ -448,6 +451,7 @@ async fn run_phase<F: Future>(
                 Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
                     Poll::Ready(Next::Hibernate(h))
                 }
+                _ if state.has_deferred() => Poll::Ready(Next::Flush),
                 _ => Poll::Pending,
             },
         });
@@ -465,6 +469,10 @@ async fn run_phase<F: Future>(
                 Next::Hibernate(h) => {
                     hibernate(inner, state, h).await?;
                     return Ok(None);
+                }
+                Next::Flush => {
+                    let status = state.commit_now(Vec::new()).await.map_err(Abort::Store)?;
+                    state.observe(status);
                 }
                 Next::Pause => {
                     let writes = vec![Write::Pause {

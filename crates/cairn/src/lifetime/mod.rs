@@ -486,6 +486,11 @@ impl Lifetime {
         key: &StepKey,
         event_type: &EventType,
     ) -> Option<cairn_store::StoredEvent> {
+        // Taking an event commits on its own: what waits for a commit goes first, so the
+        // log keeps the order things happened in (a sleep's completion before the wait's).
+        if self.has_deferred() {
+            self.commit(Vec::new()).await;
+        }
         let taken = if self.holds_lease() {
             self.env
                 .store

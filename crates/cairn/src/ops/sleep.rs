@@ -206,12 +206,15 @@ async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(),
             ended_at: Some(state.now()),
             ..record
         };
-        state
-            .commit(vec![
-                state.log(LogKind::SleepComplete, Some(&key), json!({})),
-                cairn_store::Write::Step(done),
-            ])
-            .await;
+        // Not a commit of its own: the completion rides with the lifetime's next commit
+        // (the next step's start, the end, a hibernation or pause; the drain at shutdown).
+        // A wake-up is not an effect anyone can see: if the lifetime dies first, the
+        // replay finds the sleep due and completes it again, at no cost. One commit fewer
+        // per sleep (a woken instance that finishes costs two instead of three).
+        state.defer(vec![
+            state.log(LogKind::SleepComplete, Some(&key), json!({})),
+            cairn_store::Write::Step(done),
+        ]);
         Ok(())
     }
     .instrument(span)
