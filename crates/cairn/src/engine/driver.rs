@@ -403,8 +403,9 @@ enum Next<T> {
     Drained,
     Hibernate(Hibernation),
     Pause,
-    /// Writes wait for a commit (a sleep's completion, a cancelled step) and nothing else
-    /// will commit soon: the workflow waits on something that is not an op.
+    /// Writes wait for a commit (a sleep's completion, a cancelled step) and the phase is
+    /// pending: commit them now, so the log stays live (the ops' own commits, when one
+    /// comes first, take them along).
     Flush,
 }
 

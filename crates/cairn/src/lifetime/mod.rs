@@ -61,8 +61,10 @@ pub(crate) struct Lifetime {
     in_flight: AtomicUsize,
     /// Forward, rollback-registration replay, or rollback.
     phase: std::sync::atomic::AtomicU8,
-    /// Writes that could not be made where they arose (an op dropped by the workflow cannot
-    /// await a commit): they ride along with this lifetime's next commit.
+    /// Writes that could not or need not be made where they arose (an op dropped by the
+    /// workflow cannot await a commit; a sleep's completion is no effect worth a commit of
+    /// its own): they ride along with this lifetime's next commit, which the driver makes
+    /// as soon as the workflow is pending without one.
     deferred: Mutex<Vec<Write>>,
 }
 

@@ -118,6 +118,22 @@ fn killed_during_sleeps_and_event_waits_every_timer_and_event_survives() {
                     .map(|r| r.entry.at)
                     .unwrap()
             };
+            // The completion of the sleep rides with a later commit: once, and before the
+            // records of what came after it.
+            let kinds: Vec<LogKind> = log.iter().map(|r| r.entry.kind).collect();
+            let pos = |kind| kinds.iter().position(|k| *k == kind).unwrap();
+            assert_eq!(
+                kinds
+                    .iter()
+                    .filter(|k| **k == LogKind::SleepComplete)
+                    .count(),
+                1,
+                "i{i}: {kinds:?}"
+            );
+            assert!(
+                pos(LogKind::SleepComplete) < pos(LogKind::WaitComplete),
+                "i{i}: {kinds:?}"
+            );
             let slept = at(LogKind::SleepComplete).since(at(LogKind::SleepStart));
             assert!(
                 slept >= Duration::from_secs(600) && slept < Duration::from_secs(601),

@@ -615,3 +615,58 @@ async fn f1_an_instance_stays_running_with_its_first_output_during_a_short_sleep
     assert_eq!(instance.wait().await.unwrap().output, Some(json!("one")));
     engine.shutdown().await;
 }
+
+/// A sleep's completion rides with the lifetime's next commit: here the hibernation of the
+/// other, longer sleep, and the rollback that follows an error. It is recorded once, and
+/// before what came after it.
+#[tokio::test(start_paused = true)]
+async fn a_sleeps_completion_is_logged_once_and_before_what_follows() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.run("reserve", |_| async { Ok(1u32) })
+                .rollback(|_: Rollback<u32>| async { Ok(()) })
+                .await?;
+            let (a, b) = futures::join!(
+                step.sleep("short", Duration::from_secs(2)),
+                step.sleep("long", "1 hour"),
+            );
+            a?;
+            b?;
+            Err::<Value, _>("boom".into())
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let kinds: Vec<LogKind> = records_all(&instance).await;
+    let count = |kind| kinds.iter().filter(|k| **k == kind).count();
+    let pos = |kind| kinds.iter().position(|k| *k == kind).unwrap();
+    assert_eq!(count(LogKind::SleepComplete), 2, "{kinds:?}");
+    assert_eq!(count(LogKind::SleepStart), 2, "{kinds:?}");
+    // Both sleeps outlast the hot threshold: the instance hibernates at once; woken after
+    // 2 s, the short sleep's completion rides with the next hibernation (for the long one).
+    let first_complete = pos(LogKind::SleepComplete);
+    let last_waiting = kinds.iter().rposition(|k| *k == LogKind::WorkflowWaiting).unwrap();
+    assert!(pos(LogKind::WorkflowWaiting) < first_complete, "{kinds:?}");
+    assert!(first_complete < last_waiting, "{kinds:?}");
+    let last_complete = kinds.iter().rposition(|k| *k == LogKind::SleepComplete).unwrap();
+    assert!(last_complete < pos(LogKind::RollbackStart), "{kinds:?}");
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Errored);
+    let details = instance.details().await.unwrap();
+    assert!(
+        details.steps.iter().filter(|s| s.kind == "sleep").all(|s| s.success == Some(true)),
+        "{:?}",
+        details.steps
+    );
+    engine.shutdown().await;
+}
+
+async fn records_all(instance: &cairn::Instance<Value>) -> Vec<LogKind> {
+    instance
+        .log(0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.entry.kind)
+        .collect()
+}
