@@ -312,12 +312,12 @@ fn pg_engines_killed_at_random_lose_nothing_and_repeat_nothing() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let store = rt.block_on(raw_store(dir.path()));
     // Kill a random engine at seeded moments, and start it again. The events go out a
-    // share per kill, so no run can finish before every kill has landed.
+    // share after each kill, so no run can finish before every kill has landed (with the
+    // share sent before its kill, a fast run finished in the last pause and the last kill
+    // found no engine to kill).
     let mut kills = 0;
     let share = INSTANCES.div_ceil(KILLS);
     while kills < KILLS {
-        let from = kills * share;
-        rt.block_on(send_events_to(&*store, from..INSTANCES.min(from + share)));
         std::thread::sleep(Duration::from_millis(rng.between(30, 300)));
         let victim = rng.below(ENGINES as u64) as usize;
         if let Some(status) = children[victim].try_wait().unwrap() {
@@ -327,6 +327,8 @@ fn pg_engines_killed_at_random_lose_nothing_and_repeat_nothing() {
         children[victim].kill().unwrap(); // SIGKILL
         children[victim].wait().unwrap();
         children[victim] = spawn_child(dir.path(), test, "kill");
+        let from = kills * share;
+        rt.block_on(send_events_to(&*store, from..INSTANCES.min(from + share)));
         kills += 1;
     }
     engines.finish();
