@@ -251,6 +251,13 @@ pub async fn throughput(
     ])
 }
 
+/// The median of `samples` (the upper one of an even count).
+pub(crate) fn median(samples: &[f64]) -> f64 {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;

@@ -10,7 +10,7 @@ use std::time::Instant;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
-use crate::{BenchError, NoOp, Row, Settings, create_all, engine_on, label};
+use crate::{BenchError, NoOp, Row, Settings, create_all, engine_on, label, median};
 
 /// The Prometheus recorder behind a switch: off, it hands out no-op handles, which is what
 /// the facade does with no recorder installed.
@@ -50,11 +50,6 @@ impl Recorder for Switch {
             Histogram::noop()
         }
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// `rounds` rounds, each one throughput run with metrics off and one with them on (the
@@ -109,7 +104,7 @@ pub async fn overhead(
             format!("the recorder saw {attempts} step attempts, expected {expected}").into(),
         );
     }
-    let (off, on) = (median(off_rates), median(on_rates));
+    let (off, on) = (median(&off_rates), median(&on_rates));
     let w = format!(
         "metrics overhead ({instances} × {steps} steps, {rounds} rounds, {})",
         label(s)

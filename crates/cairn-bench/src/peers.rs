@@ -15,7 +15,7 @@ use cairn::prelude::*;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::{BenchError, NoOp, Row, Settings, engine_on, label, percentile};
+use crate::{BenchError, NoOp, Row, Settings, engine_on, label, median, percentile};
 
 /// One keep-alive HTTP/1.1 connection that posts JSON and reads a `Content-Length` answer.
 struct Conn {
@@ -197,11 +197,6 @@ pub async fn peers(
     server.await??;
     engine.shutdown().await;
 
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let w = format!("peers (10 no-op steps, {rounds} rounds, {})", label(s));
     let (embedded, http) = (median(&results[0][0]), median(&results[0][1]));
     let mut rows = vec![

@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -30,11 +32,7 @@ impl Drop for Server {
 
 fn start() -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(["serve", "--token", TOKEN, "--account-id", ACCOUNT, "--db"])
         .arg(dir.path().join("cairn.db"))
@@ -45,11 +43,7 @@ fn start() -> Server {
         .spawn()
         .unwrap();
     let server = Server { child, port, dir };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while api(server.port, "GET", "/healthz", "").0 != 200 {
-        assert!(Instant::now() < deadline, "the server did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_up(server.port);
     server
 }
 

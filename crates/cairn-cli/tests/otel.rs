@@ -5,12 +5,16 @@
 #![cfg(feature = "otel")]
 #![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use common::{free_port, http, wait_up};
 
 /// One protobuf field: its number and its value (a varint, or the bytes of a
 /// length-delimited field; fixed-width fields are skipped).
@@ -165,32 +169,11 @@ fn serve_otlp(conn: TcpStream, kept: &Mutex<Vec<Vec<u8>>>) {
     }
 }
 
-fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Some((status, body))
-}
-
 #[test]
 fn serve_exports_an_instances_spans_over_otlp() {
     let (collector, bodies) = receiver();
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut server = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(["serve", "--db"])
         .arg(dir.path().join("cairn.db"))
@@ -201,11 +184,8 @@ fn serve_exports_an_instances_spans_over_otlp() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    wait_up(port);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while http(port, "GET", "/healthz", "").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "the server did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let (status, body) = http(
         port,
         "POST",

@@ -116,3 +116,17 @@ pub(crate) fn object<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, 
     }
     serde_json::from_value(value).map_err(|e| ApiError::bad_request(e.to_string()))
 }
+
+/// A workflow's instance counts by status name, as both APIs describe a workflow.
+pub(crate) async fn counts(
+    workflow: &cairn::UntypedWorkflow,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut counts = serde_json::Map::new();
+    for status in cairn::InstanceStatus::ALL {
+        counts.insert(
+            status.as_str().into(),
+            Value::from(workflow.count(status).await?),
+        );
+    }
+    Ok(counts)
+}

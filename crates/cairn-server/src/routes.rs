@@ -367,10 +367,7 @@ async fn describe_workflow(
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let workflow = workflow(&engine, &name)?;
-    let mut counts = serde_json::Map::new();
-    for status in InstanceStatus::ALL {
-        counts.insert(status.as_str().into(), json!(workflow.count(status).await?));
-    }
+    let counts = crate::actions::counts(&workflow).await?;
     Ok(Json(json!({ "name": name, "instances": counts })))
 }
 

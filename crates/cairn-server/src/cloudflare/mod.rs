@@ -752,13 +752,13 @@ async fn list_instances(
     let total = match (status, start, end) {
         (_, Some(_), _) | (_, _, Some(_)) => None,
         (Some(s), None, None) => Some(workflow.count(s).await?),
-        (None, None, None) => {
-            let mut n = 0;
-            for s in InstanceStatus::ALL {
-                n += workflow.count(s).await?;
-            }
-            Some(n)
-        }
+        (None, None, None) => Some(
+            crate::actions::counts(&workflow)
+                .await?
+                .values()
+                .filter_map(Value::as_u64)
+                .sum(),
+        ),
     };
     let count = result.len();
     Ok(ok_list(

@@ -57,10 +57,7 @@ fn time_opt(t: Option<Timestamp>) -> Value {
 /// newest instance was created (`triggered_on`).
 pub(super) async fn workflow(workflow: &UntypedWorkflow, config: &Config) -> CfResult<Value> {
     let name = workflow.name().as_str();
-    let mut counts = serde_json::Map::new();
-    for status in InstanceStatus::ALL {
-        counts.insert(status.as_str().into(), json!(workflow.count(status).await?));
-    }
+    let counts = crate::actions::counts(workflow).await?;
     let newest = workflow
         .list(&cairn::ListOptions::default().limit(1))
         .await?
