@@ -329,6 +329,10 @@ impl Store for PostgresStore {
         Box::pin(async move { reads::list(&self.reader().await?, &query).await })
     }
 
+    fn count_matching(&self, query: ListQuery) -> StoreFuture<'_, u64> {
+        Box::pin(async move { reads::count_matching(&self.reader().await?, &query).await })
+    }
+
     fn count(&self, workflow: &WorkflowName, status: InstanceStatus) -> StoreFuture<'_, u64> {
         let workflow = workflow.to_string();
         Box::pin(async move { reads::count(&self.reader().await?, &workflow, status).await })

@@ -138,18 +138,22 @@ async fn hot_queries_never_scan_or_sort_history() {
             rows.iter().map(|r| r.get::<_, String>(0)).collect(),
         );
     }
-    for (status, before) in [(false, false), (true, false), (false, true), (true, true)] {
-        let sql = reads::list_sql(true, status, before);
-        let mut args: Vec<&(dyn ToSql + Sync)> = vec![&w];
-        if status {
-            args.push(&s5);
+    let mut lists = Vec::new();
+    for statuses in [vec![], vec![InstanceStatus::Running]] {
+        for before in [None, Some(cairn_store::InstanceRef(5))] {
+            lists.push(cairn_store::ListQuery {
+                workflow: Some(cairn_core::WorkflowName::new("w1").unwrap()),
+                statuses: statuses.clone(),
+                before,
+                limit: 50,
+                ..Default::default()
+            });
         }
-        if before {
-            args.push(&t);
-        }
-        args.push(&n);
+    }
+    for list in &lists {
+        let (sql, args) = reads::list_sql(list);
         let rows = client
-            .query(&format!("EXPLAIN {sql}"), &args)
+            .query(&format!("EXPLAIN {sql}"), &reads::bound(&args))
             .await
             .expect("list");
         check(

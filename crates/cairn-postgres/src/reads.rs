@@ -4,7 +4,7 @@ use cairn_core::{
     ErrorInfo, InstanceId, InstanceStatus, StepKey, StepKind, StepRecord, StepState, Timestamp,
     WorkflowName,
 };
-use cairn_store::{InstanceRecord, InstanceRef, ListQuery, Result, Timers};
+use cairn_store::{InstanceRecord, InstanceRef, ListQuery, Result, SqlArg, Timers};
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
@@ -81,50 +81,50 @@ pub(crate) async fn instance(
     rows.first().map(|r| instance_at(r, 0)).transpose()
 }
 
-/// A page of instances, newest first: a range of `instances_by_workflow` (or of
-/// `instances_by_status` with a status), read in order, never sorted.
-pub(crate) fn list_sql(workflow: bool, status: bool, before: bool) -> String {
-    let mut sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE true");
-    let mut n = 0;
-    let mut next = || {
-        n += 1;
-        n
-    };
-    if workflow {
-        sql.push_str(&format!(" AND workflow = ${}", next()));
-    }
-    if status {
-        sql.push_str(&format!(" AND status = ${}", next()));
-    }
-    if before {
-        sql.push_str(&format!(" AND iid < ${}", next()));
-    }
-    sql.push_str(&format!(" ORDER BY iid DESC LIMIT ${}", next()));
-    sql
+/// A page of instances, newest first, and its arguments: a range of
+/// `instances_by_workflow` (or of `instances_by_status` with one status), read in order,
+/// never sorted.
+pub(crate) fn list_sql(q: &ListQuery) -> (String, Vec<SqlArg>) {
+    let filter = q.sql_filter(true, placeholder);
+    let mut args = filter.args;
+    args.push(SqlArg::Int(i64::try_from(q.limit).unwrap_or(i64::MAX)));
+    let sql = format!(
+        "SELECT {INSTANCE_COLUMNS} FROM instances WHERE {} ORDER BY iid DESC LIMIT {}",
+        filter.clause,
+        placeholder(args.len())
+    );
+    (sql, args)
+}
+
+fn placeholder(n: usize) -> String {
+    format!("${n}")
+}
+
+/// `args` as tokio-postgres takes them.
+pub(crate) fn bound(args: &[SqlArg]) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+    args.iter()
+        .map(|a| match a {
+            SqlArg::Int(n) => n as &(dyn tokio_postgres::types::ToSql + Sync),
+            SqlArg::Text(s) => s,
+        })
+        .collect()
 }
 
 pub(crate) async fn list(
     client: &impl GenericClient,
     q: &ListQuery,
 ) -> Result<Vec<InstanceRecord>> {
-    let workflow = q.workflow.as_ref().map(ToString::to_string);
-    let status = q.status.map(InstanceStatus::code);
-    let before = q.before.map(|b| b.0);
-    let limit = i64::try_from(q.limit).unwrap_or(i64::MAX);
-    let mut args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
-    if let Some(w) = &workflow {
-        args.push(w);
-    }
-    if let Some(s) = &status {
-        args.push(s);
-    }
-    if let Some(b) = &before {
-        args.push(b);
-    }
-    args.push(&limit);
-    let sql = list_sql(workflow.is_some(), status.is_some(), before.is_some());
-    let rows = query(client, &sql, &args).await?;
+    let (sql, args) = list_sql(q);
+    let rows = query(client, &sql, &bound(&args)).await?;
     rows.iter().map(|r| instance_at(r, 0)).collect()
+}
+
+pub(crate) async fn count_matching(client: &impl GenericClient, q: &ListQuery) -> Result<u64> {
+    let filter = q.sql_filter(false, placeholder);
+    let sql = format!("SELECT count(*) FROM instances WHERE {}", filter.clause);
+    let rows = query(client, &sql, &bound(&filter.args)).await?;
+    let n: i64 = rows.first().map_or(0, |r| r.get(0));
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// Instances of a workflow in a status: the folded count plus the deltas not folded yet.

@@ -13,6 +13,7 @@
 
 mod actions;
 mod auth;
+mod bulk;
 mod cloudflare;
 mod error;
 mod openapi;

@@ -15,6 +15,16 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
         "Describe a workflow, with instance counts by status",
     ),
     (
+        "get",
+        "/api/instances",
+        "List the instances of every workflow (or one) by a filter: status list, creation range, id prefix; newest first, paged by cursor",
+    ),
+    (
+        "post",
+        "/api/instances/bulk",
+        "Pause, resume, terminate, restart or delete the instances a filter matches (a page at a time, by cursor) or a list of instances; per-instance results",
+    ),
+    (
         "post",
         "/api/workflows/{name}/instances",
         "Create an instance {instance_id?, params?}; with ?wait=30s, answer once it has finished (create and wait in one request)",
@@ -119,6 +129,44 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
             ],
             None,
             ("200", schema("InstanceList")),
+        ),
+        ("get", "/api/instances") => (
+            vec![
+                query("workflow", "Only this workflow's instances", json!({ "type": "string" })),
+                query(
+                    "status",
+                    "Only instances in one of these statuses (comma-separated)",
+                    json!({ "type": "string", "example": "running,waiting" }),
+                ),
+                query(
+                    "createdFrom",
+                    "Created at or after (RFC 3339 or epoch ms)",
+                    json!({ "type": "string" }),
+                ),
+                query(
+                    "createdBefore",
+                    "Created before (RFC 3339 or epoch ms)",
+                    json!({ "type": "string" }),
+                ),
+                query("idPrefix", "Id starts with", json!({ "type": "string" })),
+                query(
+                    "limit",
+                    "Page size, 1 to 1000 (default 50)",
+                    json!({ "type": "integer", "minimum": 1, "maximum": 1000 }),
+                ),
+                query(
+                    "cursor",
+                    "The `cursor` of the previous page",
+                    json!({ "type": "string" }),
+                ),
+            ],
+            None,
+            ("200", schema("InstanceList")),
+        ),
+        ("post", "/api/instances/bulk") => (
+            vec![],
+            body(schema("BulkRequest")),
+            ("200", schema("BulkResult")),
         ),
         ("post", "/api/workflows/{name}/instances/batch") => (
             vec![],
@@ -243,11 +291,48 @@ fn schemas() -> Value {
         "InstanceSummary": {
             "type": "object",
             "properties": {
+                "workflow": { "type": "string", "description": "in /api/instances only" },
                 "id": { "type": "string" },
                 "status": { "$ref": "#/components/schemas/Status" },
-                "created": time,
+                "created": time.clone(),
                 "started": nullable_time,
                 "ended": nullable_time,
+            },
+        },
+        "Filter": {
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "workflow": { "type": "string" },
+                "status": { "type": "array", "items": { "$ref": "#/components/schemas/Status" } },
+                "createdFrom": time.clone(),
+                "createdBefore": time.clone(),
+                "idPrefix": { "type": "string" },
+            },
+        },
+        "BulkRequest": {
+            "type": "object",
+            "required": ["action"],
+            "additionalProperties": false,
+            "description": "Exactly one of filter and instances. A filter is worked through a page (limit) per request: pass back the answer's cursor until it is null.",
+            "properties": {
+                "action": { "type": "string", "enum": ["pause", "resume", "terminate", "restart", "delete"] },
+                "rollback": { "type": "boolean", "description": "terminate with rollback" },
+                "filter": { "$ref": "#/components/schemas/Filter" },
+                "instances": { "type": "array", "maxItems": 1000, "items": { "type": "object", "required": ["workflow", "id"], "properties": { "workflow": { "type": "string" }, "id": { "type": "string" } } } },
+                "cursor": { "type": "string" },
+                "limit": { "type": "integer", "minimum": 1, "maximum": 1000, "description": "default 100" },
+                "dryRun": { "type": "boolean", "description": "answer {matched} and act on nothing" },
+            },
+        },
+        "BulkResult": {
+            "type": "object",
+            "properties": {
+                "matched": { "type": "integer", "description": "with dryRun only" },
+                "results": { "type": "array", "items": { "type": "object", "required": ["workflow", "id", "ok"], "properties": {
+                    "workflow": { "type": "string" }, "id": { "type": "string" }, "ok": { "type": "boolean" },
+                    "code": { "type": "string" }, "message": { "type": "string" } } } },
+                "cursor": { "type": "string", "nullable": true },
             },
         },
         "InstanceList": {

@@ -24,6 +24,8 @@ pub(crate) fn routes() -> Router<Engine> {
             get(|| async { Json(crate::openapi::document()) }),
         )
         .route("/api/workflows/{name}", get(describe_workflow))
+        .route("/api/instances", get(list_all_instances))
+        .route("/api/instances/bulk", post(bulk))
         .route("/api/workflows/{name}/instances/batch", post(create_batch))
         .route(
             "/api/workflows/{name}/instances/batch/delete",
@@ -287,12 +289,102 @@ async fn list_instances(
         }
     };
     let mut options = cairn::ListOptions::default().limit(limit);
-    options.status = status;
+    options.statuses = status.into_iter().collect();
     options.cursor = query.cursor.clone();
     let page = workflow.list(&options).await?;
     Ok(Json(
         json!({ "instances": page.instances, "cursor": page.cursor }),
     ))
+}
+
+/// `GET /api/instances`: the filter of the dashboard's list as query parameters.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AllQuery {
+    workflow: Option<String>,
+    /// Comma-separated statuses.
+    status: Option<String>,
+    created_from: Option<String>,
+    created_before: Option<String>,
+    id_prefix: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+/// A time in a query: RFC 3339 (UTC, `Z`) or epoch milliseconds.
+fn query_time(name: &str, text: Option<&str>) -> ApiResult<Option<cairn::Timestamp>> {
+    let Some(text) = text.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(Some(cairn::Timestamp::from_millis(ms)));
+    }
+    humantime::parse_rfc3339_weak(text)
+        .map(|t| Some(cairn::Timestamp::from_system_time(t)))
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "{name} must be an RFC 3339 time such as 2026-01-31T12:00:00Z: {e}"
+            ))
+        })
+}
+
+/// The statuses of a comma-separated list.
+pub(crate) fn parse_statuses(list: Option<&str>) -> ApiResult<Vec<InstanceStatus>> {
+    list.unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<InstanceStatus>().map_err(ApiError::bad_request))
+        .collect()
+}
+
+async fn list_all_instances(
+    State(engine): State<Engine>,
+    query: Result<Query<AllQuery>, QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
+    let filter = crate::bulk::Filter {
+        workflow: query.workflow.filter(|w| !w.is_empty()),
+        status: parse_statuses(query.status.as_deref())?,
+        created_from: query_time("createdFrom", query.created_from.as_deref())?,
+        created_before: query_time("createdBefore", query.created_before.as_deref())?,
+        id_prefix: query.id_prefix,
+    };
+    let limit = match query.limit {
+        None => 50,
+        Some(n @ 1..=MAX_LIMIT) => n,
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "limit must be between 1 and {MAX_LIMIT}, not {n}"
+            )));
+        }
+    };
+    let page = engine
+        .list_instances(
+            filter.workflow.as_deref(),
+            &filter.options(query.cursor, limit),
+        )
+        .await?;
+    let instances: Vec<Value> = page
+        .instances
+        .iter()
+        .map(|i| {
+            let mut row = serde_json::to_value(i).unwrap_or_default();
+            if let Some(map) = row.as_object_mut() {
+                map.insert("workflow".into(), json!(i.workflow));
+            }
+            row
+        })
+        .collect();
+    Ok(Json(json!({ "instances": instances, "cursor": page.cursor })))
+}
+
+async fn bulk(
+    State(engine): State<Engine>,
+    payload: Result<Json<Object<crate::bulk::Request>>, JsonRejection>,
+) -> ApiResult<Json<Value>> {
+    let Object(request) = body(payload)?;
+    Ok(Json(crate::bulk::handle(&engine, request).await?))
 }
 
 async fn instance_details(

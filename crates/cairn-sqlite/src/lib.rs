@@ -467,6 +467,10 @@ impl Store for SqliteStore {
         self.read(move |conn| rows::list(conn, &query))
     }
 
+    fn count_matching(&self, query: ListQuery) -> StoreFuture<'_, u64> {
+        self.read(move |conn| rows::count_matching(conn, &query))
+    }
+
     fn count(&self, workflow: &WorkflowName, status: InstanceStatus) -> StoreFuture<'_, u64> {
         let workflow = workflow.to_string();
         self.read(move |conn| {

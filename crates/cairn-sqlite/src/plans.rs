@@ -2,6 +2,7 @@
 //! range, never a full scan or a sort of the instances or log tables. Run against a
 //! database with statistics, so the plans are the ones a real database gets.
 
+use cairn_core::InstanceStatus;
 use rusqlite::Connection;
 
 use crate::rows;
@@ -89,9 +90,31 @@ fn hot_queries_never_scan_or_sort_history() {
         ("start-up: leases", crate::TAKE_OVER_LEASES_SQL.into()),
         ("start-up: pending pauses", crate::PENDING_PAUSES_SQL.into()),
     ];
-    for (status, before) in [(false, false), (true, false), (false, true), (true, true)] {
-        queries.push(("list", rows::list_sql(true, status, before)));
+    let workflow = Some(cairn_core::WorkflowName::new("wf").unwrap());
+    for statuses in [vec![], vec![InstanceStatus::Running]] {
+        for before in [None, Some(cairn_store::InstanceRef(5))] {
+            let query = cairn_store::ListQuery {
+                workflow: workflow.clone(),
+                statuses: statuses.clone(),
+                before,
+                limit: 50,
+                ..Default::default()
+            };
+            queries.push(("list", rows::list_sql(&query).0));
+        }
     }
+    // The dashboard's filters: several statuses, a creation range and an id prefix read
+    // the listing's order and filter; they never sort.
+    let filtered = cairn_store::ListQuery {
+        workflow,
+        statuses: vec![InstanceStatus::Running, InstanceStatus::Errored],
+        created_from: Some(cairn_core::Timestamp::from_millis(1)),
+        created_before: Some(cairn_core::Timestamp::from_millis(2)),
+        id_prefix: Some("a".into()),
+        before: Some(cairn_store::InstanceRef(5)),
+        limit: 50,
+    };
+    queries.push(("list with every filter", rows::list_sql(&filtered).0));
     let mut bad = Vec::new();
     for (name, sql) in &queries {
         let lines = plan(&conn, sql);

@@ -8,7 +8,8 @@ use cairn_core::{
 };
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, Result, Sent, StatusChange, StoredEvent, Timers, Write,
+    ListQuery, NewEvent, NewInstance, Result, Sent, SqlArg, StatusChange, StoredEvent, Timers,
+    Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
@@ -72,22 +73,7 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
 }
 
 pub(crate) fn list(conn: &Connection, query: &ListQuery) -> Result<Vec<InstanceRecord>> {
-    let mut args: Vec<rusqlite::types::Value> = Vec::new();
-    if let Some(workflow) = &query.workflow {
-        args.push(workflow.to_string().into());
-    }
-    if let Some(status) = query.status {
-        args.push(status.code().into());
-    }
-    if let Some(before) = query.before {
-        args.push(before.0.into());
-    }
-    args.push(i64::try_from(query.limit).unwrap_or(i64::MAX).into());
-    let sql = list_sql(
-        query.workflow.is_some(),
-        query.status.is_some(),
-        query.before.is_some(),
-    );
+    let (sql, args) = list_sql(query);
     let mut st = conn.prepare_cached(&sql).map_err(map_sqlite)?;
     let rows = st
         .query_map(params_from_iter(args), instance)
@@ -95,21 +81,40 @@ pub(crate) fn list(conn: &Connection, query: &ListQuery) -> Result<Vec<InstanceR
     rows.map(|r| r.map_err(map_sqlite)?).collect()
 }
 
-/// A page of instances, newest first: a range of `instances_by_workflow` (or of
-/// `instances_by_status` with a status), read in order, never sorted.
-pub(crate) fn list_sql(workflow: bool, status: bool, before: bool) -> String {
-    let mut sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE 1 = 1");
-    if workflow {
-        sql.push_str(" AND workflow = ?");
-    }
-    if status {
-        sql.push_str(" AND status = ?");
-    }
-    if before {
-        sql.push_str(" AND iid < ?");
-    }
-    sql.push_str(" ORDER BY iid DESC LIMIT ?");
-    sql
+pub(crate) fn count_matching(conn: &Connection, query: &ListQuery) -> Result<u64> {
+    let filter = query.sql_filter(false, placeholder);
+    let sql = format!("SELECT count(*) FROM instances WHERE {}", filter.clause);
+    let n: i64 = conn
+        .prepare_cached(&sql)
+        .and_then(|mut st| st.query_row(params_from_iter(values(filter.args)), |r| r.get(0)))
+        .map_err(map_sqlite)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+fn placeholder(n: usize) -> String {
+    format!("?{n}")
+}
+
+fn values(args: Vec<SqlArg>) -> impl Iterator<Item = rusqlite::types::Value> {
+    args.into_iter().map(|a| match a {
+        SqlArg::Int(n) => n.into(),
+        SqlArg::Text(s) => s.into(),
+    })
+}
+
+/// A page of instances, newest first, and its arguments: a range of
+/// `instances_by_workflow` (or of `instances_by_status` with one status), read in order,
+/// never sorted.
+pub(crate) fn list_sql(query: &ListQuery) -> (String, Vec<rusqlite::types::Value>) {
+    let filter = query.sql_filter(true, placeholder);
+    let limit = placeholder(filter.args.len() + 1);
+    let sql = format!(
+        "SELECT {INSTANCE_COLUMNS} FROM instances WHERE {} ORDER BY iid DESC LIMIT {limit}",
+        filter.clause
+    );
+    let mut args: Vec<_> = values(filter.args).collect();
+    args.push(i64::try_from(query.limit).unwrap_or(i64::MAX).into());
+    (sql, args)
 }
 
 /// Ready instances of one rank, earliest first: a range in `instances_ready`.

@@ -18,8 +18,8 @@ use cairn_core::{
 };
 
 use crate::{
-    ControlOutcome, ControlRequest, Created, Error, ListQuery, NewInstance, StatusChange, Store,
-    Write,
+    ControlOutcome, ControlRequest, Created, Error, InstanceRecord, ListQuery, NewInstance,
+    StatusChange, Store, Write,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -466,7 +466,7 @@ pub async fn list_is_newest_first_with_filters(store: Arc<dyn Store>) {
     assert_eq!(page[0].id.as_str(), "b");
     let running = store
         .list(ListQuery {
-            status: Some(InstanceStatus::Running),
+            statuses: vec![InstanceStatus::Running],
             limit: 10,
             ..Default::default()
         })
@@ -487,6 +487,101 @@ pub async fn list_is_newest_first_with_filters(store: Arc<dyn Store>) {
             .unwrap(),
         0
     );
+}
+
+/// The dashboard's filters (several statuses, a creation range, an id prefix, with and
+/// without a workflow) select the same rows in `list` and `count_matching`, and a prefix
+/// is literal: `_` matches only itself.
+pub async fn list_filters_and_count_matching_agree(store: Arc<dyn Store>) {
+    let ids = ["ord-1", "ord-2", "ord_3", "ordx", "inv-1", "ordy"];
+    for (i, id) in ids.iter().enumerate() {
+        let mut new = new_instance("wf", id);
+        new.created_at = T0.saturating_add(Duration::from_secs(60 * i as u64));
+        store.create(vec![new]).await.unwrap();
+    }
+    create_one(&*store, "other", "ord-9").await;
+    // ord-2 runs and waits, ord_3 runs: three statuses in play.
+    let later = T0.saturating_add(Duration::from_secs(3600));
+    let claimed = store.claim("o", &[wf("wf")], later, TTL, 10).await.unwrap();
+    for (id, status) in [("ord-2", InstanceStatus::Waiting), ("ord_3", InstanceStatus::Running)] {
+        let lease = claimed
+            .iter()
+            .find(|c| c.record.id.as_str() == id)
+            .expect("claimed")
+            .lease;
+        store
+            .commit(lease, vec![Write::Status(StatusChange::to(status))])
+            .await
+            .unwrap();
+    }
+    let ids_of = |rows: Vec<InstanceRecord>| -> Vec<String> {
+        rows.into_iter().map(|r| r.id.to_string()).collect()
+    };
+    let check = |query: ListQuery, want: &[&str]| {
+        let store = store.clone();
+        let want: Vec<String> = want.iter().map(|s| (*s).to_owned()).collect();
+        async move {
+            let listed = ids_of(store.list(query.clone()).await.unwrap());
+            assert_eq!(listed, want, "{query:?}");
+            let n = store.count_matching(query.clone()).await.unwrap();
+            assert_eq!(n, want.len() as u64, "count of {query:?}");
+        }
+    };
+    let of = |statuses: Vec<InstanceStatus>| ListQuery {
+        workflow: Some(wf("wf")),
+        statuses,
+        limit: 100,
+        ..Default::default()
+    };
+    check(
+        of(vec![InstanceStatus::Waiting, InstanceStatus::Running]),
+        &["ord_3", "ord-2"],
+    )
+    .await;
+    check(
+        ListQuery {
+            id_prefix: Some("ord-".into()),
+            ..of(vec![])
+        },
+        &["ord-2", "ord-1"],
+    )
+    .await;
+    check(
+        ListQuery {
+            id_prefix: Some("ord_".into()),
+            ..of(vec![])
+        },
+        &["ord_3"],
+    )
+    .await;
+    check(
+        ListQuery {
+            id_prefix: Some("ord-".into()),
+            limit: 100,
+            ..Default::default()
+        },
+        &["ord-9", "ord-2", "ord-1"],
+    )
+    .await;
+    check(
+        ListQuery {
+            created_from: Some(T0.saturating_add(Duration::from_secs(60))),
+            created_before: Some(T0.saturating_add(Duration::from_secs(180))),
+            ..of(vec![])
+        },
+        &["ord_3", "ord-2"],
+    )
+    .await;
+    check(
+        ListQuery {
+            statuses: vec![InstanceStatus::Queued],
+            id_prefix: Some("ord".into()),
+            created_from: Some(T0.saturating_add(Duration::from_secs(60))),
+            ..of(vec![])
+        },
+        &["ordy", "ordx"],
+    )
+    .await;
 }
 
 pub async fn commit_to_a_missing_instance_is_not_found(store: Arc<dyn Store>) {
@@ -1142,6 +1237,7 @@ macro_rules! conformance_tests {
             release_makes_an_instance_claimable_again,
             resuming_instances_are_claimed_before_new_ones,
             list_is_newest_first_with_filters,
+            list_filters_and_count_matching_agree,
             commit_to_a_missing_instance_is_not_found,
             finished_instances_are_purged_after_their_retention,
             fencing_survives_instance_row_reuse,
@@ -1184,6 +1280,7 @@ macro_rules! conformance_tests {
             release_makes_an_instance_claimable_again,
             resuming_instances_are_claimed_before_new_ones,
             list_is_newest_first_with_filters,
+            list_filters_and_count_matching_agree,
             commit_to_a_missing_instance_is_not_found,
             finished_instances_are_purged_after_their_retention,
             fencing_survives_instance_row_reuse,

@@ -37,7 +37,10 @@ use futures::stream::BoxStream;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod filter;
 pub mod packing;
+
+pub use filter::{SqlArg, SqlFilter};
 
 /// What a store operation can fail with. The engine decides what to do from the variant.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -398,8 +401,14 @@ pub enum ChangeKind {
 pub struct ListQuery {
     /// Only this workflow's instances.
     pub workflow: Option<WorkflowName>,
-    /// Only instances in this status.
-    pub status: Option<InstanceStatus>,
+    /// Only instances in one of these statuses (any status when empty).
+    pub statuses: Vec<InstanceStatus>,
+    /// Only instances created at or after this time.
+    pub created_from: Option<Timestamp>,
+    /// Only instances created before this time.
+    pub created_before: Option<Timestamp>,
+    /// Only instances whose id starts with this.
+    pub id_prefix: Option<String>,
     /// Only instances older than this reference (cursor pagination).
     pub before: Option<InstanceRef>,
     /// At most this many.
@@ -433,6 +442,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many instances of `workflow` are in `status`.
     fn count(&self, workflow: &WorkflowName, status: InstanceStatus) -> StoreFuture<'_, u64>;
+
+    /// How many instances [`Store::list`] would return for `query` without its `limit`
+    /// (a scan of the matching rows: for a confirmation, not for a hot path).
+    fn count_matching(&self, query: ListQuery) -> StoreFuture<'_, u64>;
 
     /// Claims up to `limit` runnable instances of `workflows` for `owner`: those whose
     /// `ready_at` has come (instances resuming from a wait before newly queued ones, then

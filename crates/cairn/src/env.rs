@@ -23,6 +23,15 @@ pub(crate) struct Env {
     pub(crate) clock: Clock,
     pub(crate) limits: Limits,
     pub(crate) leases: Leases,
+    /// The last hour's counts for the dashboard's charts.
+    pub(crate) activity: crate::telemetry::Activity,
+}
+
+impl Env {
+    /// Now, and where [`crate::telemetry`] counts it per minute.
+    pub(crate) fn seen(&self) -> crate::telemetry::Seen<'_> {
+        (&self.activity, self.clock.now())
+    }
 }
 
 /// How long this engine's leases hold: from a lease's claim, or from the last renewal of

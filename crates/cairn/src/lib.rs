@@ -15,6 +15,7 @@ pub mod telemetry;
 mod workflow;
 
 pub use cairn_core::json;
+pub use cairn_core::rfc3339;
 pub use cairn_core::{
     Backoff, ErrorInfo, EventType, InstanceId, InstanceStatus, LogEntry, LogKind, LogRecord,
     MAX_BATCH, MAX_ERROR_MESSAGE, ResolvedConfig, RetryDelay, StepKey, StepKind, StepName,

@@ -116,24 +116,41 @@ fn label(workflow: &WorkflowName) -> String {
     workflow.as_str().to_owned()
 }
 
+/// When it happened and where it is counted per minute: the first argument of every
+/// counting function below that the dashboard charts.
+pub(crate) type Seen<'a> = (&'a Activity, cairn_core::Timestamp);
+
 /// `n` instances of `workflow` were created.
-pub(crate) fn created(workflow: &WorkflowName, n: usize) {
+pub(crate) fn created(seen: Seen<'_>, workflow: &WorkflowName, n: usize) {
     counter!(INSTANCES_CREATED, "workflow" => label(workflow)).increment(n as u64);
+    seen.0.add(seen.1, workflow, |c| c.created += n as u64);
 }
 
 /// An instance started for the first time, `queued` after it was created.
-pub(crate) fn started(workflow: &WorkflowName, queued: Duration) {
+pub(crate) fn started(seen: Seen<'_>, workflow: &WorkflowName, queued: Duration) {
     counter!(INSTANCES_STARTED, "workflow" => label(workflow)).increment(1);
     histogram!(QUEUE_DELAY, "workflow" => label(workflow)).record(queued.as_secs_f64());
+    seen.0.add(seen.1, workflow, |c| c.started += 1);
 }
 
 /// An instance was restarted: it starts again (its queue delay is not recorded again).
-pub(crate) fn restarted(workflow: &WorkflowName) {
+pub(crate) fn restarted(seen: Seen<'_>, workflow: &WorkflowName) {
     counter!(INSTANCES_STARTED, "workflow" => label(workflow)).increment(1);
+    seen.0.add(seen.1, workflow, |c| c.started += 1);
 }
 
 /// An instance ended in `status`; `ran` is how long since its first start, when known.
-pub(crate) fn finished(workflow: &WorkflowName, status: InstanceStatus, ran: Option<Duration>) {
+pub(crate) fn finished(
+    seen: Seen<'_>,
+    workflow: &WorkflowName,
+    status: InstanceStatus,
+    ran: Option<Duration>,
+) {
+    seen.0.add(seen.1, workflow, |c| match status {
+        InstanceStatus::Complete => c.completed += 1,
+        InstanceStatus::Errored => c.errored += 1,
+        _ => c.terminated += 1,
+    });
     let labels = [
         ("workflow", label(workflow)),
         ("status", status.as_str().to_owned()),
@@ -169,12 +186,19 @@ impl AttemptOutcome {
 /// A step attempt ended with `outcome` after running `ran` (unknown for an attempt a crash
 /// interrupted). `rollback` tells a compensation's attempt from a step's.
 pub(crate) fn attempt(
+    seen: Seen<'_>,
     workflow: &WorkflowName,
     step: &str,
     rollback: bool,
     outcome: AttemptOutcome,
     ran: Option<Duration>,
 ) {
+    seen.0.add(seen.1, workflow, |c| {
+        c.attempts += 1;
+        if matches!(outcome, AttemptOutcome::Error | AttemptOutcome::Timeout) {
+            c.failed_attempts += 1;
+        }
+    });
     let kind = if rollback { "rollback" } else { "step" };
     let step = step_label(workflow, step);
     counter!(
@@ -247,4 +271,86 @@ fn step_label(workflow: &WorkflowName, step: &str) -> String {
         return step.to_owned();
     }
     "(other)".to_owned()
+}
+
+/// What one workflow did in one minute, as this engine saw it: the dashboard's charts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct MinuteCounts {
+    /// Instances created.
+    pub created: u64,
+    /// Instances that started (first start or restart).
+    pub started: u64,
+    /// Instances that completed.
+    pub completed: u64,
+    /// Instances that errored.
+    pub errored: u64,
+    /// Instances terminated.
+    pub terminated: u64,
+    /// Step and rollback attempts that ended.
+    pub attempts: u64,
+    /// Of those, the attempts that failed (error or timeout).
+    pub failed_attempts: u64,
+}
+
+/// One minute of [`Activity`]: its start and each workflow's counts.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ActivityMinute {
+    /// The minute's start.
+    #[serde(serialize_with = "cairn_core::rfc3339::serialize")]
+    pub minute: cairn_core::Timestamp,
+    /// Counts by workflow (workflows with nothing in this minute are absent).
+    pub workflows: HashMap<WorkflowName, MinuteCounts>,
+}
+
+/// The last [`ACTIVITY_MINUTES`] minutes of this engine's activity, counted in memory at
+/// the same points as the counters above (after the commit that makes each true). Per
+/// process and since its start: engines sharing a PostgreSQL database each count their own.
+/// It costs one uncontended lock per counted event; nothing is read from the store.
+#[derive(Debug, Default)]
+pub struct Activity {
+    minutes: Mutex<std::collections::VecDeque<ActivityMinute>>,
+}
+
+/// How many minutes [`Activity`] keeps.
+pub const ACTIVITY_MINUTES: usize = 60;
+
+impl Activity {
+    fn add(&self, at: cairn_core::Timestamp, workflow: &WorkflowName, f: impl FnOnce(&mut MinuteCounts)) {
+        let minute = cairn_core::Timestamp::from_millis(at.as_millis().div_euclid(60_000) * 60_000);
+        let mut minutes = self.minutes.lock().unwrap_or_else(PoisonError::into_inner);
+        // Events arrive in clock order but for a few in flight across a minute's end: an
+        // event of an earlier minute still kept is counted in it.
+        let slot = match minutes.iter().rposition(|m| m.minute <= minute) {
+            Some(i) if minutes[i].minute == minute => i,
+            Some(i) if i + 1 < minutes.len() => return, // a minute without events: dropped
+            None if !minutes.is_empty() => return,      // older than everything kept
+            _ => {
+                minutes.push_back(ActivityMinute {
+                    minute,
+                    workflows: HashMap::new(),
+                });
+                while minutes.len() > ACTIVITY_MINUTES {
+                    minutes.pop_front();
+                }
+                minutes.len() - 1
+            }
+        };
+        let counts = match minutes[slot].workflows.get_mut(workflow) {
+            Some(c) => c,
+            None => minutes[slot].workflows.entry(workflow.clone()).or_default(),
+        };
+        f(counts);
+    }
+
+    /// The minutes kept that start at or after `since`, oldest first; minutes without
+    /// activity are absent.
+    pub fn since(&self, since: cairn_core::Timestamp) -> Vec<ActivityMinute> {
+        let minutes = self.minutes.lock().unwrap_or_else(PoisonError::into_inner);
+        minutes
+            .iter()
+            .filter(|m| m.minute >= since)
+            .cloned()
+            .collect()
+    }
 }

@@ -625,7 +625,7 @@ async fn terminate_all(
         let mut cursor = None;
         loop {
             let mut options = cairn::ListOptions::default().limit(100);
-            options.status = only;
+            options.statuses = only.into_iter().collect();
             options.cursor = cursor.take();
             let page = match workflow.list(&options).await {
                 Ok(page) => page,
@@ -712,7 +712,7 @@ async fn list_instances(
     let mut scanned = 0;
     'walk: loop {
         let mut options = cairn::ListOptions::default().limit(per_page.max(50));
-        options.status = status;
+        options.statuses = status.into_iter().collect();
         options.cursor = cursor.take();
         let listed = workflow.list(&options).await?;
         let rows = listed.instances.len();

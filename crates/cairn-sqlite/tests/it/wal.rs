@@ -63,9 +63,8 @@ async fn the_wal_is_bounded_and_truncated_at_shutdown() {
     let listed = store
         .list(cairn_store::ListQuery {
             workflow: Some(WorkflowName::new("w").unwrap()),
-            status: None,
-            before: None,
             limit: 100,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -376,9 +376,11 @@ impl<O: DeserializeOwned> Instance<O> {
                 }
                 match request {
                     _ if to == cairn_core::InstanceStatus::Terminated => {
-                        crate::telemetry::finished(&self.workflow, to, None);
+                        crate::telemetry::finished(inner.env.seen(), &self.workflow, to, None);
                     }
-                    ControlRequest::Restart { .. } => crate::telemetry::restarted(&self.workflow),
+                    ControlRequest::Restart { .. } => {
+                        crate::telemetry::restarted(inner.env.seen(), &self.workflow);
+                    }
                     _ => {}
                 }
                 inner.wake.notify_one();

@@ -50,4 +50,32 @@ impl Engine {
             name,
         })
     }
+
+    /// One page of the instances `options` select across every workflow (or of `workflow`),
+    /// newest first: the dashboard's listing. Each row names its workflow.
+    ///
+    /// # Errors
+    /// An unknown workflow, a cursor not handed out by a listing, or a store failure.
+    pub async fn list_instances(
+        &self,
+        workflow: Option<&str>,
+        options: &ListOptions,
+    ) -> Result<InstancePage, Error> {
+        let workflow = workflow.map(|w| self.workflow_by_name(w).map(|w| w.name)).transpose()?;
+        workflow::list(self, workflow, options).await
+    }
+
+    /// How many instances [`Engine::list_instances`] would list in all its pages (a scan of
+    /// the matching rows: for a confirmation such as "terminate 1,204 instances?").
+    ///
+    /// # Errors
+    /// An unknown workflow, or a store failure.
+    pub async fn count_instances(
+        &self,
+        workflow: Option<&str>,
+        options: &ListOptions,
+    ) -> Result<u64, Error> {
+        let workflow = workflow.map(|w| self.workflow_by_name(w).map(|w| w.name)).transpose()?;
+        workflow::count(self, workflow, options).await
+    }
 }

@@ -19,6 +19,9 @@ use crate::workflow::Workflow;
 /// One row of an instance listing.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct InstanceSummary {
+    /// Its workflow (not serialised: a listing of one workflow names it once).
+    #[serde(skip)]
+    pub workflow: WorkflowName,
     /// The instance id.
     pub id: InstanceId,
     /// Its status.
@@ -55,8 +58,14 @@ impl InstanceSummary {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ListOptions {
-    /// Only instances in this status.
-    pub status: Option<InstanceStatus>,
+    /// Only instances in one of these statuses (any status when empty).
+    pub statuses: Vec<InstanceStatus>,
+    /// Only instances created at or after this time.
+    pub created_from: Option<cairn_core::Timestamp>,
+    /// Only instances created before this time.
+    pub created_before: Option<cairn_core::Timestamp>,
+    /// Only instances whose id starts with this.
+    pub id_prefix: Option<String>,
     /// Start after this position: the previous page's [`InstancePage::cursor`].
     pub cursor: Option<String>,
     /// At most this many (default 50).
@@ -66,7 +75,10 @@ pub struct ListOptions {
 impl Default for ListOptions {
     fn default() -> Self {
         ListOptions {
-            status: None,
+            statuses: Vec::new(),
+            created_from: None,
+            created_before: None,
+            id_prefix: None,
             cursor: None,
             limit: 50,
         }
@@ -74,10 +86,43 @@ impl Default for ListOptions {
 }
 
 impl ListOptions {
-    /// Only instances in `status`.
+    /// Only instances in `status` (or in another status given this way).
     pub fn status(mut self, status: InstanceStatus) -> Self {
-        self.status = Some(status);
+        if !self.statuses.contains(&status) {
+            self.statuses.push(status);
+        }
         self
+    }
+
+    /// Only instances created at or after `at`.
+    pub fn created_from(mut self, at: cairn_core::Timestamp) -> Self {
+        self.created_from = Some(at);
+        self
+    }
+
+    /// Only instances created before `at`.
+    pub fn created_before(mut self, at: cairn_core::Timestamp) -> Self {
+        self.created_before = Some(at);
+        self
+    }
+
+    /// Only instances whose id starts with `prefix`.
+    pub fn id_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.id_prefix = Some(prefix.into());
+        self
+    }
+
+    /// The store's query for these options over `workflow` (every workflow when `None`).
+    fn query(&self, workflow: Option<WorkflowName>) -> Result<cairn_store::ListQuery, Error> {
+        Ok(cairn_store::ListQuery {
+            workflow,
+            statuses: self.statuses.clone(),
+            created_from: self.created_from,
+            created_before: self.created_before,
+            id_prefix: self.id_prefix.clone(),
+            before: self.cursor.as_deref().map(decode_cursor).transpose()?,
+            limit: self.limit,
+        })
     }
 
     /// The page after `cursor`.
@@ -309,7 +354,7 @@ impl UntypedWorkflow {
             .filter(|c| matches!(c, Created::New(_)))
             .count();
         if new > 0 {
-            crate::telemetry::created(&self.name, new);
+            crate::telemetry::created(self.engine.inner.env.seen(), &self.name, new);
             self.engine.inner.wake.notify_one();
             self.engine.inner.changed();
         }
@@ -484,37 +529,7 @@ impl UntypedWorkflow {
     /// # Errors
     /// A cursor not handed out by a listing (`cursor.invalid`), or a store failure.
     pub async fn list(&self, options: &ListOptions) -> Result<InstancePage, Error> {
-        let (status, limit) = (options.status, options.limit);
-        let before = options.cursor.as_deref().map(decode_cursor).transpose()?;
-        let rows = self
-            .engine
-            .inner
-            .env
-            .store
-            .list(cairn_store::ListQuery {
-                workflow: Some(self.name.clone()),
-                status,
-                before,
-                limit,
-            })
-            .await?;
-        let cursor = (rows.len() == limit && limit > 0)
-            .then(|| rows.last().map(|r| encode_cursor(r.instance)))
-            .flatten();
-        Ok(InstancePage {
-            instances: rows
-                .into_iter()
-                .map(|r| InstanceSummary {
-                    id: r.id,
-                    status: r.status,
-                    created: r.created_at,
-                    started: r.started_at,
-                    ended: r.ended_at,
-                    position: r.instance,
-                })
-                .collect(),
-            cursor,
-        })
+        list(&self.engine, Some(self.name.clone()), options).await
     }
 
     /// Deletes up to 100 instances. The result has one entry per input position: an id
@@ -586,4 +601,50 @@ impl UntypedWorkflow {
         instance.record().await?;
         Ok(instance)
     }
+}
+
+/// One page of the instances of `workflow` (of every workflow when `None`) that `options`
+/// select, newest first.
+pub(crate) async fn list(
+    engine: &Engine,
+    workflow: Option<WorkflowName>,
+    options: &ListOptions,
+) -> Result<InstancePage, Error> {
+    let limit = options.limit;
+    let rows = engine
+        .inner
+        .env
+        .store
+        .list(options.query(workflow)?)
+        .await?;
+    let cursor = (rows.len() == limit && limit > 0)
+        .then(|| rows.last().map(|r| encode_cursor(r.instance)))
+        .flatten();
+    Ok(InstancePage {
+        instances: rows
+            .into_iter()
+            .map(|r| InstanceSummary {
+                workflow: r.workflow,
+                id: r.id,
+                status: r.status,
+                created: r.created_at,
+                started: r.started_at,
+                ended: r.ended_at,
+                position: r.instance,
+            })
+            .collect(),
+        cursor,
+    })
+}
+
+/// How many instances of `workflow` (of every workflow when `None`) `options` select,
+/// ignoring its cursor and limit.
+pub(crate) async fn count(
+    engine: &Engine,
+    workflow: Option<WorkflowName>,
+    options: &ListOptions,
+) -> Result<u64, Error> {
+    let mut query = options.query(workflow)?;
+    query.before = None;
+    Ok(engine.inner.env.store.count_matching(query).await?)
 }

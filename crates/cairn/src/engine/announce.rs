@@ -196,6 +196,10 @@ impl Store for Announcing {
         self.store.count(workflow, status)
     }
 
+    fn count_matching(&self, query: ListQuery) -> StoreFuture<'_, u64> {
+        self.store.count_matching(query)
+    }
+
     fn claim(
         &self,
         owner: &str,

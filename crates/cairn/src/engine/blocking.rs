@@ -52,6 +52,10 @@ impl Store for Blocking {
         blocking(&self.0, move |s| s.list(query))
     }
 
+    fn count_matching(&self, query: ListQuery) -> StoreFuture<'_, u64> {
+        blocking(&self.0, move |s| s.count_matching(query))
+    }
+
     fn count(&self, workflow: &WorkflowName, status: InstanceStatus) -> StoreFuture<'_, u64> {
         let workflow = workflow.clone();
         blocking(&self.0, move |s| {

@@ -270,7 +270,7 @@ async fn one_lifetime(
         inner.status_changed(state.lease.instance);
         if record.started_at.is_none() {
             state.set_started_at(now);
-            crate::telemetry::started(&record.workflow, now.since(record.created_at));
+            crate::telemetry::started(state.env.seen(), &record.workflow, now.since(record.created_at));
         }
     }
 
@@ -570,7 +570,7 @@ async fn finish(
     };
     state.commit_now(writes).await.map_err(Abort::Store)?;
     let ran = state.started_at().map(|at| now.since(at));
-    crate::telemetry::finished(&state.workflow, status, ran);
+    crate::telemetry::finished(state.env.seen(), &state.workflow, status, ran);
     tracing::debug!(workflow = %state.workflow, instance = %state.instance_id, status = %status, "finished");
     Ok(())
 }

@@ -124,6 +124,7 @@ mod tests {
                 payload_limit: 1024,
             },
             leases: crate::env::Leases::new(crate::env::UNBOUNDED_LEASE),
+            activity: crate::telemetry::Activity::default(),
         });
         let live = Live::default();
         let (older, newer) = (lifetime(&env, 1), lifetime(&env, 2));

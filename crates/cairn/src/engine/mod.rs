@@ -125,6 +125,12 @@ impl Engine {
         &self.inner.env.clock
     }
 
+    /// What this engine did in each minute of the last hour (the minutes from `since` on,
+    /// oldest first), counted in memory since it started: see [`crate::telemetry::Activity`].
+    pub fn activity(&self, since: cairn_core::Timestamp) -> Vec<crate::telemetry::ActivityMinute> {
+        self.inner.env.activity.since(since)
+    }
+
     /// The names of the registered workflows, in registration order.
     pub fn workflow_names(&self) -> &[WorkflowName] {
         &self.inner.names
@@ -399,6 +405,7 @@ impl EngineBuilder {
                     payload_limit: self.payload_limit,
                 },
                 leases: crate::env::Leases::new(lease_ttl),
+                activity: crate::telemetry::Activity::default(),
             }),
             workflows,
             names,

@@ -399,6 +399,7 @@ impl Lifetime {
             // with the op: the attempt is still counted once, as cancelled.)
             for step in &cancelled {
                 crate::telemetry::attempt(
+                    self.env.seen(),
                     &self.workflow,
                     step,
                     false,

@@ -280,6 +280,7 @@ impl Execution {
     /// Counts one attempt of this execution's step that ended with `outcome`.
     fn count_attempt(&self, key: &StepKey, outcome: AttemptOutcome, ran: Option<Duration>) {
         crate::telemetry::attempt(
+            self.state.env.seen(),
             &self.state.workflow,
             &key.name,
             self.is_rollback(),

@@ -69,6 +69,9 @@ impl Store for FailingStore {
     fn count(&self, w: &WorkflowName, s: InstanceStatus) -> StoreFuture<'_, u64> {
         self.inner.count(w, s)
     }
+    fn count_matching(&self, q: cairn_store::ListQuery) -> StoreFuture<'_, u64> {
+        self.inner.count_matching(q)
+    }
     fn claim(
         &self,
         owner: &str,

@@ -281,9 +281,9 @@ async fn all_instances(store: &dyn Store) -> Vec<cairn::store::InstanceRecord> {
         let page = store
             .list(ListQuery {
                 workflow: Some(WorkflowName::new("test").unwrap()),
-                status: None,
                 before,
                 limit: 1000,
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -430,6 +430,9 @@ impl Store for Hooked {
     fn count(&self, w: &cairn::WorkflowName, s: cairn::InstanceStatus) -> StoreFuture<'_, u64> {
         hooked!(self, "count", self.inner.count(w, s))
     }
+    fn count_matching(&self, q: cairn_store::ListQuery) -> StoreFuture<'_, u64> {
+        hooked!(self, "count_matching", self.inner.count_matching(q))
+    }
     fn claim(
         &self,
         owner: &str,
