@@ -121,10 +121,55 @@ impl Workflow for Report {
     }
 }
 
+/// Reserves stock (undone by a rollback), then charges a card that times out on its first
+/// `failures` attempts (default 2; retried after 1 s, then 2 s); `{"decline": true}` makes
+/// the charge fail for good, and the reservation is rolled back. What the dashboard's
+/// timeline shows: attempts, retry delays, the rollback phase.
+pub(crate) struct Checkout;
+
+impl Workflow for Checkout {
+    const NAME: &'static str = "checkout";
+    type Params = serde_json::Value;
+    type Output = serde_json::Value;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<serde_json::Value>,
+        step: WorkflowStep,
+    ) -> Result<serde_json::Value, WorkflowError> {
+        let failures = event.payload["failures"].as_u64().unwrap_or(2).min(4);
+        let decline = event.payload["decline"].as_bool().unwrap_or(false);
+        let reservation: String = step
+            .run("reserve stock", |ctx| async move {
+                Ok(format!("rsv-{}", ctx.idempotency_key()))
+            })
+            .rollback(|_: Rollback<String>| async { Ok(()) })
+            .await?;
+        let retries = StepConfig {
+            retries: Some(Retries::exponential(5, Duration::from_secs(1))),
+            ..StepConfig::default()
+        };
+        let charge: String = step
+            .run("charge card", move |ctx| async move {
+                if decline {
+                    return Err(NonRetryableError::new("card declined").into());
+                }
+                if u64::from(ctx.attempt) <= failures {
+                    return Err(StepError::from("card network timed out"));
+                }
+                Ok(format!("ch-{}", ctx.attempt))
+            })
+            .config(&retries)
+            .await?;
+        Ok(serde_json::json!({ "reservation": reservation, "charge": charge }))
+    }
+}
+
 pub(crate) fn register(builder: cairn::EngineBuilder) -> cairn::EngineBuilder {
     builder
         .register(Greet)
         .register(Approval)
         .register(Nap)
         .register(Report)
+        .register(Checkout)
 }

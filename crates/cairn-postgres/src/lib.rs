@@ -469,6 +469,10 @@ impl Store for PostgresStore {
         })
     }
 
+    fn log_head(&self) -> StoreFuture<'_, u64> {
+        Box::pin(async move { reads::log_head(&self.reader().await?).await })
+    }
+
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         let workflows = names(workflows);
         Box::pin(async move { reads::next_ready(&self.reader().await?, &workflows).await })

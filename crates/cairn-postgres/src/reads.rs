@@ -127,6 +127,12 @@ pub(crate) async fn count_matching(client: &impl GenericClient, q: &ListQuery) -
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+pub(crate) async fn log_head(client: &impl GenericClient) -> Result<u64> {
+    let rows = query(client, "SELECT max(id) FROM log", &[]).await?;
+    let id: Option<i64> = rows.first().and_then(|r| r.get(0));
+    Ok(id.and_then(|id| u64::try_from(id).ok()).unwrap_or(0))
+}
+
 /// Instances of a workflow in a status: the folded count plus the deltas not folded yet.
 pub(crate) const COUNT_SQL: &str =
     "SELECT (COALESCE((SELECT n FROM instance_counts WHERE workflow = $1 AND status = $2), 0)

@@ -83,7 +83,11 @@ pub(crate) async fn json_errors(
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/event-stream"));
+        .is_some_and(|v| {
+            v.starts_with("application/json")
+                || v.starts_with("text/event-stream")
+                || v.starts_with("text/html")
+        });
     if status.as_u16() < 400 || is_json {
         return response;
     }

@@ -15,6 +15,7 @@ mod actions;
 mod auth;
 mod bulk;
 mod cloudflare;
+mod dashboard;
 mod error;
 mod openapi;
 mod prometheus;
@@ -122,6 +123,7 @@ fn build(
         None => routes::routes(),
     };
     let routes = routes.merge(cloudflare);
+    let guard = dashboard::Guard::new(token.clone());
     let routes = routes
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(move |req, next| {
@@ -130,13 +132,18 @@ fn build(
         .layer(axum::Extension(serve::StreamSlots(std::sync::Arc::new(
             tokio::sync::Semaphore::new(limits.max_streams),
         ))))
-        .with_state(engine);
+        .with_state(engine.clone());
     let routes = match token {
-        Some(token) => routes.layer(axum::middleware::from_fn(move |req, next| {
-            auth::check(token.clone(), req, next)
-        })),
+        Some(token) => {
+            let guard = guard.clone();
+            routes.layer(axum::middleware::from_fn(move |req, next| {
+                auth::check(token.clone(), guard.clone(), req, next)
+            }))
+        }
         None => routes,
     };
+    // The dashboard has its own gate (a login form and a session cookie, not a header).
+    let routes = routes.merge(dashboard::routes(guard).with_state(engine));
     // Outermost: also axum's own answers (no route, wrong method) become JSON errors, and
     // every request is logged with its final status.
     routes

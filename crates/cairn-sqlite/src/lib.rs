@@ -595,6 +595,15 @@ impl Store for SqliteStore {
         self.read(move |conn| history::workflow_log(conn, &workflow, after, limit))
     }
 
+    fn log_head(&self) -> StoreFuture<'_, u64> {
+        self.read(|conn| {
+            let id: Option<i64> = conn
+                .query_row("SELECT max(id) FROM log", [], |r| r.get(0))
+                .map_err(map_sqlite)?;
+            Ok(id.and_then(|id| u64::try_from(id).ok()).unwrap_or(0))
+        })
+    }
+
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         let workflows: Vec<String> = workflows.iter().map(ToString::to_string).collect();
         self.read(move |conn| rows::next_ready(conn, &workflows))

@@ -541,6 +541,10 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> StoreFuture<'_, WorkflowLogPage>;
 
+    /// The id of the newest lifecycle record (0 when there is none): where a reader that
+    /// wants only what happens from now on starts (the dashboard's live list).
+    fn log_head(&self) -> StoreFuture<'_, u64>;
+
     /// The earliest `ready_at` among instances of `workflows` that are not leased: when the
     /// scheduler should look again.
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>>;

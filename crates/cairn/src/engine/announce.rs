@@ -320,6 +320,10 @@ impl Store for Announcing {
         self.store.log(instance, after, limit)
     }
 
+    fn log_head(&self) -> StoreFuture<'_, u64> {
+        self.store.log_head()
+    }
+
     fn workflow_log(
         &self,
         workflow: &WorkflowName,

@@ -143,6 +143,10 @@ impl Store for Blocking {
         blocking(&self.0, move |s| s.log(instance, after, limit))
     }
 
+    fn log_head(&self) -> StoreFuture<'_, u64> {
+        blocking(&self.0, |s| s.log_head())
+    }
+
     fn workflow_log(
         &self,
         workflow: &WorkflowName,

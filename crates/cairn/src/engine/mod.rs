@@ -131,6 +131,15 @@ impl Engine {
         self.inner.env.activity.since(since)
     }
 
+    /// The id of the newest lifecycle record in the store: a stream cursor from which only
+    /// what happens next is read.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn log_head(&self) -> Result<u64, crate::error::Error> {
+        Ok(self.inner.env.store.log_head().await?)
+    }
+
     /// The names of the registered workflows, in registration order.
     pub fn workflow_names(&self) -> &[WorkflowName] {
         &self.inner.names

@@ -148,6 +148,9 @@ impl Store for FailingStore {
     fn log(&self, i: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
         self.inner.log(i, after, limit)
     }
+    fn log_head(&self) -> StoreFuture<'_, u64> {
+        self.inner.log_head()
+    }
     fn workflow_log(
         &self,
         w: &WorkflowName,

@@ -487,6 +487,9 @@ impl Store for Hooked {
     fn log(&self, i: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
         hooked!(self, "log", self.inner.log(i, after, limit))
     }
+    fn log_head(&self) -> StoreFuture<'_, u64> {
+        hooked!(self, "log_head", self.inner.log_head())
+    }
     fn workflow_log(
         &self,
         w: &cairn::WorkflowName,

@@ -1,0 +1,366 @@
+//! Who may use the dashboard, and proof that a form was posted by it.
+//!
+//! With a token, a person logs in once with it (the login form) and gets a session: an
+//! `HttpOnly`, `SameSite=Strict` cookie naming a random session id kept in memory (a
+//! restart logs everyone out; the token is never stored in the browser). The session also
+//! lets the dashboard's own script read the API (`GET` only: its live streams), never
+//! change anything through it. Without a token the server listens on loopback only
+//! (`cairn serve` refuses otherwise) and the dashboard opens directly, but only under a
+//! loopback host name, so a web page cannot reach it through DNS rebinding.
+//!
+//! Every form carries a CSRF token (the session's, or one per process without a token)
+//! and a state-changing request is refused without it, or when the browser says it comes
+//! from another site (`Sec-Fetch-Site`, `Origin`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Form, Query, Request};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Extension;
+use maud::html;
+use serde::Deserialize;
+
+use super::layout;
+
+/// The session cookie's name.
+pub(crate) const COOKIE: &str = "cairn_session";
+/// How long a session lasts after login.
+const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// The most sessions kept; logging in past it drops the oldest.
+const MAX_SESSIONS: usize = 1_000;
+
+/// The dashboard's access rule.
+pub(crate) struct Guard {
+    token: Option<String>,
+    sessions: Mutex<HashMap<String, Session>>,
+    /// The CSRF token of every form when there is no token (and so no session).
+    open_csrf: String,
+}
+
+struct Session {
+    csrf: String,
+    until: Instant,
+}
+
+fn random() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+impl Guard {
+    pub(crate) fn new(token: Option<String>) -> Arc<Guard> {
+        Arc::new(Guard {
+            token,
+            sessions: Mutex::new(HashMap::new()),
+            open_csrf: random(),
+        })
+    }
+
+    /// The CSRF token of the person sending `headers`, if they may use the dashboard.
+    pub(crate) fn csrf(&self, headers: &HeaderMap) -> Option<String> {
+        if self.token.is_none() {
+            return Some(self.open_csrf.clone());
+        }
+        let id = session_id(headers)?;
+        let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        sessions
+            .get(id)
+            .filter(|s| s.until > Instant::now())
+            .map(|s| s.csrf.clone())
+    }
+
+    /// Whether `headers` carry a live session (the API lets it read).
+    pub(crate) fn has_session(&self, headers: &HeaderMap) -> bool {
+        self.token.is_some() && self.csrf(headers).is_some()
+    }
+
+    fn login(&self, given: &str) -> Option<String> {
+        let token = self.token.as_deref()?;
+        if !crate::auth::constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            return None;
+        }
+        let id = random();
+        let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        sessions.retain(|_, s| s.until > now);
+        if sessions.len() >= MAX_SESSIONS {
+            if let Some(oldest) = sessions
+                .iter()
+                .min_by_key(|(_, s)| s.until)
+                .map(|(k, _)| k.clone())
+            {
+                sessions.remove(&oldest);
+            }
+        }
+        sessions.insert(
+            id.clone(),
+            Session {
+                csrf: random(),
+                until: now + SESSION_TTL,
+            },
+        );
+        Some(id)
+    }
+
+    fn logout(&self, headers: &HeaderMap) {
+        if let Some(id) = session_id(headers) {
+            self.sessions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(id);
+        }
+    }
+}
+
+fn session_id(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value)
+}
+
+/// Whether the browser says this request comes from another site.
+fn cross_site(headers: &HeaderMap) -> bool {
+    let fetch_site = headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok());
+    if let Some(site) = fetch_site {
+        return !matches!(site, "same-origin" | "none");
+    }
+    // Older browsers: an Origin that is not this host.
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    match (origin, host) {
+        (Some("null"), _) => true,
+        (Some(origin), Some(host)) => {
+            origin.split_once("://").map(|(_, h)| h) != Some(host)
+        }
+        _ => false,
+    }
+}
+
+/// Whether `host` (a `Host` header) names the loopback interface.
+fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name == "localhost" || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The dashboard's gate: a login (when a token is set) for every page but the login form
+/// and the assets; a loopback host name without a token; same-site, CSRF-checked posts
+/// (the token itself is compared by each form's handler, see [`check_form`]).
+pub(crate) async fn require(
+    Extension(guard): Extension<Arc<Guard>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let path = req.uri().path();
+    let open = path == "/login" || path.starts_with("/assets/");
+    if guard.token.is_none() {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !loopback_host(host) {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "This server has no token, so its dashboard answers only on 127.0.0.1 or localhost.",
+            );
+        }
+    }
+    if req.method() == Method::POST && cross_site(req.headers()) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "This form was sent from another site; open the dashboard and try again.",
+        );
+    }
+    if !open && guard.csrf(req.headers()).is_none() {
+        if req.method() == Method::GET {
+            let next: String =
+                form_urlencoded::byte_serialize(super::here(&req).as_bytes()).collect();
+            return Redirect::to(&format!("/login?next={next}")).into_response();
+        }
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "Your session has ended; log in again.",
+        );
+    }
+    next.run(req).await
+}
+
+/// Checks a posted form's CSRF token against the sender's.
+pub(crate) fn check_form(guard: &Guard, headers: &HeaderMap, given: &str) -> Result<(), Response> {
+    match guard.csrf(headers) {
+        Some(csrf) if crate::auth::constant_time_eq(csrf.as_bytes(), given.as_bytes()) => Ok(()),
+        _ => Err(refuse(
+            StatusCode::FORBIDDEN,
+            "This form has expired (its security token does not match); reload the page and try again.",
+        )),
+    }
+}
+
+fn refuse(status: StatusCode, message: &str) -> Response {
+    super::html(status, layout::message_page(status.as_str(), message))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct LoginQuery {
+    next: Option<String>,
+    err: Option<String>,
+}
+
+/// A path on this server to return to after logging in: never another origin.
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_owned(),
+        _ => "/".to_owned(),
+    }
+}
+
+pub(crate) async fn login_page(
+    Extension(guard): Extension<Arc<Guard>>,
+    Query(query): Query<LoginQuery>,
+) -> Response {
+    let next = safe_next(query.next.as_deref());
+    if guard.token.is_none() {
+        return Redirect::to(&next).into_response();
+    }
+    let body = html! {
+        main.login {
+            h1 { "Cairn" }
+            p { "This server needs its token (" code { "cairn serve --token" } " or " code { "CAIRN_TOKEN" } ")." }
+            @if let Some(err) = &query.err {
+                p.flash.error role="alert" { (err) }
+            }
+            form method="post" action="/login" {
+                input type="hidden" name="next" value=(next);
+                label for="token" { "Token" }
+                input #token type="password" name="token" autocomplete="current-password" required autofocus;
+                button type="submit" { "Log in" }
+            }
+        }
+    };
+    super::html(StatusCode::OK, layout::bare("Log in", body))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct LoginForm {
+    token: String,
+    next: Option<String>,
+}
+
+pub(crate) async fn login(
+    Extension(guard): Extension<Arc<Guard>>,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let next = safe_next(form.next.as_deref());
+    match guard.login(&form.token) {
+        Some(id) => {
+            let cookie = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict");
+            let mut response = Redirect::to(&next).into_response();
+            if let Ok(value) = HeaderValue::from_str(&cookie) {
+                response.headers_mut().insert(header::SET_COOKIE, value);
+            }
+            response
+        }
+        None => {
+            // A wrong token costs the guesser a second.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let next: String = form_urlencoded::byte_serialize(next.as_bytes()).collect();
+            Redirect::to(&format!("/login?next={next}&err=Wrong+token.")).into_response()
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct LogoutForm {
+    csrf: String,
+}
+
+pub(crate) async fn logout(
+    Extension(guard): Extension<Arc<Guard>>,
+    headers: HeaderMap,
+    Form(form): Form<LogoutForm>,
+) -> Response {
+    if let Err(refused) = check_form(&guard, &headers, &form.csrf) {
+        return refused;
+    }
+    guard.logout(&headers);
+    let mut response = Redirect::to("/login").into_response();
+    let expired = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    if let Ok(value) = HeaderValue::from_str(&expired) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_are_recognised() {
+        for host in ["127.0.0.1:8787", "localhost:8787", "localhost", "[::1]:8787", "127.0.0.1"] {
+            assert!(loopback_host(host), "{host}");
+        }
+        for host in ["evil.example:8787", "10.0.0.1:8787", "localhost.evil.example", ""] {
+            assert!(!loopback_host(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn next_stays_on_this_server() {
+        assert_eq!(safe_next(Some("/instances?x=1")), "/instances?x=1");
+        assert_eq!(safe_next(Some("//evil.example")), "/");
+        assert_eq!(safe_next(Some("https://evil.example")), "/");
+        assert_eq!(safe_next(Some("/\\evil.example")), "/");
+        assert_eq!(safe_next(None), "/");
+    }
+
+    #[test]
+    fn a_session_is_its_cookie_and_ends_at_logout() {
+        let guard = Guard::new(Some("t0ken".into()));
+        assert!(guard.login("wrong").is_none());
+        let id = guard.login("t0ken").expect("logged in");
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("other=1; {COOKIE}={id}")).unwrap(),
+        );
+        let csrf = guard.csrf(&headers).expect("session");
+        assert!(check_form(&guard, &headers, &csrf).is_ok());
+        assert!(check_form(&guard, &headers, "forged").is_err());
+        guard.logout(&headers);
+        assert!(guard.csrf(&headers).is_none());
+    }
+
+    #[test]
+    fn a_cross_site_post_is_recognised() {
+        let mut headers = HeaderMap::new();
+        headers.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
+        assert!(cross_site(&headers));
+        let mut headers = HeaderMap::new();
+        headers.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
+        assert!(!cross_site(&headers));
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ORIGIN, HeaderValue::from_static("http://evil.example"));
+        headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8787"));
+        assert!(cross_site(&headers));
+        headers.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8787"));
+        assert!(!cross_site(&headers));
+    }
+}

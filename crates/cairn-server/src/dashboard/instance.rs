@@ -1,0 +1,353 @@
+//! `/workflows/{name}/instances/{id}`: one instance, live while it runs — status, timings,
+//! params, output or error, the timeline, the steps, the event log — and every action on
+//! it (pause, resume, terminate with or without rollback, restart, restart from a step,
+//! send an event, delete), each answered with its result in words.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use cairn::{Engine, Instance, InstanceDetails, LogRecord, StepKind};
+use maud::{Markup, html};
+use serde_json::Value;
+
+use super::layout::{self, Shell};
+use super::timeline::{self, Timeline};
+use super::{Guard, pairs, value};
+
+struct Loaded {
+    details: InstanceDetails,
+    rollback: Option<cairn::RollbackStatus>,
+    log: Vec<LogRecord>,
+}
+
+async fn load(instance: &Instance<Value>) -> Result<Loaded, cairn::Error> {
+    let details = instance.details().await?;
+    let status = instance.status().await?;
+    let log = instance.log(0).await?;
+    Ok(Loaded {
+        details,
+        rollback: status.rollback,
+        log,
+    })
+}
+
+pub(crate) async fn page(
+    State(engine): State<Engine>,
+    Extension(guard): Extension<Arc<Guard>>,
+    headers: HeaderMap,
+    Path((name, id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let csrf = guard.csrf(&headers).unwrap_or_default();
+    let pairs = pairs(query.as_deref());
+    let title = format!("{name} / {id}");
+    let shell = Shell {
+        title: &title,
+        section: "instances",
+        csrf: &csrf,
+        logged_in: guard.has_session(&headers),
+    };
+    let found = match engine.workflow_by_name(&name) {
+        Ok(w) => w.get(&id).await,
+        Err(e) => Err(e),
+    };
+    let loaded = match found {
+        Ok(instance) => load(&instance).await,
+        Err(e) => Err(e),
+    };
+    let loaded = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            let status = crate::error::ApiError::from(e.clone()).status;
+            let body = html! {
+                div.heading { h1 { (name) " / " (id) } }
+                (layout::flash(&pairs))
+                p.flash.error role="alert" { (e.to_string()) }
+                p { a href=(format!("/instances?workflow={}", super::encode_segment(&name))) { "All instances of " (name) } }
+            };
+            return super::html(status, layout::page(&shell, body));
+        }
+    };
+    let full = value(&pairs, "full");
+    let body = render(&engine, &name, &id, &loaded, full, &csrf, &pairs);
+    super::html(StatusCode::OK, layout::page(&shell, body))
+}
+
+fn render(
+    engine: &Engine,
+    name: &str,
+    id: &str,
+    loaded: &Loaded,
+    full: Option<&str>,
+    csrf: &str,
+    pairs: &[(String, String)],
+) -> Markup {
+    let d = &loaded.details;
+    let here = super::instance_path(name, id);
+    let cursor = loaded.log.last().map_or(0, |r| r.id);
+    let stream = format!("{}/stream?cursor={cursor}", api_path(name, id));
+    let now = engine.clock().now();
+    let end = d.end.unwrap_or(now).max(d.queued);
+    let finished = d.end.is_some();
+    let full_link = |field: &str| format!("{here}?full={field}#{field}");
+    html! {
+        div.heading {
+            p.crumbs { a href=(format!("/instances?workflow={}", super::encode_segment(name))) { (name) } " /" }
+            h1 { (id) }
+        }
+        (layout::flash(pairs))
+        div data-live="instance" data-stream=(if finished { String::new() } else { stream }) {
+            dl.facts {
+                div { dt { "Status" } dd #status data-status=(d.status.as_str()) { (layout::status(d.status)) } }
+                div { dt { "Created" } dd { (layout::time(d.queued)) } }
+                div { dt { "Started" } dd { (layout::maybe_time(d.start)) } }
+                div { dt { "Ended" } dd { (layout::maybe_time(d.end)) } }
+                div { dt { "Ran" } dd {
+                    @match d.start { Some(s) => (layout::duration(end.since(s))), None => span.muted { "not started" } }
+                } }
+                @if let Some(rb) = &loaded.rollback {
+                    div { dt { "Rollback" } dd { (serde_json::to_value(rb).ok().and_then(|v| v.get("status").and_then(|s| s.as_str()).map(str::to_owned)).unwrap_or_default()) } }
+                }
+            }
+            section.values {
+                div #params {
+                    h2 { "Params" }
+                    (layout::value(&d.params, Some(&full_link("params")), full == Some("params")))
+                }
+                @if let Some(output) = &d.output {
+                    div #output {
+                        h2 { "Output" }
+                        (layout::value(output, Some(&full_link("output")), full == Some("output")))
+                    }
+                }
+                @if let Some(error) = &d.error {
+                    div #error {
+                        h2 { "Error" }
+                        p.flash.error { strong { (error.name) } ": " (error.message) }
+                    }
+                }
+            }
+            section {
+                h2 { "Timeline" }
+                (timeline::render(&Timeline::build(&loaded.log), d.queued, end))
+            }
+            section {
+                h2 { "Steps" }
+                @if d.steps.is_empty() { p.empty { "No steps yet." } } @else {
+                    div.tablewrap { table.steps {
+                        thead { tr { th { "Step" } th { "Type" } th { "Result" } th { "Attempts" } th.wide { "Started" } th { "Took" } th.wide { "Output or error" } } }
+                        tbody { @for s in &d.steps {
+                            tr data-step=(s.name) {
+                                td { (s.name) @if s.count > 1 { " #" (s.count) } }
+                                td { (s.kind) }
+                                td { @match s.success { Some(true) => span.ok { "succeeded" }, Some(false) => span.failed { @if s.cancelled { "cancelled" } @else { "failed" } }, None => span.muted { "running" } } }
+                                td { (s.attempts.len()) }
+                                td.wide { (layout::time(s.start)) }
+                                td { @match s.end { Some(e) => (layout::duration(e.since(s.start))), None => span.muted { "—" } } }
+                                td.wide {
+                                    @if let Some(e) = &s.error { span.failed { (e.name) ": " (e.message) } }
+                                    @else if let Some(o) = &s.output { code { (clip(&o.to_string(), 160)) } }
+                                }
+                            }
+                        } }
+                    } }
+                }
+            }
+            section {
+                h2 { "Event log" }
+                div.tablewrap { table.log {
+                    thead { tr { th { "#" } th { "Record" } th { "At" } th { "Step" } th.wide { "Details" } } }
+                    tbody { @for r in &loaded.log {
+                        tr {
+                            td { (r.id) }
+                            td { code { (r.entry.kind.as_str()) } }
+                            td { (layout::time(r.entry.at)) }
+                            td { @if let Some(k) = &r.entry.step { (k.name) @if k.count > 1 { " #" (k.count) } } }
+                            td.wide { @if r.entry.meta.as_object().is_some_and(|m| !m.is_empty()) { code { (clip(&r.entry.meta.to_string(), 300)) } } }
+                        }
+                    } }
+                } }
+            }
+        }
+        (actions(name, id, d, csrf))
+    }
+}
+
+fn api_path(name: &str, id: &str) -> String {
+    format!("/api{}", super::instance_path(name, id))
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+fn actions(name: &str, id: &str, d: &InstanceDetails, csrf: &str) -> Markup {
+    let here = super::instance_path(name, id);
+    let action = format!("{here}/action");
+    let button = |value: &str, label: &str, danger: bool| {
+        html! {
+            form.inline method="post" action=(action) {
+                input type="hidden" name="csrf" value=(csrf);
+                button type="submit" name="action" value=(value) class=(if danger { "danger" } else { "" }) { (label) }
+            }
+        }
+    };
+    html! {
+        section.actions aria-labelledby="actions-title" {
+            h2 #actions-title { "Actions" }
+            div.buttons {
+                (button("pause", "Pause", false))
+                (button("resume", "Resume", false))
+                (button("terminate", "Terminate", true))
+                (button("terminate-rollback", "Terminate with rollback", true))
+                (button("restart", "Restart", false))
+                (button("delete", "Delete", true))
+            }
+            @if !d.steps.is_empty() {
+                form.row method="post" action=(action) {
+                    input type="hidden" name="csrf" value=(csrf);
+                    input type="hidden" name="action" value="restart-from";
+                    label {
+                        "Restart from "
+                        select name="from" {
+                            @for s in &d.steps {
+                                option value=(format!("{}|{}|{}", s.kind, s.count, s.name)) {
+                                    (s.name) @if s.count > 1 { " #" (s.count) } " (" (s.kind) ")"
+                                }
+                            }
+                        }
+                    }
+                    button type="submit" { "Restart from this step" }
+                }
+            }
+            form.event method="post" action=(format!("{here}/event")) {
+                input type="hidden" name="csrf" value=(csrf);
+                h3 { "Send an event" }
+                label { "Type " input type="text" name="type" required placeholder="approved" autocomplete="off"; }
+                label { "Payload (JSON) " textarea name="payload" rows="3" placeholder="{\"by\": \"ada\"}" data-json {} }
+                button type="submit" { "Send event" }
+            }
+        }
+    }
+}
+
+/// A posted form as pairs.
+fn form(body: &[u8]) -> Vec<(String, String)> {
+    form_urlencoded::parse(body).into_owned().collect()
+}
+
+pub(crate) async fn action(
+    State(engine): State<Engine>,
+    Extension(guard): Extension<Arc<Guard>>,
+    headers: HeaderMap,
+    Path((name, id)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let form = form(&body);
+    if let Err(refused) =
+        super::guard::check_form(&guard, &headers, value(&form, "csrf").unwrap_or(""))
+    {
+        return refused;
+    }
+    let here = super::instance_path(&name, &id);
+    let instance = match engine.workflow_by_name(&name) {
+        Ok(w) => match w.get(&id).await {
+            Ok(i) => i,
+            Err(e) => return super::back(&here, Err(e.to_string())),
+        },
+        Err(e) => return super::back(&here, Err(e.to_string())),
+    };
+    let done = match value(&form, "action") {
+        Some("pause") => instance.pause().await.map(|()| "Pause requested.".to_owned()),
+        Some("resume") => instance.resume().await.map(|()| "Resumed.".to_owned()),
+        Some("terminate") => instance.terminate().await.map(|()| "Terminated.".to_owned()),
+        Some("terminate-rollback") => instance
+            .terminate_with_rollback()
+            .await
+            .map(|()| "Terminated; its rollback runs now.".to_owned()),
+        Some("restart") => instance.restart().await.map(|()| "Restarted from the beginning.".to_owned()),
+        Some("restart-from") => {
+            let Some((kind, count, step)) = value(&form, "from").and_then(|f| {
+                let mut parts = f.splitn(3, '|');
+                Some((parts.next()?, parts.next()?.parse::<u32>().ok()?, parts.next()?))
+            }) else {
+                return super::back(&here, Err("Choose the step to restart from.".into()));
+            };
+            let Some(kind) = StepKind::parse(kind) else {
+                return super::back(&here, Err(format!("unknown step type {kind:?}")));
+            };
+            instance
+                .restart_from(kind, step, count)
+                .await
+                .map(|()| format!("Restarted from step \"{step}\"."))
+        }
+        Some("delete") => {
+            return match instance.delete().await {
+                Ok(()) => super::back(
+                    &format!("/instances?workflow={}", super::encode_segment(&name)),
+                    Ok(format!("Deleted {name}/{id}.")),
+                ),
+                Err(e) => super::back(&here, Err(e.to_string())),
+            };
+        }
+        other => {
+            return super::back(&here, Err(format!("unknown action {:?}", other.unwrap_or(""))));
+        }
+    };
+    super::back(&here, done.map_err(|e| e.to_string()))
+}
+
+pub(crate) async fn event(
+    State(engine): State<Engine>,
+    Extension(guard): Extension<Arc<Guard>>,
+    headers: HeaderMap,
+    Path((name, id)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let form = form(&body);
+    if let Err(refused) =
+        super::guard::check_form(&guard, &headers, value(&form, "csrf").unwrap_or(""))
+    {
+        return refused;
+    }
+    let here = super::instance_path(&name, &id);
+    let Some(kind) = value(&form, "type") else {
+        return super::back(&here, Err("Give the event a type.".into()));
+    };
+    let text = value(&form, "payload").unwrap_or("").trim();
+    let payload: Value = if text.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                return super::back(
+                    &here,
+                    Err(format!("The payload is not JSON ({e}); nothing was sent.")),
+                );
+            }
+        }
+    };
+    let sent = match engine.workflow_by_name(&name) {
+        Ok(w) => match w.get(&id).await {
+            Ok(instance) => instance.send_event(kind, &payload).await,
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    super::back(
+        &here,
+        sent.map(|_| format!("Sent a \"{kind}\" event."))
+            .map_err(|e| e.to_string()),
+    )
+}

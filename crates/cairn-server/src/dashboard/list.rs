@@ -1,0 +1,413 @@
+//! `/instances`: the instances of every workflow (or one) by a filter (statuses, creation
+//! range, id prefix), newest first, a page at a time by keyset cursor; live while shown;
+//! and bulk actions on the selected rows or on everything the filter matches.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use cairn::{Engine, InstanceStatus, Timestamp};
+use maud::{Markup, html};
+
+use super::layout::{self, Shell};
+use super::{Guard, pairs, value};
+use crate::bulk::{Action, Filter, Outcome, Target};
+
+/// Rows per page.
+const PAGE: usize = 50;
+/// Instances one bulk request acts on between two looks at the filter.
+const BULK_PAGE: usize = 1_000;
+
+/// A filter from the list's query: `workflow`, `status` (repeated), `from`, `before`
+/// (RFC 3339, or a `datetime-local` value read as UTC), `id` (a prefix).
+fn filter(pairs: &[(String, String)]) -> Result<Filter, String> {
+    let mut status = Vec::new();
+    for (k, v) in pairs {
+        if k == "status" && !v.is_empty() {
+            let s: InstanceStatus = v.parse()?;
+            if !status.contains(&s) {
+                status.push(s);
+            }
+        }
+    }
+    Ok(Filter {
+        workflow: value(pairs, "workflow").map(str::to_owned),
+        status,
+        created_from: when(value(pairs, "from"), "from")?,
+        created_before: when(value(pairs, "before"), "before")?,
+        id_prefix: value(pairs, "id").map(str::to_owned),
+    })
+}
+
+fn when(text: Option<&str>, name: &str) -> Result<Option<Timestamp>, String> {
+    let Some(text) = text else { return Ok(None) };
+    // `datetime-local` sends `2026-12-01T10:30`: seconds and zone missing.
+    let full = if text.len() == 16 { format!("{text}:00Z") } else { text.to_owned() };
+    humantime::parse_rfc3339_weak(&full)
+        .map(|t| Some(Timestamp::from_system_time(t)))
+        .map_err(|e| format!("'{name}' is not a time ({e}): use 2026-01-31T12:00:00Z"))
+}
+
+/// The query string of `filter` (without a cursor).
+fn query_of(filter: &Filter) -> String {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    if let Some(w) = &filter.workflow {
+        q.append_pair("workflow", w);
+    }
+    for s in &filter.status {
+        q.append_pair("status", s.as_str());
+    }
+    if let Some(t) = filter.created_from {
+        q.append_pair("from", &t.to_rfc3339());
+    }
+    if let Some(t) = filter.created_before {
+        q.append_pair("before", &t.to_rfc3339());
+    }
+    if let Some(p) = &filter.id_prefix {
+        q.append_pair("id", p);
+    }
+    q.finish()
+}
+
+/// The filter in words, for a confirmation.
+fn describe(filter: &Filter) -> String {
+    let mut parts = Vec::new();
+    parts.push(match &filter.workflow {
+        Some(w) => format!("workflow {w}"),
+        None => "every workflow".to_owned(),
+    });
+    if !filter.status.is_empty() {
+        let names: Vec<_> = filter.status.iter().map(|s| s.as_str()).collect();
+        parts.push(format!("status {}", names.join(" or ")));
+    }
+    if let Some(t) = filter.created_from {
+        parts.push(format!("created from {t}"));
+    }
+    if let Some(t) = filter.created_before {
+        parts.push(format!("created before {t}"));
+    }
+    if let Some(p) = &filter.id_prefix {
+        parts.push(format!("id starting with \"{p}\""));
+    }
+    parts.join(", ")
+}
+
+pub(crate) async fn page(
+    State(engine): State<Engine>,
+    Extension(guard): Extension<Arc<Guard>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let csrf = guard.csrf(&headers).unwrap_or_default();
+    let pairs = pairs(query.as_deref());
+    let started = std::time::Instant::now();
+    let (filter, problem) = match filter(&pairs) {
+        Ok(f) => (f, None),
+        Err(e) => (Filter::default(), Some(e)),
+    };
+    let cursor = value(&pairs, "cursor").map(str::to_owned);
+    let listed = engine
+        .list_instances(filter.workflow.as_deref(), &filter.options(cursor.clone(), PAGE))
+        .await;
+    // The stream cursor: the page shows everything up to here; the script follows on.
+    let head = engine.log_head().await.unwrap_or(0);
+    let streams: Vec<String> = match &filter.workflow {
+        Some(w) => vec![format!("/api/workflows/{}/stream?cursor={head}", super::encode_segment(w))],
+        None => engine
+            .workflow_names()
+            .iter()
+            .map(|w| format!("/api/workflows/{}/stream?cursor={head}", super::encode_segment(w.as_str())))
+            .collect(),
+    };
+    let q = query_of(&filter);
+    let filtered = q != "" && q != format!("workflow={}", filter.workflow.as_deref().unwrap_or(""));
+    let body = html! {
+        div.heading {
+            h1 { "Instances" }
+        }
+        (layout::flash(&pairs))
+        @if let Some(problem) = &problem { p.flash.error role="alert" { (problem) } }
+        (filter_form(&engine, &filter))
+        @match &listed {
+            Err(e) => p.flash.error role="alert" { (e.to_string()) },
+            Ok(page) => {
+                form #bulk method="post" action="/instances/bulk" {
+                    input type="hidden" name="csrf" value=(csrf);
+                    (hidden_filter(&filter))
+                    div.bulkbar role="group" aria-label="Bulk actions" {
+                        span { "With " }
+                        label { input type="radio" name="scope" value="selected" checked; " the selected" }
+                        label { input type="radio" name="scope" value="filter"; " all matching the filter" }
+                        @for (action, label) in [("pause", "Pause"), ("resume", "Resume"), ("terminate", "Terminate"), ("terminate-rollback", "Terminate with rollback"), ("restart", "Restart"), ("delete", "Delete")] {
+                            button type="submit" name="action" value=(action) class=(if action.starts_with("terminate") || action == "delete" { "danger" } else { "" }) { (label) }
+                        }
+                    }
+                    div.tablewrap data-live="list" data-streams=(streams.join(" ")) {
+                        @if page.instances.is_empty() {
+                            p.empty {
+                                @if cursor.is_some() { "No more instances." }
+                                @else if filtered { "No instances match this filter. " a href="/instances" { "Clear the filter" } }
+                                @else {
+                                    "No instances yet — trigger one with "
+                                    code { "cairn workflows trigger " (engine.workflow_names().first().map_or("greet", |w| w.as_str())) }
+                                    "."
+                                }
+                            }
+                        } @else {
+                            table.list {
+                                thead { tr {
+                                    th scope="col" { input #select-all type="checkbox" aria-label="Select every row on this page"; }
+                                    th scope="col" { "Workflow" }
+                                    th scope="col" { "Instance" }
+                                    th scope="col" { "Status" }
+                                    th scope="col" { "Created" }
+                                    th.wide scope="col" { "Started" }
+                                    th.wide scope="col" { "Ran" }
+                                } }
+                                tbody {
+                                    @for i in &page.instances {
+                                        @let key = format!("{}/{}", i.workflow, i.id);
+                                        tr data-instance=(key) data-status=(i.status.as_str()) {
+                                            td { input type="checkbox" name="sel" value=(key) aria-label=(format!("Select {key}")); }
+                                            td { (i.workflow.as_str()) }
+                                            td { a href=(super::instance_path(i.workflow.as_str(), i.id.as_str())) { (i.id.as_str()) } }
+                                            td { (layout::status(i.status)) }
+                                            td { (layout::time(i.created)) }
+                                            td.wide { (layout::maybe_time(i.started)) }
+                                            td.wide {
+                                                @match (i.started, i.ended) {
+                                                    (Some(s), Some(e)) => (layout::duration(e.since(s))),
+                                                    _ => span.muted { "—" },
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                nav.pager aria-label="Pages" {
+                    @if cursor.is_some() { a href=(format!("/instances?{q}")) { "← Newest" } }
+                    @if let Some(next) = &page.cursor {
+                        a href=(format!("/instances?{q}{}cursor={next}", if q.is_empty() { "" } else { "&" })) rel="next" { "Older →" }
+                    }
+                    span.muted.small { "served in " (format!("{:.1}", started.elapsed().as_secs_f64() * 1e3)) " ms" }
+                }
+            }
+        }
+    };
+    super::html(
+        StatusCode::OK,
+        layout::page(
+            &Shell {
+                title: "Instances",
+                section: "instances",
+                csrf: &csrf,
+                logged_in: guard.has_session(&headers),
+            },
+            body,
+        ),
+    )
+}
+
+fn filter_form(engine: &Engine, filter: &Filter) -> Markup {
+    let local = |t: Option<Timestamp>| {
+        t.map(|t| t.to_rfc3339().chars().take(16).collect::<String>())
+            .unwrap_or_default()
+    };
+    html! {
+        form.filter #filter method="get" action="/instances" role="search" {
+            label {
+                "Workflow "
+                select name="workflow" {
+                    option value="" { "every workflow" }
+                    @for w in engine.workflow_names() {
+                        option value=(w.as_str()) selected[filter.workflow.as_deref() == Some(w.as_str())] { (w.as_str()) }
+                    }
+                }
+            }
+            fieldset.statuses {
+                legend { "Status" }
+                @for s in InstanceStatus::ALL {
+                    label { input type="checkbox" name="status" value=(s.as_str()) checked[filter.status.contains(&s)]; " " (s.as_str()) }
+                }
+            }
+            label { "Created from " input type="datetime-local" name="from" data-utc=(filter.created_from.map(|t| t.to_rfc3339()).unwrap_or_default()) value=(local(filter.created_from)); }
+            label { "Created before " input type="datetime-local" name="before" data-utc=(filter.created_before.map(|t| t.to_rfc3339()).unwrap_or_default()) value=(local(filter.created_before)); }
+            label { "Id starts with " input type="search" name="id" value=(filter.id_prefix.as_deref().unwrap_or("")) autocomplete="off"; }
+            button type="submit" { "Filter" }
+            a href="/instances" { "Clear" }
+        }
+    }
+}
+
+fn hidden_filter(filter: &Filter) -> Markup {
+    html! {
+        @if let Some(w) = &filter.workflow { input type="hidden" name="workflow" value=(w); }
+        @for s in &filter.status { input type="hidden" name="status" value=(s.as_str()); }
+        @if let Some(t) = filter.created_from { input type="hidden" name="from" value=(t.to_rfc3339()); }
+        @if let Some(t) = filter.created_before { input type="hidden" name="before" value=(t.to_rfc3339()); }
+        @if let Some(p) = &filter.id_prefix { input type="hidden" name="id" value=(p); }
+    }
+}
+
+/// `POST /instances/bulk`: first a confirmation that says how many, then (with
+/// `confirmed`) the action, answered by the list with the outcome in words.
+pub(crate) async fn bulk(
+    State(engine): State<Engine>,
+    Extension(guard): Extension<Arc<Guard>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
+    if let Err(refused) =
+        super::guard::check_form(&guard, &headers, value(&form, "csrf").unwrap_or(""))
+    {
+        return refused;
+    }
+    let filter = match filter(&form) {
+        Ok(f) => f,
+        Err(e) => return super::back("/instances", Err(e)),
+    };
+    let list = format!("/instances?{}", query_of(&filter));
+    let (action, rollback) = match value(&form, "action") {
+        Some("terminate-rollback") => (Action::Terminate, true),
+        Some(name) => match Action::parse(name) {
+            Some(a) => (a, false),
+            None => return super::back(&list, Err(format!("unknown action {name:?}"))),
+        },
+        None => return super::back(&list, Err("choose an action".into())),
+    };
+    let everything = value(&form, "scope") == Some("filter");
+    let selected: Vec<Target> = form
+        .iter()
+        .filter(|(k, _)| k == "sel")
+        .filter_map(|(_, v)| v.split_once('/'))
+        .map(|(w, id)| Target {
+            workflow: w.to_owned(),
+            id: id.to_owned(),
+        })
+        .collect();
+    if !everything && selected.is_empty() {
+        return super::back(
+            &list,
+            Err("Select instances first, or choose \"all matching the filter\".".into()),
+        );
+    }
+    let verb = match (action, rollback) {
+        (Action::Terminate, true) => "Terminate with rollback",
+        (Action::Pause, _) => "Pause",
+        (Action::Resume, _) => "Resume",
+        (Action::Terminate, _) => "Terminate",
+        (Action::Restart, _) => "Restart",
+        (Action::Delete, _) => "Delete",
+    };
+    if value(&form, "confirmed").is_none() {
+        let (count, what) = if everything {
+            match engine
+                .count_instances(filter.workflow.as_deref(), &filter.options(None, 1))
+                .await
+            {
+                Ok(n) => (n, format!("every instance matching: {}", describe(&filter))),
+                Err(e) => return super::back(&list, Err(e.to_string())),
+            }
+        } else {
+            (selected.len() as u64, "the selected instances".to_owned())
+        };
+        let csrf = guard.csrf(&headers).unwrap_or_default();
+        let body = html! {
+            div.confirm role="alertdialog" aria-labelledby="confirm-title" {
+                h1 #confirm-title { (verb) " " (count) " instance" @if count != 1 { "s" } "?" }
+                p { "This acts on " (what) "." }
+                @if !everything {
+                    ul.selected { @for t in &selected { li { code { (t.workflow) "/" (t.id) } } } }
+                }
+                @if action == Action::Delete { p.flash.error { "Deleted instances cannot be recovered." } }
+                form method="post" action="/instances/bulk" {
+                    @for (k, v) in &form {
+                        @if k != "confirmed" { input type="hidden" name=(k) value=(v); }
+                    }
+                    input type="hidden" name="confirmed" value="1";
+                    button.danger type="submit" autofocus { (verb) " " (count) }
+                    " "
+                    a href=(list) { "Cancel" }
+                }
+            }
+        };
+        return super::html(
+            StatusCode::OK,
+            layout::page(
+                &Shell {
+                    title: "Confirm",
+                    section: "instances",
+                    csrf: &csrf,
+                    logged_in: guard.has_session(&headers),
+                },
+                body,
+            ),
+        );
+    }
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    if everything {
+        let mut cursor = None;
+        loop {
+            match crate::bulk::act_on_filter(&engine, action, rollback, &filter, cursor, BULK_PAGE)
+                .await
+            {
+                Ok((page, next)) => {
+                    outcomes.extend(page);
+                    match next {
+                        Some(next) => cursor = Some(next),
+                        None => break,
+                    }
+                }
+                Err(e) => {
+                    return super::back(
+                        &list,
+                        Err(format!(
+                            "Stopped after {} instances: {}",
+                            outcomes.len(),
+                            e.message
+                        )),
+                    );
+                }
+            }
+        }
+    } else {
+        for target in &selected {
+            outcomes.push(crate::bulk::act(&engine, action, rollback, target).await);
+        }
+    }
+    super::back(&list, summary(verb, &outcomes))
+}
+
+/// The outcome of a bulk action in words: how many worked, and the first failures.
+fn summary(verb: &str, outcomes: &[Outcome]) -> Result<String, String> {
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.result.is_err()).collect();
+    let done = outcomes.len() - failed.len();
+    if failed.is_empty() {
+        return Ok(format!("{verb}: done for {done} of {} instances.", outcomes.len()));
+    }
+    let shown: Vec<String> = failed
+        .iter()
+        .take(5)
+        .map(|o| {
+            let e = o.result.as_ref().err().map_or("", |e| e.message.as_str());
+            format!("{}/{}: {e}", o.target.workflow, o.target.id)
+        })
+        .collect();
+    let more = if failed.len() > 5 {
+        format!(" (and {} more)", failed.len() - 5)
+    } else {
+        String::new()
+    };
+    Err(format!(
+        "{verb}: done for {done} of {}; {} failed — {}{more}",
+        outcomes.len(),
+        failed.len(),
+        shown.join("; ")
+    ))
+}

@@ -1,0 +1,148 @@
+//! The web dashboard at `/`: server-rendered HTML (typed `maud` templates compiled into
+//! the binary) over the same [`Engine`] the API serves, with one small hand-written script
+//! for live updates, local times and the timeline's details. Nothing to build or install.
+//!
+//! Pages: the workflows overview (`/`), the instance list (`/instances`), one instance
+//! (`/workflows/{name}/instances/{id}`), and the login form when a token is set. Every
+//! action is an HTML form posted back here (CSRF-checked), answered by a redirect to the
+//! page with the result in words.
+
+mod guard;
+mod instance;
+mod layout;
+mod list;
+mod overview;
+mod timeline;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use cairn::Engine;
+
+pub(crate) use guard::Guard;
+
+/// The dashboard's routes; `guard` decides who may see them.
+pub(crate) fn routes(guard: std::sync::Arc<Guard>) -> Router<Engine> {
+    Router::new()
+        .route("/", get(overview::page))
+        .route("/instances", get(list::page))
+        .route("/instances/bulk", post(list::bulk))
+        .route("/workflows/{name}/instances/{id}", get(instance::page))
+        .route(
+            "/workflows/{name}/instances/{id}/action",
+            post(instance::action),
+        )
+        .route(
+            "/workflows/{name}/instances/{id}/event",
+            post(instance::event),
+        )
+        .route("/login", get(guard::login_page).post(guard::login))
+        .route("/logout", post(guard::logout))
+        .route("/assets/app.css", get(css))
+        .route("/assets/app.js", get(js))
+        .route_layer(axum::middleware::from_fn(guard::require))
+        .layer(axum::Extension(guard))
+}
+
+const CSS: &str = include_str!("assets/app.css");
+const JS: &str = include_str!("assets/app.js");
+
+async fn css() -> Response {
+    asset("text/css; charset=utf-8", CSS)
+}
+
+async fn js() -> Response {
+    asset("text/javascript; charset=utf-8", JS)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// An HTML answer. `no-store`: pages show live state and, with a token, private data.
+pub(crate) fn html(status: StatusCode, markup: maud::Markup) -> Response {
+    (
+        status,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+        ],
+        markup.into_string(),
+    )
+        .into_response()
+}
+
+/// Back to `to` with the outcome of an action shown there in words.
+pub(crate) fn back(to: &str, outcome: Result<String, String>) -> Response {
+    let (key, text) = match outcome {
+        Ok(text) => ("msg", text),
+        Err(text) => ("err", text),
+    };
+    let sep = if to.contains('?') { '&' } else { '?' };
+    let text: String = form_urlencoded::byte_serialize(text.as_bytes()).collect();
+    Redirect::to(&format!("{to}{sep}{key}={text}")).into_response()
+}
+
+/// A query string as pairs, repeated keys kept (several `status=`).
+pub(crate) fn pairs(query: Option<&str>) -> Vec<(String, String)> {
+    form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect()
+}
+
+/// The first value of `key` in `pairs`.
+pub(crate) fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.is_empty())
+}
+
+/// The path of an instance's page.
+pub(crate) fn instance_path(workflow: &str, id: &str) -> String {
+    format!(
+        "/workflows/{}/instances/{}",
+        encode_segment(workflow),
+        encode_segment(id)
+    )
+}
+
+/// `s` made safe for one path segment.
+pub(crate) fn encode_segment(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// `req`'s path and query, for a redirect back to it after logging in.
+pub(crate) fn here(req: &Request) -> String {
+    req.uri()
+        .path_and_query()
+        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_script_listens_to_every_record_kind() {
+        for kind in cairn::LogKind::ALL {
+            assert!(
+                super::JS.contains(&format!("\"{}\"", kind.as_str())),
+                "app.js does not follow {kind} records"
+            );
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! `/`: every registered workflow with its instance counts by status and charts of the
+//! last hour (instances per minute; step attempts and failures per minute).
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use cairn::telemetry::{ActivityMinute, MinuteCounts};
+use cairn::{Engine, InstanceStatus, WorkflowName};
+use maud::{Markup, html};
+
+use super::Guard;
+use super::layout::{self, Shell};
+
+/// The minutes a chart shows.
+const MINUTES: i64 = 60;
+
+pub(crate) async fn page(
+    State(engine): State<Engine>,
+    Extension(guard): Extension<Arc<Guard>>,
+    headers: HeaderMap,
+) -> Response {
+    let csrf = guard.csrf(&headers).unwrap_or_default();
+    let now = engine.clock().now();
+    let this_minute = now.as_millis().div_euclid(60_000) * 60_000;
+    let first = cairn::Timestamp::from_millis(this_minute - (MINUTES - 1) * 60_000);
+    let activity = engine.activity(first);
+    let mut cards = Vec::new();
+    let mut total = 0u64;
+    for name in engine.workflow_names() {
+        let counts = match engine.workflow_by_name(name.as_str()) {
+            Ok(w) => crate::actions::counts(&w).await,
+            Err(e) => Err(e.into()),
+        };
+        match counts {
+            Ok(counts) => {
+                let counts: Vec<(InstanceStatus, u64)> = InstanceStatus::ALL
+                    .into_iter()
+                    .map(|s| (s, counts.get(s.as_str()).and_then(|v| v.as_u64()).unwrap_or(0)))
+                    .collect();
+                total += counts.iter().map(|(_, n)| n).sum::<u64>();
+                cards.push(card(name, &counts, &activity, first));
+            }
+            Err(e) => cards.push(html! {
+                section.card { h2 { (name.as_str()) } p.flash.error { (e.message) } }
+            }),
+        }
+    }
+    let example = engine
+        .workflow_names()
+        .first()
+        .map_or("greet", |w| w.as_str())
+        .to_owned();
+    let body = html! {
+        div.heading {
+            h1 { "Workflows" }
+            p.muted { (engine.workflow_names().len()) " registered · " (total) " instances stored" }
+        }
+        @if total == 0 {
+            p.empty {
+                "No instances yet — trigger one with "
+                code { "cairn workflows trigger " (example) }
+                " or " code { "curl -X POST localhost:8787/api/workflows/" (example) "/instances" } "."
+            }
+        }
+        div.cards data-live="overview" { @for c in &cards { (c) } }
+        p.muted.small {
+            "Charts: the last hour of this server's activity, per minute (kept in memory since it started). "
+            "Counts: every instance stored."
+        }
+    };
+    super::html(
+        StatusCode::OK,
+        layout::page(
+            &Shell {
+                title: "Workflows",
+                section: "overview",
+                csrf: &csrf,
+                logged_in: guard.has_session(&headers),
+            },
+            body,
+        ),
+    )
+}
+
+fn card(
+    name: &WorkflowName,
+    counts: &[(InstanceStatus, u64)],
+    activity: &[ActivityMinute],
+    first: cairn::Timestamp,
+) -> Markup {
+    let list = format!("/instances?workflow={}", super::encode_segment(name.as_str()));
+    let per_minute: Vec<(cairn::Timestamp, MinuteCounts)> = (0..MINUTES)
+        .map(|i| {
+            let minute = cairn::Timestamp::from_millis(first.as_millis() + i * 60_000);
+            let counts = activity
+                .iter()
+                .find(|m| m.minute == minute)
+                .and_then(|m| m.workflows.get(name))
+                .copied()
+                .unwrap_or_default();
+            (minute, counts)
+        })
+        .collect();
+    let hour: MinuteCounts = per_minute.iter().fold(MinuteCounts::default(), |mut a, (_, c)| {
+        a.started += c.started;
+        a.completed += c.completed;
+        a.errored += c.errored + c.terminated;
+        a.attempts += c.attempts;
+        a.failed_attempts += c.failed_attempts;
+        a
+    });
+    html! {
+        section.card data-workflow=(name.as_str()) {
+            h2 { a href=(list) { (name.as_str()) } }
+            ul.counts {
+                @for (status, n) in counts {
+                    li {
+                        a href=(format!("{list}&status={}", status.as_str())) {
+                            (layout::status(*status)) " " span.n data-status=(status.as_str()) { (n) }
+                        }
+                    }
+                }
+            }
+            figure {
+                figcaption {
+                    "Instances per minute · last hour: "
+                    span.k-started { (hour.started) " started" } ", "
+                    span.k-completed { (hour.completed) " completed" } ", "
+                    span.k-errored { (hour.errored) " errored or terminated" }
+                }
+                (chart(&per_minute, &[
+                    ("started", |c: &MinuteCounts| c.started),
+                    ("completed", |c: &MinuteCounts| c.completed),
+                    ("errored", |c: &MinuteCounts| c.errored + c.terminated),
+                ]))
+            }
+            figure {
+                figcaption {
+                    "Step attempts per minute: "
+                    span.k-attempts { (hour.attempts) " attempts" } ", "
+                    span.k-failed { (hour.failed_attempts) " failed" }
+                }
+                (chart(&per_minute, &[
+                    ("attempts", |c: &MinuteCounts| c.attempts),
+                    ("failed", |c: &MinuteCounts| c.failed_attempts),
+                ]))
+            }
+        }
+    }
+}
+
+/// A bar chart of one minute per slot: each series a bar side by side within the minute,
+/// scaled to the largest value; each minute's numbers on hover.
+fn chart(
+    minutes: &[(cairn::Timestamp, MinuteCounts)],
+    series: &[(&str, fn(&MinuteCounts) -> u64)],
+) -> Markup {
+    const W: f64 = 600.0;
+    const H: f64 = 80.0;
+    let max = minutes
+        .iter()
+        .flat_map(|(_, c)| series.iter().map(move |(_, f)| f(c)))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let slot = W / minutes.len().max(1) as f64;
+    let bar = (slot - 1.0) / series.len() as f64;
+    let label = series.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
+    html! {
+        svg.chart viewBox=(format!("0 0 {W} {}", H + 14.0)) role="img"
+            aria-label=(format!("{label} per minute over the last hour, at most {max} in a minute")) {
+            line.axis x1="0" y1=(H) x2=(W) y2=(H) {}
+            @for (i, (minute, counts)) in minutes.iter().enumerate() {
+                g {
+                    title {
+                        (minute.to_rfc3339()) ": "
+                        (series.iter().map(|(n, f)| format!("{} {n}", f(counts))).collect::<Vec<_>>().join(", "))
+                    }
+                    rect.hit x=(format!("{:.1}", i as f64 * slot)) y="0" width=(format!("{slot:.1}")) height=(H) {}
+                    @for (j, (name, f)) in series.iter().enumerate() {
+                        @let v = f(counts);
+                        @if v > 0 {
+                            @let h = (v as f64 / max as f64 * (H - 4.0)).max(1.5);
+                            rect class=(format!("col k-{name}"))
+                                x=(format!("{:.1}", i as f64 * slot + j as f64 * bar))
+                                y=(format!("{:.1}", H - h))
+                                width=(format!("{:.1}", bar.max(1.0)))
+                                height=(format!("{h:.1}")) {}
+                        }
+                    }
+                }
+            }
+            text.tick x="0" y=(H + 12.0) { "−60 min" }
+            text.tick x=(W) y=(H + 12.0) text-anchor="end" { "now" }
+            text.tick x=(W) y="10" text-anchor="end" { (max) }
+        }
+    }
+}
