@@ -139,7 +139,7 @@ async fn hot_queries_never_scan_or_sort_history() {
         );
     }
     let mut lists = Vec::new();
-    for statuses in [vec![], vec![InstanceStatus::Running]] {
+    for statuses in [vec![], vec![cairn_core::InstanceStatus::Running]] {
         for before in [None, Some(cairn_store::InstanceRef(5))] {
             lists.push(cairn_store::ListQuery {
                 workflow: Some(cairn_core::WorkflowName::new("w1").unwrap()),

@@ -36,7 +36,10 @@ pub(crate) async fn check(
     if req.uri().path() == "/healthz" {
         return next.run(req).await;
     }
-    let reads = matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD);
+    let reads = matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
     if reads && guard.has_session(req.headers()) {
         return next.run(req).await;
     }

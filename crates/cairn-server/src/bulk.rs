@@ -140,9 +140,17 @@ impl Outcome {
 }
 
 /// Does `action` to one instance.
-pub(crate) async fn act(engine: &Engine, action: Action, rollback: bool, target: &Target) -> Outcome {
+pub(crate) async fn act(
+    engine: &Engine,
+    action: Action,
+    rollback: bool,
+    target: &Target,
+) -> Outcome {
     let result = async {
-        let instance = engine.workflow_by_name(&target.workflow)?.get(&target.id).await?;
+        let instance = engine
+            .workflow_by_name(&target.workflow)?
+            .get(&target.id)
+            .await?;
         match action {
             Action::Pause => instance.pause().await,
             Action::Resume => instance.resume().await,

@@ -132,7 +132,11 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
         ),
         ("get", "/api/instances") => (
             vec![
-                query("workflow", "Only this workflow's instances", json!({ "type": "string" })),
+                query(
+                    "workflow",
+                    "Only this workflow's instances",
+                    json!({ "type": "string" }),
+                ),
                 query(
                     "status",
                     "Only instances in one of these statuses (comma-separated)",

@@ -376,7 +376,9 @@ async fn list_all_instances(
             row
         })
         .collect();
-    Ok(Json(json!({ "instances": instances, "cursor": page.cursor })))
+    Ok(Json(
+        json!({ "instances": instances, "cursor": page.cursor }),
+    ))
 }
 
 async fn bulk(

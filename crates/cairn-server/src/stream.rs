@@ -187,3 +187,60 @@ pub(crate) fn follow_workflow(
     );
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
+
+/// A stream that says only "something changed": one `change` event (its id the newest
+/// record's) whenever a record newer than `cursor` lands in any workflow, at most one per
+/// [`CHANGE_COALESCE`]. What the dashboard's list of every workflow follows: one
+/// connection rather than one per workflow (a browser opens at most six per server).
+pub(crate) fn follow_changes(
+    engine: cairn::Engine,
+    cursor: u64,
+    lease: Lease,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let commits: Vec<watch::Receiver<u64>> = engine
+        .workflow_names()
+        .iter()
+        .filter_map(|w| engine.workflow_by_name(w.as_str()).ok())
+        .map(|w| w.commits())
+        .collect();
+    let start = (engine, cursor, commits, lease);
+    let stream = futures::stream::unfold(
+        start,
+        |(engine, mut cursor, mut commits, lease)| async move {
+            loop {
+                if lease.closed() {
+                    return None;
+                }
+                for c in &mut commits {
+                    c.borrow_and_update();
+                }
+                match engine.log_head().await {
+                    Ok(head) if head > cursor => {
+                        cursor = head;
+                        let event = Event::default()
+                            .id(head.to_string())
+                            .event("change")
+                            .data(head.to_string());
+                        tokio::time::sleep(CHANGE_COALESCE).await;
+                        return Some((Ok(event), (engine, cursor, commits, lease)));
+                    }
+                    Ok(_) => {}
+                    Err(_) => return None,
+                }
+                // The next commit of this engine, or a look every POLL for other processes'.
+                if commits.is_empty() {
+                    tokio::time::sleep(POLL).await;
+                } else {
+                    let changed = futures::future::select_all(
+                        commits.iter_mut().map(|c| Box::pin(c.changed())),
+                    );
+                    let _ = tokio::time::timeout(POLL, changed).await;
+                }
+            }
+        },
+    );
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// The least time between two `change` events of [`follow_changes`].
+const CHANGE_COALESCE: Duration = Duration::from_millis(250);

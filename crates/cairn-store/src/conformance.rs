@@ -503,7 +503,10 @@ pub async fn list_filters_and_count_matching_agree(store: Arc<dyn Store>) {
     // ord-2 runs and waits, ord_3 runs: three statuses in play.
     let later = T0.saturating_add(Duration::from_secs(3600));
     let claimed = store.claim("o", &[wf("wf")], later, TTL, 10).await.unwrap();
-    for (id, status) in [("ord-2", InstanceStatus::Waiting), ("ord_3", InstanceStatus::Running)] {
+    for (id, status) in [
+        ("ord-2", InstanceStatus::Waiting),
+        ("ord_3", InstanceStatus::Running),
+    ] {
         let lease = claimed
             .iter()
             .find(|c| c.record.id.as_str() == id)

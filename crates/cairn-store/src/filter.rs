@@ -34,7 +34,11 @@ impl ListQuery {
             clause.push_str(&condition.replace('#', &placeholder(args.len())));
         };
         if let Some(workflow) = &self.workflow {
-            bind(&mut clause, " AND workflow = #", SqlArg::Text(workflow.to_string()));
+            bind(
+                &mut clause,
+                " AND workflow = #",
+                SqlArg::Text(workflow.to_string()),
+            );
         }
         match self.statuses.as_slice() {
             [] => {}
@@ -52,10 +56,18 @@ impl ListQuery {
             }
         }
         if let Some(from) = self.created_from {
-            bind(&mut clause, " AND created_at >= #", SqlArg::Int(from.as_millis()));
+            bind(
+                &mut clause,
+                " AND created_at >= #",
+                SqlArg::Int(from.as_millis()),
+            );
         }
         if let Some(before) = self.created_before {
-            bind(&mut clause, " AND created_at < #", SqlArg::Int(before.as_millis()));
+            bind(
+                &mut clause,
+                " AND created_at < #",
+                SqlArg::Int(before.as_millis()),
+            );
         }
         if let Some(prefix) = self.id_prefix.as_deref().filter(|p| !p.is_empty()) {
             // Ids are ASCII (`InstanceId`), so the first `len` characters are the first
@@ -67,10 +79,8 @@ impl ListQuery {
                 SqlArg::Text(prefix.to_owned()),
             );
         }
-        if paged {
-            if let Some(before) = self.before {
-                bind(&mut clause, " AND iid < #", SqlArg::Int(before.0));
-            }
+        if let Some(before) = self.before.filter(|_| paged) {
+            bind(&mut clause, " AND iid < #", SqlArg::Int(before.0));
         }
         SqlFilter { clause, args }
     }

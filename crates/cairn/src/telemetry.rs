@@ -316,7 +316,12 @@ pub struct Activity {
 pub const ACTIVITY_MINUTES: usize = 60;
 
 impl Activity {
-    fn add(&self, at: cairn_core::Timestamp, workflow: &WorkflowName, f: impl FnOnce(&mut MinuteCounts)) {
+    fn add(
+        &self,
+        at: cairn_core::Timestamp,
+        workflow: &WorkflowName,
+        f: impl FnOnce(&mut MinuteCounts),
+    ) {
         let minute = cairn_core::Timestamp::from_millis(at.as_millis().div_euclid(60_000) * 60_000);
         let mut minutes = self.minutes.lock().unwrap_or_else(PoisonError::into_inner);
         // Events arrive in clock order but for a few in flight across a minute's end: an

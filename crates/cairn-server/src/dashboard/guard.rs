@@ -16,11 +16,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use axum::Extension;
 use axum::extract::{Form, Query, Request};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::Extension;
 use maud::html;
 use serde::Deserialize;
 
@@ -90,14 +90,14 @@ impl Guard {
         let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         sessions.retain(|_, s| s.until > now);
-        if sessions.len() >= MAX_SESSIONS {
-            if let Some(oldest) = sessions
-                .iter()
-                .min_by_key(|(_, s)| s.until)
-                .map(|(k, _)| k.clone())
-            {
-                sessions.remove(&oldest);
-            }
+        let full = sessions.len() >= MAX_SESSIONS;
+        if let Some(oldest) = sessions
+            .iter()
+            .filter(|_| full)
+            .min_by_key(|(_, s)| s.until)
+            .map(|(k, _)| k.clone())
+        {
+            sessions.remove(&oldest);
         }
         sessions.insert(
             id.clone(),
@@ -132,9 +132,7 @@ fn session_id(headers: &HeaderMap) -> Option<&str> {
 
 /// Whether the browser says this request comes from another site.
 fn cross_site(headers: &HeaderMap) -> bool {
-    let fetch_site = headers
-        .get("sec-fetch-site")
-        .and_then(|v| v.to_str().ok());
+    let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
     if let Some(site) = fetch_site {
         return !matches!(site, "same-origin" | "none");
     }
@@ -143,9 +141,7 @@ fn cross_site(headers: &HeaderMap) -> bool {
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
     match (origin, host) {
         (Some("null"), _) => true,
-        (Some(origin), Some(host)) => {
-            origin.split_once("://").map(|(_, h)| h) != Some(host)
-        }
+        (Some(origin), Some(host)) => origin.split_once("://").map(|(_, h)| h) != Some(host),
         _ => false,
     }
 }
@@ -156,7 +152,10 @@ fn loopback_host(host: &str) -> bool {
         Some(rest) => rest.split(']').next().unwrap_or(""),
         None => host.rsplit_once(':').map_or(host, |(h, _)| h),
     };
-    name == "localhost" || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    name == "localhost"
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The dashboard's gate: a login (when a token is set) for every page but the login form
@@ -168,7 +167,7 @@ pub(crate) async fn require(
     next: Next,
 ) -> Response {
     let path = req.uri().path();
-    let open = path == "/login" || path.starts_with("/assets/");
+    let open = path == "/login" || path.starts_with("/assets/") || path == "/favicon.ico";
     if guard.token.is_none() {
         let host = req
             .headers()
@@ -203,6 +202,7 @@ pub(crate) async fn require(
 }
 
 /// Checks a posted form's CSRF token against the sender's.
+#[allow(clippy::result_large_err)] // a refusal is the answer itself, returned at once
 pub(crate) fn check_form(guard: &Guard, headers: &HeaderMap, given: &str) -> Result<(), Response> {
     match guard.csrf(headers) {
         Some(csrf) if crate::auth::constant_time_eq(csrf.as_bytes(), given.as_bytes()) => Ok(()),
@@ -314,10 +314,21 @@ mod tests {
 
     #[test]
     fn loopback_hosts_are_recognised() {
-        for host in ["127.0.0.1:8787", "localhost:8787", "localhost", "[::1]:8787", "127.0.0.1"] {
+        for host in [
+            "127.0.0.1:8787",
+            "localhost:8787",
+            "localhost",
+            "[::1]:8787",
+            "127.0.0.1",
+        ] {
             assert!(loopback_host(host), "{host}");
         }
-        for host in ["evil.example:8787", "10.0.0.1:8787", "localhost.evil.example", ""] {
+        for host in [
+            "evil.example:8787",
+            "10.0.0.1:8787",
+            "localhost.evil.example",
+            "",
+        ] {
             assert!(!loopback_host(host), "{host}");
         }
     }
@@ -357,10 +368,16 @@ mod tests {
         headers.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
         assert!(!cross_site(&headers));
         let mut headers = HeaderMap::new();
-        headers.insert(header::ORIGIN, HeaderValue::from_static("http://evil.example"));
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
         headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8787"));
         assert!(cross_site(&headers));
-        headers.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8787"));
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8787"),
+        );
         assert!(!cross_site(&headers));
     }
 }

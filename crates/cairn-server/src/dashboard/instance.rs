@@ -268,18 +268,31 @@ pub(crate) async fn action(
         Err(e) => return super::back(&here, Err(e.to_string())),
     };
     let done = match value(&form, "action") {
-        Some("pause") => instance.pause().await.map(|()| "Pause requested.".to_owned()),
+        Some("pause") => instance
+            .pause()
+            .await
+            .map(|()| "Pause requested.".to_owned()),
         Some("resume") => instance.resume().await.map(|()| "Resumed.".to_owned()),
-        Some("terminate") => instance.terminate().await.map(|()| "Terminated.".to_owned()),
+        Some("terminate") => instance
+            .terminate()
+            .await
+            .map(|()| "Terminated.".to_owned()),
         Some("terminate-rollback") => instance
             .terminate_with_rollback()
             .await
             .map(|()| "Terminated; its rollback runs now.".to_owned()),
-        Some("restart") => instance.restart().await.map(|()| "Restarted from the beginning.".to_owned()),
+        Some("restart") => instance
+            .restart()
+            .await
+            .map(|()| "Restarted from the beginning.".to_owned()),
         Some("restart-from") => {
             let Some((kind, count, step)) = value(&form, "from").and_then(|f| {
                 let mut parts = f.splitn(3, '|');
-                Some((parts.next()?, parts.next()?.parse::<u32>().ok()?, parts.next()?))
+                Some((
+                    parts.next()?,
+                    parts.next()?.parse::<u32>().ok()?,
+                    parts.next()?,
+                ))
             }) else {
                 return super::back(&here, Err("Choose the step to restart from.".into()));
             };
@@ -301,7 +314,10 @@ pub(crate) async fn action(
             };
         }
         other => {
-            return super::back(&here, Err(format!("unknown action {:?}", other.unwrap_or(""))));
+            return super::back(
+                &here,
+                Err(format!("unknown action {:?}", other.unwrap_or(""))),
+            );
         }
     };
     super::back(&here, done.map_err(|e| e.to_string()))

@@ -16,7 +16,13 @@ pub(crate) struct Shell<'a> {
 
 /// A full page: head, nav, `body`.
 pub(crate) fn page(shell: &Shell<'_>, body: Markup) -> Markup {
-    let current = |s: &str| if shell.section == s { Some("page") } else { None };
+    let current = |s: &str| {
+        if shell.section == s {
+            Some("page")
+        } else {
+            None
+        }
+    };
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -75,6 +81,7 @@ fn head(title: &str) -> Markup {
             meta name="viewport" content="width=device-width, initial-scale=1";
             meta name="color-scheme" content="light dark";
             title { (title) " · Cairn" }
+            link rel="icon" href="/assets/icon.svg" type="image/svg+xml";
             link rel="stylesheet" href="/assets/app.css";
             script src="/assets/app.js" defer {}
         }
@@ -166,7 +173,10 @@ mod tests {
         assert_eq!(super::duration(Duration::from_millis(12_400)), "12.4 s");
         assert_eq!(super::duration(Duration::from_secs(185)), "3 min 5 s");
         assert_eq!(super::duration(Duration::from_secs(7_800)), "2 h 10 min");
-        assert_eq!(super::duration(Duration::from_secs(3 * 86_400 + 4 * 3_600)), "3 d 4 h");
+        assert_eq!(
+            super::duration(Duration::from_secs(3 * 86_400 + 4 * 3_600)),
+            "3 d 4 h"
+        );
     }
 
     #[test]

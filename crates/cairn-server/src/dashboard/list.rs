@@ -44,7 +44,11 @@ fn filter(pairs: &[(String, String)]) -> Result<Filter, String> {
 fn when(text: Option<&str>, name: &str) -> Result<Option<Timestamp>, String> {
     let Some(text) = text else { return Ok(None) };
     // `datetime-local` sends `2026-12-01T10:30`: seconds and zone missing.
-    let full = if text.len() == 16 { format!("{text}:00Z") } else { text.to_owned() };
+    let full = if text.len() == 16 {
+        format!("{text}:00Z")
+    } else {
+        text.to_owned()
+    };
     humantime::parse_rfc3339_weak(&full)
         .map(|t| Some(Timestamp::from_system_time(t)))
         .map_err(|e| format!("'{name}' is not a time ({e}): use 2026-01-31T12:00:00Z"))
@@ -109,20 +113,23 @@ pub(crate) async fn page(
     };
     let cursor = value(&pairs, "cursor").map(str::to_owned);
     let listed = engine
-        .list_instances(filter.workflow.as_deref(), &filter.options(cursor.clone(), PAGE))
+        .list_instances(
+            filter.workflow.as_deref(),
+            &filter.options(cursor.clone(), PAGE),
+        )
         .await;
     // The stream cursor: the page shows everything up to here; the script follows on.
     let head = engine.log_head().await.unwrap_or(0);
     let streams: Vec<String> = match &filter.workflow {
-        Some(w) => vec![format!("/api/workflows/{}/stream?cursor={head}", super::encode_segment(w))],
-        None => engine
-            .workflow_names()
-            .iter()
-            .map(|w| format!("/api/workflows/{}/stream?cursor={head}", super::encode_segment(w.as_str())))
-            .collect(),
+        Some(w) => vec![format!(
+            "/api/workflows/{}/stream?cursor={head}",
+            super::encode_segment(w)
+        )],
+        None => vec![format!("/live?cursor={head}")],
     };
     let q = query_of(&filter);
-    let filtered = q != "" && q != format!("workflow={}", filter.workflow.as_deref().unwrap_or(""));
+    let filtered =
+        !q.is_empty() && q != format!("workflow={}", filter.workflow.as_deref().unwrap_or(""));
     let body = html! {
         div.heading {
             h1 { "Instances" }
@@ -389,7 +396,10 @@ fn summary(verb: &str, outcomes: &[Outcome]) -> Result<String, String> {
     let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.result.is_err()).collect();
     let done = outcomes.len() - failed.len();
     if failed.is_empty() {
-        return Ok(format!("{verb}: done for {done} of {} instances.", outcomes.len()));
+        return Ok(format!(
+            "{verb}: done for {done} of {} instances.",
+            outcomes.len()
+        ));
     }
     let shown: Vec<String> = failed
         .iter()

@@ -15,7 +15,7 @@ mod overview;
 mod timeline;
 
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -29,6 +29,7 @@ pub(crate) fn routes(guard: std::sync::Arc<Guard>) -> Router<Engine> {
         .route("/", get(overview::page))
         .route("/instances", get(list::page))
         .route("/instances/bulk", post(list::bulk))
+        .route("/live", get(live))
         .route("/workflows/{name}/instances/{id}", get(instance::page))
         .route(
             "/workflows/{name}/instances/{id}/action",
@@ -42,12 +43,34 @@ pub(crate) fn routes(guard: std::sync::Arc<Guard>) -> Router<Engine> {
         .route("/logout", post(guard::logout))
         .route("/assets/app.css", get(css))
         .route("/assets/app.js", get(js))
+        .route("/assets/icon.svg", get(icon))
+        .route("/favicon.ico", get(icon))
         .route_layer(axum::middleware::from_fn(guard::require))
         .layer(axum::Extension(guard))
 }
 
+/// `GET /live?cursor=N`: a `change` event whenever any instance changes after record `N`
+/// (Server-Sent Events; the list of every workflow refreshes on it).
+async fn live(
+    State(engine): State<Engine>,
+    closing: Option<axum::Extension<crate::serve::Closing>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let pairs = pairs(query.as_deref());
+    let cursor = value(&pairs, "cursor")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let lease = crate::stream::Lease::new(None, closing.map(|axum::Extension(c)| c.0));
+    crate::stream::follow_changes(engine, cursor, lease).into_response()
+}
+
 const CSS: &str = include_str!("assets/app.css");
 const JS: &str = include_str!("assets/app.js");
+const ICON: &str = include_str!("assets/icon.svg");
+
+async fn icon() -> Response {
+    asset("image/svg+xml", ICON)
+}
 
 async fn css() -> Response {
     asset("text/css; charset=utf-8", CSS)

@@ -38,7 +38,12 @@ pub(crate) async fn page(
             Ok(counts) => {
                 let counts: Vec<(InstanceStatus, u64)> = InstanceStatus::ALL
                     .into_iter()
-                    .map(|s| (s, counts.get(s.as_str()).and_then(|v| v.as_u64()).unwrap_or(0)))
+                    .map(|s| {
+                        (
+                            s,
+                            counts.get(s.as_str()).and_then(|v| v.as_u64()).unwrap_or(0),
+                        )
+                    })
                     .collect();
                 total += counts.iter().map(|(_, n)| n).sum::<u64>();
                 cards.push(card(name, &counts, &activity, first));
@@ -91,7 +96,10 @@ fn card(
     activity: &[ActivityMinute],
     first: cairn::Timestamp,
 ) -> Markup {
-    let list = format!("/instances?workflow={}", super::encode_segment(name.as_str()));
+    let list = format!(
+        "/instances?workflow={}",
+        super::encode_segment(name.as_str())
+    );
     let per_minute: Vec<(cairn::Timestamp, MinuteCounts)> = (0..MINUTES)
         .map(|i| {
             let minute = cairn::Timestamp::from_millis(first.as_millis() + i * 60_000);
@@ -104,14 +112,16 @@ fn card(
             (minute, counts)
         })
         .collect();
-    let hour: MinuteCounts = per_minute.iter().fold(MinuteCounts::default(), |mut a, (_, c)| {
-        a.started += c.started;
-        a.completed += c.completed;
-        a.errored += c.errored + c.terminated;
-        a.attempts += c.attempts;
-        a.failed_attempts += c.failed_attempts;
-        a
-    });
+    let hour: MinuteCounts = per_minute
+        .iter()
+        .fold(MinuteCounts::default(), |mut a, (_, c)| {
+            a.started += c.started;
+            a.completed += c.completed;
+            a.errored += c.errored + c.terminated;
+            a.attempts += c.attempts;
+            a.failed_attempts += c.failed_attempts;
+            a
+        });
     html! {
         section.card data-workflow=(name.as_str()) {
             h2 { a href=(list) { (name.as_str()) } }
@@ -152,12 +162,12 @@ fn card(
     }
 }
 
+/// A chart's series: its name (a CSS class `k-…`) and its value in a minute.
+type Series = (&'static str, fn(&MinuteCounts) -> u64);
+
 /// A bar chart of one minute per slot: each series a bar side by side within the minute,
 /// scaled to the largest value; each minute's numbers on hover.
-fn chart(
-    minutes: &[(cairn::Timestamp, MinuteCounts)],
-    series: &[(&str, fn(&MinuteCounts) -> u64)],
-) -> Markup {
+fn chart(minutes: &[(cairn::Timestamp, MinuteCounts)], series: &[Series]) -> Markup {
     const W: f64 = 600.0;
     const H: f64 = 80.0;
     let max = minutes
@@ -168,7 +178,11 @@ fn chart(
         .max(1);
     let slot = W / minutes.len().max(1) as f64;
     let bar = (slot - 1.0) / series.len() as f64;
-    let label = series.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
+    let label = series
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ");
     html! {
         svg.chart viewBox=(format!("0 0 {W} {}", H + 14.0)) role="img"
             aria-label=(format!("{label} per minute over the last hour, at most {max} in a minute")) {

@@ -95,16 +95,16 @@ impl Timeline {
                 LogKind::AttemptStart | LogKind::RollbackAttemptStart => {
                     let rollback = r.entry.kind == LogKind::RollbackAttemptStart;
                     if let Some(lane) = t.lane(step, rollback) {
-                        if let Some(prev) = lane.segments.last() {
-                            if let Some(end) = prev.end.filter(|e| *e < at) {
-                                lane.segments.push(Segment {
-                                    attempt: None,
-                                    start: end,
-                                    end: Some(at),
-                                    ok: None,
-                                    error: None,
-                                });
-                            }
+                        if let Some(end) =
+                            lane.segments.last().and_then(|p| p.end).filter(|e| *e < at)
+                        {
+                            lane.segments.push(Segment {
+                                attempt: None,
+                                start: end,
+                                end: Some(at),
+                                ok: None,
+                                error: None,
+                            });
                         }
                         lane.segments.push(Segment {
                             attempt: Some(attempt_number(r)),
@@ -128,17 +128,15 @@ impl Timeline {
                         LogKind::AttemptSuccess | LogKind::RollbackAttemptSuccess
                     );
                     let n = attempt_number(r);
-                    if let Some(lane) = t.lane(step, rollback) {
-                        if let Some(seg) = lane
-                            .segments
+                    if let Some(seg) = t.lane(step, rollback).and_then(|lane| {
+                        lane.segments
                             .iter_mut()
                             .rev()
                             .find(|s| s.attempt == Some(n) && s.end.is_none())
-                        {
-                            seg.end = Some(at);
-                            seg.ok = Some(ok);
-                            seg.error = if ok { None } else { error_text(r) };
-                        }
+                    }) {
+                        seg.end = Some(at);
+                        seg.ok = Some(ok);
+                        seg.error = if ok { None } else { error_text(r) };
                     }
                 }
                 LogKind::WorkflowPaused => t.bands.push(Band {
@@ -189,11 +187,9 @@ impl Timeline {
             kind,
             LogKind::RollbackStepSuccess | LogKind::RollbackStepFailure
         );
-        if let Some(lane) = self.lane(step, rollback) {
-            if lane.end.is_none() {
-                lane.end = Some(at);
-                lane.ok = Some(ok);
-            }
+        if let Some(lane) = self.lane(step, rollback).filter(|l| l.end.is_none()) {
+            lane.end = Some(at);
+            lane.ok = Some(ok);
         }
     }
 
@@ -226,14 +222,19 @@ fn label(lane: &Lane) -> String {
 /// The chart from `start` (the instance's creation) to `end` (its end, or now).
 pub(crate) fn render(t: &Timeline, start: Timestamp, end: Timestamp) -> Markup {
     let span = (end.as_millis() - start.as_millis()).max(1) as f64;
-    let pos = |at: Timestamp| ((at.as_millis() - start.as_millis()) as f64 / span * 100.0).clamp(0.0, 100.0);
+    let pos = |at: Timestamp| {
+        ((at.as_millis() - start.as_millis()) as f64 / span * 100.0).clamp(0.0, 100.0)
+    };
     let place = |from: Timestamp, to: Option<Timestamp>| {
         let left = pos(from);
         let right = pos(to.unwrap_or(end));
         format!("left:{left:.3}%;width:{:.3}%", (right - left).max(0.25))
     };
     let took = |from: Timestamp, to: Option<Timestamp>| {
-        to.map_or_else(|| "still running".to_owned(), |to| super::layout::duration(to.since(from)))
+        to.map_or_else(
+            || "still running".to_owned(),
+            |to| super::layout::duration(to.since(from)),
+        )
     };
     html! {
         div.timeline data-live="timeline" {
@@ -300,13 +301,23 @@ mod tests {
 
     use super::Timeline;
 
-    fn rec(id: u64, ms: i64, kind: LogKind, step: Option<(&str, StepKind)>, meta: serde_json::Value) -> LogRecord {
+    fn rec(
+        id: u64,
+        ms: i64,
+        kind: LogKind,
+        step: Option<(&str, StepKind)>,
+        meta: serde_json::Value,
+    ) -> LogRecord {
         LogRecord {
             id,
             entry: LogEntry {
                 kind,
                 at: Timestamp::from_millis(ms),
-                step: step.map(|(name, kind)| StepKey { kind, name: name.into(), count: 1 }),
+                step: step.map(|(name, kind)| StepKey {
+                    kind,
+                    name: name.into(),
+                    count: 1,
+                }),
                 meta,
             },
         }
@@ -320,9 +331,21 @@ mod tests {
             rec(1, 0, LogKind::WorkflowQueued, None, json!({})),
             rec(2, 10, LogKind::StepStart, charge, json!({})),
             rec(3, 10, LogKind::AttemptStart, charge, json!({"attempt": 1})),
-            rec(4, 20, LogKind::AttemptFailure, charge, json!({"attempt": 1, "error": {"name": "Error", "message": "card timeout"}})),
+            rec(
+                4,
+                20,
+                LogKind::AttemptFailure,
+                charge,
+                json!({"attempt": 1, "error": {"name": "Error", "message": "card timeout"}}),
+            ),
             rec(5, 120, LogKind::AttemptStart, charge, json!({"attempt": 2})),
-            rec(6, 130, LogKind::AttemptSuccess, charge, json!({"attempt": 2})),
+            rec(
+                6,
+                130,
+                LogKind::AttemptSuccess,
+                charge,
+                json!({"attempt": 2}),
+            ),
             rec(7, 130, LogKind::StepSuccess, charge, json!({})),
             rec(8, 140, LogKind::WorkflowPaused, None, json!({})),
             rec(9, 150, LogKind::WorkflowResumed, None, json!({})),
@@ -330,8 +353,20 @@ mod tests {
             rec(11, 200, LogKind::SleepComplete, nap, json!({})),
             rec(12, 210, LogKind::RollbackStart, None, json!({})),
             rec(13, 210, LogKind::RollbackStepStart, charge, json!({})),
-            rec(14, 210, LogKind::RollbackAttemptStart, charge, json!({"attempt": 1})),
-            rec(15, 220, LogKind::RollbackAttemptSuccess, charge, json!({"attempt": 1})),
+            rec(
+                14,
+                210,
+                LogKind::RollbackAttemptStart,
+                charge,
+                json!({"attempt": 1}),
+            ),
+            rec(
+                15,
+                220,
+                LogKind::RollbackAttemptSuccess,
+                charge,
+                json!({"attempt": 1}),
+            ),
             rec(16, 220, LogKind::RollbackStepSuccess, charge, json!({})),
             rec(17, 220, LogKind::RollbackComplete, None, json!({})),
         ];
@@ -341,12 +376,19 @@ mod tests {
         let charge = &t.lanes[0];
         assert_eq!(charge.ok, Some(true));
         let segs: Vec<_> = charge.segments.iter().map(|s| (s.attempt, s.ok)).collect();
-        assert_eq!(segs, [(Some(1), Some(false)), (None, None), (Some(2), Some(true))]);
-        assert_eq!(charge.segments[0].error.as_deref(), Some("Error: card timeout"));
+        assert_eq!(
+            segs,
+            [(Some(1), Some(false)), (None, None), (Some(2), Some(true))]
+        );
+        assert_eq!(
+            charge.segments[0].error.as_deref(),
+            Some("Error: card timeout")
+        );
         assert_eq!(t.lanes[2].segments.len(), 1);
         let bands: Vec<_> = t.bands.iter().map(|b| (b.kind, b.end.is_some())).collect();
         assert_eq!(bands, [("paused", true), ("rollback", true)]);
-        let html = super::render(&t, Timestamp::from_millis(0), Timestamp::from_millis(220)).into_string();
+        let html =
+            super::render(&t, Timestamp::from_millis(0), Timestamp::from_millis(220)).into_string();
         assert_eq!(html.matches("class=\"lane\"").count(), 3);
         assert!(html.contains("card timeout"));
     }

@@ -61,7 +61,9 @@ impl Engine {
         workflow: Option<&str>,
         options: &ListOptions,
     ) -> Result<InstancePage, Error> {
-        let workflow = workflow.map(|w| self.workflow_by_name(w).map(|w| w.name)).transpose()?;
+        let workflow = workflow
+            .map(|w| self.workflow_by_name(w).map(|w| w.name))
+            .transpose()?;
         workflow::list(self, workflow, options).await
     }
 
@@ -75,7 +77,9 @@ impl Engine {
         workflow: Option<&str>,
         options: &ListOptions,
     ) -> Result<u64, Error> {
-        let workflow = workflow.map(|w| self.workflow_by_name(w).map(|w| w.name)).transpose()?;
+        let workflow = workflow
+            .map(|w| self.workflow_by_name(w).map(|w| w.name))
+            .transpose()?;
         workflow::count(self, workflow, options).await
     }
 }

@@ -270,7 +270,11 @@ async fn one_lifetime(
         inner.status_changed(state.lease.instance);
         if record.started_at.is_none() {
             state.set_started_at(now);
-            crate::telemetry::started(state.env.seen(), &record.workflow, now.since(record.created_at));
+            crate::telemetry::started(
+                state.env.seen(),
+                &record.workflow,
+                now.since(record.created_at),
+            );
         }
     }
 

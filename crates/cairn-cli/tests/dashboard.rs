@@ -1,0 +1,552 @@
+//! The dashboard in a real browser: a real `cairn serve` with the demo workflows, driven
+//! through a headless Chromium by chromedriver (Debian packages `chromium` and
+//! `chromium-driver`; `.ci/run` installs them). Every page is checked for console errors
+//! and saved as a screenshot under `target/tmp/dashboard/` (with `CAIRN_UPDATE_SCREENSHOTS`
+//! set, also under `docs/` for the README).
+
+#![allow(clippy::unwrap_used, missing_docs)] // tests may unwrap: a panic is the failure report
+
+mod browser;
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use browser::Browser;
+use serde_json::{Value, json};
+
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(token: Option<&str>) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
+    cmd.args(["serve", "--db"])
+        .arg(dir.path().join("cairn.db"))
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .env_remove("RUST_LOG")
+        .env_remove("CAIRN_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(token) = token {
+        cmd.args(["--token", token]);
+    }
+    let server = Server {
+        child: cmd.spawn().unwrap(),
+        port,
+        _dir: dir,
+    };
+    common::wait_up(port);
+    server
+}
+
+/// One API request with `Authorization` when a token is given; answers status and JSON.
+fn api(port: u16, token: Option<&str>, method: &str, path: &str, body: &Value) -> (u16, Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let answer = match method {
+        "GET" => {
+            let mut r = agent.get(&url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.call()
+        }
+        _ => {
+            let mut r = agent.post(&url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.content_type("application/json")
+                .send(body.to_string().as_str())
+        }
+    };
+    let mut answer = answer.unwrap();
+    let status = answer.status().as_u16();
+    let text = answer.body_mut().read_to_string().unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn create(port: u16, token: Option<&str>, workflow: &str, id: &str, params: Value) {
+    let (status, body) = api(
+        port,
+        token,
+        "POST",
+        &format!("/api/workflows/{workflow}/instances"),
+        &json!({ "instance_id": id, "params": params }),
+    );
+    assert_eq!(status, 201, "create {workflow}/{id}: {body}");
+}
+
+fn status(port: u16, token: Option<&str>, workflow: &str, id: &str) -> String {
+    let (_, body) = api(
+        port,
+        token,
+        "GET",
+        &format!("/api/workflows/{workflow}/instances/{id}"),
+        &Value::Null,
+    );
+    body["status"].as_str().unwrap_or("").to_owned()
+}
+
+fn wait_status(port: u16, token: Option<&str>, workflow: &str, id: &str, want: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = status(port, token, workflow, id);
+        if want.contains(&now.as_str()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{workflow}/{id} is {now}, not one of {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Saves a screenshot as a test artifact (and under `docs/` when asked to).
+fn shot(browser: &Browser, name: &str) {
+    let artifacts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    browser.screenshot(&artifacts.join(format!("{name}.png")));
+    if std::env::var_os("CAIRN_UPDATE_SCREENSHOTS").is_some() {
+        let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+        browser.screenshot(&docs.join(format!("dashboard-{name}.png")));
+    }
+}
+
+fn rows(browser: &Browser) -> Vec<String> {
+    browser
+        .all("tr[data-instance]")
+        .iter()
+        .filter_map(|r| browser.attr(r, "data-instance"))
+        .collect()
+}
+
+#[test]
+fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_browser() {
+    let Some(driver) = browser::chromedriver() else {
+        return;
+    };
+    let server = serve(None);
+    let port = server.port;
+    let base = format!("http://127.0.0.1:{port}");
+    let browser = Browser::start(&driver, 1280, 1000);
+    let t0 = Instant::now();
+    let phase = |name: &str| eprintln!("[{:>6.2} s] {name}", t0.elapsed().as_secs_f64());
+
+    // An empty server says how to start.
+    browser.goto(&format!("{base}/"));
+    assert!(
+        browser.page_text().contains("No instances yet"),
+        "{}",
+        browser.page_text()
+    );
+    browser.goto(&format!("{base}/instances"));
+    assert!(
+        browser
+            .page_text()
+            .contains("No instances yet — trigger one with")
+    );
+    browser.assert_no_console_errors("the empty pages");
+
+    create(port, None, "checkout", "order-ok", json!({ "failures": 1 }));
+    create(
+        port,
+        None,
+        "checkout",
+        "order-declined",
+        json!({ "decline": true }),
+    );
+    for id in ["req-1", "req-2", "req-3"] {
+        create(port, None, "approval", id, json!({ "amount": 42 }));
+    }
+    for id in ["nap-1", "nap-2", "nap-3"] {
+        create(port, None, "nap", id, json!({}));
+    }
+    create(port, None, "greet", "hello", json!({ "name": "Ada" }));
+    wait_status(port, None, "checkout", "order-ok", &["complete"]);
+    wait_status(port, None, "checkout", "order-declined", &["errored"]);
+    for id in ["req-1", "req-2", "req-3"] {
+        wait_status(port, None, "approval", id, &["waiting"]);
+    }
+    for id in ["nap-1", "nap-2", "nap-3"] {
+        wait_status(port, None, "nap", id, &["waiting"]);
+    }
+
+    phase("Overview");
+    // Overview: a card per workflow with its counts, and the hour's charts.
+    browser.goto(&format!("{base}/"));
+    for w in ["greet", "approval", "nap", "report", "checkout"] {
+        browser.find(&format!("section.card[data-workflow={w}]"));
+    }
+    let waiting = browser.find("section.card[data-workflow=approval] span.n[data-status=waiting]");
+    assert_eq!(browser.text(&waiting), "3");
+    assert_eq!(
+        browser
+            .all("section.card[data-workflow=checkout] svg.chart")
+            .len(),
+        2
+    );
+    assert!(
+        !browser
+            .all("section.card[data-workflow=checkout] rect.k-failed")
+            .is_empty(),
+        "the declined and retried charges show as failed attempts"
+    );
+    browser.assert_no_console_errors("the overview");
+    shot(&browser, "overview");
+
+    phase("The list, filtered through the");
+    // The list, filtered through the form: one workflow, one status.
+    browser.goto(&format!("{base}/instances"));
+    assert_eq!(rows(&browser).len(), 9);
+    // Times are shown in the viewer's zone, with UTC on hover.
+    let time = browser.find("tr[data-instance] time");
+    let utc = browser.attr(&time, "title").unwrap_or_default();
+    assert!(utc.ends_with("Z (UTC)"), "{utc}");
+    assert_ne!(
+        browser.text(&time),
+        browser.attr(&time, "datetime").unwrap_or_default(),
+        "the script localised the time"
+    );
+    browser.exec(
+        "document.querySelector('select[name=workflow]').value = 'nap';",
+        json!([]),
+    );
+    browser.click(&browser.find("input[name=status][value=waiting]"));
+    browser.click(&browser.find("form#filter button[type=submit]"));
+    browser.wait(10, "the filtered list", |b| {
+        b.url().contains("workflow=nap")
+    });
+    assert!(
+        browser.url().contains("status=waiting"),
+        "{}",
+        browser.url()
+    );
+    let mut listed = rows(&browser);
+    listed.sort();
+    assert_eq!(listed, ["nap/nap-1", "nap/nap-2", "nap/nap-3"]);
+    // An id prefix and several statuses at once.
+    browser.goto(&format!(
+        "{base}/instances?status=complete&status=errored&id=order-"
+    ));
+    let mut listed = rows(&browser);
+    listed.sort();
+    assert_eq!(listed, ["checkout/order-declined", "checkout/order-ok"]);
+    browser.assert_no_console_errors("the list");
+    browser.goto(&format!("{base}/instances"));
+    shot(&browser, "instances");
+
+    phase("The timeline");
+    // The timeline: one lane per step, the charge's attempts as segments (the first
+    // failed, a retry delay, the second succeeded).
+    browser.goto(&format!("{base}/workflows/checkout/instances/order-ok"));
+    let lanes: Vec<String> = browser
+        .all(".lane[data-kind=step]")
+        .iter()
+        .filter_map(|l| browser.attr(l, "data-step"))
+        .collect();
+    assert_eq!(lanes, ["reserve stock", "charge card"]);
+    let charge = ".lane[data-step='charge card'] .track";
+    let attempts: Vec<String> = browser
+        .all(&format!("{charge} .seg.attempt"))
+        .iter()
+        .filter_map(|s| browser.attr(s, "class"))
+        .collect();
+    assert_eq!(attempts, ["seg attempt failed", "seg attempt ok"]);
+    assert_eq!(browser.all(&format!("{charge} .seg.backoff")).len(), 1);
+    // A failed attempt's error on click.
+    browser.click(&browser.find(&format!("{charge} .seg.attempt.failed")));
+    let detail = browser.text(&browser.find("#seg-detail"));
+    assert!(detail.contains("card network timed out"), "{detail}");
+    assert!(
+        browser.page_text().contains("\"charge\": \"ch-2\""),
+        "the output is shown"
+    );
+    browser.assert_no_console_errors("an instance");
+    shot(&browser, "instance");
+
+    // The rollback phase of the declined order: a band and the handler's lane.
+    browser.goto(&format!(
+        "{base}/workflows/checkout/instances/order-declined"
+    ));
+    browser.find(".band.b-rollback");
+    browser.find(".lane[data-kind=rollback][data-step='reserve stock']");
+    assert!(browser.page_text().contains("card declined"));
+    shot(&browser, "rollback");
+
+    phase("Pause from the button");
+    // Pause from the button; the API agrees; resume.
+    browser.goto(&format!("{base}/workflows/approval/instances/req-1"));
+    browser.click(&browser.find("button[value=pause]"));
+    browser.wait(10, "the pause's result", |b| {
+        b.page_text().contains("Pause requested.")
+    });
+    wait_status(port, None, "approval", "req-1", &["paused"]);
+    browser.click(&browser.find("button[value=resume]"));
+    browser.wait(10, "the resume's result", |b| {
+        b.page_text().contains("Resumed.")
+    });
+    wait_status(port, None, "approval", "req-1", &["waiting"]);
+
+    phase("An event from the form");
+    // An event from the form: a payload that is not JSON is refused before it is sent;
+    // a good one completes the instance, and the page shows it live.
+    browser.goto(&format!("{base}/workflows/approval/instances/req-2"));
+    browser.type_into(&browser.find("form.event input[name=type]"), "approved");
+    let payload = browser.find("form.event textarea[name=payload]");
+    browser.type_into(&payload, "{\"by\": ");
+    browser.click(&browser.find("form.event button[type=submit]"));
+    assert!(
+        browser
+            .attr(&payload, "class")
+            .unwrap_or_default()
+            .contains("invalid")
+    );
+    assert_eq!(
+        status(port, None, "approval", "req-2"),
+        "waiting",
+        "nothing was sent"
+    );
+    browser.type_into(&payload, "{\"by\": \"ada\"}");
+    browser.click(&browser.find("form.event button[type=submit]"));
+    browser.wait(10, "the event's result", |b| {
+        b.page_text().contains("Sent a \"approved\" event.")
+    });
+    browser.wait(15, "the live completion", |b| {
+        !b.all("#status[data-status=complete]").is_empty()
+    });
+    assert!(browser.page_text().contains("\"by\": \"ada\""));
+
+    phase("Live");
+    // Live: an instance page open in the browser follows an event sent by someone else.
+    browser.goto(&format!("{base}/workflows/approval/instances/req-3"));
+    browser.find("#status[data-status=waiting]");
+    let (code, _) = api(
+        port,
+        None,
+        "POST",
+        "/api/workflows/approval/instances/req-3/events/approved",
+        &json!({ "by": "grace" }),
+    );
+    assert_eq!(code, 200);
+    browser.wait(15, "the page to turn complete without a reload", |b| {
+        !b.all("#status[data-status=complete]").is_empty()
+    });
+    browser.find(".lane[data-kind=waitForEvent][data-state=ok]");
+    browser.assert_no_console_errors("the live instance page");
+
+    phase("Live list");
+    // Live list: a new instance appears without a reload.
+    browser.goto(&format!("{base}/instances?workflow=greet"));
+    assert_eq!(rows(&browser), ["greet/hello"]);
+    create(port, None, "greet", "hello-2", json!({}));
+    browser.wait(15, "the new row", |b| {
+        rows(b).contains(&"greet/hello-2".to_owned())
+    });
+
+    phase("Bulk");
+    // Bulk: terminate everything the filter matches, after a confirmation that says how many.
+    browser.goto(&format!("{base}/instances?workflow=nap&status=waiting"));
+    browser.click(&browser.find("input[name=scope][value=filter]"));
+    browser.click(&browser.find("form#bulk button[value=terminate]"));
+    browser.wait(10, "the confirmation", |b| {
+        b.page_text().contains("Terminate 3 instances?")
+    });
+    shot(&browser, "confirm");
+    phase("confirm shown");
+    browser.click(&browser.find(".confirm button[type=submit]"));
+    phase("confirmed");
+    browser.wait(10, "the bulk result", |b| {
+        b.page_text()
+            .contains("Terminate: done for 3 of 3 instances.")
+    });
+    for id in ["nap-1", "nap-2", "nap-3"] {
+        assert_eq!(status(port, None, "nap", id), "terminated");
+    }
+    phase("selected");
+    // Selected rows: delete two of the greetings.
+    browser.goto(&format!("{base}/instances?workflow=greet"));
+    browser.wait(10, "both greetings", |b| rows(b).len() == 2);
+    phase("two rows");
+    browser.click(&browser.find("#select-all"));
+    phase("all selected");
+    browser.click(&browser.find("form#bulk button[value=delete]"));
+    phase("delete clicked");
+    browser.wait(10, "the confirmation", |b| {
+        b.page_text().contains("Delete 2 instances?")
+    });
+    phase("delete confirm shown");
+    browser.click(&browser.find(".confirm button[type=submit]"));
+    phase("delete confirmed");
+    browser.wait(10, "the bulk result", |b| {
+        b.page_text().contains("Delete: done for 2 of 2 instances.")
+    });
+    assert!(
+        browser
+            .page_text()
+            .contains("No instances match this filter")
+            || rows(&browser).is_empty()
+    );
+    browser.assert_no_console_errors("the bulk actions");
+
+    phase("A phone");
+    // A phone's width: nothing wider than the screen.
+    browser.set_size(390, 844);
+    browser.goto(&format!("{base}/workflows/checkout/instances/order-ok"));
+    let overflow = browser.exec(
+        "return document.documentElement.scrollWidth - window.innerWidth;",
+        json!([]),
+    );
+    assert!(
+        overflow.as_i64().unwrap_or(1) <= 0,
+        "the page is wider than a phone: {overflow}"
+    );
+    shot(&browser, "phone");
+}
+
+#[test]
+fn dashboard_with_a_token_asks_for_it_once_and_checks_every_form() {
+    let Some(driver) = browser::chromedriver() else {
+        return;
+    };
+    const TOKEN: &str = "s3cret-dashboard-token";
+    let server = serve(Some(TOKEN));
+    let port = server.port;
+    let base = format!("http://127.0.0.1:{port}");
+    create(port, Some(TOKEN), "approval", "req-1", json!({}));
+    wait_status(port, Some(TOKEN), "approval", "req-1", &["waiting"]);
+
+    // Nothing is readable without logging in.
+    let (code, _) = common::http(port, "GET", "/instances", "").unwrap();
+    assert_eq!(code, 303, "a page redirects to the login form");
+    let (code, _) = common::http(port, "GET", "/workflows/approval/instances/req-1", "").unwrap();
+    assert_eq!(code, 303);
+    let (code, _) = common::http(port, "GET", "/api/workflows", "").unwrap();
+    assert_eq!(code, 401);
+
+    let browser = Browser::start(&driver, 1280, 1000);
+    browser.goto(&format!("{base}/workflows/approval/instances/req-1"));
+    browser.wait(10, "the login form", |b| b.url().contains("/login"));
+    shot(&browser, "login");
+    browser.type_into(&browser.find("input[name=token]"), "wrong");
+    browser.click(&browser.find("form button[type=submit]"));
+    browser.wait(10, "the refusal", |b| {
+        b.page_text().contains("Wrong token.")
+    });
+    browser.type_into(&browser.find("input[name=token]"), TOKEN);
+    browser.click(&browser.find("form button[type=submit]"));
+    browser.wait(10, "the instance page", |b| {
+        b.url().ends_with("/workflows/approval/instances/req-1")
+    });
+    browser.find("#status[data-status=waiting]");
+
+    // The session cookie: HttpOnly, SameSite=Strict, never the token.
+    let cookies = browser.cookies();
+    let session = cookies
+        .iter()
+        .find(|c| c["name"] == "cairn_session")
+        .unwrap_or_else(|| panic!("no session cookie in {cookies:?}"));
+    assert_eq!(session["httpOnly"], true);
+    assert_eq!(session["sameSite"], "Strict");
+    let value = session["value"].as_str().unwrap().to_owned();
+    assert!(!value.contains(TOKEN));
+    assert_eq!(
+        browser.exec("return document.cookie;", json!([])),
+        "",
+        "scripts cannot read the session"
+    );
+
+    // Logged in once: live updates flow (the streams accept the session for reading).
+    let (code, _) = api(
+        port,
+        Some(TOKEN),
+        "POST",
+        "/api/workflows/approval/instances/req-1/events/approved",
+        &json!({ "by": "ada" }),
+    );
+    assert_eq!(code, 200);
+    browser.wait(15, "the live completion", |b| {
+        !b.all("#status[data-status=complete]").is_empty()
+    });
+    browser.assert_no_console_errors("the logged-in instance page");
+
+    // The session reads the API but never changes anything through it, and a form posted
+    // without the session's CSRF token is refused.
+    let cookie = format!("cairn_session={value}");
+    let raw = |method: &str, path: &str, extra: &str, body: &str| -> u16 {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nCookie: {cookie}\r\n{extra}Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        response
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(raw("GET", "/api/workflows", "", ""), 200);
+    create(port, Some(TOKEN), "approval", "req-2", json!({}));
+    assert_eq!(
+        raw(
+            "PATCH",
+            "/api/workflows/approval/instances/req-2/status",
+            "Content-Type: application/json\r\n",
+            r#"{"status":"terminate"}"#
+        ),
+        401
+    );
+    let form = "Content-Type: application/x-www-form-urlencoded\r\n";
+    assert_eq!(
+        raw(
+            "POST",
+            "/workflows/approval/instances/req-2/action",
+            form,
+            "csrf=forged&action=terminate"
+        ),
+        403
+    );
+    assert_eq!(
+        raw(
+            "POST",
+            "/workflows/approval/instances/req-2/action",
+            &format!("{form}Sec-Fetch-Site: cross-site\r\n"),
+            "action=terminate"
+        ),
+        403
+    );
+    wait_status(
+        port,
+        Some(TOKEN),
+        "approval",
+        "req-2",
+        &["queued", "running", "waiting"],
+    );
+
+    // Log out: the session is gone.
+    browser.click(&browser.find("form.logout button"));
+    browser.wait(10, "the login form", |b| b.url().contains("/login"));
+    assert_eq!(raw("GET", "/api/workflows", "", ""), 401);
+    assert_eq!(raw("GET", "/instances", "", ""), 303);
+}
