@@ -70,10 +70,12 @@ const TERMINAL = new Set(["WORKFLOW_SUCCESS", "WORKFLOW_FAILURE", "WORKFLOW_TERM
 // Follow the streams a page names; each record means "something changed". An instance's
 // stream ends with its terminal record: then refresh once more and stop (a reconnect
 // would only be told the same).
+const sources = [];
 function follow(urls, endsWithInstance) {
   for (const url of urls) {
     if (!url) continue;
     const source = new EventSource(url, { withCredentials: true });
+    sources.push(source);
     source.onmessage = soon;
     for (const kind of KINDS) {
       source.addEventListener(kind, () => {
@@ -94,6 +96,12 @@ function wireSegments(root) {
     seg.addEventListener("mouseenter", show);
   }
 }
+
+// A browser opens at most six connections to a server, and a page kept for the back
+// button keeps its streams open: close them when the page is left, and show fresh data
+// if it comes back.
+window.addEventListener("pagehide", () => { for (const s of sources) s.close(); });
+window.addEventListener("pageshow", (e) => { if (e.persisted) location.reload(); });
 
 document.addEventListener("DOMContentLoaded", () => {
   localTimes(document);
