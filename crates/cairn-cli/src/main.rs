@@ -232,6 +232,39 @@ enum InstancesCommand {
         #[arg(long)]
         from_step_type: Option<String>,
     },
+    /// Pause, resume, terminate, restart or delete every instance a filter matches (what
+    /// the dashboard's bulk actions do), a thousand per request until done.
+    #[command(
+        after_help = "Examples:\n  cairn instances bulk terminate --workflow nap --status waiting --dry-run\n  cairn instances bulk terminate --workflow nap --status waiting,paused --yes\n  cairn instances bulk delete --id-prefix test- --created-before 2026-01-31T00:00:00Z --yes"
+    )]
+    Bulk {
+        /// pause, resume, terminate, restart or delete.
+        action: String,
+        /// Only this workflow's instances (every workflow's without it).
+        #[arg(long)]
+        workflow: Option<String>,
+        /// Only instances in these statuses (comma-separated, or the option repeated).
+        #[arg(long, value_delimiter = ',')]
+        status: Vec<String>,
+        /// Only instances created at or after this time (RFC 3339, e.g. 2026-01-31T12:00:00Z).
+        #[arg(long)]
+        created_from: Option<String>,
+        /// Only instances created before this time (RFC 3339).
+        #[arg(long)]
+        created_before: Option<String>,
+        /// Only instances whose id starts with this.
+        #[arg(long)]
+        id_prefix: Option<String>,
+        /// With terminate: run the rollback handlers first.
+        #[arg(long)]
+        rollback: bool,
+        /// Only say how many instances match.
+        #[arg(long)]
+        dry_run: bool,
+        /// Act without asking: without it (or --dry-run) the command only counts.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Delete instances.
     Delete {
         /// The workflow's name (`cairn workflows list` shows them).
@@ -726,6 +759,42 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
             };
             change_status(c, json, &name, &id, body, "🔄 Restarted")?;
         }
+        InstancesCommand::Bulk {
+            action,
+            workflow,
+            status,
+            created_from,
+            created_before,
+            id_prefix,
+            rollback,
+            dry_run,
+            yes,
+        } => {
+            let mut filter = serde_json::Map::new();
+            if let Some(w) = workflow {
+                filter.insert("workflow".into(), json!(w));
+            }
+            if !status.is_empty() {
+                filter.insert("status".into(), json!(status));
+            }
+            if let Some(t) = created_from {
+                filter.insert("createdFrom".into(), json!(t));
+            }
+            if let Some(t) = created_before {
+                filter.insert("createdBefore".into(), json!(t));
+            }
+            if let Some(p) = id_prefix {
+                filter.insert("idPrefix".into(), json!(p));
+            }
+            bulk(
+                c,
+                json,
+                &action,
+                rollback,
+                &Value::Object(filter),
+                dry_run || !yes,
+            )?;
+        }
         InstancesCommand::Delete { name, ids } => {
             let ids = ids
                 .iter()
@@ -749,6 +818,74 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// `cairn instances bulk`: counts what the filter matches, then (unless `count_only`)
+/// works through it a page at a time, printing each failure; fails if any instance did.
+fn bulk(
+    c: &client::Client,
+    json: bool,
+    action: &str,
+    rollback: bool,
+    filter: &Value,
+    count_only: bool,
+) -> Result<(), String> {
+    let request = |cursor: Option<&str>, dry_run: bool| {
+        let mut body = json!({ "action": action, "filter": filter, "limit": 1000 });
+        if rollback {
+            body["rollback"] = json!(true);
+        }
+        if dry_run {
+            body["dryRun"] = json!(true);
+        }
+        if let Some(cursor) = cursor {
+            body["cursor"] = json!(cursor);
+        }
+        c.call("POST", "/api/instances/bulk", Some(&body))
+    };
+    let matched = request(None, true)?["matched"].as_u64().unwrap_or(0);
+    if count_only {
+        let v = json!({ "matched": matched });
+        print(json, &v, || {
+            out!("{matched} instances match; pass --yes to {action} them");
+        });
+        return Ok(());
+    }
+    let mut results: Vec<Value> = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = request(cursor.as_deref(), false)?;
+        let rows = page["results"].as_array().cloned().unwrap_or_default();
+        if !json {
+            for r in rows.iter().filter(|r| r["ok"] != true) {
+                out!(
+                    "✗ {}/{}: {} ({})",
+                    client::text(&r["workflow"]),
+                    client::text(&r["id"]),
+                    client::text(&r["message"]),
+                    client::text(&r["code"])
+                );
+            }
+        }
+        results.extend(rows);
+        match page["cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let failed = results.iter().filter(|r| r["ok"] != true).count();
+    let v = json!({ "matched": matched, "results": results });
+    print(json, &v, || {
+        out!(
+            "{action}: done for {} of {} instances",
+            results.len() - failed,
+            results.len()
+        );
+    });
+    if failed > 0 {
+        return Err(format!("{failed} of {} instances failed", results.len()));
     }
     Ok(())
 }

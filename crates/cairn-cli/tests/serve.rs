@@ -728,3 +728,64 @@ fn trigger_wait_prints_the_output_or_says_it_is_still_running() {
     assert_eq!(v["status"], "complete", "{v}");
     assert_eq!(v["output"], "Hello, world!", "{v}");
 }
+
+#[test]
+fn bulk_counts_then_terminates_what_a_filter_matches() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    for id in ["nap-1", "nap-2", "nap-3", "other-1"] {
+        let (ok, _, err) = cairn(port, &["workflows", "trigger", "nap", "{}", "--id", id]);
+        assert!(ok, "{err}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while json_of(port, &["instances", "list", "nap", "--status", "waiting"])["instances"]
+        .as_array()
+        .map_or(0, Vec::len)
+        < 4
+    {
+        assert!(Instant::now() < deadline, "the naps never slept");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let filter = [
+        "--workflow",
+        "nap",
+        "--status",
+        "waiting,paused",
+        "--id-prefix",
+        "nap-",
+    ];
+    // Without --yes it only counts.
+    let (ok, out, err) = cairn(
+        port,
+        &[&["instances", "bulk", "terminate"][..], &filter].concat(),
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("3 instances match; pass --yes"), "{out}");
+    let done = json_of(
+        port,
+        &[&["instances", "bulk", "terminate", "--yes"][..], &filter].concat(),
+    );
+    assert_eq!(done["matched"], 3);
+    let results = done["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    assert!(results.iter().all(|r| r["ok"] == true), "{done}");
+    for id in ["nap-1", "nap-2", "nap-3"] {
+        let v = json_of(port, &["instances", "describe", "nap", id]);
+        assert_eq!(v["status"], "terminated", "{id}");
+    }
+    let v = json_of(port, &["instances", "describe", "nap", "other-1"]);
+    assert_eq!(v["status"], "waiting", "outside the prefix");
+    // A second run finds nothing; a bad status is refused with the server's words.
+    let again = json_of(
+        port,
+        &[&["instances", "bulk", "terminate", "--yes"][..], &filter].concat(),
+    );
+    assert_eq!(again["matched"], 0);
+    let (ok, _, err) = cairn(
+        port,
+        &["instances", "bulk", "pause", "--status", "sleepy", "--yes"],
+    );
+    assert!(!ok);
+    assert!(err.contains("sleepy"), "{err}");
+}
