@@ -33,7 +33,7 @@ impl Conn {
 
     async fn post(&mut self, path: &str, body: &str) -> Result<(u16, Vec<u8>), BenchError> {
         let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         self.stream.get_mut().write_all(request.as_bytes()).await?;

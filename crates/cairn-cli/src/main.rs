@@ -845,7 +845,8 @@ fn bulk(
         }
         c.call("POST", "/api/instances/bulk", Some(&body))
     };
-    let matched = request(None, true)?["matched"].as_u64().unwrap_or(0);
+    let counted = request(None, true)?;
+    let matched = counted["matched"].as_u64().unwrap_or(0);
     if count_only {
         let v = json!({ "matched": matched });
         print(json, &v, || {
@@ -854,7 +855,12 @@ fn bulk(
         return Ok(());
     }
     let mut results: Vec<Value> = Vec::new();
-    let mut cursor: Option<String> = None;
+    // Start where the count did: instances created since are not acted on.
+    let Some(mut cursor) = counted["cursor"].as_str().map(|c| Some(c.to_owned())) else {
+        let v = json!({ "matched": 0, "results": [] });
+        print(json, &v, || out!("{action}: no instance matches"));
+        return Ok(());
+    };
     loop {
         let page = request(cursor.as_deref(), false)?;
         let rows = page["results"].as_array().cloned().unwrap_or_default();

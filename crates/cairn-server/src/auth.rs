@@ -32,8 +32,9 @@ pub(crate) async fn check(
     req: Request,
     next: Next,
 ) -> Response {
-    // Load balancers probe `/healthz` without credentials; it reveals nothing else.
-    if req.uri().path() == "/healthz" {
+    // Load balancers probe `/healthz` without credentials; it reveals nothing else. The
+    // dashboard's pages have their own gate (its login form).
+    if req.uri().path() == "/healthz" || crate::dashboard::owns(req.uri().path()) {
         return next.run(req).await;
     }
     let reads = matches!(
@@ -57,6 +58,42 @@ pub(crate) async fn check(
         )
         .into_response(),
     }
+}
+
+/// Without a token the server listens on loopback only (`cairn serve` refuses otherwise),
+/// and answers only requests that name a loopback host (a web page cannot reach it through
+/// DNS rebinding) and, when they change something, come from no other site (a browser's
+/// `Sec-Fetch-Site`/`Origin`: any page may send a simple POST to 127.0.0.1).
+pub(crate) async fn local_only(req: Request, next: Next) -> Response {
+    if req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    // A browser always names the host; a request without one is not a web page's.
+    let host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .map(|v| v.to_str().unwrap_or("?"));
+    if host.is_some_and(|h| !crate::dashboard::loopback_host(h)) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "auth.host",
+            "this server has no token, so it answers only requests to 127.0.0.1, [::1] or localhost",
+        )
+        .into_response();
+    }
+    let reads = matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    if !reads && crate::dashboard::cross_site(req.headers()) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "auth.cross_site",
+            "a request from another site may not change anything here",
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 #[cfg(test)]

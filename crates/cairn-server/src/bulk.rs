@@ -214,7 +214,15 @@ pub(crate) async fn handle(engine: &Engine, request: Request) -> Result<Value, A
                 let matched = engine
                     .count_instances(filter.workflow.as_deref(), &filter.options(None, 1))
                     .await?;
-                return Ok(json!({ "matched": matched }));
+                // The cursor that pins an action to what was counted: instances created
+                // after the count are not part of it.
+                let start = engine
+                    .list_instances(filter.workflow.as_deref(), &filter.options(None, 1))
+                    .await?
+                    .instances
+                    .first()
+                    .map(cairn::InstanceSummary::cursor_including);
+                return Ok(json!({ "matched": matched, "cursor": start }));
             }
             let (outcomes, cursor) = act_on_filter(
                 engine,
@@ -245,9 +253,14 @@ pub(crate) async fn handle(engine: &Engine, request: Request) -> Result<Value, A
             if request.dry_run {
                 return Ok(json!({ "matched": targets.len() }));
             }
-            let mut outcomes = Vec::with_capacity(targets.len());
-            for target in &targets {
-                outcomes.push(act(engine, request.action, request.rollback, target).await);
+            let mut outcomes: Vec<Outcome> = Vec::with_capacity(targets.len());
+            for (i, target) in targets.iter().enumerate() {
+                // An instance listed twice is acted on once, and reported at each place.
+                let outcome = match targets[..i].iter().position(|t| t == target) {
+                    Some(first) => outcomes[first].clone(),
+                    None => act(engine, request.action, request.rollback, target).await,
+                };
+                outcomes.push(outcome);
             }
             Ok(json!({
                 "results": outcomes.iter().map(Outcome::json).collect::<Vec<_>>(),

@@ -122,9 +122,12 @@ fn build(
         ),
         None => routes::routes(),
     };
-    let routes = routes.merge(cloudflare);
     let guard = dashboard::Guard::new(token.clone());
+    // The dashboard has its own gate (a login form and a session cookie, not a header);
+    // the layers below cover it as they cover the API.
     let routes = routes
+        .merge(cloudflare)
+        .merge(dashboard::routes(guard.clone()))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(move |req, next| {
             serve::read_body_within(body_timeout, req, next)
@@ -140,10 +143,9 @@ fn build(
                 auth::check(token.clone(), guard.clone(), req, next)
             }))
         }
-        None => routes,
+        // No token: loopback only, and only from this origin (see `auth::local_only`).
+        None => routes.layer(axum::middleware::from_fn(auth::local_only)),
     };
-    // The dashboard has its own gate (a login form and a session cookie, not a header).
-    let routes = routes.merge(dashboard::routes(guard).with_state(engine));
     // Outermost: also axum's own answers (no route, wrong method) become JSON errors, and
     // every request is logged with its final status.
     routes

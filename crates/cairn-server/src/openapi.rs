@@ -336,7 +336,7 @@ fn schemas() -> Value {
                 "results": { "type": "array", "items": { "type": "object", "required": ["workflow", "id", "ok"], "properties": {
                     "workflow": { "type": "string" }, "id": { "type": "string" }, "ok": { "type": "boolean" },
                     "code": { "type": "string" }, "message": { "type": "string" } } } },
-                "cursor": { "type": "string", "nullable": true },
+                "cursor": { "type": "string", "nullable": true, "description": "the next page's; with dryRun, the cursor that starts at what was counted (pass it to act on exactly that)" },
             },
         },
         "InstanceList": {

@@ -512,13 +512,13 @@ struct StreamQuery {
 
 /// Extensions the server installs: the stream slots (router) and the shutdown signal
 /// (`serve`). A router used without `serve` has no shutdown signal.
-type StreamExtensions = (
+pub(crate) type StreamExtensions = (
     Option<Extension<crate::serve::StreamSlots>>,
     Option<Extension<crate::serve::Closing>>,
 );
 
 /// A slot for one more live stream, or 503 `stream.too_many`.
-fn stream_lease((slots, closing): StreamExtensions) -> ApiResult<crate::stream::Lease> {
+pub(crate) fn stream_lease((slots, closing): StreamExtensions) -> ApiResult<crate::stream::Lease> {
     let slot = match slots {
         Some(Extension(slots)) => Some(slots.0.try_acquire_owned().map_err(|_| {
             ApiError::new(

@@ -213,7 +213,7 @@ async fn metrics_count_a_known_workload_exactly_and_gauges_return_to_zero() {
 
     // The token guards /metrics like every route.
     let mut bare = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    bare.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    bare.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut answer = String::new();
@@ -257,7 +257,7 @@ async fn metrics_count_a_known_workload_exactly_and_gauges_return_to_zero() {
     // A live stream open while the sleepers hibernate.
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     stream
-        .write_all(b"GET /api/workflows/sleepy/instances/s0/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n\r\n")
+        .write_all(b"GET /api/workflows/sleepy/instances/s0/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer secret\r\n\r\n")
         .await
         .unwrap();
     let mut head = [0u8; 12];

@@ -39,7 +39,21 @@ pub(crate) struct Guard {
     sessions: Mutex<HashMap<String, Session>>,
     /// The CSRF token of every form when there is no token (and so no session).
     open_csrf: String,
+    /// Outcomes of actions waiting to be shown once (`?flash=<id>`): kept here, not in the
+    /// URL, so a link cannot make the dashboard say something it did not.
+    flashes: Mutex<HashMap<String, Flash>>,
+    /// Held through a login attempt and the pause after a wrong token: guesses made in
+    /// parallel wait their turn.
+    logins: tokio::sync::Mutex<()>,
 }
+
+/// An action's outcome in words, and when it was kept.
+type Flash = (Result<String, String>, Instant);
+
+/// How long an action's outcome waits to be shown.
+const FLASH_TTL: Duration = Duration::from_secs(300);
+/// The most outcomes waiting at once.
+const MAX_FLASHES: usize = 10_000;
 
 struct Session {
     csrf: String,
@@ -60,7 +74,30 @@ impl Guard {
             token,
             sessions: Mutex::new(HashMap::new()),
             open_csrf: random(),
+            flashes: Mutex::new(HashMap::new()),
+            logins: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Keeps `outcome` to be shown once; answers its id.
+    pub(crate) fn flash(&self, outcome: Result<String, String>) -> String {
+        let id = random();
+        let mut flashes = self.flashes.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        flashes.retain(|_, (_, at)| now.duration_since(*at) < FLASH_TTL);
+        if flashes.len() < MAX_FLASHES {
+            flashes.insert(id.clone(), (outcome, now));
+        }
+        id
+    }
+
+    /// The outcome kept under `id`, once.
+    pub(crate) fn take_flash(&self, id: &str) -> Option<Result<String, String>> {
+        self.flashes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id)
+            .map(|(outcome, _)| outcome)
     }
 
     /// The CSRF token of the person sending `headers`, if they may use the dashboard.
@@ -131,7 +168,7 @@ fn session_id(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Whether the browser says this request comes from another site.
-fn cross_site(headers: &HeaderMap) -> bool {
+pub(crate) fn cross_site(headers: &HeaderMap) -> bool {
     let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
     if let Some(site) = fetch_site {
         return !matches!(site, "same-origin" | "none");
@@ -147,7 +184,7 @@ fn cross_site(headers: &HeaderMap) -> bool {
 }
 
 /// Whether `host` (a `Host` header) names the loopback interface.
-fn loopback_host(host: &str) -> bool {
+pub(crate) fn loopback_host(host: &str) -> bool {
     let name = match host.strip_prefix('[') {
         Some(rest) => rest.split(']').next().unwrap_or(""),
         None => host.rsplit_once(':').map_or(host, |(h, _)| h),
@@ -159,8 +196,8 @@ fn loopback_host(host: &str) -> bool {
 }
 
 /// The dashboard's gate: a login (when a token is set) for every page but the login form
-/// and the assets; a loopback host name without a token; same-site, CSRF-checked posts
-/// (the token itself is compared by each form's handler, see [`check_form`]).
+/// and the assets, and same-site posts (each form's CSRF token is compared by its handler,
+/// see [`check_form`]).
 pub(crate) async fn require(
     Extension(guard): Extension<Arc<Guard>>,
     req: Request,
@@ -168,19 +205,7 @@ pub(crate) async fn require(
 ) -> Response {
     let path = req.uri().path();
     let open = path == "/login" || path.starts_with("/assets/") || path == "/favicon.ico";
-    if guard.token.is_none() {
-        let host = req
-            .headers()
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if !loopback_host(host) {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                "This server has no token, so its dashboard answers only on 127.0.0.1 or localhost.",
-            );
-        }
-    }
+    // (Without a token, `auth::local_only` already refused other hosts and sites.)
     if req.method() == Method::POST && cross_site(req.headers()) {
         return refuse(
             StatusCode::FORBIDDEN,
@@ -220,13 +245,22 @@ fn refuse(status: StatusCode, message: &str) -> Response {
 #[derive(Deserialize)]
 pub(crate) struct LoginQuery {
     next: Option<String>,
-    err: Option<String>,
+    flash: Option<String>,
 }
 
-/// A path on this server to return to after logging in: never another origin.
+/// A path on this server to return to after logging in: never another origin (no `//`,
+/// no backslash, and no whitespace or control character, which browsers drop from a URL:
+/// `/\t/evil.example` would become `//evil.example`).
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_owned(),
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && !n.bytes().any(|b| b <= b' ' || b == 0x7f) =>
+        {
+            n.to_owned()
+        }
         _ => "/".to_owned(),
     }
 }
@@ -243,7 +277,7 @@ pub(crate) async fn login_page(
         main.login {
             h1 { "Cairn" }
             p { "This server needs its token (" code { "cairn serve --token" } " or " code { "CAIRN_TOKEN" } ")." }
-            @if let Some(err) = &query.err {
+            @if let Some(Err(err)) = query.flash.as_deref().and_then(|id| guard.take_flash(id)) {
                 p.flash.error role="alert" { (err) }
             }
             form method="post" action="/login" {
@@ -268,6 +302,7 @@ pub(crate) async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     let next = safe_next(form.next.as_deref());
+    let _turn = guard.logins.lock().await;
     match guard.login(&form.token) {
         Some(id) => {
             let cookie = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict");
@@ -281,7 +316,11 @@ pub(crate) async fn login(
             // A wrong token costs the guesser a second.
             tokio::time::sleep(Duration::from_secs(1)).await;
             let next: String = form_urlencoded::byte_serialize(next.as_bytes()).collect();
-            Redirect::to(&format!("/login?next={next}&err=Wrong+token.")).into_response()
+            super::back(
+                &guard,
+                &format!("/login?next={next}"),
+                Err("Wrong token.".into()),
+            )
         }
     }
 }
@@ -339,6 +378,8 @@ mod tests {
         assert_eq!(safe_next(Some("//evil.example")), "/");
         assert_eq!(safe_next(Some("https://evil.example")), "/");
         assert_eq!(safe_next(Some("/\\evil.example")), "/");
+        assert_eq!(safe_next(Some("/\t/evil.example")), "/");
+        assert_eq!(safe_next(Some("/\n/evil.example")), "/");
         assert_eq!(safe_next(None), "/");
     }
 

@@ -17,6 +17,9 @@ use super::layout::{self, Shell};
 use super::timeline::{self, Timeline};
 use super::{Guard, pairs, value};
 
+/// The most event-log rows a page shows (the newest).
+const LOG_ROWS: usize = 500;
+
 struct Loaded {
     details: InstanceDetails,
     rollback: Option<cairn::RollbackStatus>,
@@ -64,7 +67,7 @@ pub(crate) async fn page(
             let status = crate::error::ApiError::from(e.clone()).status;
             let body = html! {
                 div.heading { h1 { (name) " / " (id) } }
-                (layout::flash(&pairs))
+                (layout::flash(&guard, &pairs))
                 p.flash.error role="alert" { (e.to_string()) }
                 p { a href=(format!("/instances?workflow={}", super::encode_segment(&name))) { "All instances of " (name) } }
             };
@@ -72,12 +75,14 @@ pub(crate) async fn page(
         }
     };
     let full = value(&pairs, "full");
-    let body = render(&engine, &name, &id, &loaded, full, &csrf, &pairs);
+    let body = render(&engine, &guard, &name, &id, &loaded, full, &csrf, &pairs);
     super::html(StatusCode::OK, layout::page(&shell, body))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn render(
     engine: &Engine,
+    guard: &Guard,
     name: &str,
     id: &str,
     loaded: &Loaded,
@@ -98,7 +103,7 @@ fn render(
             p.crumbs { a href=(format!("/instances?workflow={}", super::encode_segment(name))) { (name) } " /" }
             h1 { (id) }
         }
-        (layout::flash(pairs))
+        (layout::flash(guard, pairs))
         div data-live="instance" data-stream=(if finished { String::new() } else { stream }) {
             dl.facts {
                 div { dt { "Status" } dd #status data-status=(d.status.as_str()) { (layout::status(d.status)) } }
@@ -126,7 +131,7 @@ fn render(
                 @if let Some(error) = &d.error {
                     div #error {
                         h2 { "Error" }
-                        p.flash.error { strong { (error.name) } ": " (error.message) }
+                        p.flash.error { strong { (error.name) } ": " (layout::clip(&error.message, 4096)) }
                     }
                 }
             }
@@ -148,8 +153,8 @@ fn render(
                                 td.wide { (layout::time(s.start)) }
                                 td { @match s.end { Some(e) => (layout::duration(e.since(s.start))), None => span.muted { "—" } } }
                                 td.wide {
-                                    @if let Some(e) = &s.error { span.failed { (e.name) ": " (e.message) } }
-                                    @else if let Some(o) = &s.output { code { (clip(&o.to_string(), 160)) } }
+                                    @if let Some(e) = &s.error { span.failed { (e.name) ": " (layout::clip(&e.message, 300)) } }
+                                    @else if let Some(o) = &s.output { code { (layout::clip(&o.to_string(), 160)) } }
                                 }
                             }
                         } }
@@ -158,15 +163,22 @@ fn render(
             }
             section {
                 h2 { "Event log" }
+                @let shown = &loaded.log[loaded.log.len().saturating_sub(LOG_ROWS)..];
+                @if shown.len() < loaded.log.len() {
+                    p.muted.small {
+                        "The last " (LOG_ROWS) " of " (loaded.log.len()) " records; all of them: "
+                        code { "cairn instances describe " (name) " " (id) " --json" } "."
+                    }
+                }
                 div.tablewrap { table.log {
                     thead { tr { th { "#" } th { "Record" } th { "At" } th { "Step" } th.wide { "Details" } } }
-                    tbody { @for r in &loaded.log {
+                    tbody { @for r in shown {
                         tr {
                             td { (r.id) }
                             td { code { (r.entry.kind.as_str()) } }
                             td { (layout::time(r.entry.at)) }
                             td { @if let Some(k) = &r.entry.step { (k.name) @if k.count > 1 { " #" (k.count) } } }
-                            td.wide { @if r.entry.meta.as_object().is_some_and(|m| !m.is_empty()) { code { (clip(&r.entry.meta.to_string(), 300)) } } }
+                            td.wide { @if r.entry.meta.as_object().is_some_and(|m| !m.is_empty()) { code { (layout::clip(&r.entry.meta.to_string(), 300)) } } }
                         }
                     } }
                 } }
@@ -178,17 +190,6 @@ fn render(
 
 fn api_path(name: &str, id: &str) -> String {
     format!("/api{}", super::instance_path(name, id))
-}
-
-fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 fn actions(name: &str, id: &str, d: &InstanceDetails, csrf: &str) -> Markup {
@@ -263,9 +264,9 @@ pub(crate) async fn action(
     let instance = match engine.workflow_by_name(&name) {
         Ok(w) => match w.get(&id).await {
             Ok(i) => i,
-            Err(e) => return super::back(&here, Err(e.to_string())),
+            Err(e) => return super::back(&guard, &here, Err(e.to_string())),
         },
-        Err(e) => return super::back(&here, Err(e.to_string())),
+        Err(e) => return super::back(&guard, &here, Err(e.to_string())),
     };
     let done = match value(&form, "action") {
         Some("pause") => instance
@@ -294,10 +295,14 @@ pub(crate) async fn action(
                     parts.next()?,
                 ))
             }) else {
-                return super::back(&here, Err("Choose the step to restart from.".into()));
+                return super::back(
+                    &guard,
+                    &here,
+                    Err("Choose the step to restart from.".into()),
+                );
             };
             let Some(kind) = StepKind::parse(kind) else {
-                return super::back(&here, Err(format!("unknown step type {kind:?}")));
+                return super::back(&guard, &here, Err(format!("unknown step type {kind:?}")));
             };
             instance
                 .restart_from(kind, step, count)
@@ -307,20 +312,22 @@ pub(crate) async fn action(
         Some("delete") => {
             return match instance.delete().await {
                 Ok(()) => super::back(
+                    &guard,
                     &format!("/instances?workflow={}", super::encode_segment(&name)),
                     Ok(format!("Deleted {name}/{id}.")),
                 ),
-                Err(e) => super::back(&here, Err(e.to_string())),
+                Err(e) => super::back(&guard, &here, Err(e.to_string())),
             };
         }
         other => {
             return super::back(
+                &guard,
                 &here,
                 Err(format!("unknown action {:?}", other.unwrap_or(""))),
             );
         }
     };
-    super::back(&here, done.map_err(|e| e.to_string()))
+    super::back(&guard, &here, done.map_err(|e| e.to_string()))
 }
 
 pub(crate) async fn event(
@@ -338,7 +345,7 @@ pub(crate) async fn event(
     }
     let here = super::instance_path(&name, &id);
     let Some(kind) = value(&form, "type") else {
-        return super::back(&here, Err("Give the event a type.".into()));
+        return super::back(&guard, &here, Err("Give the event a type.".into()));
     };
     let text = value(&form, "payload").unwrap_or("").trim();
     let payload: Value = if text.is_empty() {
@@ -348,6 +355,7 @@ pub(crate) async fn event(
             Ok(v) => v,
             Err(e) => {
                 return super::back(
+                    &guard,
                     &here,
                     Err(format!("The payload is not JSON ({e}); nothing was sent.")),
                 );
@@ -362,6 +370,7 @@ pub(crate) async fn event(
         Err(e) => Err(e),
     };
     super::back(
+        &guard,
         &here,
         sent.map(|_| format!("Sent a \"{kind}\" event."))
             .map_err(|e| e.to_string()),

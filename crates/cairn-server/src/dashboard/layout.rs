@@ -142,6 +142,18 @@ pub(crate) fn value(value: &serde_json::Value, full_link: Option<&str>, full: bo
     }
 }
 
+/// `text` cut to at most `max` bytes (on a character boundary), with `…` when cut.
+pub(crate) fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// `n` bytes in words.
 pub(crate) fn human_bytes(n: usize) -> String {
     match n {
@@ -151,14 +163,14 @@ pub(crate) fn human_bytes(n: usize) -> String {
     }
 }
 
-/// The outcome of the last action (`?msg=` / `?err=`), if any.
-pub(crate) fn flash(pairs: &[(String, String)]) -> Markup {
+/// The outcome of the last action (`?flash=<id>`, shown once), if any.
+pub(crate) fn flash(guard: &super::Guard, pairs: &[(String, String)]) -> Markup {
+    let outcome = super::value(pairs, "flash").and_then(|id| guard.take_flash(id));
     html! {
-        @if let Some(msg) = super::value(pairs, "msg") {
-            p.flash.ok role="status" { (msg) }
-        }
-        @if let Some(err) = super::value(pairs, "err") {
-            p.flash.error role="alert" { (err) }
+        @match outcome {
+            Some(Ok(msg)) => p.flash.ok role="status" { (msg) },
+            Some(Err(err)) => p.flash.error role="alert" { (err) },
+            None => {},
         }
     }
 }

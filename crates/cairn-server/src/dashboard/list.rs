@@ -134,12 +134,14 @@ pub(crate) async fn page(
         div.heading {
             h1 { "Instances" }
         }
-        (layout::flash(&pairs))
+        (layout::flash(&guard, &pairs))
         @if let Some(problem) = &problem { p.flash.error role="alert" { (problem) } }
         (filter_form(&engine, &filter))
         @match &listed {
             Err(e) => p.flash.error role="alert" { (e.to_string()) },
             Ok(page) => {
+                // With a filter it could not read, "all matching" would be everything.
+                @if problem.is_none() {
                 form #bulk method="post" action="/instances/bulk" {
                     input type="hidden" name="csrf" value=(csrf);
                     (hidden_filter(&filter))
@@ -195,6 +197,7 @@ pub(crate) async fn page(
                             }
                         }
                     }
+                }
                 }
                 nav.pager aria-label="Pages" {
                     @if cursor.is_some() { a href=(format!("/instances?{q}")) { "← Newest" } }
@@ -277,29 +280,35 @@ pub(crate) async fn bulk(
     }
     let filter = match filter(&form) {
         Ok(f) => f,
-        Err(e) => return super::back("/instances", Err(e)),
+        Err(e) => return super::back(&guard, "/instances", Err(e)),
     };
     let list = format!("/instances?{}", query_of(&filter));
     let (action, rollback) = match value(&form, "action") {
         Some("terminate-rollback") => (Action::Terminate, true),
         Some(name) => match Action::parse(name) {
             Some(a) => (a, false),
-            None => return super::back(&list, Err(format!("unknown action {name:?}"))),
+            None => return super::back(&guard, &list, Err(format!("unknown action {name:?}"))),
         },
-        None => return super::back(&list, Err("choose an action".into())),
+        None => return super::back(&guard, &list, Err("choose an action".into())),
     };
     let everything = value(&form, "scope") == Some("filter");
-    let selected: Vec<Target> = form
+    let mut selected: Vec<Target> = Vec::new();
+    for (w, id) in form
         .iter()
         .filter(|(k, _)| k == "sel")
         .filter_map(|(_, v)| v.split_once('/'))
-        .map(|(w, id)| Target {
+    {
+        let target = Target {
             workflow: w.to_owned(),
             id: id.to_owned(),
-        })
-        .collect();
+        };
+        if !selected.contains(&target) {
+            selected.push(target);
+        }
+    }
     if !everything && selected.is_empty() {
         return super::back(
+            &guard,
             &list,
             Err("Select instances first, or choose \"all matching the filter\".".into()),
         );
@@ -313,13 +322,27 @@ pub(crate) async fn bulk(
         (Action::Delete, _) => "Delete",
     };
     if value(&form, "confirmed").is_none() {
+        let mut start = None;
         let (count, what) = if everything {
-            match engine
+            // The action starts at the newest instance matching now: one created after
+            // the confirmation is not part of what was confirmed.
+            let newest = engine
+                .list_instances(filter.workflow.as_deref(), &filter.options(None, 1))
+                .await;
+            let counted = engine
                 .count_instances(filter.workflow.as_deref(), &filter.options(None, 1))
-                .await
-            {
-                Ok(n) => (n, format!("every instance matching: {}", describe(&filter))),
-                Err(e) => return super::back(&list, Err(e.to_string())),
+                .await;
+            match (newest, counted) {
+                (Ok(newest), Ok(n)) => {
+                    start = newest
+                        .instances
+                        .first()
+                        .map(cairn::InstanceSummary::cursor_including);
+                    (n, format!("every instance matching: {}", describe(&filter)))
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    return super::back(&guard, &list, Err(e.to_string()));
+                }
             }
         } else {
             (selected.len() as u64, "the selected instances".to_owned())
@@ -335,8 +358,9 @@ pub(crate) async fn bulk(
                 @if action == Action::Delete { p.flash.error { "Deleted instances cannot be recovered." } }
                 form method="post" action="/instances/bulk" {
                     @for (k, v) in &form {
-                        @if k != "confirmed" { input type="hidden" name=(k) value=(v); }
+                        @if k != "confirmed" && k != "start" { input type="hidden" name=(k) value=(v); }
                     }
+                    @if let Some(start) = &start { input type="hidden" name="start" value=(start); }
                     input type="hidden" name="confirmed" value="1";
                     button.danger type="submit" autofocus { (verb) " " (count) }
                     " "
@@ -357,15 +381,19 @@ pub(crate) async fn bulk(
             ),
         );
     }
-    let mut outcomes: Vec<Outcome> = Vec::new();
+    let mut tally = Tally::default();
     if everything {
-        let mut cursor = None;
+        let Some(start) = value(&form, "start").map(str::to_owned) else {
+            // Nothing matched at the confirmation.
+            return super::back(&guard, &list, summary(verb, &tally));
+        };
+        let mut cursor = Some(start);
         loop {
             match crate::bulk::act_on_filter(&engine, action, rollback, &filter, cursor, BULK_PAGE)
                 .await
             {
                 Ok((page, next)) => {
-                    outcomes.extend(page);
+                    page.iter().for_each(|o| tally.add(o));
                     match next {
                         Some(next) => cursor = Some(next),
                         None => break,
@@ -373,10 +401,11 @@ pub(crate) async fn bulk(
                 }
                 Err(e) => {
                     return super::back(
+                        &guard,
                         &list,
                         Err(format!(
                             "Stopped after {} instances: {}",
-                            outcomes.len(),
+                            tally.done + tally.failed,
                             e.message
                         )),
                     );
@@ -385,39 +414,56 @@ pub(crate) async fn bulk(
         }
     } else {
         for target in &selected {
-            outcomes.push(crate::bulk::act(&engine, action, rollback, target).await);
+            tally.add(&crate::bulk::act(&engine, action, rollback, target).await);
         }
     }
-    super::back(&list, summary(verb, &outcomes))
+    super::back(&guard, &list, summary(verb, &tally))
+}
+
+/// How a bulk action went: counts, and the first failures in words (a run over 100,000
+/// instances keeps no more than that).
+#[derive(Default)]
+struct Tally {
+    done: usize,
+    failed: usize,
+    first_failures: Vec<String>,
+}
+
+impl Tally {
+    fn add(&mut self, outcome: &Outcome) {
+        match &outcome.result {
+            Ok(()) => self.done += 1,
+            Err(e) => {
+                self.failed += 1;
+                if self.first_failures.len() < 5 {
+                    self.first_failures.push(format!(
+                        "{}/{}: {}",
+                        outcome.target.workflow, outcome.target.id, e.message
+                    ));
+                }
+            }
+        }
+    }
 }
 
 /// The outcome of a bulk action in words: how many worked, and the first failures.
-fn summary(verb: &str, outcomes: &[Outcome]) -> Result<String, String> {
-    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.result.is_err()).collect();
-    let done = outcomes.len() - failed.len();
-    if failed.is_empty() {
+fn summary(verb: &str, tally: &Tally) -> Result<String, String> {
+    let total = tally.done + tally.failed;
+    if tally.failed == 0 {
         return Ok(format!(
-            "{verb}: done for {done} of {} instances.",
-            outcomes.len()
+            "{verb}: done for {} of {total} instances.",
+            tally.done
         ));
     }
-    let shown: Vec<String> = failed
-        .iter()
-        .take(5)
-        .map(|o| {
-            let e = o.result.as_ref().err().map_or("", |e| e.message.as_str());
-            format!("{}/{}: {e}", o.target.workflow, o.target.id)
-        })
-        .collect();
-    let more = if failed.len() > 5 {
-        format!(" (and {} more)", failed.len() - 5)
+    let more = if tally.failed > tally.first_failures.len() {
+        format!(" (and {} more)", tally.failed - tally.first_failures.len())
     } else {
         String::new()
     };
     Err(format!(
-        "{verb}: done for {done} of {}; {} failed — {}{more}",
-        outcomes.len(),
-        failed.len(),
-        shown.join("; ")
+        "{verb}: done for {} of {total}; {} failed — {}{more}",
+        tally.done,
+        tally.failed,
+        tally.first_failures.join("; ")
     ))
 }

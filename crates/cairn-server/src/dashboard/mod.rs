@@ -21,7 +21,16 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use cairn::Engine;
 
-pub(crate) use guard::Guard;
+pub(crate) use guard::{Guard, cross_site, loopback_host};
+
+/// Whether `path` is one of the dashboard's, behind its own gate rather than the API's.
+pub(crate) fn owns(path: &str) -> bool {
+    matches!(
+        path,
+        "/" | "/instances" | "/instances/bulk" | "/live" | "/login" | "/logout" | "/favicon.ico"
+    ) || path.starts_with("/workflows/")
+        || path.starts_with("/assets/")
+}
 
 /// The dashboard's routes; `guard` decides who may see them.
 pub(crate) fn routes(guard: std::sync::Arc<Guard>) -> Router<Engine> {
@@ -46,13 +55,14 @@ pub(crate) fn routes(guard: std::sync::Arc<Guard>) -> Router<Engine> {
         .route("/assets/icon.svg", get(icon))
         .route("/favicon.ico", get(icon))
         .route_layer(axum::middleware::from_fn(guard::require))
-        .layer(axum::Extension(guard))
+        .route_layer(axum::Extension(guard))
 }
 
 /// `GET /live?cursor=N`: a `change` event whenever any instance changes after record `N`
 /// (Server-Sent Events; the list of every workflow refreshes on it).
 async fn live(
     State(engine): State<Engine>,
+    slots: Option<axum::Extension<crate::serve::StreamSlots>>,
     closing: Option<axum::Extension<crate::serve::Closing>>,
     RawQuery(query): RawQuery,
 ) -> Response {
@@ -60,8 +70,10 @@ async fn live(
     let cursor = value(&pairs, "cursor")
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let lease = crate::stream::Lease::new(None, closing.map(|axum::Extension(c)| c.0));
-    crate::stream::follow_changes(engine, cursor, lease).into_response()
+    match crate::routes::stream_lease((slots, closing)) {
+        Ok(lease) => crate::stream::follow_changes(engine, cursor, lease).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 const CSS: &str = include_str!("assets/app.css");
@@ -85,11 +97,22 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         [
             (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
         ],
         body,
     )
         .into_response()
 }
+
+/// What a dashboard page may load and who may frame it: only this server's own script,
+/// styles and connections, inline `style` attributes (the timeline's positions), and no
+/// framing at all (a framed page could be clicked through: "Delete").
+const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+     img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; form-action 'self'; \
+     base-uri 'none'";
 
 /// An HTML answer. `no-store`: pages show live state and, with a token, private data.
 pub(crate) fn html(status: StatusCode, markup: maud::Markup) -> Response {
@@ -101,21 +124,30 @@ pub(crate) fn html(status: StatusCode, markup: maud::Markup) -> Response {
                 HeaderValue::from_static("text/html; charset=utf-8"),
             ),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(CSP),
+            ),
+            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
+            (
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("same-origin"),
+            ),
         ],
         markup.into_string(),
     )
         .into_response()
 }
 
-/// Back to `to` with the outcome of an action shown there in words.
-pub(crate) fn back(to: &str, outcome: Result<String, String>) -> Response {
-    let (key, text) = match outcome {
-        Ok(text) => ("msg", text),
-        Err(text) => ("err", text),
-    };
+/// Back to `to` with the outcome of an action shown there, once, in words.
+pub(crate) fn back(guard: &Guard, to: &str, outcome: Result<String, String>) -> Response {
+    let id = guard.flash(outcome);
     let sep = if to.contains('?') { '&' } else { '?' };
-    let text: String = form_urlencoded::byte_serialize(text.as_bytes()).collect();
-    Redirect::to(&format!("{to}{sep}{key}={text}")).into_response()
+    Redirect::to(&format!("{to}{sep}flash={id}")).into_response()
 }
 
 /// A query string as pairs, repeated keys kept (several `status=`).

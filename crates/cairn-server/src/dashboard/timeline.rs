@@ -44,6 +44,9 @@ pub(crate) struct Band {
 pub(crate) struct Timeline {
     pub(crate) lanes: Vec<Lane>,
     pub(crate) bands: Vec<Band>,
+    /// The newest lane of each step (and whether it is a rollback handler's): building
+    /// stays linear in the log, however many steps an instance has.
+    newest: std::collections::HashMap<(StepKey, bool), usize>,
 }
 
 fn attempt_number(r: &LogRecord) -> u32 {
@@ -59,7 +62,7 @@ fn error_text(r: &LogRecord) -> Option<String> {
     let e = r.entry.meta.get("error")?;
     let name = e.get("name").and_then(|v| v.as_str()).unwrap_or("Error");
     let message = e.get("message").and_then(|v| v.as_str()).unwrap_or("");
-    Some(format!("{name}: {message}"))
+    Some(super::layout::clip(&format!("{name}: {message}"), 300))
 }
 
 impl Timeline {
@@ -158,11 +161,14 @@ impl Timeline {
     }
 
     fn open(&mut self, kind: &'static str, key: &StepKey, at: Timestamp) {
+        let rollback = kind == "rollback";
         let open = self
-            .lanes
-            .iter()
-            .any(|l| l.kind == kind && &l.key == key && l.end.is_none());
+            .newest
+            .get(&(key.clone(), rollback))
+            .is_some_and(|&i| self.lanes[i].kind == kind && self.lanes[i].end.is_none());
         if !open {
+            self.newest
+                .insert((key.clone(), rollback), self.lanes.len());
             self.lanes.push(Lane {
                 kind,
                 key: key.clone(),
@@ -175,11 +181,8 @@ impl Timeline {
     }
 
     fn lane(&mut self, step: Option<&StepKey>, rollback: bool) -> Option<&mut Lane> {
-        let key = step?;
-        self.lanes
-            .iter_mut()
-            .rev()
-            .find(|l| &l.key == key && (l.kind == "rollback") == rollback)
+        let i = *self.newest.get(&(step?.clone(), rollback))?;
+        self.lanes.get_mut(i)
     }
 
     fn close(&mut self, step: Option<&StepKey>, at: Timestamp, ok: bool, kind: LogKind) {
@@ -204,6 +207,9 @@ impl Timeline {
         }
     }
 }
+
+/// The most lanes drawn: a chart of thousands of steps would be unreadable and heavy.
+const MAX_LANES: usize = 300;
 
 /// The lane's name as users name steps: `name`, `name #2` when the name repeats.
 fn label(lane: &Lane) -> String {
@@ -251,7 +257,7 @@ pub(crate) fn render(t: &Timeline, start: Timestamp, end: Timestamp) -> Markup {
                         div class=(format!("band b-{}", b.kind)) style=(place(b.start, b.end))
                             title=(format!("{} from {}{}", if b.kind == "paused" { "Paused" } else { "Rollback" }, b.start, b.end.map(|e| format!(" to {e}")).unwrap_or_else(|| " on".into()))) {}
                     }
-                    @for lane in &t.lanes {
+                    @for lane in t.lanes.iter().take(MAX_LANES) {
                         @let state = match lane.ok { Some(true) => "ok", Some(false) => "failed", None => "running" };
                         div.lane role="listitem" data-kind=(lane.kind) data-step=(lane.key.name) data-count=(lane.key.count) data-state=(state) {
                             span.label title=(format!("{} ({}): {}", label(lane), lane.kind, took(lane.start, lane.end))) { (label(lane)) }
@@ -277,6 +283,9 @@ pub(crate) fn render(t: &Timeline, start: Timestamp, end: Timestamp) -> Markup {
                             }
                         }
                     }
+                }
+                @if t.lanes.len() > MAX_LANES {
+                    p.muted.small { "The first " (MAX_LANES) " of " (t.lanes.len()) " steps are drawn; the table below lists them all." }
                 }
                 p #seg-detail.muted aria-live="polite" { "Hover or select an attempt to see how it went." }
                 ul.legend aria-hidden="true" {
@@ -371,6 +380,7 @@ mod tests {
             rec(17, 220, LogKind::RollbackComplete, None, json!({})),
         ];
         let t = Timeline::build(&log);
+        assert_eq!(t.newest.len(), 3);
         let kinds: Vec<_> = t.lanes.iter().map(|l| l.kind).collect();
         assert_eq!(kinds, ["step", "sleep", "rollback"]);
         let charge = &t.lanes[0];

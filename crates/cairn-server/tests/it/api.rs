@@ -1334,3 +1334,218 @@ async fn status_of_instance(engine: &cairn::Engine, id: &str) -> String {
     .await;
     v["status"].as_str().unwrap_or_default().to_owned()
 }
+
+#[tokio::test(start_paused = true)]
+async fn without_a_token_only_loopback_hosts_and_same_site_changes_are_answered() {
+    let (engine, _dir) = app().await;
+    let router = || cairn_server::router(engine.clone());
+    // DNS rebinding: a page on evil.example resolved to 127.0.0.1 sends its own host.
+    for path in [
+        "/api/workflows",
+        "/",
+        "/instances",
+        "/client/v4/accounts/a/workflows",
+    ] {
+        let (s, body) = raw_call(
+            router(),
+            Method::GET,
+            path,
+            &[("host", "evil.example:8787")],
+            "",
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{path}");
+        assert!(body.contains("auth.host"), "{path}: {body}");
+    }
+    let (s, _) = raw_call(
+        router(),
+        Method::GET,
+        "/healthz",
+        &[("host", "evil.example")],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "health checks name any host");
+    let (s, _) = raw_call(
+        router(),
+        Method::GET,
+        "/api/workflows",
+        &[("host", "127.0.0.1:8787")],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    // Any page may send a simple POST to 127.0.0.1: the browser says where it came from.
+    let (s, _) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id":"a"}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    for header in [
+        ("sec-fetch-site", "cross-site"),
+        ("origin", "http://evil.example"),
+    ] {
+        let (s, body) = raw_call(
+            router(),
+            Method::POST,
+            "/api/workflows/approval/instances/a/events/approved",
+            &[("host", "127.0.0.1:8787"), header],
+            "",
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{header:?}");
+        assert!(body.contains("auth.cross_site"), "{body}");
+    }
+    let (s, _) = raw_call(
+        router(),
+        Method::POST,
+        "/api/workflows/approval/instances/a/events/approved",
+        &[
+            ("host", "127.0.0.1:8787"),
+            ("sec-fetch-site", "same-origin"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "the dashboard's own requests pass");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_token_an_unknown_route_needs_it_too() {
+    let (engine, _dir) = app().await;
+    let router = || cairn_server::router_with(engine.clone(), Some("s3cret".into()));
+    for path in ["/nope", "/api/nope"] {
+        let (s, _) = raw_call(router(), Method::GET, path, &[], "").await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    // The dashboard's pages send a person to the login form instead.
+    let (s, _) = raw_call(router(), Method::GET, "/instances", &[], "").await;
+    assert_eq!(s, StatusCode::SEE_OTHER);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn bulk_actions_by_filter_are_pinned_to_what_was_counted_and_list_by_instance() {
+    let (engine, _dir) = app().await;
+    for id in ["ord-1", "ord-2", "ord-3", "inv-1"] {
+        let body = format!(r#"{{"instance_id":"{id}"}}"#);
+        let (s, _) = call(
+            &engine,
+            Method::POST,
+            "/api/workflows/approval/instances",
+            Some(&body),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    for id in ["ord-1", "ord-2", "ord-3", "inv-1"] {
+        until_status(&engine, id, "waiting").await;
+    }
+    let (s, listed) = call(
+        &engine,
+        Method::GET,
+        "/api/instances?status=waiting,paused&idPrefix=ord-",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{listed}");
+    let ids: Vec<&str> = listed["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["ord-3", "ord-2", "ord-1"]);
+    assert_eq!(listed["instances"][0]["workflow"], "approval");
+    let filter = r#"{"workflow":"approval","status":["waiting"],"idPrefix":"ord-"}"#;
+    let (s, counted) = call(
+        &engine,
+        Method::POST,
+        "/api/instances/bulk",
+        Some(&format!(
+            r#"{{"action":"terminate","filter":{filter},"dryRun":true}}"#
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{counted}");
+    assert_eq!(counted["matched"], 3);
+    let start = counted["cursor"].as_str().unwrap().to_owned();
+    // Created after the count: not part of what was counted.
+    let (s, _) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id":"ord-4"}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    until_status(&engine, "ord-4", "waiting").await;
+    let (s, done) = call(
+        &engine,
+        Method::POST,
+        "/api/instances/bulk",
+        Some(&format!(
+            r#"{{"action":"terminate","filter":{filter},"cursor":"{start}","limit":2}}"#
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    assert_eq!(done["results"].as_array().unwrap().len(), 2);
+    let next = done["cursor"].as_str().unwrap().to_owned();
+    let (_, rest) = call(
+        &engine,
+        Method::POST,
+        "/api/instances/bulk",
+        Some(&format!(
+            r#"{{"action":"terminate","filter":{filter},"cursor":"{next}","limit":2}}"#
+        )),
+    )
+    .await;
+    assert_eq!(rest["results"].as_array().unwrap().len(), 1);
+    assert!(rest["cursor"].is_null());
+    for id in ["ord-1", "ord-2", "ord-3"] {
+        assert_eq!(status_of_instance(&engine, id).await, "terminated");
+    }
+    assert_eq!(status_of_instance(&engine, "ord-4").await, "waiting");
+    assert_eq!(status_of_instance(&engine, "inv-1").await, "waiting");
+    // A list of instances: one named twice is acted on once and reported twice; an
+    // unknown one is an error entry, not a failure of the call.
+    let (s, listed) = call(
+        &engine,
+        Method::POST,
+        "/api/instances/bulk",
+        Some(r#"{"action":"pause","instances":[{"workflow":"approval","id":"inv-1"},{"workflow":"approval","id":"inv-1"},{"workflow":"approval","id":"nope"}]}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{listed}");
+    let results = listed["results"].as_array().unwrap();
+    assert_eq!(results[0]["ok"], true);
+    assert_eq!(results[1]["ok"], true);
+    assert_eq!(results[2]["code"], "instance.not_found");
+    // Bad requests say what is wrong.
+    for (body, code) in [
+        (r#"{"action":"explode","filter":{}}"#, "request.invalid"),
+        (r#"{"action":"pause"}"#, "request.invalid"),
+        (
+            r#"{"action":"pause","filter":{"status":["sleepy"]}}"#,
+            "request.invalid",
+        ),
+        (
+            r#"{"action":"pause","rollback":true,"filter":{}}"#,
+            "request.invalid",
+        ),
+        (
+            r#"{"action":"pause","filter":{},"limit":0}"#,
+            "request.invalid",
+        ),
+    ] {
+        let (s, v) = call(&engine, Method::POST, "/api/instances/bulk", Some(body)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert_eq!(v["code"], code, "{body}");
+    }
+    engine.shutdown().await;
+}

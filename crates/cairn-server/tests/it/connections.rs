@@ -98,7 +98,7 @@ async fn slow_clients_are_timed_out_reading_headers_and_bodies() {
         .await
         .unwrap();
     headers
-        .write_all(b"POST /api/workflows/wait/instances HTTP/1.1\r\nHost: x\r\n")
+        .write_all(b"POST /api/workflows/wait/instances HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         .await
         .unwrap();
     let (_, closed) = read_until_closed(&mut headers, Duration::from_secs(5)).await;
@@ -113,7 +113,7 @@ async fn slow_clients_are_timed_out_reading_headers_and_bodies() {
         .await
         .unwrap();
     body.write_all(
-        b"POST /api/workflows/wait/instances HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"params\":",
+        b"POST /api/workflows/wait/instances HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"params\":",
     )
     .await
     .unwrap();
@@ -123,7 +123,7 @@ async fn slow_clients_are_timed_out_reading_headers_and_bodies() {
     // Nothing was created by the half request.
     let list = request(
         server.port,
-        "GET /api/workflows/wait/instances HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "GET /api/workflows/wait/instances HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert!(list.contains("\"instances\":[]"), "{list}");
@@ -134,8 +134,10 @@ async fn open_stream(port: u16, id: &str) -> (TcpStream, String) {
     let mut socket = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     socket
         .write_all(
-            format!("GET /api/workflows/wait/instances/{id}/stream HTTP/1.1\r\nHost: x\r\n\r\n")
-                .as_bytes(),
+            format!(
+                "GET /api/workflows/wait/instances/{id}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            )
+            .as_bytes(),
         )
         .await
         .unwrap();
@@ -208,13 +210,13 @@ async fn stop(server: Server) {
 
 fn post_json(path: &str, body: &str) -> String {
     format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
 }
 
 fn get(path: &str) -> String {
-    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
 }
 
 fn json_of(answer: &str) -> serde_json::Value {

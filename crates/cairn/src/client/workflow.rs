@@ -46,6 +46,12 @@ impl InstanceSummary {
     pub fn cursor(&self) -> String {
         encode_cursor(self.position)
     }
+
+    /// A cursor for the listing that starts at this row (it and everything older): pins a
+    /// listing, or an action over it, to the instances that existed when this row was read.
+    pub fn cursor_including(&self) -> String {
+        encode_cursor(cairn_store::InstanceRef(self.position.0.saturating_add(1)))
+    }
 }
 
 /// Which instances a listing returns.

@@ -52,7 +52,7 @@ async function refresh() {
 let pending = null;
 function soon() {
   if (pending) return;
-  pending = setTimeout(() => { pending = null; refresh(); }, 200);
+  pending = setTimeout(() => { pending = null; refresh(); }, 500);
 }
 
 // The API's stream names each event after its record (`STEP_START`, …).
