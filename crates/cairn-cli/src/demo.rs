@@ -165,6 +165,16 @@ impl Workflow for Checkout {
     }
 }
 
+/// The demo schedule: `greet` at the top of every hour (`cairn schedules list`).
+fn greet_hourly() -> cairn::Schedule {
+    cairn::Schedule::new::<Greet>(
+        "greet-hourly",
+        "0 * * * *",
+        serde_json::json!({ "name": "cron" }),
+    )
+    .expect("a valid literal schedule")
+}
+
 pub(crate) fn register(builder: cairn::EngineBuilder) -> cairn::EngineBuilder {
     builder
         .register(Greet)
@@ -172,4 +182,5 @@ pub(crate) fn register(builder: cairn::EngineBuilder) -> cairn::EngineBuilder {
         .register(Nap)
         .register(Report)
         .register(Checkout)
+        .schedule(greet_hourly())
 }

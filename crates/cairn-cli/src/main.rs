@@ -102,6 +102,25 @@ enum Command {
         #[command(subcommand)]
         command: InstancesCommand,
     },
+    /// Cron schedules (declared in the server's code): list, trigger.
+    Schedules {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: SchedulesCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SchedulesCommand {
+    /// Every schedule, with its last tick fired and its next one.
+    List,
+    /// Start a run of a schedule now, outside its ticks.
+    #[command(after_help = "Example:\n  cairn schedules trigger greet-hourly")]
+    Trigger {
+        /// The schedule's name (`cairn schedules list` shows them).
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -321,7 +340,63 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             tokio::task::spawn_blocking(move || instances(&client, command, json)).await??;
             Ok(())
         }
+        Command::Schedules {
+            client: args,
+            command,
+        } => {
+            let url = args
+                .url
+                .or(cli.top_url)
+                .unwrap_or_else(|| DEFAULT_URL.into());
+            let client = client::Client::new(url, cli.token);
+            let json = args.json || cli.top_json;
+            tokio::task::spawn_blocking(move || schedules(&client, command, json)).await??;
+            Ok(())
+        }
     }
+}
+
+fn schedules(c: &client::Client, command: SchedulesCommand, json: bool) -> Result<(), String> {
+    match command {
+        SchedulesCommand::List => {
+            let v = c.call("GET", "/api/schedules", None)?;
+            print(json, &v, || {
+                let table = rows(&v["schedules"], |s| {
+                    vec![
+                        client::text(&s["name"]),
+                        client::text(&s["workflow"]),
+                        format!(
+                            "{} ({})",
+                            client::text(&s["cron"]),
+                            client::text(&s["timeZone"])
+                        ),
+                        client::text(&s["lastTick"]),
+                        client::text(&s["nextTick"]),
+                    ]
+                });
+                client::table(
+                    &["SCHEDULE", "WORKFLOW", "CRON", "LAST TICK", "NEXT TICK"],
+                    &table,
+                );
+            });
+        }
+        SchedulesCommand::Trigger { name } => {
+            let v = c.call(
+                "POST",
+                &format!("/api/schedules/{}/trigger", client::seg(&name)),
+                None,
+            )?;
+            print(json, &v, || {
+                out!(
+                    "🚀 Started {} instance {} (status: {})",
+                    client::text(&v["workflow"]),
+                    client::text(&v["id"]),
+                    client::text(&v["status"])
+                );
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The database as the banner shows it: a path, or a URL without its password.

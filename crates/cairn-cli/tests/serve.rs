@@ -789,3 +789,26 @@ fn bulk_counts_then_terminates_what_a_filter_matches() {
     assert!(!ok);
     assert!(err.contains("sleepy"), "{err}");
 }
+
+#[test]
+fn schedules_are_listed_and_triggered() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    let listed = json_of(port, &["schedules", "list"]);
+    let s = &listed["schedules"][0];
+    assert_eq!(s["name"], "greet-hourly");
+    assert_eq!(s["workflow"], "greet");
+    assert_eq!(s["cron"], "0 * * * *");
+    assert_eq!(s["timeZone"], "UTC");
+    assert!(
+        s["nextTick"].as_str().unwrap().ends_with(":00:00.000Z"),
+        "{s}"
+    );
+    let (ok, out, err) = cairn(port, &["schedules", "trigger", "greet-hourly"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("greet-hourly-manual-"), "{out}");
+    let (ok, _, err) = cairn(port, &["schedules", "trigger", "nope"]);
+    assert!(!ok);
+    assert!(err.contains("schedule.not_found"), "{err}");
+}

@@ -47,6 +47,12 @@ impl Timestamp {
         Timestamp(self.0.saturating_add(ms))
     }
 
+    /// This time minus `d`, saturating.
+    pub fn saturating_sub(self, d: Duration) -> Self {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Timestamp(self.0.saturating_sub(ms))
+    }
+
     /// The time from `earlier` to `self`, zero if `earlier` is later.
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))

@@ -25,6 +25,16 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
         "Pause, resume, terminate, restart or delete the instances a filter matches (a page at a time, by cursor) or a list of instances; per-instance results",
     ),
     (
+        "get",
+        "/api/schedules",
+        "The cron schedules declared in code: expression, time zone, policies, last tick fired, next tick",
+    ),
+    (
+        "post",
+        "/api/schedules/{schedule}/trigger",
+        "Start a run of a schedule now, outside its ticks ({name}-manual-{time})",
+    ),
+    (
         "post",
         "/api/workflows/{name}/instances",
         "Create an instance {instance_id?, params?}; with ?wait=30s, answer once it has finished (create and wait in one request)",
@@ -166,6 +176,15 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
             ],
             None,
             ("200", schema("InstanceList")),
+        ),
+        ("get", "/api/schedules") => (vec![], None, ("200", schema("ScheduleList"))),
+        ("post", "/api/schedules/{schedule}/trigger") => (
+            vec![],
+            None,
+            (
+                "201",
+                json!({ "type": "object", "properties": { "workflow": { "type": "string" }, "id": { "type": "string" }, "status": { "$ref": "#/components/schemas/Status" } } }),
+            ),
         ),
         ("post", "/api/instances/bulk") => (
             vec![],
@@ -313,6 +332,20 @@ fn schemas() -> Value {
                 "createdBefore": time.clone(),
                 "idPrefix": { "type": "string" },
             },
+        },
+        "ScheduleList": {
+            "type": "object",
+            "properties": { "schedules": { "type": "array", "items": { "type": "object", "properties": {
+                "name": { "type": "string" },
+                "workflow": { "type": "string" },
+                "cron": { "type": "string" },
+                "timeZone": { "type": "string" },
+                "overlap": { "type": "string", "enum": ["allow", "skip", "bufferOne"] },
+                "catchUp": { "description": "\"skip\", \"runOnce\" or {\"runAll\": n}" },
+                "lastTick": { "type": "string", "format": "date-time", "nullable": true },
+                "nextTick": { "type": "string", "format": "date-time", "nullable": true },
+                "lastInstanceId": { "type": "string", "nullable": true },
+            } } } },
         },
         "BulkRequest": {
             "type": "object",

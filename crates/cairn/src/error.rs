@@ -46,6 +46,9 @@ pub enum Error {
         /// The id looked up.
         id: String,
     },
+    /// No schedule with this name was declared ([`EngineBuilder::schedule`](crate::EngineBuilder::schedule)).
+    #[error("no schedule {0:?} (cairn schedules list shows them)")]
+    ScheduleNotFound(String),
     /// An instance with this id exists in this workflow (ids are unique for as long as the
     /// instance is retained).
     #[error("Workflow instance with id {id:?} already exists in workflow {workflow:?}")]
@@ -213,6 +216,7 @@ impl Error {
             },
             Error::StepNotFound { .. } => "instance.cannot_restart",
             Error::UnknownWorkflow(_) => "workflow.not_found",
+            Error::ScheduleNotFound(_) => "schedule.not_found",
             Error::InvalidParams { .. } => "params.invalid",
             Error::PayloadTooLarge { .. } => "payload.too_large",
             Error::BatchEmpty(_) => "batch.empty",

@@ -31,6 +31,7 @@ pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use context::{StepContext, StepId};
 pub use engine::leases::DEFAULT_LEASE_TTL;
+pub use engine::schedules::{CatchUp, GRACE, Overlap, Schedule, ScheduleError};
 pub use engine::{
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, DEFAULT_RETENTION, Engine,
     EngineBuilder,

@@ -581,7 +581,8 @@ fn documented_routes(doc: &Value, id: &str) -> Vec<(Method, String, String)> {
             let uri = path
                 .replace("{name}", "approval")
                 .replace("{id}", id)
-                .replace("{type}", "approved");
+                .replace("{type}", "approved")
+                .replace("{schedule}", id);
             let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             routes.push((method, path.clone(), uri));
         }

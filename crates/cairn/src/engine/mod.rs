@@ -19,6 +19,7 @@ pub(crate) mod live;
 mod remote;
 pub(crate) mod runtime;
 mod scheduler;
+pub(crate) mod schedules;
 
 use crate::clock::Clock;
 use crate::env::{Env, Limits};
@@ -68,6 +69,7 @@ pub struct EngineBuilder {
     retention: Retention,
     workflow_retention: Vec<(String, Retention)>,
     lease_ttl: Option<Duration>,
+    schedules: Vec<schedules::Schedule>,
     #[cfg(feature = "sqlite")]
     sqlite: cairn_sqlite::Options,
 }
@@ -99,6 +101,7 @@ impl Engine {
             retention: DEFAULT_RETENTION,
             workflow_retention: Vec::new(),
             lease_ttl: None,
+            schedules: Vec::new(),
             #[cfg(feature = "sqlite")]
             sqlite: cairn_sqlite::Options::default(),
         }
@@ -161,6 +164,16 @@ impl Engine {
     /// An attempt still running at the deadline is recorded as interrupted on the next start.
     pub async fn shutdown(&self) {
         self.inner.shutdown.send_replace(true);
+        // No tick starts an instance once shutdown began.
+        let ticking = self
+            .inner
+            .schedule_tasks
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
+        for task in ticking {
+            let _ = task.await;
+        }
         let scheduler = self.inner.scheduler.lock().ok().and_then(|mut s| s.take());
         if let Some(handle) = scheduler {
             let _ = handle.await;
@@ -238,6 +251,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Starts a workflow on a cron schedule (see [`Schedule`](crate::Schedule)): every engine
+    /// that declares it runs it, and each tick fires once among them.
+    pub fn schedule(mut self, schedule: schedules::Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
     /// Registers a workflow under its `NAME`.
     pub fn register<W: Workflow>(mut self, workflow: W) -> Self {
         self.workflows
@@ -291,12 +311,10 @@ impl EngineBuilder {
         self
     }
 
-    /// Opens the store, recovers what the last engine left running, and starts scheduling.
-    ///
-    /// # Errors
-    /// [`Error::Config`] for a missing store, an invalid or duplicate workflow name, or a
-    /// store that cannot be opened.
-    pub async fn start(self) -> Result<Engine, Error> {
+    /// What [`EngineBuilder::start`] does below the client layer: opens the store,
+    /// recovers what the last engine left running, and starts scheduling instances (the
+    /// cron schedules, which create instances through the client, start above it).
+    pub(crate) async fn build(self) -> Result<Engine, Error> {
         crate::telemetry::describe();
         let mut workflows = HashMap::new();
         let mut names = Vec::new();
@@ -308,6 +326,23 @@ impl EngineBuilder {
                 )));
             }
             names.push(name);
+        }
+        let mut scheduled: Vec<Arc<schedules::Schedule>> = Vec::new();
+        for s in self.schedules {
+            if !names.iter().any(|n| n.as_str() == s.workflow()) {
+                return Err(Error::config(format!(
+                    "schedule {:?} starts workflow {:?}, which is not registered",
+                    s.name(),
+                    s.workflow()
+                )));
+            }
+            if scheduled.iter().any(|o| o.name() == s.name()) {
+                return Err(Error::config(format!(
+                    "schedule {:?} is declared twice",
+                    s.name()
+                )));
+            }
+            scheduled.push(Arc::new(s));
         }
         let mut retention: HashMap<WorkflowName, Retention> =
             names.iter().map(|n| (n.clone(), self.retention)).collect();
@@ -427,6 +462,8 @@ impl EngineBuilder {
             shutdown: watch::channel(false).0,
             gauges_refreshed: tokio::sync::Mutex::new(None),
             scheduler: Mutex::new(None),
+            schedules: scheduled,
+            schedule_tasks: Mutex::new(Vec::new()),
             _temp_dir: temp_dir,
         });
         if let Some(changes) = inner.env.store.changes() {

@@ -45,6 +45,9 @@ pub(crate) struct Runtime {
     /// When the gauges were last read from the store; held while they are read.
     pub(crate) gauges_refreshed: tokio::sync::Mutex<Option<std::time::Instant>>,
     pub(crate) scheduler: Mutex<Option<JoinHandle<()>>>,
+    /// The cron schedules declared, and their tasks until shutdown.
+    pub(crate) schedules: Vec<Arc<crate::engine::schedules::Schedule>>,
+    pub(crate) schedule_tasks: Mutex<Vec<JoinHandle<()>>>,
     pub(crate) _temp_dir: Option<tempfile::TempDir>,
 }
 

@@ -60,6 +60,7 @@ mod crash_kill_rollback;
 mod crash_kill_waits;
 mod crash_nth_write;
 mod reliability;
+mod schedules;
 mod traces;
 
 // PostgreSQL only: several engines on one database, in one process and in several.

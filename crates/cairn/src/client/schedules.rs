@@ -1,0 +1,212 @@
+//! Running the cron schedules ([`Schedule`]): each a task that sleeps on the engine's
+//! clock until its next tick and creates the tick's instance through the client, from
+//! [`EngineBuilder::start`] to [`Engine::shutdown`]; and what the API shows of them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_core::Timestamp;
+
+use crate::client::Instance;
+use crate::engine::schedules::{Overlap, Schedule, due_ticks, last_fired};
+use crate::engine::{Engine, EngineBuilder};
+use crate::error::Error;
+
+impl EngineBuilder {
+    /// Opens the store, recovers what the last engine left running, starts scheduling, and
+    /// starts the cron schedules.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a missing store, an invalid or duplicate workflow name, a
+    /// schedule of a workflow not registered, or a store that cannot be opened.
+    pub async fn start(self) -> Result<Engine, Error> {
+        let engine = self.build().await?;
+        let tasks: Vec<_> = engine
+            .inner
+            .schedules
+            .iter()
+            .map(|s| tokio::spawn(run(engine.clone(), Arc::clone(s))))
+            .collect();
+        if let Ok(mut slot) = engine.inner.schedule_tasks.lock() {
+            *slot = tasks;
+        }
+        Ok(engine)
+    }
+}
+
+impl Engine {
+    /// The schedules declared with [`EngineBuilder::schedule`].
+    pub fn schedules(&self) -> impl Iterator<Item = &Schedule> {
+        self.inner.schedules.iter().map(AsRef::as_ref)
+    }
+
+    fn schedule_named(&self, name: &str) -> Result<&Schedule, Error> {
+        self.schedules()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))
+    }
+
+    /// The newest tick `schedule` fired (read from the store), and its next one after now.
+    ///
+    /// # Errors
+    /// [`Error::ScheduleNotFound`], or a store failure.
+    pub async fn schedule_ticks(
+        &self,
+        schedule: &str,
+    ) -> Result<(Option<Timestamp>, Option<Timestamp>), Error> {
+        let s = self.schedule_named(schedule)?;
+        let last = last_fired(&*self.inner.env.store, s).await?;
+        Ok((last, s.next_after(self.clock().now())))
+    }
+
+    /// Starts a run of `schedule` now, outside its ticks (`{schedule}-manual-{time}`): it
+    /// does not count as a tick fired and ignores the overlap policy.
+    ///
+    /// # Errors
+    /// [`Error::ScheduleNotFound`], or the create's errors.
+    pub async fn trigger_schedule(&self, schedule: &str) -> Result<Instance, Error> {
+        let s = self.schedule_named(schedule)?;
+        let id = s.manual_id(self.clock().now());
+        self.workflow_by_name(s.workflow())?
+            .create(crate::client::CreateOptions::new(s.params().clone()).id(id))
+            .await
+    }
+}
+
+/// Runs `schedule` until the engine shuts down.
+async fn run(engine: Engine, schedule: Arc<Schedule>) {
+    let runtime = Arc::clone(&engine.inner);
+    let mut shutdown = runtime.shutdown.subscribe();
+    let clock = runtime.env.clock.clone();
+    let retry = Duration::from_secs(1);
+    // Where the schedule stands: ticks after this are still to come.
+    let mut after = loop {
+        match last_fired(&*runtime.env.store, &schedule).await {
+            Ok(Some(last)) => break last,
+            // Never fired: a tick due within the grace is still on time (an engine stopped
+            // just before the schedule's first tick fires it when back); older ones were
+            // before the schedule existed, as far as anything recorded says.
+            Ok(None) => break clock.now().saturating_sub(crate::engine::schedules::GRACE),
+            Err(e) => {
+                tracing::warn!(schedule = %schedule.name(), error = %e, "reading the schedule's last tick failed; retrying");
+                tokio::select! {
+                    () = clock.sleep(retry) => {}
+                    _ = shutdown.wait_for(|s| *s) => return,
+                }
+            }
+        }
+    };
+    let mut previous: Option<String> = None;
+    loop {
+        let now = clock.now();
+        let mut failed = false;
+        for tick in due_ticks(&schedule, after, now) {
+            if *shutdown.borrow() {
+                return;
+            }
+            let go = wait_for_overlap(&engine, &schedule, previous.as_deref(), &mut shutdown).await;
+            if go != Go::Skip {
+                match fire(&engine, &schedule, tick).await {
+                    Ok(id) => previous = Some(id),
+                    Err(e) => {
+                        tracing::warn!(schedule = %schedule.name(), error = %e, "a tick failed to start; retrying");
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            after = tick;
+            if go == Go::Waited {
+                // The one buffered tick ran; those that passed while it waited are dropped.
+                after = after.max(clock.now());
+                break;
+            }
+        }
+        if failed {
+            tokio::select! {
+                () = clock.sleep(retry) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            continue;
+        }
+        // Every tick up to now was fired or passed over.
+        after = after.max(now);
+        let Some(next) = schedule.next_after(after) else {
+            tracing::info!(schedule = %schedule.name(), "the schedule has no more ticks");
+            return;
+        };
+        tokio::select! {
+            () = clock.sleep_until(next) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// Whether a tick starts, as far as the previous run goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Go {
+    /// At once.
+    Now,
+    /// After waiting for the previous run to finish ([`Overlap::BufferOne`]).
+    Waited,
+    /// Not at all.
+    Skip,
+}
+
+/// Whether the next tick may start as far as the previous run goes: waits for it with
+/// [`Overlap::BufferOne`].
+async fn wait_for_overlap(
+    engine: &Engine,
+    schedule: &Schedule,
+    previous: Option<&str>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) -> Go {
+    if schedule.overlap_policy() == Overlap::Allow {
+        return Go::Now;
+    }
+    let Some(previous) = previous else {
+        return Go::Now;
+    };
+    let found = match engine.workflow_by_name(schedule.workflow()) {
+        Ok(w) => w.get(previous).await,
+        Err(e) => Err(e),
+    };
+    let Ok(instance) = found else {
+        return Go::Now;
+    };
+    let unfinished = match instance.status().await {
+        Ok(s) => !s.status.is_terminal(),
+        Err(_) => false,
+    };
+    if !unfinished {
+        return Go::Now;
+    }
+    match schedule.overlap_policy() {
+        Overlap::Skip => {
+            tracing::debug!(schedule = %schedule.name(), previous, "tick skipped: the previous run is unfinished");
+            Go::Skip
+        }
+        _ => {
+            tokio::select! {
+                _ = instance.wait() => Go::Waited,
+                _ = shutdown.wait_for(|s| *s) => Go::Skip,
+            }
+        }
+    }
+}
+
+/// Creates the instance of `tick`; one that exists already (another engine, or this one
+/// before a crash) is the same tick, fired.
+async fn fire(engine: &Engine, schedule: &Schedule, tick: Timestamp) -> Result<String, Error> {
+    let id = schedule.tick_id(tick);
+    let workflow = engine.workflow_by_name(schedule.workflow())?;
+    let options = crate::client::CreateOptions::new(schedule.params().clone()).id(id.clone());
+    match workflow.create(options).await {
+        Ok(_) => {
+            tracing::debug!(schedule = %schedule.name(), instance = %id, "tick fired");
+            Ok(id)
+        }
+        Err(Error::AlreadyExists { .. }) => Ok(id),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,356 @@
+//! Cron schedules on the virtual clock: each tick fires once, across restarts around it;
+//! the overlap and catch-up policies; daylight saving time.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cairn::prelude::*;
+use cairn::{CatchUp, Clock, ListOptions, Overlap, Schedule, ScheduleError, Timestamp};
+use serde_json::{Value, json};
+
+use crate::support::temp_db;
+
+/// 2026-03-01T00:00:00Z.
+const T0: Timestamp = Timestamp::from_millis(1_772_323_200_000);
+/// When the first engine of a test starts: 00:02, past the grace of the 00:00 tick.
+const START: Timestamp = Timestamp::from_millis(1_772_323_200_000 + 120_000);
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// One quick step.
+struct Tick;
+
+impl Workflow for Tick {
+    const NAME: &'static str = "tick";
+    type Params = Value;
+    type Output = ();
+
+    async fn run(&self, _: WorkflowEvent<Value>, step: WorkflowStep) -> Result<(), WorkflowError> {
+        step.run("work", |_| async { Ok(()) }).await
+    }
+}
+
+/// Runs until an event `done` arrives: a run that does not finish by itself.
+struct Long;
+
+impl Workflow for Long {
+    const NAME: &'static str = "long";
+    type Params = Value;
+    type Output = ();
+
+    async fn run(&self, _: WorkflowEvent<Value>, step: WorkflowStep) -> Result<(), WorkflowError> {
+        step.wait_for_event::<Value>("until done", "done")
+            .timeout("30 days")
+            .await?;
+        Ok(())
+    }
+}
+
+fn every_5_minutes() -> Schedule {
+    Schedule::new::<Tick>("every5", "*/5 * * * *", json!({ "from": "schedule" })).unwrap()
+}
+
+async fn start(path: &Path, at: Timestamp, schedule: Schedule) -> Engine {
+    Engine::builder()
+        .sqlite(path)
+        .clock(Clock::virtual_at(at))
+        .register(Tick)
+        .register(Long)
+        .schedule(schedule)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Lets the virtual clock run until `until`.
+async fn run_until(engine: &Engine, until: Timestamp) {
+    while engine.clock().now() < until {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+}
+
+/// The ticks fired so far, as minutes after T0, oldest first.
+async fn fired(engine: &Engine, workflow: &str, schedule: &str) -> Vec<i64> {
+    let mut ticks = Vec::new();
+    let mut options = ListOptions::default()
+        .id_prefix(format!("{schedule}-"))
+        .limit(1000);
+    loop {
+        let page = engine
+            .list_instances(Some(workflow), &options)
+            .await
+            .unwrap();
+        for i in &page.instances {
+            let digits = i.id.as_str().rsplit('-').next().unwrap();
+            let at = chrono_like(digits);
+            ticks.push((at - T0.as_millis()) / 60_000);
+        }
+        match page.cursor {
+            Some(c) => options = options.cursor(c),
+            None => break,
+        }
+    }
+    ticks.sort_unstable();
+    ticks
+}
+
+/// `YYYYMMDDhhmmss` (UTC) as epoch milliseconds.
+fn chrono_like(digits: &str) -> i64 {
+    chrono::NaiveDateTime::parse_from_str(digits, "%Y%m%d%H%M%S")
+        .unwrap()
+        .and_utc()
+        .timestamp_millis()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_schedule_every_5_minutes_fires_288_times_in_a_virtual_day_once_each() {
+    let (_dir, path) = temp_db();
+    let engine = start(&path, START, every_5_minutes()).await;
+    run_until(
+        &engine,
+        T0.saturating_add(Duration::from_secs(86_400) + MINUTE),
+    )
+    .await;
+    let ticks = fired(&engine, "tick", "every5").await;
+    assert_eq!(ticks.len(), 288, "{ticks:?}");
+    let expected: Vec<i64> = (1..=288).map(|k| k * 5).collect();
+    assert_eq!(ticks, expected);
+    // Each tick's instance ran with the schedule's params.
+    let one = engine
+        .workflow::<Tick>()
+        .get("every5-20260301000500")
+        .await
+        .unwrap();
+    assert_eq!(one.status().await.unwrap().status, InstanceStatus::Complete);
+    assert_eq!(
+        one.details().await.unwrap().params,
+        json!({ "from": "schedule" })
+    );
+    let (last, next) = engine.schedule_ticks("every5").await.unwrap();
+    assert_eq!(last, Some(T0.saturating_add(Duration::from_secs(86_400))));
+    assert!(next.unwrap() > engine.clock().now());
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_at_each_point_around_a_tick_neither_skips_nor_doubles_it() {
+    // Stop at a moment around the 00:05 tick, restart some seconds later (within the
+    // grace), run past 00:10: each tick fired exactly once.
+    for (stop, restart) in [
+        (4 * 60 + 59, 5 * 60 + 1), // just before the tick, back just after it
+        (5 * 60, 5 * 60 + 30),     // at the tick, back within the grace
+        (5 * 60 + 1, 5 * 60 + 2),  // just after it fired, back at once
+        (5 * 60 + 1, 9 * 60 + 59), // after it fired, back just before the next
+    ] {
+        let (_dir, path) = temp_db();
+        let first = start(&path, START, every_5_minutes()).await;
+        run_until(&first, T0.saturating_add(Duration::from_secs(stop))).await;
+        first.shutdown().await;
+        drop(first);
+        let second = start(
+            &path,
+            T0.saturating_add(Duration::from_secs(restart)),
+            every_5_minutes(),
+        )
+        .await;
+        run_until(&second, T0.saturating_add(10 * MINUTE + MINUTE / 2)).await;
+        assert_eq!(
+            fired(&second, "tick", "every5").await,
+            [5, 10],
+            "stopped at {stop} s, back at {restart} s"
+        );
+        second.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn missed_ticks_follow_the_catch_up_policy() {
+    for (policy, expected) in [
+        (CatchUp::Skip, vec![5, 70]),
+        (CatchUp::RunOnce, vec![5, 65, 70]),
+        (CatchUp::RunAll(3), vec![5, 55, 60, 65, 70]),
+    ] {
+        let (_dir, path) = temp_db();
+        // Missed ticks obey the overlap policy too: Allow, so that none waits for another.
+        let schedule = || every_5_minutes().catch_up(policy).overlap(Overlap::Allow);
+        let first = start(&path, START, schedule()).await;
+        run_until(&first, T0.saturating_add(6 * MINUTE)).await;
+        first.shutdown().await;
+        drop(first);
+        // Down from 00:06 to 01:07: twelve ticks missed (00:10 … 01:05).
+        let second = start(&path, T0.saturating_add(67 * MINUTE), schedule()).await;
+        run_until(&second, T0.saturating_add(71 * MINUTE)).await;
+        assert_eq!(
+            fired(&second, "tick", "every5").await,
+            expected,
+            "{policy:?}"
+        );
+        second.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unfinished_run_makes_the_next_ticks_skip_wait_or_overlap() {
+    for (overlap, expected_before, expected_after) in [
+        (Overlap::Skip, vec![5], vec![5, 25]),
+        (Overlap::Allow, vec![5, 10, 15, 20], vec![5, 10, 15, 20, 25]),
+        (Overlap::BufferOne, vec![5], vec![5, 10, 25]),
+    ] {
+        let (_dir, path) = temp_db();
+        let schedule = Schedule::new::<Long>("long", "*/5 * * * *", json!({}))
+            .unwrap()
+            .overlap(overlap);
+        let engine = start(&path, START, schedule).await;
+        run_until(&engine, T0.saturating_add(21 * MINUTE)).await;
+        assert_eq!(
+            fired(&engine, "long", "long").await,
+            expected_before,
+            "{overlap:?}"
+        );
+        // The first run finishes at 00:21.
+        let first = engine
+            .workflow::<Long>()
+            .get("long-20260301000500")
+            .await
+            .unwrap();
+        first.send_event("done", &json!({})).await.unwrap();
+        first.wait().await.unwrap();
+        if overlap == Overlap::Allow {
+            for id in [
+                "long-20260301001000",
+                "long-20260301001500",
+                "long-20260301002000",
+            ] {
+                let i = engine.workflow::<Long>().get(id).await.unwrap();
+                i.send_event("done", &json!({})).await.unwrap();
+            }
+        }
+        run_until(&engine, T0.saturating_add(26 * MINUTE)).await;
+        if overlap == Overlap::BufferOne {
+            // The buffered run (of the 00:10 tick) started when the first finished; it is
+            // unfinished at 00:25, which waits for it in turn.
+            let buffered = engine
+                .workflow::<Long>()
+                .get("long-20260301001000")
+                .await
+                .unwrap();
+            buffered.send_event("done", &json!({})).await.unwrap();
+            buffered.wait().await.unwrap();
+            run_until(&engine, T0.saturating_add(27 * MINUTE)).await;
+        }
+        assert_eq!(
+            fired(&engine, "long", "long").await,
+            expected_after,
+            "{overlap:?}"
+        );
+        engine.shutdown().await;
+    }
+}
+
+fn at(rfc3339: &str) -> Timestamp {
+    Timestamp::from_millis(
+        chrono::DateTime::parse_from_rfc3339(rfc3339)
+            .unwrap()
+            .timestamp_millis(),
+    )
+}
+
+#[test]
+fn daylight_saving_time_a_skipped_hour_does_not_fire_a_repeated_one_fires_once() {
+    // Europe/Berlin: 2026-03-29 02:00 CET jumps to 03:00 CEST; 2026-10-25 03:00 CEST
+    // falls back to 02:00 CET.
+    let daily = Schedule::new::<Tick>("daily", "30 2 * * *", json!({}))
+        .unwrap()
+        .time_zone("Europe/Berlin")
+        .unwrap();
+    let ticks = |from: &str, n: usize| {
+        let mut t = at(from);
+        (0..n)
+            .map(|_| {
+                t = daily.next_after(t).unwrap();
+                t.to_rfc3339()
+            })
+            .collect::<Vec<_>>()
+    };
+    // 02:30 does not exist on 29 March: no tick that day.
+    assert_eq!(
+        ticks("2026-03-27T12:00:00Z", 3),
+        [
+            "2026-03-28T01:30:00.000Z",
+            "2026-03-30T00:30:00.000Z",
+            "2026-03-31T00:30:00.000Z"
+        ]
+    );
+    // 02:30 happens twice on 25 October: one tick, at the first (CEST, 00:30 UTC).
+    assert_eq!(
+        ticks("2026-10-24T12:00:00Z", 3),
+        [
+            "2026-10-25T00:30:00.000Z",
+            "2026-10-26T01:30:00.000Z",
+            "2026-10-27T01:30:00.000Z"
+        ]
+    );
+    // An expression over every hour follows real time through the repeated hour.
+    let half_hourly = Schedule::new::<Tick>("half", "*/30 * * * *", json!({}))
+        .unwrap()
+        .time_zone("Europe/Berlin")
+        .unwrap();
+    let mut t = at("2026-10-24T23:45:00Z");
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        t = half_hourly.next_after(t).unwrap();
+        seen.push(t.to_rfc3339());
+    }
+    assert_eq!(
+        seen,
+        [
+            "2026-10-25T00:00:00.000Z", // 02:00 CEST
+            "2026-10-25T00:30:00.000Z", // 02:30 CEST
+            "2026-10-25T01:00:00.000Z", // 02:00 CET
+            "2026-10-25T01:30:00.000Z", // 02:30 CET
+            "2026-10-25T02:00:00.000Z", // 03:00 CET
+            "2026-10-25T02:30:00.000Z",
+        ]
+    );
+    assert_eq!(
+        daily.tick_id(at("2026-10-25T00:30:00Z")),
+        "daily-20261025003000"
+    );
+}
+
+#[tokio::test]
+async fn bad_schedules_are_refused_with_what_is_wrong() {
+    let bad_cron = Schedule::new::<Tick>("x", "61 * * * *", json!({})).unwrap_err();
+    assert!(matches!(bad_cron, ScheduleError::Cron { .. }), "{bad_cron}");
+    assert!(bad_cron.to_string().contains("61 * * * *"));
+    let bad_zone = Schedule::new::<Tick>("x", "* * * * *", json!({}))
+        .unwrap()
+        .time_zone("Mars/Olympus")
+        .unwrap_err();
+    assert!(bad_zone.to_string().contains("Mars/Olympus"));
+    for name in ["", "-x", "has space", &"n".repeat(81)] {
+        assert!(matches!(
+            Schedule::new::<Tick>(name, "* * * * *", json!({})),
+            Err(ScheduleError::Name(_))
+        ));
+    }
+    // A schedule of a workflow that is not registered, or declared twice, stops the start.
+    let (_dir, path) = temp_db();
+    let err = Engine::builder()
+        .sqlite(&path)
+        .schedule(every_5_minutes())
+        .start()
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("not registered"), "{err}");
+    let err = Engine::builder()
+        .sqlite(&path)
+        .register(Tick)
+        .schedule(every_5_minutes())
+        .schedule(every_5_minutes())
+        .start()
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("declared twice"), "{err}");
+}
