@@ -79,14 +79,17 @@ async fn run(engine: Engine, schedule: Arc<Schedule>) {
     let mut shutdown = runtime.shutdown.subscribe();
     let clock = runtime.env.clock.clone();
     let retry = Duration::from_secs(1);
+    // The oldest tick whose instance, once created, the store still holds: purged ones are
+    // gone (and their ids free), so the store cannot say whether older ticks fired.
+    let retained = runtime
+        .retention
+        .iter()
+        .find(|(w, _)| w.as_str() == schedule.workflow())
+        .map_or(Duration::ZERO, |(_, r)| r.success.min(r.error));
     // Where the schedule stands: ticks after this are still to come.
-    let mut after = loop {
+    let last = loop {
         match last_fired(&*runtime.env.store, &schedule).await {
-            Ok(Some(last)) => break last,
-            // Never fired: a tick due within the grace is still on time (an engine stopped
-            // just before the schedule's first tick fires it when back); older ones were
-            // before the schedule existed, as far as anything recorded says.
-            Ok(None) => break clock.now().saturating_sub(crate::engine::schedules::GRACE),
+            Ok(last) => break last,
             Err(e) => {
                 tracing::warn!(schedule = %schedule.name(), error = %e, "reading the schedule's last tick failed; retrying");
                 tokio::select! {
@@ -96,7 +99,20 @@ async fn run(engine: Engine, schedule: Arc<Schedule>) {
             }
         }
     };
-    let mut previous: Option<String> = None;
+    let mut after = match last {
+        // Never before `now - retained`: a tick older than that may have fired and been
+        // purged since.
+        Some(last) => last
+            .max(clock.now().saturating_sub(retained))
+            // A tick id from a clock ahead of this one does not hold the schedule back.
+            .min(clock.now()),
+        // Never fired: a tick due within the grace is still on time (an engine stopped
+        // just before the schedule's first tick fires it when back); older ones were
+        // before the schedule existed, as far as anything recorded says.
+        None => clock.now().saturating_sub(crate::engine::schedules::GRACE),
+    };
+    // The run the overlap policy looks at: the last tick's, also after a restart.
+    let mut previous: Option<String> = last.map(|t| schedule.tick_id(t));
     loop {
         let now = clock.now();
         let mut failed = false;
@@ -105,6 +121,13 @@ async fn run(engine: Engine, schedule: Arc<Schedule>) {
                 return;
             }
             let go = wait_for_overlap(&engine, &schedule, previous.as_deref(), &mut shutdown).await;
+            if go == Go::Retry {
+                failed = true;
+                break;
+            }
+            if *shutdown.borrow() {
+                return;
+            }
             if go != Go::Skip {
                 match fire(&engine, &schedule, tick).await {
                     Ok(id) => previous = Some(id),
@@ -151,6 +174,8 @@ enum Go {
     Waited,
     /// Not at all.
     Skip,
+    /// Not yet: the previous run could not be read (a store failure).
+    Retry,
 }
 
 /// Whether the next tick may start as far as the previous run goes: waits for it with
@@ -171,12 +196,16 @@ async fn wait_for_overlap(
         Ok(w) => w.get(previous).await,
         Err(e) => Err(e),
     };
-    let Ok(instance) = found else {
-        return Go::Now;
+    let instance = match found {
+        Ok(i) => i,
+        // Deleted or purged: it is not running.
+        Err(Error::InstanceNotFound { .. }) => return Go::Now,
+        Err(_) => return Go::Retry,
     };
     let unfinished = match instance.status().await {
         Ok(s) => !s.status.is_terminal(),
-        Err(_) => false,
+        Err(Error::InstanceNotFound { .. }) => false,
+        Err(_) => return Go::Retry,
     };
     if !unfinished {
         return Go::Now;

@@ -171,8 +171,14 @@ impl Engine {
             .lock()
             .map(|mut t| std::mem::take(&mut *t))
             .unwrap_or_default();
-        for task in ticking {
-            let _ = task.await;
+        for mut task in ticking {
+            // A runner stuck on a store that does not answer is not waited for forever.
+            if tokio::time::timeout(self.inner.drain_timeout, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
         }
         let scheduler = self.inner.scheduler.lock().ok().and_then(|mut s| s.take());
         if let Some(handle) = scheduler {

@@ -78,7 +78,7 @@ pub enum ScheduleError {
     Params(String),
 }
 
-/// A workflow started on a cron schedule: see the [module](self) for its guarantees.
+/// A workflow started on a cron schedule (`docs/schedules.md` has its guarantees).
 ///
 /// ```
 /// # use cairn::prelude::*;
@@ -113,9 +113,10 @@ pub struct Schedule {
 /// than any daylight-saving shift.
 const REWIND: Duration = Duration::from_secs(3 * 3600);
 
-/// The longest schedule name: its tick ids (`{name}-` and 14 digits) stay within the 100
+/// The longest schedule name: its ids (`{name}-` and 14 digits for a tick,
+/// `{name}-manual-` and 23 characters for a run started by hand) stay within the 100
 /// characters of an instance id.
-const MAX_NAME: usize = 80;
+const MAX_NAME: usize = 68;
 
 impl Schedule {
     /// Starts workflow `W` with `params` on `cron`: 5 fields (minute hour day-of-month
@@ -138,12 +139,14 @@ impl Schedule {
         if !valid {
             return Err(ScheduleError::Name(name.to_owned()));
         }
-        let fields = cron.split_whitespace().count();
-        let full = if fields == 5 {
-            format!("0 {cron}")
-        } else {
-            cron.to_owned()
-        };
+        let mut fields: Vec<String> = cron.split_whitespace().map(str::to_owned).collect();
+        if fields.len() == 5 {
+            fields.insert(0, "0".to_owned());
+        }
+        if let Some(weekdays) = fields.get_mut(5) {
+            *weekdays = crontab_weekdays(weekdays);
+        }
+        let full = fields.join(" ");
         let expression = cron::Schedule::from_str(&full).map_err(|e| ScheduleError::Cron {
             expression: cron.to_owned(),
             reason: e.to_string(),
@@ -213,7 +216,13 @@ impl Schedule {
 
     /// The id of a run started by hand at `at` (never a tick's).
     pub(crate) fn manual_id(&self, at: Timestamp) -> String {
-        format!("{}-manual-{}", self.name, utc(at).format("%Y%m%d%H%M%S%3f"))
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
+        format!(
+            "{}-manual-{}-{}",
+            self.name,
+            utc(at).format("%Y%m%d%H%M%S%3f"),
+            &nonce[..5]
+        )
     }
 
     /// The params each run gets.
@@ -234,66 +243,83 @@ impl Schedule {
     /// The tick an id of [`Schedule::tick_id`] names.
     fn tick_of(&self, id: &str) -> Option<Timestamp> {
         let digits = id.strip_prefix(&self.name)?.strip_prefix('-')?;
+        if digits.len() != 14 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
         let naive = chrono::NaiveDateTime::parse_from_str(digits, "%Y%m%d%H%M%S").ok()?;
         Some(Timestamp::from_millis(naive.and_utc().timestamp_millis()))
+    }
+
+    /// Whether the zone's offset from UTC changes around `(after, until]` (a daylight
+    /// saving transition within [`REWIND`] of it). A window of more than a month may hold
+    /// two transitions with the same offset at both ends, so it counts as changing.
+    fn shifts(&self, after: Timestamp, until: Timestamp) -> bool {
+        let offset = |t: Timestamp| {
+            use chrono::Offset as _;
+            utc(t).with_timezone(&self.zone).offset().fix()
+        };
+        until.since(after) > Duration::from_secs(31 * 86_400)
+            || offset(after.saturating_sub(REWIND)) != offset(until.saturating_add(REWIND))
     }
 
     /// The ticks in `(after, until]`, in order. The cron iterator walks local time: started
     /// inside an hour that repeats, it never sees that hour's second occurrence, and through
     /// one it yields each time's two occurrences together (02:00 CEST, 02:00 CET, 02:30
-    /// CEST, …), out of order by up to an hour. So the walk starts [`REWIND`] early, goes
-    /// on [`REWIND`] past `until`, and sorts.
+    /// CEST, …), out of order by up to an hour. Near a transition the walk starts
+    /// [`REWIND`] early, goes on [`REWIND`] past `until`, and sorts; elsewhere it is the
+    /// plain walk.
     fn ticks_in(&self, after: Timestamp, until: Timestamp) -> Vec<Timestamp> {
-        let from = utc(after.saturating_sub(REWIND)).with_timezone(&self.zone);
-        let stop = until.saturating_add(REWIND);
+        let shifts = self.shifts(after, until);
+        let (from, stop) = if shifts {
+            (after.saturating_sub(REWIND), until.saturating_add(REWIND))
+        } else {
+            (after, until)
+        };
         let mut ticks: Vec<Timestamp> = self
             .expression
-            .after_owned(from)
+            .after_owned(utc(from).with_timezone(&self.zone))
             .filter(|tick| !self.repeated(tick))
             .map(|tick| Timestamp::from_millis(tick.timestamp_millis()))
             .take_while(|t| *t <= stop)
             .filter(|t| *t > after && *t <= until)
             .collect();
-        ticks.sort_unstable();
-        ticks.dedup();
+        if shifts {
+            ticks.sort_unstable();
+            ticks.dedup();
+        }
         ticks
     }
 
-    /// The first tick strictly after `t`.
+    /// The first tick strictly after `t`, `None` when the expression has no more (the
+    /// cron walk ends in 2100).
     pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
-        // Look a day ahead first (every common schedule has a tick there), then further.
-        for ahead in [86_400u64, 400 * 86_400, 5 * 366 * 86_400] {
-            let until = t.saturating_add(Duration::from_secs(ahead));
-            if let Some(first) = self.ticks_in(t, until).first() {
-                return Some(*first);
-            }
-        }
-        None
+        // The local walk's first tick; one earlier can only come from a repeated hour
+        // between `t` and it, which `ticks_in` over that stretch finds.
+        let first = self
+            .expression
+            .after_owned(utc(t).with_timezone(&self.zone))
+            .filter(|tick| !self.repeated(tick))
+            .map(|tick| Timestamp::from_millis(tick.timestamp_millis()))
+            .find(|tick| *tick > t)?;
+        Some(self.ticks_in(t, first).first().copied().unwrap_or(first))
     }
 
-    /// The ticks in `(after, until]`, at most the latest `max` of them, oldest first.
-    fn between(&self, after: Timestamp, until: Timestamp, max: usize) -> Vec<Timestamp> {
-        // Where to start walking forward: `max` ticks back from `until` (not from `after`,
-        // which may be months ago for a schedule of every second), or `after`.
-        let end = utc(until.saturating_add(Duration::from_millis(1))).with_timezone(&self.zone);
-        let mut back = self.expression.after(&end);
-        let mut start = after;
-        for _ in 0..max.saturating_add(1) {
-            match back.next_back() {
-                Some(tick) => {
-                    let at = Timestamp::from_millis(tick.timestamp_millis());
-                    if at <= after {
-                        break;
-                    }
-                    start = at.saturating_sub(Duration::from_millis(1));
-                }
-                None => break,
+    /// The ticks in `(after, until]`, at most the latest `max` of them, oldest first. The
+    /// stretch looked at grows from two minutes back from `until` until it holds `max`
+    /// ticks or reaches `after`: a schedule of every second after a month down costs
+    /// `max` ticks, not a month of them.
+    pub(crate) fn between(&self, after: Timestamp, until: Timestamp, max: usize) -> Vec<Timestamp> {
+        let mut span = 2 * GRACE;
+        loop {
+            let from = until.saturating_sub(span).max(after);
+            let mut ticks = self.ticks_in(from, until);
+            if ticks.len() >= max || from == after {
+                let excess = ticks.len().saturating_sub(max);
+                ticks.drain(..excess);
+                return ticks;
             }
+            span = span.saturating_mul(4);
         }
-        let mut ticks = self.ticks_in(start.max(after), until);
-        let excess = ticks.len().saturating_sub(max);
-        ticks.drain(..excess);
-        ticks
     }
 
     /// Whether `tick` is the second occurrence of a local time repeated when clocks go
@@ -309,6 +335,38 @@ impl Schedule {
     }
 }
 
+/// A day-of-week field with crontab's numbers (0 or 7 Sunday, 1 Monday … 6 Saturday) in
+/// names, which the `cron` crate reads unambiguously (its numbers start at 1 for Sunday).
+/// A range ending at 7 (`5-7`) ends at Saturday and adds Sunday.
+fn crontab_weekdays(field: &str) -> String {
+    const NAMES: [&str; 8] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN"];
+    let name = |n: &str| -> Option<&'static str> { NAMES.get(n.parse::<usize>().ok()?).copied() };
+    field
+        .split(',')
+        .map(|part| {
+            let (base, step) = match part.split_once('/') {
+                Some((b, s)) => (b, Some(s)),
+                None => (part, None),
+            };
+            let base = match base.split_once('-') {
+                Some((a, "7")) if step.is_none() && name(a).is_some() => {
+                    format!("{}-SAT,SUN", name(a).unwrap_or("SUN"))
+                }
+                Some((a, b)) => match (name(a), name(b)) {
+                    (Some(a), Some(b)) => format!("{a}-{b}"),
+                    _ => base.to_owned(),
+                },
+                None => name(base).map_or_else(|| base.to_owned(), str::to_owned),
+            };
+            match step {
+                Some(s) => format!("{base}/{s}"),
+                None => base,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn utc(t: Timestamp) -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp_millis(t.as_millis()).unwrap_or_default()
 }
@@ -319,34 +377,198 @@ pub(crate) async fn last_fired(
     schedule: &Schedule,
 ) -> Result<Option<Timestamp>, crate::Error> {
     let workflow = WorkflowName::new(&schedule.workflow)?;
-    let rows = store
-        .list(cairn_store::ListQuery {
-            workflow: Some(workflow),
-            id_prefix: Some(format!("{}-", schedule.name)),
-            limit: 50,
-            ..Default::default()
-        })
-        .await?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| schedule.tick_of(r.id.as_str()))
-        .max())
+    // Newest first; runs started by hand, and schedules whose names extend this one's
+    // (`sync-fast` after `sync`), share the prefix: page past them to the first tick.
+    let mut before = None;
+    loop {
+        let rows = store
+            .list(cairn_store::ListQuery {
+                workflow: Some(workflow.clone()),
+                id_prefix: Some(format!("{}-", schedule.name)),
+                before,
+                limit: 200,
+                ..Default::default()
+            })
+            .await?;
+        let newest = rows
+            .iter()
+            .filter_map(|r| schedule.tick_of(r.id.as_str()))
+            .max();
+        if newest.is_some() || rows.len() < 200 {
+            return Ok(newest);
+        }
+        before = rows.last().map(|r| r.instance);
+    }
 }
 
-/// The ticks in `(after, now]` to fire now: those on time (within [`GRACE`]), and the
-/// missed ones the catch-up policy keeps.
+/// The ticks in `(after, now]` to fire now: every one on time (within [`GRACE`]), and of
+/// the missed ones, those the catch-up policy keeps.
 pub(crate) fn due_ticks(schedule: &Schedule, after: Timestamp, now: Timestamp) -> Vec<Timestamp> {
-    let keep = match schedule.catch_up {
-        CatchUp::Skip => 1,
-        CatchUp::RunOnce => 1,
-        CatchUp::RunAll(n) => usize::try_from(n).unwrap_or(usize::MAX).max(1),
+    let on_time_from = now.saturating_sub(GRACE).max(after);
+    let on_time = schedule.between(on_time_from, now, usize::MAX);
+    let missed = match schedule.catch_up {
+        CatchUp::Skip => Vec::new(),
+        CatchUp::RunOnce => schedule.between(after, on_time_from, 1),
+        CatchUp::RunAll(n) => schedule.between(
+            after,
+            on_time_from,
+            usize::try_from(n).unwrap_or(usize::MAX),
+        ),
     };
-    let ticks = schedule.between(after, now, keep);
-    match schedule.catch_up {
-        CatchUp::Skip => ticks
-            .into_iter()
-            .filter(|t| now.since(*t) <= GRACE)
-            .collect(),
-        _ => ticks,
+    let mut due = missed;
+    due.extend(on_time);
+    due
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct W;
+    impl Workflow for W {
+        const NAME: &'static str = "w";
+        type Params = serde_json::Value;
+        type Output = ();
+        async fn run(
+            &self,
+            _: crate::WorkflowEvent<serde_json::Value>,
+            _: crate::WorkflowStep,
+        ) -> Result<(), crate::WorkflowError> {
+            Ok(())
+        }
+    }
+
+    fn at(rfc3339: &str) -> Timestamp {
+        Timestamp::from_millis(
+            chrono::DateTime::parse_from_rfc3339(rfc3339)
+                .unwrap()
+                .timestamp_millis(),
+        )
+    }
+
+    fn schedule(cron: &str, zone: &str) -> Schedule {
+        Schedule::new::<W>("s", cron, serde_json::json!({}))
+            .unwrap()
+            .time_zone(zone)
+            .unwrap()
+    }
+
+    fn shown(ticks: &[Timestamp]) -> Vec<String> {
+        ticks.iter().map(|t| t.to_rfc3339()).collect()
+    }
+
+    #[test]
+    fn every_tick_of_a_repeated_hour_is_found_going_back_as_forward() {
+        // Europe/Berlin falls back from 03:00 CEST to 02:00 CET on 2026-10-25.
+        let s = schedule("*/30 * * * *", "Europe/Berlin");
+        let all = s.between(at("2026-10-24T23:45:00Z"), at("2026-10-25T01:45:00Z"), 100);
+        assert_eq!(
+            shown(&all),
+            [
+                "2026-10-25T00:00:00.000Z",
+                "2026-10-25T00:30:00.000Z",
+                "2026-10-25T01:00:00.000Z",
+                "2026-10-25T01:30:00.000Z"
+            ]
+        );
+        // The latest two, as RunAll(2) asks, while the walk back meets them out of order.
+        let two = s.between(at("2026-10-25T00:00:00Z"), at("2026-10-25T00:30:00Z"), 2);
+        assert_eq!(shown(&two), ["2026-10-25T00:30:00.000Z"]);
+        let two = s.between(at("2026-10-24T23:00:00Z"), at("2026-10-25T01:30:00Z"), 2);
+        assert_eq!(
+            shown(&two),
+            ["2026-10-25T01:00:00.000Z", "2026-10-25T01:30:00.000Z"]
+        );
+        let due = due_ticks(
+            &s.clone().catch_up(CatchUp::RunAll(10)),
+            at("2026-10-24T23:30:00Z"),
+            at("2026-10-25T01:30:30Z"),
+        );
+        assert_eq!(due.len(), 4, "{:?}", shown(&due));
+    }
+
+    #[test]
+    fn weekday_numbers_are_crontab_s() {
+        // 2026-03-02 is a Monday.
+        let weekdays = schedule("0 9 * * 1-5", "UTC");
+        let mut t = at("2026-03-01T00:00:00Z");
+        let mut days = Vec::new();
+        for _ in 0..6 {
+            t = weekdays.next_after(t).unwrap();
+            days.push(t.to_rfc3339()[..10].to_owned());
+        }
+        assert_eq!(
+            days,
+            [
+                "2026-03-02",
+                "2026-03-03",
+                "2026-03-04",
+                "2026-03-05",
+                "2026-03-06",
+                "2026-03-09"
+            ]
+        );
+        let sundays = schedule("0 9 * * 0", "UTC");
+        assert_eq!(
+            sundays
+                .next_after(at("2026-03-02T00:00:00Z"))
+                .unwrap()
+                .to_rfc3339(),
+            "2026-03-08T09:00:00.000Z"
+        );
+        let weekend = schedule("0 9 * * 6-7", "UTC");
+        let sat = weekend.next_after(at("2026-03-02T00:00:00Z")).unwrap();
+        assert_eq!(sat.to_rfc3339(), "2026-03-07T09:00:00.000Z");
+        assert_eq!(
+            weekend.next_after(sat).unwrap().to_rfc3339(),
+            "2026-03-08T09:00:00.000Z"
+        );
+        assert_eq!(crontab_weekdays("1-5"), "MON-FRI");
+        assert_eq!(crontab_weekdays("0,6"), "SUN,SAT");
+        assert_eq!(crontab_weekdays("5-7"), "FRI-SAT,SUN");
+        assert_eq!(crontab_weekdays("*/2"), "*/2");
+        assert_eq!(crontab_weekdays("MON-FRI"), "MON-FRI");
+    }
+
+    #[test]
+    fn rare_and_dense_schedules_find_their_next_tick() {
+        let leap = schedule("0 0 29 2 *", "UTC");
+        assert_eq!(
+            leap.next_after(at("2026-03-01T00:00:00Z"))
+                .unwrap()
+                .to_rfc3339(),
+            "2028-02-29T00:00:00.000Z"
+        );
+        let never = schedule("0 0 30 2 *", "UTC");
+        assert_eq!(never.next_after(at("2026-03-01T00:00:00Z")), None);
+        // Every second after a month down: the latest three, without a month of them.
+        let dense = schedule("* * * * * *", "UTC");
+        let started = std::time::Instant::now();
+        let latest = dense.between(at("2026-02-01T00:00:00Z"), at("2026-03-01T00:00:00Z"), 3);
+        assert_eq!(
+            shown(&latest),
+            [
+                "2026-02-28T23:59:58.000Z",
+                "2026-02-28T23:59:59.000Z",
+                "2026-03-01T00:00:00.000Z"
+            ]
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn only_tick_ids_count_as_ticks() {
+        let s = schedule("*/5 * * * *", "UTC");
+        let tick = at("2026-03-01T00:05:00Z");
+        assert_eq!(s.tick_of(&s.tick_id(tick)), Some(tick));
+        assert_eq!(s.tick_of(&s.manual_id(tick)), None);
+        assert_eq!(s.tick_of("s-fast-20260301000500"), None);
+        assert!(
+            s.manual_id(tick) != s.manual_id(tick),
+            "two runs by hand in one millisecond"
+        );
+        let long = Schedule::new::<W>(&"n".repeat(68), "* * * * *", serde_json::json!({})).unwrap();
+        assert!(long.manual_id(tick).len() <= 100);
+        assert!(crate::InstanceId::new(long.manual_id(tick)).is_ok());
     }
 }

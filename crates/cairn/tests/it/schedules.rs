@@ -246,6 +246,75 @@ async fn an_unfinished_run_makes_the_next_ticks_skip_wait_or_overlap() {
     }
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_restart_keeps_skipping_while_the_last_run_is_unfinished() {
+    let (_dir, path) = temp_db();
+    let schedule = || Schedule::new::<Long>("long", "*/5 * * * *", json!({})).unwrap();
+    let first = start(&path, START, schedule()).await;
+    run_until(&first, T0.saturating_add(6 * MINUTE)).await;
+    first.shutdown().await;
+    drop(first);
+    // Back at 00:07: the 00:05 run (recovered, waiting) still holds the next ticks off.
+    let second = start(&path, T0.saturating_add(7 * MINUTE), schedule()).await;
+    run_until(&second, T0.saturating_add(16 * MINUTE)).await;
+    assert_eq!(fired(&second, "long", "long").await, [5]);
+    second.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_purged_tick_is_not_fired_again_when_an_older_one_is_kept() {
+    // Errors are kept an hour, successes two minutes: the 00:05 run errors and stays, the
+    // 00:10 run completes and is purged. A restart must not take 00:05 for the last tick.
+    struct Flaky;
+    impl Workflow for Flaky {
+        const NAME: &'static str = "flaky";
+        type Params = Value;
+        type Output = ();
+        async fn run(&self, e: WorkflowEvent<Value>, _: WorkflowStep) -> Result<(), WorkflowError> {
+            if e.instance_id.as_str().ends_with("000500") {
+                return Err(NonRetryableError::new("the first run fails").into());
+            }
+            Ok(())
+        }
+    }
+    let (_dir, path) = temp_db();
+    let engine_at = |at: Timestamp| {
+        Engine::builder()
+            .sqlite(&path)
+            .clock(Clock::virtual_at(at))
+            .register(Flaky)
+            .workflow_retention(
+                "flaky",
+                cairn::Retention {
+                    success: 2 * MINUTE,
+                    error: 60 * MINUTE,
+                },
+            )
+            .schedule(
+                Schedule::new::<Flaky>("flaky", "*/5 * * * *", json!({}))
+                    .unwrap()
+                    .catch_up(CatchUp::RunAll(10)),
+            )
+            .start()
+    };
+    let first = engine_at(START).await.unwrap();
+    run_until(&first, T0.saturating_add(14 * MINUTE)).await;
+    assert_eq!(
+        fired(&first, "flaky", "flaky").await,
+        [5],
+        "00:10 ran and was purged"
+    );
+    first.shutdown().await;
+    drop(first);
+    let second = engine_at(T0.saturating_add(14 * MINUTE + MINUTE / 2))
+        .await
+        .unwrap();
+    run_until(&second, T0.saturating_add(15 * MINUTE + MINUTE / 2)).await;
+    // 00:15 fired on time; 00:10 did not fire a second time.
+    assert_eq!(fired(&second, "flaky", "flaky").await, [5, 15]);
+    second.shutdown().await;
+}
+
 fn at(rfc3339: &str) -> Timestamp {
     Timestamp::from_millis(
         chrono::DateTime::parse_from_rfc3339(rfc3339)
