@@ -423,3 +423,30 @@ async fn bad_schedules_are_refused_with_what_is_wrong() {
         .unwrap();
     assert!(err.to_string().contains("declared twice"), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_schedule_of_every_second_starts_with_the_latest_tick_not_a_minute_of_them() {
+    let (_dir, path) = temp_db();
+    let schedule = Schedule::new::<Tick>("dense", "* * * * * *", json!({}))
+        .unwrap()
+        .overlap(Overlap::Allow);
+    let start_at = T0.saturating_add(Duration::from_millis(30_500));
+    let engine = start(&path, start_at, schedule).await;
+    run_until(&engine, T0.saturating_add(Duration::from_millis(33_500))).await;
+    let page = engine
+        .list_instances(Some("tick"), &ListOptions::default().id_prefix("dense-"))
+        .await
+        .unwrap();
+    let mut ids: Vec<String> = page.instances.iter().map(|i| i.id.to_string()).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            "dense-20260301000030",
+            "dense-20260301000031",
+            "dense-20260301000032",
+            "dense-20260301000033"
+        ]
+    );
+    engine.shutdown().await;
+}

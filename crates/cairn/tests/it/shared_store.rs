@@ -281,3 +281,88 @@ async fn an_engine_shutting_down_hands_its_instances_to_another_at_once() {
     assert_eq!(ran_on.all(), ["b"]);
     second.shutdown().await;
 }
+
+/// Two engines declare the same schedule of every second on one database: each tick
+/// starts one instance, none is skipped while both compete for it, and each instance's
+/// step runs once, whichever engine took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_engines_fire_each_tick_of_a_shared_schedule_once() {
+    let Some((a, b, _dir)) = two_builders() else {
+        return;
+    };
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counting = |runs: Arc<std::sync::atomic::AtomicUsize>| {
+        wf(move |_, step| {
+            let runs = runs.clone();
+            async move {
+                step.run("count", |_| {
+                    let runs = runs.clone();
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok(0)
+                    }
+                })
+                .await?;
+                Ok(Value::Null)
+            }
+        })
+    };
+    let every_second =
+        || cairn::Schedule::new::<FnWorkflow<0>>("each-second", "* * * * * *", json!({})).unwrap();
+    let first = a
+        .register(counting(runs.clone()))
+        .schedule(every_second())
+        .start()
+        .await
+        .unwrap();
+    let second = b
+        .register(counting(runs.clone()))
+        .schedule(every_second())
+        .start()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    let page = first
+        .list_instances(
+            Some("test"),
+            &cairn::ListOptions::default()
+                .id_prefix("each-second-")
+                .limit(100),
+        )
+        .await
+        .unwrap();
+    let mut seconds: Vec<i64> = page
+        .instances
+        .iter()
+        .map(|i| {
+            i.id.as_str()[i.id.as_str().len() - 6..]
+                .parse::<i64>()
+                .unwrap()
+        })
+        .map(|hhmmss| (hhmmss / 10_000) * 3600 + (hhmmss / 100 % 100) * 60 + hhmmss % 100)
+        .collect();
+    seconds.sort_unstable();
+    assert!(seconds.len() >= 3, "{seconds:?}");
+    for pair in seconds.windows(2) {
+        assert_eq!(pair[1] - pair[0], 1, "a tick was skipped: {seconds:?}");
+    }
+    for i in &page.instances {
+        let instance = first
+            .workflow::<FnWorkflow<0>>()
+            .get(i.id.as_str())
+            .await
+            .unwrap();
+        let status = instance.wait().await.unwrap();
+        assert_eq!(status.status, InstanceStatus::Complete);
+    }
+    first.shutdown().await;
+    second.shutdown().await;
+    // Each instance's step ran once, not once per engine (ticks after the listing may have
+    // started too).
+    let ran = runs.load(Ordering::SeqCst);
+    assert!(
+        ran >= seconds.len() && ran <= seconds.len() + 2,
+        "{ran} step runs for {} ticks",
+        seconds.len()
+    );
+}
