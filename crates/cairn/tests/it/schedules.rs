@@ -432,7 +432,9 @@ async fn a_new_schedule_of_every_second_starts_with_the_latest_tick_not_a_minute
         .overlap(Overlap::Allow);
     let start_at = T0.saturating_add(Duration::from_millis(30_500));
     let engine = start(&path, start_at, schedule).await;
-    run_until(&engine, T0.saturating_add(Duration::from_millis(33_500))).await;
+    while engine.clock().now() < T0.saturating_add(Duration::from_millis(33_500)) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let page = engine
         .list_instances(Some("tick"), &ListOptions::default().id_prefix("dense-"))
         .await
