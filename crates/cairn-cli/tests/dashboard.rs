@@ -407,6 +407,24 @@ fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_br
     browser.assert_no_console_errors("the bulk actions");
 
     phase("A phone");
+    // The demo schedule on the overview, with a button that starts a run now.
+    phase("schedules");
+    browser.goto(&format!("{base}/"));
+    browser.find("tr[data-schedule=greet-hourly]");
+    browser.click(&browser.find("tr[data-schedule=greet-hourly] button"));
+    browser.wait(10, "the triggered run's page", |b| {
+        b.url()
+            .contains("/workflows/greet/instances/greet-hourly-manual-")
+    });
+    assert!(
+        browser
+            .page_text()
+            .contains("Started a run of schedule \"greet-hourly\"."),
+        "{}",
+        browser.page_text()
+    );
+    browser.assert_no_console_errors("the schedules");
+
     // A phone's width: nothing wider than the screen.
     browser.set_size(390, 844);
     browser.goto(&format!("{base}/workflows/checkout/instances/order-ok"));

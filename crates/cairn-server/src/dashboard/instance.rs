@@ -27,9 +27,18 @@ struct Loaded {
 }
 
 async fn load(instance: &Instance<Value>) -> Result<Loaded, cairn::Error> {
+    // The log first: the page follows the stream from its last record, so the details
+    // read after it are as new as it or newer, and whatever happens after it arrives
+    // live. (Read the other way round, a record landing in between left a page showing
+    // `waiting` that followed the stream from after the instance's last record: it never
+    // updated.)
+    let mut log = instance.log(0).await?;
     let details = instance.details().await?;
     let status = instance.status().await?;
-    let log = instance.log(0).await?;
+    if details.end.is_some() {
+        // Finished: no stream follows, so the table shows every record.
+        log = instance.log(0).await?;
+    }
     Ok(Loaded {
         details,
         rollback: status.rollback,

@@ -29,6 +29,7 @@ pub(crate) fn owns(path: &str) -> bool {
         path,
         "/" | "/instances" | "/instances/bulk" | "/live" | "/login" | "/logout" | "/favicon.ico"
     ) || path.starts_with("/workflows/")
+        || path.starts_with("/schedules/")
         || path.starts_with("/assets/")
 }
 
@@ -39,6 +40,7 @@ pub(crate) fn routes(guard: std::sync::Arc<Guard>) -> Router<Engine> {
         .route("/instances", get(list::page))
         .route("/instances/bulk", post(list::bulk))
         .route("/live", get(live))
+        .route("/schedules/{name}/trigger", post(overview::trigger))
         .route("/workflows/{name}/instances/{id}", get(instance::page))
         .route(
             "/workflows/{name}/instances/{id}/action",

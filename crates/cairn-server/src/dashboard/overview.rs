@@ -75,6 +75,7 @@ pub(crate) async fn page(
             "Charts: the last hour of this server's activity, per minute (kept in memory since it started). "
             "Counts: every instance stored."
         }
+        (schedules(&engine, &csrf).await)
     };
     super::html(
         StatusCode::OK,
@@ -88,6 +89,77 @@ pub(crate) async fn page(
             body,
         ),
     )
+}
+
+/// The cron schedules: expression, zone, last tick fired (a link to its run), next tick,
+/// and a button to start a run now.
+async fn schedules(engine: &Engine, csrf: &str) -> Markup {
+    let mut rows = Vec::new();
+    for s in engine.schedules() {
+        let ticks = engine.schedule_ticks(s.name()).await;
+        rows.push((s, ticks));
+    }
+    html! {
+        @if !rows.is_empty() {
+            section.schedules aria-labelledby="schedules-title" {
+                h2 #schedules-title { "Schedules" }
+                div.tablewrap { table {
+                    thead { tr { th { "Schedule" } th { "Workflow" } th { "Cron" } th.wide { "Last tick" } th { "Next tick" } th { span.muted { "Run now" } } } }
+                    tbody {
+                        @for (s, ticks) in &rows {
+                            tr data-schedule=(s.name()) {
+                                td { (s.name()) }
+                                td { a href=(format!("/instances?workflow={}&id={}-", super::encode_segment(s.workflow()), super::encode_segment(s.name()))) { (s.workflow()) } }
+                                td { code { (s.expression()) } " " span.muted { (s.zone()) } }
+                                @match ticks {
+                                    Ok((last, next)) => {
+                                        td.wide {
+                                            @match last {
+                                                Some(t) => a href=(super::instance_path(s.workflow(), &s.tick_id(*t))) { (layout::time(*t)) },
+                                                None => span.muted { "not yet" },
+                                            }
+                                        }
+                                        td { (layout::maybe_time(*next)) }
+                                    }
+                                    Err(e) => td colspan="2" { span.failed { (e.to_string()) } },
+                                }
+                                td {
+                                    form.inline method="post" action=(format!("/schedules/{}/trigger", super::encode_segment(s.name()))) {
+                                        input type="hidden" name="csrf" value=(csrf);
+                                        button type="submit" { "Trigger" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                } }
+            }
+        }
+    }
+}
+
+/// `POST /schedules/{name}/trigger`: a run of the schedule now; answered by its page.
+pub(crate) async fn trigger(
+    State(engine): State<Engine>,
+    Extension(guard): Extension<Arc<Guard>>,
+    headers: HeaderMap,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
+    if let Err(refused) =
+        super::guard::check_form(&guard, &headers, super::value(&form, "csrf").unwrap_or(""))
+    {
+        return refused;
+    }
+    match engine.trigger_schedule(&name).await {
+        Ok(instance) => super::back(
+            &guard,
+            &super::instance_path(instance.workflow().as_str(), instance.id().as_str()),
+            Ok(format!("Started a run of schedule \"{name}\".")),
+        ),
+        Err(e) => super::back(&guard, "/", Err(e.to_string())),
+    }
 }
 
 fn card(
