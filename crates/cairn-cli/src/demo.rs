@@ -175,12 +175,16 @@ fn greet_hourly() -> cairn::Schedule {
     .expect("a valid literal schedule")
 }
 
-pub(crate) fn register(builder: cairn::EngineBuilder) -> cairn::EngineBuilder {
-    builder
+pub(crate) fn register(builder: cairn::EngineBuilder, schedules: bool) -> cairn::EngineBuilder {
+    let builder = builder
         .register(Greet)
         .register(Approval)
         .register(Nap)
         .register(Report)
-        .register(Checkout)
-        .schedule(greet_hourly())
+        .register(Checkout);
+    if schedules {
+        builder.schedule(greet_hourly())
+    } else {
+        builder
+    }
 }

@@ -87,6 +87,10 @@ enum Command {
         /// wrangler and Cloudflare's SDKs) accept; any when not set.
         #[arg(long, env = "CAIRN_ACCOUNT_ID")]
         account_id: Option<String>,
+        /// Do not run the demo schedule (`greet-hourly`); the workflows stay registered.
+        /// For tests that count instances, and quiet demos.
+        #[arg(long)]
+        no_schedules: bool,
     },
     /// Workflows: list, describe, trigger.
     Workflows {
@@ -310,9 +314,10 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             log_format,
             otlp_endpoint,
             account_id,
+            no_schedules,
         } => {
             let _traces = logging::install(log_format, otlp_endpoint.as_deref())?;
-            serve(db, addr, cli.token, account_id).await
+            serve(db, addr, cli.token, account_id, !no_schedules).await
         }
         Command::Workflows {
             client: args,
@@ -423,6 +428,7 @@ async fn serve(
     addr: SocketAddr,
     token: Option<String>,
     account_id: Option<String>,
+    schedules: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     if !addr.ip().is_loopback() && token.is_none() {
         return Err(format!(
@@ -443,7 +449,7 @@ async fn serve(
         cairn::Engine::builder().sqlite(PathBuf::from(&db))
     };
     let shown = describe_db(&db);
-    let engine = demo::register(builder)
+    let engine = demo::register(builder, schedules)
         .start()
         .await
         .map_err(|e| format!("start the engine on {shown}: {e}"))?;

@@ -34,7 +34,15 @@ fn start() -> Server {
     let dir = tempfile::tempdir().unwrap();
     let port = common::free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(["serve", "--token", TOKEN, "--account-id", ACCOUNT, "--db"])
+        .args([
+            "serve",
+            "--no-schedules",
+            "--token",
+            TOKEN,
+            "--account-id",
+            ACCOUNT,
+            "--db",
+        ])
         .arg(dir.path().join("cairn.db"))
         .args(["--addr", &format!("127.0.0.1:{port}")])
         .env_remove("RUST_LOG")

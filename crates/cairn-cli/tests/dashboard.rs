@@ -30,10 +30,18 @@ impl Drop for Server {
 }
 
 fn serve(token: Option<&str>) -> Server {
+    serve_with(token, &["--no-schedules"])
+}
+
+/// [`serve`] with `extra` arguments instead of `--no-schedules`.
+fn serve_with(token: Option<&str>, extra: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let port = common::free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
-    cmd.args(["serve", "--db"])
+    // The demo schedule would add a greeting at the top of an hour to the counts.
+    cmd.arg("serve")
+        .args(extra)
+        .arg("--db")
         .arg(dir.path().join("cairn.db"))
         .args(["--addr", &format!("127.0.0.1:{port}")])
         .env_remove("RUST_LOG")
@@ -407,9 +415,11 @@ fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_br
     browser.assert_no_console_errors("the bulk actions");
 
     phase("A phone");
-    // The demo schedule on the overview, with a button that starts a run now.
+    // The demo schedule on the overview of a server that runs it, with a button that
+    // starts a run now.
     phase("schedules");
-    browser.goto(&format!("{base}/"));
+    let scheduling = serve_with(None, &[]);
+    browser.goto(&format!("http://127.0.0.1:{}/", scheduling.port));
     browser.find("tr[data-schedule=greet-hourly]");
     browser.click(&browser.find("tr[data-schedule=greet-hourly] button"));
     browser.wait(10, "the triggered run's page", |b| {

@@ -112,14 +112,15 @@ pub(crate) async fn page(
         Err(e) => (Filter::default(), Some(e)),
     };
     let cursor = value(&pairs, "cursor").map(str::to_owned);
+    // The stream cursor, read before the rows: the rows are at least this new, and what
+    // lands after it arrives live (read after them, a change in between would be lost).
+    let head = engine.log_head().await.unwrap_or(0);
     let listed = engine
         .list_instances(
             filter.workflow.as_deref(),
             &filter.options(cursor.clone(), PAGE),
         )
         .await;
-    // The stream cursor: the page shows everything up to here; the script follows on.
-    let head = engine.log_head().await.unwrap_or(0);
     let streams: Vec<String> = match &filter.workflow {
         Some(w) => vec![format!(
             "/api/workflows/{}/stream?cursor={head}",

@@ -106,17 +106,10 @@ async fn run(engine: Engine, schedule: Arc<Schedule>) {
             .max(clock.now().saturating_sub(retained))
             // A tick id from a clock ahead of this one does not hold the schedule back.
             .min(clock.now()),
-        // Never fired: the latest tick within the grace is still on time (an engine
-        // stopped just before the schedule's first tick fires it when back); older ones
-        // were before the schedule existed, as far as anything recorded says.
-        None => {
-            let now = clock.now();
-            let grace = now.saturating_sub(crate::engine::schedules::GRACE);
-            schedule
-                .between(grace, now, 1)
-                .first()
-                .map_or(now, |t| t.saturating_sub(Duration::from_millis(1)))
-        }
+        // Never fired: the schedule starts at its next tick. (A tick before now, even
+        // within the grace, may be from before the schedule was declared: a server started
+        // at 04:00:30 does not run the 04:00 tick of a schedule it has never run.)
+        None => clock.now(),
     };
     // The run the overlap policy looks at: the last tick's, also after a restart.
     let mut previous: Option<String> = last.map(|t| schedule.tick_id(t));

@@ -133,13 +133,13 @@ async fn a_schedule_every_5_minutes_fires_288_times_in_a_virtual_day_once_each()
 
 #[tokio::test(start_paused = true)]
 async fn a_restart_at_each_point_around_a_tick_neither_skips_nor_doubles_it() {
-    // Stop at a moment around the 00:05 tick, restart some seconds later (within the
-    // grace), run past 00:10: each tick fired exactly once.
+    // The 00:05 tick has fired; stop at a moment around the 00:10 tick, restart some
+    // seconds later (within the grace), run past 00:15: each tick fired exactly once.
     for (stop, restart) in [
-        (4 * 60 + 59, 5 * 60 + 1), // just before the tick, back just after it
-        (5 * 60, 5 * 60 + 30),     // at the tick, back within the grace
-        (5 * 60 + 1, 5 * 60 + 2),  // just after it fired, back at once
-        (5 * 60 + 1, 9 * 60 + 59), // after it fired, back just before the next
+        (9 * 60 + 59, 10 * 60 + 1),  // just before the tick, back just after it
+        (10 * 60, 10 * 60 + 30),     // at the tick, back within the grace
+        (10 * 60 + 1, 10 * 60 + 2),  // just after it fired, back at once
+        (10 * 60 + 1, 14 * 60 + 59), // after it fired, back just before the next
     ] {
         let (_dir, path) = temp_db();
         let first = start(&path, START, every_5_minutes()).await;
@@ -152,10 +152,10 @@ async fn a_restart_at_each_point_around_a_tick_neither_skips_nor_doubles_it() {
             every_5_minutes(),
         )
         .await;
-        run_until(&second, T0.saturating_add(10 * MINUTE + MINUTE / 2)).await;
+        run_until(&second, T0.saturating_add(15 * MINUTE + MINUTE / 2)).await;
         assert_eq!(
             fired(&second, "tick", "every5").await,
-            [5, 10],
+            [5, 10, 15],
             "stopped at {stop} s, back at {restart} s"
         );
         second.shutdown().await;
@@ -425,7 +425,7 @@ async fn bad_schedules_are_refused_with_what_is_wrong() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_new_schedule_of_every_second_starts_with_the_latest_tick_not_a_minute_of_them() {
+async fn a_new_schedule_starts_at_its_next_tick_not_with_ticks_before_it_existed() {
     let (_dir, path) = temp_db();
     let schedule = Schedule::new::<Tick>("dense", "* * * * * *", json!({}))
         .unwrap()
@@ -444,7 +444,6 @@ async fn a_new_schedule_of_every_second_starts_with_the_latest_tick_not_a_minute
     assert_eq!(
         ids,
         [
-            "dense-20260301000030",
             "dense-20260301000031",
             "dense-20260301000032",
             "dense-20260301000033"
