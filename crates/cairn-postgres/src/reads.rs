@@ -120,7 +120,7 @@ pub(crate) async fn list(
 }
 
 pub(crate) async fn count_matching(client: &impl GenericClient, q: &ListQuery) -> Result<u64> {
-    let filter = q.sql_filter(false, placeholder);
+    let filter = q.sql_filter(true, placeholder);
     let sql = format!("SELECT count(*) FROM instances WHERE {}", filter.clause);
     let rows = query(client, &sql, &bound(&filter.args)).await?;
     let n: i64 = rows.first().map_or(0, |r| r.get(0));

@@ -192,6 +192,34 @@ pub(crate) async fn act_on_filter(
     Ok((outcomes, page.cursor))
 }
 
+/// The cursor that pins an action over `filter` to what matches now (it starts at the
+/// newest instance matching, so one created later is not part of it; `None` when nothing
+/// matches), and how many instances it goes through. The cursor is read first and the
+/// count taken through it, so the two agree.
+pub(crate) async fn pin(
+    engine: &Engine,
+    filter: &Filter,
+) -> Result<(Option<String>, u64), ApiError> {
+    let start = engine
+        .list_instances(filter.workflow.as_deref(), &filter.options(None, 1))
+        .await?
+        .instances
+        .first()
+        .map(cairn::InstanceSummary::cursor_including);
+    let matched = match &start {
+        Some(start) => {
+            engine
+                .count_instances(
+                    filter.workflow.as_deref(),
+                    &filter.options(Some(start.clone()), 1),
+                )
+                .await?
+        }
+        None => 0,
+    };
+    Ok((start, matched))
+}
+
 /// `POST /api/instances/bulk`.
 pub(crate) async fn handle(engine: &Engine, request: Request) -> Result<Value, ApiError> {
     if request.rollback && request.action != Action::Terminate {
@@ -211,17 +239,7 @@ pub(crate) async fn handle(engine: &Engine, request: Request) -> Result<Value, A
     match (request.filter, request.instances) {
         (Some(filter), None) => {
             if request.dry_run {
-                let matched = engine
-                    .count_instances(filter.workflow.as_deref(), &filter.options(None, 1))
-                    .await?;
-                // The cursor that pins an action to what was counted: instances created
-                // after the count are not part of it.
-                let start = engine
-                    .list_instances(filter.workflow.as_deref(), &filter.options(None, 1))
-                    .await?
-                    .instances
-                    .first()
-                    .map(cairn::InstanceSummary::cursor_including);
+                let (start, matched) = pin(engine, &filter).await?;
                 return Ok(json!({ "matched": matched, "cursor": start }));
             }
             let (outcomes, cursor) = act_on_filter(

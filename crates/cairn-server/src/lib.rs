@@ -34,7 +34,9 @@ pub use serve::Limits;
 /// The largest request body accepted: 1 MiB of payload plus room for the envelope.
 pub const MAX_BODY: usize = (1 << 20) + 64 * 1024;
 
-/// The API's routes over `engine`, open to every caller.
+/// The API's routes (and the dashboard) over `engine`, without a token: they answer only
+/// requests that name a loopback host and, for changes, come from no other site (see
+/// [`Options::any_host`] to serve behind an authenticating proxy).
 pub fn router(engine: Engine) -> Router {
     router_with(engine, None)
 }
@@ -47,7 +49,7 @@ pub fn router_with(engine: Engine, token: Option<String>) -> Router {
 
 /// [`router_with`], with the body timeout and the cap on live streams of `limits`.
 pub fn router_with_limits(engine: Engine, token: Option<String>, limits: &Limits) -> Router {
-    build(engine, token, limits, None, None)
+    build(engine, token, limits, None, None, false)
 }
 
 /// [`router_with_limits`], and `GET /metrics` in Prometheus' text format from `metrics`
@@ -65,6 +67,7 @@ pub fn router_with_metrics(
             limits: limits.clone(),
             metrics: Some(metrics),
             account_id: None,
+            any_host: false,
         },
     )
 }
@@ -81,6 +84,12 @@ pub struct Options {
     /// The only account id Cloudflare's routes accept (`/client/v4/accounts/{id}/…`);
     /// any when `None`.
     pub account_id: Option<String>,
+    /// Without a token, answer requests that name any host, from any site. By default a
+    /// server without a token answers only requests to a loopback host name that a browser
+    /// does not mark as coming from another site, so that no web page can drive it (DNS
+    /// rebinding, cross-site POSTs). Set this only when something in front of the server
+    /// authenticates every request.
+    pub any_host: bool,
 }
 
 /// The API's routes (`/api` and Cloudflare's `/client/v4`) over `engine`, served as
@@ -91,8 +100,9 @@ pub fn router_with_options(engine: Engine, options: Options) -> Router {
         limits,
         metrics,
         account_id,
+        any_host,
     } = options;
-    build(engine, token, &limits, metrics, account_id)
+    build(engine, token, &limits, metrics, account_id, any_host)
 }
 
 fn build(
@@ -101,6 +111,7 @@ fn build(
     limits: &Limits,
     metrics: Option<Metrics>,
     account_id: Option<String>,
+    any_host: bool,
 ) -> Router {
     let body_timeout = limits.body_timeout;
     let cloudflare = cloudflare::routes()
@@ -144,6 +155,7 @@ fn build(
             }))
         }
         // No token: loopback only, and only from this origin (see `auth::local_only`).
+        None if any_host => routes,
         None => routes.layer(axum::middleware::from_fn(auth::local_only)),
     };
     // Outermost: also axum's own answers (no route, wrong method) become JSON errors, and

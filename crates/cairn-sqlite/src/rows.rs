@@ -82,7 +82,7 @@ pub(crate) fn list(conn: &Connection, query: &ListQuery) -> Result<Vec<InstanceR
 }
 
 pub(crate) fn count_matching(conn: &Connection, query: &ListQuery) -> Result<u64> {
-    let filter = query.sql_filter(false, placeholder);
+    let filter = query.sql_filter(true, placeholder);
     let sql = format!("SELECT count(*) FROM instances WHERE {}", filter.clause);
     let n: i64 = conn
         .prepare_cached(&sql)

@@ -585,6 +585,22 @@ pub async fn list_filters_and_count_matching_agree(store: Arc<dyn Store>) {
         &["ordy", "ordx"],
     )
     .await;
+    // A cursor applies to both: a listing pinned at ord_3 and its count.
+    let all = store.list(of(vec![])).await.unwrap();
+    let ord_3 = all
+        .iter()
+        .find(|r| r.id.as_str() == "ord_3")
+        .unwrap()
+        .instance;
+    check(
+        ListQuery {
+            id_prefix: Some("ord".into()),
+            before: Some(ord_3),
+            ..of(vec![])
+        },
+        &["ord-2", "ord-1"],
+    )
+    .await;
 }
 
 pub async fn commit_to_a_missing_instance_is_not_found(store: Arc<dyn Store>) {

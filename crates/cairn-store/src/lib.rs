@@ -444,7 +444,8 @@ pub trait Store: Send + Sync + 'static {
     fn count(&self, workflow: &WorkflowName, status: InstanceStatus) -> StoreFuture<'_, u64>;
 
     /// How many instances [`Store::list`] would return for `query` without its `limit`
-    /// (a scan of the matching rows: for a confirmation, not for a hot path).
+    /// (`before` applies: the count of a pinned listing; a scan of the matching rows, for a
+    /// confirmation, not for a hot path).
     fn count_matching(&self, query: ListQuery) -> StoreFuture<'_, u64>;
 
     /// Claims up to `limit` runnable instances of `workflows` for `owner`: those whose

@@ -324,6 +324,14 @@ impl Activity {
     ) {
         let minute = cairn_core::Timestamp::from_millis(at.as_millis().div_euclid(60_000) * 60_000);
         let mut minutes = self.minutes.lock().unwrap_or_else(PoisonError::into_inner);
+        // A clock set back (after running ahead) would drop every event until it caught
+        // up with the newest minute kept: start over instead.
+        if minutes
+            .back()
+            .is_some_and(|newest| newest.minute.as_millis() - minute.as_millis() > 5 * 60_000)
+        {
+            minutes.clear();
+        }
         // Events arrive in clock order but for a few in flight across a minute's end: an
         // event of an earlier minute still kept is counted in it.
         let slot = match minutes.iter().rposition(|m| m.minute <= minute) {

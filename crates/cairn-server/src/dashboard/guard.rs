@@ -189,10 +189,12 @@ pub(crate) fn loopback_host(host: &str) -> bool {
         Some(rest) => rest.split(']').next().unwrap_or(""),
         None => host.rsplit_once(':').map_or(host, |(h, _)| h),
     };
-    name == "localhost"
+    // Host names are case-insensitive and may end with the root's dot.
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.eq_ignore_ascii_case("localhost")
         || name
             .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
 /// The dashboard's gate: a login (when a token is set) for every page but the login form
@@ -359,6 +361,9 @@ mod tests {
             "localhost",
             "[::1]:8787",
             "127.0.0.1",
+            "localhost.:8787",
+            "LOCALHOST",
+            "[::ffff:127.0.0.1]:8787",
         ] {
             assert!(loopback_host(host), "{host}");
         }

@@ -327,23 +327,14 @@ pub(crate) async fn bulk(
         let (count, what) = if everything {
             // The action starts at the newest instance matching now: one created after
             // the confirmation is not part of what was confirmed.
-            let newest = engine
-                .list_instances(filter.workflow.as_deref(), &filter.options(None, 1))
-                .await;
-            let counted = engine
-                .count_instances(filter.workflow.as_deref(), &filter.options(None, 1))
-                .await;
-            match (newest, counted) {
-                (Ok(newest), Ok(n)) => {
-                    start = newest
-                        .instances
-                        .first()
-                        .map(cairn::InstanceSummary::cursor_including);
+            // The count is of exactly the instances the action will go through: the
+            // newest one matching now and those older.
+            match crate::bulk::pin(&engine, &filter).await {
+                Ok((from, n)) => {
+                    start = from;
                     (n, format!("every instance matching: {}", describe(&filter)))
                 }
-                (Err(e), _) | (_, Err(e)) => {
-                    return super::back(&guard, &list, Err(e.to_string()));
-                }
+                Err(e) => return super::back(&guard, &list, Err(e.message)),
             }
         } else {
             (selected.len() as u64, "the selected instances".to_owned())

@@ -1412,6 +1412,23 @@ async fn without_a_token_only_loopback_hosts_and_same_site_changes_are_answered(
     )
     .await;
     assert_eq!(s, StatusCode::OK, "the dashboard's own requests pass");
+    // Behind a proxy that authenticates, the embedder lets every host through.
+    let open = cairn_server::router_with_options(
+        engine.clone(),
+        cairn_server::Options {
+            any_host: true,
+            ..Default::default()
+        },
+    );
+    let (s, _) = raw_call(
+        open,
+        Method::GET,
+        "/api/workflows",
+        &[("host", "cairn.internal:8787")],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
     engine.shutdown().await;
 }
 
@@ -1462,6 +1479,10 @@ async fn bulk_actions_by_filter_are_pinned_to_what_was_counted_and_list_by_insta
         .collect();
     assert_eq!(ids, ["ord-3", "ord-2", "ord-1"]);
     assert_eq!(listed["instances"][0]["workflow"], "approval");
+    // A prefix no id can have matches nothing (a NUL byte is an error to PostgreSQL).
+    let (s, none) = call(&engine, Method::GET, "/api/instances?idPrefix=or%00d", None).await;
+    assert_eq!(s, StatusCode::OK, "{none}");
+    assert_eq!(none["instances"].as_array().unwrap().len(), 0);
     let filter = r#"{"workflow":"approval","status":["waiting"],"idPrefix":"ord-"}"#;
     let (s, counted) = call(
         &engine,

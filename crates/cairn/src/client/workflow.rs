@@ -617,12 +617,14 @@ pub(crate) async fn list(
     options: &ListOptions,
 ) -> Result<InstancePage, Error> {
     let limit = options.limit;
-    let rows = engine
-        .inner
-        .env
-        .store
-        .list(options.query(workflow)?)
-        .await?;
+    let query = options.query(workflow)?;
+    if !prefix_can_match(&query) {
+        return Ok(InstancePage {
+            instances: Vec::new(),
+            cursor: None,
+        });
+    }
+    let rows = engine.inner.env.store.list(query).await?;
     let cursor = (rows.len() == limit && limit > 0)
         .then(|| rows.last().map(|r| encode_cursor(r.instance)))
         .flatten();
@@ -650,7 +652,19 @@ pub(crate) async fn count(
     workflow: Option<WorkflowName>,
     options: &ListOptions,
 ) -> Result<u64, Error> {
-    let mut query = options.query(workflow)?;
-    query.before = None;
+    let query = options.query(workflow)?;
+    if !prefix_can_match(&query) {
+        return Ok(0);
+    }
     Ok(engine.inner.env.store.count_matching(query).await?)
+}
+
+/// Whether an id could start with the query's prefix: ids are ASCII letters, digits, `_`
+/// and `-`, so a prefix with anything else matches nothing (and is never sent to a store,
+/// where a NUL byte is an error on PostgreSQL).
+fn prefix_can_match(query: &cairn_store::ListQuery) -> bool {
+    query.id_prefix.as_deref().is_none_or(|p| {
+        p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    })
 }

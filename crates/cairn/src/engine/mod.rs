@@ -171,12 +171,18 @@ impl Engine {
             .lock()
             .map(|mut t| std::mem::take(&mut *t))
             .unwrap_or_default();
-        for mut task in ticking {
-            // A runner stuck on a store that does not answer is not waited for forever.
-            if tokio::time::timeout(self.inner.drain_timeout, &mut task)
-                .await
-                .is_err()
-            {
+        // Runners stuck on a store that does not answer are not waited for forever: one
+        // deadline for all of them.
+        let aborts: Vec<_> = ticking
+            .iter()
+            .map(tokio::task::JoinHandle::abort_handle)
+            .collect();
+        let all = futures::future::join_all(ticking);
+        if tokio::time::timeout(self.inner.drain_timeout, all)
+            .await
+            .is_err()
+        {
+            for task in aborts {
                 task.abort();
             }
         }
