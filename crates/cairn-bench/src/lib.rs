@@ -11,10 +11,12 @@
 //! # Ok(()) }
 //! ```
 
+mod lists;
 mod overhead;
 mod peers;
 mod postgres;
 
+pub use lists::lists;
 pub use overhead::overhead;
 pub use peers::{PEER_SHAPES, peers};
 pub use postgres::{engine_child as postgres_engine_child, postgres};
@@ -332,7 +334,7 @@ impl Workflow for Nap {
 
 /// Waits until `n` instances of `workflow` are in `status`, polling an indexed count (a
 /// read the engine hardly notices) every 10 ms.
-async fn until_count(
+pub(crate) async fn until_count(
     engine: &Engine,
     workflow: &str,
     status: InstanceStatus,

@@ -57,6 +57,12 @@ enum Workload {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// The dashboard's instance list and the bulk confirmation's count on a database of
+    /// this many stored instances, served over HTTP.
+    Lists {
+        #[arg(long, default_value_t = 100_000)]
+        instances: usize,
+    },
     /// One instance at a time, end to end.
     Latency {
         #[arg(long, default_value_t = 200)]
@@ -150,6 +156,7 @@ async fn main() -> Result<(), BenchError> {
         Workload::Peers { runs, rounds } => {
             cairn_bench::peers(path, settings, runs, rounds, cairn_bench::PEER_SHAPES).await?
         }
+        Workload::Lists { instances } => cairn_bench::lists(path, settings, instances).await?,
         Workload::Latency { runs, steps } => {
             cairn_bench::latency(path, settings, runs, steps).await?
         }

@@ -18,12 +18,12 @@ use tokio::net::TcpStream;
 use crate::{BenchError, NoOp, Row, Settings, engine_on, label, median, percentile};
 
 /// One keep-alive HTTP/1.1 connection that posts JSON and reads a `Content-Length` answer.
-struct Conn {
+pub(crate) struct Conn {
     stream: BufReader<TcpStream>,
 }
 
 impl Conn {
-    async fn open(port: u16) -> Result<Conn, BenchError> {
+    pub(crate) async fn open(port: u16) -> Result<Conn, BenchError> {
         let stream = TcpStream::connect(("127.0.0.1", port)).await?;
         stream.set_nodelay(true)?;
         Ok(Conn {
@@ -32,8 +32,22 @@ impl Conn {
     }
 
     async fn post(&mut self, path: &str, body: &str) -> Result<(u16, Vec<u8>), BenchError> {
+        self.send("POST", path, body).await
+    }
+
+    /// A `GET`; answers the status and the body.
+    pub(crate) async fn get(&mut self, path: &str) -> Result<(u16, Vec<u8>), BenchError> {
+        self.send("GET", path, "").await
+    }
+
+    async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> Result<(u16, Vec<u8>), BenchError> {
         let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         self.stream.get_mut().write_all(request.as_bytes()).await?;
