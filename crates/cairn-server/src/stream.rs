@@ -189,8 +189,8 @@ pub(crate) fn follow_workflow(
 }
 
 /// A stream that says only "something changed": one `change` event (its id the newest
-/// record's) whenever a record newer than `cursor` lands in any workflow, at most one per
-/// [`CHANGE_COALESCE`]. What the dashboard's list of every workflow follows: one
+/// record's) whenever a record newer than `cursor` lands in any workflow, or this engine
+/// commits a change without a record (a delete), at most one per [`CHANGE_COALESCE`]. What the dashboard's list of every workflow follows: one
 /// connection rather than one per workflow (a browser opens at most six per server).
 pub(crate) fn follow_changes(
     engine: cairn::Engine,
@@ -203,10 +203,12 @@ pub(crate) fn follow_changes(
         .filter_map(|w| engine.workflow_by_name(w.as_str()).ok())
         .map(|w| w.commits())
         .collect();
-    let start = (engine, cursor, commits, lease);
+    // `nudged`: this engine committed something since the last look. A commit that adds
+    // no record (a delete, a purge) does not move the head but changes the list too.
+    let start = (engine, cursor, commits, lease, false);
     let stream = futures::stream::unfold(
         start,
-        |(engine, mut cursor, mut commits, lease)| async move {
+        |(engine, mut cursor, mut commits, lease, mut nudged)| async move {
             loop {
                 if lease.closed() {
                     return None;
@@ -215,14 +217,14 @@ pub(crate) fn follow_changes(
                     c.borrow_and_update();
                 }
                 match engine.log_head().await {
-                    Ok(head) if head > cursor => {
-                        cursor = head;
+                    Ok(head) if head > cursor || nudged => {
+                        cursor = cursor.max(head);
                         let event = Event::default()
                             .id(head.to_string())
                             .event("change")
                             .data(head.to_string());
                         tokio::time::sleep(CHANGE_COALESCE).await;
-                        return Some((Ok(event), (engine, cursor, commits, lease)));
+                        return Some((Ok(event), (engine, cursor, commits, lease, false)));
                     }
                     Ok(_) => {}
                     Err(_) => return None,
@@ -234,7 +236,10 @@ pub(crate) fn follow_changes(
                     let changed = futures::future::select_all(
                         commits.iter_mut().map(|c| Box::pin(c.changed())),
                     );
-                    let _ = tokio::time::timeout(POLL, changed).await;
+                    nudged = matches!(
+                        tokio::time::timeout(POLL, changed).await,
+                        Ok((Ok(()), _, _))
+                    );
                 }
             }
         },

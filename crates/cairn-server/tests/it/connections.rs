@@ -338,3 +338,61 @@ async fn waits_count_against_the_cap_on_live_streams() {
     let answer = held.await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
 }
+
+/// The dashboard's `/live` stream says "change" for a new record, and for a delete, which
+/// adds none: a list open in a browser drops the deleted row without a reload.
+#[tokio::test]
+async fn the_live_stream_reports_new_records_and_deletes() {
+    let server = start(Limits::default()).await;
+    let port = server.port;
+    let answer = request(
+        port,
+        &post_json("/api/workflows/wait/instances", r#"{"instance_id": "d1"}"#),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let head = server.engine.log_head().await.unwrap();
+    // Let the instance reach its wait, so that nothing else is written.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let details = json_of(&request(port, &get("/api/workflows/wait/instances/d1")).await);
+        if details["status"] == "waiting" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{details}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let quiet = server.engine.log_head().await.unwrap();
+    assert!(quiet > head);
+    let mut live = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    live.write_all(get(&format!("/live?cursor={quiet}")).as_bytes())
+        .await
+        .unwrap();
+    let (seen, _) = read_until_closed(&mut live, Duration::from_millis(1_500)).await;
+    assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    assert!(
+        !seen.contains("event: change"),
+        "nothing changed yet: {seen}"
+    );
+    let deleted = request(
+        port,
+        "DELETE /api/workflows/wait/instances/d1 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(deleted.starts_with("HTTP/1.1 200"), "{deleted}");
+    let (after, _) = read_until_closed(&mut live, Duration::from_secs(3)).await;
+    assert!(
+        after.contains("event: change"),
+        "the delete was not reported: {after:?}"
+    );
+    drop(live);
+    let Server {
+        stop,
+        served,
+        engine,
+        ..
+    } = server;
+    stop.unwrap().send(()).unwrap();
+    served.await.unwrap().unwrap();
+    engine.shutdown().await;
+}
