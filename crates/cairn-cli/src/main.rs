@@ -166,15 +166,24 @@ enum WorkflowsCommand {
 enum InstancesCommand {
     /// A workflow's instances, newest first.
     #[command(
-        after_help = "Examples:\n  cairn instances list approval\n  cairn instances list approval --status waiting --limit 5 --json"
+        after_help = "Examples:\n  cairn instances list approval\n  cairn instances list approval --status waiting --limit 5 --json\n  cairn instances list checkout --status errored,terminated --id-prefix order- --created-from 2026-12-01T00:00:00Z"
     )]
     List {
         /// The workflow's name (`cairn workflows list` shows them).
         name: String,
-        /// Only instances in this status: queued, running, paused, errored, terminated,
-        /// complete, waitingForPause or waiting.
+        /// Only instances in these statuses (comma-separated): queued, running, paused,
+        /// errored, terminated, complete, waitingForPause or waiting.
+        #[arg(long, value_delimiter = ',')]
+        status: Vec<String>,
+        /// Only instances whose id starts with this.
         #[arg(long)]
-        status: Option<String>,
+        id_prefix: Option<String>,
+        /// Only instances created at or after this time (RFC 3339).
+        #[arg(long)]
+        created_from: Option<String>,
+        /// Only instances created before this time (RFC 3339).
+        #[arg(long)]
+        created_before: Option<String>,
         /// How many instances, at most (1 to 1000).
         #[arg(long, default_value_t = 20)]
         limit: usize,
@@ -701,14 +710,27 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
         InstancesCommand::List {
             name,
             status,
+            id_prefix,
+            created_from,
+            created_before,
             limit,
         } => {
+            // `/api/instances` takes every filter (an unknown workflow is its 404).
             let mut path = format!(
-                "/api/workflows/{}/instances?limit={limit}",
+                "/api/instances?workflow={}&limit={limit}",
                 client::seg(&name)
             );
-            if let Some(s) = status {
-                path.push_str(&format!("&status={}", client::seg(&s)));
+            if !status.is_empty() {
+                path.push_str(&format!("&status={}", client::seg(&status.join(","))));
+            }
+            for (key, value) in [
+                ("idPrefix", &id_prefix),
+                ("createdFrom", &created_from),
+                ("createdBefore", &created_before),
+            ] {
+                if let Some(v) = value {
+                    path.push_str(&format!("&{key}={}", client::seg(v)));
+                }
             }
             let v = c.call("GET", &path, None)?;
             print(json, &v, || {

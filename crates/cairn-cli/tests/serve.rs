@@ -820,3 +820,54 @@ fn schedules_are_listed_and_triggered() {
     assert!(!ok);
     assert!(err.contains("schedule.not_found"), "{err}");
 }
+
+#[test]
+fn instances_list_filters_by_statuses_and_id_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    for id in ["order-1", "order-2", "other-1"] {
+        let (ok, _, err) = cairn(
+            port,
+            &["workflows", "trigger", "approval", "{}", "--id", id],
+        );
+        assert!(ok, "{err}");
+    }
+    for id in ["order-1", "order-2", "other-1"] {
+        until(port, id, "waiting");
+    }
+    let listed = json_of(
+        port,
+        &[
+            "instances",
+            "list",
+            "approval",
+            "--status",
+            "waiting,paused",
+            "--id-prefix",
+            "order-",
+        ],
+    );
+    let ids: Vec<&str> = listed["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["order-2", "order-1"]);
+    let (ok, _, err) = cairn(port, &["instances", "list", "nope"]);
+    assert!(!ok);
+    assert!(err.contains("workflow.not_found"), "{err}");
+    let (ok, _, err) = cairn(
+        port,
+        &[
+            "instances",
+            "list",
+            "approval",
+            "--created-from",
+            "yesterday",
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("createdFrom"), "{err}");
+}
