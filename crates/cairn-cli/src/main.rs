@@ -315,6 +315,18 @@ async fn main() {
     }
 }
 
+/// The client of a command's server (its `--url`, else the top-level one, else the
+/// default), and whether to print JSON.
+fn connect(
+    args: ClientArgs,
+    top_url: Option<String>,
+    token: Option<String>,
+    top_json: bool,
+) -> (client::Client, bool) {
+    let url = args.url.or(top_url).unwrap_or_else(|| DEFAULT_URL.into());
+    (client::Client::new(url, token), args.json || top_json)
+}
+
 async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Serve {
@@ -332,12 +344,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             client: args,
             command,
         } => {
-            let url = args
-                .url
-                .or(cli.top_url)
-                .unwrap_or_else(|| DEFAULT_URL.into());
-            let client = client::Client::new(url, cli.token);
-            let json = args.json || cli.top_json;
+            let (client, json) = connect(args, cli.top_url, cli.token, cli.top_json);
             tokio::task::spawn_blocking(move || workflows(&client, command, json)).await??;
             Ok(())
         }
@@ -345,12 +352,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             client: args,
             command,
         } => {
-            let url = args
-                .url
-                .or(cli.top_url)
-                .unwrap_or_else(|| DEFAULT_URL.into());
-            let client = client::Client::new(url, cli.token);
-            let json = args.json || cli.top_json;
+            let (client, json) = connect(args, cli.top_url, cli.token, cli.top_json);
             tokio::task::spawn_blocking(move || instances(&client, command, json)).await??;
             Ok(())
         }
@@ -358,12 +360,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             client: args,
             command,
         } => {
-            let url = args
-                .url
-                .or(cli.top_url)
-                .unwrap_or_else(|| DEFAULT_URL.into());
-            let client = client::Client::new(url, cli.token);
-            let json = args.json || cli.top_json;
+            let (client, json) = connect(args, cli.top_url, cli.token, cli.top_json);
             tokio::task::spawn_blocking(move || schedules(&client, command, json)).await??;
             Ok(())
         }

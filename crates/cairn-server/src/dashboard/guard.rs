@@ -240,6 +240,19 @@ pub(crate) fn check_form(guard: &Guard, headers: &HeaderMap, given: &str) -> Res
     }
 }
 
+/// A form posted by the dashboard, as pairs (repeated keys kept), once its CSRF token
+/// (`csrf`) matches the sender's; the refusal otherwise.
+#[allow(clippy::result_large_err)] // a refusal is the answer itself, returned at once
+pub(crate) fn posted_form(
+    guard: &Guard,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Vec<(String, String)>, Response> {
+    let form: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
+    check_form(guard, headers, super::value(&form, "csrf").unwrap_or(""))?;
+    Ok(form)
+}
+
 fn refuse(status: StatusCode, message: &str) -> Response {
     super::html(status, layout::message_page(status.as_str(), message))
 }

@@ -62,11 +62,7 @@ pub(crate) async fn page(
         csrf: &csrf,
         logged_in: guard.has_session(&headers),
     };
-    let found = match engine.workflow_by_name(&name) {
-        Ok(w) => w.get(&id).await,
-        Err(e) => Err(e),
-    };
-    let loaded = match found {
+    let loaded = match find(&engine, &name, &id).await {
         Ok(instance) => load(&instance).await,
         Err(e) => Err(e),
     };
@@ -251,9 +247,9 @@ fn actions(name: &str, id: &str, d: &InstanceDetails, csrf: &str) -> Markup {
     }
 }
 
-/// A posted form as pairs.
-fn form(body: &[u8]) -> Vec<(String, String)> {
-    form_urlencoded::parse(body).into_owned().collect()
+/// The instance `id` of workflow `name`.
+async fn find(engine: &Engine, name: &str, id: &str) -> Result<Instance<Value>, cairn::Error> {
+    engine.workflow_by_name(name)?.get(id).await
 }
 
 pub(crate) async fn action(
@@ -263,18 +259,13 @@ pub(crate) async fn action(
     Path((name, id)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Response {
-    let form = form(&body);
-    if let Err(refused) =
-        super::guard::check_form(&guard, &headers, value(&form, "csrf").unwrap_or(""))
-    {
-        return refused;
-    }
+    let form = match super::guard::posted_form(&guard, &headers, &body) {
+        Ok(form) => form,
+        Err(refused) => return refused,
+    };
     let here = super::instance_path(&name, &id);
-    let instance = match engine.workflow_by_name(&name) {
-        Ok(w) => match w.get(&id).await {
-            Ok(i) => i,
-            Err(e) => return super::back(&guard, &here, Err(e.to_string())),
-        },
+    let instance = match find(&engine, &name, &id).await {
+        Ok(i) => i,
         Err(e) => return super::back(&guard, &here, Err(e.to_string())),
     };
     let done = match value(&form, "action") {
@@ -346,12 +337,10 @@ pub(crate) async fn event(
     Path((name, id)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Response {
-    let form = form(&body);
-    if let Err(refused) =
-        super::guard::check_form(&guard, &headers, value(&form, "csrf").unwrap_or(""))
-    {
-        return refused;
-    }
+    let form = match super::guard::posted_form(&guard, &headers, &body) {
+        Ok(form) => form,
+        Err(refused) => return refused,
+    };
     let here = super::instance_path(&name, &id);
     let Some(kind) = value(&form, "type") else {
         return super::back(&guard, &here, Err("Give the event a type.".into()));
@@ -371,11 +360,8 @@ pub(crate) async fn event(
             }
         }
     };
-    let sent = match engine.workflow_by_name(&name) {
-        Ok(w) => match w.get(&id).await {
-            Ok(instance) => instance.send_event(kind, &payload).await,
-            Err(e) => Err(e),
-        },
+    let sent = match find(&engine, &name, &id).await {
+        Ok(instance) => instance.send_event(kind, &payload).await,
         Err(e) => Err(e),
     };
     super::back(

@@ -273,12 +273,10 @@ pub(crate) async fn bulk(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
-    if let Err(refused) =
-        super::guard::check_form(&guard, &headers, value(&form, "csrf").unwrap_or(""))
-    {
-        return refused;
-    }
+    let form = match super::guard::posted_form(&guard, &headers, &body) {
+        Ok(form) => form,
+        Err(refused) => return refused,
+    };
     let filter = match filter(&form) {
         Ok(f) => f,
         Err(e) => return super::back(&guard, "/instances", Err(e)),

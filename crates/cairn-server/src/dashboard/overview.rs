@@ -146,10 +146,7 @@ pub(crate) async fn trigger(
     axum::extract::Path(name): axum::extract::Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
-    if let Err(refused) =
-        super::guard::check_form(&guard, &headers, super::value(&form, "csrf").unwrap_or(""))
-    {
+    if let Err(refused) = super::guard::posted_form(&guard, &headers, &body) {
         return refused;
     }
     match engine.trigger_schedule(&name).await {
