@@ -69,6 +69,8 @@ pub enum StepKind {
     WaitForEvent,
     /// The rollback (saga compensation) of the `run` step with the same name and count.
     Rollback,
+    /// `step.invoke`: a child workflow instance started by this step and awaited.
+    Invoke,
 }
 
 impl StepKind {
@@ -79,6 +81,7 @@ impl StepKind {
             StepKind::Sleep => 1,
             StepKind::WaitForEvent => 2,
             StepKind::Rollback => 3,
+            StepKind::Invoke => 4,
         }
     }
 
@@ -89,6 +92,7 @@ impl StepKind {
             StepKind::Sleep,
             StepKind::WaitForEvent,
             StepKind::Rollback,
+            StepKind::Invoke,
         ]
         .into_iter()
         .find(|k| k.code() == code)
@@ -101,20 +105,23 @@ impl StepKind {
             "step" | "do" | "run" => Some(StepKind::Run),
             "sleep" => Some(StepKind::Sleep),
             "waitForEvent" | "wait_for_event" => Some(StepKind::WaitForEvent),
+            "invoke" => Some(StepKind::Invoke),
             _ => None,
         }
     }
 
     /// The names [`StepKind::parse`] takes, for error messages.
-    pub const NAMES: &'static str = "step, sleep or waitForEvent (also do, run, wait_for_event)";
+    pub const NAMES: &'static str =
+        "step, sleep, waitForEvent or invoke (also do, run, wait_for_event)";
 
-    /// Cloudflare's name: `step`, `sleep`, `waitForEvent` (and `rollback`).
+    /// Cloudflare's name: `step`, `sleep`, `waitForEvent` (and Cairn's `rollback`, `invoke`).
     pub fn as_str(self) -> &'static str {
         match self {
             StepKind::Run => "step",
             StepKind::Sleep => "sleep",
             StepKind::WaitForEvent => "waitForEvent",
             StepKind::Rollback => "rollback",
+            StepKind::Invoke => "invoke",
         }
     }
 }
@@ -266,6 +273,9 @@ log_kinds! {
     WorkflowPaused = 100, "WORKFLOW_PAUSED";
     WorkflowResumed = 101, "WORKFLOW_RESUMED";
     WorkflowWaiting = 102, "WORKFLOW_WAITING";
+    ChildStart = 103, "CHILD_START";
+    ChildComplete = 104, "CHILD_COMPLETE";
+    ChildFailure = 105, "CHILD_FAILURE";
 }
 
 impl fmt::Display for LogKind {

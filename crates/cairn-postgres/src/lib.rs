@@ -419,6 +419,10 @@ impl Store for PostgresStore {
         Box::pin(async move { reads::journal(&self.reader().await?, instance).await })
     }
 
+    fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
+        Box::pin(async move { reads::children(&self.reader().await?, parent).await })
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         let reply = self.write(Op::Commit { lease, writes });
         Box::pin(async move {

@@ -14,7 +14,7 @@ use cairn_core::{
 };
 use cairn_store::{
     ChangeKind, Changed, Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRef,
-    Lease, NewEvent, NewInstance, Sent, StatusChange, StoredEvent, Write,
+    Lease, NewEvent, NewInstance, ParentLink, Sent, StatusChange, StoredEvent, Write,
 };
 use deadpool_postgres::Transaction;
 use tokio_postgres::types::ToSql;
@@ -104,8 +104,8 @@ pub(crate) async fn create(
         let row = query_opt(
             tx,
             "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
-                 retain_success_ms, retain_error_ms)
-             VALUES ($1, $2, 0, $3, $4, 1, $4, $5, $6)
+                 retain_success_ms, retain_error_ms, parent_iid, parent)
+             VALUES ($1, $2, 0, $3, $4, 1, $4, $5, $6, $7, $8)
              ON CONFLICT (workflow, id) DO NOTHING RETURNING iid",
             &[
                 &new.workflow.as_str(),
@@ -114,6 +114,8 @@ pub(crate) async fn create(
                 &new.created_at.as_millis(),
                 &retain_ms(new.retention.success),
                 &retain_ms(new.retention.error),
+                &new.parent.as_ref().map(|p| p.instance.0),
+                &new.parent.as_ref().map(ParentLink::encode),
             ],
         )
         .await?;
@@ -239,9 +241,11 @@ async fn apply(
         Write::Hibernate {
             wake_at,
             event_types,
-        } => hibernate(tx, b, instance, *wake_at, event_types)
+            children,
+        } => hibernate(tx, b, instance, *wake_at, event_types, children)
             .await
             .map(Some),
+        Write::Create(new) => create(tx, b, std::slice::from_ref(new)).await.map(|_| None),
         Write::RollbackTrigger(trigger) => {
             exec(
                 tx,
@@ -354,11 +358,42 @@ async fn change_status(
         ],
     )
     .await?;
+    if c.status.is_terminal() {
+        wake_parent(tx, b, instance).await?;
+    }
     status(
         rows.first()
             .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?
             .get(0),
     )
+}
+
+/// A child instance has ended (or is being deleted): its parent, if it hibernates, becomes
+/// claimable at once, so the `invoke` step waiting for the child takes its outcome. The
+/// parent's row is locked whatever its status (the update writes it even when it changes
+/// nothing), so a hibernation of the parent either commits first (and is woken here) or
+/// waits for this transaction (and then sees the child ended).
+pub(crate) async fn wake_parent(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    child: InstanceRef,
+) -> R<()> {
+    let rows = query(
+        tx,
+        "UPDATE instances p SET
+             ready_at = CASE WHEN p.status = 7 THEN p.created_at ELSE p.ready_at END,
+             ready_rank = CASE WHEN p.status = 7 THEN 0 ELSE p.ready_rank END
+         FROM instances c WHERE c.iid = $1 AND p.iid = c.parent_iid
+         RETURNING p.iid",
+        &[&child.0],
+    )
+    .await?;
+    if let Some(row) = rows.first() {
+        b.wrote = true;
+        b.changed(InstanceRef(row.get(0)), ChangeKind::Written);
+        b.claimable = true;
+    }
+    Ok(())
 }
 
 async fn hibernate(
@@ -367,18 +402,34 @@ async fn hibernate(
     instance: InstanceRef,
     wake_at: Timestamp,
     event_types: &[EventType],
+    children: &[InstanceRef],
 ) -> R<InstanceStatus> {
     let types: Vec<&str> = event_types.iter().map(EventType::as_str).collect();
     // An event already waiting makes it claimable at once. `send_event` locks the
     // instance's row too, so a send either lands before this (and is seen) or after (and
     // wakes the hibernated instance).
-    let buffered = query_opt(
+    let mut buffered = query_opt(
         tx,
         "SELECT 1 FROM events WHERE iid = $1 AND type = ANY($2) LIMIT 1",
         &[&instance.0, &types],
     )
     .await?
     .is_some();
+    if !children.is_empty() && !buffered {
+        // So does a child that has ended (or is gone). A child's end locks this row too
+        // (`wake_parent`), so it either lands before this (and is seen) or after (and wakes
+        // the hibernated instance). The writer runs this commit after the batch's pipelined
+        // ones, so a child's end in the same transaction is seen too.
+        let refs: Vec<i64> = children.iter().map(|c| c.0).collect();
+        let running = query(
+            tx,
+            "SELECT iid FROM instances WHERE iid = ANY($1) AND status NOT IN (3, 4, 5)",
+            &[&refs],
+        )
+        .await?
+        .len();
+        buffered = running < refs.len();
+    }
     // A pending pause wins: the instance is paused, not waiting, and not claimable.
     b.wrote = true;
     let rows = query(
@@ -932,6 +983,7 @@ pub(crate) async fn control(
                 &[&iid, &at.as_millis()],
             )
             .await?;
+            wake_parent(tx, b, instance).await?;
             log_now(
                 b,
                 instance,
@@ -1012,6 +1064,9 @@ pub(crate) async fn control(
             done(InstanceStatus::Running)
         }
         ControlRequest::Delete => {
+            if !from.is_terminal() {
+                wake_parent(tx, b, instance).await?;
+            }
             wipe(tx, b, iid).await?;
             exec(tx, b, "DELETE FROM instances WHERE iid = $1", &[&iid]).await?;
             done(from)

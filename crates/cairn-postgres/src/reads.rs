@@ -4,13 +4,13 @@ use cairn_core::{
     ErrorInfo, InstanceId, InstanceStatus, StepKey, StepKind, StepRecord, StepState, Timestamp,
     WorkflowName,
 };
-use cairn_store::{InstanceRecord, InstanceRef, ListQuery, Result, SqlArg, Timers};
+use cairn_store::{InstanceRecord, InstanceRef, ListQuery, ParentLink, Result, SqlArg, Timers};
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
 use crate::db::{corrupt, map_pg};
 
-pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome";
+pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent";
 
 fn ts(ms: Option<i64>) -> Option<Timestamp> {
     ms.map(Timestamp::from_millis)
@@ -37,6 +37,8 @@ pub(crate) fn instance_at(row: &Row, offset: usize) -> Result<InstanceRecord> {
     let id: String = row.try_get(g(2)).map_err(corrupt)?;
     let rollback_trigger: Option<String> = row.try_get(g(12)).map_err(corrupt)?;
     let rollback_outcome: Option<String> = row.try_get(g(13)).map_err(corrupt)?;
+    let parent_iid: Option<i64> = row.try_get(g(14)).map_err(corrupt)?;
+    let parent: Option<String> = row.try_get(g(15)).map_err(corrupt)?;
     Ok(InstanceRecord {
         instance: InstanceRef(row.try_get(g(0)).map_err(corrupt)?),
         workflow: WorkflowName::new(workflow).map_err(corrupt)?,
@@ -55,7 +57,25 @@ pub(crate) fn instance_at(row: &Row, offset: usize) -> Result<InstanceRecord> {
         ready_at: ts(row.try_get(g(11)).map_err(corrupt)?),
         rollback_trigger: rollback_trigger.as_deref().map(from_json).transpose()?,
         rollback_outcome: rollback_outcome.as_deref().map(from_json).transpose()?,
+        parent: match (parent_iid, parent) {
+            (Some(iid), Some(text)) => Some(ParentLink::decode(InstanceRef(iid), &text)?),
+            _ => None,
+        },
     })
+}
+
+/// The instances `parent`'s `invoke` steps started, oldest first.
+pub(crate) async fn children(
+    client: &impl GenericClient,
+    parent: InstanceRef,
+) -> Result<Vec<InstanceRecord>> {
+    let rows = query(
+        client,
+        &format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE parent_iid = $1 ORDER BY iid"),
+        &[&parent.0],
+    )
+    .await?;
+    rows.iter().map(|r| instance_at(r, 0)).collect()
 }
 
 async fn query(

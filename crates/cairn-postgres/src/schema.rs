@@ -144,6 +144,14 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (iid, key)
     );
     ",
+    // 2: child workflows: the parent instance and `invoke` step that started an instance
+    // (the reference indexed, to find a parent's children and wake a parent; the rest of
+    // the link as JSON, `ParentLink::encode`).
+    "
+    ALTER TABLE instances ADD COLUMN parent_iid BIGINT;
+    ALTER TABLE instances ADD COLUMN parent TEXT;
+    CREATE INDEX instances_children ON instances (parent_iid) WHERE parent_iid IS NOT NULL;
+    ",
 ];
 
 /// Why the schema could not be brought up to date.

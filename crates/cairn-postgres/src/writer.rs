@@ -96,6 +96,12 @@ impl Op {
     }
 }
 
+fn reads_children(writes: &[Write]) -> bool {
+    writes
+        .iter()
+        .any(|w| matches!(w, Write::Hibernate { children, .. } if !children.is_empty()))
+}
+
 /// What an operation answers.
 pub(crate) enum Reply {
     Created(Vec<Created>),
@@ -293,9 +299,12 @@ impl Writer {
         let mut seen = std::collections::HashSet::new();
         let (concurrent, serial): (Vec<usize>, Vec<usize>) =
             (0..jobs.len()).partition(|&i| match &jobs[i].op {
-                Op::Commit { lease, .. } | Op::TakeEvent { lease, .. } => {
+                // A hibernation that checks on children reads other instances' rows:
+                // after the pipelined writes, so a child's end in this batch is seen.
+                Op::Commit { lease, writes } if !reads_children(writes) => {
                     seen.insert(lease.instance)
                 }
+                Op::TakeEvent { lease, .. } => seen.insert(lease.instance),
                 Op::Create(_) => true,
                 _ => false,
             });

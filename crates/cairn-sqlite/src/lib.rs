@@ -549,6 +549,10 @@ impl Store for SqliteStore {
         self.read(move |conn| rows::journal(conn, instance))
     }
 
+    fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
+        self.read(move |conn| rows::children(conn, parent))
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         self.write(move |conn| {
             let before = rows::leased_status(conn, lease)?;

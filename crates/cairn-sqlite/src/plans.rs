@@ -89,6 +89,7 @@ fn hot_queries_never_scan_or_sort_history() {
         ("next purge", rows::NEXT_PURGE_SQL.into()),
         ("start-up: leases", crate::TAKE_OVER_LEASES_SQL.into()),
         ("start-up: pending pauses", crate::PENDING_PAUSES_SQL.into()),
+        ("children of a parent", rows::children_sql()),
     ];
     let workflow = Some(cairn_core::WorkflowName::new("wf").unwrap());
     for statuses in [vec![], vec![InstanceStatus::Running]] {

@@ -8,14 +8,14 @@ use cairn_core::{
 };
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, Result, Sent, SqlArg, StatusChange, StoredEvent, Timers,
-    Write,
+    ListQuery, NewEvent, NewInstance, ParentLink, Result, Sent, SqlArg, StatusChange, StoredEvent,
+    Timers, Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
 use crate::worker::map_sqlite;
 
-pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome";
+pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent";
 
 fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::Corrupt(what.to_string())
@@ -49,8 +49,8 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
     let inserted = conn
         .prepare_cached(
             "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
-                 retain_success_ms, retain_error_ms)
-             VALUES (?1, ?2, 0, ?3, ?4, 1, ?4, ?5, ?6)
+                 retain_success_ms, retain_error_ms, parent_iid, parent)
+             VALUES (?1, ?2, 0, ?3, ?4, 1, ?4, ?5, ?6, ?7, ?8)
              ON CONFLICT (workflow, id) DO NOTHING",
         )
         .and_then(|mut st| {
@@ -61,6 +61,8 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
                 new.created_at.as_millis(),
                 retain_ms(new.retention.success),
                 retain_ms(new.retention.error),
+                new.parent.as_ref().map(|p| p.instance.0),
+                new.parent.as_ref().map(ParentLink::encode),
             ])
         })
         .map_err(map_sqlite)?;
@@ -244,6 +246,8 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
     let ready_at: Option<i64> = row.get(g(11))?;
     let rollback_trigger: Option<String> = row.get(g(12))?;
     let rollback_outcome: Option<String> = row.get(g(13))?;
+    let parent_iid: Option<i64> = row.get(g(14))?;
+    let parent: Option<String> = row.get(g(15))?;
     Ok((|| {
         Ok(InstanceRecord {
             instance: InstanceRef(iid),
@@ -260,6 +264,10 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
             ready_at: ts(ready_at),
             rollback_trigger: rollback_trigger.as_deref().map(from_json).transpose()?,
             rollback_outcome: rollback_outcome.as_deref().map(from_json).transpose()?,
+            parent: match (parent_iid, parent) {
+                (Some(iid), Some(text)) => Some(ParentLink::decode(InstanceRef(iid), &text)?),
+                _ => None,
+            },
         })
     })())
 }
@@ -360,7 +368,9 @@ fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
         Write::Hibernate {
             wake_at,
             event_types,
-        } => hibernate(conn, instance, wake_at, &event_types),
+            children,
+        } => hibernate(conn, instance, wake_at, &event_types, &children),
+        Write::Create(new) => insert_instance(conn, &new).map(drop),
         Write::RollbackTrigger(trigger) => {
             conn.prepare_cached("UPDATE instances SET rollback_trigger = ?2 WHERE iid = ?1")
                 .and_then(|mut st| st.execute(params![instance.0, to_json(&trigger)?]))
@@ -389,6 +399,7 @@ fn hibernate(
     instance: InstanceRef,
     wake_at: Timestamp,
     event_types: &[EventType],
+    children: &[InstanceRef],
 ) -> Result<()> {
     let mut ready = wake_at.as_millis();
     let mut st = conn
@@ -400,6 +411,16 @@ fn hibernate(
             .map_err(map_sqlite)?
         {
             // An event is already waiting: be claimable at once.
+            ready = i64::MIN;
+            break;
+        }
+    }
+    let mut st = conn
+        .prepare_cached("SELECT 1 FROM instances WHERE iid = ?1 AND status NOT IN (3, 4, 5)")
+        .map_err(map_sqlite)?;
+    for child in children {
+        if !st.exists([child.0]).map_err(map_sqlite)? {
+            // A child has ended (or is gone): be claimable at once to take its outcome.
             ready = i64::MIN;
             break;
         }
@@ -672,7 +693,39 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
         ])
     })
     .map_err(map_sqlite)?;
+    if c.status.is_terminal() {
+        wake_parent(conn, instance)?;
+    }
     Ok(())
+}
+
+/// A child instance has ended (or is being deleted): its parent, if it hibernates, becomes
+/// claimable at once, so the `invoke` step waiting for the child takes its outcome.
+fn wake_parent(conn: &Connection, child: InstanceRef) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE instances SET ready_at = created_at, ready_rank = 0
+         WHERE iid = (SELECT parent_iid FROM instances WHERE iid = ?1) AND status = 7",
+    )
+    .and_then(|mut st| st.execute([child.0]))
+    .map_err(map_sqlite)?;
+    Ok(())
+}
+
+/// A parent's children, through the partial index `instances_children`.
+pub(crate) fn children_sql() -> String {
+    format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE parent_iid = ?1 ORDER BY iid")
+}
+
+/// The instances `parent`'s `invoke` steps started, oldest first.
+pub(crate) fn children(conn: &Connection, parent: InstanceRef) -> Result<Vec<InstanceRecord>> {
+    conn.prepare_cached(&children_sql())
+        .and_then(|mut st| {
+            st.query_map([parent.0], instance)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(map_sqlite)?
+        .into_iter()
+        .collect()
 }
 
 pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<StepRecord>> {
@@ -888,6 +941,7 @@ pub(crate) fn control(
                  WHERE iid = ?1",
                 &[&iid, &at.as_millis()],
             )?;
+            wake_parent(conn, instance)?;
             log_now(
                 conn,
                 instance,
@@ -969,6 +1023,9 @@ pub(crate) fn control(
             done(InstanceStatus::Running)
         }
         ControlRequest::Delete => {
+            if !from.is_terminal() {
+                wake_parent(conn, instance)?;
+            }
             for sql in [
                 "DELETE FROM steps WHERE iid = ?1",
                 "DELETE FROM log WHERE iid = ?1",

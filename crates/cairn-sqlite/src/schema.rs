@@ -229,6 +229,14 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE log ADD COLUMN meta2 TEXT;
     ANALYZE;
     ",
+    // 10: child workflows: the parent instance and `invoke` step that started an instance.
+    // The reference has a column of its own, indexed, to find a parent's children and to
+    // wake a parent when a child ends; the rest of the link is JSON (`ParentLink::encode`).
+    "
+    ALTER TABLE instances ADD COLUMN parent_iid INTEGER;
+    ALTER TABLE instances ADD COLUMN parent TEXT;
+    CREATE INDEX instances_children ON instances (parent_iid) WHERE parent_iid IS NOT NULL;
+    ",
 ];
 
 /// Brings the schema up to date.

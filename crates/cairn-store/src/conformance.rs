@@ -19,7 +19,7 @@ use cairn_core::{
 
 use crate::{
     ControlOutcome, ControlRequest, Created, Error, InstanceRecord, ListQuery, NewInstance,
-    StatusChange, Store, Write,
+    ParentLink, StatusChange, Store, Write,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -40,6 +40,7 @@ fn new_instance(workflow: &str, id: &str) -> NewInstance {
             success: Duration::from_secs(60),
             error: Duration::from_secs(120),
         },
+        parent: None,
     }
 }
 
@@ -1238,6 +1239,175 @@ pub async fn reclaim_moves_the_epoch_and_fences_the_old_one(store: Arc<dyn Store
     let _ = renewed_to;
 }
 
+/// A parent that creates a child in a commit and hibernates waiting for it: `(parent's
+/// lease as claimed, child's reference)`, with the parent hibernated and the child claimable.
+async fn parent_waiting_for_a_child(store: &dyn Store) -> (crate::Lease, crate::InstanceRef) {
+    create_one(store, "parent", "p").await;
+    let parent = store
+        .claim("o", &[wf("parent")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let key = StepKey {
+        kind: StepKind::Invoke,
+        name: "child".into(),
+        count: 1,
+    };
+    let mut child = new_instance("child", "p-child-1");
+    child.parent = Some(ParentLink {
+        instance: parent.lease.instance,
+        workflow: wf("parent"),
+        id: InstanceId::new("p").unwrap(),
+        step: key,
+        detached: false,
+    });
+    store
+        .commit(parent.lease, vec![Write::Create(child.clone())])
+        .await
+        .unwrap();
+    // Creating it again (a replay) writes nothing.
+    store
+        .commit(parent.lease, vec![Write::Create(child)])
+        .await
+        .unwrap();
+    let found = store
+        .instance(&wf("child"), &InstanceId::new("p-child-1").unwrap())
+        .await
+        .unwrap()
+        .expect("the child was created with the commit");
+    let link = found.parent.clone().expect("the child knows its parent");
+    assert_eq!(link.instance, parent.lease.instance);
+    assert_eq!((link.step.kind, link.step.count), (StepKind::Invoke, 1));
+    assert_eq!(store.log(found.instance, 0, 10).await.unwrap().len(), 1);
+    let children = store.children(parent.lease.instance).await.unwrap();
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0].instance, found.instance);
+    assert!(store.children(found.instance).await.unwrap().is_empty());
+    let far = T0.saturating_add(Duration::from_secs(86_400));
+    store
+        .commit(
+            parent.lease,
+            vec![Write::Hibernate {
+                wake_at: far,
+                event_types: Vec::new(),
+                children: vec![found.instance],
+            }],
+        )
+        .await
+        .unwrap();
+    (parent.lease, found.instance)
+}
+
+pub async fn a_childs_end_wakes_its_hibernated_parent(store: Arc<dyn Store>) {
+    let (parent, child) = parent_waiting_for_a_child(&*store).await;
+    let claimed = store
+        .claim("o", &[wf("child")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(claimed.lease.instance, child);
+    assert!(
+        store
+            .claim("o", &[wf("parent")], T0, TTL, 1)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the parent sleeps while its child runs"
+    );
+    store
+        .commit(
+            claimed.lease,
+            vec![Write::Status(StatusChange {
+                ended_at: Some(T0),
+                output: Some("7".into()),
+                release: true,
+                ..StatusChange::to(InstanceStatus::Complete)
+            })],
+        )
+        .await
+        .unwrap();
+    let woken = store.claim("o", &[wf("parent")], T0, TTL, 1).await.unwrap();
+    assert_eq!(woken.len(), 1, "the child's end made its parent claimable");
+    assert_eq!(woken[0].lease.instance, parent.instance);
+}
+
+pub async fn a_parent_hibernating_after_its_child_ended_stays_claimable(store: Arc<dyn Store>) {
+    create_one(&*store, "parent", "p").await;
+    let parent = store
+        .claim("o", &[wf("parent")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let child = create_one(&*store, "child", "c").await;
+    let claimed = store
+        .claim("o", &[wf("child")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    store
+        .commit(
+            claimed.lease,
+            vec![Write::Status(StatusChange {
+                ended_at: Some(T0),
+                release: true,
+                ..StatusChange::to(InstanceStatus::Errored)
+            })],
+        )
+        .await
+        .unwrap();
+    store
+        .commit(
+            parent.lease,
+            vec![Write::Hibernate {
+                wake_at: T0.saturating_add(Duration::from_secs(86_400)),
+                event_types: Vec::new(),
+                children: vec![child],
+            }],
+        )
+        .await
+        .unwrap();
+    let woken = store.claim("o", &[wf("parent")], T0, TTL, 1).await.unwrap();
+    assert_eq!(woken.len(), 1, "an ended child keeps its parent claimable");
+}
+
+pub async fn terminating_or_deleting_a_child_wakes_its_parent(store: Arc<dyn Store>) {
+    for request in [
+        ControlRequest::Terminate {
+            at: T0,
+            rollback: None,
+        },
+        ControlRequest::Delete,
+    ] {
+        let (parent, _child) = parent_waiting_for_a_child(&*store).await;
+        let outcome = store
+            .control(
+                &wf("child"),
+                &InstanceId::new("p-child-1").unwrap(),
+                request.clone(),
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, ControlOutcome::Done { .. }),
+            "{outcome:?}"
+        );
+        let woken = store.claim("o", &[wf("parent")], T0, TTL, 1).await.unwrap();
+        assert_eq!(woken.len(), 1, "{request:?} wakes the parent");
+        assert_eq!(woken[0].lease.instance, parent.instance);
+        // Make room for the next round.
+        for (w, id) in [("parent", "p"), ("child", "p-child-1")] {
+            store
+                .control(
+                    &wf(w),
+                    &InstanceId::new(id).unwrap(),
+                    ControlRequest::Delete,
+                )
+                .await
+                .unwrap();
+        }
+    }
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -1270,6 +1440,9 @@ macro_rules! conformance_tests {
             release_all_frees_only_the_owners_instances,
             renew_keeps_only_the_instances_named,
             reclaim_moves_the_epoch_and_fences_the_old_one,
+            a_childs_end_wakes_its_hibernated_parent,
+            a_parent_hibernating_after_its_child_ended_stays_claimable,
+            terminating_or_deleting_a_child_wakes_its_parent,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {
@@ -1313,6 +1486,9 @@ macro_rules! conformance_tests {
             release_all_frees_only_the_owners_instances,
             renew_keeps_only_the_instances_named,
             reclaim_moves_the_epoch_and_fences_the_old_one,
+            a_childs_end_wakes_its_hibernated_parent,
+            a_parent_hibernating_after_its_child_ended_stays_claimable,
+            terminating_or_deleting_a_child_wakes_its_parent,
         );
     };
     (@optional $factory:ident; $($case:ident,)*) => {

@@ -96,6 +96,64 @@ pub struct NewInstance {
     pub queued: LogEntry,
     /// How long it is kept once finished.
     pub retention: Retention,
+    /// The instance whose step started it (`step.invoke`), if any.
+    pub parent: Option<ParentLink>,
+}
+
+/// The step of a parent instance that started a child instance (`step.invoke`): where the
+/// store sends the child's end. When the child reaches a terminal status or is deleted,
+/// the same transaction makes the parent claimable if it is hibernating, so its wait sees
+/// the outcome (see [`Write::Hibernate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParentLink {
+    /// The parent (a reference is never reused, so a parent purged and an instance created
+    /// with its id later is never taken for it).
+    pub instance: InstanceRef,
+    /// The parent's workflow.
+    pub workflow: WorkflowName,
+    /// The parent's id.
+    pub id: InstanceId,
+    /// The parent's `invoke` step.
+    pub step: StepKey,
+    /// The child keeps running when its parent ends (otherwise it is terminated with it).
+    pub detached: bool,
+}
+
+impl ParentLink {
+    /// The stored form of the link without the parent's reference, which both backends keep
+    /// in an indexed column of its own (to find a parent's children and to wake a parent).
+    pub fn encode(&self) -> String {
+        serde_json::json!({
+            "workflow": self.workflow,
+            "id": self.id,
+            "step": self.step,
+            "detached": self.detached,
+        })
+        .to_string()
+    }
+
+    /// The link stored as [`ParentLink::encode`] for the parent `instance`.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] when `text` is not such a link.
+    pub fn decode(instance: InstanceRef, text: &str) -> Result<Self> {
+        #[derive(serde::Deserialize)]
+        struct Stored {
+            workflow: WorkflowName,
+            id: InstanceId,
+            step: StepKey,
+            detached: bool,
+        }
+        let stored: Stored = serde_json::from_str(text)
+            .map_err(|e| Error::Corrupt(format!("parent link {text:?}: {e}")))?;
+        Ok(ParentLink {
+            instance,
+            workflow: stored.workflow,
+            id: stored.id,
+            step: stored.step,
+            detached: stored.detached,
+        })
+    }
 }
 
 /// How long a finished instance is kept before it is purged (and its id freed).
@@ -146,6 +204,8 @@ pub struct InstanceRecord {
     pub rollback_trigger: Option<RollbackTrigger>,
     /// The outcome of the rollback, once it ended.
     pub rollback_outcome: Option<RollbackStatus>,
+    /// The instance whose step started it, if any.
+    pub parent: Option<ParentLink>,
 }
 
 /// A claimed instance: its row and the lease to write under.
@@ -208,15 +268,23 @@ pub enum Write {
     /// Change the instance's status.
     Status(StatusChange),
     /// Hibernate: status `waiting`, lease released, claimable again at `wake_at`, or at
-    /// once if an event of one of `event_types` is already buffered. Deciding that in the
-    /// same transaction as [`Store::send_event`]'s wake-up is what makes a concurrent send
-    /// never lost. If a pause is pending, the instance becomes `paused` instead.
+    /// once if an event of one of `event_types` is already buffered or one of `children`
+    /// has ended (reached a terminal status, or is gone). Deciding that in the same
+    /// transaction as [`Store::send_event`]'s wake-up (and a child's end) is what makes a
+    /// concurrent send (or end) never lost. If a pause is pending, the instance becomes
+    /// `paused` instead.
     Hibernate {
         /// The earliest timer of the instance.
         wake_at: Timestamp,
         /// The event types its waits are blocked on.
         event_types: Vec<EventType>,
+        /// The child instances its `invoke` steps wait for.
+        children: Vec<InstanceRef>,
     },
+    /// Create a child instance (with its `WORKFLOW_QUEUED` record) unless an instance of
+    /// its workflow with its id exists, in which case nothing is written: the `invoke` step
+    /// that starts it then reads the existing one and checks that it is its own child.
+    Create(NewInstance),
     /// Record that a rollback has begun and what triggered it (JSON), so that a crash in
     /// the middle of it resumes the rollback.
     RollbackTrigger(RollbackTrigger),
@@ -497,6 +565,9 @@ pub trait Store: Send + Sync + 'static {
     /// pause it was waiting to complete takes effect (paused from the instance's last
     /// record, logged as recovered), as when an engine takes over a dead one's instances.
     fn release_all(&self, owner: &str) -> StoreFuture<'_, ()>;
+
+    /// The instances `parent`'s `invoke` steps started, oldest first.
+    fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>>;
 
     /// The journal of an instance, in step start order.
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>>;

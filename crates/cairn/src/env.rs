@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use cairn_core::Timestamp;
+use std::collections::HashMap;
 
-use cairn_store::Store;
+use cairn_core::{Timestamp, WorkflowName};
+
+use cairn_store::{Retention, Store};
 
 use crate::clock::Clock;
 
@@ -25,6 +27,9 @@ pub(crate) struct Env {
     pub(crate) leases: Leases,
     /// The last hour's counts for the dashboard's charts.
     pub(crate) activity: crate::telemetry::Activity,
+    /// The workflows this engine runs, with their retention (defaults applied): what a
+    /// new instance (created by a client or by a parent's `invoke`) is kept for.
+    pub(crate) retention: HashMap<WorkflowName, Retention>,
 }
 
 impl Env {

@@ -26,6 +26,10 @@ pub(crate) const INTERNAL: &str = "WorkflowInternalError";
 pub(crate) const DELAY_FAILED: &str = "NonRetryableDelayError";
 /// A step the workflow stopped awaiting while an attempt ran (it lost a `select!`).
 pub(crate) const CANCELLED: &str = "StepCancelled";
+/// The `name` of an `invoke` whose child was terminated.
+pub(crate) const CHILD_TERMINATED: &str = "ChildTerminatedError";
+/// The `name` of an `invoke` whose child was deleted before it finished.
+pub(crate) const CHILD_DELETED: &str = "ChildDeletedError";
 
 /// An error that stops retries at once: the step fails after this attempt.
 ///

@@ -25,7 +25,7 @@ pub use cairn_store::{Retention, WorkflowLogPage};
 pub use client::{
     AttemptDetails, BatchCreated, BatchDeleted, BatchError, CreateOptions, Delivery, Instance,
     InstanceDetails, InstancePage, InstanceRetention, InstanceSummary, ListOptions,
-    MAX_IDEMPOTENCY_KEY, Status, StepDetails, UntypedWorkflow, WorkflowClient,
+    MAX_IDEMPOTENCY_KEY, Relative, Status, StepDetails, UntypedWorkflow, WorkflowClient,
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
@@ -39,8 +39,8 @@ pub use engine::{
 pub use error::{Action, Error, ErrorSource};
 pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowError};
 pub use ops::{
-    DEFAULT_EVENT_TIMEOUT, IntoDuration, IntoTimestamp, MAX_SLEEP, Rollback, RollbackStatus, RunOp,
-    SleepOp, StepEvent, WaitOp, WorkflowStep,
+    DEFAULT_EVENT_TIMEOUT, IntoDuration, IntoTimestamp, InvokeOp, MAX_SLEEP, Rollback,
+    RollbackStatus, RunOp, SleepOp, StepEvent, WaitOp, WorkflowStep,
 };
 pub use workflow::{Workflow, WorkflowEvent};
 

@@ -35,6 +35,39 @@ pub trait Workflow: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Output, WorkflowError>> + Send;
 }
 
+impl WorkflowStep {
+    /// Starts an instance of the workflow `C` as this instance's child and waits for it,
+    /// durably: the parent may hibernate meanwhile (a child that runs for a month costs the
+    /// parent no memory). Returns the child's output, or its end as this step's error: its
+    /// own error (name kept, message naming the child) when it errored,
+    /// `ChildTerminatedError` when it was terminated, `ChildDeletedError` when it was
+    /// deleted first.
+    ///
+    /// The child is created once, in the commit that records this step, with an id derived
+    /// from this instance and the step (`<parent id>-<step>-<count>-<hash>`); every replay
+    /// finds the same child, and its outcome is kept in this instance's journal. `C` must
+    /// be registered with the engine. A child still running when the parent ends is
+    /// terminated with it (terminated *with rollback* when the parent is), unless the op is
+    /// [`InvokeOp::detached`]; restarting the parent restarts the children of the steps it
+    /// runs again. The step is not retried: a child retries its own steps, and a failed
+    /// child is an outcome to handle (or let fail the parent, whose rollback then runs).
+    pub fn invoke<C: Workflow>(
+        &self,
+        name: impl Into<String>,
+        params: C::Params,
+    ) -> crate::ops::InvokeOp<C::Output> {
+        // `C::Params`'s Serialize impl is user code.
+        let params = crate::panic::to_json(&params).map_err(|e| e.to_string());
+        self.invoke_child(
+            name.into(),
+            crate::ops::invoke::Child {
+                workflow: C::NAME,
+                params,
+            },
+        )
+    }
+}
+
 /// The first argument of [`Workflow::run`]: the instance's params and identity. It is the
 /// same on every replay and after a restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

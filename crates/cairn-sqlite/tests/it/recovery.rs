@@ -46,6 +46,7 @@ async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
                 success: Duration::from_secs(60),
                 error: Duration::from_secs(60),
             },
+            parent: None,
         }])
         .await
         .unwrap();
@@ -147,6 +148,7 @@ async fn opening_after_a_crash_logs_what_is_recovered() {
                     success: Duration::from_secs(60),
                     error: Duration::from_secs(60),
                 },
+                parent: None,
             }])
             .await
             .unwrap();

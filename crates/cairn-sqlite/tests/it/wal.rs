@@ -29,6 +29,7 @@ fn instance(n: usize, params_len: usize) -> NewInstance {
             success: Duration::from_secs(60),
             error: Duration::from_secs(60),
         },
+        parent: None,
     }
 }
 

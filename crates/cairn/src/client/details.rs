@@ -44,6 +44,31 @@ pub struct InstanceDetails {
     pub output: Option<serde_json::Value>,
     /// Its steps in start order.
     pub steps: Vec<StepDetails>,
+    /// The instance whose `invoke` step started it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<Relative>,
+    /// The instances its `invoke` steps started, oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<Relative>,
+}
+
+/// A parent or child of an instance (`step.invoke`).
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct Relative {
+    /// Its workflow.
+    pub workflow: String,
+    /// Its id.
+    pub id: String,
+    /// The parent's `invoke` step that started the child: its name.
+    pub step: String,
+    /// And its count.
+    pub count: u32,
+    /// The child's status (for a parent, `null`: read it from the parent).
+    pub status: Option<InstanceStatus>,
+    /// The child outlives its parent.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub detached: bool,
 }
 
 /// One step of an instance.
@@ -115,6 +140,7 @@ impl InstanceDetails {
         record: &InstanceRecord,
         journal: &[StepRecord],
         log: &[LogRecord],
+        children: &[InstanceRecord],
     ) -> Self {
         let mut attempts: HashMap<&StepKey, Vec<AttemptDetails>> = HashMap::new();
         for r in log {
@@ -196,7 +222,16 @@ impl InstanceDetails {
             id: record.id.to_string(),
             status: record.status,
             params: serde_json::from_str(&record.params).unwrap_or(serde_json::Value::Null),
-            trigger: serde_json::json!({ "source": "api" }),
+            trigger: match &record.parent {
+                Some(p) => serde_json::json!({
+                    "source": "parent",
+                    "workflow": p.workflow,
+                    "id": p.id,
+                    "step": p.step.name,
+                    "count": p.step.count,
+                }),
+                None => serde_json::json!({ "source": "api" }),
+            },
             queued: record.created_at,
             start: record.started_at,
             end: record.ended_at,
@@ -211,6 +246,28 @@ impl InstanceDetails {
                 .filter(|_| record.status == InstanceStatus::Complete)
                 .and_then(|json| serde_json::from_str(json).ok()),
             steps,
+            parent: record.parent.as_ref().map(|p| Relative {
+                workflow: p.workflow.to_string(),
+                id: p.id.to_string(),
+                step: p.step.name.clone(),
+                count: p.step.count,
+                status: None,
+                detached: p.detached,
+            }),
+            children: children
+                .iter()
+                .filter_map(|c| {
+                    let link = c.parent.as_ref()?;
+                    Some(Relative {
+                        workflow: c.workflow.to_string(),
+                        id: c.id.to_string(),
+                        step: link.step.name.clone(),
+                        count: link.step.count,
+                        status: Some(c.status),
+                        detached: link.detached,
+                    })
+                })
+                .collect(),
         }
     }
 }

@@ -326,12 +326,13 @@ impl<O: DeserializeOwned> Instance<O> {
         request: cairn_store::ControlRequest,
         action: crate::error::Action,
     ) -> Result<(), Error> {
-        let inner = &self.engine.inner;
-        let outcome = inner
-            .env
-            .store
-            .control(&self.workflow, &self.id, request.clone())
-            .await?;
+        let outcome = crate::engine::family::control(
+            &self.engine.inner,
+            &self.workflow,
+            &self.id,
+            request.clone(),
+        )
+        .await?;
         match outcome {
             ControlOutcome::NotFound => Err(Error::InstanceNotFound {
                 workflow: self.workflow.to_string(),
@@ -350,43 +351,7 @@ impl<O: DeserializeOwned> Instance<O> {
                     _ => String::new(),
                 },
             }),
-            ControlOutcome::NoOp(_) => Ok(()),
-            ControlOutcome::Done {
-                instance,
-                to,
-                epoch,
-                ..
-            } => {
-                // Only a lifetime that predates the transition: the scheduler may already
-                // have claimed the instance again (after a restart) and started a new one.
-                let live = inner.live.fenced_by(instance, epoch);
-                match request {
-                    ControlRequest::Pause { .. } | ControlRequest::Resume { .. } => {
-                        if let Some(state) = live {
-                            state.observe(to);
-                        }
-                    }
-                    ControlRequest::Terminate { .. }
-                    | ControlRequest::Restart { .. }
-                    | ControlRequest::Delete => {
-                        if let Some(state) = live {
-                            state.abort(crate::lifetime::Abort::Stopped);
-                        }
-                    }
-                }
-                match request {
-                    _ if to == cairn_core::InstanceStatus::Terminated => {
-                        crate::telemetry::finished(inner.env.seen(), &self.workflow, to, None);
-                    }
-                    ControlRequest::Restart { .. } => {
-                        crate::telemetry::restarted(inner.env.seen(), &self.workflow);
-                    }
-                    _ => {}
-                }
-                inner.wake.notify_one();
-                inner.status_changed(instance);
-                Ok(())
-            }
+            ControlOutcome::NoOp(_) | ControlOutcome::Done { .. } => Ok(()),
         }
     }
 
@@ -515,6 +480,13 @@ impl<O: DeserializeOwned> Instance<O> {
         let record = self.record().await?;
         let journal = self.engine.inner.env.store.journal(record.instance).await?;
         let log = self.log(0).await?;
-        Ok(InstanceDetails::build(&record, &journal, &log))
+        let children = self
+            .engine
+            .inner
+            .env
+            .store
+            .children(record.instance)
+            .await?;
+        Ok(InstanceDetails::build(&record, &journal, &log, &children))
     }
 }

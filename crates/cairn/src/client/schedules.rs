@@ -82,6 +82,7 @@ async fn run(engine: Engine, schedule: Arc<Schedule>) {
     // The oldest tick whose instance, once created, the store still holds: purged ones are
     // gone (and their ids free), so the store cannot say whether older ticks fired.
     let retained = runtime
+        .env
         .retention
         .iter()
         .find(|(w, _)| w.as_str() == schedule.workflow())

@@ -325,6 +325,7 @@ impl UntypedWorkflow {
         let defaults = self
             .engine
             .inner
+            .env
             .retention
             .get(&self.name)
             .copied()
@@ -348,6 +349,7 @@ impl UntypedWorkflow {
                     meta: json!({ "params": params, "trigger": { "source": "api" } }),
                 },
                 retention,
+                parent: None,
             },
         })
     }

@@ -264,7 +264,19 @@ impl Store for Announcing {
         self.store.journal(instance)
     }
 
+    fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
+        self.store.children(parent)
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
+        // A child created with the commit: its workflow's streams have its first record.
+        let created: Vec<WorkflowName> = writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Create(new) => Some(new.workflow.clone()),
+                _ => None,
+            })
+            .collect();
         let commit = self.store.commit(lease, writes);
         Box::pin(async move {
             let result = commit.await;
@@ -274,6 +286,9 @@ impl Store for Announcing {
                     let released = status.is_terminal()
                         || matches!(status, InstanceStatus::Waiting | InstanceStatus::Paused);
                     self.commits.announce_leased(lease.instance, released);
+                    for workflow in &created {
+                        self.commits.announce(None, Some(workflow));
+                    }
                 }
                 // Fenced off or gone: this engine holds no lease on it any more.
                 Err(cairn_store::Error::LeaseLost(_) | cairn_store::Error::NotFound(_)) => {

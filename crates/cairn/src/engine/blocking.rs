@@ -118,6 +118,10 @@ impl Store for Blocking {
         blocking(&self.0, move |s| s.journal(instance))
     }
 
+    fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
+        blocking(&self.0, move |s| s.children(parent))
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         blocking(&self.0, move |s| s.commit(lease, writes))
     }

@@ -205,6 +205,7 @@ async fn release_after_panic(inner: &Runtime, lease: Lease, message: &str) {
             Write::Hibernate {
                 wake_at,
                 event_types: Vec::new(),
+                children: Vec::new(),
             },
         ]
     };
@@ -241,6 +242,18 @@ async fn one_lifetime(
     // Live before the first await: a terminate, restart or delete from now on aborts this
     // lifetime in memory, not only through the fence at its next commit.
     let _live = inner.live.enter(&state);
+    if crate::engine::family::orphaned(inner, record).await {
+        // Its parent ended (or is gone) before the cascade reached it: end it now.
+        let request = cairn_store::ControlRequest::Terminate {
+            at: env.clock.now(),
+            rollback: None,
+        };
+        tracing::debug!(workflow = %record.workflow, instance = %record.id, "terminating a child whose parent has ended");
+        crate::engine::family::control(inner, &record.workflow, &record.id, request)
+            .await
+            .map_err(Abort::Store)?;
+        return Ok(());
+    }
     let journal = tokio::select! {
         journal = env.store.journal(record.instance) => journal.map_err(Abort::Store)?,
         abort = state.aborted() => return Err(abort),
@@ -282,7 +295,7 @@ async fn one_lifetime(
         Ok(p) => p,
         Err(e) => {
             let error = ErrorInfo::new(INTERNAL, format!("the stored params are not JSON: {e}"));
-            return finish(&state, Err(error), None, false).await;
+            return finish(inner, &state, record, Err(error), None, false).await;
         }
     };
     let event = WorkflowEvent {
@@ -329,8 +342,16 @@ async fn one_lifetime(
             }
         }
         let outcome = Err(trigger.error.clone());
-        return roll_back_and_finish(inner, &state, &handlers, &trigger, outcome, &mut shutdown)
-            .await;
+        return roll_back_and_finish(
+            inner,
+            &state,
+            record,
+            &handlers,
+            &trigger,
+            outcome,
+            &mut shutdown,
+        )
+        .await;
     }
     let current = (record.workflow.clone(), record.id.clone());
     let mut run = std::pin::pin!(
@@ -367,18 +388,28 @@ async fn one_lifetime(
         )),
     };
     match &outcome {
-        Ok(_) => finish(&state, outcome, None, false).await,
+        Ok(_) => finish(inner, &state, record, outcome, None, false).await,
         Err(error) => {
             let trigger = Trigger::error(error.clone());
-            roll_back_and_finish(inner, &state, &handlers, &trigger, outcome, &mut shutdown).await
+            roll_back_and_finish(
+                inner,
+                &state,
+                record,
+                &handlers,
+                &trigger,
+                outcome,
+                &mut shutdown,
+            )
+            .await
         }
     }
 }
 
 /// Runs the rollback (if any step is eligible), then records the instance's end.
 async fn roll_back_and_finish(
-    inner: &Runtime,
+    inner: &Arc<Runtime>,
     state: &Arc<Lifetime>,
+    record: &InstanceRecord,
     handlers: &crate::ops::handler::Handlers,
     trigger: &Trigger,
     outcome: Result<serde_json::Value, ErrorInfo>,
@@ -399,7 +430,7 @@ async fn roll_back_and_finish(
     let Some(rollback) = run_phase(inner, state, rollback, shutdown).await? else {
         return Ok(());
     };
-    finish(state, outcome, rollback, trigger.terminate).await
+    finish(inner, state, record, outcome, rollback, trigger.terminate).await
 }
 
 enum Next<T> {
@@ -514,6 +545,7 @@ async fn hibernate(inner: &Runtime, state: &Lifetime, h: Hibernation) -> Result<
             Write::Hibernate {
                 wake_at: h.wake_at,
                 event_types: h.event_types,
+                children: h.children,
             },
         ])
         .await
@@ -525,7 +557,9 @@ async fn hibernate(inner: &Runtime, state: &Lifetime, h: Hibernation) -> Result<
 }
 
 async fn finish(
+    inner: &Arc<Runtime>,
     state: &Lifetime,
+    record: &InstanceRecord,
     outcome: Result<serde_json::Value, ErrorInfo>,
     rollback: Option<RollbackStatus>,
     terminated: bool,
@@ -576,6 +610,13 @@ async fn finish(
     let ran = state.started_at().map(|at| now.since(at));
     crate::telemetry::finished(state.env.seen(), &state.workflow, status, ran);
     tracing::debug!(workflow = %state.workflow, instance = %state.instance_id, status = %status, "finished");
+    crate::engine::family::ended(
+        inner,
+        state.lease.instance,
+        record.parent.as_ref(),
+        state.invoked(),
+    )
+    .await;
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use tokio::sync::{Notify, watch};
 pub(crate) mod announce;
 mod blocking;
 mod driver;
+pub(crate) mod family;
 mod gauges;
 pub(crate) mod leases;
 pub(crate) mod live;
@@ -452,7 +453,6 @@ impl EngineBuilder {
             panics: Mutex::new(HashMap::new()),
             hibernate_after: self.hibernate_after,
             drain_timeout: self.drain_timeout,
-            retention,
             env: Arc::new(Env {
                 store,
                 clock,
@@ -462,6 +462,7 @@ impl EngineBuilder {
                 },
                 leases: crate::env::Leases::new(lease_ttl),
                 activity: crate::telemetry::Activity::default(),
+                retention,
             }),
             workflows,
             names,

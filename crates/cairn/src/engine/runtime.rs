@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_core::WorkflowName;
-use cairn_store::Retention;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
@@ -24,8 +23,6 @@ pub(crate) struct Runtime {
     pub(crate) hibernate_after: Duration,
     /// How long shutdown waits for attempts in flight to finish.
     pub(crate) drain_timeout: Duration,
-    /// Retention by workflow, defaults applied.
-    pub(crate) retention: HashMap<WorkflowName, Retention>,
     pub(crate) workflows: HashMap<WorkflowName, Arc<dyn ErasedWorkflow>>,
     pub(crate) names: Vec<WorkflowName>,
     pub(crate) owner: String,

@@ -66,6 +66,9 @@ pub(crate) struct Lifetime {
     /// its own): they ride along with this lifetime's next commit, which the driver makes
     /// as soon as the workflow is pending without one.
     deferred: Mutex<Vec<Write>>,
+    /// The instance has started children (`invoke`): when it ends, the unfinished ones are
+    /// ended with it.
+    invoked: AtomicBool,
 }
 
 const FORWARD: u8 = 0;
@@ -85,11 +88,12 @@ struct Inner {
 }
 
 /// A durable wait an op is blocked on: it ends at `wake_at`, or earlier when an event of
-/// `event_type` arrives.
+/// `event_type` arrives or the child instance `child` ends.
 #[derive(Debug, Clone)]
 pub(crate) struct Wait {
     pub(crate) wake_at: Timestamp,
     pub(crate) event_type: Option<EventType>,
+    pub(crate) child: Option<cairn_store::InstanceRef>,
 }
 
 /// What the driver records when it hibernates the instance.
@@ -97,6 +101,7 @@ pub(crate) struct Wait {
 pub(crate) struct Hibernation {
     pub(crate) wake_at: Timestamp,
     pub(crate) event_types: Vec<EventType>,
+    pub(crate) children: Vec<cairn_store::InstanceRef>,
 }
 
 impl Lifetime {
@@ -135,11 +140,26 @@ impl Lifetime {
             in_flight: AtomicUsize::new(0),
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
             deferred: Mutex::new(Vec::new()),
+            invoked: AtomicBool::new(false),
         }
+    }
+
+    /// Notes that the instance has started a child (or may have: an `invoke` step is in
+    /// its journal).
+    pub(crate) fn set_invoked(&self) {
+        self.invoked.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the instance may have children.
+    pub(crate) fn invoked(&self) -> bool {
+        self.invoked.load(Ordering::SeqCst)
     }
 
     /// Loads the journal this lifetime replays against; called once, before `run`.
     pub(crate) fn load_journal(&self, journal: Vec<StepRecord>) {
+        if journal.iter().any(|s| s.key.kind == StepKind::Invoke) {
+            self.set_invoked();
+        }
         let mut inner = self.inner();
         inner.next_seq = journal.iter().map(|s| s.seq).max().unwrap_or(0) + 1;
         inner.journal = journal.into_iter().map(|s| (s.key.clone(), s)).collect();
@@ -251,9 +271,14 @@ impl Lifetime {
             .collect();
         event_types.sort();
         event_types.dedup();
+        let mut children: Vec<cairn_store::InstanceRef> =
+            inner.waits.values().filter_map(|w| w.child).collect();
+        children.sort();
+        children.dedup();
         Some(Hibernation {
             wake_at,
             event_types,
+            children,
         })
     }
 
@@ -545,11 +570,25 @@ impl Activity {
         event_type: Option<EventType>,
         until: F,
     ) -> bool {
-        let sleep = self.state.env.clock.sleep_until(wake_at);
-        self.suspend(Wait {
-            wake_at,
-            event_type,
-        });
+        self.wait_on(
+            Wait {
+                wake_at,
+                event_type,
+                child: None,
+            },
+            until,
+        )
+        .await
+    }
+
+    /// [`Activity::wait`] for any [`Wait`] (an `invoke` waiting for its child).
+    pub(crate) async fn wait_on<F: std::future::Future<Output = ()>>(
+        &mut self,
+        wait: Wait,
+        until: F,
+    ) -> bool {
+        let sleep = self.state.env.clock.sleep_until(wait.wake_at);
+        self.suspend(wait);
         let woke_by_event = tokio::select! {
             () = sleep => false,
             () = until => true,

@@ -1,9 +1,10 @@
 //! The durable ops a workflow calls on its [`WorkflowStep`]: `run` (with the attempt loop
-//! and rollback handlers), `sleep`/`sleep_until` and `wait_for_event`, and the rollback that
-//! compensates them. Ops work on one [`Lifetime`] and know nothing of the engine above.
+//! and rollback handlers), `sleep`/`sleep_until`, `wait_for_event` and `invoke` (a child
+//! workflow), and the rollback that compensates them. Ops work on one [`Lifetime`] and know nothing of the engine above.
 
 pub(crate) mod attempt;
 pub(crate) mod handler;
+pub(crate) mod invoke;
 pub(crate) mod rollback;
 mod run;
 pub(crate) mod sleep;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use crate::lifetime::Lifetime;
 
 pub use handler::Rollback;
+pub use invoke::InvokeOp;
 pub use rollback::RollbackStatus;
 pub use run::RunOp;
 pub use sleep::{IntoDuration, IntoTimestamp, MAX_SLEEP, SleepOp};

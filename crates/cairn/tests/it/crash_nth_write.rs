@@ -111,6 +111,9 @@ impl Store for FailingStore {
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {
         self.inner.journal(i)
     }
+    fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
+        self.inner.children(i)
+    }
     fn control(
         &self,
         w: &WorkflowName,

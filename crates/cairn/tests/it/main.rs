@@ -32,6 +32,8 @@ macro_rules! on_backend {
 
         #[path = "binding_instances.rs"]
         mod binding_instances;
+        #[path = "children.rs"]
+        mod children;
         #[path = "context_retries.rs"]
         mod context_retries;
         #[path = "control.rs"]

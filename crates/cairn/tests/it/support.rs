@@ -473,6 +473,9 @@ impl Store for Hooked {
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::StepRecord>> {
         hooked!(self, "journal", self.inner.journal(i))
     }
+    fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
+        hooked!(self, "children", self.inner.children(i))
+    }
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, cairn::InstanceStatus> {
         hooked!(self, "commit", self.inner.commit(lease, writes))
     }

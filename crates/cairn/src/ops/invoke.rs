@@ -1,0 +1,436 @@
+//! `step.invoke`: start a child workflow instance and wait, durably, for its outcome.
+//!
+//! The child is created in the same commit that journals the step (`CHILD_START`), under
+//! the parent's lease, with an id derived from the parent and the step: a crash before that
+//! commit leaves neither, one after it leaves both, and every replay finds the same child.
+//! The wait then reads the child's row: ended → the outcome is journaled in the parent
+//! (`CHILD_COMPLETE` or `CHILD_FAILURE`) and returned on every replay, even after the child
+//! is purged; still running → a durable wait that lets the parent hibernate. The store wakes
+//! a hibernated parent in the transaction that ends the child, and a hibernation checks
+//! the children it waits for in its own transaction, so an end is never missed.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use cairn_core::{
+    ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogKind, StepKey, StepKind, StepRecord,
+    StepState, WorkflowName,
+};
+use cairn_store::{InstanceRecord, NewInstance, ParentLink, Write};
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tracing::Instrument;
+
+use crate::failure::{CHILD_DELETED, CHILD_TERMINATED, ERROR, INTERNAL, WorkflowError};
+use crate::lifetime::{Lifetime, Wait};
+use crate::ops::WorkflowStep;
+use crate::ops::sleep::MAX_SLEEP;
+
+type Started<T> = BoxFuture<'static, Result<T, WorkflowError>>;
+type Start<T> = Box<dyn FnOnce(bool) -> Started<T> + Send>;
+
+/// A `step.invoke` op: awaiting it starts the child (once) and returns its output, or its
+/// end as the step's error. Made by [`WorkflowStep::invoke`].
+///
+/// # Cancel safety
+/// Dropping it loses nothing and stops nothing: the child, once created, runs on (and is
+/// ended with the parent unless detached); a later replay of the same step finds it.
+#[must_use = "an invoke does nothing unless awaited"]
+pub struct InvokeOp<T> {
+    detached: bool,
+    start: Option<Start<T>>,
+    running: Option<Started<T>>,
+    _output: PhantomData<fn() -> T>,
+}
+
+impl<T> InvokeOp<T> {
+    /// Lets the child outlive this instance: by default a child still running when its
+    /// parent ends (completes, errors, is terminated or deleted) is terminated with it.
+    /// A detached child is left to finish on its own. Decided when the child is created;
+    /// a replay keeps what the first run decided.
+    pub fn detached(mut self) -> Self {
+        self.detached = true;
+        self
+    }
+}
+
+impl<T> Future for InvokeOp<T> {
+    type Output = Result<T, WorkflowError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _engine = crate::panic::EngineCode::enter();
+        let this = self.get_mut();
+        if let Some(start) = this.start.take() {
+            this.running = Some(start(this.detached));
+        }
+        match this.running.as_mut() {
+            Some(running) => running.as_mut().poll(cx),
+            None => Poll::Ready(Err(WorkflowError::new(
+                INTERNAL,
+                "invoke polled after completion",
+            ))),
+        }
+    }
+}
+
+/// What to start: the child's workflow and its params as JSON (or why they are not).
+pub(crate) struct Child {
+    pub(crate) workflow: &'static str,
+    pub(crate) params: Result<String, String>,
+}
+
+impl WorkflowStep {
+    /// The erased form of [`WorkflowStep::invoke`], which names the child's workflow type.
+    pub(crate) fn invoke_child<T>(&self, name: String, child: Child) -> InvokeOp<T>
+    where
+        T: DeserializeOwned + Send + 'static,
+    {
+        let state = Arc::clone(&self.lifetime);
+        let key = self.lifetime.claim(StepKind::Invoke, name);
+        InvokeOp {
+            detached: false,
+            start: Some(Box::new(move |detached| {
+                Box::pin(async move {
+                    let key = key?;
+                    state.pause_gate().await;
+                    let result = invoke(Arc::clone(&state), &key, child, detached).await;
+                    state.pause_gate().await;
+                    let output = result?;
+                    // `T`'s Deserialize impl is user code.
+                    crate::panic::from_json(&output).map_err(|e| {
+                        WorkflowError::new(
+                            INTERNAL,
+                            format!(
+                                "the output of the child of invoke \"{}\" does not decode as the child's output type: {e}",
+                                key.target()
+                            ),
+                        )
+                    })
+                })
+            })),
+            running: None,
+            _output: PhantomData,
+        }
+    }
+}
+
+/// The child's id: readable (the parent's id, the step's name and count) and unique (a
+/// hash of the parent's store reference, which is never reused, and the step), cut to the
+/// 100 characters an id may have.
+pub(crate) fn child_id(parent: &Lifetime, key: &StepKey) -> InstanceId {
+    let hash = fnv1a(&format!(
+        "{}/{}/{}/{}",
+        parent.lease.instance.0, parent.workflow, key.name, key.count
+    ));
+    let slug: String = key
+        .name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    let tail = format!("-{slug}-{}-{hash:08x}", key.count);
+    let room = cairn_core::MAX_INSTANCE_ID_LEN.saturating_sub(tail.len());
+    let head: String = parent.instance_id.as_str().chars().take(room).collect();
+    InstanceId::new(format!("{head}{tail}"))
+        .or_else(|_| InstanceId::new(format!("c{tail}")))
+        .unwrap_or_else(|_| InstanceId::new(format!("c-{hash:08x}")).expect("a valid id"))
+}
+
+/// FNV-1a, folded to 32 bits: stable across builds (the id must not change on upgrade).
+fn fnv1a(text: &str) -> u32 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash ^ (hash >> 32)) as u32
+}
+
+/// What the step's journal entry records about its child.
+fn config(workflow: &WorkflowName, id: &InstanceId, detached: bool) -> serde_json::Value {
+    json!({ "workflow": workflow, "id": id, "detached": detached })
+}
+
+fn child_of(record: &StepRecord) -> Option<(WorkflowName, InstanceId)> {
+    let workflow = record.config.get("workflow")?.as_str()?;
+    let id = record.config.get("id")?.as_str()?;
+    Some((WorkflowName::new(workflow).ok()?, InstanceId::new(id).ok()?))
+}
+
+fn answer(record: StepRecord) -> Result<String, WorkflowError> {
+    match record.state {
+        StepState::Succeeded => Ok(record.output.unwrap_or_else(|| "null".into())),
+        _ => {
+            Err(WorkflowError::from_info(record.error.unwrap_or_else(
+                || ErrorInfo::new(ERROR, "the child failed"),
+            )))
+        }
+    }
+}
+
+/// Runs the op: the child's output as JSON text, or the step's error.
+async fn invoke(
+    state: Arc<Lifetime>,
+    key: &StepKey,
+    child: Child,
+    detached: bool,
+) -> Result<String, WorkflowError> {
+    if state.registering() {
+        // Replaying only to register rollback handlers: a finished invoke answers from the
+        // journal; anything else starts nothing and never returns.
+        return match state.take_record(key) {
+            Some(rec) if rec.state != StepState::Running => answer(rec),
+            _ => std::future::pending().await,
+        };
+    }
+    let mut activity = state.activity();
+    let mut record = match state.take_record(key) {
+        Some(rec) if rec.state != StepState::Running => return answer(rec),
+        Some(rec) => rec,
+        None => start(&state, key, child, detached).await?,
+    };
+    let Some((workflow, id)) = child_of(&record) else {
+        return Err(WorkflowError::new(
+            INTERNAL,
+            format!(
+                "invoke \"{}\" has no child in its journal entry",
+                key.target()
+            ),
+        ));
+    };
+    state.set_invoked();
+    let span = tracing::info_span!(
+        "step.invoke",
+        step.name = %key.name,
+        step.count = key.count,
+        child.workflow = %workflow,
+        child.id = %id,
+        outcome = tracing::field::Empty,
+    );
+    async {
+        loop {
+            // Listen before looking, so an end announced in between is not missed.
+            let ended = state.events.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            let found = match state.env.store.instance(&workflow, &id).await {
+                Ok(found) => found,
+                Err(e) => {
+                    state.abort(crate::lifetime::Abort::Store(e));
+                    return std::future::pending().await;
+                }
+            };
+            let outcome = match &found {
+                Some(c) if !is_child(c, &state, key) => Some(Err(ErrorInfo::new(
+                    ERROR,
+                    format!(
+                        "invoke \"{}\": instance {id} of workflow {workflow} already exists and was not started by this step",
+                        key.target()
+                    ),
+                ))),
+                Some(c) => ended_with(c),
+                None => Some(Err(ErrorInfo::new(
+                    CHILD_DELETED,
+                    format!("child {workflow}/{id} was deleted before it finished"),
+                ))),
+            };
+            if let Some(outcome) = outcome {
+                let span = tracing::Span::current();
+                span.record("outcome", if outcome.is_ok() { "complete" } else { "failed" });
+                return record_outcome(&state, &mut record, &workflow, &id, outcome).await;
+            }
+            let child = found.map(|c| c.instance);
+            // No timer of its own: look again a year on, which keeps hibernation's wake-up
+            // finite; the child's end wakes the parent long before.
+            let wake_at = state.now().saturating_add(MAX_SLEEP);
+            activity
+                .wait_on(
+                    Wait {
+                        wake_at,
+                        event_type: None,
+                        child,
+                    },
+                    ended,
+                )
+                .await;
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Whether `found` is the child this step started (and not an instance someone else
+/// created under the same id).
+fn is_child(found: &InstanceRecord, state: &Lifetime, key: &StepKey) -> bool {
+    found
+        .parent
+        .as_ref()
+        .is_some_and(|p| p.instance == state.lease.instance && &p.step == key)
+}
+
+/// The child's outcome once it has ended: its output, or the step's error.
+fn ended_with(child: &InstanceRecord) -> Option<Result<String, ErrorInfo>> {
+    let name = format!("{}/{}", child.workflow, child.id);
+    match child.status {
+        InstanceStatus::Complete => Some(Ok(child.output.clone().unwrap_or_else(|| "null".into()))),
+        InstanceStatus::Errored => {
+            let error = child
+                .error
+                .clone()
+                .unwrap_or_else(|| ErrorInfo::new(ERROR, "errored"));
+            Some(Err(ErrorInfo::new(
+                error.name,
+                format!("child {name} errored: {}", error.message),
+            )))
+        }
+        InstanceStatus::Terminated => Some(Err(ErrorInfo::new(
+            CHILD_TERMINATED,
+            format!("child {name} was terminated"),
+        ))),
+        _ => None,
+    }
+}
+
+/// Journals the step and creates the child, in one commit.
+async fn start(
+    state: &Arc<Lifetime>,
+    key: &StepKey,
+    child: Child,
+    detached: bool,
+) -> Result<StepRecord, WorkflowError> {
+    let workflow =
+        WorkflowName::new(child.workflow).map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
+    let Some(retention) = state.env.retention.get(&workflow).copied() else {
+        return Err(WorkflowError::new(
+            ERROR,
+            format!(
+                "invoke \"{}\": workflow {workflow} is not registered with this engine",
+                key.target()
+            ),
+        ));
+    };
+    let params = child.params.map_err(|e| {
+        WorkflowError::new(
+            ERROR,
+            format!(
+                "invoke \"{}\": the child's params do not serialise: {e}",
+                key.target()
+            ),
+        )
+    })?;
+    let limit = state.env.limits.payload_limit;
+    if params.len() > limit {
+        return Err(WorkflowError::new(
+            ERROR,
+            format!(
+                "invoke \"{}\": the child's params are {} bytes; the limit is {limit} bytes",
+                key.target(),
+                params.len()
+            ),
+        ));
+    }
+    let id = child_id(state, key);
+    let now = state.now();
+    let record = StepRecord {
+        key: key.clone(),
+        seq: state.next_seq(),
+        state: StepState::Running,
+        config: config(&workflow, &id, detached),
+        attempts: 1,
+        in_flight: false,
+        wake_at: None,
+        output: None,
+        error: None,
+        started_at: now,
+        ended_at: None,
+        has_rollback: false,
+    };
+    let params_value: serde_json::Value = serde_json::from_str(&params).unwrap_or_default();
+    let new = NewInstance {
+        workflow: workflow.clone(),
+        id: id.clone(),
+        params,
+        created_at: now,
+        queued: LogEntry {
+            kind: LogKind::WorkflowQueued,
+            at: now,
+            step: None,
+            meta: json!({
+                "params": params_value,
+                "trigger": {
+                    "source": "parent",
+                    "workflow": state.workflow,
+                    "id": state.instance_id,
+                    "step": key.name,
+                    "count": key.count,
+                },
+            }),
+        },
+        retention,
+        parent: Some(ParentLink {
+            instance: state.lease.instance,
+            workflow: state.workflow.clone(),
+            id: state.instance_id.clone(),
+            step: key.clone(),
+            detached,
+        }),
+    };
+    state
+        .commit(vec![
+            state.log(
+                LogKind::ChildStart,
+                Some(key),
+                json!({ "workflow": workflow, "id": id, "detached": detached }),
+            ),
+            Write::Step(record.clone()),
+            Write::Create(new),
+        ])
+        .await;
+    Ok(record)
+}
+
+/// Journals the child's outcome in the parent and returns it.
+async fn record_outcome(
+    state: &Lifetime,
+    record: &mut StepRecord,
+    workflow: &WorkflowName,
+    id: &InstanceId,
+    outcome: Result<String, ErrorInfo>,
+) -> Result<String, WorkflowError> {
+    record.ended_at = Some(state.now());
+    record.wake_at = None;
+    let key = record.key.clone();
+    let log = match &outcome {
+        Ok(output) => {
+            record.state = StepState::Succeeded;
+            record.output = Some(output.clone());
+            let value: serde_json::Value = serde_json::from_str(output).unwrap_or_default();
+            state.log(
+                LogKind::ChildComplete,
+                Some(&key),
+                json!({ "workflow": workflow, "id": id, "output": value }),
+            )
+        }
+        Err(error) => {
+            record.state = StepState::Failed;
+            record.error = Some(error.clone());
+            state.log(
+                LogKind::ChildFailure,
+                Some(&key),
+                json!({ "workflow": workflow, "id": id, "error": error }),
+            )
+        }
+    };
+    state.commit(vec![log, Write::Step(record.clone())]).await;
+    outcome.map_err(WorkflowError::from_info)
+}

@@ -1,0 +1,407 @@
+//! Child workflows (`step.invoke`): a parent starts a child, waits for it durably and gets
+//! its output or its end as the step's error; the family policy (a child ends with its
+//! parent, restarts with it, is compensated with it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::support::{Counter, FnWorkflow, engine, kinds, named, until_status, wf};
+use cairn::prelude::*;
+use cairn::{InstanceStatus, LogKind};
+use serde_json::{Value, json};
+
+type Parent = FnWorkflow<0>;
+type Child = FnWorkflow<1>;
+
+/// A child that sleeps two hours (so both hibernate) and doubles its param.
+fn doubling_child(runs: Arc<Counter>) -> Child {
+    named::<1, _, _>(move |event, step| {
+        let runs = Arc::clone(&runs);
+        async move {
+            step.sleep("nap", "2 hours").await?;
+            let n = event.payload["n"].as_i64().unwrap_or(0);
+            let doubled: i64 = step
+                .run("double", move |_| {
+                    runs.bump();
+                    async move { Ok(n * 2) }
+                })
+                .await?;
+            Ok(json!({ "doubled": doubled }))
+        }
+    })
+}
+
+fn invoking_parent() -> Parent {
+    wf(|event, step| async move {
+        let out = step
+            .invoke::<Child>("child", json!({ "n": event.payload["n"] }))
+            .await?;
+        Ok(json!({ "child": out }))
+    })
+}
+
+async fn only_child(engine: &Engine) -> cairn::Instance<Value> {
+    let page = engine
+        .workflow::<Child>()
+        .list(&cairn::ListOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(page.instances.len(), 1, "exactly one child instance");
+    engine
+        .workflow::<Child>()
+        .get(page.instances[0].id.as_str())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn invoke_returns_the_childs_output_and_links_parent_and_child() {
+    let runs = Arc::new(Counter::default());
+    let (engine, _dir) = engine(|b| {
+        b.register(invoking_parent())
+            .register(doubling_child(Arc::clone(&runs)))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({ "n": 21 })).id("order-1"))
+        .await
+        .unwrap();
+    // While the child sleeps both hibernate: the parent holds no memory.
+    until_status(&parent, InstanceStatus::Waiting).await;
+    let child = only_child(&engine).await;
+    until_status(&child, InstanceStatus::Waiting).await;
+    // (A lifetime leaves memory just after its hibernation commits.)
+    for _ in 0..100 {
+        if engine.live_instances() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(engine.live_instances(), 0, "parent and child both hibernate");
+
+    let status = parent.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete);
+    assert_eq!(status.output, Some(json!({ "child": { "doubled": 42 } })));
+    assert_eq!(runs.get(), 1);
+    assert!(
+        child.id().as_str().starts_with("order-1-child-1-"),
+        "readable id: {}",
+        child.id()
+    );
+
+    let parent_kinds = kinds(&parent).await;
+    assert!(parent_kinds.contains(&LogKind::ChildStart), "{parent_kinds:?}");
+    assert!(parent_kinds.contains(&LogKind::ChildComplete), "{parent_kinds:?}");
+    let d = parent.details().await.unwrap();
+    assert_eq!(d.steps[0].kind, "invoke");
+    assert_eq!(d.steps[0].output, Some(json!({ "doubled": 42 })));
+    assert_eq!(d.children.len(), 1);
+    assert_eq!(d.children[0].id, child.id().as_str());
+    assert_eq!(d.children[0].status, Some(InstanceStatus::Complete));
+    let c = child.details().await.unwrap();
+    let link = c.parent.expect("the child names its parent");
+    assert_eq!((link.workflow.as_str(), link.id.as_str()), ("test", "order-1"));
+    assert_eq!((link.step.as_str(), link.count), ("child", 1));
+    assert_eq!(c.trigger["source"], "parent");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replay_after_a_restart_of_the_engine_finds_the_same_child() {
+    let runs = Arc::new(Counter::default());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cairn.db");
+    let start = |runs: Arc<Counter>| {
+        super::support::builder_at(&path)
+            .register(invoking_parent())
+            .register(doubling_child(runs))
+            .start()
+    };
+    let engine = start(Arc::clone(&runs)).await.unwrap();
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({ "n": 5 })).id("p"))
+        .await
+        .unwrap();
+    until_status(&parent, InstanceStatus::Waiting).await;
+    engine.shutdown().await;
+
+    let engine = start(Arc::clone(&runs)).await.unwrap();
+    let parent = engine.workflow::<Parent>().get("p").await.unwrap();
+    let status = parent.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!({ "child": { "doubled": 10 } })));
+    only_child(&engine).await;
+    assert_eq!(runs.get(), 1, "the child's step ran once");
+    let starts = kinds(&parent)
+        .await
+        .into_iter()
+        .filter(|k| *k == LogKind::ChildStart)
+        .count();
+    assert_eq!(starts, 1, "the child was started once");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_child_fails_the_step_and_the_parents_rollbacks_run() {
+    let compensated = Arc::new(Counter::default());
+    let (engine, _dir) = engine(|b| {
+        let compensated = Arc::clone(&compensated);
+        b.register(wf(move |_, step| {
+            let compensated = Arc::clone(&compensated);
+            async move {
+                step.run("reserve", |_| async { Ok(7) })
+                    .rollback(move |_: cairn::Rollback<i32>| {
+                        let compensated = Arc::clone(&compensated);
+                        async move {
+                            compensated.bump();
+                            Ok(())
+                        }
+                    })
+                    .await?;
+                step.invoke::<Child>("charge", json!({})).await?;
+                Ok(Value::Null)
+            }
+        }))
+        .register(named::<1, _, _>(|_, step| async move {
+            step.run("card", |_| async {
+                Err::<(), _>(cairn::NonRetryableError::new("card declined").into())
+            })
+            .await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    let status = parent.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Errored);
+    let error = status.error.unwrap();
+    assert_eq!(error.name, "NonRetryableError", "the child's error name is kept");
+    assert!(
+        error.message.contains("child second/") && error.message.contains("card declined"),
+        "{}",
+        error.message
+    );
+    assert_eq!(compensated.get(), 1, "the parent's rollback ran once");
+    assert_eq!(
+        only_child(&engine).await.status().await.unwrap().status,
+        InstanceStatus::Errored
+    );
+    assert!(kinds(&parent).await.contains(&LogKind::ChildFailure));
+    engine.shutdown().await;
+}
+
+/// A child that registers a compensation and then waits for an event that never comes.
+fn compensating_child(compensated: Arc<Counter>) -> Child {
+    named::<1, _, _>(move |_, step| {
+        let compensated = Arc::clone(&compensated);
+        async move {
+            step.run("hold", |_| async { Ok(1) })
+                .rollback(move |_: cairn::Rollback<i32>| {
+                    let compensated = Arc::clone(&compensated);
+                    async move {
+                        compensated.bump();
+                        Ok(())
+                    }
+                })
+                .await?;
+            let _: StepEvent<Value> = step
+                .wait_for_event("never", "never")
+                .timeout("30 days")
+                .await?;
+            Ok(Value::Null)
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminate_with_rollback_of_the_parent_reaches_the_children() {
+    let compensated = Arc::new(Counter::default());
+    let (engine, _dir) = engine(|b| {
+        b.register(invoking_parent())
+            .register(compensating_child(Arc::clone(&compensated)))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&parent, InstanceStatus::Waiting).await;
+    let child = only_child(&engine).await;
+    until_status(&child, InstanceStatus::Waiting).await;
+
+    parent.terminate_with_rollback().await.unwrap();
+    assert_eq!(parent.wait().await.unwrap().status, InstanceStatus::Terminated);
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Terminated);
+    assert_eq!(compensated.get(), 1, "the child's compensation ran");
+    assert!(kinds(&child).await.contains(&LogKind::RollbackComplete));
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_child_ends_with_its_parent_unless_detached() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            // Neither child is awaited to its end: the parent stops waiting after a minute.
+            let attached = step.invoke::<Child>("attached", json!({}));
+            let detached = step.invoke::<Child>("detached", json!({})).detached();
+            let timer = step.sleep("patience", "1 minute");
+            tokio::select! {
+                _ = attached => {}
+                _ = detached => {}
+                _ = timer => {}
+            }
+            Ok(json!("done"))
+        }))
+        .register(compensating_child(Arc::new(Counter::default())))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    // `select!` polls the ops in turn; each starts its child when first polled, but only
+    // the first to finish decides: here the timer. Both children exist by then only if
+    // both were polled, which `select!` does.
+    assert_eq!(parent.wait().await.unwrap().status, InstanceStatus::Complete);
+    let d = parent.details().await.unwrap();
+    let by_step = |name: &str| {
+        d.children
+            .iter()
+            .find(|c| c.step == name)
+            .unwrap_or_else(|| panic!("no child for {name}: {:?}", d.children))
+            .clone()
+    };
+    let attached = engine
+        .workflow::<Child>()
+        .get(&by_step("attached").id)
+        .await
+        .unwrap();
+    let detached = engine
+        .workflow::<Child>()
+        .get(&by_step("detached").id)
+        .await
+        .unwrap();
+    assert_eq!(
+        attached.wait().await.unwrap().status,
+        InstanceStatus::Terminated
+    );
+    assert!(by_step("detached").detached);
+    assert!(
+        !detached.status().await.unwrap().status.is_terminal(),
+        "a detached child runs on"
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminating_a_child_fails_the_parents_step_with_child_terminated() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let err = step
+                .invoke::<Child>("child", json!({}))
+                .await
+                .unwrap_err();
+            Ok(json!([err.name(), err.message()]))
+        }))
+        .register(compensating_child(Arc::new(Counter::default())))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&parent, InstanceStatus::Waiting).await;
+    let child = only_child(&engine).await;
+    until_status(&child, InstanceStatus::Waiting).await;
+    child.terminate().await.unwrap();
+    let out = parent.wait().await.unwrap().output.unwrap();
+    assert_eq!(out[0], "ChildTerminatedError", "{out}");
+    assert!(out[1].as_str().unwrap().contains(child.id().as_str()), "{out}");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn deleting_a_running_child_fails_the_parents_step_with_child_deleted() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let err = step
+                .invoke::<Child>("child", json!({}))
+                .await
+                .unwrap_err();
+            Ok(json!(err.name()))
+        }))
+        .register(compensating_child(Arc::new(Counter::default())))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&parent, InstanceStatus::Waiting).await;
+    let child = only_child(&engine).await;
+    child.delete().await.unwrap();
+    let status = parent.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!("ChildDeletedError")));
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn restarting_the_parent_restarts_its_child() {
+    let runs = Arc::new(Counter::default());
+    let (engine, _dir) = engine(|b| {
+        b.register(invoking_parent())
+            .register(doubling_child(Arc::clone(&runs)))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({ "n": 1 })))
+        .await
+        .unwrap();
+    parent.wait().await.unwrap();
+    assert_eq!(runs.get(), 1);
+    parent.restart().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let status = parent.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete);
+    assert_eq!(status.output, Some(json!({ "child": { "doubled": 2 } })));
+    assert_eq!(runs.get(), 2, "the child ran again with its parent");
+    only_child(&engine).await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn invoking_a_workflow_the_engine_does_not_run_is_a_step_error() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let err = step
+                .invoke::<Child>("child", json!({}))
+                .await
+                .unwrap_err();
+            Ok(json!(err.message()))
+        }))
+    })
+    .await;
+    let out = super::support::run_to_end(&engine, json!({}))
+        .await
+        .status()
+        .await
+        .unwrap()
+        .output
+        .unwrap();
+    assert!(
+        out.as_str().unwrap().contains("second is not registered"),
+        "{out}"
+    );
+    engine.shutdown().await;
+}
