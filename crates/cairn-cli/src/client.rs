@@ -314,6 +314,35 @@ pub(crate) fn describe(details: &Value, full_output: bool) {
     ] {
         out!("{k:<9} {v}");
     }
+    if let Some(parent) = details["parent"].as_object() {
+        out!(
+            "{:<9} {} {} (step {}#{})",
+            "Parent",
+            text(&parent["workflow"]),
+            text(&parent["id"]),
+            text(&parent["step"]),
+            text(&parent["count"])
+        );
+    }
+    if let Some(children) = details["children"].as_array().filter(|c| !c.is_empty()) {
+        out!("\nChildren:");
+        let rows: Vec<Vec<String>> = children
+            .iter()
+            .map(|c| {
+                vec![
+                    format!("{}#{}", text(&c["step"]), text(&c["count"])),
+                    text(&c["workflow"]),
+                    text(&c["id"]),
+                    text(&c["status"]),
+                    if c["detached"] == true { "yes" } else { "no" }.to_owned(),
+                ]
+            })
+            .collect();
+        table(
+            &["STEP", "WORKFLOW", "INSTANCE", "STATUS", "DETACHED"],
+            &rows,
+        );
+    }
     out!("\nSteps:");
     let rows: Vec<Vec<String>> = details["steps"]
         .as_array()

@@ -165,6 +165,33 @@ impl Workflow for Checkout {
     }
 }
 
+/// A parent workflow: pays through `checkout`, run as a child workflow (`step.invoke`),
+/// then ships. `cairn workflows trigger order '{"failures": 1}'`; the dashboard links the
+/// order and its checkout.
+pub(crate) struct Order;
+
+impl Workflow for Order {
+    const NAME: &'static str = "order";
+    type Params = serde_json::Value;
+    type Output = serde_json::Value;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<serde_json::Value>,
+        step: WorkflowStep,
+    ) -> Result<serde_json::Value, WorkflowError> {
+        let payment = step
+            .invoke::<Checkout>("pay", event.payload.clone())
+            .await?;
+        let shipment: String = step
+            .run("ship", |ctx| async move {
+                Ok(format!("shp-{}", ctx.idempotency_key()))
+            })
+            .await?;
+        Ok(serde_json::json!({ "payment": payment, "shipment": shipment }))
+    }
+}
+
 /// The demo schedule: `greet` at the top of every hour (`cairn schedules list`).
 fn greet_hourly() -> cairn::Schedule {
     cairn::Schedule::new::<Greet>(
@@ -181,7 +208,8 @@ pub(crate) fn register(builder: cairn::EngineBuilder, schedules: bool) -> cairn:
         .register(Approval)
         .register(Nap)
         .register(Report)
-        .register(Checkout);
+        .register(Checkout)
+        .register(Order);
     if schedules {
         builder.schedule(greet_hourly())
     } else {

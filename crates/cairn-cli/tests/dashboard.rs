@@ -76,6 +76,13 @@ fn api(port: u16, token: Option<&str>, method: &str, path: &str, body: &Value) -
             }
             r.call()
         }
+        "DELETE" => {
+            let mut r = agent.delete(&url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.call()
+        }
         _ => {
             let mut r = agent.post(&url);
             if let Some(a) = &auth {
@@ -200,7 +207,7 @@ fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_br
     phase("Overview");
     // Overview: a card per workflow with its counts, and the hour's charts.
     browser.goto(&format!("{base}/"));
-    for w in ["greet", "approval", "nap", "report", "checkout"] {
+    for w in ["greet", "approval", "nap", "report", "checkout", "order"] {
         browser.find(&format!("section.card[data-workflow={w}]"));
     }
     let waiting = browser.find("section.card[data-workflow=approval] span.n[data-status=waiting]");
@@ -298,6 +305,36 @@ fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_br
     browser.find(".lane[data-kind=rollback][data-step='reserve stock']");
     assert!(browser.page_text().contains("card declined"));
     shot(&browser, "rollback");
+
+    phase("Parent and child");
+    // A parent (the demo `order`) links to the child it invoked (its `checkout`), and back.
+    create(port, None, "order", "shop-1", json!({ "failures": 0 }));
+    wait_status(port, None, "order", "shop-1", &["complete"]);
+    browser.goto(&format!("{base}/workflows/order/instances/shop-1"));
+    browser.find(".lane[data-kind=invoke][data-step=pay][data-state=ok]");
+    let child = browser.find("#children tr[data-child] a");
+    let child_id = browser.text(&child);
+    assert!(child_id.starts_with("shop-1-pay-1-"), "{child_id}");
+    browser.click(&child);
+    browser.wait(10, "the child's page", |b| {
+        b.url()
+            .contains("/workflows/checkout/instances/shop-1-pay-1-")
+    });
+    let parent = browser.find("#parent a");
+    assert_eq!(browser.text(&parent), "order / shop-1");
+    browser.assert_no_console_errors("a parent and its child");
+    shot(&browser, "child");
+    // Out of the way of the counts below.
+    for (w, id) in [("order", "shop-1".to_owned()), ("checkout", child_id)] {
+        let (code, _) = api(
+            port,
+            None,
+            "DELETE",
+            &format!("/api/workflows/{w}/instances/{id}"),
+            &json!({}),
+        );
+        assert_eq!(code, 200, "delete {w}/{id}");
+    }
 
     phase("Pause from the button");
     // Pause from the button; the API agrees; resume.

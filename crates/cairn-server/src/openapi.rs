@@ -387,18 +387,32 @@ fn schemas() -> Value {
                 "params": {},
                 "output": {},
                 "error": { "type": "object", "nullable": true, "properties": { "name": { "type": "string" }, "message": { "type": "string" } } },
+                "parent": { "$ref": "#/components/schemas/Relative" },
+                "children": { "type": "array", "items": { "$ref": "#/components/schemas/Relative" } },
                 "steps": {
                     "type": "array",
                     "items": {
                         "type": "object",
                         "properties": {
                             "name": { "type": "string" },
-                            "type": { "type": "string", "enum": ["step", "sleep", "waitForEvent", "rollback"] },
+                            "type": { "type": "string", "enum": ["step", "sleep", "waitForEvent", "rollback", "invoke"] },
                             "start": time,
                             "end": nullable_time,
                         },
                     },
                 },
+            },
+        },
+        "Relative": {
+            "type": "object",
+            "description": "A parent or child instance (`step.invoke`): the child was started by the parent's step `step`#`count`",
+            "properties": {
+                "workflow": { "type": "string" },
+                "id": { "type": "string" },
+                "step": { "type": "string" },
+                "count": { "type": "integer" },
+                "status": { "allOf": [{ "$ref": "#/components/schemas/Status" }], "nullable": true, "description": "the child's status (null for a parent)" },
+                "detached": { "type": "boolean", "description": "the child outlives its parent" },
             },
         },
         "StatusChange": {

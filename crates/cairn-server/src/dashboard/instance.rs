@@ -118,6 +118,12 @@ fn render(
                 div { dt { "Ran" } dd {
                     @match d.start { Some(s) => (layout::duration(end.since(s))), None => span.muted { "not started" } }
                 } }
+                @if let Some(p) = &d.parent {
+                    div #parent { dt { "Parent" } dd {
+                        a href=(super::instance_path(&p.workflow, &p.id)) { (p.workflow) " / " (p.id) }
+                        span.muted { " step " (p.step) @if p.count > 1 { " #" (p.count) } }
+                    } }
+                }
                 @if let Some(rb) = &loaded.rollback {
                     div { dt { "Rollback" } dd { (serde_json::to_value(rb).ok().and_then(|v| v.get("status").and_then(|s| s.as_str()).map(str::to_owned)).unwrap_or_default()) } }
                 }
@@ -138,6 +144,22 @@ fn render(
                         h2 { "Error" }
                         p.flash.error { strong { (error.name) } ": " (layout::clip(&error.message, 4096)) }
                     }
+                }
+            }
+            @if !d.children.is_empty() {
+                section #children {
+                    h2 { "Children" }
+                    div.tablewrap { table.steps {
+                        thead { tr { th { "Step" } th { "Workflow" } th.wide { "Instance" } th { "Status" } } }
+                        tbody { @for c in &d.children {
+                            tr data-child=(c.id) {
+                                td { (c.step) @if c.count > 1 { " #" (c.count) } }
+                                td { (c.workflow) }
+                                td.wide { a href=(super::instance_path(&c.workflow, &c.id)) { (c.id) } @if c.detached { span.muted { " (detached)" } } }
+                                td { @if let Some(status) = c.status { (layout::status(status)) } }
+                            }
+                        } }
+                    } }
                 }
             }
             section {

@@ -10,7 +10,7 @@ use maud::{Markup, html};
 /// One lane of the chart.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Lane {
-    /// `step`, `sleep`, `waitForEvent` or `rollback`.
+    /// `step`, `sleep`, `waitForEvent`, `invoke` or `rollback`.
     pub(crate) kind: &'static str,
     pub(crate) key: StepKey,
     pub(crate) start: Timestamp,
@@ -73,11 +73,15 @@ impl Timeline {
             let at = r.entry.at;
             let step = r.entry.step.as_ref();
             match r.entry.kind {
-                LogKind::StepStart | LogKind::SleepStart | LogKind::WaitStart => {
+                LogKind::StepStart
+                | LogKind::SleepStart
+                | LogKind::WaitStart
+                | LogKind::ChildStart => {
                     if let Some(key) = step {
                         let kind = match key.kind {
                             StepKind::Sleep => "sleep",
                             StepKind::WaitForEvent => "waitForEvent",
+                            StepKind::Invoke => "invoke",
                             _ => "step",
                         };
                         t.open(kind, key, at);
@@ -91,8 +95,12 @@ impl Timeline {
                 LogKind::StepSuccess
                 | LogKind::SleepComplete
                 | LogKind::WaitComplete
+                | LogKind::ChildComplete
                 | LogKind::RollbackStepSuccess => t.close(step, at, true, r.entry.kind),
-                LogKind::StepFailure | LogKind::WaitTimedOut | LogKind::RollbackStepFailure => {
+                LogKind::StepFailure
+                | LogKind::WaitTimedOut
+                | LogKind::ChildFailure
+                | LogKind::RollbackStepFailure => {
                     t.close(step, at, false, r.entry.kind);
                 }
                 LogKind::AttemptStart | LogKind::RollbackAttemptStart => {
@@ -295,6 +303,7 @@ pub(crate) fn render(t: &Timeline, start: Timestamp, end: Timestamp) -> Markup {
                     li { span.sw.backoff {} "retry delay" }
                     li { span.sw.k-sleep {} "sleep" }
                     li { span.sw.k-waitForEvent {} "event wait" }
+                    li { span.sw.k-invoke {} "child workflow" }
                     li { span.sw.b-rollback {} "rollback" }
                     li { span.sw.b-paused {} "paused" }
                 }
