@@ -871,3 +871,38 @@ fn instances_list_filters_by_statuses_and_id_prefix() {
     assert!(!ok);
     assert!(err.contains("createdFrom"), "{err}");
 }
+
+/// A parent and the child it invoked, as the CLI shows them: the parent's describe lists
+/// its children, the child's names its parent.
+#[test]
+fn describe_shows_a_parent_and_its_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    let (ok, out, err) = cairn(
+        port,
+        &[
+            "workflows",
+            "trigger",
+            "order",
+            r#"{"failures": 0}"#,
+            "--id",
+            "o1",
+            "--wait",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = cairn(port, &["instances", "describe", "order", "o1"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("Children:") && out.contains("pay#1") && out.contains("checkout"),
+        "{out}"
+    );
+    let details = json_of(port, &["instances", "describe", "order", "o1"]);
+    let child = details["children"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(details["children"][0]["status"], "complete", "{details}");
+    assert_eq!(details["steps"][0]["type"], "invoke", "{details}");
+    let (ok, out, err) = cairn(port, &["instances", "describe", "checkout", &child]);
+    assert!(ok, "{err}");
+    assert!(out.contains("Parent    order o1 (step pay#1)"), "{out}");
+}
