@@ -253,6 +253,58 @@ pub async fn throughput(
     ])
 }
 
+/// A parent that runs `NoOp` with its params as a child workflow (`step.invoke`).
+pub struct Parent;
+
+impl Workflow for Parent {
+    const NAME: &'static str = "parent";
+    type Params = u32;
+    type Output = u32;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<u32>,
+        step: WorkflowStep,
+    ) -> Result<u32, WorkflowError> {
+        step.invoke::<NoOp>("child", event.payload).await
+    }
+}
+
+/// What a child workflow costs: `instances` parents, each invoking a child of `steps`
+/// no-op steps, next to the same children created directly, in one run.
+///
+/// # Errors
+/// When the engine or the database fails.
+pub async fn children(
+    dir: &Path,
+    s: Settings,
+    instances: usize,
+    steps: u32,
+) -> Result<Vec<Row>, BenchError> {
+    let engine = engine_on(&dir.join("children.db"), s, |b| {
+        b.register(NoOp).register(Parent)
+    })
+    .await?;
+    let start = Instant::now();
+    let all = create_all::<NoOp>(&engine, |_| steps, instances, "flat").await?;
+    for i in &all {
+        i.wait().await?;
+    }
+    let flat = instances as f64 / start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let all = create_all::<Parent>(&engine, |_| steps, instances, "p").await?;
+    for i in &all {
+        i.wait().await?;
+    }
+    let family = instances as f64 / start.elapsed().as_secs_f64();
+    engine.shutdown().await;
+    let w = format!("children ({instances} × a child of {steps} steps, {})", label(s));
+    Ok(vec![
+        Row::new(&w, "instances of the child workflow, created directly", flat, "1/s"),
+        Row::new(&w, "parents, each invoking one child", family, "1/s").ratio(family / flat),
+    ])
+}
+
 /// The median of `samples` (the upper one of an even count).
 pub(crate) fn median(samples: &[f64]) -> f64 {
     let mut v = samples.to_vec();
