@@ -30,6 +30,9 @@ pub(crate) struct Env {
     /// The workflows this engine runs, with their retention (defaults applied): what a
     /// new instance (created by a client or by a parent's `invoke`) is kept for.
     pub(crate) retention: HashMap<WorkflowName, Retention>,
+    /// Wakes the scheduler: an instance became runnable (a child created by a parent's
+    /// commit, say) or a slot freed up.
+    pub(crate) wake: tokio::sync::Notify,
 }
 
 impl Env {

@@ -363,7 +363,7 @@ impl UntypedWorkflow {
             .count();
         if new > 0 {
             crate::telemetry::created(self.engine.inner.env.seen(), &self.name, new);
-            self.engine.inner.wake.notify_one();
+            self.engine.inner.env.wake.notify_one();
             self.engine.inner.changed();
         }
         Ok(prepared.into_iter().zip(created).collect())

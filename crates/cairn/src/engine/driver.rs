@@ -130,7 +130,7 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
         }
     }
     inner.status_changed(lease.instance);
-    inner.wake.notify_one();
+    inner.env.wake.notify_one();
 }
 
 /// The lease at a new epoch (see `Store::reclaim`) and when it was taken; `None` when it is
@@ -552,7 +552,7 @@ async fn hibernate(inner: &Runtime, state: &Lifetime, h: Hibernation) -> Result<
         .map_err(Abort::Store)?;
     tracing::debug!(workflow = %state.workflow, instance = %state.instance_id, wake_at = %h.wake_at, "hibernated");
     // Its wake-up is a new timer, or (an event already buffered) it is claimable at once.
-    inner.wake.notify_one();
+    inner.env.wake.notify_one();
     Ok(())
 }
 

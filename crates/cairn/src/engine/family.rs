@@ -86,7 +86,7 @@ pub(crate) fn control<'a>(
             }
             _ => {}
         }
-        inner.wake.notify_one();
+        inner.env.wake.notify_one();
         inner.status_changed(instance);
         let ended = to == InstanceStatus::Terminated
             || matches!(request, ControlRequest::Delete) && !to.is_terminal();

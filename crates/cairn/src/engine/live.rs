@@ -126,6 +126,7 @@ mod tests {
             leases: crate::env::Leases::new(crate::env::UNBOUNDED_LEASE),
             activity: crate::telemetry::Activity::default(),
             retention: std::collections::HashMap::new(),
+            wake: tokio::sync::Notify::new(),
         });
         let live = Live::default();
         let (older, newer) = (lifetime(&env, 1), lifetime(&env, 2));

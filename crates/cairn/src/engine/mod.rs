@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cairn_core::{DEFAULT_PAYLOAD_LIMIT, DEFAULT_STEP_LIMIT, WorkflowName};
 use cairn_store::{Retention, Store};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 pub(crate) mod announce;
 mod blocking;
@@ -463,12 +463,12 @@ impl EngineBuilder {
                 leases: crate::env::Leases::new(lease_ttl),
                 activity: crate::telemetry::Activity::default(),
                 retention,
+                wake: tokio::sync::Notify::new(),
             }),
             workflows,
             names,
             owner: format!("engine-{}", uuid::Uuid::new_v4().simple()),
             max_running: self.max_running,
-            wake: Notify::new(),
             changes: watch::channel(0).0,
             statuses: crate::engine::announce::Topics::new(),
             commits,

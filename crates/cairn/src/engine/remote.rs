@@ -59,7 +59,7 @@ fn apply(inner: &Arc<Runtime>, changes: Changes) {
     }
     inner.changed();
     if changes.claimable {
-        inner.wake.notify_one();
+        inner.env.wake.notify_one();
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_core::WorkflowName;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::env::Env;
@@ -27,8 +27,6 @@ pub(crate) struct Runtime {
     pub(crate) names: Vec<WorkflowName>,
     pub(crate) owner: String,
     pub(crate) max_running: usize,
-    /// Wakes the scheduler: an instance became runnable or a slot freed up.
-    pub(crate) wake: Notify,
     /// Bumped whenever an instance's status may have changed.
     pub(crate) changes: watch::Sender<u64>,
     /// The same, per instance: what `Instance::wait_for` watches. Bumped where `changes`
@@ -79,6 +77,6 @@ impl Runtime {
         if let Some(state) = self.live.get(instance) {
             state.events.notify_waiters();
         }
-        self.wake.notify_one();
+        self.env.wake.notify_one();
     }
 }

@@ -143,7 +143,7 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
             }
         };
         tokio::select! {
-            () = inner.wake.notified() => claim_now = true,
+            () = inner.env.wake.notified() => claim_now = true,
             () = timer => claim_now = true,
             () = poll => claim_now = true,
             Some(_) = drivers.join_next(), if !drivers.is_empty() => {}

@@ -396,6 +396,8 @@ async fn start(
             Write::Create(new),
         ])
         .await;
+    // The child is claimable now; the scheduler may be asleep with nothing else to do.
+    state.env.wake.notify_one();
     Ok(record)
 }
 

@@ -405,3 +405,38 @@ async fn invoking_a_workflow_the_engine_does_not_run_is_a_step_error() {
     );
     engine.shutdown().await;
 }
+
+/// Review finding: a child created by a parent that stays busy in memory (it never
+/// hibernates, so the scheduler is not woken by it) must still start at once.
+#[tokio::test(start_paused = true)]
+async fn a_child_starts_while_its_parent_stays_busy_in_memory() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            // The scheduler goes idle meanwhile: nothing else is runnable.
+            step.sleep("warm-up", Duration::from_millis(500)).await?;
+            let child = step.invoke::<Child>("child", json!({}));
+            let ticks = async {
+                for i in 0..20 {
+                    step.sleep(format!("tick {i}"), Duration::from_millis(500))
+                        .await?;
+                }
+                Ok::<_, WorkflowError>(())
+            };
+            tokio::select! {
+                out = child => Ok(json!({ "child": out? })),
+                done = ticks => { done?; Ok(json!("ticks ran out first")) }
+            }
+        }))
+        .register(named::<1, _, _>(|_, _| async move { Ok(json!("quick")) }))
+    })
+    .await;
+    let out = super::support::run_to_end(&engine, json!({}))
+        .await
+        .status()
+        .await
+        .unwrap()
+        .output
+        .unwrap();
+    assert_eq!(out, json!({ "child": "quick" }));
+    engine.shutdown().await;
+}
