@@ -298,9 +298,17 @@ pub async fn children(
     }
     let family = instances as f64 / start.elapsed().as_secs_f64();
     engine.shutdown().await;
-    let w = format!("children ({instances} × a child of {steps} steps, {})", label(s));
+    let w = format!(
+        "children ({instances} × a child of {steps} steps, {})",
+        label(s)
+    );
     Ok(vec![
-        Row::new(&w, "instances of the child workflow, created directly", flat, "1/s"),
+        Row::new(
+            &w,
+            "instances of the child workflow, created directly",
+            flat,
+            "1/s",
+        ),
         Row::new(&w, "parents, each invoking one child", family, "1/s").ratio(family / flat),
     ])
 }

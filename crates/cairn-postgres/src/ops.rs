@@ -1075,8 +1075,14 @@ pub(crate) async fn control(
 }
 
 /// Finished instances whose retention is over, skipping any another engine is purging.
-pub(crate) const DUE_PURGES_SQL: &str =
-    "SELECT iid FROM instances WHERE purge_at IS NOT NULL AND purge_at <= $1
+/// A finished child is held (not purged) while its parent's `invoke` step has not taken
+/// its outcome: the parent reads it from the child's row.
+pub(crate) const DUE_PURGES_SQL: &str = "SELECT iid FROM instances i
+     WHERE purge_at IS NOT NULL AND purge_at <= $1 AND (parent_iid IS NULL OR (
+         SELECT s.state FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
+             AND s.name = (i.parent::jsonb -> 'step' ->> 'name')
+             AND s.count = (i.parent::jsonb -> 'step' ->> 'count')::bigint
+     ) IS DISTINCT FROM 0)
      LIMIT $2 FOR UPDATE SKIP LOCKED";
 
 pub(crate) async fn purge(

@@ -114,6 +114,7 @@ async fn hot_queries_never_scan_or_sort_history() {
         ),
         ("due purges", ops::DUE_PURGES_SQL.into(), vec![&t, &n]),
         ("next purge", reads::NEXT_PURGE_SQL.into(), vec![]),
+        ("children of a parent", reads::children_sql(), vec![&iid]),
         (
             "renew",
             "UPDATE instances SET lease_until = $1 WHERE lease_owner = $2 AND lease_until >= $3"

@@ -64,17 +64,17 @@ pub(crate) fn instance_at(row: &Row, offset: usize) -> Result<InstanceRecord> {
     })
 }
 
+/// A parent's children, through the partial index `instances_children`.
+pub(crate) fn children_sql() -> String {
+    format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE parent_iid = $1 ORDER BY iid")
+}
+
 /// The instances `parent`'s `invoke` steps started, oldest first.
 pub(crate) async fn children(
     client: &impl GenericClient,
     parent: InstanceRef,
 ) -> Result<Vec<InstanceRecord>> {
-    let rows = query(
-        client,
-        &format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE parent_iid = $1 ORDER BY iid"),
-        &[&parent.0],
-    )
-    .await?;
+    let rows = query(client, &children_sql(), &[&parent.0]).await?;
     rows.iter().map(|r| instance_at(r, 0)).collect()
 }
 
@@ -276,8 +276,14 @@ pub(crate) async fn timers(
     })
 }
 
-pub(crate) const NEXT_PURGE_SQL: &str =
-    "SELECT MIN(purge_at) FROM instances WHERE purge_at IS NOT NULL";
+/// Held children aside (see `ops::DUE_PURGES_SQL`).
+pub(crate) const NEXT_PURGE_SQL: &str = "SELECT purge_at FROM instances i
+     WHERE purge_at IS NOT NULL AND (parent_iid IS NULL OR (
+         SELECT s.state FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
+             AND s.name = (i.parent::jsonb -> 'step' ->> 'name')
+             AND s.count = (i.parent::jsonb -> 'step' ->> 'count')::bigint
+     ) IS DISTINCT FROM 0)
+     ORDER BY purge_at LIMIT 1";
 
 pub(crate) async fn next_purge(client: &impl GenericClient) -> Result<Option<Timestamp>> {
     let rows = query(client, NEXT_PURGE_SQL, &[]).await?;

@@ -150,7 +150,7 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE instances ADD COLUMN parent_iid BIGINT;
     ALTER TABLE instances ADD COLUMN parent TEXT;
-    CREATE INDEX instances_children ON instances (parent_iid) WHERE parent_iid IS NOT NULL;
+    CREATE INDEX instances_children ON instances (parent_iid, iid) WHERE parent_iid IS NOT NULL;
     ",
 ];
 

@@ -459,12 +459,22 @@ pub(crate) const TAKE_EVENT_SQL: &str =
     "SELECT id, payload, at FROM events WHERE iid = ?1 AND type = ?2 ORDER BY id LIMIT 1";
 
 /// Finished instances whose retention is over.
-pub(crate) const DUE_PURGES_SQL: &str =
-    "SELECT iid FROM instances WHERE purge_at IS NOT NULL AND purge_at <= ?1 LIMIT ?2";
+/// A finished child is held (not purged) while its parent's `invoke` step has not taken
+/// its outcome: the parent reads it from the child's row.
+pub(crate) const DUE_PURGES_SQL: &str = "SELECT iid FROM instances i
+     WHERE purge_at IS NOT NULL AND purge_at <= ?1 AND NOT (parent_iid IS NOT NULL AND EXISTS (
+         SELECT 1 FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
+             AND s.name = json_extract(i.parent, '$.step.name')
+             AND s.count = json_extract(i.parent, '$.step.count') AND s.state = 0))
+     LIMIT ?2";
 
-/// When the next purge is due.
-pub(crate) const NEXT_PURGE_SQL: &str =
-    "SELECT MIN(purge_at) FROM instances WHERE purge_at IS NOT NULL";
+/// When the next purge is due (held children aside, see [`DUE_PURGES_SQL`]).
+pub(crate) const NEXT_PURGE_SQL: &str = "SELECT purge_at FROM instances i
+     WHERE purge_at IS NOT NULL AND NOT (parent_iid IS NOT NULL AND EXISTS (
+         SELECT 1 FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
+             AND s.name = json_extract(i.parent, '$.step.name')
+             AND s.count = json_extract(i.parent, '$.step.count') AND s.state = 0))
+     ORDER BY purge_at LIMIT 1";
 
 /// Instances of a workflow in a status: the counter the triggers of migration 8 keep.
 pub(crate) const COUNT_SQL: &str =
@@ -1083,7 +1093,9 @@ pub(crate) fn purge(conn: &Connection, now: Timestamp, limit: usize) -> Result<u
 pub(crate) fn next_purge(conn: &Connection) -> Result<Option<Timestamp>> {
     let at: Option<i64> = conn
         .query_row(NEXT_PURGE_SQL, [], |r| r.get(0))
-        .map_err(map_sqlite)?;
+        .optional()
+        .map_err(map_sqlite)?
+        .flatten();
     Ok(ts(at))
 }
 

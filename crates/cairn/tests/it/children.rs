@@ -440,3 +440,51 @@ async fn a_child_starts_while_its_parent_stays_busy_in_memory() {
     assert_eq!(out, json!({ "child": "quick" }));
     engine.shutdown().await;
 }
+
+/// Review finding: a child whose retention ends before its parent has taken its outcome
+/// (here: kept 0 s, and the parent paused meanwhile) must not be purged from under the
+/// parent, which would then report a completed child as deleted.
+#[tokio::test(start_paused = true)]
+async fn a_finished_child_is_kept_until_its_parent_has_taken_its_outcome() {
+    let (engine, _dir) = engine(|b| {
+        b.register(invoking_parent())
+            .register(named::<1, _, _>(|_, step| async move {
+                let go: StepEvent<Value> = step.wait_for_event("go", "go").await?;
+                Ok(json!({ "doubled": go.payload }))
+            }))
+            .workflow_retention(
+                "second",
+                cairn::Retention {
+                    success: Duration::ZERO,
+                    error: Duration::ZERO,
+                },
+            )
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&parent, InstanceStatus::Waiting).await;
+    let child = only_child(&engine).await;
+    until_status(&child, InstanceStatus::Waiting).await;
+    parent.pause().await.unwrap();
+    child.send_event("go", &json!(8)).await.unwrap();
+    child.wait().await.unwrap();
+    // Past the child's retention, with the parent still paused.
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    parent.resume().await.unwrap();
+    let status = parent.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(status.output, Some(json!({ "child": { "doubled": 8 } })));
+    // Once the parent has it, the child's retention applies again.
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let left = engine
+        .workflow::<Child>()
+        .list(&cairn::ListOptions::default())
+        .await
+        .unwrap();
+    assert!(left.instances.is_empty(), "{:?}", left.instances);
+    engine.shutdown().await;
+}
