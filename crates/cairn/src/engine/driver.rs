@@ -613,6 +613,7 @@ async fn finish(
     crate::engine::family::ended(
         inner,
         state.lease.instance,
+        status,
         record.parent.as_ref(),
         state.invoked(),
     )

@@ -6,15 +6,16 @@
 //! - a child still running when its parent ends (completes, errors, is terminated or
 //!   deleted) is terminated, unless it was started detached; terminating a parent *with
 //!   rollback* terminates its children with rollback too, so their compensations run;
-//! - restarting a parent restarts the children of the steps that run again (first, so the
-//!   parent's new run finds them restarted, not their old outcome);
 //! - a child that finds its parent ended or gone when it is claimed terminates itself,
 //!   which covers a crash between the parent's end and the cascade.
+//!
+//! Restarting a parent needs nothing here: its new run's `invoke` finds each child started
+//! before the step's new record and restarts it (`ops/invoke.rs`), so a crash in between
+//! cannot leave a stale outcome behind.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
-use cairn_core::{InstanceId, InstanceStatus, StepKey, WorkflowName};
+use cairn_core::{InstanceId, InstanceStatus, WorkflowName};
 use cairn_store::{ControlOutcome, ControlRequest, InstanceRecord, InstanceRef, ParentLink};
 use futures::future::BoxFuture;
 
@@ -32,24 +33,13 @@ pub(crate) fn control<'a>(
         let store = &inner.env.store;
         let reaches_children = matches!(
             request,
-            ControlRequest::Terminate { .. }
-                | ControlRequest::Restart { .. }
-                | ControlRequest::Delete
+            ControlRequest::Terminate { .. } | ControlRequest::Delete
         );
         let before = if reaches_children {
             store.instance(workflow, id).await?
         } else {
             None
         };
-        let children = match &before {
-            Some(record) => store.children(record.instance).await?,
-            None => Vec::new(),
-        };
-        if let (ControlRequest::Restart { from, .. }, Some(record)) = (&request, &before)
-            && !children.is_empty()
-        {
-            restart_children(inner, record, from.as_ref(), &children).await?;
-        }
         let outcome = store.control(workflow, id, request.clone()).await?;
         let ControlOutcome::Done {
             instance,
@@ -105,6 +95,9 @@ pub(crate) fn control<'a>(
             _ => None,
         };
         if let Some(cascade) = cascade {
+            // Read after the transition, which fenced the parent's lifetime off: a child its
+            // last commit created is among them.
+            let children = store.children(instance).await?;
             end_children(inner, &children, cascade).await;
         }
         Ok(outcome)
@@ -129,59 +122,12 @@ async fn end_children(inner: &Arc<Runtime>, children: &[InstanceRecord], request
     }
 }
 
-/// Restarts the children of the steps a restart of their parent runs again: all of them,
-/// or (restarting from a step) those of that step and of every step started after it.
-async fn restart_children(
-    inner: &Arc<Runtime>,
-    parent: &InstanceRecord,
-    from: Option<&StepKey>,
-    children: &[InstanceRecord],
-) -> Result<(), cairn_store::Error> {
-    let again: Option<HashSet<StepKey>> = match from {
-        None => None,
-        Some(from) => {
-            let mut journal = inner.env.store.journal(parent.instance).await?;
-            journal.sort_by_key(|s| s.seq);
-            let first = journal
-                .iter()
-                .filter(|s| s.key.kind == from.kind && s.key.name == from.name)
-                .nth(from.count.max(1) as usize - 1)
-                .map(|s| s.seq);
-            let Some(first) = first else {
-                // The store answers "no such step"; nothing to restart.
-                return Ok(());
-            };
-            Some(
-                journal
-                    .into_iter()
-                    .filter(|s| s.seq >= first)
-                    .map(|s| s.key)
-                    .collect(),
-            )
-        }
-    };
-    for child in children {
-        let Some(link) = &child.parent else { continue };
-        if again
-            .as_ref()
-            .is_some_and(|keys| !keys.contains(&link.step))
-        {
-            continue;
-        }
-        let request = ControlRequest::Restart {
-            at: inner.env.clock.now(),
-            from: None,
-        };
-        control(inner, &child.workflow, &child.id, request).await?;
-    }
-    Ok(())
-}
-
 /// After an instance's end is committed: a parent in memory learns that its child ended
 /// (the store woke it if it hibernates), and children still running end with it.
 pub(crate) async fn ended(
     inner: &Arc<Runtime>,
     instance: InstanceRef,
+    status: InstanceStatus,
     parent: Option<&ParentLink>,
     invoked: bool,
 ) {
@@ -193,9 +139,14 @@ pub(crate) async fn ended(
     }
     match inner.env.store.children(instance).await {
         Ok(children) => {
+            // A parent that failed compensated its own steps: its children compensate
+            // theirs. One that completed (or was terminated with rollback, whose children
+            // got that request already) ends the rest plainly.
+            let rollback =
+                (status == InstanceStatus::Errored).then(cairn_core::RollbackTrigger::terminate);
             let request = ControlRequest::Terminate {
                 at: inner.env.clock.now(),
-                rollback: None,
+                rollback,
             };
             end_children(inner, &children, request).await;
         }
@@ -215,8 +166,13 @@ pub(crate) async fn orphaned(inner: &Runtime, record: &InstanceRecord) -> bool {
         // Being compensated: it ends by itself when its rollback is done.
         return false;
     }
+    // A child (re)started after its parent ended was restarted on purpose: let it run.
+    let started = record.started_at.unwrap_or(record.created_at);
     match inner.env.store.instance(&link.workflow, &link.id).await {
-        Ok(Some(parent)) => parent.instance != link.instance || parent.status.is_terminal(),
+        Ok(Some(parent)) => {
+            parent.instance != link.instance
+                || parent.status.is_terminal() && parent.ended_at.is_none_or(|end| end >= started)
+        }
         Ok(None) => true,
         Err(_) => false,
     }

@@ -301,7 +301,7 @@ impl Lifetime {
         let name = StepName::new(name)
             .map_err(|e| WorkflowError::new(crate::failure::ERROR, e.to_string()))?;
         let mut inner = self.inner();
-        if kind == StepKind::Run {
+        if matches!(kind, StepKind::Run | StepKind::Invoke) {
             inner.run_calls += 1;
             let limit = self.env.limits.step_limit;
             if inner.run_calls > limit {

@@ -19,7 +19,7 @@ use cairn_core::{
     ErrorInfo, InstanceId, InstanceStatus, LogEntry, LogKind, StepKey, StepKind, StepRecord,
     StepState, WorkflowName,
 };
-use cairn_store::{InstanceRecord, NewInstance, ParentLink, Write};
+use cairn_store::{ControlRequest, InstanceRecord, NewInstance, ParentLink, Write};
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -230,6 +230,23 @@ async fn invoke(
                     return std::future::pending().await;
                 }
             };
+            if let Some(c) = found
+                .as_ref()
+                .filter(|c| is_child(c, &state, key) && stale(c, &record))
+            {
+                // Started by an earlier run of this step (the parent was restarted since):
+                // its outcome is not this run's. Run it again, then wait for it.
+                let request = ControlRequest::Restart {
+                    at: state.now(),
+                    from: None,
+                };
+                if let Err(e) = state.env.store.control(&c.workflow, &c.id, request).await {
+                    state.abort(crate::lifetime::Abort::Store(e));
+                    return std::future::pending().await;
+                }
+                state.env.wake.notify_one();
+                continue;
+            }
             let outcome = match &found {
                 Some(c) if !is_child(c, &state, key) => Some(Err(ErrorInfo::new(
                     ERROR,
@@ -278,6 +295,13 @@ fn is_child(found: &InstanceRecord, state: &Lifetime, key: &StepKey) -> bool {
         .is_some_and(|p| p.instance == state.lease.instance && &p.step == key)
 }
 
+/// Whether `child` was started before this run of the step: by the run before a restart
+/// of the parent. (A child created by this run has the step's start as its creation time;
+/// one restarted since has its restart as its start.)
+fn stale(child: &InstanceRecord, record: &StepRecord) -> bool {
+    child.started_at.unwrap_or(child.created_at) < record.started_at
+}
+
 /// The child's outcome once it has ended: its output, or the step's error.
 fn ended_with(child: &InstanceRecord) -> Option<Result<String, ErrorInfo>> {
     let name = format!("{}/{}", child.workflow, child.id);
@@ -308,44 +332,12 @@ async fn start(
     child: Child,
     detached: bool,
 ) -> Result<StepRecord, WorkflowError> {
-    let workflow =
-        WorkflowName::new(child.workflow).map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
-    let Some(retention) = state.env.retention.get(&workflow).copied() else {
-        return Err(WorkflowError::new(
-            ERROR,
-            format!(
-                "invoke \"{}\": workflow {workflow} is not registered with this engine",
-                key.target()
-            ),
-        ));
-    };
-    let params = child.params.map_err(|e| {
-        WorkflowError::new(
-            ERROR,
-            format!(
-                "invoke \"{}\": the child's params do not serialise: {e}",
-                key.target()
-            ),
-        )
-    })?;
-    let limit = state.env.limits.payload_limit;
-    if params.len() > limit {
-        return Err(WorkflowError::new(
-            ERROR,
-            format!(
-                "invoke \"{}\": the child's params are {} bytes; the limit is {limit} bytes",
-                key.target(),
-                params.len()
-            ),
-        ));
-    }
-    let id = child_id(state, key);
     let now = state.now();
-    let record = StepRecord {
+    let mut record = StepRecord {
         key: key.clone(),
         seq: state.next_seq(),
         state: StepState::Running,
-        config: config(&workflow, &id, detached),
+        config: json!({ "workflow": child.workflow, "detached": detached }),
         attempts: 1,
         in_flight: false,
         wake_at: None,
@@ -355,6 +347,31 @@ async fn start(
         ended_at: None,
         has_rollback: false,
     };
+    let (workflow, retention, params) = match checked(state, child) {
+        Ok(checked) => checked,
+        Err(reason) => {
+            // Recorded like any outcome, so that every replay (on any engine, whatever it
+            // registers) answers the same.
+            let error = ErrorInfo::new(ERROR, format!("invoke \"{}\": {reason}", key.target()));
+            record.state = StepState::Failed;
+            record.error = Some(error.clone());
+            record.ended_at = Some(now);
+            let workflow = record.config["workflow"].clone();
+            state
+                .commit(vec![
+                    state.log(
+                        LogKind::ChildFailure,
+                        Some(key),
+                        json!({ "workflow": workflow, "error": error }),
+                    ),
+                    Write::Step(record),
+                ])
+                .await;
+            return Err(WorkflowError::from_info(error));
+        }
+    };
+    let id = child_id(state, key);
+    record.config = config(&workflow, &id, detached);
     let params_value: serde_json::Value = serde_json::from_str(&params).unwrap_or_default();
     let new = NewInstance {
         workflow: workflow.clone(),
@@ -399,6 +416,31 @@ async fn start(
     // The child is claimable now; the scheduler may be asleep with nothing else to do.
     state.env.wake.notify_one();
     Ok(record)
+}
+
+/// The child's workflow (registered with this engine), its retention and its params, or
+/// why it cannot be started.
+fn checked(
+    state: &Lifetime,
+    child: Child,
+) -> Result<(WorkflowName, cairn_store::Retention, String), String> {
+    let workflow = WorkflowName::new(child.workflow).map_err(|e| e.to_string())?;
+    let Some(retention) = state.env.retention.get(&workflow).copied() else {
+        return Err(format!(
+            "workflow {workflow} is not registered with this engine"
+        ));
+    };
+    let params = child
+        .params
+        .map_err(|e| format!("the child's params do not serialise: {e}"))?;
+    let limit = state.env.limits.payload_limit;
+    if params.len() > limit {
+        return Err(format!(
+            "the child's params are {} bytes; the limit is {limit} bytes",
+            params.len()
+        ));
+    }
+    Ok((workflow, retention, params))
 }
 
 /// Journals the child's outcome in the parent and returns it.

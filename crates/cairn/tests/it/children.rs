@@ -403,6 +403,24 @@ async fn invoking_a_workflow_the_engine_does_not_run_is_a_step_error() {
         out.as_str().unwrap().contains("second is not registered"),
         "{out}"
     );
+    // Recorded, so a replay on an engine that has the workflow answers the same.
+    let instance = engine
+        .workflow::<Parent>()
+        .list(&cairn::ListOptions::default())
+        .await
+        .unwrap()
+        .instances
+        .remove(0);
+    let d = engine
+        .workflow::<Parent>()
+        .get(instance.id.as_str())
+        .await
+        .unwrap()
+        .details()
+        .await
+        .unwrap();
+    assert_eq!(d.steps[0].kind, "invoke");
+    assert_eq!(d.steps[0].success, Some(false));
     engine.shutdown().await;
 }
 
@@ -486,5 +504,66 @@ async fn a_finished_child_is_kept_until_its_parent_has_taken_its_outcome() {
         .await
         .unwrap();
     assert!(left.instances.is_empty(), "{:?}", left.instances);
+    engine.shutdown().await;
+}
+
+/// Review finding: a parent that fails compensates its own steps, and a child it leaves
+/// running is terminated *with rollback*, so the child's compensations run too.
+#[tokio::test(start_paused = true)]
+async fn a_child_left_running_by_a_failing_parent_is_compensated() {
+    let compensated = Arc::new(Counter::default());
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let child = step.invoke::<Child>("child", json!({}));
+            let fail = async {
+                step.sleep("a while", "1 minute").await?;
+                step.run("fail", |_| async {
+                    Err::<(), _>(cairn::NonRetryableError::new("gave up").into())
+                })
+                .await
+            };
+            tokio::select! {
+                out = child => out,
+                failed = fail => failed.map(|()| Value::Null),
+            }
+        }))
+        .register(compensating_child(Arc::clone(&compensated)))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(parent.wait().await.unwrap().status, InstanceStatus::Errored);
+    let child = only_child(&engine).await;
+    assert_eq!(child.wait().await.unwrap().status, InstanceStatus::Terminated);
+    assert_eq!(compensated.get(), 1, "the child's compensation ran");
+    engine.shutdown().await;
+}
+
+/// Review finding: a child restarted after its parent ended was restarted on purpose; the
+/// orphan check (a child whose parent ended before it ran) must let it run.
+#[tokio::test(start_paused = true)]
+async fn a_child_restarted_after_its_parent_ended_runs_again() {
+    let runs = Arc::new(Counter::default());
+    let (engine, _dir) = engine(|b| {
+        b.register(invoking_parent())
+            .register(doubling_child(Arc::clone(&runs)))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({ "n": 3 })))
+        .await
+        .unwrap();
+    parent.wait().await.unwrap();
+    let child = only_child(&engine).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    child.restart().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(runs.get(), 2);
     engine.shutdown().await;
 }
