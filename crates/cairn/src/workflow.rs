@@ -48,7 +48,7 @@ impl WorkflowStep {
     /// finds the same child, and its outcome is kept in this instance's journal. `C` must
     /// be registered with the engine. A child still running when the parent ends is
     /// terminated with it (terminated *with rollback* when the parent is), unless the op is
-    /// [`InvokeOp::detached`]; restarting the parent restarts the children of the steps it
+    /// [`InvokeOp::detached`](crate::InvokeOp::detached); restarting the parent restarts the children of the steps it
     /// runs again. The step is not retried: a child retries its own steps, and a failed
     /// child is an outcome to handle (or let fail the parent, whose rollback then runs).
     pub fn invoke<C: Workflow>(
