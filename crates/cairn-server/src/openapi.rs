@@ -429,7 +429,7 @@ fn schemas() -> Value {
                     "properties": {
                         "name": { "type": "string" },
                         "count": { "type": "integer", "minimum": 1 },
-                        "type": { "type": "string", "enum": ["step", "sleep", "waitForEvent", "do", "run", "wait_for_event"] },
+                        "type": { "type": "string", "enum": ["step", "sleep", "waitForEvent", "invoke", "do", "run", "wait_for_event"] },
                     },
                 },
             },

@@ -1223,7 +1223,7 @@ async fn one_step_type_vocabulary_everywhere() {
         v["message"]
             .as_str()
             .unwrap()
-            .contains("step, sleep or waitForEvent"),
+            .contains("step, sleep, waitForEvent or invoke"),
         "{v}"
     );
     engine.shutdown().await;
