@@ -541,6 +541,23 @@ impl Store for PostgresStore {
         Box::pin(async move { reads::next_purge(&self.reader().await?).await })
     }
 
+    fn put_schedule(
+        &self,
+        schedule: cairn_store::StoredSchedule,
+        create: bool,
+    ) -> StoreFuture<'_, bool> {
+        Box::pin(async move { reads::put_schedule(&self.reader().await?, &schedule, create).await })
+    }
+
+    fn schedules(&self) -> StoreFuture<'_, Vec<cairn_store::StoredSchedule>> {
+        Box::pin(async move { reads::schedules(&self.reader().await?).await })
+    }
+
+    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+        let name = name.to_owned();
+        Box::pin(async move { reads::delete_schedule(&self.reader().await?, &name).await })
+    }
+
     fn changes(&self) -> Option<futures::stream::BoxStream<'static, cairn_store::Changes>> {
         let (sender, _) = self.listener.as_ref()?;
         let receiver = sender.subscribe();

@@ -4,7 +4,9 @@ use cairn_core::{
     ErrorInfo, InstanceId, InstanceStatus, StepKey, StepKind, StepRecord, StepState, Timestamp,
     WorkflowName,
 };
-use cairn_store::{InstanceRecord, InstanceRef, ListQuery, ParentLink, Result, SqlArg, Timers};
+use cairn_store::{
+    InstanceRecord, InstanceRef, ListQuery, ParentLink, Result, SqlArg, StoredSchedule, Timers,
+};
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
@@ -288,4 +290,64 @@ pub(crate) const NEXT_PURGE_SQL: &str = "SELECT purge_at FROM instances i
 pub(crate) async fn next_purge(client: &impl GenericClient) -> Result<Option<Timestamp>> {
     let rows = query(client, NEXT_PURGE_SQL, &[]).await?;
     Ok(ts(rows.first().and_then(|r| r.get(0))))
+}
+
+/// Schedules are written outside the writer's batches: they touch no instance and no log.
+pub(crate) async fn put_schedule(
+    client: &impl GenericClient,
+    s: &StoredSchedule,
+    create: bool,
+) -> Result<bool> {
+    let sql = if create {
+        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING"
+    } else {
+        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET
+             definition = EXCLUDED.definition, paused = EXCLUDED.paused,
+             resumed_at = EXCLUDED.resumed_at, updated_at = EXCLUDED.updated_at"
+    };
+    let st = client.prepare_cached(sql).await.map_err(map_pg)?;
+    let written = client
+        .execute(
+            &st,
+            &[
+                &s.name,
+                &s.definition,
+                &s.paused,
+                &s.resumed_at.map(Timestamp::as_millis),
+                &s.updated_at.as_millis(),
+            ],
+        )
+        .await
+        .map_err(map_pg)?;
+    Ok(written == 1)
+}
+
+pub(crate) async fn schedules(client: &impl GenericClient) -> Result<Vec<StoredSchedule>> {
+    let rows = query(
+        client,
+        "SELECT name, definition, paused, resumed_at, updated_at FROM schedules ORDER BY name",
+        &[],
+    )
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(StoredSchedule {
+                name: r.try_get(0).map_err(corrupt)?,
+                definition: r.try_get(1).map_err(corrupt)?,
+                paused: r.try_get(2).map_err(corrupt)?,
+                resumed_at: ts(r.try_get(3).map_err(corrupt)?),
+                updated_at: Timestamp::from_millis(r.try_get(4).map_err(corrupt)?),
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn delete_schedule(client: &impl GenericClient, name: &str) -> Result<bool> {
+    let st = client
+        .prepare_cached("DELETE FROM schedules WHERE name = $1")
+        .await
+        .map_err(map_pg)?;
+    Ok(client.execute(&st, &[&name]).await.map_err(map_pg)? == 1)
 }

@@ -152,6 +152,16 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE instances ADD COLUMN parent TEXT;
     CREATE INDEX instances_children ON instances (parent_iid, iid) WHERE parent_iid IS NOT NULL;
     ",
+    // 3: cron schedules created over the API, and the paused state of those in code.
+    "
+    CREATE TABLE schedules (
+        name       TEXT PRIMARY KEY,
+        definition TEXT,
+        paused     BOOLEAN NOT NULL,
+        resumed_at BIGINT,
+        updated_at BIGINT NOT NULL
+    );
+    ",
 ];
 
 /// Why the schema could not be brought up to date.

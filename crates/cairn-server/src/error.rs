@@ -37,6 +37,8 @@ pub(crate) fn status_of_code(code: &str) -> StatusCode {
     match code {
         "instance.not_found" | "workflow.not_found" | "schedule.not_found" => StatusCode::NOT_FOUND,
         "instance.already_exists"
+        | "schedule.already_exists"
+        | "schedule.declared_in_code"
         | "instance.cannot_terminate"
         | "instance.cannot_pause"
         | "instance.cannot_resume"

@@ -646,6 +646,23 @@ impl Store for SqliteStore {
         self.read(rows::next_purge)
     }
 
+    fn put_schedule(
+        &self,
+        schedule: cairn_store::StoredSchedule,
+        create: bool,
+    ) -> StoreFuture<'_, bool> {
+        self.write(move |conn| rows::put_schedule(conn, &schedule, create))
+    }
+
+    fn schedules(&self) -> StoreFuture<'_, Vec<cairn_store::StoredSchedule>> {
+        self.read(rows::schedules)
+    }
+
+    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+        let name = name.to_owned();
+        self.write(move |conn| rows::delete_schedule(conn, &name))
+    }
+
     fn close(&self) -> StoreFuture<'_, ()> {
         Box::pin(async {
             SqliteStore::close(self).await;

@@ -9,7 +9,7 @@ use cairn_core::{
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
     ListQuery, NewEvent, NewInstance, ParentLink, Result, Sent, SqlArg, StatusChange, StoredEvent,
-    Timers, Write,
+    StoredSchedule, Timers, Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
@@ -1178,4 +1178,54 @@ pub(crate) fn reclaim(
         }),
         None => Err(Error::LeaseLost(lease.instance)),
     }
+}
+
+pub(crate) fn put_schedule(conn: &Connection, s: &StoredSchedule, create: bool) -> Result<bool> {
+    let sql = if create {
+        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (name) DO NOTHING"
+    } else {
+        "INSERT OR REPLACE INTO schedules (name, definition, paused, resumed_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)"
+    };
+    let written = conn
+        .prepare_cached(sql)
+        .and_then(|mut st| {
+            st.execute(params![
+                s.name,
+                s.definition,
+                s.paused,
+                s.resumed_at.map(Timestamp::as_millis),
+                s.updated_at.as_millis()
+            ])
+        })
+        .map_err(map_sqlite)?;
+    Ok(written == 1)
+}
+
+pub(crate) fn schedules(conn: &Connection) -> Result<Vec<StoredSchedule>> {
+    conn.prepare_cached(
+        "SELECT name, definition, paused, resumed_at, updated_at FROM schedules ORDER BY name",
+    )
+    .and_then(|mut st| {
+        st.query_map([], |r| {
+            Ok(StoredSchedule {
+                name: r.get(0)?,
+                definition: r.get(1)?,
+                paused: r.get(2)?,
+                resumed_at: ts(r.get(3)?),
+                updated_at: Timestamp::from_millis(r.get(4)?),
+            })
+        })?
+        .collect()
+    })
+    .map_err(map_sqlite)
+}
+
+pub(crate) fn delete_schedule(conn: &Connection, name: &str) -> Result<bool> {
+    let deleted = conn
+        .prepare_cached("DELETE FROM schedules WHERE name = ?1")
+        .and_then(|mut st| st.execute([name]))
+        .map_err(map_sqlite)?;
+    Ok(deleted == 1)
 }

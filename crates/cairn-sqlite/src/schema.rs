@@ -237,6 +237,16 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE instances ADD COLUMN parent TEXT;
     CREATE INDEX instances_children ON instances (parent_iid) WHERE parent_iid IS NOT NULL;
     ",
+    // 11: cron schedules created over the API, and the paused state of those in code.
+    "
+    CREATE TABLE schedules (
+        name       TEXT PRIMARY KEY,
+        definition TEXT,
+        paused     INTEGER NOT NULL,
+        resumed_at INTEGER,
+        updated_at INTEGER NOT NULL
+    );
+    ",
 ];
 
 /// Brings the schema up to date.

@@ -1408,6 +1408,51 @@ pub async fn terminating_or_deleting_a_child_wakes_its_parent(store: Arc<dyn Sto
     }
 }
 
+pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Store>) {
+    let row = |name: &str, definition: Option<&str>, paused: bool| crate::StoredSchedule {
+        name: name.into(),
+        definition: definition.map(str::to_owned),
+        paused,
+        resumed_at: paused.then_some(T0),
+        updated_at: T0,
+    };
+    assert!(store.schedules().await.unwrap().is_empty());
+    assert!(
+        store
+            .put_schedule(row("b", Some("{}"), false), true)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .put_schedule(row("a", None, true), true)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .put_schedule(row("b", Some("[1]"), true), true)
+            .await
+            .unwrap(),
+        "a name is created once"
+    );
+    let all = store.schedules().await.unwrap();
+    assert_eq!(all, [row("a", None, true), row("b", Some("{}"), false)]);
+    assert!(
+        store
+            .put_schedule(row("b", Some("[1]"), true), false)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.schedules().await.unwrap()[1],
+        row("b", Some("[1]"), true)
+    );
+    assert!(store.delete_schedule("b").await.unwrap());
+    assert!(!store.delete_schedule("b").await.unwrap());
+    assert_eq!(store.schedules().await.unwrap(), [row("a", None, true)]);
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -1443,6 +1488,7 @@ macro_rules! conformance_tests {
             a_childs_end_wakes_its_hibernated_parent,
             a_parent_hibernating_after_its_child_ended_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
+            schedules_are_created_once_replaced_and_deleted,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {
@@ -1489,6 +1535,7 @@ macro_rules! conformance_tests {
             a_childs_end_wakes_its_hibernated_parent,
             a_parent_hibernating_after_its_child_ended_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
+            schedules_are_created_once_replaced_and_deleted,
         );
     };
     (@optional $factory:ident; $($case:ident,)*) => {

@@ -483,6 +483,23 @@ pub struct ListQuery {
     pub limit: usize,
 }
 
+/// A cron schedule kept in the store, for every engine on it: one created over the API
+/// (with its definition), or the state of one declared in code (no definition: the code
+/// holds it; only whether it is paused is kept here).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSchedule {
+    /// Its name, unique per store.
+    pub name: String,
+    /// Its definition as JSON text; `None` for a schedule declared in code.
+    pub definition: Option<String>,
+    /// Paused: it fires no ticks.
+    pub paused: bool,
+    /// When it was last resumed: ticks before that are not caught up.
+    pub resumed_at: Option<Timestamp>,
+    /// When this row was last written.
+    pub updated_at: Timestamp,
+}
+
 /// The histogram of jobs per write transaction (the group commit's batch size) that both
 /// backends record through the `metrics` facade; listed with the engine's metrics.
 pub const BATCH_METRIC: &str = "cairn_store_batch_jobs";
@@ -653,6 +670,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// When the next finished instance is due to be purged.
     fn next_purge(&self) -> StoreFuture<'_, Option<Timestamp>>;
+
+    /// Writes a schedule. With `create`, only if no schedule has its name (`false` then,
+    /// and nothing written); otherwise it replaces the row of that name (`true`).
+    fn put_schedule(&self, schedule: StoredSchedule, create: bool) -> StoreFuture<'_, bool>;
+
+    /// Every stored schedule, by name.
+    fn schedules(&self) -> StoreFuture<'_, Vec<StoredSchedule>>;
+
+    /// Deletes the schedule `name`; whether there was one.
+    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool>;
 
     /// Writes other processes make to this store, as they commit (a hint: see
     /// [`Changes`]). `None` when no other process can write to it (SQLite).

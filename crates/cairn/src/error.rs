@@ -49,6 +49,17 @@ pub enum Error {
     /// No schedule with this name was declared ([`EngineBuilder::schedule`](crate::EngineBuilder::schedule)).
     #[error("no schedule {0:?} (cairn schedules list shows them)")]
     ScheduleNotFound(String),
+    /// A schedule with this name exists (declared in code or created before).
+    #[error("a schedule named {0:?} exists already")]
+    ScheduleExists(String),
+    /// The schedule is declared in code: it can be paused and resumed, not deleted.
+    #[error(
+        "schedule {0:?} is declared in the engine's code: pause it, or remove it from the code"
+    )]
+    ScheduleInCode(String),
+    /// The schedule is not valid (name, cron expression, time zone, policies, params).
+    #[error("{0}")]
+    InvalidSchedule(String),
     /// An instance with this id exists in this workflow (ids are unique for as long as the
     /// instance is retained).
     #[error("Workflow instance with id {id:?} already exists in workflow {workflow:?}")]
@@ -217,6 +228,9 @@ impl Error {
             Error::StepNotFound { .. } => "instance.cannot_restart",
             Error::UnknownWorkflow(_) => "workflow.not_found",
             Error::ScheduleNotFound(_) => "schedule.not_found",
+            Error::ScheduleExists(_) => "schedule.already_exists",
+            Error::ScheduleInCode(_) => "schedule.declared_in_code",
+            Error::InvalidSchedule(_) => "schedule.invalid",
             Error::InvalidParams { .. } => "params.invalid",
             Error::PayloadTooLarge { .. } => "payload.too_large",
             Error::BatchEmpty(_) => "batch.empty",

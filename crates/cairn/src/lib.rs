@@ -25,7 +25,8 @@ pub use cairn_store::{Retention, WorkflowLogPage};
 pub use client::{
     AttemptDetails, BatchCreated, BatchDeleted, BatchError, CreateOptions, Delivery, Instance,
     InstanceDetails, InstancePage, InstanceRetention, InstanceSummary, ListOptions,
-    MAX_IDEMPOTENCY_KEY, Relative, Status, StepDetails, UntypedWorkflow, WorkflowClient,
+    MAX_IDEMPOTENCY_KEY, Relative, ScheduleEntry, Status, StepDetails, UntypedWorkflow,
+    WorkflowClient,
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};

@@ -8,41 +8,300 @@ use std::time::Duration;
 use cairn_core::Timestamp;
 
 use crate::client::Instance;
+use crate::engine::runtime::Ticking;
 use crate::engine::schedules::{Overlap, Schedule, due_ticks, last_fired};
 use crate::engine::{Engine, EngineBuilder};
 use crate::error::Error;
 
 impl EngineBuilder {
     /// Opens the store, recovers what the last engine left running, starts scheduling, and
-    /// starts the cron schedules.
+    /// starts the cron schedules (those declared in code and those stored).
     ///
     /// # Errors
     /// [`Error::Config`] for a missing store, an invalid or duplicate workflow name, a
     /// schedule of a workflow not registered, or a store that cannot be opened.
     pub async fn start(self) -> Result<Engine, Error> {
         let engine = self.build().await?;
-        let tasks: Vec<_> = engine
-            .inner
-            .schedules
-            .iter()
-            .map(|s| tokio::spawn(run(engine.clone(), Arc::clone(s))))
-            .collect();
-        if let Ok(mut slot) = engine.inner.schedule_tasks.lock() {
-            *slot = tasks;
+        if let Err(e) = engine.sync_schedules().await {
+            // The declared schedules still tick; the stored ones follow at the next sync.
+            tracing::warn!(error = %e, "reading the stored schedules failed");
+            engine.start_declared();
+        }
+        if engine.inner.env.leases.expire() && !engine.inner.env.clock.is_virtual() {
+            // Other engines create, pause and delete schedules too: look every few seconds.
+            tokio::spawn(keep_in_sync(engine.clone()));
         }
         Ok(engine)
     }
 }
 
+/// How often an engine on a shared store looks for schedules other engines changed.
+const SYNC_EVERY: Duration = Duration::from_secs(5);
+
+async fn keep_in_sync(engine: Engine) {
+    let mut shutdown = engine.inner.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(SYNC_EVERY) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        if let Err(e) = engine.sync_schedules().await {
+            tracing::warn!(error = %e, "reading the stored schedules failed");
+        }
+    }
+}
+
+/// A schedule as [`Engine::list_schedules`] shows it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ScheduleEntry {
+    /// Its definition.
+    pub schedule: Schedule,
+    /// Declared in the engine's code ([`EngineBuilder::schedule`]), rather than created
+    /// over the API ([`Engine::create_schedule`]).
+    pub in_code: bool,
+    /// Paused: it fires no ticks until resumed.
+    pub paused: bool,
+}
+
+/// What ticks: a schedule, whether it is paused, and since when it runs again.
+struct Wanted {
+    schedule: Arc<Schedule>,
+    paused: bool,
+    resumed_at: Option<Timestamp>,
+}
+
 impl Engine {
-    /// The schedules declared with [`EngineBuilder::schedule`].
+    /// The schedules declared in code with [`EngineBuilder::schedule`] (
+    /// [`Engine::list_schedules`] has those created over the API too).
     pub fn schedules(&self) -> impl Iterator<Item = &Schedule> {
         self.inner.schedules.iter().map(AsRef::as_ref)
     }
 
-    fn schedule_named(&self, name: &str) -> Result<&Schedule, Error> {
-        self.schedules()
-            .find(|s| s.name() == name)
+    /// Every schedule: declared in code, and stored (created over the API, by any engine on
+    /// the store), by name. A stored schedule of a workflow this engine does not run is
+    /// listed; it ticks on the engines that run it.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn list_schedules(&self) -> Result<Vec<ScheduleEntry>, Error> {
+        let mut all: Vec<ScheduleEntry> = self
+            .wanted(false)
+            .await?
+            .into_iter()
+            .map(|(_, w)| ScheduleEntry {
+                in_code: self.declared(w.schedule.name()).is_some(),
+                schedule: (*w.schedule).clone(),
+                paused: w.paused,
+            })
+            .collect();
+        all.sort_by(|a, b| a.schedule.name().cmp(b.schedule.name()));
+        Ok(all)
+    }
+
+    fn declared(&self, name: &str) -> Option<&Arc<Schedule>> {
+        self.inner.schedules.iter().find(|s| s.name() == name)
+    }
+
+    /// Every schedule by name with its state; with `runnable`, only those this engine can
+    /// run (its workflow is registered here).
+    async fn wanted(&self, runnable: bool) -> Result<Vec<(String, Wanted)>, Error> {
+        let stored = self.inner.env.store.schedules().await?;
+        let mut all: Vec<(String, Wanted)> = self
+            .inner
+            .schedules
+            .iter()
+            .map(|s| {
+                let state = stored.iter().find(|r| r.name == s.name());
+                let wanted = Wanted {
+                    schedule: Arc::clone(s),
+                    paused: state.is_some_and(|r| r.paused),
+                    resumed_at: state.and_then(|r| r.resumed_at),
+                };
+                (s.name().to_owned(), wanted)
+            })
+            .collect();
+        for row in stored {
+            let Some(definition) = &row.definition else {
+                continue;
+            };
+            if self.declared(&row.name).is_some() {
+                // Declared in code since it was created: the code's definition wins.
+                continue;
+            }
+            match Schedule::from_definition(&row.name, definition) {
+                Ok(schedule) => {
+                    if runnable && self.workflow_by_name(schedule.workflow()).is_err() {
+                        continue;
+                    }
+                    let wanted = Wanted {
+                        schedule: Arc::new(schedule),
+                        paused: row.paused,
+                        resumed_at: row.resumed_at,
+                    };
+                    all.push((row.name.clone(), wanted));
+                }
+                Err(e) => {
+                    tracing::warn!(schedule = %row.name, error = %e, "a stored schedule does not read; it does not tick");
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Starts the declared schedules without the store's state (it could not be read).
+    fn start_declared(&self) {
+        let Ok(mut tasks) = self.inner.schedule_tasks.lock() else {
+            return;
+        };
+        for s in &self.inner.schedules {
+            tasks.entry(s.name().to_owned()).or_insert_with(|| Ticking {
+                version: String::new(),
+                task: tokio::spawn(run(self.clone(), Arc::clone(s), None)),
+            });
+        }
+    }
+
+    /// Brings the schedules ticking in line with the code and the store: starts the new and
+    /// the resumed, stops the paused and the deleted, restarts the changed.
+    async fn sync_schedules(&self) -> Result<(), Error> {
+        let _one_at_a_time = self.inner.schedules_sync.lock().await;
+        let wanted = self.wanted(true).await?;
+        let Ok(mut tasks) = self.inner.schedule_tasks.lock() else {
+            return Ok(());
+        };
+        if *self.inner.shutdown.borrow() {
+            return Ok(());
+        }
+        let mut keep = std::collections::HashSet::new();
+        for (name, w) in wanted {
+            if w.paused {
+                continue;
+            }
+            let version = format!(
+                "{}|{:?}",
+                w.schedule.definition(),
+                w.resumed_at.map(Timestamp::as_millis)
+            );
+            keep.insert(name.clone());
+            if tasks.get(&name).is_some_and(|t| t.version == version) {
+                continue;
+            }
+            if let Some(old) = tasks.remove(&name) {
+                old.task.abort();
+            }
+            let task = tokio::spawn(run(self.clone(), w.schedule, w.resumed_at));
+            tasks.insert(name, Ticking { version, task });
+        }
+        tasks.retain(|name, t| {
+            let kept = keep.contains(name);
+            if !kept {
+                t.task.abort();
+            }
+            kept
+        });
+        Ok(())
+    }
+
+    /// Creates a schedule for every engine on the store (kept in the store, ticking on
+    /// each engine that runs its workflow; each tick still fires once). Its workflow must
+    /// be registered here.
+    ///
+    /// # Errors
+    /// [`Error::ScheduleExists`] when the name is taken (in code or in the store),
+    /// [`Error::UnknownWorkflow`], or a store failure.
+    pub async fn create_schedule(&self, schedule: Schedule) -> Result<(), Error> {
+        self.workflow_by_name(schedule.workflow())?;
+        if self.declared(schedule.name()).is_some() {
+            return Err(Error::ScheduleExists(schedule.name().to_owned()));
+        }
+        let row = cairn_store::StoredSchedule {
+            name: schedule.name().to_owned(),
+            definition: Some(schedule.definition()),
+            paused: false,
+            resumed_at: None,
+            updated_at: self.clock().now(),
+        };
+        if !self.inner.env.store.put_schedule(row, true).await? {
+            return Err(Error::ScheduleExists(schedule.name().to_owned()));
+        }
+        self.sync_schedules().await
+    }
+
+    /// Pauses a schedule (declared in code or stored): it fires no tick until resumed, on
+    /// any engine. Pausing a paused schedule does nothing.
+    ///
+    /// # Errors
+    /// [`Error::ScheduleNotFound`], or a store failure.
+    pub async fn pause_schedule(&self, name: &str) -> Result<(), Error> {
+        self.set_paused(name, true).await
+    }
+
+    /// Resumes a paused schedule from now on: the ticks it missed while paused are not
+    /// caught up. Resuming a schedule that is not paused does nothing.
+    ///
+    /// # Errors
+    /// [`Error::ScheduleNotFound`], or a store failure.
+    pub async fn resume_schedule(&self, name: &str) -> Result<(), Error> {
+        self.set_paused(name, false).await
+    }
+
+    async fn set_paused(&self, name: &str, paused: bool) -> Result<(), Error> {
+        let stored = self.inner.env.store.schedules().await?;
+        let row = stored.into_iter().find(|r| r.name == name);
+        // Declared in code: only its state is stored. Otherwise its stored definition.
+        let definition = if self.declared(name).is_some() {
+            None
+        } else {
+            match row.as_ref().and_then(|r| r.definition.clone()) {
+                Some(definition) => Some(definition),
+                None => return Err(Error::ScheduleNotFound(name.to_owned())),
+            }
+        };
+        if row.as_ref().is_some_and(|r| r.paused) == paused {
+            return Ok(());
+        }
+        let now = self.clock().now();
+        let row = cairn_store::StoredSchedule {
+            name: name.to_owned(),
+            definition,
+            paused,
+            resumed_at: if paused {
+                row.and_then(|r| r.resumed_at)
+            } else {
+                Some(now)
+            },
+            updated_at: now,
+        };
+        self.inner.env.store.put_schedule(row, false).await?;
+        self.sync_schedules().await
+    }
+
+    /// Deletes a schedule created over the API, on every engine. The instances it started
+    /// are kept.
+    ///
+    /// # Errors
+    /// [`Error::ScheduleInCode`] for one declared in code, [`Error::ScheduleNotFound`], or a
+    /// store failure.
+    pub async fn delete_schedule(&self, name: &str) -> Result<(), Error> {
+        if self.declared(name).is_some() {
+            return Err(Error::ScheduleInCode(name.to_owned()));
+        }
+        if !self.inner.env.store.delete_schedule(name).await? {
+            return Err(Error::ScheduleNotFound(name.to_owned()));
+        }
+        self.sync_schedules().await
+    }
+
+    async fn schedule_named(&self, name: &str) -> Result<Arc<Schedule>, Error> {
+        if let Some(s) = self.declared(name) {
+            return Ok(Arc::clone(s));
+        }
+        self.wanted(false)
+            .await?
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, w)| w.schedule)
             .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))
     }
 
@@ -54,18 +313,18 @@ impl Engine {
         &self,
         schedule: &str,
     ) -> Result<(Option<Timestamp>, Option<Timestamp>), Error> {
-        let s = self.schedule_named(schedule)?;
-        let last = last_fired(&*self.inner.env.store, s).await?;
+        let s = self.schedule_named(schedule).await?;
+        let last = last_fired(&*self.inner.env.store, &s).await?;
         Ok((last, s.next_after(self.clock().now())))
     }
 
     /// Starts a run of `schedule` now, outside its ticks (`{schedule}-manual-{time}`): it
-    /// does not count as a tick fired and ignores the overlap policy.
+    /// does not count as a tick fired and ignores the overlap policy and a pause.
     ///
     /// # Errors
     /// [`Error::ScheduleNotFound`], or the create's errors.
     pub async fn trigger_schedule(&self, schedule: &str) -> Result<Instance, Error> {
-        let s = self.schedule_named(schedule)?;
+        let s = self.schedule_named(schedule).await?;
         let id = s.manual_id(self.clock().now());
         self.workflow_by_name(s.workflow())?
             .create(crate::client::CreateOptions::new(s.params().clone()).id(id))
@@ -73,8 +332,9 @@ impl Engine {
     }
 }
 
-/// Runs `schedule` until the engine shuts down.
-async fn run(engine: Engine, schedule: Arc<Schedule>) {
+/// Runs `schedule` until the engine shuts down (or it is paused, changed or deleted: then
+/// the task is aborted). Ticks before `resumed_at` are not caught up.
+async fn run(engine: Engine, schedule: Arc<Schedule>, resumed_at: Option<Timestamp>) {
     let runtime = Arc::clone(&engine.inner);
     let mut shutdown = runtime.shutdown.subscribe();
     let clock = runtime.env.clock.clone();
@@ -100,7 +360,7 @@ async fn run(engine: Engine, schedule: Arc<Schedule>) {
             }
         }
     };
-    let mut after = match last {
+    let after = match last {
         // Never before `now - retained`: a tick older than that may have fired and been
         // purged since.
         Some(last) => last
@@ -111,6 +371,11 @@ async fn run(engine: Engine, schedule: Arc<Schedule>) {
         // within the grace, may be from before the schedule was declared: a server started
         // at 04:00:30 does not run the 04:00 tick of a schedule it has never run.)
         None => clock.now(),
+    };
+    // Resumed since: the ticks it missed while paused are not caught up.
+    let mut after = match resumed_at {
+        Some(resumed) => after.max(resumed.min(clock.now())),
+        None => after,
     };
     // The run the overlap policy looks at: the last tick's, also after a restart.
     let mut previous: Option<String> = last.map(|t| schedule.tick_id(t));

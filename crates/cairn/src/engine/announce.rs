@@ -268,6 +268,22 @@ impl Store for Announcing {
         self.store.children(parent)
     }
 
+    fn put_schedule(
+        &self,
+        schedule: cairn_store::StoredSchedule,
+        create: bool,
+    ) -> StoreFuture<'_, bool> {
+        self.store.put_schedule(schedule, create)
+    }
+
+    fn schedules(&self) -> StoreFuture<'_, Vec<cairn_store::StoredSchedule>> {
+        self.store.schedules()
+    }
+
+    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+        self.store.delete_schedule(name)
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         // A child created with the commit: its workflow's streams have its first record.
         let created: Vec<WorkflowName> = writes

@@ -122,6 +122,25 @@ impl Store for Blocking {
         blocking(&self.0, move |s| s.children(parent))
     }
 
+    fn put_schedule(
+        &self,
+        schedule: cairn_store::StoredSchedule,
+        create: bool,
+    ) -> StoreFuture<'_, bool> {
+        blocking(&self.0, move |s| s.put_schedule(schedule, create))
+    }
+
+    fn schedules(&self) -> StoreFuture<'_, Vec<cairn_store::StoredSchedule>> {
+        blocking(&self.0, move |s| s.schedules())
+    }
+
+    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+        let name = name.to_owned();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.delete_schedule(&name).await })
+        })
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         blocking(&self.0, move |s| s.commit(lease, writes))
     }

@@ -171,7 +171,10 @@ impl Engine {
             .schedule_tasks
             .lock()
             .map(|mut t| std::mem::take(&mut *t))
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .into_values()
+            .map(|t| t.task)
+            .collect::<Vec<_>>();
         // Runners stuck on a store that does not answer are not waited for forever: one
         // deadline for all of them.
         let aborts: Vec<_> = ticking
@@ -476,7 +479,8 @@ impl EngineBuilder {
             gauges_refreshed: tokio::sync::Mutex::new(None),
             scheduler: Mutex::new(None),
             schedules: scheduled,
-            schedule_tasks: Mutex::new(Vec::new()),
+            schedule_tasks: Mutex::new(HashMap::new()),
+            schedules_sync: tokio::sync::Mutex::new(()),
             _temp_dir: temp_dir,
         });
         if let Some(changes) = inner.env.store.changes() {

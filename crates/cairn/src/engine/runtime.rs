@@ -42,8 +42,18 @@ pub(crate) struct Runtime {
     pub(crate) scheduler: Mutex<Option<JoinHandle<()>>>,
     /// The cron schedules declared, and their tasks until shutdown.
     pub(crate) schedules: Vec<Arc<crate::engine::schedules::Schedule>>,
-    pub(crate) schedule_tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The schedules ticking now (declared in code or stored), by name, until shutdown.
+    pub(crate) schedule_tasks: Mutex<HashMap<String, Ticking>>,
+    /// Held while the schedules ticking are brought in line with the store's.
+    pub(crate) schedules_sync: tokio::sync::Mutex<()>,
     pub(crate) _temp_dir: Option<tempfile::TempDir>,
+}
+
+/// A schedule whose runner task is running.
+pub(crate) struct Ticking {
+    /// What it runs with: a change (a new definition, a resume) restarts the task.
+    pub(crate) version: String,
+    pub(crate) task: JoinHandle<()>,
 }
 
 impl Runtime {

@@ -76,6 +76,93 @@ pub enum ScheduleError {
     /// The params do not serialise to JSON.
     #[error("the schedule's params are not JSON: {0}")]
     Params(String),
+    /// The workflow name is not valid.
+    #[error("invalid workflow name {0:?}")]
+    Workflow(String),
+    /// An overlap or catch-up policy that is not one of the known ones.
+    #[error("invalid {what} {given:?} (one of {known})")]
+    Policy {
+        /// `overlap` or `catch-up`.
+        what: &'static str,
+        /// What was given.
+        given: String,
+        /// What is known.
+        known: &'static str,
+    },
+    /// A stored definition that does not read back (written by a newer build?).
+    #[error("the stored definition of schedule {name:?} does not read: {reason}")]
+    Stored {
+        /// The schedule.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Overlap {
+    /// The policy named `name`: `allow`, `skip`, `bufferOne` (or `buffer-one`).
+    ///
+    /// # Errors
+    /// [`ScheduleError::Policy`] for any other name.
+    pub fn parse(name: &str) -> Result<Overlap, ScheduleError> {
+        match name {
+            "allow" => Ok(Overlap::Allow),
+            "skip" => Ok(Overlap::Skip),
+            "bufferOne" | "buffer-one" => Ok(Overlap::BufferOne),
+            _ => Err(ScheduleError::Policy {
+                what: "overlap",
+                given: name.to_owned(),
+                known: "allow, skip, bufferOne",
+            }),
+        }
+    }
+
+    /// Its name, as [`Overlap::parse`] reads it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overlap::Allow => "allow",
+            Overlap::Skip => "skip",
+            Overlap::BufferOne => "bufferOne",
+        }
+    }
+}
+
+impl CatchUp {
+    /// The policy named `name`: `skip`, `runOnce` (or `run-once`), `runAll:N` (or
+    /// `run-all:N`, N from 1 to 1000).
+    ///
+    /// # Errors
+    /// [`ScheduleError::Policy`] for any other name.
+    pub fn parse(name: &str) -> Result<CatchUp, ScheduleError> {
+        let bad = || ScheduleError::Policy {
+            what: "catch-up",
+            given: name.to_owned(),
+            known: "skip, runOnce, runAll:N (N from 1 to 1000)",
+        };
+        match name {
+            "skip" => Ok(CatchUp::Skip),
+            "runOnce" | "run-once" => Ok(CatchUp::RunOnce),
+            _ => {
+                let n = name
+                    .strip_prefix("runAll:")
+                    .or_else(|| name.strip_prefix("run-all:"))
+                    .ok_or_else(bad)?;
+                match n.parse::<u32>() {
+                    Ok(n) if (1..=1000).contains(&n) => Ok(CatchUp::RunAll(n)),
+                    _ => Err(bad()),
+                }
+            }
+        }
+    }
+
+    /// Its name, as [`CatchUp::parse`] reads it.
+    pub fn to_name(self) -> String {
+        match self {
+            CatchUp::Skip => "skip".to_owned(),
+            CatchUp::RunOnce => "runOnce".to_owned(),
+            CatchUp::RunAll(n) => format!("runAll:{n}"),
+        }
+    }
 }
 
 /// A workflow started on a cron schedule (`docs/schedules.md` has its guarantees).
@@ -130,6 +217,24 @@ impl Schedule {
         cron: &str,
         params: W::Params,
     ) -> Result<Schedule, ScheduleError> {
+        let params =
+            serde_json::to_value(params).map_err(|e| ScheduleError::Params(e.to_string()))?;
+        Schedule::untyped(name, cron, W::NAME, params)
+    }
+
+    /// [`Schedule::new`] for a workflow named `workflow` and params given as JSON (what the
+    /// API and the CLI create).
+    ///
+    /// # Errors
+    /// An invalid name, expression or workflow name.
+    pub fn untyped(
+        name: &str,
+        cron: &str,
+        workflow: &str,
+        params: serde_json::Value,
+    ) -> Result<Schedule, ScheduleError> {
+        let workflow = WorkflowName::new(workflow)
+            .map_err(|_| ScheduleError::Workflow(workflow.to_owned()))?;
         let valid = !name.is_empty()
             && name.len() <= MAX_NAME
             && !name.starts_with('-')
@@ -151,14 +256,12 @@ impl Schedule {
             expression: cron.to_owned(),
             reason: e.to_string(),
         })?;
-        let params =
-            serde_json::to_value(params).map_err(|e| ScheduleError::Params(e.to_string()))?;
         Ok(Schedule {
             name: name.to_owned(),
             source: cron.to_owned(),
             expression,
             zone: Tz::UTC,
-            workflow: W::NAME.to_owned(),
+            workflow: workflow.to_string(),
             params,
             overlap: Overlap::Skip,
             catch_up: CatchUp::RunOnce,
@@ -228,6 +331,40 @@ impl Schedule {
     /// The params each run gets.
     pub fn params(&self) -> &serde_json::Value {
         &self.params
+    }
+
+    /// The definition kept in the store for a schedule created over the API.
+    pub(crate) fn definition(&self) -> String {
+        serde_json::json!({
+            "cron": self.source,
+            "timeZone": self.zone.name(),
+            "workflow": self.workflow,
+            "params": self.params,
+            "overlap": self.overlap.as_str(),
+            "catchUp": self.catch_up.to_name(),
+        })
+        .to_string()
+    }
+
+    /// The schedule `name` from its stored [`Schedule::definition`].
+    pub(crate) fn from_definition(name: &str, text: &str) -> Result<Schedule, ScheduleError> {
+        let stored = |reason: String| ScheduleError::Stored {
+            name: name.to_owned(),
+            reason,
+        };
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| stored(e.to_string()))?;
+        let field = |key: &str| {
+            v.get(key)
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| stored(format!("no {key}")))
+        };
+        let params = v.get("params").cloned().unwrap_or_default();
+        Ok(
+            Schedule::untyped(name, field("cron")?, field("workflow")?, params)?
+                .time_zone(field("timeZone")?)?
+                .overlap(Overlap::parse(field("overlap")?)?)
+                .catch_up(CatchUp::parse(field("catchUp")?)?),
+        )
     }
 
     /// Its overlap policy.

@@ -114,6 +114,15 @@ impl Store for FailingStore {
     fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
         self.inner.children(i)
     }
+    fn put_schedule(&self, s: cairn::store::StoredSchedule, create: bool) -> StoreFuture<'_, bool> {
+        self.inner.put_schedule(s, create)
+    }
+    fn schedules(&self) -> StoreFuture<'_, Vec<cairn::store::StoredSchedule>> {
+        self.inner.schedules()
+    }
+    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+        self.inner.delete_schedule(name)
+    }
     fn control(
         &self,
         w: &WorkflowName,

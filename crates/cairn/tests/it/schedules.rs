@@ -79,7 +79,11 @@ async fn fired(engine: &Engine, workflow: &str, schedule: &str) -> Vec<i64> {
             .list_instances(Some(workflow), &options)
             .await
             .unwrap();
-        for i in &page.instances {
+        for i in page
+            .instances
+            .iter()
+            .filter(|i| !i.id.as_str().contains("-manual-"))
+        {
             let digits = i.id.as_str().rsplit('-').next().unwrap();
             let at = chrono_like(digits);
             ticks.push((at - T0.as_millis()) / 60_000);
@@ -450,4 +454,119 @@ async fn a_new_schedule_starts_at_its_next_tick_not_with_ticks_before_it_existed
         ]
     );
     engine.shutdown().await;
+}
+
+/// An engine with the workflows and no schedule in code.
+async fn start_bare(path: &Path, at: Timestamp) -> Engine {
+    Engine::builder()
+        .sqlite(path)
+        .clock(Clock::virtual_at(at))
+        .register(Tick)
+        .register(Long)
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_schedule_created_at_run_time_ticks_pauses_resumes_without_catching_up_and_is_deleted() {
+    let (_dir, path) = temp_db();
+    let engine = start_bare(&path, START).await;
+    let made = Schedule::untyped("made", "*/5 * * * *", "tick", json!({ "by": "api" }))
+        .unwrap()
+        .catch_up(CatchUp::RunAll(100));
+    engine.create_schedule(made.clone()).await.unwrap();
+    let again = engine.create_schedule(made.clone()).await.unwrap_err();
+    assert_eq!(again.code(), "schedule.already_exists");
+    run_until(&engine, T0.saturating_add(16 * MINUTE)).await;
+    assert_eq!(fired(&engine, "tick", "made").await, [5, 10, 15]);
+
+    engine.pause_schedule("made").await.unwrap();
+    let listed = engine.list_schedules().await.unwrap();
+    assert!(listed[0].paused && !listed[0].in_code, "{listed:?}");
+    run_until(&engine, T0.saturating_add(31 * MINUTE)).await;
+    assert_eq!(fired(&engine, "tick", "made").await, [5, 10, 15], "paused");
+    engine.resume_schedule("made").await.unwrap();
+    run_until(&engine, T0.saturating_add(41 * MINUTE)).await;
+    assert_eq!(
+        fired(&engine, "tick", "made").await,
+        [5, 10, 15, 35, 40],
+        "the ticks missed while paused are not caught up, even with run-all"
+    );
+    engine.shutdown().await;
+
+    // Stored: a new engine on the database runs it, and its pause.
+    let engine = start_bare(&path, T0.saturating_add(42 * MINUTE)).await;
+    run_until(&engine, T0.saturating_add(46 * MINUTE)).await;
+    assert_eq!(
+        fired(&engine, "tick", "made").await,
+        [5, 10, 15, 35, 40, 45]
+    );
+    let (last, _) = engine.schedule_ticks("made").await.unwrap();
+    assert_eq!(last, Some(T0.saturating_add(45 * MINUTE)));
+    let manual = engine.trigger_schedule("made").await.unwrap();
+    assert!(manual.id().as_str().starts_with("made-manual-"));
+
+    engine.delete_schedule("made").await.unwrap();
+    assert_eq!(
+        engine.delete_schedule("made").await.unwrap_err().code(),
+        "schedule.not_found"
+    );
+    run_until(&engine, T0.saturating_add(61 * MINUTE)).await;
+    assert_eq!(
+        fired(&engine, "tick", "made").await,
+        [5, 10, 15, 35, 40, 45],
+        "deleted: no more ticks; the runs are kept"
+    );
+    assert!(engine.list_schedules().await.unwrap().is_empty());
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_schedule_in_code_can_be_paused_and_resumed_but_not_deleted_or_shadowed() {
+    let (_dir, path) = temp_db();
+    let engine = start(&path, START, every_5_minutes()).await;
+    assert_eq!(
+        engine.delete_schedule("every5").await.unwrap_err().code(),
+        "schedule.declared_in_code"
+    );
+    let shadow = Schedule::untyped("every5", "* * * * *", "tick", json!({})).unwrap();
+    assert_eq!(
+        engine.create_schedule(shadow).await.unwrap_err().code(),
+        "schedule.already_exists"
+    );
+    let unknown = Schedule::untyped("other", "* * * * *", "nope", json!({})).unwrap();
+    assert_eq!(
+        engine.create_schedule(unknown).await.unwrap_err().code(),
+        "workflow.not_found"
+    );
+    engine.pause_schedule("every5").await.unwrap();
+    engine.shutdown().await;
+    // The pause is stored: a restart keeps it.
+    let engine = start(&path, T0.saturating_add(3 * MINUTE), every_5_minutes()).await;
+    run_until(&engine, T0.saturating_add(21 * MINUTE)).await;
+    assert!(fired(&engine, "tick", "every5").await.is_empty(), "paused");
+    assert!(engine.list_schedules().await.unwrap()[0].paused);
+    engine.resume_schedule("every5").await.unwrap();
+    run_until(&engine, T0.saturating_add(26 * MINUTE)).await;
+    assert_eq!(fired(&engine, "tick", "every5").await, [25]);
+    assert_eq!(
+        engine.pause_schedule("nope").await.unwrap_err().code(),
+        "schedule.not_found"
+    );
+    engine.shutdown().await;
+}
+
+#[test]
+fn policies_parse_from_their_names_and_refuse_others() {
+    assert_eq!(Overlap::parse("bufferOne").unwrap(), Overlap::BufferOne);
+    assert_eq!(Overlap::parse("allow").unwrap().as_str(), "allow");
+    assert!(Overlap::parse("sometimes").is_err());
+    assert_eq!(CatchUp::parse("runAll:7").unwrap(), CatchUp::RunAll(7));
+    assert_eq!(CatchUp::parse("run-once").unwrap(), CatchUp::RunOnce);
+    assert_eq!(CatchUp::RunAll(3).to_name(), "runAll:3");
+    for bad in ["runAll:0", "runAll:1001", "runAll:x", "later"] {
+        let e = CatchUp::parse(bad).unwrap_err();
+        assert!(matches!(e, ScheduleError::Policy { .. }), "{bad}: {e}");
+    }
 }

@@ -476,6 +476,15 @@ impl Store for Hooked {
     fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
         hooked!(self, "children", self.inner.children(i))
     }
+    fn put_schedule(&self, s: cairn::store::StoredSchedule, create: bool) -> StoreFuture<'_, bool> {
+        hooked!(self, "put_schedule", self.inner.put_schedule(s, create))
+    }
+    fn schedules(&self) -> StoreFuture<'_, Vec<cairn::store::StoredSchedule>> {
+        hooked!(self, "schedules", self.inner.schedules())
+    }
+    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+        hooked!(self, "delete_schedule", self.inner.delete_schedule(name))
+    }
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, cairn::InstanceStatus> {
         hooked!(self, "commit", self.inner.commit(lease, writes))
     }
