@@ -117,8 +117,51 @@ enum Command {
 
 #[derive(Subcommand)]
 enum SchedulesCommand {
-    /// Every schedule, with its last tick fired and its next one.
+    /// Every schedule (declared in code or created here), with its last tick fired and its
+    /// next one.
     List,
+    /// Create a schedule for every engine on the store.
+    #[command(
+        after_help = "Examples:\n  cairn schedules create nightly --cron '30 2 * * *' --workflow report --time-zone Europe/Berlin\n  cairn schedules create ping --cron '*/5 * * * *' --workflow greet --params '{\"name\": \"ops\"}' --overlap allow"
+    )]
+    Create {
+        /// Its name: 1-68 characters of a-z, A-Z, 0-9, '_' and '-'.
+        name: String,
+        /// The cron expression: 5 fields (minute hour day month weekday), or 6-7 with
+        /// seconds first and a year last.
+        #[arg(long)]
+        cron: String,
+        /// The workflow each tick starts.
+        #[arg(long)]
+        workflow: String,
+        /// Each run's params, a JSON object (default {}).
+        #[arg(long)]
+        params: Option<String>,
+        /// An IANA time zone (default UTC).
+        #[arg(long)]
+        time_zone: Option<String>,
+        /// While the previous run is unfinished: allow, skip (default) or bufferOne.
+        #[arg(long)]
+        overlap: Option<String>,
+        /// Ticks missed while no engine ran: skip, runOnce (default) or runAll:N.
+        #[arg(long)]
+        catch_up: Option<String>,
+    },
+    /// Pause a schedule: no tick fires until it is resumed.
+    Pause {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Resume a paused schedule from now on (the ticks it missed are not caught up).
+    Resume {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Delete a schedule created over the API (its runs are kept).
+    Delete {
+        /// The schedule's name.
+        name: String,
+    },
     /// Start a run of a schedule now, outside its ticks.
     #[command(after_help = "Example:\n  cairn schedules trigger greet-hourly")]
     Trigger {
@@ -381,14 +424,72 @@ fn schedules(c: &client::Client, command: SchedulesCommand, json: bool) -> Resul
                             client::text(&s["cron"]),
                             client::text(&s["timeZone"])
                         ),
+                        client::text(&s["source"]),
+                        if s["paused"] == true { "yes" } else { "no" }.to_owned(),
                         client::text(&s["lastTick"]),
                         client::text(&s["nextTick"]),
                     ]
                 });
                 client::table(
-                    &["SCHEDULE", "WORKFLOW", "CRON", "LAST TICK", "NEXT TICK"],
+                    &[
+                        "SCHEDULE",
+                        "WORKFLOW",
+                        "CRON",
+                        "SOURCE",
+                        "PAUSED",
+                        "LAST TICK",
+                        "NEXT TICK",
+                    ],
                     &table,
                 );
+            });
+        }
+        SchedulesCommand::Create {
+            name,
+            cron,
+            workflow,
+            params,
+            time_zone,
+            overlap,
+            catch_up,
+        } => {
+            let params = match params {
+                Some(p) => client::parse_json("--params", &p)?,
+                None => serde_json::json!({}),
+            };
+            let mut request = serde_json::json!({
+                "name": name, "cron": cron, "workflow": workflow, "params": params,
+            });
+            for (key, value) in [
+                ("timeZone", time_zone),
+                ("overlap", overlap),
+                ("catchUp", catch_up),
+            ] {
+                if let Some(value) = value {
+                    request[key] = serde_json::json!(value);
+                }
+            }
+            let v = c.call("POST", "/api/schedules", Some(&request))?;
+            print(json, &v, || {
+                out!(
+                    "✅ Created schedule {} ({} {}), next tick {}",
+                    client::text(&v["name"]),
+                    client::text(&v["cron"]),
+                    client::text(&v["timeZone"]),
+                    client::text(&v["nextTick"])
+                );
+            });
+        }
+        SchedulesCommand::Pause { name } => pause_or_resume(c, &name, "pause", json)?,
+        SchedulesCommand::Resume { name } => pause_or_resume(c, &name, "resume", json)?,
+        SchedulesCommand::Delete { name } => {
+            let v = c.call(
+                "DELETE",
+                &format!("/api/schedules/{}", client::seg(&name)),
+                None,
+            )?;
+            print(json, &v, || {
+                out!("🗑️ Deleted schedule {}", client::text(&v["deleted"]));
             });
         }
         SchedulesCommand::Trigger { name } => {
@@ -407,6 +508,23 @@ fn schedules(c: &client::Client, command: SchedulesCommand, json: bool) -> Resul
             });
         }
     }
+    Ok(())
+}
+
+fn pause_or_resume(c: &client::Client, name: &str, verb: &str, json: bool) -> Result<(), String> {
+    let v = c.call(
+        "POST",
+        &format!("/api/schedules/{}/{verb}", client::seg(name)),
+        None,
+    )?;
+    print(json, &v, || {
+        let state = if v["paused"] == true {
+            "paused"
+        } else {
+            "ticking"
+        };
+        out!("Schedule {} is {state}", client::text(&v["name"]));
+    });
     Ok(())
 }
 

@@ -470,6 +470,23 @@ fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_br
         "{}",
         browser.page_text()
     );
+    // Pause and resume from the overview.
+    browser.goto(&format!("http://127.0.0.1:{}/", scheduling.port));
+    browser.click(&browser.find("tr[data-schedule=greet-hourly] button[value=pause]"));
+    browser.wait(10, "the paused schedule", |b| {
+        !b.all("tr[data-schedule=greet-hourly][data-paused=true]")
+            .is_empty()
+    });
+    assert!(
+        browser
+            .page_text()
+            .contains("Paused schedule \"greet-hourly\".")
+    );
+    browser.click(&browser.find("tr[data-schedule=greet-hourly] button[value=resume]"));
+    browser.wait(10, "the resumed schedule", |b| {
+        !b.all("tr[data-schedule=greet-hourly][data-paused=false]")
+            .is_empty()
+    });
     browser.assert_no_console_errors("the schedules");
 
     // A phone's width: nothing wider than the screen.

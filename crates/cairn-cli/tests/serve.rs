@@ -819,6 +819,57 @@ fn schedules_are_listed_and_triggered() {
     let (ok, _, err) = cairn(port, &["schedules", "trigger", "nope"]);
     assert!(!ok);
     assert!(err.contains("schedule.not_found"), "{err}");
+
+    // Created, paused, resumed and deleted from the CLI.
+    let (ok, out, err) = cairn(
+        port,
+        &[
+            "schedules",
+            "create",
+            "ping",
+            "--cron",
+            "*/5 * * * *",
+            "--workflow",
+            "greet",
+            "--params",
+            r#"{"name": "ops"}"#,
+            "--overlap",
+            "allow",
+            "--catch-up",
+            "runAll:2",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("Created schedule ping"), "{out}");
+    let (ok, out, _) = cairn(port, &["schedules", "list"]);
+    assert!(ok && out.contains("ping") && out.contains("api"), "{out}");
+    let (ok, out, err) = cairn(port, &["schedules", "pause", "greet-hourly"]);
+    assert!(ok && out.contains("greet-hourly is paused"), "{out}{err}");
+    let listed = json_of(port, &["schedules", "list"]);
+    assert_eq!(listed["schedules"][0]["paused"], true, "{listed}");
+    assert_eq!(
+        listed["schedules"][1]["catchUp"],
+        serde_json::json!({ "runAll": 2 })
+    );
+    let (ok, out, _) = cairn(port, &["schedules", "resume", "greet-hourly"]);
+    assert!(ok && out.contains("ticking"), "{out}");
+    let (ok, _, err) = cairn(port, &["schedules", "delete", "greet-hourly"]);
+    assert!(!ok && err.contains("schedule.declared_in_code"), "{err}");
+    let (ok, out, err) = cairn(port, &["schedules", "delete", "ping"]);
+    assert!(ok && out.contains("Deleted schedule ping"), "{out}{err}");
+    let (ok, _, err) = cairn(
+        port,
+        &[
+            "schedules",
+            "create",
+            "bad",
+            "--cron",
+            "nope",
+            "--workflow",
+            "greet",
+        ],
+    );
+    assert!(!ok && err.contains("schedule.invalid"), "{err}");
 }
 
 #[test]

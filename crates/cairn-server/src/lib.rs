@@ -20,6 +20,7 @@ mod error;
 mod openapi;
 mod prometheus;
 mod routes;
+mod schedules;
 mod serve;
 mod stream;
 

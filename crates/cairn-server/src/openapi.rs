@@ -27,7 +27,28 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
     (
         "get",
         "/api/schedules",
-        "The cron schedules declared in code: expression, time zone, policies, last tick fired, next tick",
+        "The cron schedules, declared in code or created over the API: expression, time zone, policies, paused, last tick fired, next tick",
+    ),
+    (
+        "post",
+        "/api/schedules",
+        "Create a schedule for every engine on the store {name, cron, workflow, params?, timeZone?, overlap?, catchUp?}",
+    ),
+    ("get", "/api/schedules/{schedule}", "One schedule"),
+    (
+        "delete",
+        "/api/schedules/{schedule}",
+        "Delete a schedule created over the API (its runs are kept)",
+    ),
+    (
+        "post",
+        "/api/schedules/{schedule}/pause",
+        "Pause a schedule: no tick fires until it is resumed",
+    ),
+    (
+        "post",
+        "/api/schedules/{schedule}/resume",
+        "Resume a schedule from now on (ticks missed while paused are not caught up)",
     ),
     (
         "post",
@@ -178,6 +199,25 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
             ("200", schema("InstanceList")),
         ),
         ("get", "/api/schedules") => (vec![], None, ("200", schema("ScheduleList"))),
+        ("post", "/api/schedules") => (
+            vec![],
+            body(schema("NewSchedule")),
+            ("201", schema("Schedule")),
+        ),
+        (
+            "get" | "post",
+            "/api/schedules/{schedule}"
+            | "/api/schedules/{schedule}/pause"
+            | "/api/schedules/{schedule}/resume",
+        ) => (vec![], None, ("200", schema("Schedule"))),
+        ("delete", "/api/schedules/{schedule}") => (
+            vec![],
+            None,
+            (
+                "200",
+                json!({ "type": "object", "properties": { "deleted": { "type": "string" } } }),
+            ),
+        ),
         ("post", "/api/schedules/{schedule}/trigger") => (
             vec![],
             None,
@@ -241,7 +281,7 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
 fn schemas() -> Value {
     let time = json!({ "type": "string", "format": "date-time", "description": "RFC 3339, UTC, milliseconds" });
     let nullable_time = json!({ "type": "string", "format": "date-time", "nullable": true });
-    json!({
+    let mut all = json!({
         "Error": {
             "type": "object",
             "required": ["code", "message"],
@@ -335,17 +375,7 @@ fn schemas() -> Value {
         },
         "ScheduleList": {
             "type": "object",
-            "properties": { "schedules": { "type": "array", "items": { "type": "object", "properties": {
-                "name": { "type": "string" },
-                "workflow": { "type": "string" },
-                "cron": { "type": "string" },
-                "timeZone": { "type": "string" },
-                "overlap": { "type": "string", "enum": ["allow", "skip", "bufferOne"] },
-                "catchUp": { "description": "\"skip\", \"runOnce\" or {\"runAll\": n}" },
-                "lastTick": { "type": "string", "format": "date-time", "nullable": true },
-                "nextTick": { "type": "string", "format": "date-time", "nullable": true },
-                "lastInstanceId": { "type": "string", "nullable": true },
-            } } } },
+            "properties": { "schedules": { "type": "array", "items": { "$ref": "#/components/schemas/Schedule" } } },
         },
         "BulkRequest": {
             "type": "object",
@@ -438,7 +468,45 @@ fn schemas() -> Value {
             "type": "object",
             "properties": { "status": { "$ref": "#/components/schemas/Status" } },
         },
-    })
+    });
+    // In a second literal: one would exceed the macro's recursion limit.
+    let schedules = json!({
+        "Schedule": {
+            "type": "object",
+            "properties": {
+                "name": { "type": "string" },
+                "workflow": { "type": "string" },
+                "cron": { "type": "string" },
+                "timeZone": { "type": "string" },
+                "params": {},
+                "overlap": { "type": "string", "enum": ["allow", "skip", "bufferOne"] },
+                "catchUp": { "description": "\"skip\", \"runOnce\" or {\"runAll\": n}" },
+                "source": { "type": "string", "enum": ["code", "api"] },
+                "paused": { "type": "boolean" },
+                "lastTick": { "type": "string", "format": "date-time", "nullable": true },
+                "nextTick": { "type": "string", "format": "date-time", "nullable": true },
+                "lastInstanceId": { "type": "string", "nullable": true },
+            },
+        },
+        "NewSchedule": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["name", "cron", "workflow"],
+            "properties": {
+                "name": { "type": "string", "description": "1-68 characters of a-z, A-Z, 0-9, _ and -" },
+                "cron": { "type": "string", "example": "*/15 * * * *", "description": "5 fields (minute hour day month weekday), or 6-7 with seconds first and a year last" },
+                "workflow": { "type": "string" },
+                "params": { "description": "each run's params (default {})" },
+                "timeZone": { "type": "string", "example": "Europe/Berlin", "description": "IANA name (default UTC)" },
+                "overlap": { "type": "string", "enum": ["allow", "skip", "bufferOne"] },
+                "catchUp": { "description": "\"skip\", \"runOnce\", \"runAll:N\" or {\"runAll\": N}" },
+            },
+        },
+    });
+    if let (Value::Object(all), Value::Object(more)) = (&mut all, schedules) {
+        all.extend(more);
+    }
+    all
 }
 
 pub(crate) fn document() -> Value {

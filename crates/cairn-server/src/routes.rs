@@ -25,8 +25,6 @@ pub(crate) fn routes() -> Router<Engine> {
         )
         .route("/api/workflows/{name}", get(describe_workflow))
         .route("/api/instances", get(list_all_instances))
-        .route("/api/schedules", get(list_schedules))
-        .route("/api/schedules/{schedule}/trigger", post(trigger_schedule))
         .route("/api/instances/bulk", post(bulk))
         .route("/api/workflows/{name}/instances/batch", post(create_batch))
         .route(
@@ -55,6 +53,7 @@ pub(crate) fn routes() -> Router<Engine> {
             "/api/workflows/{name}/instances/{id}/events/{event_type}",
             post(send_event),
         )
+        .merge(crate::schedules::routes())
 }
 
 /// Maps an extractor's rejection (malformed JSON, wrong content type, oversized body) to
@@ -71,7 +70,7 @@ fn rejected(status: StatusCode, detail: String) -> ApiError {
 
 /// A JSON body; `Object` bodies refuse an array with the same `request.invalid` as any
 /// other malformed body.
-fn body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+pub(crate) fn body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
     body.map(|Json(v)| v)
         .map_err(|e| rejected(e.status(), e.body_text()))
 }
@@ -380,50 +379,6 @@ async fn list_all_instances(
         .collect();
     Ok(Json(
         json!({ "instances": instances, "cursor": page.cursor }),
-    ))
-}
-
-/// Every declared schedule, with its last tick fired and its next one.
-async fn list_schedules(State(engine): State<Engine>) -> ApiResult<Json<Value>> {
-    let mut out = Vec::new();
-    for s in engine.schedules() {
-        let (last, next) = engine.schedule_ticks(s.name()).await?;
-        let overlap = match s.overlap_policy() {
-            cairn::Overlap::Allow => "allow",
-            cairn::Overlap::Skip => "skip",
-            cairn::Overlap::BufferOne => "bufferOne",
-        };
-        let catch_up = match s.catch_up_policy() {
-            cairn::CatchUp::Skip => json!("skip"),
-            cairn::CatchUp::RunOnce => json!("runOnce"),
-            cairn::CatchUp::RunAll(n) => json!({ "runAll": n }),
-        };
-        out.push(json!({
-            "name": s.name(),
-            "workflow": s.workflow(),
-            "cron": s.expression(),
-            "timeZone": s.zone(),
-            "overlap": overlap,
-            "catchUp": catch_up,
-            "lastTick": last.map(|t| t.to_rfc3339()),
-            "nextTick": next.map(|t| t.to_rfc3339()),
-            "lastInstanceId": last.map(|t| s.tick_id(t)),
-        }));
-    }
-    Ok(Json(json!({ "schedules": out })))
-}
-
-/// Starts a run of a schedule now, outside its ticks.
-async fn trigger_schedule(
-    State(engine): State<Engine>,
-    Path(name): Path<String>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    let instance = engine.trigger_schedule(&name).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(
-            json!({ "workflow": instance.workflow(), "id": instance.id(), "status": instance.status().await?.status }),
-        ),
     ))
 }
 

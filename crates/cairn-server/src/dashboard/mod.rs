@@ -41,6 +41,7 @@ pub(crate) fn routes(guard: std::sync::Arc<Guard>) -> Router<Engine> {
         .route("/instances/bulk", post(list::bulk))
         .route("/live", get(live))
         .route("/schedules/{name}/trigger", post(overview::trigger))
+        .route("/schedules/{name}/{verb}", post(overview::pause_or_resume))
         .route("/workflows/{name}/instances/{id}", get(instance::page))
         .route(
             "/workflows/{name}/instances/{id}/action",

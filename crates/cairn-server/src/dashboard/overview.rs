@@ -21,7 +21,9 @@ pub(crate) async fn page(
     State(engine): State<Engine>,
     Extension(guard): Extension<Arc<Guard>>,
     headers: HeaderMap,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
+    let pairs = super::pairs(query.as_deref());
     let csrf = guard.csrf(&headers).unwrap_or_default();
     let now = engine.clock().now();
     let this_minute = now.as_millis().div_euclid(60_000) * 60_000;
@@ -63,6 +65,7 @@ pub(crate) async fn page(
             h1 { "Workflows" }
             p.muted { (engine.workflow_names().len()) " registered · " (total) " instances stored" }
         }
+        (layout::flash(&guard, &pairs))
         @if total == 0 {
             p.empty {
                 "No instances yet — trigger one with "
@@ -95,19 +98,25 @@ pub(crate) async fn page(
 /// and a button to start a run now.
 async fn schedules(engine: &Engine, csrf: &str) -> Markup {
     let mut rows = Vec::new();
-    for s in engine.schedules() {
-        let ticks = engine.schedule_ticks(s.name()).await;
-        rows.push((s, ticks));
+    let listed = match engine.list_schedules().await {
+        Ok(listed) => listed,
+        Err(e) => {
+            return html! { p.flash.error { "The schedules could not be read: " (e.to_string()) } };
+        }
+    };
+    for entry in &listed {
+        let ticks = engine.schedule_ticks(entry.schedule.name()).await;
+        rows.push((&entry.schedule, entry.paused, ticks));
     }
     html! {
         @if !rows.is_empty() {
             section.schedules aria-labelledby="schedules-title" {
                 h2 #schedules-title { "Schedules" }
                 div.tablewrap { table {
-                    thead { tr { th { "Schedule" } th { "Workflow" } th { "Cron" } th.wide { "Last tick" } th { "Next tick" } th { span.muted { "Run now" } } } }
+                    thead { tr { th { "Schedule" } th { "Workflow" } th { "Cron" } th.wide { "Last tick" } th { "Next tick" } th { span.muted { "Actions" } } } }
                     tbody {
-                        @for (s, ticks) in &rows {
-                            tr data-schedule=(s.name()) {
+                        @for (s, paused, ticks) in &rows {
+                            tr data-schedule=(s.name()) data-paused=(paused) {
                                 td { (s.name()) }
                                 td { a href=(format!("/instances?workflow={}&id={}-", super::encode_segment(s.workflow()), super::encode_segment(s.name()))) { (s.workflow()) } }
                                 td { code { (s.expression()) } " " span.muted { (s.zone()) } }
@@ -119,7 +128,7 @@ async fn schedules(engine: &Engine, csrf: &str) -> Markup {
                                                 None => span.muted { "not yet" },
                                             }
                                         }
-                                        td { (layout::maybe_time(*next)) }
+                                        td { @if *paused { span.muted { "paused" } } @else { (layout::maybe_time(*next)) } }
                                     }
                                     Err(e) => td colspan="2" { span.failed { (e.to_string()) } },
                                 }
@@ -127,6 +136,12 @@ async fn schedules(engine: &Engine, csrf: &str) -> Markup {
                                     form.inline method="post" action=(format!("/schedules/{}/trigger", super::encode_segment(s.name()))) {
                                         input type="hidden" name="csrf" value=(csrf);
                                         button type="submit" { "Trigger" }
+                                    }
+                                    " "
+                                    @let (verb, label) = if *paused { ("resume", "Resume") } else { ("pause", "Pause") };
+                                    form.inline method="post" action=(format!("/schedules/{}/{verb}", super::encode_segment(s.name()))) {
+                                        input type="hidden" name="csrf" value=(csrf);
+                                        button type="submit" value=(verb) { (label) }
                                     }
                                 }
                             }
@@ -155,6 +170,28 @@ pub(crate) async fn trigger(
             &super::instance_path(instance.workflow().as_str(), instance.id().as_str()),
             Ok(format!("Started a run of schedule \"{name}\".")),
         ),
+        Err(e) => super::back(&guard, "/", Err(e.to_string())),
+    }
+}
+
+/// `POST /schedules/{name}/pause` and `…/resume`; answered by the overview.
+pub(crate) async fn pause_or_resume(
+    State(engine): State<Engine>,
+    Extension(guard): Extension<Arc<Guard>>,
+    headers: HeaderMap,
+    axum::extract::Path((name, verb)): axum::extract::Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(refused) = super::guard::posted_form(&guard, &headers, &body) {
+        return refused;
+    }
+    let done = match verb.as_str() {
+        "pause" => engine.pause_schedule(&name).await.map(|()| "Paused"),
+        "resume" => engine.resume_schedule(&name).await.map(|()| "Resumed"),
+        _ => return super::back(&guard, "/", Err(format!("unknown action {verb:?}"))),
+    };
+    match done {
+        Ok(done) => super::back(&guard, "/", Ok(format!("{done} schedule \"{name}\"."))),
         Err(e) => super::back(&guard, "/", Err(e.to_string())),
     }
 }

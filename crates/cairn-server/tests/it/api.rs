@@ -1571,3 +1571,108 @@ async fn bulk_actions_by_filter_are_pinned_to_what_was_counted_and_list_by_insta
     }
     engine.shutdown().await;
 }
+
+/// Schedules over the API: created, listed, paused, resumed and deleted; every bad request
+/// answered with a stable code.
+#[tokio::test(start_paused = true)]
+async fn schedules_are_created_paused_resumed_and_deleted_over_the_api() {
+    let (engine, _dir) = app().await;
+    let create = r#"{"name": "nightly", "cron": "0 3 * * *", "workflow": "approval",
+        "params": {"amount": 1}, "timeZone": "Europe/Berlin", "catchUp": {"runAll": 3}}"#;
+    let (s, v) = call(&engine, Method::POST, "/api/schedules", Some(create)).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["source"], "api");
+    assert_eq!(v["paused"], false);
+    assert_eq!(v["timeZone"], "Europe/Berlin");
+    assert_eq!(v["catchUp"], json!({ "runAll": 3 }));
+    assert_eq!(v["params"], json!({ "amount": 1 }));
+    assert!(v["nextTick"].is_string(), "{v}");
+    let (s, v) = call(&engine, Method::POST, "/api/schedules", Some(create)).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::CONFLICT, Some("schedule.already_exists"))
+    );
+    for (body, status, code) in [
+        (
+            r#"{"name": "x", "cron": "61 * * * *", "workflow": "approval"}"#,
+            StatusCode::BAD_REQUEST,
+            "schedule.invalid",
+        ),
+        (
+            r#"{"name": "x", "cron": "* * * * *", "workflow": "approval", "timeZone": "Mars/Base"}"#,
+            StatusCode::BAD_REQUEST,
+            "schedule.invalid",
+        ),
+        (
+            r#"{"name": "x", "cron": "* * * * *", "workflow": "approval", "overlap": "sometimes"}"#,
+            StatusCode::BAD_REQUEST,
+            "schedule.invalid",
+        ),
+        (
+            r#"{"name": "x", "cron": "* * * * *", "workflow": "approval", "catchUp": "runAll:0"}"#,
+            StatusCode::BAD_REQUEST,
+            "schedule.invalid",
+        ),
+        (
+            r#"{"name": "bad name", "cron": "* * * * *", "workflow": "approval"}"#,
+            StatusCode::BAD_REQUEST,
+            "schedule.invalid",
+        ),
+        (
+            r#"{"name": "x", "cron": "* * * * *", "workflow": "nope"}"#,
+            StatusCode::NOT_FOUND,
+            "workflow.not_found",
+        ),
+        (
+            r#"{"name": "x", "cron": "* * * * *", "workflow": "approval", "color": "red"}"#,
+            StatusCode::BAD_REQUEST,
+            "request.invalid",
+        ),
+        (r#"[]"#, StatusCode::BAD_REQUEST, "request.invalid"),
+    ] {
+        let (s, v) = call(&engine, Method::POST, "/api/schedules", Some(body)).await;
+        assert_eq!((s, v["code"].as_str()), (status, Some(code)), "{body}: {v}");
+        assert!(v["message"].is_string(), "{v}");
+    }
+    let (s, v) = call(&engine, Method::POST, "/api/schedules/nightly/pause", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["paused"].clone(), v["nextTick"].clone()),
+        (json!(true), Value::Null)
+    );
+    let (_, v) = call(&engine, Method::GET, "/api/schedules", None).await;
+    assert_eq!(v["schedules"][0]["paused"], true, "{v}");
+    let (s, v) = call(&engine, Method::POST, "/api/schedules/nightly/resume", None).await;
+    assert_eq!(
+        (s, v["paused"].clone()),
+        (StatusCode::OK, json!(false)),
+        "{v}"
+    );
+    let (s, v) = call(&engine, Method::GET, "/api/schedules/nightly", None).await;
+    assert_eq!((s, v["name"].as_str()), (StatusCode::OK, Some("nightly")));
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/schedules/nightly/trigger",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, _) = call(&engine, Method::DELETE, "/api/schedules/nightly", None).await;
+    assert_eq!(s, StatusCode::OK);
+    for (method, uri) in [
+        (Method::DELETE, "/api/schedules/nightly"),
+        (Method::GET, "/api/schedules/nightly"),
+        (Method::POST, "/api/schedules/nightly/pause"),
+    ] {
+        let (s, v) = call(&engine, method, uri, None).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("schedule.not_found")),
+            "{uri}"
+        );
+    }
+    let (_, v) = call(&engine, Method::GET, "/api/schedules", None).await;
+    assert_eq!(v["schedules"], json!([]));
+    engine.shutdown().await;
+}
