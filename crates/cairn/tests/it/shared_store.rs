@@ -366,3 +366,53 @@ async fn two_engines_fire_each_tick_of_a_shared_schedule_once() {
         seconds.len()
     );
 }
+
+/// A schedule created over one engine ticks on the other (which learns of it within its
+/// 5-second sync) once the first is gone; a pause made on the first stops it there too.
+#[tokio::test]
+async fn a_schedule_created_on_one_engine_ticks_on_the_other_and_pauses_on_both() {
+    let Some((a, b, _dir)) = two_builders() else {
+        return;
+    };
+    let quick = || wf(|_, _| async { Ok(Value::Null) });
+    let first = a.register(quick()).start().await.unwrap();
+    let second = b.register(quick()).start().await.unwrap();
+    let every_second = cairn::Schedule::untyped("made", "* * * * * *", "test", json!({}))
+        .unwrap()
+        .catch_up(cairn::CatchUp::Skip);
+    first.create_schedule(every_second).await.unwrap();
+    assert_eq!(
+        second.list_schedules().await.unwrap().len(),
+        1,
+        "stored for both"
+    );
+    // Past the second engine's sync; then only it runs.
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    first.shutdown().await;
+    let count = |engine: &cairn::Engine| {
+        let engine = engine.clone();
+        async move {
+            engine
+                .list_instances(
+                    Some("test"),
+                    &cairn::ListOptions::default().id_prefix("made-").limit(1000),
+                )
+                .await
+                .unwrap()
+                .instances
+                .len()
+        }
+    };
+    let before = count(&second).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let after = count(&second).await;
+    assert!(
+        after >= before + 2,
+        "the second engine ticks: {before} then {after}"
+    );
+    second.pause_schedule("made").await.unwrap();
+    let paused = count(&second).await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert!(count(&second).await <= paused + 1, "paused");
+    second.shutdown().await;
+}
