@@ -147,7 +147,8 @@ enum SchedulesCommand {
         #[arg(long)]
         catch_up: Option<String>,
     },
-    /// Pause a schedule: no tick fires until it is resumed.
+    /// Pause a schedule: no tick fires until it is resumed (other engines on a shared
+    /// store follow within 5 s).
     Pause {
         /// The schedule's name.
         name: String,

@@ -541,12 +541,19 @@ impl Store for PostgresStore {
         Box::pin(async move { reads::next_purge(&self.reader().await?).await })
     }
 
-    fn put_schedule(
+    fn create_schedule(&self, schedule: cairn_store::StoredSchedule) -> StoreFuture<'_, bool> {
+        Box::pin(async move { reads::create_schedule(&self.reader().await?, &schedule).await })
+    }
+
+    fn set_schedule_state(
         &self,
-        schedule: cairn_store::StoredSchedule,
-        create: bool,
+        name: &str,
+        state: cairn_store::ScheduleState,
     ) -> StoreFuture<'_, bool> {
-        Box::pin(async move { reads::put_schedule(&self.reader().await?, &schedule, create).await })
+        let name = name.to_owned();
+        Box::pin(
+            async move { reads::set_schedule_state(&self.reader().await?, &name, &state).await },
+        )
     }
 
     fn schedules(&self) -> StoreFuture<'_, Vec<cairn_store::StoredSchedule>> {

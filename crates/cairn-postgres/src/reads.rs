@@ -5,7 +5,8 @@ use cairn_core::{
     WorkflowName,
 };
 use cairn_store::{
-    InstanceRecord, InstanceRef, ListQuery, ParentLink, Result, SqlArg, StoredSchedule, Timers,
+    InstanceRecord, InstanceRef, ListQuery, ParentLink, Result, ScheduleState, SqlArg,
+    StoredSchedule, Timers,
 };
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
@@ -293,21 +294,17 @@ pub(crate) async fn next_purge(client: &impl GenericClient) -> Result<Option<Tim
 }
 
 /// Schedules are written outside the writer's batches: they touch no instance and no log.
-pub(crate) async fn put_schedule(
+pub(crate) async fn create_schedule(
     client: &impl GenericClient,
     s: &StoredSchedule,
-    create: bool,
 ) -> Result<bool> {
-    let sql = if create {
-        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING"
-    } else {
-        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET
-             definition = EXCLUDED.definition, paused = EXCLUDED.paused,
-             resumed_at = EXCLUDED.resumed_at, updated_at = EXCLUDED.updated_at"
-    };
-    let st = client.prepare_cached(sql).await.map_err(map_pg)?;
+    let st = client
+        .prepare_cached(
+            "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
+        )
+        .await
+        .map_err(map_pg)?;
     let written = client
         .execute(
             &st,
@@ -317,6 +314,37 @@ pub(crate) async fn put_schedule(
                 &s.paused,
                 &s.resumed_at.map(Timestamp::as_millis),
                 &s.updated_at.as_millis(),
+            ],
+        )
+        .await
+        .map_err(map_pg)?;
+    Ok(written == 1)
+}
+
+pub(crate) async fn set_schedule_state(
+    client: &impl GenericClient,
+    name: &str,
+    state: &ScheduleState,
+) -> Result<bool> {
+    let sql = if state.declared {
+        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
+         VALUES ($1, NULL, $2, $3, $4) ON CONFLICT (name) DO UPDATE SET
+             paused = EXCLUDED.paused,
+             resumed_at = COALESCE(EXCLUDED.resumed_at, schedules.resumed_at),
+             updated_at = EXCLUDED.updated_at"
+    } else {
+        "UPDATE schedules SET paused = $2, resumed_at = COALESCE($3, resumed_at), updated_at = $4
+         WHERE name = $1 AND definition IS NOT NULL"
+    };
+    let st = client.prepare_cached(sql).await.map_err(map_pg)?;
+    let written = client
+        .execute(
+            &st,
+            &[
+                &name,
+                &state.paused,
+                &state.resumed_at.map(Timestamp::as_millis),
+                &state.at.as_millis(),
             ],
         )
         .await

@@ -43,7 +43,7 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
     (
         "post",
         "/api/schedules/{schedule}/pause",
-        "Pause a schedule: no tick fires until it is resumed",
+        "Pause a schedule: no tick fires until it is resumed (other engines on the store follow within 5 s)",
     ),
     (
         "post",

@@ -646,12 +646,17 @@ impl Store for SqliteStore {
         self.read(rows::next_purge)
     }
 
-    fn put_schedule(
+    fn create_schedule(&self, schedule: cairn_store::StoredSchedule) -> StoreFuture<'_, bool> {
+        self.write(move |conn| rows::create_schedule(conn, &schedule))
+    }
+
+    fn set_schedule_state(
         &self,
-        schedule: cairn_store::StoredSchedule,
-        create: bool,
+        name: &str,
+        state: cairn_store::ScheduleState,
     ) -> StoreFuture<'_, bool> {
-        self.write(move |conn| rows::put_schedule(conn, &schedule, create))
+        let name = name.to_owned();
+        self.write(move |conn| rows::set_schedule_state(conn, &name, &state))
     }
 
     fn schedules(&self) -> StoreFuture<'_, Vec<cairn_store::StoredSchedule>> {

@@ -8,8 +8,8 @@ use cairn_core::{
 };
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, ParentLink, Result, Sent, SqlArg, StatusChange, StoredEvent,
-    StoredSchedule, Timers, Write,
+    ListQuery, NewEvent, NewInstance, ParentLink, Result, ScheduleState, Sent, SqlArg,
+    StatusChange, StoredEvent, StoredSchedule, Timers, Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
@@ -1180,16 +1180,12 @@ pub(crate) fn reclaim(
     }
 }
 
-pub(crate) fn put_schedule(conn: &Connection, s: &StoredSchedule, create: bool) -> Result<bool> {
-    let sql = if create {
-        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (name) DO NOTHING"
-    } else {
-        "INSERT OR REPLACE INTO schedules (name, definition, paused, resumed_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)"
-    };
+pub(crate) fn create_schedule(conn: &Connection, s: &StoredSchedule) -> Result<bool> {
     let written = conn
-        .prepare_cached(sql)
+        .prepare_cached(
+            "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (name) DO NOTHING",
+        )
         .and_then(|mut st| {
             st.execute(params![
                 s.name,
@@ -1197,6 +1193,34 @@ pub(crate) fn put_schedule(conn: &Connection, s: &StoredSchedule, create: bool) 
                 s.paused,
                 s.resumed_at.map(Timestamp::as_millis),
                 s.updated_at.as_millis()
+            ])
+        })
+        .map_err(map_sqlite)?;
+    Ok(written == 1)
+}
+
+pub(crate) fn set_schedule_state(
+    conn: &Connection,
+    name: &str,
+    state: &ScheduleState,
+) -> Result<bool> {
+    let sql = if state.declared {
+        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
+         VALUES (?1, NULL, ?2, ?3, ?4) ON CONFLICT (name) DO UPDATE SET
+             paused = excluded.paused, resumed_at = COALESCE(excluded.resumed_at, resumed_at),
+             updated_at = excluded.updated_at"
+    } else {
+        "UPDATE schedules SET paused = ?2, resumed_at = COALESCE(?3, resumed_at), updated_at = ?4
+         WHERE name = ?1 AND definition IS NOT NULL"
+    };
+    let written = conn
+        .prepare_cached(sql)
+        .and_then(|mut st| {
+            st.execute(params![
+                name,
+                state.paused,
+                state.resumed_at.map(Timestamp::as_millis),
+                state.at.as_millis()
             ])
         })
         .map_err(map_sqlite)?;

@@ -1413,43 +1413,81 @@ pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Stor
         name: name.into(),
         definition: definition.map(str::to_owned),
         paused,
-        resumed_at: paused.then_some(T0),
+        resumed_at: None,
         updated_at: T0,
     };
+    let state =
+        |paused: bool, resumed_at: Option<Timestamp>, declared: bool| crate::ScheduleState {
+            paused,
+            resumed_at,
+            at: T0,
+            declared,
+        };
     assert!(store.schedules().await.unwrap().is_empty());
     assert!(
         store
-            .put_schedule(row("b", Some("{}"), false), true)
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .put_schedule(row("a", None, true), true)
+            .create_schedule(row("b", Some("{}"), false))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .put_schedule(row("b", Some("[1]"), true), true)
+            .create_schedule(row("b", Some("[1]"), true))
             .await
             .unwrap(),
         "a name is created once"
     );
-    let all = store.schedules().await.unwrap();
-    assert_eq!(all, [row("a", None, true), row("b", Some("{}"), false)]);
+    // The state of a schedule in code: a row of its own, created on demand.
     assert!(
         store
-            .put_schedule(row("b", Some("[1]"), true), false)
+            .set_schedule_state("a", state(true, None, true))
             .await
             .unwrap()
     );
     assert_eq!(
-        store.schedules().await.unwrap()[1],
-        row("b", Some("[1]"), true)
+        store.schedules().await.unwrap(),
+        [row("a", None, true), row("b", Some("{}"), false)]
+    );
+    // A state change leaves the definition alone, and never makes a stored schedule up.
+    let resumed = T0.saturating_add(Duration::from_secs(5));
+    assert!(
+        store
+            .set_schedule_state("b", state(true, None, false))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .set_schedule_state("b", state(false, Some(resumed), false))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .set_schedule_state("b", state(true, None, false))
+            .await
+            .unwrap()
+    );
+    let b = store.schedules().await.unwrap().remove(1);
+    assert_eq!(
+        (b.definition.as_deref(), b.paused, b.resumed_at),
+        (Some("{}"), true, Some(resumed))
+    );
+    assert!(
+        !store
+            .set_schedule_state("gone", state(true, None, false))
+            .await
+            .unwrap()
     );
     assert!(store.delete_schedule("b").await.unwrap());
     assert!(!store.delete_schedule("b").await.unwrap());
+    assert!(
+        !store
+            .set_schedule_state("b", state(false, Some(resumed), false))
+            .await
+            .unwrap(),
+        "a deleted schedule is not brought back"
+    );
     assert_eq!(store.schedules().await.unwrap(), [row("a", None, true)]);
 }
 

@@ -500,6 +500,19 @@ pub struct StoredSchedule {
     pub updated_at: Timestamp,
 }
 
+/// A change of a schedule's state ([`Store::set_schedule_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduleState {
+    /// Paused or not.
+    pub paused: bool,
+    /// When it was resumed (`None` keeps the stored value).
+    pub resumed_at: Option<Timestamp>,
+    /// When the change was made.
+    pub at: Timestamp,
+    /// The schedule is declared in code: its state row is created if missing.
+    pub declared: bool,
+}
+
 /// The histogram of jobs per write transaction (the group commit's batch size) that both
 /// backends record through the `metrics` facade; listed with the engine's metrics.
 pub const BATCH_METRIC: &str = "cairn_store_batch_jobs";
@@ -671,9 +684,13 @@ pub trait Store: Send + Sync + 'static {
     /// When the next finished instance is due to be purged.
     fn next_purge(&self) -> StoreFuture<'_, Option<Timestamp>>;
 
-    /// Writes a schedule. With `create`, only if no schedule has its name (`false` then,
-    /// and nothing written); otherwise it replaces the row of that name (`true`).
-    fn put_schedule(&self, schedule: StoredSchedule, create: bool) -> StoreFuture<'_, bool>;
+    /// Stores a schedule if no schedule has its name; `false` (nothing written) otherwise.
+    fn create_schedule(&self, schedule: StoredSchedule) -> StoreFuture<'_, bool>;
+
+    /// Sets whether the schedule `name` is paused, and (`Some`) when it was last resumed,
+    /// leaving its definition alone. A schedule `declared` in code gets a row for its state
+    /// if it has none; for any other, `false` when no stored schedule has the name.
+    fn set_schedule_state(&self, name: &str, state: ScheduleState) -> StoreFuture<'_, bool>;
 
     /// Every stored schedule, by name.
     fn schedules(&self) -> StoreFuture<'_, Vec<StoredSchedule>>;

@@ -22,14 +22,15 @@ impl EngineBuilder {
     /// schedule of a workflow not registered, or a store that cannot be opened.
     pub async fn start(self) -> Result<Engine, Error> {
         let engine = self.build().await?;
+        let shared = engine.inner.env.leases.expire() && !engine.inner.env.clock.is_virtual();
         if let Err(e) = engine.sync_schedules().await {
-            // The declared schedules still tick; the stored ones follow at the next sync.
-            tracing::warn!(error = %e, "reading the stored schedules failed");
-            engine.start_declared();
-        }
-        if engine.inner.env.leases.expire() && !engine.inner.env.clock.is_virtual() {
+            // Unread, the stored state could hold a pause: nothing ticks until a sync has
+            // read it, which is tried again every few seconds.
+            tracing::warn!(error = %e, "reading the stored schedules failed; retrying");
+            tokio::spawn(keep_in_sync(engine.clone(), shared));
+        } else if shared {
             // Other engines create, pause and delete schedules too: look every few seconds.
-            tokio::spawn(keep_in_sync(engine.clone()));
+            tokio::spawn(keep_in_sync(engine.clone(), true));
         }
         Ok(engine)
     }
@@ -38,16 +39,29 @@ impl EngineBuilder {
 /// How often an engine on a shared store looks for schedules other engines changed.
 const SYNC_EVERY: Duration = Duration::from_secs(5);
 
-async fn keep_in_sync(engine: Engine) {
+/// Syncs the schedules every [`SYNC_EVERY`]: for good (`always`, a shared store), or until
+/// one sync succeeds.
+async fn keep_in_sync(engine: Engine, always: bool) {
     let mut shutdown = engine.inner.shutdown.subscribe();
+    let clock = engine.inner.env.clock.clone();
     loop {
         tokio::select! {
-            () = tokio::time::sleep(SYNC_EVERY) => {}
+            () = clock.sleep(SYNC_EVERY) => {}
             _ = shutdown.wait_for(|s| *s) => return,
         }
-        if let Err(e) = engine.sync_schedules().await {
-            tracing::warn!(error = %e, "reading the stored schedules failed");
+        match engine.sync_schedules().await {
+            Ok(()) if !always => return,
+            Ok(()) => {}
+            Err(e) => tracing::warn!(error = %e, "reading the stored schedules failed"),
         }
+    }
+}
+
+/// After a change is stored, the runners follow it; a failure here is not the change's
+/// (the next sync catches up), so it is logged, not returned.
+async fn follow(engine: &Engine) {
+    if let Err(e) = engine.sync_schedules().await {
+        tracing::warn!(error = %e, "the schedules changed, but reading them back failed; the next sync applies it");
     }
 }
 
@@ -149,19 +163,6 @@ impl Engine {
         Ok(all)
     }
 
-    /// Starts the declared schedules without the store's state (it could not be read).
-    fn start_declared(&self) {
-        let Ok(mut tasks) = self.inner.schedule_tasks.lock() else {
-            return;
-        };
-        for s in &self.inner.schedules {
-            tasks.entry(s.name().to_owned()).or_insert_with(|| Ticking {
-                version: String::new(),
-                task: tokio::spawn(run(self.clone(), Arc::clone(s), None)),
-            });
-        }
-    }
-
     /// Brings the schedules ticking in line with the code and the store: starts the new and
     /// the resumed, stops the paused and the deleted, restarts the changed.
     async fn sync_schedules(&self) -> Result<(), Error> {
@@ -211,21 +212,31 @@ impl Engine {
     /// [`Error::ScheduleExists`] when the name is taken (in code or in the store),
     /// [`Error::UnknownWorkflow`], or a store failure.
     pub async fn create_schedule(&self, schedule: Schedule) -> Result<(), Error> {
-        self.workflow_by_name(schedule.workflow())?;
+        // What every tick would refuse is refused now, not once per tick.
+        self.workflow_by_name(schedule.workflow())?
+            .check_params(schedule.params())?;
         if self.declared(schedule.name()).is_some() {
             return Err(Error::ScheduleExists(schedule.name().to_owned()));
         }
+        let definition = schedule.definition();
+        // Stored only if it reads back (a policy the API refuses, set in Rust, would not).
+        Schedule::from_definition(schedule.name(), &definition)
+            .map_err(|e| Error::InvalidSchedule(e.to_string()))?;
+        let now = self.clock().now();
         let row = cairn_store::StoredSchedule {
             name: schedule.name().to_owned(),
-            definition: Some(schedule.definition()),
+            definition: Some(definition),
             paused: false,
-            resumed_at: None,
-            updated_at: self.clock().now(),
+            // A start: ticks before it are not caught up, also those an earlier schedule of
+            // the same name left behind.
+            resumed_at: Some(now),
+            updated_at: now,
         };
-        if !self.inner.env.store.put_schedule(row, true).await? {
+        if !self.inner.env.store.create_schedule(row).await? {
             return Err(Error::ScheduleExists(schedule.name().to_owned()));
         }
-        self.sync_schedules().await
+        follow(self).await;
+        Ok(())
     }
 
     /// Pauses a schedule (declared in code or stored): it fires no tick until resumed, on
@@ -247,34 +258,27 @@ impl Engine {
     }
 
     async fn set_paused(&self, name: &str, paused: bool) -> Result<(), Error> {
+        let declared = self.declared(name).is_some();
         let stored = self.inner.env.store.schedules().await?;
-        let row = stored.into_iter().find(|r| r.name == name);
-        // Declared in code: only its state is stored. Otherwise its stored definition.
-        let definition = if self.declared(name).is_some() {
-            None
-        } else {
-            match row.as_ref().and_then(|r| r.definition.clone()) {
-                Some(definition) => Some(definition),
-                None => return Err(Error::ScheduleNotFound(name.to_owned())),
-            }
-        };
-        if row.as_ref().is_some_and(|r| r.paused) == paused {
+        let row = stored.iter().find(|r| r.name == name);
+        if row.is_some_and(|r| r.paused == paused) || (!paused && row.is_none() && declared) {
+            // Already so (a schedule in code with no state row is not paused).
             return Ok(());
         }
         let now = self.clock().now();
-        let row = cairn_store::StoredSchedule {
-            name: name.to_owned(),
-            definition,
+        let state = cairn_store::ScheduleState {
             paused,
-            resumed_at: if paused {
-                row.and_then(|r| r.resumed_at)
-            } else {
-                Some(now)
-            },
-            updated_at: now,
+            resumed_at: (!paused).then_some(now),
+            at: now,
+            declared,
         };
-        self.inner.env.store.put_schedule(row, false).await?;
-        self.sync_schedules().await
+        // Only the state is written: a definition changed or deleted meanwhile (by another
+        // engine) is neither overwritten nor brought back.
+        if !self.inner.env.store.set_schedule_state(name, state).await? {
+            return Err(Error::ScheduleNotFound(name.to_owned()));
+        }
+        follow(self).await;
+        Ok(())
     }
 
     /// Deletes a schedule created over the API, on every engine. The instances it started
@@ -290,7 +294,8 @@ impl Engine {
         if !self.inner.env.store.delete_schedule(name).await? {
             return Err(Error::ScheduleNotFound(name.to_owned()));
         }
-        self.sync_schedules().await
+        follow(self).await;
+        Ok(())
     }
 
     async fn schedule_named(&self, name: &str) -> Result<Arc<Schedule>, Error> {

@@ -288,6 +288,33 @@ impl UntypedWorkflow {
         }
     }
 
+    /// The params as stored (JSON text) if the workflow takes them: they decode as its
+    /// `Params` and are within the payload limit.
+    pub(crate) fn check_params(&self, params: &serde_json::Value) -> Result<String, Error> {
+        let workflow = self
+            .engine
+            .inner
+            .workflows
+            .get(&self.name)
+            .ok_or_else(|| Error::UnknownWorkflow(self.name.to_string()))?;
+        let text = params.to_string();
+        let limit = self.engine.inner.env.limits.payload_limit;
+        if text.len() > limit {
+            return Err(Error::PayloadTooLarge {
+                what: "params",
+                size: text.len(),
+                limit,
+            });
+        }
+        workflow
+            .check_params(params)
+            .map_err(|reason| Error::InvalidParams {
+                workflow: self.name.to_string(),
+                reason,
+            })?;
+        Ok(text)
+    }
+
     fn prepare(
         &self,
         index: usize,
@@ -299,28 +326,8 @@ impl UntypedWorkflow {
                 .expect("a UUID is a valid instance id"),
         };
         let fail = |e: Error| (Some(id.to_string()), e);
-        let workflow = self
-            .engine
-            .inner
-            .workflows
-            .get(&self.name)
-            .ok_or_else(|| fail(Error::UnknownWorkflow(self.name.to_string())))?;
         let params = options.params;
-        let text = params.to_string();
-        let limit = self.engine.inner.env.limits.payload_limit;
-        if text.len() > limit {
-            return Err(fail(Error::PayloadTooLarge {
-                what: "params",
-                size: text.len(),
-                limit,
-            }));
-        }
-        workflow.check_params(&params).map_err(|reason| {
-            fail(Error::InvalidParams {
-                workflow: self.name.to_string(),
-                reason,
-            })
-        })?;
+        let text = self.check_params(&params).map_err(fail)?;
         let now = self.engine.inner.env.clock.now();
         let defaults = self
             .engine

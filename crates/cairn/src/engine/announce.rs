@@ -268,12 +268,16 @@ impl Store for Announcing {
         self.store.children(parent)
     }
 
-    fn put_schedule(
+    fn create_schedule(&self, schedule: cairn_store::StoredSchedule) -> StoreFuture<'_, bool> {
+        self.store.create_schedule(schedule)
+    }
+
+    fn set_schedule_state(
         &self,
-        schedule: cairn_store::StoredSchedule,
-        create: bool,
+        name: &str,
+        state: cairn_store::ScheduleState,
     ) -> StoreFuture<'_, bool> {
-        self.store.put_schedule(schedule, create)
+        self.store.set_schedule_state(name, state)
     }
 
     fn schedules(&self) -> StoreFuture<'_, Vec<cairn_store::StoredSchedule>> {

@@ -122,12 +122,19 @@ impl Store for Blocking {
         blocking(&self.0, move |s| s.children(parent))
     }
 
-    fn put_schedule(
+    fn create_schedule(&self, schedule: cairn_store::StoredSchedule) -> StoreFuture<'_, bool> {
+        blocking(&self.0, move |s| s.create_schedule(schedule))
+    }
+
+    fn set_schedule_state(
         &self,
-        schedule: cairn_store::StoredSchedule,
-        create: bool,
+        name: &str,
+        state: cairn_store::ScheduleState,
     ) -> StoreFuture<'_, bool> {
-        blocking(&self.0, move |s| s.put_schedule(schedule, create))
+        let name = name.to_owned();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.set_schedule_state(&name, state).await })
+        })
     }
 
     fn schedules(&self) -> StoreFuture<'_, Vec<cairn_store::StoredSchedule>> {

@@ -55,9 +55,9 @@ pub enum CatchUp {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ScheduleError {
-    /// The name is not 1–80 characters of a-z, A-Z, 0-9, `_` and `-`.
+    /// The name is not 1–68 characters of a-z, A-Z, 0-9, `_` and `-`.
     #[error(
-        "invalid schedule name {0:?} (1-80 characters of a-z, A-Z, 0-9, '_' and '-', not starting with '-')"
+        "invalid schedule name {0:?} (1-68 characters of a-z, A-Z, 0-9, '_' and '-', not starting with '-')"
     )]
     Name(String),
     /// The cron expression does not parse.

@@ -114,8 +114,15 @@ impl Store for FailingStore {
     fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
         self.inner.children(i)
     }
-    fn put_schedule(&self, s: cairn::store::StoredSchedule, create: bool) -> StoreFuture<'_, bool> {
-        self.inner.put_schedule(s, create)
+    fn create_schedule(&self, s: cairn::store::StoredSchedule) -> StoreFuture<'_, bool> {
+        self.inner.create_schedule(s)
+    }
+    fn set_schedule_state(
+        &self,
+        name: &str,
+        state: cairn::store::ScheduleState,
+    ) -> StoreFuture<'_, bool> {
+        self.inner.set_schedule_state(name, state)
     }
     fn schedules(&self) -> StoreFuture<'_, Vec<cairn::store::StoredSchedule>> {
         self.inner.schedules()

@@ -570,3 +570,63 @@ fn policies_parse_from_their_names_and_refuse_others() {
         assert!(matches!(e, ScheduleError::Policy { .. }), "{bad}: {e}");
     }
 }
+
+/// Review findings: a schedule deleted and created again under its name starts afresh (no
+/// catch-up of ticks from before it was created); what every tick would refuse (params too
+/// large, a policy that would not read back) is refused at create, and nothing is stored.
+#[tokio::test(start_paused = true)]
+async fn a_re_created_schedule_starts_afresh_and_bad_ones_are_refused_at_create() {
+    let (_dir, path) = temp_db();
+    let engine = Engine::builder()
+        .sqlite(&path)
+        .clock(Clock::virtual_at(START))
+        .payload_limit(200)
+        .register(Tick)
+        .start()
+        .await
+        .unwrap();
+    let every = |cron: &str| {
+        Schedule::untyped("made", cron, "tick", json!({}))
+            .unwrap()
+            .catch_up(CatchUp::RunAll(100))
+    };
+    engine.create_schedule(every("*/5 * * * *")).await.unwrap();
+    run_until(&engine, T0.saturating_add(16 * MINUTE)).await;
+    engine.delete_schedule("made").await.unwrap();
+    run_until(&engine, T0.saturating_add(31 * MINUTE)).await;
+    engine.create_schedule(every("*/10 * * * *")).await.unwrap();
+    run_until(&engine, T0.saturating_add(41 * MINUTE)).await;
+    assert_eq!(
+        fired(&engine, "tick", "made").await,
+        [5, 10, 15, 40],
+        "no tick from before the new schedule existed"
+    );
+
+    let big = Schedule::untyped(
+        "big",
+        "* * * * *",
+        "tick",
+        json!({ "pad": "x".repeat(300) }),
+    )
+    .unwrap();
+    assert_eq!(
+        engine.create_schedule(big).await.unwrap_err().code(),
+        "payload.too_large"
+    );
+    let unreadable = Schedule::untyped("odd", "* * * * *", "tick", json!({}))
+        .unwrap()
+        .catch_up(CatchUp::RunAll(0));
+    assert_eq!(
+        engine.create_schedule(unreadable).await.unwrap_err().code(),
+        "schedule.invalid"
+    );
+    let names: Vec<String> = engine
+        .list_schedules()
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.schedule.name().to_owned())
+        .collect();
+    assert_eq!(names, ["made"], "nothing refused was stored");
+    engine.shutdown().await;
+}

@@ -368,9 +368,9 @@ async fn two_engines_fire_each_tick_of_a_shared_schedule_once() {
 }
 
 /// A schedule created over one engine ticks on the other (which learns of it within its
-/// 5-second sync) once the first is gone; a pause made on the first stops it there too.
+/// 5-second sync) once the first is gone, and stops there when paused.
 #[tokio::test]
-async fn a_schedule_created_on_one_engine_ticks_on_the_other_and_pauses_on_both() {
+async fn a_schedule_created_on_one_engine_ticks_on_the_other_and_pauses_there() {
     let Some((a, b, _dir)) = two_builders() else {
         return;
     };

@@ -476,8 +476,19 @@ impl Store for Hooked {
     fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
         hooked!(self, "children", self.inner.children(i))
     }
-    fn put_schedule(&self, s: cairn::store::StoredSchedule, create: bool) -> StoreFuture<'_, bool> {
-        hooked!(self, "put_schedule", self.inner.put_schedule(s, create))
+    fn create_schedule(&self, s: cairn::store::StoredSchedule) -> StoreFuture<'_, bool> {
+        hooked!(self, "create_schedule", self.inner.create_schedule(s))
+    }
+    fn set_schedule_state(
+        &self,
+        name: &str,
+        state: cairn::store::ScheduleState,
+    ) -> StoreFuture<'_, bool> {
+        hooked!(
+            self,
+            "set_schedule_state",
+            self.inner.set_schedule_state(name, state)
+        )
     }
     fn schedules(&self) -> StoreFuture<'_, Vec<cairn::store::StoredSchedule>> {
         hooked!(self, "schedules", self.inner.schedules())
