@@ -1,6 +1,7 @@
 //! [`ApiError`]: every failure as JSON `{code, message}` with an HTTP status.
 
 use axum::Json;
+use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -156,4 +157,23 @@ pub(crate) fn clip_to(text: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}… ({} bytes)", &text[..end], text.len())
+}
+
+/// Maps an extractor's rejection (malformed JSON, wrong content type, oversized body) to
+/// an [`ApiError`].
+pub(crate) fn rejected(status: StatusCode, detail: String) -> ApiError {
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            ApiError::new(status, crate::error::code_for(status), detail)
+        }
+        // Malformed JSON (400) and JSON of the wrong shape (422) alike: one code, one status.
+        _ => ApiError::bad_request(detail),
+    }
+}
+
+/// A JSON body; `Object` bodies refuse an array with the same `request.invalid` as any
+/// other malformed body.
+pub(crate) fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    body.map(|Json(v)| v)
+        .map_err(|e| rejected(e.status(), e.body_text()))
 }

@@ -10,7 +10,7 @@ use cairn::{CreateOptions, Engine, InstanceStatus, UntypedWorkflow};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, body, rejected};
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -54,25 +54,6 @@ pub(crate) fn routes() -> Router<Engine> {
             post(send_event),
         )
         .merge(crate::schedules::routes())
-}
-
-/// Maps an extractor's rejection (malformed JSON, wrong content type, oversized body) to
-/// an [`ApiError`].
-fn rejected(status: StatusCode, detail: String) -> ApiError {
-    match status {
-        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
-            ApiError::new(status, crate::error::code_for(status), detail)
-        }
-        // Malformed JSON (400) and JSON of the wrong shape (422) alike: one code, one status.
-        _ => ApiError::bad_request(detail),
-    }
-}
-
-/// A JSON body; `Object` bodies refuse an array with the same `request.invalid` as any
-/// other malformed body.
-pub(crate) fn body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
-    body.map(|Json(v)| v)
-        .map_err(|e| rejected(e.status(), e.body_text()))
 }
 
 fn workflow(engine: &Engine, name: &str) -> ApiResult<UntypedWorkflow> {

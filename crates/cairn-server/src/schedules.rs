@@ -11,8 +11,7 @@ use cairn::{CatchUp, Engine, Overlap, Schedule, ScheduleEntry};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
-use crate::routes::body;
+use crate::error::{ApiError, body};
 
 type ApiResult<T> = Result<T, ApiError>;
 
