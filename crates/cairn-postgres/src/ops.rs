@@ -832,7 +832,8 @@ pub(crate) async fn control(
 ) -> R<ControlOutcome> {
     let Some(row) = query_opt(
         tx,
-        "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params, lease_epoch
+        "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params, lease_epoch,
+             rollback_trigger
          FROM instances WHERE workflow = $1 AND id = $2 FOR UPDATE",
         &[&workflow, &id],
     )
@@ -846,7 +847,25 @@ pub(crate) async fn control(
     let paused_at: Option<i64> = row.get(3);
     let params: String = row.get(4);
     let epoch = u64::try_from(row.get::<_, i64>(5)).map_err(corrupt)?;
+    let trigger_before: Option<String> = row.get(6);
     let instance = InstanceRef(iid);
+    let terminating = trigger_before
+        .as_deref()
+        .and_then(|t| serde_json::from_str::<cairn_core::RollbackTrigger>(t).ok())
+        .is_some_and(|t| t.terminate);
+    if matches!(
+        request,
+        ControlRequest::Terminate {
+            rollback: Some(_),
+            ..
+        }
+    ) && terminating
+        && !from.is_terminal()
+    {
+        // Asked twice (a parent's end and its terminate both reach a child): the rollback
+        // under way goes on, not fenced and started over.
+        return Ok(ControlOutcome::NoOp(from));
+    }
     // Other engines hear of it: a running lifetime there must stop, or read its status.
     let (kind, claimable) = match request {
         ControlRequest::Pause { .. } => (ChangeKind::Controlled, false),

@@ -788,7 +788,7 @@ pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<St
 }
 
 pub(crate) const INSTANCE_KEY_SQL: &str =
-    "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params, lease_epoch
+    "SELECT iid, status, lease_owner IS NOT NULL, paused_at, params, lease_epoch, rollback_trigger
      FROM instances WHERE workflow = ?1 AND id = ?2";
 
 fn log_now(
@@ -810,6 +810,13 @@ fn log_now(
     )
 }
 
+/// Whether a stored rollback trigger is a terminate with rollback's.
+fn terminating(trigger: Option<&str>) -> bool {
+    trigger
+        .and_then(|t| serde_json::from_str::<cairn_core::RollbackTrigger>(t).ok())
+        .is_some_and(|t| t.terminate)
+}
+
 /// Applies a management request; see `ControlRequest`.
 pub(crate) fn control(
     conn: &Connection,
@@ -817,7 +824,7 @@ pub(crate) fn control(
     id: &str,
     request: &ControlRequest,
 ) -> Result<ControlOutcome> {
-    type KeyRow = (i64, i64, bool, Option<i64>, String, i64);
+    type KeyRow = (i64, i64, bool, Option<i64>, String, i64, Option<String>);
     let row: Option<KeyRow> = conn
         .prepare_cached(INSTANCE_KEY_SQL)
         .and_then(|mut st| {
@@ -829,12 +836,13 @@ pub(crate) fn control(
                     r.get(3)?,
                     r.get(4)?,
                     r.get(5)?,
+                    r.get(6)?,
                 ))
             })
             .optional()
         })
         .map_err(map_sqlite)?;
-    let Some((iid, code, leased, paused_at, params, epoch)) = row else {
+    let Some((iid, code, leased, paused_at, params, epoch, trigger_before)) = row else {
         return Ok(ControlOutcome::NotFound);
     };
     let instance = InstanceRef(iid);
@@ -928,6 +936,11 @@ pub(crate) fn control(
         } => {
             if from.is_terminal() {
                 return Ok(ControlOutcome::Rejected(from));
+            }
+            if terminating(trigger_before.as_deref()) {
+                // Asked twice (a parent's end and its terminate both reach a child): the
+                // rollback under way goes on, not fenced and started over.
+                return Ok(ControlOutcome::NoOp(from));
             }
             // The current lifetime is fenced off; the next claim compensates, then terminates.
             exec(

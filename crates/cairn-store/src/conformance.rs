@@ -1491,6 +1491,29 @@ pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Stor
     assert_eq!(store.schedules().await.unwrap(), [row("a", None, true)]);
 }
 
+pub async fn a_second_terminate_with_rollback_is_a_no_op(store: Arc<dyn Store>) {
+    create_one(&*store, "wf", "a").await;
+    let id = InstanceId::new("a").unwrap();
+    let request = ControlRequest::Terminate {
+        at: T0,
+        rollback: Some(cairn_core::RollbackTrigger::terminate()),
+    };
+    let first = store
+        .control(&wf("wf"), &id, request.clone())
+        .await
+        .unwrap();
+    assert!(matches!(first, ControlOutcome::Done { .. }), "{first:?}");
+    let claimed = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let second = store.control(&wf("wf"), &id, request).await.unwrap();
+    assert!(matches!(second, ControlOutcome::NoOp(_)), "{second:?}");
+    // The rollback under way is not fenced off.
+    store.commit(claimed.lease, vec![]).await.unwrap();
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -1527,6 +1550,7 @@ macro_rules! conformance_tests {
             a_parent_hibernating_after_its_child_ended_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,
+            a_second_terminate_with_rollback_is_a_no_op,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {
@@ -1574,6 +1598,7 @@ macro_rules! conformance_tests {
             a_parent_hibernating_after_its_child_ended_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,
+            a_second_terminate_with_rollback_is_a_no_op,
         );
     };
     (@optional $factory:ident; $($case:ident,)*) => {

@@ -139,11 +139,12 @@ pub(crate) async fn ended(
     }
     match inner.env.store.children(instance).await {
         Ok(children) => {
-            // A parent that failed compensated its own steps: its children compensate
-            // theirs. One that completed (or was terminated with rollback, whose children
-            // got that request already) ends the rest plainly.
-            let rollback =
-                (status == InstanceStatus::Errored).then(cairn_core::RollbackTrigger::terminate);
+            // A parent that failed, or was terminated with rollback (the only termination
+            // that ends in a driver), compensated its own steps: its children compensate
+            // theirs (a child asked already is left alone by the store). One that completed
+            // ends the rest plainly.
+            let rollback = matches!(status, InstanceStatus::Errored | InstanceStatus::Terminated)
+                .then(cairn_core::RollbackTrigger::terminate);
             let request = ControlRequest::Terminate {
                 at: inner.env.clock.now(),
                 rollback,
