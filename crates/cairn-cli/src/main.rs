@@ -92,6 +92,19 @@ enum Command {
         #[arg(long)]
         no_schedules: bool,
     },
+    /// Replay every unfinished instance against the code of this build (the demo
+    /// workflows) without running or writing anything, and report where the code no longer
+    /// fits an instance's journal. Exit 1 on any incompatibility: a gate before a deploy.
+    /// No server may have the SQLite database open meanwhile.
+    #[command(after_help = "Example:\n  cairn replay-check --db cairn.db")]
+    ReplayCheck {
+        /// The database: a SQLite file, or a PostgreSQL URL.
+        #[arg(long, default_value = "cairn.db")]
+        db: String,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Workflows: list, describe, trigger.
     Workflows {
         #[command(flatten)]
@@ -384,6 +397,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             let _traces = logging::install(log_format, otlp_endpoint.as_deref())?;
             serve(db, addr, cli.token, account_id, !no_schedules).await
         }
+        Command::ReplayCheck { db, json } => replay_check(db, json).await,
         Command::Workflows {
             client: args,
             command,
@@ -526,6 +540,38 @@ fn pause_or_resume(c: &client::Client, name: &str, verb: &str, json: bool) -> Re
         };
         out!("Schedule {} is {state}", client::text(&v["name"]));
     });
+    Ok(())
+}
+
+async fn replay_check(db: String, json: bool) -> Result<(), Box<dyn std::error::Error>> {
+    if !is_postgres(&db) && !std::path::Path::new(&db).exists() {
+        return Err(format!("no database at {db}").into());
+    }
+    let builder = if is_postgres(&db) {
+        cairn::Engine::builder().postgres(db.clone())
+    } else {
+        cairn::Engine::builder().sqlite(PathBuf::from(&db))
+    };
+    let report = demo::register(builder, false).replay_check().await?;
+    if json {
+        out!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for found in &report.incompatible {
+            out!("✗ {}/{}", found.workflow, found.id);
+            for problem in &found.problems {
+                out!("    {problem}");
+            }
+        }
+        out!(
+            "{} unfinished instance{} replayed; {} incompatible with this code",
+            report.checked,
+            if report.checked == 1 { "" } else { "s" },
+            report.incompatible.len()
+        );
+    }
+    if !report.compatible() {
+        std::process::exit(1);
+    }
     Ok(())
 }
 

@@ -957,3 +957,52 @@ fn describe_shows_a_parent_and_its_children() {
     assert!(ok, "{err}");
     assert!(out.contains("Parent    order o1 (step pay#1)"), "{out}");
 }
+
+/// `cairn replay-check`: the demo code against a database of its instances is compatible
+/// (exit 0); a journal whose step the code no longer has is reported with the step's name
+/// (exit 1). Nothing runs meanwhile.
+#[test]
+fn replay_check_gates_a_deploy() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let port = free_port();
+    {
+        let _server = start(&db, port);
+        cairn(port, &["workflows", "trigger", "approval", "--id", "a1"]);
+        until(port, "a1", "waiting");
+    }
+    let check = || {
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["replay-check", "--db", db.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = check();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("1 unfinished instance replayed; 0 incompatible"),
+        "{text}"
+    );
+    // As the journal looks to code that renamed the step.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute(
+        "UPDATE steps SET name = 'notify the approver' WHERE name = 'notify approver'",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let out = check();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("✗ approval/a1")
+            && text.contains("step \"notify the approver\" is in the journal"),
+        "{text}"
+    );
+}

@@ -31,6 +31,7 @@ pub use client::{
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use context::{StepContext, StepId};
+pub use engine::check::{ReplayFindings, ReplayReport};
 pub use engine::leases::DEFAULT_LEASE_TTL;
 pub use engine::schedules::{CatchUp, GRACE, Overlap, Schedule, ScheduleError};
 pub use engine::{

@@ -5,6 +5,7 @@
 pub(crate) mod create;
 pub(crate) mod details;
 pub(crate) mod instance;
+mod replay;
 mod schedules;
 pub(crate) mod workflow;
 

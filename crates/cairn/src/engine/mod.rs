@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 pub(crate) mod announce;
 mod blocking;
+pub(crate) mod check;
 mod driver;
 pub(crate) mod family;
 mod gauges;
@@ -71,6 +72,8 @@ pub struct EngineBuilder {
     workflow_retention: Vec<(String, Retention)>,
     lease_ttl: Option<Duration>,
     schedules: Vec<schedules::Schedule>,
+    /// Claims and runs instances (off for an engine opened only to check them).
+    claims: bool,
     #[cfg(feature = "sqlite")]
     sqlite: cairn_sqlite::Options,
 }
@@ -103,6 +106,7 @@ impl Engine {
             workflow_retention: Vec::new(),
             lease_ttl: None,
             schedules: Vec::new(),
+            claims: true,
             #[cfg(feature = "sqlite")]
             sqlite: cairn_sqlite::Options::default(),
         }
@@ -278,6 +282,12 @@ impl EngineBuilder {
     pub fn register<W: Workflow>(mut self, workflow: W) -> Self {
         self.workflows
             .push((W::NAME.to_owned(), Arc::new(Registered(workflow))));
+        self
+    }
+
+    /// Opened to look, not to run: no instance is claimed (the replay check).
+    pub(crate) fn without_claims(mut self) -> Self {
+        self.claims = false;
         self
     }
 
@@ -489,9 +499,11 @@ impl EngineBuilder {
         if !inner.env.clock.is_virtual() {
             tokio::spawn(gauges::keep(Arc::clone(&inner)));
         }
-        let handle = tokio::spawn(scheduler::schedule(Arc::clone(&inner)));
-        if let Ok(mut slot) = inner.scheduler.lock() {
-            *slot = Some(handle);
+        if self.claims {
+            let handle = tokio::spawn(scheduler::schedule(Arc::clone(&inner)));
+            if let Ok(mut slot) = inner.scheduler.lock() {
+                *slot = Some(handle);
+            }
         }
         Ok(Engine { inner })
     }

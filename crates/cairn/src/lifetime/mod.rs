@@ -69,6 +69,18 @@ pub(crate) struct Lifetime {
     /// The instance has started children (`invoke`): when it ends, the unfinished ones are
     /// ended with it.
     invoked: AtomicBool,
+    /// What a registration replay saw (see [`Seen`]).
+    seen: Mutex<Seen>,
+}
+
+/// What a replay in registration mode saw of the journal: the records it took, in order;
+/// the ops it reached that have no record (new work); the records whose stored outcome the
+/// code no longer reads. The replay check (`engine/check.rs`) reports from it.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    pub(crate) taken: Vec<(StepKey, u32)>,
+    pub(crate) new_work: Vec<StepKey>,
+    pub(crate) mismatches: Vec<(StepKey, String)>,
 }
 
 const FORWARD: u8 = 0;
@@ -141,7 +153,38 @@ impl Lifetime {
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
             deferred: Mutex::new(Vec::new()),
             invoked: AtomicBool::new(false),
+            seen: Mutex::new(Seen::default()),
         }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// In a registration replay: an op with no record was reached (it would start work).
+    pub(crate) fn note_new_work(&self, key: &StepKey) {
+        self.seen().new_work.push(key.clone());
+    }
+
+    /// In a registration replay: the stored outcome of `key` does not read as the code
+    /// expects (`message` says how).
+    pub(crate) fn note_mismatch(&self, key: &StepKey, message: String) {
+        self.seen().mismatches.push((key.clone(), message));
+    }
+
+    /// How many records the registration replay has taken so far.
+    pub(crate) fn take_seen_count(&self) -> usize {
+        let seen = self.seen();
+        seen.taken.len() + seen.new_work.len()
+    }
+
+    /// What the registration replay saw, and the journal records it never took.
+    pub(crate) fn take_seen(&self) -> (Seen, Vec<StepRecord>) {
+        let seen = std::mem::take(&mut *self.seen());
+        let untaken = self.inner().journal.values().cloned().collect();
+        (seen, untaken)
     }
 
     /// Notes that the instance has started a child (or may have: an `invoke` step is in
@@ -328,7 +371,13 @@ impl Lifetime {
     /// The stored record for `key`, if this instance has one. Each key is claimed once per
     /// lifetime, so the record is handed over rather than copied.
     pub(crate) fn take_record(&self, key: &StepKey) -> Option<StepRecord> {
-        self.inner().journal.remove(key)
+        let record = self.inner().journal.remove(key);
+        if let Some(r) = &record
+            && self.registering()
+        {
+            self.seen().taken.push((key.clone(), r.seq));
+        }
+        record
     }
 
     /// The next start-order number.

@@ -177,12 +177,17 @@ impl Execution {
         let state = Arc::clone(&self.state);
         if state.registering() {
             return match state.take_record(&key) {
-                Some(rec) if rec.state == StepState::Succeeded => decode(&key, &rec),
+                Some(rec) if rec.state == StepState::Succeeded => decode(&key, &rec)
+                    .inspect_err(|e| state.note_mismatch(&key, e.message().to_owned())),
                 Some(rec) if rec.state == StepState::Failed => Err(WorkflowError::from_info(
                     rec.error
                         .unwrap_or_else(|| ErrorInfo::new(INTERNAL, "step failed")),
                 )),
-                _ => std::future::pending().await,
+                Some(_) => std::future::pending().await,
+                None => {
+                    state.note_new_work(&key);
+                    std::future::pending().await
+                }
             };
         }
         state.pause_gate().await;

@@ -102,13 +102,17 @@ impl WorkflowStep {
                     let output = result?;
                     // `T`'s Deserialize impl is user code.
                     crate::panic::from_json(&output).map_err(|e| {
-                        WorkflowError::new(
+                        let error = WorkflowError::new(
                             INTERNAL,
                             format!(
                                 "the output of the child of invoke \"{}\" does not decode as the child's output type: {e}",
                                 key.target()
                             ),
-                        )
+                        );
+                        if state.registering() {
+                            state.note_mismatch(&key, error.message().to_owned());
+                        }
+                        error
                     })
                 })
             })),
@@ -190,7 +194,11 @@ async fn invoke(
         // journal; anything else starts nothing and never returns.
         return match state.take_record(key) {
             Some(rec) if rec.state != StepState::Running => answer(rec),
-            _ => std::future::pending().await,
+            Some(_) => std::future::pending().await,
+            None => {
+                state.note_new_work(key);
+                std::future::pending().await
+            }
         };
     }
     let mut activity = state.activity();

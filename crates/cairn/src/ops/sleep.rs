@@ -117,7 +117,9 @@ impl WorkflowStep {
 async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(), WorkflowError> {
     if state.registering() {
         // Replaying only to register rollback handlers: a sleep returns at once.
-        state.take_record(&key);
+        if state.take_record(&key).is_none() {
+            state.note_new_work(&key);
+        }
         return Ok(());
     }
     let mut activity = state.activity();

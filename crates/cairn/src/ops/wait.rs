@@ -144,12 +144,17 @@ async fn wait<T: DeserializeOwned>(
         return match state.take_record(&key) {
             Some(rec) if rec.state == StepState::Succeeded => {
                 decode(&key, rec.output.as_deref().unwrap_or("null"))
+                    .inspect_err(|e| state.note_mismatch(&key, e.message().to_owned()))
             }
             Some(rec) if rec.state == StepState::Failed => Err(WorkflowError::from_info(
                 rec.error
                     .unwrap_or_else(|| ErrorInfo::new(TIMEOUT, "wait failed")),
             )),
-            _ => std::future::pending().await,
+            Some(_) => std::future::pending().await,
+            None => {
+                state.note_new_work(&key);
+                std::future::pending().await
+            }
         };
     }
     let mut activity = state.activity();

@@ -42,6 +42,8 @@ macro_rules! on_backend {
         mod engine_errors;
         #[path = "examples.rs"]
         mod examples;
+        #[path = "replay_check.rs"]
+        mod replay_check;
         #[path = "retention.rs"]
         mod retention;
         #[path = "rollback.rs"]
