@@ -94,8 +94,9 @@ enum Command {
     },
     /// Replay every unfinished instance against the code of this build (the demo
     /// workflows) without running or writing anything, and report where the code no longer
-    /// fits an instance's journal. Exit 1 on any incompatibility: a gate before a deploy.
-    /// No server may have the SQLite database open meanwhile.
+    /// fits an instance's journal. Exit 1 on any incompatibility, 2 when the check cannot
+    /// run: a gate before a deploy. It neither migrates nor recovers the database (one of
+    /// another schema version is refused); no server may have the SQLite file open.
     #[command(after_help = "Example:\n  cairn replay-check --db cairn.db")]
     ReplayCheck {
         /// The database: a SQLite file, or a PostgreSQL URL.
@@ -543,36 +544,53 @@ fn pause_or_resume(c: &client::Client, name: &str, verb: &str, json: bool) -> Re
     Ok(())
 }
 
+/// `cairn replay-check`: exit 0 when every unfinished instance fits the code, 1 when one
+/// does not, 2 when the check could not run (so a script can tell a "no" from a failure;
+/// decided before anything is printed, so a closed pipe cannot turn a "no" into a "yes").
 async fn replay_check(db: String, json: bool) -> Result<(), Box<dyn std::error::Error>> {
-    if !is_postgres(&db) && !std::path::Path::new(&db).exists() {
-        return Err(format!("no database at {db}").into());
-    }
-    let builder = if is_postgres(&db) {
-        cairn::Engine::builder().postgres(db.clone())
-    } else {
-        cairn::Engine::builder().sqlite(PathBuf::from(&db))
+    use std::io::Write as _;
+    let checked = async {
+        if !is_postgres(&db) && !std::path::Path::new(&db).exists() {
+            return Err(format!("no database at {db}").into());
+        }
+        let builder = if is_postgres(&db) {
+            cairn::Engine::builder().postgres(db.clone())
+        } else {
+            cairn::Engine::builder().sqlite(PathBuf::from(&db))
+        };
+        demo::register(builder, false)
+            .replay_check()
+            .await
+            .map_err(Box::<dyn std::error::Error>::from)
     };
-    let report = demo::register(builder, false).replay_check().await?;
+    let report = match checked.await {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let code = i32::from(!report.compatible());
+    let mut stdout = std::io::stdout().lock();
     if json {
-        out!("{}", serde_json::to_string_pretty(&report)?);
+        let _ = writeln!(stdout, "{}", serde_json::to_string_pretty(&report)?);
     } else {
         for found in &report.incompatible {
-            out!("✗ {}/{}", found.workflow, found.id);
+            let _ = writeln!(stdout, "✗ {}/{}", found.workflow, found.id);
             for problem in &found.problems {
-                out!("    {problem}");
+                let _ = writeln!(stdout, "    {problem}");
             }
         }
-        out!(
+        let _ = writeln!(
+            stdout,
             "{} unfinished instance{} replayed; {} incompatible with this code",
             report.checked,
             if report.checked == 1 { "" } else { "s" },
             report.incompatible.len()
         );
     }
-    if !report.compatible() {
-        std::process::exit(1);
-    }
-    Ok(())
+    let _ = stdout.flush();
+    std::process::exit(code);
 }
 
 /// The database as the banner shows it: a path, or a URL without its password.

@@ -65,6 +65,9 @@ pub struct Options {
     /// Tell other engines of this one's writes, and listen for theirs (`LISTEN/NOTIFY`),
     /// so they react within milliseconds instead of at their next poll.
     pub notify: bool,
+    /// Opened to look (the replay check): neither the schema nor its tables are created or
+    /// migrated; a database of another schema version is refused.
+    pub check_only: bool,
 }
 
 impl Options {
@@ -75,6 +78,7 @@ impl Options {
             schema: None,
             connections: 8,
             notify: true,
+            check_only: false,
         }
     }
 
@@ -192,7 +196,7 @@ impl PostgresStore {
             Some(schema) => config.application_name(format!("cairn:{schema}")),
             None => config.application_name("cairn"),
         };
-        if let Some(schema) = &options.schema {
+        if let Some(schema) = options.schema.as_ref().filter(|_| !options.check_only) {
             let (client, connection) = config
                 .connect(NoTls)
                 .await
@@ -245,16 +249,28 @@ impl PostgresStore {
                 .await
                 .map_err(|e| OpenError::new(format!("cannot connect: {e}")))?;
             let client: &mut tokio_postgres::Client = &mut conn;
-            schema::migrate(client).await.map_err(|e| match e {
-                schema::MigrateError::Db(e) => {
-                    OpenError::new(format!("migrate: {}", db::describe(&e)))
+            if options.check_only {
+                let version = schema::version(client).await.map_err(|e| {
+                    OpenError::new(format!("read the schema version: {}", db::describe(&e)))
+                })?;
+                if version != schema::current_version() {
+                    return Err(OpenError::new(format!(
+                        "the database has schema version {version}, this build's is {}: check it with the build that wrote it (checking does not migrate)",
+                        schema::current_version()
+                    )));
                 }
-                schema::MigrateError::Newer(v) => OpenError::new(format!(
-                    "the database has schema version {v}, written by a newer build of Cairn \
+            } else {
+                schema::migrate(client).await.map_err(|e| match e {
+                    schema::MigrateError::Db(e) => {
+                        OpenError::new(format!("migrate: {}", db::describe(&e)))
+                    }
+                    schema::MigrateError::Newer(v) => OpenError::new(format!(
+                        "the database has schema version {v}, written by a newer build of Cairn \
                      (this one knows up to {}); refusing to open it",
-                    schema::current_version()
-                )),
-            })?;
+                        schema::current_version()
+                    )),
+                })?;
+            }
         }
         let stats = Arc::new(BatchStats::default());
         let (tx, task) = writer::spawn(pool.clone(), notifier, Arc::clone(&stats));

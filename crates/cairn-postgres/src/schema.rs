@@ -211,6 +211,22 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), MigrateError> {
     Ok(())
 }
 
+/// The schema version of the database (0 when Cairn has never written it).
+pub(crate) async fn version(client: &Client) -> Result<usize, tokio_postgres::Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('cairn_schema') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(0);
+    }
+    let version: Option<i64> = client
+        .query_one("SELECT MAX(version) FROM cairn_schema", &[])
+        .await?
+        .get(0);
+    Ok(usize::try_from(version.unwrap_or(0)).unwrap_or(usize::MAX))
+}
+
 /// The schema version this build writes.
 pub(crate) fn current_version() -> usize {
     MIGRATIONS.len()

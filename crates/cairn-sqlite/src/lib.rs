@@ -66,6 +66,9 @@ pub struct Options {
     /// (SQLite's `journal_size_limit`). Without it the WAL keeps the size of its largest
     /// burst forever. The WAL is also checkpointed and truncated to zero on a clean close.
     pub wal_size_limit: u64,
+    /// Opened to look (the replay check): the schema is not migrated (a database of
+    /// another schema version is refused) and a dead engine's leases are not taken over.
+    pub check_only: bool,
 }
 
 /// The default [`Options::wal_size_limit`]: 64 MiB.
@@ -78,6 +81,7 @@ impl Default for Options {
             readers: 2,
             lock_timeout: Duration::from_secs(5),
             wal_size_limit: DEFAULT_WAL_SIZE_LIMIT,
+            check_only: false,
         }
     }
 }
@@ -266,11 +270,21 @@ impl SqliteStore {
                 schema::current_version()
             )));
         }
-        schema::migrate(&mut conn).map_err(|e| err("migrate", &e))?;
-        // Keep the planner's statistics current (bounded work; see SQLite's `PRAGMA optimize`).
-        conn.execute_batch("PRAGMA analysis_limit = 1000; PRAGMA optimize;")
-            .map_err(|e| err("analyze", &e))?;
-        take_over(&conn).map_err(|e| err("recover leases in", &e))?;
+        if options.check_only {
+            if version != schema::current_version() {
+                return Err(OpenError::other(format!(
+                    "database {} has schema version {version}, this build's is {}: check it with the build that wrote it (checking does not migrate)",
+                    path.display(),
+                    schema::current_version()
+                )));
+            }
+        } else {
+            schema::migrate(&mut conn).map_err(|e| err("migrate", &e))?;
+            // Keep the planner's statistics current (bounded work; `PRAGMA optimize`).
+            conn.execute_batch("PRAGMA analysis_limit = 1000; PRAGMA optimize;")
+                .map_err(|e| err("analyze", &e))?;
+            take_over(&conn).map_err(|e| err("recover leases in", &e))?;
+        }
 
         let mut read_conns = Vec::new();
         for _ in 0..options.readers.max(1) {

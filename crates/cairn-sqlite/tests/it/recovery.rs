@@ -202,3 +202,34 @@ async fn opening_after_a_crash_logs_what_is_recovered() {
     );
     reopened.close().await;
 }
+
+/// A store opened to look (the replay check) neither migrates a database of another schema
+/// version (it refuses it, leaving it as it was) nor takes a dead engine's leases over.
+#[test]
+fn a_check_only_open_refuses_another_schema_version_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cairn.db");
+    drop(SqliteStore::open(&path, Options::default()).unwrap());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let current: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    conn.pragma_update(None, "user_version", current - 1)
+        .unwrap();
+    drop(conn);
+    let mut check = Options::default();
+    check.check_only = true;
+    let refused = SqliteStore::open(&path, check.clone()).err().unwrap();
+    assert!(
+        refused.to_string().contains("does not migrate"),
+        "{refused}"
+    );
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let after: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(after, current - 1, "not migrated");
+    conn.pragma_update(None, "user_version", current).unwrap();
+    drop(conn);
+    assert!(SqliteStore::open(&path, check).is_ok());
+}

@@ -32,43 +32,61 @@ impl Engine {
     /// # Errors
     /// A store failure.
     pub async fn replay_check(&self) -> Result<ReplayReport, Error> {
+        use futures::StreamExt as _;
         let mut report = ReplayReport::default();
-        for name in self.workflow_names() {
-            let mut options = ListOptions::default().limit(500);
-            for status in UNFINISHED {
-                options = options.status(status);
+        // Every workflow's: an unfinished instance of a workflow the code no longer has is
+        // a problem too.
+        let mut options = ListOptions::default().limit(500);
+        for status in UNFINISHED {
+            options = options.status(status);
+        }
+        loop {
+            let page = self.list_instances(None, &options).await?;
+            let checks = page.instances.iter().map(|summary| async move {
+                let record = self
+                    .inner
+                    .env
+                    .store
+                    .instance(&summary.workflow, &summary.id)
+                    .await?;
+                match record {
+                    Some(record) => check(&self.inner, &record)
+                        .await
+                        .map(|problems| Some((record, problems))),
+                    None => Ok(None),
+                }
+            });
+            let results: Vec<Result<_, cairn_store::Error>> = futures::stream::iter(checks)
+                .buffer_unordered(CHECKS_AT_ONCE)
+                .collect()
+                .await;
+            for result in results {
+                let Some((record, problems)) = result? else {
+                    continue;
+                };
+                report.checked += 1;
+                if !problems.is_empty() {
+                    report.incompatible.push(ReplayFindings {
+                        workflow: record.workflow.to_string(),
+                        id: record.id.to_string(),
+                        problems,
+                    });
+                }
             }
-            loop {
-                let page = self.list_instances(Some(name.as_str()), &options).await?;
-                for summary in &page.instances {
-                    let Some(record) = self
-                        .inner
-                        .env
-                        .store
-                        .instance(&summary.workflow, &summary.id)
-                        .await?
-                    else {
-                        continue;
-                    };
-                    report.checked += 1;
-                    let problems = check(&self.inner, &record).await?;
-                    if !problems.is_empty() {
-                        report.incompatible.push(ReplayFindings {
-                            workflow: record.workflow.to_string(),
-                            id: record.id.to_string(),
-                            problems,
-                        });
-                    }
-                }
-                match page.cursor {
-                    Some(cursor) => options = options.cursor(cursor),
-                    None => break,
-                }
+            match page.cursor {
+                Some(cursor) => options = options.cursor(cursor),
+                None => break,
             }
         }
+        report
+            .incompatible
+            .sort_by(|a, b| (&a.workflow, &a.id).cmp(&(&b.workflow, &b.id)));
         Ok(report)
     }
 }
+
+/// Instances replayed at once by a check.
+const CHECKS_AT_ONCE: usize = 32;
 
 impl EngineBuilder {
     /// Opens the store with the workflows registered here, runs [`Engine::replay_check`]
@@ -79,7 +97,7 @@ impl EngineBuilder {
     /// # Errors
     /// The engine's configuration errors, or a store failure.
     pub async fn replay_check(self) -> Result<ReplayReport, Error> {
-        let engine = self.without_claims().build().await?;
+        let engine = self.check_only().build().await?;
         let report = engine.replay_check().await;
         engine.shutdown().await;
         report

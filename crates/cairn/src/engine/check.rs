@@ -50,9 +50,10 @@ impl ReplayReport {
     }
 }
 
-/// How long a replay may sit with every op parked and nothing new taken before it counts
-/// as stopped where new work would start.
-const QUIET: Duration = Duration::from_millis(20);
+/// How long a replay may sit with nothing new created or taken before it counts as stopped
+/// where new work would start (an await that is not an op may sit in between). Instances
+/// are checked several at a time, so this bounds the wall time of a check, not its sum.
+const QUIET: Duration = Duration::from_millis(100);
 
 /// Replays `record`'s journal against the registered code; the problems, in words.
 pub(crate) async fn check(
@@ -83,11 +84,16 @@ pub(crate) async fn check(
         record.created_at,
     ));
     state.load_journal(journal);
-    state.start_registering();
-    let params = match serde_json::from_str(&record.params) {
+    state.start_checking();
+    let params: serde_json::Value = match serde_json::from_str(&record.params) {
         Ok(p) => p,
         Err(e) => return Ok(vec![format!("the stored params are not JSON: {e}")]),
     };
+    if let Err(reason) = workflow.check_params(&params) {
+        return Ok(vec![format!(
+            "the stored params no longer decode as the workflow's params: {reason}"
+        )]);
+    }
     let event = WorkflowEvent {
         payload: params,
         timestamp: record.created_at,
@@ -107,7 +113,7 @@ pub(crate) async fn check(
     let mut problems = Vec::new();
     // Until `run` returns, or every op is parked (where new work would start) and nothing
     // moves for a while (an await that is not an op may sit in between).
-    let mut taken = 0;
+    let mut progress = usize::MAX;
     loop {
         tokio::select! {
             biased;
@@ -121,11 +127,11 @@ pub(crate) async fn check(
                 break;
             }
             () = tokio::time::sleep(QUIET) => {
-                let now_taken = state.take_seen_count();
-                if state.idle() && now_taken == taken {
+                let now = state.progress();
+                if now == progress {
                     break;
                 }
-                taken = now_taken;
+                progress = now;
             }
         }
     }

@@ -285,9 +285,19 @@ impl EngineBuilder {
         self
     }
 
-    /// Opened to look, not to run: no instance is claimed (the replay check).
-    pub(crate) fn without_claims(mut self) -> Self {
+    /// Opened to look, not to run (the replay check): no instance is claimed, and the
+    /// store is neither migrated nor recovered (a database of another schema version is
+    /// refused).
+    pub(crate) fn check_only(mut self) -> Self {
         self.claims = false;
+        #[cfg(feature = "sqlite")]
+        {
+            self.sqlite.check_only = true;
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(StoreChoice::Postgres(options)) = &mut self.store {
+            options.check_only = true;
+        }
         self
     }
 

@@ -69,7 +69,9 @@ pub(crate) struct Lifetime {
     /// The instance has started children (`invoke`): when it ends, the unfinished ones are
     /// ended with it.
     invoked: AtomicBool,
-    /// What a registration replay saw (see [`Seen`]).
+    /// A replay check (`engine/check.rs`): a registration replay that notes what it sees
+    /// (see [`Seen`]) and parks at a sleep with no record.
+    checking: AtomicBool,
     seen: Mutex<Seen>,
 }
 
@@ -78,6 +80,8 @@ pub(crate) struct Lifetime {
 /// code no longer reads. The replay check (`engine/check.rs`) reports from it.
 #[derive(Debug, Default)]
 pub(crate) struct Seen {
+    /// Every op created (claimed), polled or not.
+    pub(crate) claimed: std::collections::HashSet<StepKey>,
     pub(crate) taken: Vec<(StepKey, u32)>,
     pub(crate) new_work: Vec<StepKey>,
     pub(crate) mismatches: Vec<(StepKey, String)>,
@@ -153,8 +157,20 @@ impl Lifetime {
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
             deferred: Mutex::new(Vec::new()),
             invoked: AtomicBool::new(false),
+            checking: AtomicBool::new(false),
             seen: Mutex::new(Seen::default()),
         }
+    }
+
+    /// Replays only to see where the code fits the journal (the replay check): a
+    /// registration replay that notes what it meets.
+    pub(crate) fn start_checking(&self) {
+        self.checking.store(true, Ordering::SeqCst);
+        self.start_registering();
+    }
+
+    pub(crate) fn checking(&self) -> bool {
+        self.checking.load(Ordering::SeqCst)
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
@@ -165,25 +181,35 @@ impl Lifetime {
 
     /// In a registration replay: an op with no record was reached (it would start work).
     pub(crate) fn note_new_work(&self, key: &StepKey) {
-        self.seen().new_work.push(key.clone());
+        if self.checking() {
+            self.seen().new_work.push(key.clone());
+        }
     }
 
     /// In a registration replay: the stored outcome of `key` does not read as the code
     /// expects (`message` says how).
     pub(crate) fn note_mismatch(&self, key: &StepKey, message: String) {
-        self.seen().mismatches.push((key.clone(), message));
+        if self.checking() {
+            self.seen().mismatches.push((key.clone(), message));
+        }
     }
 
-    /// How many records the registration replay has taken so far.
-    pub(crate) fn take_seen_count(&self) -> usize {
+    /// How far the replay check has come: ops created, records taken.
+    pub(crate) fn progress(&self) -> usize {
         let seen = self.seen();
-        seen.taken.len() + seen.new_work.len()
+        seen.claimed.len() + seen.taken.len()
     }
 
-    /// What the registration replay saw, and the journal records it never took.
+    /// What the replay check saw, and the journal records of ops it never created.
     pub(crate) fn take_seen(&self) -> (Seen, Vec<StepRecord>) {
         let seen = std::mem::take(&mut *self.seen());
-        let untaken = self.inner().journal.values().cloned().collect();
+        let untaken = self
+            .inner()
+            .journal
+            .values()
+            .filter(|r| !seen.claimed.contains(&r.key))
+            .cloned()
+            .collect();
         (seen, untaken)
     }
 
@@ -361,11 +387,18 @@ impl Lifetime {
             .entry((kind, name.as_str().to_owned()))
             .or_insert(0);
         *counter += 1;
-        Ok(StepKey {
+        let key = StepKey {
             kind,
             name: name.as_str().to_owned(),
             count: *counter,
-        })
+        };
+        drop(inner);
+        if self.checking() {
+            // An op the code creates is reached, whether or not it is polled (the loser of
+            // a `select!` whose winner answers from the journal is not).
+            self.seen().claimed.insert(key.clone());
+        }
+        Ok(key)
     }
 
     /// The stored record for `key`, if this instance has one. Each key is claimed once per
@@ -373,7 +406,7 @@ impl Lifetime {
     pub(crate) fn take_record(&self, key: &StepKey) -> Option<StepRecord> {
         let record = self.inner().journal.remove(key);
         if let Some(r) = &record
-            && self.registering()
+            && self.checking()
         {
             self.seen().taken.push((key.clone(), r.seq));
         }

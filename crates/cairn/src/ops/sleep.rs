@@ -116,9 +116,11 @@ impl WorkflowStep {
 
 async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(), WorkflowError> {
     if state.registering() {
-        // Replaying only to register rollback handlers: a sleep returns at once.
-        if state.take_record(&key).is_none() {
+        // Replaying only to register rollback handlers: a sleep returns at once. The
+        // replay check stops at one that never started, as at any new work.
+        if state.take_record(&key).is_none() && state.checking() {
             state.note_new_work(&key);
+            return std::future::pending().await;
         }
         return Ok(());
     }

@@ -197,3 +197,67 @@ async fn a_rollback_handler_that_disappeared_is_reported() {
         "{found:?}"
     );
 }
+
+/// Review findings: the loser of a `select!` (never polled when the winner answers from
+/// the journal) is not "no longer reached"; an instance of a workflow the code no longer
+/// has, and params the code no longer takes, are reported.
+#[tokio::test(start_paused = true)]
+async fn a_select_loser_is_reached_and_removed_workflows_or_params_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cairn.db");
+    let racing = || {
+        wf(|_, step| async move {
+            tokio::select! {
+                biased;
+                fast = step.run("fast", |_| async { Ok(1) }) => { fast?; }
+                slept = step.sleep("timeout", "1 hour") => { slept?; }
+            }
+            step.sleep("nap", "1 day").await?;
+            Ok(Value::Null)
+        })
+    };
+    let engine = builder_at(&path).register(racing()).start().await.unwrap();
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("r"))
+        .await
+        .unwrap();
+    until_status(&instance, InstanceStatus::Waiting).await;
+    engine.shutdown().await;
+    for _ in 0..3 {
+        let report = check_with(&path, racing()).await;
+        assert!(report.compatible(), "{report:?}");
+    }
+
+    // The workflow is gone from the code.
+    let report = builder_at(&path)
+        .register(super::support::named::<1, _, _>(|_, _| async { Ok(Value::Null) }))
+        .replay_check()
+        .await
+        .unwrap();
+    assert_eq!(report.checked, 1);
+    assert!(
+        report.incompatible[0].problems[0].contains("workflow test is not registered"),
+        "{report:?}"
+    );
+
+    // The params type changed.
+    struct Typed;
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Needs {
+        n: u32,
+    }
+    impl Workflow for Typed {
+        const NAME: &'static str = "test";
+        type Params = Needs;
+        type Output = ();
+        async fn run(&self, _: WorkflowEvent<Needs>, _: WorkflowStep) -> Result<(), WorkflowError> {
+            Ok(())
+        }
+    }
+    let report = builder_at(&path).register(Typed).replay_check().await.unwrap();
+    assert!(
+        report.incompatible[0].problems[0].contains("params no longer decode"),
+        "{report:?}"
+    );
+}
