@@ -416,3 +416,73 @@ async fn a_schedule_created_on_one_engine_ticks_on_the_other_and_pauses_there() 
     assert!(count(&second).await <= paused + 1, "paused");
     second.shutdown().await;
 }
+
+/// Parents and children on two engines sharing the store: wherever a child runs, its end
+/// wakes its parent wherever that hibernates (a notice between engines, or the store's
+/// wake-up when the parent is next claimed), each child is created once, and every parent
+/// gets its own child's output.
+#[tokio::test]
+async fn parents_and_children_across_two_engines_each_get_their_childs_output() {
+    let Some((a, b, _dir)) = two_builders() else {
+        return;
+    };
+    let parent = || {
+        wf(|event, step| async move {
+            let n = event.payload["n"].as_i64().unwrap_or(0);
+            let child: Value = step
+                .invoke::<FnWorkflow<1>>("child", json!({ "n": n }))
+                .await?;
+            Ok(json!({ "child": child }))
+        })
+    };
+    let child = || {
+        named::<1, _, _>(|event, step| async move {
+            // Long enough that the parent hibernates (after 1 s) before the child ends.
+            step.sleep("rest", Duration::from_millis(1_500)).await?;
+            Ok(json!(event.payload["n"].as_i64().unwrap_or(0) * 2))
+        })
+    };
+    let first = a
+        .register(parent())
+        .register(child())
+        .start()
+        .await
+        .unwrap();
+    let second = b
+        .register(parent())
+        .register(child())
+        .start()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut parents = Vec::new();
+    for n in 0..10 {
+        let engine = if n % 2 == 0 { &first } else { &second };
+        parents.push(
+            engine
+                .workflow::<FnWorkflow>()
+                .create(CreateOptions::new(json!({ "n": n })).id(format!("p{n}")))
+                .await
+                .unwrap(),
+        );
+    }
+    for (n, p) in parents.iter().enumerate() {
+        let status = p.wait().await.unwrap();
+        assert_eq!(status.status, InstanceStatus::Complete, "p{n}: {status:?}");
+        assert_eq!(status.output, Some(json!({ "child": n * 2 })), "p{n}");
+        assert_eq!(p.details().await.unwrap().children.len(), 1, "p{n}");
+    }
+    // Woken by the child's end, not by a timer: the children's 1.5 s and some slack.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let children = first
+        .list_instances(Some("second"), &cairn::ListOptions::default().limit(100))
+        .await
+        .unwrap();
+    assert_eq!(children.instances.len(), 10, "each child created once");
+    first.shutdown().await;
+    second.shutdown().await;
+}
