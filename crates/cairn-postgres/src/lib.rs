@@ -32,6 +32,7 @@ mod plans;
 mod raw;
 mod reads;
 mod schema;
+mod slots;
 mod writer;
 
 use std::sync::{Arc, Mutex};
@@ -437,6 +438,10 @@ impl Store for PostgresStore {
 
     fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
         Box::pin(async move { reads::children(&self.reader().await?, parent).await })
+    }
+
+    fn slot_position(&self, instance: InstanceRef) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(async move { slots::position(&self.reader().await?, instance).await })
     }
 
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {

@@ -23,7 +23,7 @@ use crate::db::{Failure, corrupt};
 use crate::history::{Configs, Pending};
 use crate::reads::{INSTANCE_COLUMNS, instance_at, to_json};
 
-type R<T> = Result<T, Failure>;
+pub(crate) type R<T> = Result<T, Failure>;
 
 /// What the operations of one transaction share: the records they wrote (inserted at the
 /// end, see `history.rs`), the configuration ids, and whether the current operation wrote.
@@ -47,7 +47,7 @@ impl<'c> Batch<'c> {
         }
     }
 
-    fn changed(&mut self, instance: InstanceRef, kind: ChangeKind) {
+    pub(crate) fn changed(&mut self, instance: InstanceRef, kind: ChangeKind) {
         self.changes.push(Changed { instance, kind });
     }
 
@@ -60,7 +60,7 @@ impl<'c> Batch<'c> {
 }
 
 /// Runs a writing statement.
-async fn exec(
+pub(crate) async fn exec(
     tx: &Transaction<'_>,
     b: &mut Batch<'_>,
     sql: &str,
@@ -71,7 +71,7 @@ async fn exec(
     Ok(tx.execute(&st, args).await?)
 }
 
-async fn query(
+pub(crate) async fn query(
     tx: &Transaction<'_>,
     sql: &str,
     args: &[&(dyn ToSql + Sync)],
@@ -80,7 +80,7 @@ async fn query(
     Ok(tx.query(&st, args).await?)
 }
 
-async fn query_opt(
+pub(crate) async fn query_opt(
     tx: &Transaction<'_>,
     sql: &str,
     args: &[&(dyn ToSql + Sync)],
@@ -104,8 +104,8 @@ pub(crate) async fn create(
         let row = query_opt(
             tx,
             "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
-                 retain_success_ms, retain_error_ms, parent_iid, parent)
-             VALUES ($1, $2, 0, $3, $4, 1, $4, $5, $6, $7, $8)
+                 retain_success_ms, retain_error_ms, parent_iid, parent, priority, ckey)
+             VALUES ($1, $2, 0, $3, $4, 1, $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (workflow, id) DO NOTHING RETURNING iid",
             &[
                 &new.workflow.as_str(),
@@ -116,10 +116,33 @@ pub(crate) async fn create(
                 &retain_ms(new.retention.error),
                 &new.parent.as_ref().map(|p| p.instance.0),
                 &new.parent.as_ref().map(ParentLink::encode),
+                &new.priority,
+                &new.concurrency.as_ref().map(|c| c.key.as_str()),
             ],
         )
         .await?;
         b.wrote = true;
+        if let (Some(c), Some(_)) = (&new.concurrency, &row) {
+            // The latest limits written for a key are the key's.
+            exec(
+                tx,
+                b,
+                "INSERT INTO ckeys (workflow, ckey, slot_limit, hold_waiting, rate_n, rate_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (workflow, ckey) DO UPDATE SET slot_limit = EXCLUDED.slot_limit,
+                     hold_waiting = EXCLUDED.hold_waiting, rate_n = EXCLUDED.rate_n,
+                     rate_ms = EXCLUDED.rate_ms",
+                &[
+                    &new.workflow.as_str(),
+                    &c.key,
+                    &i64::from(c.limit.max(1)),
+                    &c.hold_while_waiting,
+                    &c.rate.map(|(n, _)| i64::from(n)),
+                    &c.rate.map(|(_, per)| retain_ms(per).max(1)),
+                ],
+            )
+            .await?;
+        }
         match row {
             None => out.push(Created::AlreadyExists),
             Some(row) => {
@@ -268,6 +291,7 @@ async fn apply(
             .await?;
             if paused == 1 {
                 b.log.append(instance, &[record])?;
+                crate::slots::give_back(tx, b, instance).await?;
                 return Ok(Some(InstanceStatus::Paused));
             }
             Ok(None)
@@ -360,6 +384,7 @@ async fn change_status(
     .await?;
     if c.status.is_terminal() {
         wake_parent(tx, b, instance).await?;
+        crate::slots::give_back(tx, b, instance).await?;
     }
     status(
         rows.first()
@@ -443,11 +468,17 @@ async fn hibernate(
         &[&instance.0, &wake_at.as_millis(), &buffered],
     )
     .await?;
-    status(
+    let now = status(
         rows.first()
             .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?
             .get(0),
-    )
+    )?;
+    if now == InstanceStatus::Paused {
+        crate::slots::give_back(tx, b, instance).await?;
+    } else {
+        crate::slots::give_back_to_wait(tx, b, instance).await?;
+    }
+    Ok(now)
 }
 
 /// Claim order within each query; candidates of the three are merged in it.
@@ -502,6 +533,29 @@ pub(crate) async fn claim(
             }
         }
     }
+    // A candidate with a concurrency key needs a slot of it; one that finds none waits.
+    // Keys are locked in key order, so claims of two engines never wait in a circle.
+    let mut keyed = Vec::new();
+    let mut go = Vec::with_capacity(iids.len());
+    for iid in &iids {
+        match crate::slots::key_of(tx, *iid).await? {
+            Some(key) => keyed.push((key, *iid)),
+            None => go.push(*iid),
+        }
+    }
+    keyed.sort();
+    for (key, iid) in keyed {
+        if matches!(
+            crate::slots::take(tx, b, iid, &key, now).await?,
+            crate::slots::Take::Go
+        ) {
+            go.push(iid);
+        }
+    }
+    let order: std::collections::HashMap<i64, usize> =
+        iids.iter().enumerate().map(|(i, iid)| (*iid, i)).collect();
+    go.sort_by_key(|iid| order.get(iid).copied());
+    let iids = go;
     if iids.is_empty() {
         return Ok(Vec::new());
     }
@@ -915,6 +969,7 @@ pub(crate) async fn control(
                 &[&iid, &at.as_millis()],
             )
             .await?;
+            crate::slots::give_back(tx, b, instance).await?;
             log_now(
                 b,
                 instance,
@@ -1003,6 +1058,7 @@ pub(crate) async fn control(
             )
             .await?;
             wake_parent(tx, b, instance).await?;
+            crate::slots::give_back(tx, b, instance).await?;
             log_now(
                 b,
                 instance,
@@ -1068,6 +1124,7 @@ pub(crate) async fn control(
                     exec(tx, b, "DELETE FROM event_keys WHERE iid = $1", &[&iid]).await?;
                 }
             }
+            crate::slots::give_back(tx, b, instance).await?;
             exec(
                 tx,
                 b,
@@ -1086,6 +1143,7 @@ pub(crate) async fn control(
             if !from.is_terminal() {
                 wake_parent(tx, b, instance).await?;
             }
+            crate::slots::give_back(tx, b, instance).await?;
             wipe(tx, b, iid).await?;
             exec(tx, b, "DELETE FROM instances WHERE iid = $1", &[&iid]).await?;
             done(from)

@@ -13,7 +13,7 @@ use tokio_postgres::Row;
 
 use crate::db::{corrupt, map_pg};
 
-pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent";
+pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
 
 fn ts(ms: Option<i64>) -> Option<Timestamp> {
     ms.map(Timestamp::from_millis)
@@ -64,6 +64,9 @@ pub(crate) fn instance_at(row: &Row, offset: usize) -> Result<InstanceRecord> {
             (Some(iid), Some(text)) => Some(ParentLink::decode(InstanceRef(iid), &text)?),
             _ => None,
         },
+        priority: row.try_get(g(16)).map_err(corrupt)?,
+        concurrency_key: row.try_get(g(17)).map_err(corrupt)?,
+        waiting_for_slot: row.try_get(g(18)).map_err(corrupt)?,
     })
 }
 

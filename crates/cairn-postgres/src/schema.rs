@@ -162,6 +162,26 @@ const MIGRATIONS: &[&str] = &[
         updated_at BIGINT NOT NULL
     );
     ",
+    // 4: keyed concurrency and priority (as SQLite's migration 12).
+    "
+    ALTER TABLE instances ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE instances ADD COLUMN ckey TEXT;
+    ALTER TABLE instances ADD COLUMN slot BOOLEAN NOT NULL DEFAULT FALSE;
+    ALTER TABLE instances ADD COLUMN parked BOOLEAN NOT NULL DEFAULT FALSE;
+    CREATE INDEX instances_parked ON instances (workflow, ckey, priority DESC, iid) WHERE parked;
+    CREATE TABLE ckeys (
+        workflow     TEXT NOT NULL,
+        ckey         TEXT NOT NULL,
+        slot_limit   BIGINT NOT NULL,
+        hold_waiting BOOLEAN NOT NULL,
+        rate_n       BIGINT,
+        rate_ms      BIGINT,
+        holders      BIGINT NOT NULL DEFAULT 0,
+        window_start BIGINT,
+        window_count BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (workflow, ckey)
+    );
+    ",
 ];
 
 /// Why the schema could not be brought up to date.

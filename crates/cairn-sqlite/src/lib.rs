@@ -20,6 +20,7 @@ mod plans;
 mod raw;
 mod rows;
 mod schema;
+mod slots;
 mod worker;
 
 pub use raw::{RawBound, raw_step_writes, replicate_instances};
@@ -565,6 +566,10 @@ impl Store for SqliteStore {
 
     fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
         self.read(move |conn| rows::children(conn, parent))
+    }
+
+    fn slot_position(&self, instance: InstanceRef) -> StoreFuture<'_, Option<u64>> {
+        self.read(move |conn| slots::position(conn, instance))
     }
 
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {

@@ -15,7 +15,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
 use crate::worker::map_sqlite;
 
-pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent";
+pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
 
 fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::Corrupt(what.to_string())
@@ -49,8 +49,8 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
     let inserted = conn
         .prepare_cached(
             "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
-                 retain_success_ms, retain_error_ms, parent_iid, parent)
-             VALUES (?1, ?2, 0, ?3, ?4, 1, ?4, ?5, ?6, ?7, ?8)
+                 retain_success_ms, retain_error_ms, parent_iid, parent, priority, ckey)
+             VALUES (?1, ?2, 0, ?3, ?4, 1, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
              ON CONFLICT (workflow, id) DO NOTHING",
         )
         .and_then(|mut st| {
@@ -63,11 +63,34 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
                 retain_ms(new.retention.error),
                 new.parent.as_ref().map(|p| p.instance.0),
                 new.parent.as_ref().map(ParentLink::encode),
+                new.priority,
+                new.concurrency.as_ref().map(|c| c.key.as_str()),
             ])
         })
         .map_err(map_sqlite)?;
     if inserted == 0 {
         return Ok(Created::AlreadyExists);
+    }
+    if let Some(c) = &new.concurrency {
+        // The latest limits written for a key are the key's.
+        conn.prepare_cached(
+            "INSERT INTO ckeys (workflow, ckey, slot_limit, hold_waiting, rate_n, rate_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (workflow, ckey) DO UPDATE SET slot_limit = excluded.slot_limit,
+                 hold_waiting = excluded.hold_waiting, rate_n = excluded.rate_n,
+                 rate_ms = excluded.rate_ms",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                new.workflow.as_str(),
+                c.key,
+                c.limit.max(1),
+                c.hold_while_waiting,
+                c.rate.map(|(n, _)| n),
+                c.rate.map(|(_, per)| millis(per).max(1)),
+            ])
+        })
+        .map_err(map_sqlite)?;
     }
     let instance = InstanceRef(conn.last_insert_rowid());
     append_log(conn, instance, &new.queued)?;
@@ -199,6 +222,14 @@ pub(crate) fn claim(
                 .take(room),
         );
     }
+    // A candidate with a concurrency key needs a slot of it; one that finds none waits.
+    let mut go = Vec::with_capacity(iids.len());
+    for iid in iids {
+        if matches!(crate::slots::take(conn, iid, now)?, crate::slots::Take::Go) {
+            go.push(iid);
+        }
+    }
+    let iids = go;
     let until = now.saturating_add(ttl).as_millis();
     let mut claimed = Vec::with_capacity(iids.len());
     let mut st = conn
@@ -248,6 +279,9 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
     let rollback_outcome: Option<String> = row.get(g(13))?;
     let parent_iid: Option<i64> = row.get(g(14))?;
     let parent: Option<String> = row.get(g(15))?;
+    let priority: i32 = row.get(g(16))?;
+    let ckey: Option<String> = row.get(g(17))?;
+    let parked: bool = row.get(g(18))?;
     Ok((|| {
         Ok(InstanceRecord {
             instance: InstanceRef(iid),
@@ -268,6 +302,9 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
                 (Some(iid), Some(text)) => Some(ParentLink::decode(InstanceRef(iid), &text)?),
                 _ => None,
             },
+            priority,
+            concurrency_key: ckey,
+            waiting_for_slot: parked,
         })
     })())
 }
@@ -388,6 +425,7 @@ fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
                 .map_err(map_sqlite)?;
             if paused == 1 {
                 append_log(conn, instance, &record)?;
+                crate::slots::give_back(conn, instance)?;
             }
             Ok(())
         }
@@ -437,7 +475,11 @@ fn hibernate(
     )
     .and_then(|mut st| st.execute(params![instance.0, ready]))
     .map_err(map_sqlite)?;
-    Ok(())
+    if status_of(conn, instance)? == InstanceStatus::Paused {
+        crate::slots::give_back(conn, instance)
+    } else {
+        crate::slots::give_back_to_wait(conn, instance)
+    }
 }
 
 pub(crate) fn next_ready(conn: &Connection, workflows: &[String]) -> Result<Option<Timestamp>> {
@@ -705,6 +747,7 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
     .map_err(map_sqlite)?;
     if c.status.is_terminal() {
         wake_parent(conn, instance)?;
+        crate::slots::give_back(conn, instance)?;
     }
     Ok(())
 }
@@ -886,6 +929,7 @@ pub(crate) fn control(
                 "UPDATE instances SET status = 2, paused_at = ?2, ready_at = NULL WHERE iid = ?1",
                 &[&iid, &at.as_millis()],
             )?;
+            crate::slots::give_back(conn, instance)?;
             log_now(
                 conn,
                 instance,
@@ -965,6 +1009,7 @@ pub(crate) fn control(
                 &[&iid, &at.as_millis()],
             )?;
             wake_parent(conn, instance)?;
+            crate::slots::give_back(conn, instance)?;
             log_now(
                 conn,
                 instance,
@@ -1034,6 +1079,7 @@ pub(crate) fn control(
                     exec("DELETE FROM event_keys WHERE iid = ?1", &[&iid])?;
                 }
             }
+            crate::slots::give_back(conn, instance)?;
             exec(
                 "UPDATE instances SET status = 1, started_at = COALESCE(CASE WHEN ?3 THEN NULL ELSE started_at END, ?2),
                      ended_at = NULL, output = NULL, error_name = NULL, error_message = NULL, paused_at = NULL,
@@ -1049,6 +1095,7 @@ pub(crate) fn control(
             if !from.is_terminal() {
                 wake_parent(conn, instance)?;
             }
+            crate::slots::give_back(conn, instance)?;
             for sql in [
                 "DELETE FROM steps WHERE iid = ?1",
                 "DELETE FROM log WHERE iid = ?1",

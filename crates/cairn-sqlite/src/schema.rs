@@ -247,6 +247,28 @@ const MIGRATIONS: &[&str] = &[
         updated_at INTEGER NOT NULL
     );
     ",
+    // 12: keyed concurrency and priority. `slot`: the instance holds a slot of its key;
+    // `parked`: it waits for one (out of the claim order, in `instances_parked`, whose order
+    // is priority, then age). A key's limits and holders are one row of `ckeys`.
+    "
+    ALTER TABLE instances ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE instances ADD COLUMN ckey TEXT;
+    ALTER TABLE instances ADD COLUMN slot INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE instances ADD COLUMN parked INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX instances_parked ON instances (workflow, ckey, priority DESC, iid) WHERE parked = 1;
+    CREATE TABLE ckeys (
+        workflow     TEXT NOT NULL,
+        ckey         TEXT NOT NULL,
+        slot_limit   INTEGER NOT NULL,
+        hold_waiting INTEGER NOT NULL,
+        rate_n       INTEGER,
+        rate_ms      INTEGER,
+        holders      INTEGER NOT NULL DEFAULT 0,
+        window_start INTEGER,
+        window_count INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (workflow, ckey)
+    ) WITHOUT ROWID;
+    ",
 ];
 
 /// Brings the schema up to date.

@@ -41,6 +41,8 @@ fn new_instance(workflow: &str, id: &str) -> NewInstance {
             error: Duration::from_secs(120),
         },
         parent: None,
+        priority: 0,
+        concurrency: None,
     }
 }
 
@@ -1514,6 +1516,96 @@ pub async fn a_second_terminate_with_rollback_is_a_no_op(store: Arc<dyn Store>) 
     store.commit(claimed.lease, vec![]).await.unwrap();
 }
 
+pub async fn a_key_runs_its_limit_at_once_and_frees_slots_by_priority(store: Arc<dyn Store>) {
+    const HOUR: Duration = Duration::from_secs(3600);
+    let keyed = |id: &str, priority: i32| {
+        let mut new = new_instance("wf", id);
+        new.priority = priority;
+        new.concurrency = Some(crate::Concurrency {
+            key: "k".into(),
+            limit: 1,
+            rate: None,
+            hold_while_waiting: false,
+        });
+        new
+    };
+    store
+        .create(vec![keyed("a", 0), keyed("b", 0), keyed("c", 5)])
+        .await
+        .unwrap();
+    let claimed = store.claim("o", &[wf("wf")], T0, HOUR, 10).await.unwrap();
+    assert_eq!(claimed.len(), 1, "one slot: {claimed:?}");
+    assert_eq!(claimed[0].record.id.as_str(), "a", "the oldest first");
+    let b = store
+        .instance(&wf("wf"), &InstanceId::new("b").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let c = store
+        .instance(&wf("wf"), &InstanceId::new("c").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b.waiting_for_slot && c.waiting_for_slot);
+    assert_eq!(
+        store.slot_position(c.instance).await.unwrap(),
+        Some(1),
+        "priority first"
+    );
+    assert_eq!(store.slot_position(b.instance).await.unwrap(), Some(2));
+    assert!(
+        store
+            .claim("o", &[wf("wf")], T0, HOUR, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The holder hibernates: its slot goes to the highest priority waiting.
+    store
+        .commit(
+            claimed[0].lease,
+            vec![Write::Hibernate {
+                wake_at: T0.saturating_add(Duration::from_secs(60)),
+                event_types: Vec::new(),
+                children: Vec::new(),
+            }],
+        )
+        .await
+        .unwrap();
+    let next = store.claim("o", &[wf("wf")], T0, HOUR, 10).await.unwrap();
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(next[0].record.id.as_str(), "c");
+    // Woken, the first waits for a slot again; the end of `c` gives the slot to the best
+    // waiting: `a` and `b` have the same priority, and `a` is the older.
+    let later = T0.saturating_add(Duration::from_secs(61));
+    let none = store
+        .claim("o", &[wf("wf")], later, HOUR, 10)
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "{none:?}");
+    store
+        .commit(
+            next[0].lease,
+            vec![Write::Status(StatusChange {
+                ended_at: Some(later),
+                release: true,
+                ..StatusChange::to(InstanceStatus::Complete)
+            })],
+        )
+        .await
+        .unwrap();
+    let third = store
+        .claim("o", &[wf("wf")], later, HOUR, 10)
+        .await
+        .unwrap();
+    assert_eq!(third.len(), 1, "{third:?}");
+    assert_eq!(
+        third[0].record.id.as_str(),
+        "a",
+        "a was parked before b (same priority, older)"
+    );
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -1551,6 +1643,7 @@ macro_rules! conformance_tests {
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,
             a_second_terminate_with_rollback_is_a_no_op,
+            a_key_runs_its_limit_at_once_and_frees_slots_by_priority,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {
@@ -1599,6 +1692,7 @@ macro_rules! conformance_tests {
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,
             a_second_terminate_with_rollback_is_a_no_op,
+            a_key_runs_its_limit_at_once_and_frees_slots_by_priority,
         );
     };
     (@optional $factory:ident; $($case:ident,)*) => {

@@ -98,6 +98,30 @@ pub struct NewInstance {
     pub retention: Retention,
     /// The instance whose step started it (`step.invoke`), if any.
     pub parent: Option<ParentLink>,
+    /// Among the instances waiting for a slot of its concurrency key, those of higher
+    /// priority take one first (then the older).
+    pub priority: i32,
+    /// The concurrency key it runs under, with the key's limits.
+    pub concurrency: Option<Concurrency>,
+}
+
+/// A concurrency key and its limits (per workflow and key): at most `limit` instances hold
+/// a slot at once, and (with `rate`) at most `rate.0` take one per `rate.1`. An instance
+/// takes a slot when it is claimed to start or to resume, and gives it back when it ends,
+/// is paused, or hibernates (unless `hold_while_waiting`). An instance that cannot get one
+/// stays unclaimed (`queued`), out of the claim order, until a slot frees: the best of the
+/// key's waiting instances (priority, then age) is then made claimable. The latest limits
+/// written for a key (by a create) are the key's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Concurrency {
+    /// The key, 1–100 characters.
+    pub key: String,
+    /// Instances holding a slot at once, at least 1.
+    pub limit: u32,
+    /// At most this many slot takings per period.
+    pub rate: Option<(u32, Duration)>,
+    /// A hibernated (sleeping or waiting) instance keeps its slot.
+    pub hold_while_waiting: bool,
 }
 
 /// The step of a parent instance that started a child instance (`step.invoke`): where the
@@ -206,6 +230,12 @@ pub struct InstanceRecord {
     pub rollback_outcome: Option<RollbackStatus>,
     /// The instance whose step started it, if any.
     pub parent: Option<ParentLink>,
+    /// Its priority among the instances waiting for a slot of its key.
+    pub priority: i32,
+    /// Its concurrency key.
+    pub concurrency_key: Option<String>,
+    /// Waiting for a slot of its key (see [`Concurrency`]).
+    pub waiting_for_slot: bool,
 }
 
 /// A claimed instance: its row and the lease to write under.
@@ -595,6 +625,10 @@ pub trait Store: Send + Sync + 'static {
     /// pause it was waiting to complete takes effect (paused from the instance's last
     /// record, logged as recovered), as when an engine takes over a dead one's instances.
     fn release_all(&self, owner: &str) -> StoreFuture<'_, ()>;
+
+    /// An instance's place among the instances waiting for a slot of its key (1 = next):
+    /// `None` when it does not wait for one.
+    fn slot_position(&self, instance: InstanceRef) -> StoreFuture<'_, Option<u64>>;
 
     /// The instances `parent`'s `invoke` steps started, oldest first.
     fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>>;

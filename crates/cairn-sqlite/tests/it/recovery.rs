@@ -47,6 +47,8 @@ async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
                 error: Duration::from_secs(60),
             },
             parent: None,
+            priority: 0,
+            concurrency: None,
         }])
         .await
         .unwrap();
@@ -149,6 +151,8 @@ async fn opening_after_a_crash_logs_what_is_recovered() {
                     error: Duration::from_secs(60),
                 },
                 parent: None,
+                priority: 0,
+                concurrency: None,
             }])
             .await
             .unwrap();

@@ -30,6 +30,8 @@ fn instance(n: usize, params_len: usize) -> NewInstance {
             error: Duration::from_secs(60),
         },
         parent: None,
+        priority: 0,
+        concurrency: None,
     }
 }
 

@@ -357,6 +357,8 @@ impl UntypedWorkflow {
                 },
                 retention,
                 parent: None,
+                priority: 0,
+                concurrency: None,
             },
         })
     }

@@ -268,6 +268,10 @@ impl Store for Announcing {
         self.store.children(parent)
     }
 
+    fn slot_position(&self, instance: InstanceRef) -> StoreFuture<'_, Option<u64>> {
+        self.store.slot_position(instance)
+    }
+
     fn create_schedule(&self, schedule: cairn_store::StoredSchedule) -> StoreFuture<'_, bool> {
         self.store.create_schedule(schedule)
     }

@@ -122,6 +122,10 @@ impl Store for Blocking {
         blocking(&self.0, move |s| s.children(parent))
     }
 
+    fn slot_position(&self, instance: InstanceRef) -> StoreFuture<'_, Option<u64>> {
+        blocking(&self.0, move |s| s.slot_position(instance))
+    }
+
     fn create_schedule(&self, schedule: cairn_store::StoredSchedule) -> StoreFuture<'_, bool> {
         blocking(&self.0, move |s| s.create_schedule(schedule))
     }

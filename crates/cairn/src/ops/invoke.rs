@@ -409,6 +409,8 @@ async fn start(
             step: key.clone(),
             detached,
         }),
+        priority: 0,
+        concurrency: None,
     };
     state
         .commit(vec![

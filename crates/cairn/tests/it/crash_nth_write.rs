@@ -114,6 +114,9 @@ impl Store for FailingStore {
     fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
         self.inner.children(i)
     }
+    fn slot_position(&self, i: InstanceRef) -> StoreFuture<'_, Option<u64>> {
+        self.inner.slot_position(i)
+    }
     fn create_schedule(&self, s: cairn::store::StoredSchedule) -> StoreFuture<'_, bool> {
         self.inner.create_schedule(s)
     }

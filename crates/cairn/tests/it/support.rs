@@ -476,6 +476,9 @@ impl Store for Hooked {
     fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
         hooked!(self, "children", self.inner.children(i))
     }
+    fn slot_position(&self, i: InstanceRef) -> StoreFuture<'_, Option<u64>> {
+        hooked!(self, "slot_position", self.inner.slot_position(i))
+    }
     fn create_schedule(&self, s: cairn::store::StoredSchedule) -> StoreFuture<'_, bool> {
         hooked!(self, "create_schedule", self.inner.create_schedule(s))
     }

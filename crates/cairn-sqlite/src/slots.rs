@@ -1,0 +1,178 @@
+//! Keyed concurrency (`cairn_store::Concurrency`): an instance with a key takes a slot of
+//! it when claimed and gives it back when it ends, pauses or hibernates; one that finds no
+//! slot is parked (out of the claim order) until one frees. All of it runs in the writer's
+//! transaction, so a key's count of holders is exact.
+
+use cairn_core::Timestamp;
+use cairn_store::{InstanceRef, Result};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::worker::map_sqlite;
+
+/// What a claim may do with a candidate.
+pub(crate) enum Take {
+    /// Claim it (it has no key, holds a slot already, or just took one).
+    Go,
+    /// No slot free: it waits, parked.
+    Parked,
+    /// The key's rate is spent: claimable again when its window ends.
+    Later,
+}
+
+/// Takes a slot of `iid`'s key if it needs one and one is free. An instance being
+/// terminated with rollback needs none: its compensation does not wait for a slot.
+pub(crate) fn take(conn: &Connection, iid: i64, now: Timestamp) -> Result<Take> {
+    type Row = (
+        Option<String>,
+        bool,
+        String,
+        Option<i64>,
+        Option<i64>,
+        Option<i64>,
+        Option<i64>,
+        Option<i64>,
+        Option<i64>,
+    );
+    let row: Option<Row> = conn
+        .prepare_cached(
+            "SELECT CASE WHEN i.rollback_trigger IS NULL THEN i.ckey END, i.slot, i.workflow,
+                 k.slot_limit, k.holders, k.rate_n, k.rate_ms, k.window_start, k.window_count
+             FROM instances i LEFT JOIN ckeys k ON k.workflow = i.workflow AND k.ckey = i.ckey
+             WHERE i.iid = ?1",
+        )
+        .and_then(|mut st| {
+            st.query_row([iid], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                    r.get(8)?,
+                ))
+            })
+            .optional()
+        })
+        .map_err(map_sqlite)?;
+    let Some((
+        Some(key),
+        false,
+        workflow,
+        Some(limit),
+        Some(holders),
+        rate_n,
+        rate_ms,
+        start,
+        count,
+    )) = row
+    else {
+        return Ok(Take::Go);
+    };
+    if holders >= limit {
+        conn.prepare_cached("UPDATE instances SET parked = 1, ready_at = NULL WHERE iid = ?1")
+            .and_then(|mut st| st.execute([iid]))
+            .map_err(map_sqlite)?;
+        return Ok(Take::Parked);
+    }
+    let now = now.as_millis();
+    let (start, count) = match (rate_n, rate_ms) {
+        (Some(n), Some(per)) => {
+            let (start, count) = match start {
+                Some(s) if now < s.saturating_add(per) => (s, count.unwrap_or(0)),
+                _ => (now, 0),
+            };
+            if count >= n {
+                let at = start.saturating_add(per);
+                conn.prepare_cached("UPDATE instances SET ready_at = ?2 WHERE iid = ?1")
+                    .and_then(|mut st| st.execute(params![iid, at]))
+                    .map_err(map_sqlite)?;
+                return Ok(Take::Later);
+            }
+            (Some(start), count + 1)
+        }
+        _ => (start, 0),
+    };
+    conn.prepare_cached(
+        "UPDATE ckeys SET holders = holders + 1, window_start = ?3, window_count = ?4
+         WHERE workflow = ?1 AND ckey = ?2",
+    )
+    .and_then(|mut st| st.execute(params![workflow, key, start, count]))
+    .map_err(map_sqlite)?;
+    conn.prepare_cached("UPDATE instances SET slot = 1, parked = 0 WHERE iid = ?1")
+        .and_then(|mut st| st.execute([iid]))
+        .map_err(map_sqlite)?;
+    Ok(Take::Go)
+}
+
+/// `instance` ends, pauses or restarts: it gives its slot back (the best waiting instance
+/// of the key becomes claimable) and stops waiting for one.
+pub(crate) fn give_back(conn: &Connection, instance: InstanceRef) -> Result<()> {
+    release(conn, instance, false)
+}
+
+/// `instance` hibernates: it gives its slot back unless its key lets waiting instances
+/// keep theirs.
+pub(crate) fn give_back_to_wait(conn: &Connection, instance: InstanceRef) -> Result<()> {
+    release(conn, instance, true)
+}
+
+fn release(conn: &Connection, instance: InstanceRef, waiting: bool) -> Result<()> {
+    let row: Option<(bool, bool, String, Option<String>, Option<bool>)> = conn
+        .prepare_cached(
+            "SELECT i.slot, i.parked, i.workflow, i.ckey, k.hold_waiting
+             FROM instances i LEFT JOIN ckeys k ON k.workflow = i.workflow AND k.ckey = i.ckey
+             WHERE i.iid = ?1",
+        )
+        .and_then(|mut st| {
+            st.query_row([instance.0], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .optional()
+        })
+        .map_err(map_sqlite)?;
+    let Some((slot, parked, workflow, Some(key), hold)) = row else {
+        return Ok(());
+    };
+    if parked && !waiting {
+        conn.prepare_cached("UPDATE instances SET parked = 0 WHERE iid = ?1")
+            .and_then(|mut st| st.execute([instance.0]))
+            .map_err(map_sqlite)?;
+    }
+    if !slot || (waiting && hold.unwrap_or(false)) {
+        return Ok(());
+    }
+    conn.prepare_cached("UPDATE instances SET slot = 0 WHERE iid = ?1")
+        .and_then(|mut st| st.execute([instance.0]))
+        .map_err(map_sqlite)?;
+    conn.prepare_cached(
+        "UPDATE ckeys SET holders = MAX(holders - 1, 0) WHERE workflow = ?1 AND ckey = ?2",
+    )
+    .and_then(|mut st| st.execute(params![workflow, key]))
+    .map_err(map_sqlite)?;
+    // The best waiting instance of the key (priority, then age) becomes claimable.
+    conn.prepare_cached(
+        "UPDATE instances SET parked = 0, ready_at = created_at WHERE iid = (
+             SELECT iid FROM instances WHERE workflow = ?1 AND ckey = ?2 AND parked = 1
+             ORDER BY priority DESC, iid LIMIT 1)",
+    )
+    .and_then(|mut st| st.execute(params![workflow, key]))
+    .map_err(map_sqlite)?;
+    Ok(())
+}
+
+/// `instance`'s place among the instances waiting for a slot of its key (1 = next).
+pub(crate) fn position(conn: &Connection, instance: InstanceRef) -> Result<Option<u64>> {
+    let n: Option<i64> = conn
+        .prepare_cached(
+            "SELECT (SELECT COUNT(*) FROM instances o
+                     WHERE o.workflow = i.workflow AND o.ckey = i.ckey AND o.parked = 1
+                       AND (o.priority > i.priority OR (o.priority = i.priority AND o.iid <= i.iid)))
+             FROM instances i WHERE i.iid = ?1 AND i.parked = 1",
+        )
+        .and_then(|mut st| st.query_row([instance.0], |r| r.get(0)).optional())
+        .map_err(map_sqlite)?;
+    Ok(n.and_then(|n| u64::try_from(n).ok()))
+}
