@@ -119,8 +119,11 @@ pub(crate) fn give_back_to_wait(conn: &Connection, instance: InstanceRef) -> Res
     release(conn, instance, true)
 }
 
+/// An instance's slot, parking, workflow, key and the key's `hold_waiting`.
+type Held = (bool, bool, String, Option<String>, Option<bool>);
+
 fn release(conn: &Connection, instance: InstanceRef, waiting: bool) -> Result<()> {
-    let row: Option<(bool, bool, String, Option<String>, Option<bool>)> = conn
+    let row: Option<Held> = conn
         .prepare_cached(
             "SELECT i.slot, i.parked, i.workflow, i.ckey, k.hold_waiting
              FROM instances i LEFT JOIN ckeys k ON k.workflow = i.workflow AND k.ckey = i.ckey
