@@ -57,6 +57,15 @@ pub enum Error {
         "schedule {0:?} is declared in the engine's code: pause it, or remove it from the code"
     )]
     ScheduleInCode(String),
+    /// A concurrency key that is empty, longer than 100 characters or has a control
+    /// character.
+    #[error("invalid concurrency key {0:?} (1-100 characters, no control characters)")]
+    InvalidConcurrencyKey(String),
+    /// A concurrency key given for a workflow with no concurrency limit.
+    #[error(
+        "workflow {0:?} has no concurrency limit: set one with EngineBuilder::concurrency to use keys"
+    )]
+    NoConcurrencyLimit(String),
     /// The schedule is not valid (name, cron expression, time zone, policies, params).
     #[error("{0}")]
     InvalidSchedule(String),
@@ -231,6 +240,8 @@ impl Error {
             Error::ScheduleExists(_) => "schedule.already_exists",
             Error::ScheduleInCode(_) => "schedule.declared_in_code",
             Error::InvalidSchedule(_) => "schedule.invalid",
+            Error::InvalidConcurrencyKey(_) => "concurrency.invalid_key",
+            Error::NoConcurrencyLimit(_) => "concurrency.not_configured",
             Error::InvalidParams { .. } => "params.invalid",
             Error::PayloadTooLarge { .. } => "payload.too_large",
             Error::BatchEmpty(_) => "batch.empty",

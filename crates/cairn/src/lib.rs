@@ -25,13 +25,14 @@ pub use cairn_store::{Retention, WorkflowLogPage};
 pub use client::{
     AttemptDetails, BatchCreated, BatchDeleted, BatchError, CreateOptions, Delivery, Instance,
     InstanceDetails, InstancePage, InstanceRetention, InstanceSummary, ListOptions,
-    MAX_IDEMPOTENCY_KEY, Relative, ScheduleEntry, Status, StepDetails, UntypedWorkflow,
+    MAX_IDEMPOTENCY_KEY, Relative, ScheduleEntry, SlotWait, Status, StepDetails, UntypedWorkflow,
     WorkflowClient,
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};
 pub use context::{StepContext, StepId};
 pub use engine::check::{ReplayFindings, ReplayReport};
+pub use engine::concurrency::Concurrency;
 pub use engine::leases::DEFAULT_LEASE_TTL;
 pub use engine::schedules::{CatchUp, GRACE, Overlap, Schedule, ScheduleError};
 pub use engine::{

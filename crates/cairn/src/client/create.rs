@@ -17,6 +17,18 @@ pub struct CreateOptions<P> {
     /// How long to keep the instance once finished; `None` fields keep the workflow's.
     #[serde(skip)]
     pub retention: InstanceRetention,
+    /// The concurrency key it runs under (1–100 characters): at most the workflow's
+    /// [`Concurrency`](crate::Concurrency) limit of instances with the same key run at once.
+    #[serde(
+        default,
+        rename = "concurrencyKey",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub concurrency_key: Option<String>,
+    /// Among the instances waiting for a slot of the key, higher priorities start first
+    /// (default 0).
+    #[serde(default)]
+    pub priority: i32,
 }
 
 /// A per-instance retention override.
@@ -35,12 +47,26 @@ impl<P> CreateOptions<P> {
             id: None,
             params,
             retention: InstanceRetention::default(),
+            concurrency_key: None,
+            priority: 0,
         }
     }
 
     /// Sets the instance id.
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
+        self
+    }
+
+    /// Runs it under concurrency key `key` (see [`CreateOptions::concurrency_key`]).
+    pub fn concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.concurrency_key = Some(key.into());
+        self
+    }
+
+    /// Its priority among the instances waiting for a slot of its key.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
         self
     }
 
@@ -69,6 +95,8 @@ impl<P> CreateOptions<P> {
             id: self.id,
             params,
             retention: self.retention,
+            concurrency_key: self.concurrency_key,
+            priority: self.priority,
         }
     }
 }

@@ -50,6 +50,30 @@ pub struct InstanceDetails {
     /// The instances its `invoke` steps started, oldest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<Relative>,
+    /// Its concurrency key, if it runs under one.
+    #[serde(rename = "concurrencyKey", skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    /// Its priority among the instances waiting for a slot of its key.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub priority: i32,
+    /// Why it has not started (or resumed): it waits for a slot of its key, at this place
+    /// (1 = next).
+    #[serde(rename = "waitingForSlot", skip_serializing_if = "Option::is_none")]
+    pub waiting_for_slot: Option<SlotWait>,
+}
+
+/// An instance waiting for a slot of its concurrency key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct SlotWait {
+    /// The key.
+    pub key: String,
+    /// Its place in the key's queue (1 = next).
+    pub position: u64,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 /// A parent or child of an instance (`step.invoke`).
@@ -141,6 +165,7 @@ impl InstanceDetails {
         journal: &[StepRecord],
         log: &[LogRecord],
         children: &[InstanceRecord],
+        slot_position: Option<u64>,
     ) -> Self {
         let mut attempts: HashMap<&StepKey, Vec<AttemptDetails>> = HashMap::new();
         for r in log {
@@ -268,6 +293,15 @@ impl InstanceDetails {
                     })
                 })
                 .collect(),
+            concurrency_key: record.concurrency_key.clone(),
+            priority: record.priority,
+            waiting_for_slot: match (&record.concurrency_key, slot_position) {
+                (Some(key), Some(position)) if record.waiting_for_slot => Some(SlotWait {
+                    key: key.clone(),
+                    position,
+                }),
+                _ => None,
+            },
         }
     }
 }

@@ -487,6 +487,18 @@ impl<O: DeserializeOwned> Instance<O> {
             .store
             .children(record.instance)
             .await?;
-        Ok(InstanceDetails::build(&record, &journal, &log, &children))
+        let position = if record.waiting_for_slot {
+            self.engine
+                .inner
+                .env
+                .store
+                .slot_position(record.instance)
+                .await?
+        } else {
+            None
+        };
+        Ok(InstanceDetails::build(
+            &record, &journal, &log, &children, position,
+        ))
     }
 }

@@ -17,7 +17,7 @@ use crate::workflow::Workflow;
 use cairn_core::WorkflowName;
 
 pub use create::{BatchCreated, BatchDeleted, BatchError, CreateOptions, InstanceRetention};
-pub use details::{AttemptDetails, InstanceDetails, Relative, StepDetails};
+pub use details::{AttemptDetails, InstanceDetails, Relative, SlotWait, StepDetails};
 pub use instance::{Delivery, Instance, MAX_IDEMPOTENCY_KEY, Status};
 pub use schedules::ScheduleEntry;
 pub use workflow::{InstancePage, InstanceSummary, ListOptions, UntypedWorkflow, WorkflowClient};

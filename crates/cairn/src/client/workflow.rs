@@ -288,6 +288,20 @@ impl UntypedWorkflow {
         }
     }
 
+    /// The store's concurrency of an instance created with `key`.
+    fn concurrency(&self, key: String) -> Result<cairn_store::Concurrency, Error> {
+        if key.is_empty() || key.chars().count() > 100 || key.chars().any(char::is_control) {
+            return Err(Error::InvalidConcurrencyKey(key));
+        }
+        let limits = self
+            .engine
+            .inner
+            .concurrency
+            .get(&self.name)
+            .ok_or_else(|| Error::NoConcurrencyLimit(self.name.to_string()))?;
+        Ok(limits.for_key(key))
+    }
+
     /// The params as stored (JSON text) if the workflow takes them: they decode as its
     /// `Params` and are within the payload limit.
     pub(crate) fn check_params(&self, params: &serde_json::Value) -> Result<String, Error> {
@@ -328,6 +342,10 @@ impl UntypedWorkflow {
         let fail = |e: Error| (Some(id.to_string()), e);
         let params = options.params;
         let text = self.check_params(&params).map_err(fail)?;
+        let concurrency = match options.concurrency_key {
+            None => None,
+            Some(key) => Some(self.concurrency(key).map_err(fail)?),
+        };
         let now = self.engine.inner.env.clock.now();
         let defaults = self
             .engine
@@ -357,8 +375,8 @@ impl UntypedWorkflow {
                 },
                 retention,
                 parent: None,
-                priority: 0,
-                concurrency: None,
+                priority: options.priority,
+                concurrency,
             },
         })
     }

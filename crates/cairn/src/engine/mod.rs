@@ -13,6 +13,7 @@ use tokio::sync::watch;
 pub(crate) mod announce;
 mod blocking;
 pub(crate) mod check;
+pub(crate) mod concurrency;
 mod driver;
 pub(crate) mod family;
 mod gauges;
@@ -70,6 +71,7 @@ pub struct EngineBuilder {
     drain_timeout: Duration,
     retention: Retention,
     workflow_retention: Vec<(String, Retention)>,
+    concurrency: Vec<(String, concurrency::Concurrency)>,
     lease_ttl: Option<Duration>,
     schedules: Vec<schedules::Schedule>,
     /// Claims and runs instances (off for an engine opened only to check them).
@@ -104,6 +106,7 @@ impl Engine {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             retention: DEFAULT_RETENTION,
             workflow_retention: Vec::new(),
+            concurrency: Vec::new(),
             lease_ttl: None,
             schedules: Vec::new(),
             claims: true,
@@ -347,6 +350,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Limits the instances of `workflow` that run at once per concurrency key (and,
+    /// optionally, how fast they start): see [`Concurrency`](crate::Concurrency). Instances
+    /// created without a key are not limited.
+    pub fn concurrency(mut self, workflow: &str, limits: concurrency::Concurrency) -> Self {
+        self.concurrency.push((workflow.to_owned(), limits));
+        self
+    }
+
     /// What [`EngineBuilder::start`] does below the client layer: opens the store,
     /// recovers what the last engine left running, and starts scheduling instances (the
     /// cron schedules, which create instances through the client, start above it).
@@ -392,6 +403,16 @@ impl EngineBuilder {
                     )));
                 }
             }
+        }
+        let mut limits = HashMap::new();
+        for (name, c) in self.concurrency {
+            let name = WorkflowName::new(name).map_err(|e| Error::config_from(e.to_string(), e))?;
+            if !retention.contains_key(&name) {
+                return Err(Error::config(format!(
+                    "concurrency set for workflow {name:?}, which is not registered"
+                )));
+            }
+            limits.insert(name, c);
         }
         let mut temp_dir = None;
         #[cfg(feature = "postgres")]
@@ -501,6 +522,7 @@ impl EngineBuilder {
             schedules: scheduled,
             schedule_tasks: Mutex::new(HashMap::new()),
             schedules_sync: tokio::sync::Mutex::new(()),
+            concurrency: limits,
             _temp_dir: temp_dir,
         });
         if let Some(changes) = inner.env.store.changes() {

@@ -24,6 +24,8 @@ pub(crate) struct Runtime {
     /// How long shutdown waits for attempts in flight to finish.
     pub(crate) drain_timeout: Duration,
     pub(crate) workflows: HashMap<WorkflowName, Arc<dyn ErasedWorkflow>>,
+    /// The concurrency limits of the workflows that have them.
+    pub(crate) concurrency: HashMap<WorkflowName, crate::engine::concurrency::Concurrency>,
     pub(crate) names: Vec<WorkflowName>,
     pub(crate) owner: String,
     pub(crate) max_running: usize,

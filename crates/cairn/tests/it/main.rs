@@ -34,6 +34,8 @@ macro_rules! on_backend {
         mod binding_instances;
         #[path = "children.rs"]
         mod children;
+        #[path = "concurrency.rs"]
+        mod concurrency;
         #[path = "context_retries.rs"]
         mod context_retries;
         #[path = "control.rs"]

@@ -486,3 +486,83 @@ async fn parents_and_children_across_two_engines_each_get_their_childs_output() 
     first.shutdown().await;
     second.shutdown().await;
 }
+
+/// Keyed concurrency across two engines: the key's limit is the store's, so two engines
+/// claiming together never run more than the limit of one key at once.
+#[tokio::test]
+async fn two_engines_never_run_more_than_a_keys_limit_at_once() {
+    let Some((a, b, _dir)) = two_builders() else {
+        return;
+    };
+    let working = || {
+        wf(|_, step| async move {
+            step.run("work", |_| async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(())
+            })
+            .await?;
+            Ok(Value::Null)
+        })
+    };
+    let limits = cairn::Concurrency::limit(2);
+    let first = a
+        .register(working())
+        .concurrency("test", limits)
+        .start()
+        .await
+        .unwrap();
+    let second = b
+        .register(working())
+        .concurrency("test", limits)
+        .start()
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    for i in 0..120 {
+        let engine = if i % 2 == 0 { &first } else { &second };
+        all.push(
+            engine
+                .workflow::<FnWorkflow>()
+                .create(
+                    CreateOptions::new(json!({}))
+                        .id(format!("i{i}"))
+                        .concurrency_key(format!("k{}", i % 4)),
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    let mut by_key: std::collections::HashMap<String, Vec<(i64, i64)>> = Default::default();
+    for (i, instance) in all.iter().enumerate() {
+        assert_eq!(
+            instance.wait().await.unwrap().status,
+            InstanceStatus::Complete
+        );
+        let log = instance.log(0).await.unwrap();
+        let at = |kind| {
+            log.iter()
+                .find(|r| r.entry.kind == kind)
+                .map(|r| r.entry.at.as_millis())
+                .unwrap()
+        };
+        by_key.entry(format!("k{}", i % 4)).or_default().push((
+            at(cairn::LogKind::WorkflowStart),
+            at(cairn::LogKind::WorkflowSuccess),
+        ));
+    }
+    for (key, intervals) in &by_key {
+        let mut edges: Vec<(i64, i32)> = intervals
+            .iter()
+            .flat_map(|(s, e)| [(*s, 1), (*e, -1)])
+            .collect();
+        edges.sort();
+        let (mut now, mut most) = (0, 0);
+        for (_, d) in edges {
+            now += d;
+            most = most.max(now);
+        }
+        assert!(most <= 2, "{key}: {most} at once");
+    }
+    first.shutdown().await;
+    second.shutdown().await;
+}
