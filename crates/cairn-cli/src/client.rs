@@ -314,6 +314,14 @@ pub(crate) fn describe(details: &Value, full_output: bool) {
     ] {
         out!("{k:<9} {v}");
     }
+    if let Some(key) = details["concurrencyKey"].as_str() {
+        let waiting = details["waitingForSlot"]
+            .get("position")
+            .map_or(String::new(), |p| {
+                format!(" (waiting for a slot: #{} in line)", text(p))
+            });
+        out!("{:<9} {key}{waiting}", "Key");
+    }
     if let Some(parent) = details["parent"].as_object() {
         out!(
             "{:<9} {} {} (step {}#{})",

@@ -209,7 +209,9 @@ pub(crate) fn register(builder: cairn::EngineBuilder, schedules: bool) -> cairn:
         .register(Nap)
         .register(Report)
         .register(Checkout)
-        .register(Order);
+        .register(Order)
+        // Two checkouts per customer at once: `cairn workflows trigger checkout --key ada`.
+        .concurrency("checkout", cairn::Concurrency::limit(2));
     if schedules {
         builder.schedule(greet_hourly())
     } else {

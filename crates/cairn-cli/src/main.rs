@@ -206,6 +206,12 @@ enum WorkflowsCommand {
         /// The instance id (generated when omitted).
         #[arg(long)]
         id: Option<String>,
+        /// Run it under this concurrency key (the workflow must have a limit).
+        #[arg(long)]
+        key: Option<String>,
+        /// Its priority among the instances waiting for a slot of the key (default 0).
+        #[arg(long, allow_negative_numbers = true)]
+        priority: Option<i32>,
         /// Wait until the instance has finished and print its status and output; with a
         /// duration (`--wait=5m`), for at most that long. Exit code: 0 complete, 2 still
         /// running when the wait ran out, 3 errored or terminated.
@@ -770,6 +776,8 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
             name,
             params,
             id,
+            key,
+            priority,
             wait,
         } => {
             let params = match params {
@@ -798,7 +806,13 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
                 format!("{}ms", left.as_millis().max(1))
             };
             let path = format!("/api/workflows/{}/instances", client::seg(&name));
-            let body = json!({ "instance_id": id, "params": params });
+            let mut body = json!({ "instance_id": id, "params": params });
+            if let Some(key) = key {
+                body["concurrency_key"] = json!(key);
+            }
+            if let Some(priority) = priority {
+                body["priority"] = json!(priority);
+            }
             let mut v = match deadline {
                 None => c.call("POST", &path, Some(&body))?,
                 Some(d) => c.call("POST", &format!("{path}?wait={}", round(d)), Some(&body))?,

@@ -1006,3 +1006,36 @@ fn replay_check_gates_a_deploy() {
         "{text}"
     );
 }
+
+/// A concurrency key from the CLI: the demo `checkout` runs two per key at once; the key
+/// shows in describe; a workflow without a limit refuses a key with a code.
+#[test]
+fn trigger_takes_a_concurrency_key_and_a_priority() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    let (ok, out, err) = cairn(
+        port,
+        &[
+            "workflows",
+            "trigger",
+            "checkout",
+            r#"{"failures": 0}"#,
+            "--id",
+            "c1",
+            "--key",
+            "ada",
+            "--priority",
+            "-3",
+            "--wait",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let details = json_of(port, &["instances", "describe", "checkout", "c1"]);
+    assert_eq!(details["concurrencyKey"], "ada", "{details}");
+    assert_eq!(details["priority"], -3, "{details}");
+    let (ok, out, _) = cairn(port, &["instances", "describe", "checkout", "c1"]);
+    assert!(ok && out.contains("Key       ada"), "{out}");
+    let (ok, _, err) = cairn(port, &["workflows", "trigger", "greet", "--key", "ada"]);
+    assert!(!ok && err.contains("concurrency.not_configured"), "{err}");
+}

@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+mod batch;
 mod counts;
 mod db;
 mod history;
@@ -442,6 +443,15 @@ impl Store for PostgresStore {
 
     fn slot_position(&self, instance: InstanceRef) -> StoreFuture<'_, Option<u64>> {
         Box::pin(async move { slots::position(&self.reader().await?, instance).await })
+    }
+
+    fn waiting_for_slots(
+        &self,
+        workflow: &WorkflowName,
+        limit: usize,
+    ) -> StoreFuture<'_, (Vec<(String, u64)>, u64)> {
+        let workflow = workflow.to_string();
+        Box::pin(async move { slots::waiting(&self.reader().await?, &workflow, limit).await })
     }
 
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {

@@ -21,8 +21,8 @@ use futures::StreamExt;
 use tokio::sync::broadcast;
 use tokio_postgres::{AsyncMessage, NoTls};
 
+use crate::batch::Batch;
 use crate::db::Failure;
-use crate::ops::Batch;
 
 /// PostgreSQL refuses payloads of 8000 bytes or more.
 const MAX_PAYLOAD: usize = 7_900;

@@ -13,81 +13,15 @@ use cairn_core::{
     EventType, InstanceStatus, LogEntry, LogKind, StepKey, StepRecord, StepState, Timestamp,
 };
 use cairn_store::{
-    ChangeKind, Changed, Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRef,
-    Lease, NewEvent, NewInstance, ParentLink, Sent, StatusChange, StoredEvent, Write,
+    ChangeKind, Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRef, Lease,
+    NewEvent, NewInstance, ParentLink, Sent, StatusChange, StoredEvent, Write,
 };
 use deadpool_postgres::Transaction;
-use tokio_postgres::types::ToSql;
 
 use crate::db::{Failure, corrupt};
-use crate::history::{Configs, Pending};
 use crate::reads::{INSTANCE_COLUMNS, instance_at, to_json};
 
-pub(crate) type R<T> = Result<T, Failure>;
-
-/// What the operations of one transaction share: the records they wrote (inserted at the
-/// end, see `history.rs`), the configuration ids, and whether the current operation wrote.
-pub(crate) struct Batch<'c> {
-    pub(crate) log: Pending,
-    pub(crate) configs: &'c Configs,
-    pub(crate) wrote: bool,
-    /// What other engines hear of at the commit (`notify.rs`).
-    pub(crate) changes: Vec<Changed>,
-    pub(crate) claimable: bool,
-}
-
-impl<'c> Batch<'c> {
-    pub(crate) fn new(configs: &'c Configs) -> Self {
-        Batch {
-            log: Pending::default(),
-            configs,
-            wrote: false,
-            changes: Vec::new(),
-            claimable: false,
-        }
-    }
-
-    pub(crate) fn changed(&mut self, instance: InstanceRef, kind: ChangeKind) {
-        self.changes.push(Changed { instance, kind });
-    }
-
-    /// Takes in what another operation of the same transaction wrote, after this one's.
-    pub(crate) fn absorb(&mut self, other: Batch<'_>) {
-        self.log.extend(other.log);
-        self.changes.extend(other.changes);
-        self.claimable |= other.claimable;
-    }
-}
-
-/// Runs a writing statement.
-pub(crate) async fn exec(
-    tx: &Transaction<'_>,
-    b: &mut Batch<'_>,
-    sql: &str,
-    args: &[&(dyn ToSql + Sync)],
-) -> R<u64> {
-    b.wrote = true;
-    let st = tx.prepare_cached(sql).await?;
-    Ok(tx.execute(&st, args).await?)
-}
-
-pub(crate) async fn query(
-    tx: &Transaction<'_>,
-    sql: &str,
-    args: &[&(dyn ToSql + Sync)],
-) -> R<Vec<tokio_postgres::Row>> {
-    let st = tx.prepare_cached(sql).await?;
-    Ok(tx.query(&st, args).await?)
-}
-
-pub(crate) async fn query_opt(
-    tx: &Transaction<'_>,
-    sql: &str,
-    args: &[&(dyn ToSql + Sync)],
-) -> R<Option<tokio_postgres::Row>> {
-    let st = tx.prepare_cached(sql).await?;
-    Ok(tx.query_opt(&st, args).await?)
-}
+pub(crate) use crate::batch::{Batch, R, exec, query, query_opt};
 
 fn status(code: i64) -> R<InstanceStatus> {
     InstanceStatus::from_code(code)

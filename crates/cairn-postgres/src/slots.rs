@@ -8,7 +8,7 @@ use cairn_core::Timestamp;
 use cairn_store::{ChangeKind, InstanceRef};
 use deadpool_postgres::Transaction;
 
-use crate::ops::{Batch, R, exec, query_opt};
+use crate::batch::{Batch, R, exec, query_opt};
 
 /// What a claim may do with a candidate.
 pub(crate) enum Take {
@@ -206,4 +206,43 @@ pub(crate) async fn position(
         .await
         .map_err(crate::db::map_pg)?;
     Ok(row.and_then(|r| u64::try_from(r.get::<_, i64>(0)).ok()))
+}
+
+/// The keys of `workflow` with the most instances waiting for a slot, and all that wait.
+pub(crate) async fn waiting(
+    client: &impl deadpool_postgres::GenericClient,
+    workflow: &str,
+    limit: usize,
+) -> cairn_store::Result<(Vec<(String, u64)>, u64)> {
+    let st = client
+        .prepare_cached(
+            "SELECT ckey, COUNT(*) AS n FROM instances WHERE workflow = $1 AND parked
+             GROUP BY ckey ORDER BY n DESC, ckey LIMIT $2",
+        )
+        .await
+        .map_err(crate::db::map_pg)?;
+    let rows = client
+        .query(&st, &[&workflow, &i64::try_from(limit).unwrap_or(i64::MAX)])
+        .await
+        .map_err(crate::db::map_pg)?;
+    let st = client
+        .prepare_cached("SELECT COUNT(*) FROM instances WHERE workflow = $1 AND parked")
+        .await
+        .map_err(crate::db::map_pg)?;
+    let all: i64 = client
+        .query_one(&st, &[&workflow])
+        .await
+        .map_err(crate::db::map_pg)?
+        .get(0);
+    Ok((
+        rows.iter()
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    u64::try_from(r.get::<_, i64>(1)).unwrap_or(0),
+                )
+            })
+            .collect(),
+        u64::try_from(all).unwrap_or(0),
+    ))
 }

@@ -26,10 +26,11 @@ use cairn_store::{
 use deadpool_postgres::{Object, Pool, Transaction};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::batch::Batch;
 use crate::db::{Failure, describe};
 use crate::history::Configs;
 use crate::notify::Notifier;
-use crate::ops::{self, Batch};
+use crate::ops;
 
 /// The most jobs one transaction takes.
 const MAX_GROUP: usize = 1024;

@@ -58,7 +58,7 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
     (
         "post",
         "/api/workflows/{name}/instances",
-        "Create an instance {instance_id?, params?}; with ?wait=30s, answer once it has finished (create and wait in one request)",
+        "Create an instance {instance_id?, params?, concurrency_key?, priority?}; with ?wait=30s, answer once it has finished (create and wait in one request)",
     ),
     (
         "get",
@@ -320,6 +320,8 @@ fn schemas() -> Value {
             "properties": {
                 "instance_id": { "type": "string", "description": "Generated when omitted" },
                 "params": { "description": "Any JSON (default {})" },
+                "concurrency_key": { "type": "string", "description": "Run under this concurrency key (the workflow needs a limit)" },
+                "priority": { "type": "integer", "description": "Among the instances waiting for a slot of the key, higher first (default 0)" },
             },
         },
         "Settled": {

@@ -87,6 +87,20 @@ async fn list_workflows(State(engine): State<Engine>) -> Json<Value> {
 struct CreateBody {
     instance_id: Option<String>,
     params: Option<Value>,
+    /// The concurrency key it runs under (the workflow must have a limit).
+    concurrency_key: Option<String>,
+    /// Its priority among the instances waiting for a slot of the key.
+    priority: Option<i32>,
+}
+
+impl CreateBody {
+    fn into_options(self) -> CreateOptions<Value> {
+        let mut options = CreateOptions::new(self.params.unwrap_or_else(|| json!({})));
+        options.id = self.instance_id;
+        options.concurrency_key = self.concurrency_key;
+        options.priority = self.priority.unwrap_or(0);
+        options
+    }
 }
 
 /// `?wait=30s`: how long a create (or `GET …/wait?timeout=`) waits for the instance to
@@ -200,9 +214,7 @@ async fn create_instance(
     };
     let Object(request) = body(payload)?;
     let workflow = workflow(&engine, &name)?;
-    let mut options = CreateOptions::new(request.params.unwrap_or_else(|| json!({})));
-    options.id = request.instance_id;
-    let instance = workflow.create(options).await?;
+    let instance = workflow.create(request.into_options()).await?;
     // Created: the answer is 201 with the id whatever happens next, so a client never
     // creates it again for an error that came after.
     let answer = match wait {
@@ -456,11 +468,7 @@ async fn create_batch(
     let workflow = workflow(&engine, &name)?;
     let batch = entries
         .into_iter()
-        .map(|Object(e)| {
-            let mut options = CreateOptions::new(e.params.unwrap_or_else(|| json!({})));
-            options.id = e.instance_id;
-            options
-        })
+        .map(|Object(e)| e.into_options())
         .collect();
     let result = workflow.create_batch_detailed(batch).await?;
     let created: Vec<&str> = result.created.iter().map(|i| i.id().as_str()).collect();
@@ -615,8 +623,13 @@ mod tests {
 
     /// The documented request bodies, written down without serde.
     fn create_ok(v: &Value) -> bool {
-        fields(v, &["instance_id", "params"])
-            .is_some_and(|m| optional(m, "instance_id", Value::is_string))
+        fields(v, &["instance_id", "params", "concurrency_key", "priority"]).is_some_and(|m| {
+            optional(m, "instance_id", Value::is_string)
+                && optional(m, "concurrency_key", Value::is_string)
+                && optional(m, "priority", |p| {
+                    p.as_i64().is_some_and(|p| i32::try_from(p).is_ok())
+                })
+        })
     }
 
     fn status_ok(v: &Value) -> bool {

@@ -195,6 +195,8 @@ async fn metrics_count_a_known_workload_exactly_and_gauges_return_to_zero() {
         .register(Orders(Arc::clone(&charges)))
         .register(Doomed)
         .register(Sleepy)
+        // Keyed instances of `orders` would wait for slots: the gauge is reported.
+        .concurrency("orders", cairn::Concurrency::limit(10))
         .start()
         .await
         .unwrap();

@@ -572,6 +572,15 @@ impl Store for SqliteStore {
         self.read(move |conn| slots::position(conn, instance))
     }
 
+    fn waiting_for_slots(
+        &self,
+        workflow: &WorkflowName,
+        limit: usize,
+    ) -> StoreFuture<'_, (Vec<(String, u64)>, u64)> {
+        let workflow = workflow.to_string();
+        self.read(move |conn| slots::waiting(conn, &workflow, limit))
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         self.write(move |conn| {
             let before = rows::leased_status(conn, lease)?;

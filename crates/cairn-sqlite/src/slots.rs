@@ -179,3 +179,34 @@ pub(crate) fn position(conn: &Connection, instance: InstanceRef) -> Result<Optio
         .map_err(map_sqlite)?;
     Ok(n.and_then(|n| u64::try_from(n).ok()))
 }
+
+/// The keys of `workflow` with the most instances waiting for a slot, and all that wait.
+pub(crate) fn waiting(
+    conn: &Connection,
+    workflow: &str,
+    limit: usize,
+) -> Result<(Vec<(String, u64)>, u64)> {
+    let top = conn
+        .prepare_cached(
+            "SELECT ckey, COUNT(*) AS n FROM instances WHERE workflow = ?1 AND parked = 1
+             GROUP BY ckey ORDER BY n DESC, ckey LIMIT ?2",
+        )
+        .and_then(|mut st| {
+            st.query_map(
+                params![workflow, i64::try_from(limit).unwrap_or(i64::MAX)],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(map_sqlite)?;
+    let all: i64 = conn
+        .prepare_cached("SELECT COUNT(*) FROM instances WHERE workflow = ?1 AND parked = 1")
+        .and_then(|mut st| st.query_row([workflow], |r| r.get(0)))
+        .map_err(map_sqlite)?;
+    Ok((
+        top.into_iter()
+            .map(|(k, n)| (k, u64::try_from(n).unwrap_or(0)))
+            .collect(),
+        u64::try_from(all).unwrap_or(0),
+    ))
+}

@@ -630,6 +630,14 @@ pub trait Store: Send + Sync + 'static {
     /// `None` when it does not wait for one.
     fn slot_position(&self, instance: InstanceRef) -> StoreFuture<'_, Option<u64>>;
 
+    /// How many instances of `workflow` wait for a slot, by key: the `limit` keys with the
+    /// most, most first, and the number of all of them.
+    fn waiting_for_slots(
+        &self,
+        workflow: &WorkflowName,
+        limit: usize,
+    ) -> StoreFuture<'_, (Vec<(String, u64)>, u64)>;
+
     /// The instances `parent`'s `invoke` steps started, oldest first.
     fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>>;
 

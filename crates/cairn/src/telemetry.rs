@@ -50,6 +50,13 @@ pub const BACKLOG: &str = "cairn_backlog_instances";
 pub const TIMERS_PENDING: &str = "cairn_timers_pending";
 /// Instances with a lifetime in this engine's memory.
 pub const INSTANCES_IN_MEMORY: &str = "cairn_instances_in_memory";
+/// Instances waiting for a slot of their concurrency key, by workflow and key (the
+/// [`MAX_KEY_LABELS`] keys with the most; the rest as `"(other)"`).
+pub const WAITING_FOR_SLOT: &str = "cairn_instances_waiting_for_slot";
+
+/// The most concurrency keys one workflow gets as label values; the rest add up in
+/// `"(other)"`.
+pub const MAX_KEY_LABELS: usize = 20;
 
 /// The most step names one workflow gets as label values; later ones are `"(other)"`.
 pub const MAX_STEP_LABELS: usize = 200;
@@ -109,6 +116,10 @@ pub(crate) fn describe() {
     describe_gauge!(
         INSTANCES_IN_MEMORY,
         "Instances with a lifetime in this engine's memory."
+    );
+    describe_gauge!(
+        WAITING_FOR_SLOT,
+        "Instances waiting for a slot of their concurrency key, by key (the keys with the most)."
     );
 }
 
@@ -244,6 +255,19 @@ pub(crate) fn instance_gauges(workflow: &WorkflowName, status: InstanceStatus, n
 pub(crate) fn timer_gauges(workflow: &WorkflowName, due: u64, pending: u64) {
     gauge!(BACKLOG, "workflow" => label(workflow)).set(due as f64);
     gauge!(TIMERS_PENDING, "workflow" => label(workflow)).set(pending as f64);
+}
+
+/// The instances of `workflow` waiting for a slot, by key: the keys with the most, and the
+/// rest as `"(other)"`. Keys that had a series before and have none waiting now read 0
+/// (a gauge, once set, stays until set again).
+pub(crate) fn slot_gauges(workflow: &WorkflowName, top: &[(String, u64)], all: u64) {
+    let listed: u64 = top.iter().map(|(_, n)| n).sum();
+    for (key, n) in top {
+        gauge!(WAITING_FOR_SLOT, "workflow" => label(workflow), "key" => key.clone())
+            .set(*n as f64);
+    }
+    gauge!(WAITING_FOR_SLOT, "workflow" => label(workflow), "key" => "(other)")
+        .set(all.saturating_sub(listed) as f64);
 }
 
 /// The lifetimes this engine holds in memory.

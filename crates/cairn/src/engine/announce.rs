@@ -272,6 +272,14 @@ impl Store for Announcing {
         self.store.slot_position(instance)
     }
 
+    fn waiting_for_slots(
+        &self,
+        workflow: &WorkflowName,
+        limit: usize,
+    ) -> StoreFuture<'_, (Vec<(String, u64)>, u64)> {
+        self.store.waiting_for_slots(workflow, limit)
+    }
+
     fn create_schedule(&self, schedule: cairn_store::StoredSchedule) -> StoreFuture<'_, bool> {
         self.store.create_schedule(schedule)
     }

@@ -126,6 +126,17 @@ impl Store for Blocking {
         blocking(&self.0, move |s| s.slot_position(instance))
     }
 
+    fn waiting_for_slots(
+        &self,
+        workflow: &WorkflowName,
+        limit: usize,
+    ) -> StoreFuture<'_, (Vec<(String, u64)>, u64)> {
+        let workflow = workflow.clone();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.waiting_for_slots(&workflow, limit).await })
+        })
+    }
+
     fn create_schedule(&self, schedule: cairn_store::StoredSchedule) -> StoreFuture<'_, bool> {
         blocking(&self.0, move |s| s.create_schedule(schedule))
     }

@@ -38,6 +38,12 @@ async fn read(inner: &Runtime) -> Result<(), cairn_store::Error> {
         }
         let timers = store.timers(workflow, now).await?;
         crate::telemetry::timer_gauges(workflow, timers.due, timers.pending);
+        if inner.concurrency.contains_key(workflow) {
+            let (top, all) = store
+                .waiting_for_slots(workflow, crate::telemetry::MAX_KEY_LABELS)
+                .await?;
+            crate::telemetry::slot_gauges(workflow, &top, all);
+        }
     }
     crate::telemetry::in_memory(inner.live.len());
     Ok(())

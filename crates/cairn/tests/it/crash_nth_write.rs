@@ -117,6 +117,13 @@ impl Store for FailingStore {
     fn slot_position(&self, i: InstanceRef) -> StoreFuture<'_, Option<u64>> {
         self.inner.slot_position(i)
     }
+    fn waiting_for_slots(
+        &self,
+        w: &cairn::WorkflowName,
+        limit: usize,
+    ) -> StoreFuture<'_, (Vec<(String, u64)>, u64)> {
+        self.inner.waiting_for_slots(w, limit)
+    }
     fn create_schedule(&self, s: cairn::store::StoredSchedule) -> StoreFuture<'_, bool> {
         self.inner.create_schedule(s)
     }

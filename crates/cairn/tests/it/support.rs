@@ -479,6 +479,17 @@ impl Store for Hooked {
     fn slot_position(&self, i: InstanceRef) -> StoreFuture<'_, Option<u64>> {
         hooked!(self, "slot_position", self.inner.slot_position(i))
     }
+    fn waiting_for_slots(
+        &self,
+        w: &cairn::WorkflowName,
+        limit: usize,
+    ) -> StoreFuture<'_, (Vec<(String, u64)>, u64)> {
+        hooked!(
+            self,
+            "waiting_for_slots",
+            self.inner.waiting_for_slots(w, limit)
+        )
+    }
     fn create_schedule(&self, s: cairn::store::StoredSchedule) -> StoreFuture<'_, bool> {
         hooked!(self, "create_schedule", self.inner.create_schedule(s))
     }
