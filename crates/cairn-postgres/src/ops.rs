@@ -499,7 +499,7 @@ pub(crate) async fn claim(
         tx,
         &format!(
             "UPDATE instances SET lease_owner = $1, lease_epoch = lease_epoch + 1, lease_until = $2,
-                 ready_at = NULL
+                 ready_at = NULL, parked = FALSE
              WHERE iid = ANY($3)
              RETURNING lease_epoch, {INSTANCE_COLUMNS}"
         ),
@@ -588,6 +588,7 @@ async fn complete_pauses(
                 meta: serde_json::json!({ "recovered": true }),
             }],
         )?;
+        crate::slots::give_back(tx, b, InstanceRef(iid)).await?;
     }
     Ok(())
 }
@@ -970,7 +971,7 @@ pub(crate) async fn control(
                 b,
                 "UPDATE instances SET status = 1, rollback_trigger = $2, paused_at = NULL,
                      lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_until = NULL,
-                     ready_at = created_at, ready_rank = 0
+                     ready_at = created_at, ready_rank = 0, parked = FALSE
                  WHERE iid = $1",
                 &[&iid, &to_json(trigger)?],
             )

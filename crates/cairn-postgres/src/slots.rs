@@ -147,42 +147,58 @@ async fn release(
         )
         .await?;
     }
-    if !slot || (waiting && hold.unwrap_or(false)) {
+    let frees = slot && !(waiting && hold.unwrap_or(false));
+    if !frees && waiting {
         return Ok(());
     }
-    // The key's row first: holders and the choice of the next instance change together.
-    query_opt(
+    // The key's row first: holders and the choice of the next instances change together.
+    let Some(k) = query_opt(
         tx,
-        "SELECT 1 FROM ckeys WHERE workflow = $1 AND ckey = $2 FOR UPDATE",
+        "SELECT slot_limit, holders FROM ckeys WHERE workflow = $1 AND ckey = $2 FOR UPDATE",
         &[&workflow, &key],
     )
-    .await?;
-    exec(
-        tx,
-        b,
-        "UPDATE instances SET slot = FALSE WHERE iid = $1",
-        &[&instance.0],
-    )
-    .await?;
-    exec(
-        tx,
-        b,
-        "UPDATE ckeys SET holders = GREATEST(holders - 1, 0) WHERE workflow = $1 AND ckey = $2",
-        &[&workflow, &key],
-    )
-    .await?;
-    let next = query_opt(
-        tx,
-        "UPDATE instances SET parked = FALSE, ready_at = created_at WHERE iid = (
-             SELECT iid FROM instances WHERE workflow = $1 AND ckey = $2 AND parked
-             ORDER BY priority DESC, iid LIMIT 1 FOR UPDATE SKIP LOCKED)
-         RETURNING iid",
-        &[&workflow, &key],
-    )
-    .await?;
-    if let Some(next) = next {
-        b.changed(InstanceRef(next.get(0)), ChangeKind::Written);
-        b.claimable = true;
+    .await?
+    else {
+        return Ok(());
+    };
+    let (limit, mut holders): (i64, i64) = (k.get(0), k.get(1));
+    if frees {
+        exec(
+            tx,
+            b,
+            "UPDATE instances SET slot = FALSE WHERE iid = $1",
+            &[&instance.0],
+        )
+        .await?;
+        exec(
+            tx,
+            b,
+            "UPDATE ckeys SET holders = GREATEST(holders - 1, 0) WHERE workflow = $1 AND ckey = $2",
+            &[&workflow, &key],
+        )
+        .await?;
+        holders = (holders - 1).max(0);
+    }
+    // As many of the key's waiting instances as it has free slots become claimable, best
+    // first. Not `SKIP LOCKED`: a waiting instance whose row another transaction holds (an
+    // event sent to it) is waited for, not passed over and left waiting.
+    let free = (limit - holders).max(0);
+    if free > 0 {
+        let woken = crate::batch::query(
+            tx,
+            "UPDATE instances SET parked = FALSE, ready_at = created_at WHERE iid IN (
+                 SELECT iid FROM instances
+                 WHERE workflow = $1 AND ckey = $2 AND parked AND lease_owner IS NULL
+                 ORDER BY priority DESC, iid LIMIT $3)
+             RETURNING iid",
+            &[&workflow, &key, &free],
+        )
+        .await?;
+        for row in &woken {
+            b.wrote = true;
+            b.changed(InstanceRef(row.get(0)), ChangeKind::Written);
+            b.claimable = true;
+        }
     }
     Ok(())
 }

@@ -235,7 +235,7 @@ pub(crate) fn claim(
     let mut st = conn
         .prepare_cached(&format!(
             "UPDATE instances SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_until = ?2,
-                 ready_at = NULL
+                 ready_at = NULL, parked = 0
              WHERE iid = ?3
              RETURNING lease_epoch, {INSTANCE_COLUMNS}"
         ))
@@ -990,7 +990,7 @@ pub(crate) fn control(
             exec(
                 "UPDATE instances SET status = 1, rollback_trigger = ?2, paused_at = NULL,
                      lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_until = NULL,
-                     ready_at = created_at, ready_rank = 0
+                     ready_at = created_at, ready_rank = 0, parked = 0
                  WHERE iid = ?1",
                 &[&iid, &to_json(trigger).map_err(map_sqlite)?],
             )?;
@@ -1180,6 +1180,7 @@ pub(crate) fn complete_pauses(conn: &Connection, iids: &[i64]) -> Result<()> {
             Timestamp::from_millis(at),
             serde_json::json!({ "recovered": true }),
         )?;
+        crate::slots::give_back(conn, InstanceRef(iid))?;
     }
     Ok(())
 }

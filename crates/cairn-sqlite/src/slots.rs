@@ -144,24 +144,48 @@ fn release(conn: &Connection, instance: InstanceRef, waiting: bool) -> Result<()
             .and_then(|mut st| st.execute([instance.0]))
             .map_err(map_sqlite)?;
     }
-    if !slot || (waiting && hold.unwrap_or(false)) {
+    let frees = slot && !(waiting && hold.unwrap_or(false));
+    if frees {
+        conn.prepare_cached("UPDATE instances SET slot = 0 WHERE iid = ?1")
+            .and_then(|mut st| st.execute([instance.0]))
+            .map_err(map_sqlite)?;
+        conn.prepare_cached(
+            "UPDATE ckeys SET holders = MAX(holders - 1, 0) WHERE workflow = ?1 AND ckey = ?2",
+        )
+        .and_then(|mut st| st.execute(params![workflow, key]))
+        .map_err(map_sqlite)?;
+    }
+    if frees || !waiting {
+        wake(conn, &workflow, &key)?;
+    }
+    Ok(())
+}
+
+/// Makes as many of the key's waiting instances claimable as it has free slots, best
+/// first (priority, then age). One woken but gone before its claim (paused, terminated,
+/// deleted) costs nothing: the next release wakes again, and one woken too many parks
+/// again at its claim.
+fn wake(conn: &Connection, workflow: &str, key: &str) -> Result<()> {
+    let free: i64 = conn
+        .prepare_cached(
+            "SELECT MAX(slot_limit - holders, 0) FROM ckeys WHERE workflow = ?1 AND ckey = ?2",
+        )
+        .and_then(|mut st| {
+            st.query_row(params![workflow, key], |r| r.get(0))
+                .optional()
+        })
+        .map_err(map_sqlite)?
+        .unwrap_or(0);
+    if free == 0 {
         return Ok(());
     }
-    conn.prepare_cached("UPDATE instances SET slot = 0 WHERE iid = ?1")
-        .and_then(|mut st| st.execute([instance.0]))
-        .map_err(map_sqlite)?;
     conn.prepare_cached(
-        "UPDATE ckeys SET holders = MAX(holders - 1, 0) WHERE workflow = ?1 AND ckey = ?2",
+        "UPDATE instances SET parked = 0, ready_at = created_at WHERE iid IN (
+             SELECT iid FROM instances
+             WHERE workflow = ?1 AND ckey = ?2 AND parked = 1 AND lease_owner IS NULL
+             ORDER BY priority DESC, iid LIMIT ?3)",
     )
-    .and_then(|mut st| st.execute(params![workflow, key]))
-    .map_err(map_sqlite)?;
-    // The best waiting instance of the key (priority, then age) becomes claimable.
-    conn.prepare_cached(
-        "UPDATE instances SET parked = 0, ready_at = created_at WHERE iid = (
-             SELECT iid FROM instances WHERE workflow = ?1 AND ckey = ?2 AND parked = 1
-             ORDER BY priority DESC, iid LIMIT 1)",
-    )
-    .and_then(|mut st| st.execute(params![workflow, key]))
+    .and_then(|mut st| st.execute(params![workflow, key, free]))
     .map_err(map_sqlite)?;
     Ok(())
 }

@@ -1606,6 +1606,54 @@ pub async fn a_key_runs_its_limit_at_once_and_frees_slots_by_priority(store: Arc
     );
 }
 
+pub async fn a_slot_is_never_lost_to_an_instance_that_leaves_before_its_claim(
+    store: Arc<dyn Store>,
+) {
+    const HOUR: Duration = Duration::from_secs(3600);
+    let keyed = |id: &str| {
+        let mut new = new_instance("wf", id);
+        new.concurrency = Some(crate::Concurrency {
+            key: "k".into(),
+            limit: 1,
+            rate: None,
+            hold_while_waiting: false,
+        });
+        new
+    };
+    store
+        .create(vec![keyed("a"), keyed("b"), keyed("c")])
+        .await
+        .unwrap();
+    let a = store.claim("o", &[wf("wf")], T0, HOUR, 10).await.unwrap();
+    assert_eq!(a.len(), 1);
+    // A pause of the holder that its engine never completed: recovery completes it, and
+    // gives the slot back.
+    let pause = ControlRequest::Pause { at: T0 };
+    store
+        .control(&wf("wf"), &InstanceId::new("a").unwrap(), pause)
+        .await
+        .unwrap();
+    store.release_all("o").await.unwrap();
+    let a_now = store
+        .instance(&wf("wf"), &InstanceId::new("a").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a_now.status, InstanceStatus::Paused);
+    // `b` was made claimable by the freed slot; it is deleted before any claim.
+    store
+        .control(
+            &wf("wf"),
+            &InstanceId::new("b").unwrap(),
+            ControlRequest::Delete,
+        )
+        .await
+        .unwrap();
+    let c = store.claim("o", &[wf("wf")], T0, HOUR, 10).await.unwrap();
+    assert_eq!(c.len(), 1, "the slot went on to c: {c:?}");
+    assert_eq!(c[0].record.id.as_str(), "c");
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -1644,6 +1692,7 @@ macro_rules! conformance_tests {
             schedules_are_created_once_replaced_and_deleted,
             a_second_terminate_with_rollback_is_a_no_op,
             a_key_runs_its_limit_at_once_and_frees_slots_by_priority,
+            a_slot_is_never_lost_to_an_instance_that_leaves_before_its_claim,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {
@@ -1693,6 +1742,7 @@ macro_rules! conformance_tests {
             schedules_are_created_once_replaced_and_deleted,
             a_second_terminate_with_rollback_is_a_no_op,
             a_key_runs_its_limit_at_once_and_frees_slots_by_priority,
+            a_slot_is_never_lost_to_an_instance_that_leaves_before_its_claim,
         );
     };
     (@optional $factory:ident; $($case:ident,)*) => {

@@ -54,9 +54,14 @@ pub const INSTANCES_IN_MEMORY: &str = "cairn_instances_in_memory";
 /// [`MAX_KEY_LABELS`] keys with the most; the rest as `"(other)"`).
 pub const WAITING_FOR_SLOT: &str = "cairn_instances_waiting_for_slot";
 
-/// The most concurrency keys one workflow gets as label values; the rest add up in
-/// `"(other)"`.
+/// The keys with the most waiting instances that a refresh reports by name; the rest add
+/// up in `"(other)"`.
 pub const MAX_KEY_LABELS: usize = 20;
+
+/// The most distinct keys one workflow ever gets as label values in a process (a key
+/// that drops out of the top reads 0, and its series stays): past it, new keys count in
+/// `"(other)"` only, so the series of a workflow stay bounded.
+pub const MAX_KEY_SERIES: usize = 100;
 
 /// The most step names one workflow gets as label values; later ones are `"(other)"`.
 pub const MAX_STEP_LABELS: usize = 200;
@@ -257,14 +262,30 @@ pub(crate) fn timer_gauges(workflow: &WorkflowName, due: u64, pending: u64) {
     gauge!(TIMERS_PENDING, "workflow" => label(workflow)).set(pending as f64);
 }
 
-/// The instances of `workflow` waiting for a slot, by key: the keys with the most, and the
-/// rest as `"(other)"`. Keys that had a series before and have none waiting now read 0
-/// (a gauge, once set, stays until set again).
+/// The instances of `workflow` waiting for a slot, by key: the keys with the most by name
+/// (the first [`MAX_KEY_SERIES`] keys ever named), the rest as `"(other)"`. A key named
+/// before that is not among them now reads 0 (a gauge, once set, stays until set again).
 pub(crate) fn slot_gauges(workflow: &WorkflowName, top: &[(String, u64)], all: u64) {
-    let listed: u64 = top.iter().map(|(_, n)| n).sum();
+    static NAMED: std::sync::Mutex<
+        Option<std::collections::HashMap<String, std::collections::HashSet<String>>>,
+    > = std::sync::Mutex::new(None);
+    let mut named = NAMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let keys = named
+        .get_or_insert_with(Default::default)
+        .entry(label(workflow))
+        .or_default();
+    let mut listed = 0;
     for (key, n) in top {
-        gauge!(WAITING_FOR_SLOT, "workflow" => label(workflow), "key" => key.clone())
-            .set(*n as f64);
+        if keys.contains(key) || keys.len() < MAX_KEY_SERIES {
+            keys.insert(key.clone());
+            listed += n;
+        }
+    }
+    for key in keys.iter() {
+        let n = top.iter().find(|(k, _)| k == key).map_or(0, |(_, n)| *n);
+        gauge!(WAITING_FOR_SLOT, "workflow" => label(workflow), "key" => key.clone()).set(n as f64);
     }
     gauge!(WAITING_FOR_SLOT, "workflow" => label(workflow), "key" => "(other)")
         .set(all.saturating_sub(listed) as f64);
