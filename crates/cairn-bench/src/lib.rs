@@ -313,6 +313,74 @@ pub async fn children(
     ])
 }
 
+/// What keyed concurrency costs: `instances` × `steps` no-op steps created without a key,
+/// then with one of 10 keys under a limit they never reach, then under a limit of 20 per
+/// key, in one run.
+///
+/// # Errors
+/// When the engine or the database fails.
+pub async fn keyed(
+    dir: &Path,
+    s: Settings,
+    instances: usize,
+    steps: u32,
+) -> Result<Vec<Row>, BenchError> {
+    let w = format!("keyed ({instances} × {steps} steps, 10 keys, {})", label(s));
+    let mut rows = Vec::new();
+    let mut plain = 0.0;
+    for (i, (what, limit)) in [
+        ("no key", None),
+        ("keyed, limit never reached", Some(instances as u32)),
+        ("keyed, 20 per key at once", Some(20)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let engine = engine_on(&dir.join(format!("keyed-{i}.db")), s, |b| {
+            let b = b.register(NoOp);
+            match limit {
+                Some(n) => b.concurrency("noop", cairn::Concurrency::limit(n)),
+                None => b,
+            }
+        })
+        .await?;
+        let client = engine.workflow::<NoOp>();
+        let start = Instant::now();
+        let mut all = Vec::with_capacity(instances);
+        for chunk in (0..instances).step_by(100) {
+            let batch = (chunk..instances.min(chunk + 100))
+                .map(|i| {
+                    let options = CreateOptions::new(steps).id(format!("k{i}"));
+                    if limit.is_some() {
+                        options.concurrency_key(format!("key-{}", i % 10))
+                    } else {
+                        options
+                    }
+                })
+                .collect();
+            all.extend(client.create_batch(batch).await?);
+        }
+        for i in &all {
+            i.wait().await?;
+        }
+        let per_sec = (instances * steps as usize) as f64 / start.elapsed().as_secs_f64();
+        engine.shutdown().await;
+        let row = Row::new(
+            &w,
+            format!("durable no-op steps/s, {what}"),
+            per_sec,
+            "1/s",
+        );
+        if limit.is_none() {
+            plain = per_sec;
+            rows.push(row);
+        } else {
+            rows.push(row.ratio(per_sec / plain));
+        }
+    }
+    Ok(rows)
+}
+
 /// The median of `samples` (the upper one of an even count).
 pub(crate) fn median(samples: &[f64]) -> f64 {
     let mut v = samples.to_vec();

@@ -40,6 +40,13 @@ enum Workload {
         #[arg(long, default_value_t = 10)]
         steps: u32,
     },
+    /// Instances with concurrency keys (limit never reached; 20 per key) next to none.
+    Keyed {
+        #[arg(long, default_value_t = 1_000)]
+        instances: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: u32,
+    },
     /// Parents each invoking a child workflow, next to the children created directly.
     Children {
         #[arg(long, default_value_t = 1_000)]
@@ -154,6 +161,9 @@ async fn main() -> Result<(), BenchError> {
         Workload::Raw { units } => cairn_bench::raw(path, settings, units)?,
         Workload::Throughput { instances, steps } => {
             cairn_bench::throughput(path, settings, instances, steps).await?
+        }
+        Workload::Keyed { instances, steps } => {
+            cairn_bench::keyed(path, settings, instances, steps).await?
         }
         Workload::Children { instances, steps } => {
             cairn_bench::children(path, settings, instances, steps).await?

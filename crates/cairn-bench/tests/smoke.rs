@@ -29,6 +29,9 @@ async fn every_workload_runs_at_a_small_size() {
     assert!(value(&rows, "durable no-op steps/s") > 0.0);
     assert!(rows[0].ratio.unwrap() > 0.0);
 
+    let rows = cairn_bench::keyed(p, normal(), 30, 3).await.unwrap();
+    assert!(value(&rows, "durable no-op steps/s, keyed, 20 per key at once") > 0.0);
+
     let rows = cairn_bench::children(p, normal(), 20, 3).await.unwrap();
     assert!(value(&rows, "parents, each invoking one child") > 0.0);
 

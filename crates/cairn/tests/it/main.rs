@@ -63,6 +63,7 @@ mod sqlite;
 // SQLite only: crashes of a process that owns the database file, and hooked SQLite stores.
 mod crash_kill;
 mod crash_kill_children;
+mod crash_kill_concurrency;
 mod crash_kill_rollback;
 mod crash_kill_schedule;
 mod crash_kill_waits;
