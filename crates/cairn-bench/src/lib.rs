@@ -365,12 +365,7 @@ pub async fn keyed(
         }
         let per_sec = (instances * steps as usize) as f64 / start.elapsed().as_secs_f64();
         engine.shutdown().await;
-        let row = Row::new(
-            &w,
-            format!("durable no-op steps/s, {what}"),
-            per_sec,
-            "1/s",
-        );
+        let row = Row::new(&w, format!("durable no-op steps/s, {what}"), per_sec, "1/s");
         if limit.is_none() {
             plain = per_sec;
             rows.push(row);
