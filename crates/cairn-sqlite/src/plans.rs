@@ -90,6 +90,9 @@ fn hot_queries_never_scan_or_sort_history() {
         ("start-up: leases", crate::TAKE_OVER_LEASES_SQL.into()),
         ("start-up: pending pauses", crate::PENDING_PAUSES_SQL.into()),
         ("children of a parent", rows::children_sql()),
+        ("slots: a candidate's key", crate::slots::TAKE_SQL.into()),
+        ("slots: wake the waiting", crate::slots::WAKE_SQL.into()),
+        ("slots: place in line", crate::slots::POSITION_SQL.into()),
     ];
     let workflow = Some(cairn_core::WorkflowName::new("wf").unwrap());
     for statuses in [vec![], vec![InstanceStatus::Running]] {

@@ -9,6 +9,35 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::worker::map_sqlite;
 
+/// A claim candidate's key (none while it is terminated with rollback), whether it holds
+/// a slot, and its key's limits and holders: primary-key probes.
+pub(crate) const TAKE_SQL: &str =
+    "SELECT CASE WHEN i.rollback_trigger IS NULL THEN i.ckey END, i.slot, i.workflow,
+                 k.slot_limit, k.holders, k.rate_n, k.rate_ms, k.window_start, k.window_count
+             FROM instances i LEFT JOIN ckeys k ON k.workflow = i.workflow AND k.ckey = i.ckey
+             WHERE i.iid = ?1";
+
+/// The best waiting instances of a key (priority, then age) made claimable: a range of
+/// `instances_parked`.
+pub(crate) const WAKE_SQL: &str =
+    "UPDATE instances SET parked = 0, ready_at = created_at WHERE iid IN (
+             SELECT iid FROM instances
+             WHERE workflow = ?1 AND ckey = ?2 AND parked = 1 AND lease_owner IS NULL
+             ORDER BY priority DESC, iid LIMIT ?3)";
+
+/// An instance's place in its key's line: a range of `instances_parked`.
+pub(crate) const POSITION_SQL: &str = "SELECT (SELECT COUNT(*) FROM instances o
+                     WHERE o.workflow = i.workflow AND o.ckey = i.ckey AND o.parked = 1
+                       AND (o.priority > i.priority OR (o.priority = i.priority AND o.iid <= i.iid)))
+             FROM instances i WHERE i.iid = ?1 AND i.parked = 1";
+
+/// The gauge's keys with the most waiting instances: a range of `instances_parked` grouped
+/// by key and sorted by count, so its cost grows with the instances waiting (not with
+/// history); it runs at a gauge refresh, not on the hot path, and is not in `plans.rs`.
+pub(crate) const WAITING_SQL: &str =
+    "SELECT ckey, COUNT(*) AS n FROM instances WHERE workflow = ?1 AND parked = 1
+             GROUP BY ckey ORDER BY n DESC, ckey LIMIT ?2";
+
 /// What a claim may do with a candidate.
 pub(crate) enum Take {
     /// Claim it (it has no key, holds a slot already, or just took one).
@@ -34,12 +63,7 @@ pub(crate) fn take(conn: &Connection, iid: i64, now: Timestamp) -> Result<Take> 
         Option<i64>,
     );
     let row: Option<Row> = conn
-        .prepare_cached(
-            "SELECT CASE WHEN i.rollback_trigger IS NULL THEN i.ckey END, i.slot, i.workflow,
-                 k.slot_limit, k.holders, k.rate_n, k.rate_ms, k.window_start, k.window_count
-             FROM instances i LEFT JOIN ckeys k ON k.workflow = i.workflow AND k.ckey = i.ckey
-             WHERE i.iid = ?1",
-        )
+        .prepare_cached(TAKE_SQL)
         .and_then(|mut st| {
             st.query_row([iid], |r| {
                 Ok((
@@ -179,26 +203,16 @@ fn wake(conn: &Connection, workflow: &str, key: &str) -> Result<()> {
     if free == 0 {
         return Ok(());
     }
-    conn.prepare_cached(
-        "UPDATE instances SET parked = 0, ready_at = created_at WHERE iid IN (
-             SELECT iid FROM instances
-             WHERE workflow = ?1 AND ckey = ?2 AND parked = 1 AND lease_owner IS NULL
-             ORDER BY priority DESC, iid LIMIT ?3)",
-    )
-    .and_then(|mut st| st.execute(params![workflow, key, free]))
-    .map_err(map_sqlite)?;
+    conn.prepare_cached(WAKE_SQL)
+        .and_then(|mut st| st.execute(params![workflow, key, free]))
+        .map_err(map_sqlite)?;
     Ok(())
 }
 
 /// `instance`'s place among the instances waiting for a slot of its key (1 = next).
 pub(crate) fn position(conn: &Connection, instance: InstanceRef) -> Result<Option<u64>> {
     let n: Option<i64> = conn
-        .prepare_cached(
-            "SELECT (SELECT COUNT(*) FROM instances o
-                     WHERE o.workflow = i.workflow AND o.ckey = i.ckey AND o.parked = 1
-                       AND (o.priority > i.priority OR (o.priority = i.priority AND o.iid <= i.iid)))
-             FROM instances i WHERE i.iid = ?1 AND i.parked = 1",
-        )
+        .prepare_cached(POSITION_SQL)
         .and_then(|mut st| st.query_row([instance.0], |r| r.get(0)).optional())
         .map_err(map_sqlite)?;
     Ok(n.and_then(|n| u64::try_from(n).ok()))
@@ -211,10 +225,7 @@ pub(crate) fn waiting(
     limit: usize,
 ) -> Result<(Vec<(String, u64)>, u64)> {
     let top = conn
-        .prepare_cached(
-            "SELECT ckey, COUNT(*) AS n FROM instances WHERE workflow = ?1 AND parked = 1
-             GROUP BY ckey ORDER BY n DESC, ckey LIMIT ?2",
-        )
+        .prepare_cached(WAITING_SQL)
         .and_then(|mut st| {
             st.query_map(
                 params![workflow, i64::try_from(limit).unwrap_or(i64::MAX)],
