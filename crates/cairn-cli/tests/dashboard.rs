@@ -336,6 +336,28 @@ fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_br
         assert_eq!(code, 200, "delete {w}/{id}");
     }
 
+    phase("A concurrency key");
+    // An instance created under a key shows it.
+    let (code, _) = api(
+        port,
+        None,
+        "POST",
+        "/api/workflows/checkout/instances",
+        &json!({ "instance_id": "keyed-1", "params": { "failures": 0 }, "concurrency_key": "ada" }),
+    );
+    assert_eq!(code, 201);
+    wait_status(port, None, "checkout", "keyed-1", &["complete"]);
+    browser.goto(&format!("{base}/workflows/checkout/instances/keyed-1"));
+    assert_eq!(browser.text(&browser.find("#key dd")), "ada");
+    let (code, _) = api(
+        port,
+        None,
+        "DELETE",
+        "/api/workflows/checkout/instances/keyed-1",
+        &json!({}),
+    );
+    assert_eq!(code, 200);
+
     phase("Pause from the button");
     // Pause from the button; the API agrees; resume.
     browser.goto(&format!("{base}/workflows/approval/instances/req-1"));

@@ -118,6 +118,14 @@ fn render(
                 div { dt { "Ran" } dd {
                     @match d.start { Some(s) => (layout::duration(end.since(s))), None => span.muted { "not started" } }
                 } }
+                @if let Some(key) = &d.concurrency_key {
+                    div #key { dt { "Key" } dd {
+                        (key)
+                        @if let Some(w) = &d.waiting_for_slot {
+                            span.muted { " · waiting for a slot, #" (w.position) " in line" }
+                        }
+                    } }
+                }
                 @if let Some(p) = &d.parent {
                     div #parent { dt { "Parent" } dd {
                         a href=(super::instance_path(&p.workflow, &p.id)) { (p.workflow) " / " (p.id) }
