@@ -86,6 +86,16 @@ async fn hot_queries_never_scan_or_sort_history() {
             vec![&big],
         ),
         ("next wake-up", reads::NEXT_READY_SQL.into(), vec![&w]),
+        (
+            "slots: wake the waiting",
+            crate::slots::WAKE_SQL.into(),
+            vec![&w, &go, &n],
+        ),
+        (
+            "slots: place in line",
+            crate::slots::POSITION_SQL.into(),
+            vec![&iid],
+        ),
         ("count by status", reads::COUNT_SQL.into(), vec![&w, &s5]),
         ("timers", reads::TIMERS_SQL.into(), vec![&w, &t]),
         (

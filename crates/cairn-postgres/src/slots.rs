@@ -10,6 +10,21 @@ use deadpool_postgres::Transaction;
 
 use crate::batch::{Batch, R, exec, query_opt};
 
+/// The best waiting instances of a key (priority, then age) made claimable: a range of
+/// `instances_parked`.
+pub(crate) const WAKE_SQL: &str = "UPDATE instances SET parked = FALSE, ready_at = created_at
+     WHERE iid IN (
+         SELECT iid FROM instances
+         WHERE workflow = $1 AND ckey = $2 AND parked AND lease_owner IS NULL
+         ORDER BY priority DESC, iid LIMIT $3)
+     RETURNING iid";
+
+/// An instance's place in its key's line: a range of `instances_parked`.
+pub(crate) const POSITION_SQL: &str = "SELECT (SELECT COUNT(*) FROM instances o
+         WHERE o.workflow = i.workflow AND o.ckey = i.ckey AND o.parked
+           AND (o.priority > i.priority OR (o.priority = i.priority AND o.iid <= i.iid)))
+     FROM instances i WHERE i.iid = $1 AND i.parked";
+
 /// What a claim may do with a candidate.
 pub(crate) enum Take {
     /// Claim it.
@@ -184,16 +199,7 @@ async fn release(
     // event sent to it) is waited for, not passed over and left waiting.
     let free = (limit - holders).max(0);
     if free > 0 {
-        let woken = crate::batch::query(
-            tx,
-            "UPDATE instances SET parked = FALSE, ready_at = created_at WHERE iid IN (
-                 SELECT iid FROM instances
-                 WHERE workflow = $1 AND ckey = $2 AND parked AND lease_owner IS NULL
-                 ORDER BY priority DESC, iid LIMIT $3)
-             RETURNING iid",
-            &[&workflow, &key, &free],
-        )
-        .await?;
+        let woken = crate::batch::query(tx, WAKE_SQL, &[&workflow, &key, &free]).await?;
         for row in &woken {
             b.wrote = true;
             b.changed(InstanceRef(row.get(0)), ChangeKind::Written);
@@ -209,12 +215,7 @@ pub(crate) async fn position(
     instance: InstanceRef,
 ) -> cairn_store::Result<Option<u64>> {
     let st = client
-        .prepare_cached(
-            "SELECT (SELECT COUNT(*) FROM instances o
-                     WHERE o.workflow = i.workflow AND o.ckey = i.ckey AND o.parked
-                       AND (o.priority > i.priority OR (o.priority = i.priority AND o.iid <= i.iid)))
-             FROM instances i WHERE i.iid = $1 AND i.parked",
-        )
+        .prepare_cached(POSITION_SQL)
         .await
         .map_err(crate::db::map_pg)?;
     let row = client
