@@ -504,7 +504,10 @@ async fn two_engines_never_run_more_than_a_keys_limit_at_once() {
             Ok(Value::Null)
         })
     };
-    let limits = cairn::Concurrency::limit(2);
+    // Held while waiting: an attempt cut off by a lost lease (2 s here, under load) is
+    // retried after a back-off, and the instance keeps its slot meanwhile, so its
+    // start-to-end interval is the time it holds a slot.
+    let limits = cairn::Concurrency::limit(2).hold_while_waiting();
     let first = a
         .register(working())
         .concurrency("test", limits)
