@@ -301,7 +301,7 @@ async fn change_status(
              purge_at = CASE WHEN $2::bigint = 5 THEN COALESCE($4::bigint, ended_at) + retain_success_ms
                              WHEN $2::bigint IN (3, 4) THEN COALESCE($4::bigint, ended_at) + retain_error_ms
                              ELSE purge_at END
-         WHERE iid = $1 RETURNING status",
+         WHERE iid = $1 RETURNING status, parent_iid IS NOT NULL, ckey IS NOT NULL",
         &[
             &instance.0,
             &c.status.code(),
@@ -316,15 +316,20 @@ async fn change_status(
         ],
     )
     .await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?;
+    // Only a child has a parent to wake, only a keyed instance a slot to give back: the
+    // others (most ends) pay no statement for either.
     if c.status.is_terminal() {
-        wake_parent(tx, b, instance).await?;
-        crate::slots::give_back(tx, b, instance).await?;
+        if row.get::<_, bool>(1) {
+            wake_parent(tx, b, instance).await?;
+        }
+        if row.get::<_, bool>(2) {
+            crate::slots::give_back(tx, b, instance).await?;
+        }
     }
-    status(
-        rows.first()
-            .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?
-            .get(0),
-    )
+    status(row.get(0))
 }
 
 /// A child instance has ended (or is being deleted): its parent, if it hibernates, becomes
@@ -398,19 +403,20 @@ async fn hibernate(
              ready_rank = 0,
              ready_at = CASE WHEN status = 6 THEN NULL WHEN $3 THEN created_at ELSE $2 END,
              lease_owner = NULL, lease_until = NULL
-         WHERE iid = $1 RETURNING status",
+         WHERE iid = $1 RETURNING status, ckey IS NOT NULL",
         &[&instance.0, &wake_at.as_millis(), &buffered],
     )
     .await?;
-    let now = status(
-        rows.first()
-            .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?
-            .get(0),
-    )?;
-    if now == InstanceStatus::Paused {
-        crate::slots::give_back(tx, b, instance).await?;
-    } else {
-        crate::slots::give_back_to_wait(tx, b, instance).await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| Failure::Store(Error::NotFound(instance)))?;
+    let now = status(row.get(0))?;
+    if row.get::<_, bool>(1) {
+        if now == InstanceStatus::Paused {
+            crate::slots::give_back(tx, b, instance).await?;
+        } else {
+            crate::slots::give_back_to_wait(tx, b, instance).await?;
+        }
     }
     Ok(now)
 }

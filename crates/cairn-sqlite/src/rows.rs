@@ -464,21 +464,28 @@ fn hibernate(
         }
     }
     // A pending pause wins: the instance is paused, not waiting, and not claimable.
-    conn.prepare_cached(
-        "UPDATE instances SET
+    let after = conn
+        .prepare_cached(
+            "UPDATE instances SET
              status = CASE WHEN status = 6 THEN 2 ELSE 7 END,
              ready_rank = 0,
              ready_at = CASE WHEN status = 6 THEN NULL
                              WHEN ?2 = -9223372036854775808 THEN created_at ELSE ?2 END,
              lease_owner = NULL, lease_until = NULL
-         WHERE iid = ?1",
-    )
-    .and_then(|mut st| st.execute(params![instance.0, ready]))
-    .map_err(map_sqlite)?;
-    if status_of(conn, instance)? == InstanceStatus::Paused {
-        crate::slots::give_back(conn, instance)
-    } else {
-        crate::slots::give_back_to_wait(conn, instance)
+         WHERE iid = ?1
+         RETURNING status = 2, ckey IS NOT NULL",
+        )
+        .and_then(|mut st| {
+            st.query_row(params![instance.0, ready], |r| {
+                Ok((r.get::<_, bool>(0)?, r.get::<_, bool>(1)?))
+            })
+            .optional()
+        })
+        .map_err(map_sqlite)?;
+    match after {
+        Some((true, true)) => crate::slots::give_back(conn, instance),
+        Some((false, true)) => crate::slots::give_back_to_wait(conn, instance),
+        _ => Ok(()),
     }
 }
 
@@ -712,8 +719,9 @@ pub(crate) fn append_log(conn: &Connection, instance: InstanceRef, e: &LogEntry)
 }
 
 fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> Result<()> {
-    conn.prepare_cached(
-        "UPDATE instances SET
+    let related = conn
+        .prepare_cached(
+            "UPDATE instances SET
              status = CASE WHEN status = 6 AND ?2 IN (1, 7) THEN status ELSE ?2 END,
              started_at = COALESCE(started_at, ?3),
              ended_at = COALESCE(?4, ended_at),
@@ -728,26 +736,37 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
              purge_at = CASE WHEN ?2 = 5 THEN COALESCE(?4, ended_at) + retain_success_ms
                              WHEN ?2 IN (3, 4) THEN COALESCE(?4, ended_at) + retain_error_ms
                              ELSE purge_at END
-         WHERE iid = ?1",
-    )
-    .and_then(|mut st| {
-        st.execute(params![
-            instance.0,
-            c.status.code(),
-            c.started_at.map(Timestamp::as_millis),
-            c.ended_at.map(Timestamp::as_millis),
-            c.output,
-            c.error.as_ref().map(|e| e.name.as_str()),
-            c.error.as_ref().map(|e| e.message.as_str()),
-            c.ready_at.map(Timestamp::as_millis),
-            c.release,
-            c.rollback_outcome.as_ref().map(to_json).transpose()?,
-        ])
-    })
-    .map_err(map_sqlite)?;
-    if c.status.is_terminal() {
-        wake_parent(conn, instance)?;
-        crate::slots::give_back(conn, instance)?;
+         WHERE iid = ?1
+         RETURNING parent_iid IS NOT NULL, ckey IS NOT NULL",
+        )
+        .and_then(|mut st| {
+            st.query_row(
+                params![
+                    instance.0,
+                    c.status.code(),
+                    c.started_at.map(Timestamp::as_millis),
+                    c.ended_at.map(Timestamp::as_millis),
+                    c.output,
+                    c.error.as_ref().map(|e| e.name.as_str()),
+                    c.error.as_ref().map(|e| e.message.as_str()),
+                    c.ready_at.map(Timestamp::as_millis),
+                    c.release,
+                    c.rollback_outcome.as_ref().map(to_json).transpose()?,
+                ],
+                |r| Ok((r.get::<_, bool>(0)?, r.get::<_, bool>(1)?)),
+            )
+            .optional()
+        })
+        .map_err(map_sqlite)?;
+    // Only a child has a parent to wake, only a keyed instance a slot to give back: the
+    // others (most ends) pay no statement for either.
+    if let (true, Some((child, keyed))) = (c.status.is_terminal(), related) {
+        if child {
+            wake_parent(conn, instance)?;
+        }
+        if keyed {
+            crate::slots::give_back(conn, instance)?;
+        }
     }
     Ok(())
 }
