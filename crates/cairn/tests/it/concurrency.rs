@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::support::{FnWorkflow, builder_at, wf};
+use super::support::{FnWorkflow, builder_at, most_at_once, wf};
 use cairn::prelude::*;
-use cairn::{Concurrency, InstanceStatus, LogKind, Timestamp};
+use cairn::{Concurrency, InstanceStatus, LogKind};
 use serde_json::{Value, json};
 
 /// A step that takes `ms` of (virtual) time.
@@ -24,7 +24,7 @@ fn working(ms: u64) -> FnWorkflow {
 }
 
 /// Each instance's running interval: its `WORKFLOW_START` to its end record.
-async fn interval(instance: &cairn::Instance<Value>) -> (Timestamp, Timestamp) {
+async fn interval(instance: &cairn::Instance<Value>) -> (i64, i64) {
     let log = instance.log(0).await.unwrap();
     let at = |kinds: &[LogKind]| {
         log.iter()
@@ -33,25 +33,9 @@ async fn interval(instance: &cairn::Instance<Value>) -> (Timestamp, Timestamp) {
             .unwrap_or_else(|| panic!("{} has no {kinds:?}", instance.id()))
     };
     (
-        at(&[LogKind::WorkflowStart]),
-        at(&[LogKind::WorkflowSuccess, LogKind::WorkflowFailure]),
+        at(&[LogKind::WorkflowStart]).as_millis(),
+        at(&[LogKind::WorkflowSuccess, LogKind::WorkflowFailure]).as_millis(),
     )
-}
-
-/// The most intervals that overlap at any moment (an end and a start at the same moment
-/// do not overlap: the end's commit gave the slot back before the start's claim).
-fn most_at_once(intervals: &[(Timestamp, Timestamp)]) -> usize {
-    let mut edges: Vec<(i64, i32)> = intervals
-        .iter()
-        .flat_map(|(s, e)| [(s.as_millis(), 1), (e.as_millis(), -1)])
-        .collect();
-    edges.sort();
-    let (mut now, mut most) = (0i32, 0i32);
-    for (_, d) in edges {
-        now += d;
-        most = most.max(now);
-    }
-    usize::try_from(most).unwrap()
 }
 
 async fn create_keyed(
@@ -86,7 +70,7 @@ async fn a_limit_of_2_per_key_holds_for_1000_instances_over_10_keys_and_all_comp
         .await
         .unwrap();
     let all = create_keyed(&engine, 1000, |i| format!("k{}", i % 10), |_| 0).await;
-    let mut by_key: HashMap<String, Vec<(Timestamp, Timestamp)>> = HashMap::new();
+    let mut by_key: HashMap<String, Vec<(i64, i64)>> = HashMap::new();
     for (i, instance) in all.iter().enumerate() {
         assert_eq!(instance.wait().await.unwrap().status, InstanceStatus::Complete);
         by_key
@@ -220,7 +204,7 @@ async fn a_rate_of_5_starts_per_10_minutes_holds_over_a_virtual_hour() {
     let mut starts = Vec::new();
     for instance in &all {
         assert_eq!(instance.wait().await.unwrap().status, InstanceStatus::Complete);
-        starts.push(interval(instance).await.0.as_millis());
+        starts.push(interval(instance).await.0);
     }
     starts.sort_unstable();
     let first = starts[0];
@@ -251,7 +235,7 @@ async fn the_limit_holds_across_an_engine_restart() {
     engine.shutdown().await;
     let engine = start().await.unwrap();
     let client = engine.workflow::<FnWorkflow>();
-    let mut by_key: HashMap<String, Vec<(Timestamp, Timestamp)>> = HashMap::new();
+    let mut by_key: HashMap<String, Vec<(i64, i64)>> = HashMap::new();
     for (i, instance) in all.iter().enumerate() {
         let instance = client.get(instance.id().as_str()).await.unwrap();
         assert_eq!(instance.wait().await.unwrap().status, InstanceStatus::Complete);

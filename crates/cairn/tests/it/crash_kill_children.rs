@@ -8,7 +8,6 @@
 //!
 //! The child process is this test binary, run again with `CAIRN_CRASH_CHILD` set.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -118,15 +117,7 @@ fn killed_while_parents_wait_for_children_each_child_runs_once() {
     );
     assert!(kills >= KILLS, "only {kills} kills landed");
 
-    let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();
-    let mut runs: HashMap<(String, String), Vec<u32>> = HashMap::new();
-    for line in effects.lines() {
-        let mut p = line.split(' ');
-        let (id, step, attempt) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
-        runs.entry((id.into(), step.into()))
-            .or_default()
-            .push(attempt.parse().unwrap());
-    }
+    let runs = crate::support::read_effects(&dir.path().join("effects.txt"));
     let rt = crate::support::paused_runtime();
     rt.block_on(async {
         let (parent, child) = workflows(dir.path().join("unused.txt"));
@@ -183,29 +174,7 @@ fn killed_while_parents_wait_for_children_each_child_runs_once() {
                 parent.details().await.unwrap(),
                 child.details().await.unwrap(),
             ] {
-                for step in instance.steps.iter().filter(|s| s.kind == "step") {
-                    let seen = runs
-                        .get(&(instance.id.clone(), step.name.clone()))
-                        .cloned()
-                        .unwrap_or_default();
-                    let last = step.attempts.last().unwrap().attempt;
-                    assert!(
-                        seen.iter().all(|a| *a <= last),
-                        "{} {} re-ran after commit: {seen:?}",
-                        instance.id,
-                        step.name
-                    );
-                    let mut unique = seen.clone();
-                    unique.sort_unstable();
-                    unique.dedup();
-                    assert_eq!(
-                        unique.len(),
-                        seen.len(),
-                        "{} {}: an attempt ran twice",
-                        instance.id,
-                        step.name
-                    );
-                }
+                crate::support::assert_no_body_reran(&runs, &instance);
             }
         }
         engine.shutdown().await;

@@ -121,16 +121,7 @@ fn killed_while_keyed_instances_run_no_key_exceeds_its_limit() {
                 .push((at(LogKind::WorkflowStart), at(LogKind::WorkflowSuccess)));
         }
         for (key, intervals) in &by_key {
-            let mut edges: Vec<(i64, i32)> = intervals
-                .iter()
-                .flat_map(|(s, e)| [(*s, 1), (*e, -1)])
-                .collect();
-            edges.sort();
-            let (mut now, mut most) = (0, 0);
-            for (_, d) in edges {
-                now += d;
-                most = most.max(now);
-            }
+            let most = crate::support::most_at_once(intervals);
             assert!(most <= 2, "{key}: {most} ran at once");
         }
         engine.shutdown().await;

@@ -7,7 +7,6 @@
 //!
 //! The child is this test binary, run again with `CAIRN_CRASH_CHILD` set.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -85,15 +84,7 @@ fn killed_during_sleeps_and_event_waits_every_timer_and_event_survives() {
     );
     assert!(kills >= KILLS, "only {kills} kills landed");
 
-    let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();
-    let mut runs: HashMap<(String, String), Vec<u32>> = HashMap::new();
-    for line in effects.lines() {
-        let mut p = line.split(' ');
-        let (id, step, attempt) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
-        runs.entry((id.into(), step.into()))
-            .or_default()
-            .push(attempt.parse().unwrap());
-    }
+    let runs = crate::support::read_effects(&dir.path().join("effects.txt"));
     let rt = crate::support::paused_runtime();
     rt.block_on(async {
         let engine = crate::support::builder_at(&dir.path().join("cairn.db"))
@@ -146,34 +137,7 @@ fn killed_during_sleeps_and_event_waits_every_timer_and_event_survives() {
                 1,
                 "i{i}"
             );
-            for step in instance
-                .details()
-                .await
-                .unwrap()
-                .steps
-                .iter()
-                .filter(|s| s.kind == "step")
-            {
-                let seen = runs
-                    .get(&(format!("i{i}"), step.name.clone()))
-                    .cloned()
-                    .unwrap_or_default();
-                let last = step.attempts.last().unwrap().attempt;
-                assert!(
-                    seen.iter().all(|a| *a <= last),
-                    "i{i} {} re-ran after commit: {seen:?}",
-                    step.name
-                );
-                let mut unique = seen.clone();
-                unique.sort_unstable();
-                unique.dedup();
-                assert_eq!(
-                    unique.len(),
-                    seen.len(),
-                    "i{i} {}: an attempt ran twice",
-                    step.name
-                );
-            }
+            crate::support::assert_no_body_reran(&runs, &instance.details().await.unwrap());
         }
         engine.shutdown().await;
     });

@@ -554,16 +554,7 @@ async fn two_engines_never_run_more_than_a_keys_limit_at_once() {
         ));
     }
     for (key, intervals) in &by_key {
-        let mut edges: Vec<(i64, i32)> = intervals
-            .iter()
-            .flat_map(|(s, e)| [(*s, 1), (*e, -1)])
-            .collect();
-        edges.sort();
-        let (mut now, mut most) = (0, 0);
-        for (_, d) in edges {
-            now += d;
-            most = most.max(now);
-        }
+        let most = crate::support::most_at_once(intervals);
         assert!(most <= 2, "{key}: {most} at once");
     }
     first.shutdown().await;

@@ -580,3 +580,66 @@ impl Store for Hooked {
         self.inner.close()
     }
 }
+
+/// The most of `intervals` (start, end, in ms) that overlap at any moment; an end and a
+/// start at the same moment do not overlap (the end's commit gave its slot back before the
+/// start's claim took one). What the keyed-concurrency tests check their limits with.
+pub fn most_at_once(intervals: &[(i64, i64)]) -> usize {
+    let mut edges: Vec<(i64, i32)> = intervals
+        .iter()
+        .flat_map(|(s, e)| [(*s, 1), (*e, -1)])
+        .collect();
+    edges.sort_unstable();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    usize::try_from(most).unwrap()
+}
+
+/// The step bodies a crash test's child processes ran, as they recorded them
+/// ([`append_line`] of `<instance> <step> <attempt>` to `path`): the attempts by instance
+/// and step name.
+pub fn read_effects(path: &Path) -> std::collections::HashMap<(String, String), Vec<u32>> {
+    let mut runs: std::collections::HashMap<(String, String), Vec<u32>> = Default::default();
+    for line in std::fs::read_to_string(path).unwrap().lines() {
+        let mut p = line.split(' ');
+        let (id, step, attempt) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
+        runs.entry((id.into(), step.into()))
+            .or_default()
+            .push(attempt.parse().unwrap());
+    }
+    runs
+}
+
+/// No committed `step.run` of `details` ran again after its commit, and no attempt ran
+/// twice: every body run [`read_effects`] recorded is one attempt of the journal's.
+pub fn assert_no_body_reran(
+    runs: &std::collections::HashMap<(String, String), Vec<u32>>,
+    details: &cairn::InstanceDetails,
+) {
+    for step in details.steps.iter().filter(|s| s.kind == "step") {
+        let seen = runs
+            .get(&(details.id.clone(), step.name.clone()))
+            .cloned()
+            .unwrap_or_default();
+        let last = step.attempts.last().unwrap().attempt;
+        assert!(
+            seen.iter().all(|a| *a <= last),
+            "{} {} re-ran after commit: {seen:?}",
+            details.id,
+            step.name
+        );
+        let mut unique = seen.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            seen.len(),
+            "{} {}: an attempt ran twice",
+            details.id,
+            step.name
+        );
+    }
+}
