@@ -27,7 +27,7 @@ pub(crate) fn routes() -> Router<Engine> {
 /// A schedule as the API shows it, with its last tick fired and its next one.
 async fn render(engine: &Engine, entry: &ScheduleEntry) -> ApiResult<Value> {
     let s = &entry.schedule;
-    let (last, next) = engine.schedule_ticks(s.name()).await?;
+    let (last, next) = engine.ticks_of(s).await?;
     let catch_up = match s.catch_up_policy() {
         CatchUp::Skip => json!("skip"),
         CatchUp::RunOnce => json!("runOnce"),

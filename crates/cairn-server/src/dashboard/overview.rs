@@ -105,7 +105,7 @@ async fn schedules(engine: &Engine, csrf: &str) -> Markup {
         }
     };
     for entry in &listed {
-        let ticks = engine.schedule_ticks(entry.schedule.name()).await;
+        let ticks = engine.ticks_of(&entry.schedule).await;
         rows.push((&entry.schedule, entry.paused, ticks));
     }
     html! {

@@ -319,8 +319,20 @@ impl Engine {
         schedule: &str,
     ) -> Result<(Option<Timestamp>, Option<Timestamp>), Error> {
         let s = self.schedule_named(schedule).await?;
-        let last = last_fired(&*self.inner.env.store, &s).await?;
-        Ok((last, s.next_after(self.clock().now())))
+        self.ticks_of(&s).await
+    }
+
+    /// [`Engine::schedule_ticks`] of a schedule at hand (one of [`Engine::list_schedules`]),
+    /// without looking it up again.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn ticks_of(
+        &self,
+        schedule: &Schedule,
+    ) -> Result<(Option<Timestamp>, Option<Timestamp>), Error> {
+        let last = last_fired(&*self.inner.env.store, schedule).await?;
+        Ok((last, schedule.next_after(self.clock().now())))
     }
 
     /// Starts a run of `schedule` now, outside its ticks (`{schedule}-manual-{time}`): it
