@@ -9,8 +9,8 @@ import os, re, sys
 
 # Lowest first. A folder is one layer; each vocabulary file is its own.
 LAYERS = [
-    "telemetry", "failure", "panic", "clock", "error", "context", "config", "env",
-    "lifetime", "ops", "workflow", "engine", "client",
+    "telemetry", "failure", "panic", "clock", "error", "context", "config", "hooks", "env",
+    "lifetime", "ops", "workflow", "engine", "client", "testing",
 ]
 
 def modules(src):

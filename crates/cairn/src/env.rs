@@ -33,6 +33,8 @@ pub(crate) struct Env {
     /// Wakes the scheduler: an instance became runnable (a child created by a parent's
     /// commit, say) or a slot freed up.
     pub(crate) wake: tokio::sync::Notify,
+    /// A test's mocks and observers (`cairn::testing`); `None` in every other engine.
+    pub(crate) hooks: Option<Arc<crate::hooks::Hooks>>,
 }
 
 impl Env {

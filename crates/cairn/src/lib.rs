@@ -8,10 +8,13 @@ mod engine;
 mod env;
 mod error;
 mod failure;
+mod hooks;
 mod lifetime;
 mod ops;
 mod panic;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod workflow;
 
 pub use cairn_core::json;

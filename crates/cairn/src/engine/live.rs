@@ -127,6 +127,7 @@ mod tests {
             activity: crate::telemetry::Activity::default(),
             retention: std::collections::HashMap::new(),
             wake: tokio::sync::Notify::new(),
+            hooks: None,
         });
         let live = Live::default();
         let (older, newer) = (lifetime(&env, 1), lifetime(&env, 2));

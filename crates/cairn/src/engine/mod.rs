@@ -76,6 +76,8 @@ pub struct EngineBuilder {
     schedules: Vec<schedules::Schedule>,
     /// Claims and runs instances (off for an engine opened only to check them).
     claims: bool,
+    /// A test's mocks and observers (`cairn::testing`).
+    hooks: Option<Arc<crate::hooks::Hooks>>,
     #[cfg(feature = "sqlite")]
     sqlite: cairn_sqlite::Options,
 }
@@ -110,6 +112,7 @@ impl Engine {
             lease_ttl: None,
             schedules: Vec::new(),
             claims: true,
+            hooks: None,
             #[cfg(feature = "sqlite")]
             sqlite: cairn_sqlite::Options::default(),
         }
@@ -291,6 +294,12 @@ impl EngineBuilder {
     /// Opened to look, not to run (the replay check): no instance is claimed, and the
     /// store is neither migrated nor recovered (a database of another schema version is
     /// refused).
+    /// Runs with a test's mocks and observers (`cairn::testing`).
+    pub(crate) fn hooks(mut self, hooks: Arc<crate::hooks::Hooks>) -> Self {
+        self.hooks = Some(hooks);
+        self
+    }
+
     pub(crate) fn check_only(mut self) -> Self {
         self.claims = false;
         #[cfg(feature = "sqlite")]
@@ -508,6 +517,7 @@ impl EngineBuilder {
                 activity: crate::telemetry::Activity::default(),
                 retention,
                 wake: tokio::sync::Notify::new(),
+                hooks: self.hooks,
             }),
             workflows,
             names,

@@ -101,6 +101,8 @@ struct Inner {
     /// Durable waits in progress, by registration id.
     waits: HashMap<u64, Wait>,
     next_wait: u64,
+    /// Waits created so far, by event type (a test's mocked events go by this order).
+    waits_by_type: HashMap<EventType, usize>,
 }
 
 /// A durable wait an op is blocked on: it ends at `wake_at`, or earlier when an event of
@@ -145,6 +147,7 @@ impl Lifetime {
                 active: 0,
                 waits: HashMap::new(),
                 next_wait: 0,
+                waits_by_type: HashMap::new(),
             }),
             abort: Mutex::new(None),
             aborted: Notify::new(),
@@ -399,6 +402,23 @@ impl Lifetime {
             self.seen().claimed.insert(key.clone());
         }
         Ok(key)
+    }
+
+    /// The instance, as a test's hooks look it up.
+    pub(crate) fn who(&self) -> crate::hooks::Who<'_> {
+        crate::hooks::Who {
+            workflow: &self.workflow,
+            id: &self.instance_id,
+            instance: self.lease.instance,
+        }
+    }
+
+    /// How many waits for `event_type` this run created before this one (0 for the first).
+    pub(crate) fn wait_ordinal(&self, event_type: &EventType) -> usize {
+        let mut inner = self.inner();
+        let n = inner.waits_by_type.entry(event_type.clone()).or_insert(0);
+        *n += 1;
+        *n - 1
     }
 
     /// The stored record for `key`, if this instance has one. Each key is claimed once per

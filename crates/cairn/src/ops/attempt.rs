@@ -18,6 +18,7 @@ use serde_json::json;
 use crate::config::{DelayContext, DelayFn, DelayValue, StepConfig};
 use crate::context::{StepContext, StepId};
 use crate::failure::{DELAY_FAILED, INTERNAL, StepError, TIMEOUT, WorkflowError};
+use crate::hooks::{BodyRun, Forced};
 use crate::lifetime::Lifetime;
 use crate::ops::handler::Handler;
 use crate::telemetry::AttemptOutcome;
@@ -361,54 +362,12 @@ impl Execution {
                 outcome = tracing::field::Empty,
                 otel.status_code = tracing::field::Empty,
             );
-            // A panic while the body builds its future is an attempt failure too.
-            let attempt = std::pin::pin!(
-                crate::panic::guarded(|| span.in_scope(|| body(ctx))).instrument(span.clone())
-            );
-            let timed = select(attempt, state.env.clock.sleep(config.timeout)).await;
-            let timed_out = matches!(timed, Either::Right(_));
-            let outcome = match timed {
-                Either::Left((Ok(Ok(value)), _)) => match crate::panic::to_json(&value) {
-                    Ok(json) if json.len() > state.env.limits.payload_limit => Outcome::Failure(
-                        ErrorInfo::new(
-                            INTERNAL,
-                            format!(
-                                "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
-                                key.target(),
-                                json.len(),
-                                state.env.limits.payload_limit,
-                                human_bytes(state.env.limits.payload_limit)
-                            ),
-                        ),
-                        false,
-                    ),
-                    Ok(json) => Outcome::Success(json),
-                    Err(e) => Outcome::Failure(
-                        ErrorInfo::new(
-                            INTERNAL,
-                            format!(
-                                "Value returned from step \"{}\" is not serialisable: {e}",
-                                key.name
-                            ),
-                        ),
-                        false,
-                    ),
-                },
-                Either::Left((Ok(Err(e)), _)) => Outcome::Failure(e.info, e.retryable),
-                Either::Left((Err(panic), _)) => Outcome::Failure(
-                    ErrorInfo::new(
-                        crate::failure::ERROR,
-                        format!("the step body panicked: {}", crate::panic::message(&*panic)),
-                    ),
-                    true,
-                ),
-                Either::Right(((), _)) => Outcome::Failure(
-                    ErrorInfo::new(
-                        TIMEOUT,
-                        format!("Execution timed out after {}ms", config.timeout.as_millis()),
-                    ),
-                    true,
-                ),
+            let (outcome, timed_out) = match self.forced(&key, record.attempts) {
+                Some(forced) => forced_outcome::<T>(&key, forced, &config),
+                None => {
+                    self.report_run(&key, record.attempts);
+                    self.run_body(&key, body, ctx, &config, &span).await
+                }
             };
             let ran = Some(began.elapsed());
             match outcome {
@@ -444,6 +403,95 @@ impl Execution {
                 }
             }
         }
+    }
+
+    /// What a test's hooks make this attempt do instead of running the body (never for a
+    /// rollback handler).
+    fn forced(&self, key: &StepKey, attempt: u32) -> Option<Forced> {
+        let state = &*self.state;
+        let hooks = state.env.hooks.as_ref()?;
+        if self.is_rollback() {
+            return None;
+        }
+        hooks.attempt(state.who(), key, attempt)
+    }
+
+    /// Tells a test's hooks that the body of `key` runs for `attempt`.
+    fn report_run(&self, key: &StepKey, attempt: u32) {
+        let state = &*self.state;
+        if let Some(hooks) = &state.env.hooks {
+            hooks.body_ran(BodyRun {
+                workflow: state.workflow.clone(),
+                instance: state.instance_id.clone(),
+                step: key.clone(),
+                attempt,
+                rollback: self.is_rollback(),
+            });
+        }
+    }
+
+    /// Runs one attempt of the body against the step's timeout: its outcome, and whether
+    /// the timeout ended it.
+    async fn run_body<T, F, Fut>(
+        &self,
+        key: &StepKey,
+        body: &mut F,
+        ctx: StepContext,
+        config: &ResolvedConfig,
+        span: &tracing::Span,
+    ) -> (Outcome, bool)
+    where
+        F: FnMut(StepContext) -> Fut,
+        Fut: Future<Output = Result<T, StepError>>,
+        T: Serialize + DeserializeOwned,
+    {
+        let state = &*self.state;
+        // A panic while the body builds its future is an attempt failure too.
+        let attempt = std::pin::pin!(
+            crate::panic::guarded(|| span.in_scope(|| body(ctx))).instrument(span.clone())
+        );
+        let timed = select(attempt, state.env.clock.sleep(config.timeout)).await;
+        let timed_out = matches!(timed, Either::Right(_));
+        let outcome = match timed {
+                Either::Left((Ok(Ok(value)), _)) => match crate::panic::to_json(&value) {
+                    Ok(json) if json.len() > state.env.limits.payload_limit => Outcome::Failure(
+                        ErrorInfo::new(
+                            INTERNAL,
+                            format!(
+                                "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
+                                key.target(),
+                                json.len(),
+                                state.env.limits.payload_limit,
+                                human_bytes(state.env.limits.payload_limit)
+                            ),
+                        ),
+                        false,
+                    ),
+                    Ok(json) => Outcome::Success(json),
+                    Err(e) => Outcome::Failure(
+                        ErrorInfo::new(
+                            INTERNAL,
+                            format!(
+                                "Value returned from step \"{}\" is not serialisable: {e}",
+                                key.name
+                            ),
+                        ),
+                        false,
+                    ),
+                },
+                Either::Left((Ok(Err(e)), _)) => Outcome::Failure(e.info, e.retryable),
+                Either::Left((Err(panic), _)) => Outcome::Failure(
+                    ErrorInfo::new(
+                        crate::failure::ERROR,
+                        format!("the step body panicked: {}", crate::panic::message(&*panic)),
+                    ),
+                    true,
+                ),
+                Either::Right(((), _)) => {
+                    Outcome::Failure(timeout_error(config.timeout), true)
+                }
+            };
+        (outcome, timed_out)
     }
 
     async fn start_first_attempt(&self, key: &StepKey, config: &ResolvedConfig) -> StepRecord {
@@ -551,9 +599,21 @@ impl Execution {
         let attempt = record.attempts;
         let mut final_error = error.clone();
         if retryable && config.will_retry(attempt) {
-            match self.base_delay(key, record, config, delay_fn, &error).await {
+            let no_delay = state.env.hooks.as_ref().is_some_and(|h| {
+                h.retry_delay_disabled(state.who(), key)
+            });
+            let base = if no_delay {
+                Ok(Duration::ZERO)
+            } else {
+                self.base_delay(key, record, config, delay_fn, &error).await
+            };
+            match base {
                 Ok(base) => {
-                    let wait = config.retry_wait(base, attempt);
+                    let wait = if no_delay {
+                        Duration::ZERO
+                    } else {
+                        config.retry_wait(base, attempt)
+                    };
                     record.in_flight = false;
                     record.wake_at = Some(state.now().saturating_add(wait));
                     state
@@ -644,6 +704,43 @@ impl Execution {
             Either::Left((Ok(Err(e)), _)) => Err(fail(format!("threw an error: {e}"))),
             Either::Right(((), _)) => Err(fail("did not return within 5 seconds".into())),
         }
+    }
+}
+
+/// The error of an attempt whose timeout elapsed.
+fn timeout_error(timeout: Duration) -> ErrorInfo {
+    ErrorInfo::new(
+        TIMEOUT,
+        format!("Execution timed out after {}ms", timeout.as_millis()),
+    )
+}
+
+/// The outcome a test's hooks force on an attempt, and whether it counts as a timeout. A
+/// mocked result that does not decode as the step's type fails the step, naming the mock.
+fn forced_outcome<T: DeserializeOwned>(
+    key: &StepKey,
+    forced: Forced,
+    config: &ResolvedConfig,
+) -> (Outcome, bool) {
+    match forced {
+        Forced::Result(json) => match crate::panic::from_json::<T>(&json) {
+            Ok(_) => (Outcome::Success(json), false),
+            Err(e) => (
+                Outcome::Failure(
+                    ErrorInfo::new(
+                        INTERNAL,
+                        format!(
+                            "The mocked result of step {} does not decode as the step's type: {e}",
+                            key.target()
+                        ),
+                    ),
+                    false,
+                ),
+                false,
+            ),
+        },
+        Forced::Error(info) => (Outcome::Failure(info, true), false),
+        Forced::Timeout => (Outcome::Failure(timeout_error(config.timeout), true), true),
     }
 }
 

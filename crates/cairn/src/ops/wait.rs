@@ -101,6 +101,11 @@ impl WorkflowStep {
         let state = Arc::clone(&self.lifetime);
         let key = self.lifetime.claim(StepKind::WaitForEvent, name.into());
         let event_type = EventType::new(event_type.into());
+        // Which of the instance's waits for this type it is, for a test's mocked events.
+        let ordinal = match (&state.env.hooks, &event_type) {
+            (Some(_), Ok(t)) => self.lifetime.wait_ordinal(t),
+            _ => 0,
+        };
         WaitOp {
             timeout: Ok(DEFAULT_EVENT_TIMEOUT),
             start: Some(Box::new(move |timeout| {
@@ -108,7 +113,8 @@ impl WorkflowStep {
                     let event_type =
                         event_type.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
                     state.pause_gate().await;
-                    let result = wait(Arc::clone(&state), key?, event_type, timeout).await;
+                    let result =
+                        wait(Arc::clone(&state), key?, event_type, timeout, ordinal).await;
                     state.pause_gate().await;
                     result
                 })
@@ -137,6 +143,7 @@ async fn wait<T: DeserializeOwned>(
     key: StepKey,
     event_type: EventType,
     timeout: Result<Duration, DurationError>,
+    ordinal: usize,
 ) -> Result<StepEvent<T>, WorkflowError> {
     if state.registering() {
         // Replaying only to register rollback handlers: a finished wait answers from the
@@ -182,6 +189,12 @@ async fn wait<T: DeserializeOwned>(
                 ));
             }
             let now = state.now();
+            if let Some(payload) = state.env.hooks.as_ref().and_then(|h| {
+                h.mocked_event(state.who(), &event_type, ordinal)
+            }) && !timeout_forced(&state, &key)
+            {
+                return mocked(&state, key, &event_type, timeout, &payload).await;
+            }
             let record = StepRecord {
                 key: key.clone(),
                 seq: state.next_seq(),
@@ -224,7 +237,9 @@ async fn wait<T: DeserializeOwned>(
         // At the deadline, one last look: an event that landed just before it (its notice late
         // or lost, say from another engine) is delivered rather than left behind a timeout.
         let mut last_look = false;
-        loop {
+        // A test forced this wait to time out (`cairn::testing`): no event is taken.
+        let forced = timeout_forced(&state, &key);
+        while !forced {
             // Listen before looking, so an event sent in between is not missed.
             let arrived = state.events.notified();
             let mut arrived = std::pin::pin!(arrived);
@@ -276,4 +291,57 @@ async fn wait<T: DeserializeOwned>(
             .record("otel.status_code", "ERROR"),
     };
     result
+}
+
+/// Whether a test forced the wait `key` to time out.
+fn timeout_forced(state: &Lifetime, key: &StepKey) -> bool {
+    state
+        .env
+        .hooks
+        .as_ref()
+        .is_some_and(|h| h.event_timeout_forced(state.who(), key))
+}
+
+/// A wait that receives a test's mocked event (`cairn::testing`): started and completed in
+/// one commit, with the records a delivered event leaves.
+async fn mocked<T: DeserializeOwned>(
+    state: &Lifetime,
+    key: StepKey,
+    event_type: &EventType,
+    timeout: Duration,
+    payload: &str,
+) -> Result<StepEvent<T>, WorkflowError> {
+    let now = state.now();
+    let object = json!({
+        "payload": serde_json::from_str::<serde_json::Value>(payload).unwrap_or_default(),
+        "timestamp": now,
+        "type": event_type,
+    });
+    let output = object.to_string();
+    let record = StepRecord {
+        key: key.clone(),
+        seq: state.next_seq(),
+        state: StepState::Succeeded,
+        config: json!({ "timeout": cairn_core::format_duration(timeout) }),
+        attempts: 0,
+        in_flight: false,
+        wake_at: None,
+        output: Some(output.clone()),
+        error: None,
+        started_at: now,
+        ended_at: Some(now),
+        has_rollback: false,
+    };
+    state
+        .commit(vec![
+            state.log(
+                LogKind::WaitStart,
+                Some(&key),
+                json!({ "event": event_type }),
+            ),
+            state.log(LogKind::WaitComplete, Some(&key), object),
+            cairn_store::Write::Step(record),
+        ])
+        .await;
+    decode(&key, &output)
 }

@@ -70,6 +70,7 @@ mod crash_kill_waits;
 mod crash_nth_write;
 mod reliability;
 mod schedules;
+mod testing_kit;
 mod traces;
 
 // PostgreSQL only: several engines on one database, in one process and in several.

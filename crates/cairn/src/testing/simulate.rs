@@ -1,0 +1,675 @@
+//! Deterministic simulation of one workflow under seeded faults, checked against a
+//! fault-free run of the same workflow: see [`Simulation`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn_core::{
+    InstanceStatus, LogKind, LogRecord, StepKind, StepRecord, StepState, Timestamp, WorkflowName,
+};
+use serde::Serialize;
+
+use crate::client::Instance;
+use crate::clock::Clock;
+use crate::engine::{Engine, EngineBuilder};
+use crate::hooks::{BodyRun, Hooks};
+use crate::testing::faults::{FaultStore, Plan, Rng, StoreFaults};
+use crate::testing::introspect::TestError;
+use crate::workflow::Workflow;
+
+/// The message of an attempt a crash interrupted (`ops/attempt.rs`).
+const INTERRUPTED: &str = "Attempt failed due to internal workflows error";
+
+/// The virtual time every run starts at, so a fault-free run and a faulted one see the same
+/// clock: 2030-01-01T00:00:00Z.
+const START_MS: i64 = 1_893_456_000_000;
+
+/// A run that has not ended after this much virtual time is stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(5 * 365 * 86_400);
+
+/// Which faults a simulation injects, and how many per run.
+///
+/// Store faults hit the engine's writes (each commit, each event taken): with probability
+/// `rate`, one of the kinds switched on. The simulator's own actions (clock jumps, a pause
+/// and resume, an event sent again with its idempotency key) come at seeded virtual times.
+/// At most `max` faults of all kinds per run, so every run can finish.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Faults {
+    /// The engine crashes (every lifetime dropped, the store reopened by a new engine) just
+    /// before or just after a write lands.
+    pub crashes: bool,
+    /// A write fails and does not land.
+    pub lost_writes: bool,
+    /// A write lands but the engine is told it failed.
+    pub landed_but_failed: bool,
+    /// The store is unavailable for a few calls of any kind.
+    pub outages: bool,
+    /// The clock jumps ahead (up to two hours).
+    pub clock_jumps: bool,
+    /// An event is sent again with the same idempotency key (a client's retry).
+    pub duplicate_events: bool,
+    /// The instance is paused and resumed a while later.
+    pub pauses: bool,
+    /// The chance that a write meets a store fault.
+    pub rate: f64,
+    /// The most faults per run.
+    pub max: u32,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            crashes: true,
+            lost_writes: true,
+            landed_but_failed: true,
+            outages: true,
+            clock_jumps: true,
+            duplicate_events: true,
+            pauses: true,
+            rate: 0.2,
+            max: 8,
+        }
+    }
+}
+
+impl Faults {
+    /// No fault at all.
+    pub fn none() -> Self {
+        Faults {
+            crashes: false,
+            lost_writes: false,
+            landed_but_failed: false,
+            outages: false,
+            clock_jumps: false,
+            duplicate_events: false,
+            pauses: false,
+            rate: 0.0,
+            max: 0,
+        }
+    }
+
+    fn store(&self) -> StoreFaults {
+        StoreFaults {
+            rate: self.rate,
+            lost: self.lost_writes,
+            landed_but_failed: self.landed_but_failed,
+            crashes: self.crashes,
+            outages: self.outages,
+        }
+    }
+}
+
+/// What a simulation found: how many seeds ran, how many faults they saw, and the runs whose
+/// outcome legitimately differs from the fault-free run (crashes used up a step's attempts:
+/// an interrupted attempt counts, SPEC Part A.7).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct SimulationReport {
+    /// Seeds run.
+    pub seeds: u64,
+    /// Faults injected over all seeds.
+    pub faults: u64,
+    /// Engine crashes over all seeds.
+    pub crashes: u64,
+    /// Seeds whose status differs from the fault-free run because interrupted attempts
+    /// used up a step's retries, with the status they reached.
+    pub exhausted_by_interruptions: Vec<(u64, InstanceStatus)>,
+}
+
+type Register = Arc<dyn Fn(EngineBuilder) -> EngineBuilder + Send + Sync>;
+type World = Arc<dyn Fn() -> Register + Send + Sync>;
+
+/// Runs one workflow with given params under seeded faults, and checks every run against a
+/// fault-free one:
+///
+/// - the same final status and output (unless interrupted attempts used up a step's
+///   retries, which the report lists);
+/// - no step body (nor rollback handler) ran twice for the same attempt, and each step's
+///   successful attempt ran exactly once;
+/// - each compensation recorded once, in reverse start order, and the same ones as the
+///   fault-free run's.
+///
+/// A failing seed is named in the error, with the faults it injected;
+/// [`Simulation::seed`] replays it alone. Runs need a current-thread tokio runtime
+/// (`#[tokio::test]`); the clock is virtual.
+///
+/// ```no_run
+/// # use cairn::prelude::*;
+/// # struct Checkout;
+/// # impl Workflow for Checkout {
+/// #     const NAME: &'static str = "checkout";
+/// #     type Params = u64;
+/// #     type Output = u64;
+/// #     async fn run(&self, e: WorkflowEvent<u64>, step: WorkflowStep) -> Result<u64, WorkflowError> {
+/// #         step.run("charge", move |_| async move { Ok(e.payload) }).await
+/// #     }
+/// # }
+/// use cairn::testing::Simulation;
+/// # async fn t() -> Result<(), Box<dyn std::error::Error>> {
+/// let report = Simulation::new::<Checkout>(4200)?
+///     .register(|b| b.register(Checkout))
+///     .seeds(0..200)
+///     .run()
+///     .await?;
+/// println!("{report:?}");
+/// # Ok(()) }
+/// ```
+pub struct Simulation {
+    world: World,
+    workflow: WorkflowName,
+    params: serde_json::Value,
+    events: Vec<(String, serde_json::Value)>,
+    seeds: std::ops::Range<u64>,
+    faults: Faults,
+}
+
+impl std::fmt::Debug for Simulation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulation")
+            .field("workflow", &self.workflow)
+            .field("params", &self.params)
+            .field("seeds", &self.seeds)
+            .field("faults", &self.faults)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One run's outcome and what the checks read.
+#[derive(Debug)]
+struct Run {
+    status: InstanceStatus,
+    output: Option<serde_json::Value>,
+    error: Option<cairn_core::ErrorInfo>,
+    journal: Vec<StepRecord>,
+    log: Vec<LogRecord>,
+    bodies: Vec<BodyRun>,
+    injected: Vec<String>,
+    crashes: u64,
+}
+
+impl Simulation {
+    /// A simulation of `W` with `params`. Say what its engines run with
+    /// [`Simulation::register`] or [`Simulation::world`]. Seeds `0..100` and
+    /// [`Faults::default`] unless set.
+    ///
+    /// # Errors
+    /// Params that do not serialise.
+    pub fn new<W: Workflow>(params: W::Params) -> Result<Simulation, TestError> {
+        let params = serde_json::to_value(&params)
+            .map_err(|e| TestError::new(format!("the params do not serialise: {e}")))?;
+        let workflow = WorkflowName::new(W::NAME).map_err(|e| TestError::new(e.to_string()))?;
+        Ok(Simulation {
+            world: Arc::new(|| -> Register { Arc::new(|b| b) }),
+            workflow,
+            params,
+            events: Vec::new(),
+            seeds: 0..100,
+            faults: Faults::default(),
+        })
+    }
+
+    /// What every engine of every run registers (workflows without state of their own).
+    #[must_use]
+    pub fn register(
+        self,
+        register: impl Fn(EngineBuilder) -> EngineBuilder + Send + Sync + 'static,
+    ) -> Self {
+        let register: Register = Arc::new(register);
+        Simulation {
+            world: Arc::new(move || Arc::clone(&register)),
+            ..self
+        }
+    }
+
+    /// What the engines of one run register, made afresh for each run by `world`: state it
+    /// creates (a fake bank) lives as long as the run, across the run's crashes, as an
+    /// outside system would, and the next run starts with a new one.
+    #[must_use]
+    pub fn world<R>(self, world: impl Fn() -> R + Send + Sync + 'static) -> Self
+    where
+        R: Fn(EngineBuilder) -> EngineBuilder + Send + Sync + 'static,
+    {
+        Simulation {
+            world: Arc::new(move || -> Register { Arc::new(world()) }),
+            ..self
+        }
+    }
+
+    /// Sends this event to the instance as soon as it is created (it waits in the
+    /// instance's buffer until a wait takes it), with an idempotency key, so a duplicate
+    /// send is a client's retry.
+    ///
+    /// # Errors
+    /// A payload that does not serialise.
+    pub fn event(mut self, event_type: &str, payload: impl Serialize) -> Result<Self, TestError> {
+        let payload = serde_json::to_value(payload)
+            .map_err(|e| TestError::new(format!("the event payload does not serialise: {e}")))?;
+        self.events.push((event_type.to_owned(), payload));
+        Ok(self)
+    }
+
+    /// The seeds to run.
+    #[must_use]
+    pub fn seeds(mut self, seeds: std::ops::Range<u64>) -> Self {
+        self.seeds = seeds;
+        self
+    }
+
+    /// Runs one seed only (to replay a failure).
+    #[must_use]
+    pub fn seed(self, seed: u64) -> Self {
+        self.seeds(seed..seed + 1)
+    }
+
+    /// The faults to inject.
+    #[must_use]
+    pub fn faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Runs the fault-free run, then every seed, checking each against it.
+    ///
+    /// # Errors
+    /// The first seed that breaks a check: its number, what broke, and the faults it
+    /// injected. Also the fault-free run failing to finish.
+    pub async fn run(&self) -> Result<SimulationReport, TestError> {
+        crate::testing::freeze_time().map_err(TestError::from)?;
+        let baseline = self
+            .run_once(None)
+            .await
+            .map_err(|e| TestError::new(format!("the fault-free run failed: {e}")))?;
+        check_bodies(&baseline)
+            .map_err(|e| TestError::new(format!("the fault-free run: {e}")))?;
+        let mut report = SimulationReport::default();
+        for seed in self.seeds.clone() {
+            let run = self.run_once(Some(seed)).await.map_err(|e| {
+                TestError::new(format!(
+                    "seed {seed}: {e} (replay it with Simulation::seed({seed}))"
+                ))
+            })?;
+            report.seeds += 1;
+            report.faults += run.injected.len() as u64;
+            report.crashes += run.crashes;
+            match self.check(&baseline, &run) {
+                Ok(None) => {}
+                Ok(Some(status)) => report.exhausted_by_interruptions.push((seed, status)),
+                Err(e) => {
+                    return Err(TestError::new(format!(
+                        "seed {seed}: {e}\n  faults injected: {:?}\n  replay it with Simulation::seed({seed})",
+                        run.injected
+                    )));
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Checks `run` against the fault-free `baseline`: `Ok(Some(status))` when it reached
+    /// another status that interrupted attempts explain.
+    fn check(&self, baseline: &Run, run: &Run) -> Result<Option<InstanceStatus>, String> {
+        check_bodies(run)?;
+        check_compensations(run)?;
+        if run.status != baseline.status {
+            if interrupted(run) {
+                return Ok(Some(run.status));
+            }
+            return Err(format!(
+                "status {} ({:?}), but the fault-free run reached {} ({:?})",
+                run.status, run.error, baseline.status, baseline.error
+            ));
+        }
+        if run.output != baseline.output {
+            return Err(format!(
+                "output {:?}, but the fault-free run returned {:?}",
+                run.output, baseline.output
+            ));
+        }
+        let (ours, theirs) = (compensated(run), compensated(baseline));
+        if ours != theirs && !interrupted(run) {
+            return Err(format!(
+                "compensated {ours:?}, but the fault-free run compensated {theirs:?}"
+            ));
+        }
+        Ok(None)
+    }
+
+    /// One run: `seed` drives the faults (`None`: none).
+    async fn run_once(&self, seed: Option<u64>) -> Result<Run, TestError> {
+        let dir = tempfile::tempdir()
+            .map_err(|e| TestError::new(format!("create a temporary directory: {e}")))?;
+        let path = dir.path().join("cairn.db");
+        let register = (self.world)();
+        let hooks = Arc::new(Hooks::default());
+        let store_faults = seed.map(|_| self.faults.store());
+        let budget = if seed.is_some() { self.faults.max } else { 0 };
+        let plan = Arc::new(Mutex::new(Plan::new(
+            seed.unwrap_or(0),
+            store_faults,
+            budget,
+        )));
+        // The simulator's own actions draw from their own generator, so they do not shift
+        // the store's sequence.
+        let mut rng = Rng::new(seed.unwrap_or(0) ^ 0x5eed_5eed_5eed_5eed);
+        let crashed = Arc::new(tokio::sync::Notify::new());
+        let clock = Clock::virtual_at(Timestamp::from_millis(START_MS));
+        let opener = Opener {
+            path: &path,
+            register: &register,
+            hooks: &hooks,
+            plan: &plan,
+            crashed: &crashed,
+            clock: &clock,
+        };
+        let mut engine = opener.open().await?;
+        let mut crashes = 0;
+
+        let workflow = engine.workflow_by_name(self.workflow.as_str())?;
+        let instance: Instance = retry(&clock, || async {
+            match workflow
+                .create(crate::client::CreateOptions::new(self.params.clone()).id("sim"))
+                .await
+            {
+                Ok(i) => Ok(i),
+                // Created by an earlier try whose answer was lost.
+                Err(crate::error::Error::AlreadyExists { .. }) => {
+                    workflow.get("sim").await
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+        let mut instance = instance;
+        for (i, (event_type, payload)) in self.events.iter().enumerate() {
+            send(&clock, &instance, i, event_type, payload).await?;
+        }
+
+        let actions = seed.is_some()
+            && (self.faults.clock_jumps || self.faults.duplicate_events || self.faults.pauses);
+        let stuck = clock.sleep(STUCK_AFTER);
+        let mut stuck = std::pin::pin!(stuck);
+        let mut resume_at: Option<Timestamp> = None;
+        let status = loop {
+            let next_action = clock.sleep(Duration::from_millis(1 + rng.below(30_000)));
+            let resume: futures::future::BoxFuture<'static, ()> = match resume_at {
+                Some(at) => clock.sleep_until(at),
+                None => Box::pin(std::future::pending()),
+            };
+            tokio::select! {
+                biased;
+                () = crashed.notified() => {
+                    crashes += 1;
+                    engine.shutdown().await;
+                    engine = opener.open().await?;
+                    instance = engine.workflow_by_name(self.workflow.as_str())?.get("sim").await?;
+                    continue;
+                }
+                status = instance.wait() => match status {
+                    Ok(status) => break status,
+                    // An outage: look again.
+                    Err(_) => {
+                        clock.sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                () = resume => {
+                    if instance.resume().await.is_ok() {
+                        resume_at = None;
+                    }
+                }
+                () = next_action, if actions => {
+                    self.act(&mut rng, &plan, &clock, &instance, &mut resume_at).await?;
+                }
+                () = &mut stuck => {
+                    let now = instance.status().await.map(|s| s.status.to_string());
+                    return Err(TestError::new(format!(
+                        "the instance did not finish in {} days of virtual time (it is {now:?})",
+                        STUCK_AFTER.as_secs() / 86_400
+                    )));
+                }
+            }
+        };
+        let record = instance.record().await?;
+        let store = &engine.inner.env.store;
+        let journal = store.journal(record.instance).await?;
+        let mut log = Vec::new();
+        loop {
+            let after = log.last().map_or(0, |r: &LogRecord| r.id);
+            let page = store.log(record.instance, after, 1000).await?;
+            if page.is_empty() {
+                break;
+            }
+            log.extend(page);
+        }
+        engine.shutdown().await;
+        let injected = plan
+            .lock()
+            .map(|p| p.injected.clone())
+            .unwrap_or_default();
+        Ok(Run {
+            status: status.status,
+            output: status.output,
+            error: status.error,
+            journal,
+            log,
+            bodies: hooks
+                .runs()
+                .into_iter()
+                .filter(|r| r.instance.as_str() == "sim")
+                .collect(),
+            injected,
+            crashes,
+        })
+    }
+
+    /// One of the simulator's own faults, if the budget allows.
+    async fn act(
+        &self,
+        rng: &mut Rng,
+        plan: &Arc<Mutex<Plan>>,
+        clock: &Clock,
+        instance: &Instance,
+        resume_at: &mut Option<Timestamp>,
+    ) -> Result<(), TestError> {
+        let mut kinds = Vec::new();
+        if self.faults.clock_jumps {
+            kinds.push(0);
+        }
+        if self.faults.duplicate_events && !self.events.is_empty() {
+            kinds.push(1);
+        }
+        if self.faults.pauses && resume_at.is_none() {
+            kinds.push(2);
+        }
+        if kinds.is_empty() {
+            return Ok(());
+        }
+        let kind = kinds[rng.below(kinds.len() as u64) as usize];
+        let amount = match kind {
+            0 => 1 + rng.below(7200),
+            1 => rng.below(self.events.len() as u64),
+            _ => 1 + rng.below(600),
+        };
+        {
+            let mut plan = plan.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if plan.budget == 0 {
+                return Ok(());
+            }
+            plan.budget -= 1;
+            plan.injected.push(match kind {
+                0 => format!("clock jump {amount}s"),
+                1 => format!("duplicate event {amount}"),
+                _ => format!("pause for {amount}s"),
+            });
+        }
+        match kind {
+            0 => tokio::time::advance(Duration::from_secs(amount)).await,
+            1 => {
+                let i = amount as usize;
+                let (event_type, payload) = &self.events[i];
+                // A failure here is a client's failure, not the engine's: the check is
+                // that a resend is never delivered twice.
+                let _ = instance
+                    .send_event_with_key(event_type, payload, &format!("sim-event-{i}"))
+                    .await;
+            }
+            _ => {
+                if instance.pause().await.is_ok() {
+                    *resume_at = Some(clock.now().saturating_add(Duration::from_secs(amount)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a run opens (and, after each crash, reopens) its engine.
+struct Opener<'a> {
+    path: &'a std::path::Path,
+    register: &'a Register,
+    hooks: &'a Arc<Hooks>,
+    plan: &'a Arc<Mutex<Plan>>,
+    crashed: &'a Arc<tokio::sync::Notify>,
+    clock: &'a Clock,
+}
+
+impl Opener<'_> {
+    async fn open(&self) -> Result<Engine, TestError> {
+        let path = self.path.to_owned();
+        let inner = tokio::task::spawn_blocking(move || {
+            cairn_sqlite::SqliteStore::open(
+                &path,
+                cairn_sqlite::Options::default().durability(cairn_sqlite::Durability::Normal),
+            )
+        })
+        .await
+        .map_err(|e| TestError::new(format!("open the database: {e}")))?
+        .map_err(|e| TestError::new(format!("open the database: {e}")))?;
+        let store = Arc::new(FaultStore::new(
+            Arc::new(inner),
+            Arc::clone(self.plan),
+            Arc::clone(self.crashed),
+        ));
+        let builder = Engine::builder()
+            .store(store)
+            .clock(self.clock.clone())
+            .drain_timeout(Duration::from_secs(1))
+            .hooks(Arc::clone(self.hooks));
+        Ok((self.register)(builder).start().await?)
+    }
+}
+
+/// Calls `f` until it succeeds, on the virtual clock (an outage ends).
+async fn retry<T, F, Fut>(clock: &Clock, mut f: F) -> Result<T, TestError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::error::Error>>,
+{
+    let mut last = None;
+    for _ in 0..1000 {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.code() == "store.unavailable" => {
+                last = Some(e);
+                clock.sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(TestError::new(format!(
+        "the store stayed unavailable: {last:?}"
+    )))
+}
+
+async fn send(
+    clock: &Clock,
+    instance: &Instance,
+    i: usize,
+    event_type: &str,
+    payload: &serde_json::Value,
+) -> Result<(), TestError> {
+    let key = format!("sim-event-{i}");
+    retry(clock, || instance.send_event_with_key(event_type, payload, &key))
+    .await
+    .map(|_| ())
+}
+
+/// Whether a crash interrupted an attempt in `run` (it counts, and may use up retries).
+fn interrupted(run: &Run) -> bool {
+    run.log.iter().any(|r| {
+        matches!(
+            r.entry.kind,
+            LogKind::AttemptFailure | LogKind::RollbackAttemptFailure
+        ) && r.entry.meta["error"]["message"] == INTERRUPTED
+    })
+}
+
+/// No body ran twice for one attempt; each succeeded step's attempt ran exactly once.
+fn check_bodies(run: &Run) -> Result<(), String> {
+    let mut seen: HashMap<(bool, String, u32, u32), u32> = HashMap::new();
+    for b in &run.bodies {
+        *seen
+            .entry((b.rollback, b.step.name.clone(), b.step.count, b.attempt))
+            .or_default() += 1;
+    }
+    for ((rollback, name, count, attempt), n) in &seen {
+        if *n > 1 {
+            let what = if *rollback { "rollback handler" } else { "body" };
+            return Err(format!(
+                "the {what} of step {name}-{count} ran {n} times for attempt {attempt}"
+            ));
+        }
+    }
+    for step in &run.journal {
+        if step.state != StepState::Succeeded
+            || !matches!(step.key.kind, StepKind::Run | StepKind::Rollback)
+        {
+            continue;
+        }
+        let rollback = step.key.kind == StepKind::Rollback;
+        let id = (rollback, step.key.name.clone(), step.key.count, step.attempts);
+        if !seen.contains_key(&id) {
+            return Err(format!(
+                "step {} succeeded at attempt {} but no body ran for that attempt",
+                step.key.target(),
+                step.attempts
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The steps whose compensation succeeded, in the order they ran.
+fn compensated(run: &Run) -> Vec<String> {
+    run.log
+        .iter()
+        .filter(|r| r.entry.kind == LogKind::RollbackStepSuccess)
+        .filter_map(|r| r.entry.step.as_ref().map(cairn_core::StepKey::target))
+        .collect()
+}
+
+/// Each compensation recorded once, in reverse start order of the steps.
+fn check_compensations(run: &Run) -> Result<(), String> {
+    let done = compensated(run);
+    let mut unique = HashSet::new();
+    for target in &done {
+        if !unique.insert(target) {
+            return Err(format!("the compensation of step {target} was recorded twice"));
+        }
+    }
+    let mut started: Vec<&StepRecord> = run
+        .journal
+        .iter()
+        .filter(|s| s.key.kind == StepKind::Run && s.has_rollback)
+        .collect();
+    started.sort_by_key(|s| std::cmp::Reverse(s.seq));
+    let order: Vec<String> = started.iter().map(|s| s.key.target()).collect();
+    let expected: Vec<&String> = order.iter().filter(|t| unique.contains(t)).collect();
+    if done.iter().collect::<Vec<_>>() != expected {
+        return Err(format!(
+            "compensations ran in the order {done:?}, not in reverse start order {order:?}"
+        ));
+    }
+    Ok(())
+}
