@@ -168,6 +168,11 @@ impl FaultStore {
         Ok(())
     }
 
+    /// Whether this store's engine crashed.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
     fn crash(&self) {
         self.dead.store(true, Ordering::SeqCst);
         self.crashed.notify_one();

@@ -21,8 +21,8 @@ use crate::workflow::Workflow;
 /// The message of an attempt a crash interrupted (`ops/attempt.rs`).
 const INTERRUPTED: &str = "Attempt failed due to internal workflows error";
 
-/// The virtual time every run starts at, so a fault-free run and a faulted one see the same
-/// clock: 2030-01-01T00:00:00Z.
+/// The virtual time every run starts at unless set, so a fault-free run and a faulted one see
+/// the same clock: 2030-01-01T00:00:00Z.
 const START_MS: i64 = 1_893_456_000_000;
 
 /// A run that has not ended after this much virtual time is stuck.
@@ -35,7 +35,6 @@ const STUCK_AFTER: Duration = Duration::from_secs(5 * 365 * 86_400);
 /// and resume, an event sent again with its idempotency key) come at seeded virtual times.
 /// At most `max` faults of all kinds per run, so every run can finish.
 #[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
 pub struct Faults {
     /// The engine crashes (every lifetime dropped, the store reopened by a new engine) just
     /// before or just after a write lands.
@@ -116,6 +115,8 @@ pub struct SimulationReport {
     /// Seeds whose status differs from the fault-free run because interrupted attempts
     /// used up a step's retries, with the status they reached.
     pub exhausted_by_interruptions: Vec<(u64, InstanceStatus)>,
+    /// The faults each seed injected, in order (the same seed gives the same list).
+    pub trace: Vec<(u64, Vec<String>)>,
 }
 
 type Register = Arc<dyn Fn(EngineBuilder) -> EngineBuilder + Send + Sync>;
@@ -163,6 +164,8 @@ pub struct Simulation {
     events: Vec<(String, serde_json::Value)>,
     seeds: std::ops::Range<u64>,
     faults: Faults,
+    start: Timestamp,
+    attempts_in_output: bool,
 }
 
 impl std::fmt::Debug for Simulation {
@@ -207,6 +210,8 @@ impl Simulation {
             events: Vec::new(),
             seeds: 0..100,
             faults: Faults::default(),
+            start: Timestamp::from_millis(START_MS),
+            attempts_in_output: false,
         })
     }
 
@@ -263,6 +268,23 @@ impl Simulation {
         self.seeds(seed..seed + 1)
     }
 
+    /// When every run's virtual clock starts (2030-01-01 unless set): the same for the
+    /// fault-free run and the faulted ones.
+    #[must_use]
+    pub fn start_at(mut self, at: Timestamp) -> Self {
+        self.start = at;
+        self
+    }
+
+    /// The workflow's output depends on attempt numbers (it returns `ctx.attempt`, say): a
+    /// run whose attempts a fault interrupted (they count) may end with another output.
+    /// Without this, any output but the fault-free run's fails the simulation.
+    #[must_use]
+    pub fn output_depends_on_attempts(mut self) -> Self {
+        self.attempts_in_output = true;
+        self
+    }
+
     /// The faults to inject.
     #[must_use]
     pub fn faults(mut self, faults: Faults) -> Self {
@@ -293,6 +315,7 @@ impl Simulation {
             report.seeds += 1;
             report.faults += run.injected.len() as u64;
             report.crashes += run.crashes;
+            report.trace.push((seed, run.injected.clone()));
             match self.check(&baseline, &run) {
                 Ok(None) => {}
                 Ok(Some(status)) => report.exhausted_by_interruptions.push((seed, status)),
@@ -321,7 +344,7 @@ impl Simulation {
                 run.status, run.error, baseline.status, baseline.error
             ));
         }
-        if run.output != baseline.output {
+        if run.output != baseline.output && !(self.attempts_in_output && interrupted(run)) {
             return Err(format!(
                 "output {:?}, but the fault-free run returned {:?}",
                 run.output, baseline.output
@@ -340,7 +363,6 @@ impl Simulation {
     async fn run_once(&self, seed: Option<u64>) -> Result<Run, TestError> {
         let dir = tempfile::tempdir()
             .map_err(|e| TestError::new(format!("create a temporary directory: {e}")))?;
-        let path = dir.path().join("cairn.db");
         let register = (self.world)();
         let hooks = Arc::new(Hooks::default());
         let store_faults = seed.map(|_| self.faults.store());
@@ -354,36 +376,42 @@ impl Simulation {
         // the store's sequence.
         let mut rng = Rng::new(seed.unwrap_or(0) ^ 0x5eed_5eed_5eed_5eed);
         let crashed = Arc::new(tokio::sync::Notify::new());
-        let clock = Clock::virtual_at(Timestamp::from_millis(START_MS));
+        let clock = Clock::virtual_at(self.start);
         let opener = Opener {
-            path: &path,
-            register: &register,
-            hooks: &hooks,
-            plan: &plan,
-            crashed: &crashed,
-            clock: &clock,
+            path: dir.path().join("cairn.db"),
+            register,
+            hooks: Arc::clone(&hooks),
+            plan: Arc::clone(&plan),
+            crashed: Arc::clone(&crashed),
+            clock: clock.clone(),
         };
-        let mut engine = opener.open().await?;
-        let mut crashes = 0;
+        let (engine, store) = opener.open().await?;
+        let mut run = Running {
+            opener,
+            engine,
+            store,
+            crashes: 0,
+        };
 
-        let workflow = engine.workflow_by_name(self.workflow.as_str())?;
-        let instance: Instance = retry(&clock, || async {
-            match workflow
-                .create(crate::client::CreateOptions::new(self.params.clone()).id("sim"))
-                .await
-            {
-                Ok(i) => Ok(i),
-                // Created by an earlier try whose answer was lost.
-                Err(crate::error::Error::AlreadyExists { .. }) => {
-                    workflow.get("sim").await
+        let name = self.workflow.clone();
+        let params = self.params.clone();
+        run.call(|engine| {
+            let (name, params) = (name.clone(), params.clone());
+            async move {
+                let workflow = engine.workflow_by_name(name.as_str())?;
+                match workflow
+                    .create(crate::client::CreateOptions::new(params).id("sim"))
+                    .await
+                {
+                    // Created by an earlier try whose answer was lost.
+                    Ok(_) | Err(crate::error::Error::AlreadyExists { .. }) => Ok(()),
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
             }
         })
         .await?;
-        let mut instance = instance;
-        for (i, (event_type, payload)) in self.events.iter().enumerate() {
-            send(&clock, &instance, i, event_type, payload).await?;
+        for i in 0..self.events.len() {
+            run.call(|engine| self.send(engine, i)).await?;
         }
 
         let actions = seed.is_some()
@@ -392,6 +420,7 @@ impl Simulation {
         let mut stuck = std::pin::pin!(stuck);
         let mut resume_at: Option<Timestamp> = None;
         let status = loop {
+            let instance = run.instance(&self.workflow).await?;
             let next_action = clock.sleep(Duration::from_millis(1 + rng.below(30_000)));
             let resume: futures::future::BoxFuture<'static, ()> = match resume_at {
                 Some(at) => clock.sleep_until(at),
@@ -399,19 +428,9 @@ impl Simulation {
             };
             tokio::select! {
                 biased;
-                () = crashed.notified() => {
-                    crashes += 1;
-                    engine.shutdown().await;
-                    engine = opener.open().await?;
-                    instance = engine.workflow_by_name(self.workflow.as_str())?.get("sim").await?;
-                    continue;
-                }
-                status = instance.wait() => match status {
-                    Ok(status) => break status,
-                    // An outage: look again.
-                    Err(_) => {
-                        clock.sleep(Duration::from_millis(10)).await;
-                    }
+                () = crashed.notified() => {}
+                status = instance.wait() => if let Ok(status) = status {
+                    break status;
                 },
                 () = resume => {
                     if instance.resume().await.is_ok() {
@@ -419,7 +438,7 @@ impl Simulation {
                     }
                 }
                 () = next_action, if actions => {
-                    self.act(&mut rng, &plan, &clock, &instance, &mut resume_at).await?;
+                    self.act(&mut rng, &plan, &clock, &instance, &mut resume_at).await;
                 }
                 () = &mut stuck => {
                     let now = instance.status().await.map(|s| s.status.to_string());
@@ -429,20 +448,33 @@ impl Simulation {
                     )));
                 }
             }
+            // A crash (noticed above or not) or an outage: the next turn reopens or waits.
+            run.recover().await?;
         };
-        let record = instance.record().await?;
-        let store = &engine.inner.env.store;
-        let journal = store.journal(record.instance).await?;
+        let instance = run.instance(&self.workflow).await?;
+        let record = run
+            .call(|_| {
+                let instance = instance.clone();
+                async move { instance.record().await }
+            })
+            .await?;
+        let journal = run
+            .call(|engine| async move { Ok(engine.inner.env.store.journal(record.instance).await?) })
+            .await?;
         let mut log = Vec::new();
         loop {
             let after = log.last().map_or(0, |r: &LogRecord| r.id);
-            let page = store.log(record.instance, after, 1000).await?;
+            let page = run
+                .call(|engine| async move {
+                    Ok(engine.inner.env.store.log(record.instance, after, 1000).await?)
+                })
+                .await?;
             if page.is_empty() {
                 break;
             }
             log.extend(page);
         }
-        engine.shutdown().await;
+        run.engine.shutdown().await;
         let injected = plan
             .lock()
             .map(|p| p.injected.clone())
@@ -459,8 +491,18 @@ impl Simulation {
                 .filter(|r| r.instance.as_str() == "sim")
                 .collect(),
             injected,
-            crashes,
+            crashes: run.crashes,
         })
+    }
+
+    /// Sends the `i`-th event with its idempotency key.
+    async fn send(&self, engine: Engine, i: usize) -> Result<(), crate::error::Error> {
+        let (event_type, payload) = &self.events[i];
+        let instance = engine.workflow_by_name(self.workflow.as_str())?.get("sim").await?;
+        instance
+            .send_event_with_key(event_type, payload, &format!("sim-event-{i}"))
+            .await
+            .map(|_| ())
     }
 
     /// One of the simulator's own faults, if the budget allows.
@@ -471,7 +513,7 @@ impl Simulation {
         clock: &Clock,
         instance: &Instance,
         resume_at: &mut Option<Timestamp>,
-    ) -> Result<(), TestError> {
+    ) {
         let mut kinds = Vec::new();
         if self.faults.clock_jumps {
             kinds.push(0);
@@ -483,7 +525,7 @@ impl Simulation {
             kinds.push(2);
         }
         if kinds.is_empty() {
-            return Ok(());
+            return;
         }
         let kind = kinds[rng.below(kinds.len() as u64) as usize];
         let amount = match kind {
@@ -494,7 +536,7 @@ impl Simulation {
         {
             let mut plan = plan.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if plan.budget == 0 {
-                return Ok(());
+                return;
             }
             plan.budget -= 1;
             plan.injected.push(match kind {
@@ -520,23 +562,22 @@ impl Simulation {
                 }
             }
         }
-        Ok(())
     }
 }
 
 /// How a run opens (and, after each crash, reopens) its engine.
-struct Opener<'a> {
-    path: &'a std::path::Path,
-    register: &'a Register,
-    hooks: &'a Arc<Hooks>,
-    plan: &'a Arc<Mutex<Plan>>,
-    crashed: &'a Arc<tokio::sync::Notify>,
-    clock: &'a Clock,
+struct Opener {
+    path: std::path::PathBuf,
+    register: Register,
+    hooks: Arc<Hooks>,
+    plan: Arc<Mutex<Plan>>,
+    crashed: Arc<tokio::sync::Notify>,
+    clock: Clock,
 }
 
-impl Opener<'_> {
-    async fn open(&self) -> Result<Engine, TestError> {
-        let path = self.path.to_owned();
+impl Opener {
+    async fn open(&self) -> Result<(Engine, Arc<FaultStore>), TestError> {
+        let path = self.path.clone();
         let inner = tokio::task::spawn_blocking(move || {
             cairn_sqlite::SqliteStore::open(
                 &path,
@@ -548,51 +589,71 @@ impl Opener<'_> {
         .map_err(|e| TestError::new(format!("open the database: {e}")))?;
         let store = Arc::new(FaultStore::new(
             Arc::new(inner),
-            Arc::clone(self.plan),
-            Arc::clone(self.crashed),
+            Arc::clone(&self.plan),
+            Arc::clone(&self.crashed),
         ));
         let builder = Engine::builder()
-            .store(store)
+            .store(Arc::clone(&store) as Arc<dyn cairn_store::Store>)
             .clock(self.clock.clone())
             .drain_timeout(Duration::from_secs(1))
-            .hooks(Arc::clone(self.hooks));
-        Ok((self.register)(builder).start().await?)
+            .hooks(Arc::clone(&self.hooks));
+        Ok(((self.register)(builder).start().await?, store))
     }
 }
 
-/// Calls `f` until it succeeds, on the virtual clock (an outage ends).
-async fn retry<T, F, Fut>(clock: &Clock, mut f: F) -> Result<T, TestError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, crate::error::Error>>,
-{
-    let mut last = None;
-    for _ in 0..1000 {
-        match f().await {
-            Ok(v) => return Ok(v),
-            Err(e) if e.code() == "store.unavailable" => {
-                last = Some(e);
-                clock.sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e.into()),
+/// A run's engine, replaced by a new one on the same database after each crash.
+struct Running {
+    opener: Opener,
+    engine: Engine,
+    store: Arc<FaultStore>,
+    crashes: u64,
+}
+
+impl Running {
+    /// After a crash: the crashed engine shut down (its store lets nothing through), a new
+    /// one opened. Otherwise nothing.
+    async fn recover(&mut self) -> Result<(), TestError> {
+        if self.store.is_dead() {
+            self.crashes += 1;
+            self.engine.shutdown().await;
+            let (engine, store) = self.opener.open().await?;
+            self.engine = engine;
+            self.store = store;
         }
+        Ok(())
     }
-    Err(TestError::new(format!(
-        "the store stayed unavailable: {last:?}"
-    )))
-}
 
-async fn send(
-    clock: &Clock,
-    instance: &Instance,
-    i: usize,
-    event_type: &str,
-    payload: &serde_json::Value,
-) -> Result<(), TestError> {
-    let key = format!("sim-event-{i}");
-    retry(clock, || instance.send_event_with_key(event_type, payload, &key))
-    .await
-    .map(|_| ())
+    /// Calls `f` on the engine until it succeeds, as a client retries: through outages
+    /// (on the virtual clock) and crashes (on the next engine).
+    async fn call<T, F, Fut>(&mut self, f: F) -> Result<T, TestError>
+    where
+        F: Fn(Engine) -> Fut,
+        Fut: std::future::Future<Output = Result<T, crate::error::Error>>,
+    {
+        for _ in 0..10_000 {
+            self.recover().await?;
+            match f(self.engine.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.code() == "store.unavailable" => {
+                    if !self.store.is_dead() {
+                        self.opener.clock.sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(TestError::new("the store stayed unavailable"))
+    }
+
+    /// The simulated instance on the current engine.
+    async fn instance(&mut self, workflow: &WorkflowName) -> Result<Instance, TestError> {
+        let name = workflow.clone();
+        self.call(|engine| {
+            let name = name.clone();
+            async move { engine.workflow_by_name(name.as_str())?.get("sim").await }
+        })
+        .await
+    }
 }
 
 /// Whether a crash interrupted an attempt in `run` (it counts, and may use up retries).
@@ -672,4 +733,121 @@ fn check_compensations(run: &Run) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::{InstanceId, LogEntry, StepKey};
+
+    fn key(kind: StepKind, name: &str) -> StepKey {
+        StepKey {
+            kind,
+            name: name.into(),
+            count: 1,
+        }
+    }
+
+    fn body(name: &str, attempt: u32, rollback: bool) -> BodyRun {
+        BodyRun {
+            workflow: WorkflowName::new("w").unwrap(),
+            instance: InstanceId::new("sim").unwrap(),
+            step: key(StepKind::Run, name),
+            attempt,
+            rollback,
+        }
+    }
+
+    fn step(name: &str, seq: u32, attempts: u32, has_rollback: bool) -> StepRecord {
+        StepRecord {
+            key: key(StepKind::Run, name),
+            seq,
+            state: StepState::Succeeded,
+            config: serde_json::json!({}),
+            attempts,
+            in_flight: false,
+            wake_at: None,
+            output: Some("null".into()),
+            error: None,
+            started_at: Timestamp::from_millis(0),
+            ended_at: None,
+            has_rollback,
+        }
+    }
+
+    fn compensation(name: &str, id: u64) -> LogRecord {
+        LogRecord {
+            id,
+            entry: LogEntry {
+                kind: LogKind::RollbackStepSuccess,
+                at: Timestamp::from_millis(0),
+                step: Some(key(StepKind::Run, name)),
+                meta: serde_json::json!({}),
+            },
+        }
+    }
+
+    fn run(journal: Vec<StepRecord>, log: Vec<LogRecord>, bodies: Vec<BodyRun>) -> Run {
+        Run {
+            status: InstanceStatus::Complete,
+            output: None,
+            error: None,
+            journal,
+            log,
+            bodies,
+            injected: Vec::new(),
+            crashes: 0,
+        }
+    }
+
+    #[test]
+    fn a_body_that_ran_twice_for_one_attempt_is_reported() {
+        let twice = run(
+            vec![step("a", 0, 2, false)],
+            vec![],
+            vec![body("a", 1, false), body("a", 2, false), body("a", 2, false)],
+        );
+        let err = check_bodies(&twice).unwrap_err();
+        assert!(err.contains("step a-1 ran 2 times for attempt 2"), "{err}");
+        let once = run(
+            vec![step("a", 0, 2, false)],
+            vec![],
+            vec![body("a", 1, false), body("a", 2, false)],
+        );
+        assert!(check_bodies(&once).is_ok());
+    }
+
+    #[test]
+    fn a_step_that_succeeded_without_its_body_running_is_reported() {
+        let unseen = run(vec![step("a", 0, 3, false)], vec![], vec![body("a", 2, false)]);
+        let err = check_bodies(&unseen).unwrap_err();
+        assert!(err.contains("succeeded at attempt 3"), "{err}");
+    }
+
+    #[test]
+    fn compensations_twice_or_out_of_order_are_reported() {
+        let journal = vec![step("a", 0, 1, true), step("b", 1, 1, true)];
+        let right = run(
+            journal.clone(),
+            vec![compensation("b", 1), compensation("a", 2)],
+            vec![],
+        );
+        assert!(check_compensations(&right).is_ok());
+        let twice = run(
+            journal.clone(),
+            vec![compensation("b", 1), compensation("b", 2)],
+            vec![],
+        );
+        assert!(check_compensations(&twice).unwrap_err().contains("twice"));
+        let reversed = run(
+            journal,
+            vec![compensation("a", 1), compensation("b", 2)],
+            vec![],
+        );
+        assert!(
+            check_compensations(&reversed)
+                .unwrap_err()
+                .contains("reverse start order")
+        );
+    }
 }

@@ -70,6 +70,7 @@ mod crash_kill_waits;
 mod crash_nth_write;
 mod reliability;
 mod schedules;
+mod simulate;
 mod testing_kit;
 mod traces;
 

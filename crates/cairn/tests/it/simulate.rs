@@ -1,0 +1,141 @@
+//! `cairn::testing::Simulation`: a workflow under seeded faults, checked against its
+//! fault-free run; the same seed injects the same faults; a workflow that is not
+//! deterministic is caught and its seed named.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::support::{FnWorkflow, wf};
+use cairn::prelude::*;
+use cairn::testing::{Faults, Simulation};
+use serde_json::{Value, json};
+
+/// How many seeds a simulation test runs: `CAIRN_SIM_SEEDS`, or `default`.
+pub(crate) fn seeds(default: u64) -> u64 {
+    std::env::var("CAIRN_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Everything the engine journals: retried steps, a parallel pair, a sleep, an event wait,
+/// and a failing step whose rollbacks run.
+fn everything(fail: bool) -> FnWorkflow {
+    wf(move |event, step| async move {
+        let a: u64 = step
+            .run("a", |ctx| async move {
+                if ctx.attempt == 1 {
+                    Err("flaky".into())
+                } else {
+                    Ok(1)
+                }
+            })
+            .retries(Retries::constant(6, Duration::from_secs(1)))
+            .rollback(|_: Rollback<u64>| async { Ok(()) })
+            .await?;
+        let (b, c): (u64, u64) = futures::try_join!(
+            step.run("b", |_| async { Ok(10) }),
+            step.run("c", |_| async { Ok(100) }),
+        )?;
+        step.sleep("nap", "10 minutes").await?;
+        let approval = step
+            .wait_for_event::<Value>("approval", "approve")
+            .timeout("1 day")
+            .await?;
+        step.run("d", |_| async { Ok(()) })
+            .rollback(|_: Rollback<()>| async { Ok(()) })
+            .await?;
+        if fail || event.payload["fail"] == true {
+            step.run("e", |_| async {
+                Err::<(), _>(NonRetryableError::new("declined").into())
+            })
+            .await?;
+        }
+        Ok(json!({"sum": a + b + c, "by": approval.payload}))
+    })
+}
+
+#[tokio::test]
+async fn a_workflow_under_seeded_faults_ends_as_its_fault_free_run() {
+    let n = seeds(40);
+    let report = Simulation::new::<FnWorkflow>(json!({}))
+        .unwrap()
+        .register(|b| b.register(everything(false)))
+        .event("approve", json!("ada"))
+        .unwrap()
+        .seeds(0..n)
+        .run()
+        .await
+        .unwrap();
+    eprintln!("{report:?}");
+    assert_eq!(report.seeds, n);
+    assert!(report.faults >= n, "{report:?}");
+    assert!(report.crashes > 0, "{report:?}");
+}
+
+#[tokio::test]
+async fn compensations_under_seeded_faults_run_once_in_reverse_order() {
+    let n = seeds(40);
+    let report = Simulation::new::<FnWorkflow>(json!({"fail": true}))
+        .unwrap()
+        .register(|b| b.register(everything(true)))
+        .event("approve", json!("bob"))
+        .unwrap()
+        .seeds(1000..1000 + n)
+        .run()
+        .await
+        .unwrap();
+    assert!(report.crashes > 0, "{report:?}");
+}
+
+#[tokio::test]
+async fn the_same_seed_injects_the_same_faults() {
+    let run = || async {
+        Simulation::new::<FnWorkflow>(json!({}))
+            .unwrap()
+            .register(|b| b.register(everything(false)))
+            .event("approve", json!("ada"))
+            .unwrap()
+            .seed(17)
+            .run()
+            .await
+            .unwrap()
+    };
+    let (first, second) = (run().await, run().await);
+    assert!(!first.trace[0].1.is_empty(), "{first:?}");
+    assert_eq!(first.trace, second.trace);
+}
+
+#[tokio::test]
+async fn a_workflow_that_is_not_deterministic_is_caught_and_its_seed_named() {
+    // Its output counts the lifetimes that ran it: a crash makes it differ.
+    let err = Simulation::new::<FnWorkflow>(json!({}))
+        .unwrap()
+        .world(|| {
+            let runs = Arc::new(AtomicU32::new(0));
+            move |b: cairn::EngineBuilder| {
+                let runs = runs.clone();
+                b.register(wf(move |_, step| {
+                    let n = runs.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        step.run("a", |_| async { Ok(()) }).await?;
+                        step.run("b", |_| async { Ok(()) }).await?;
+                        Ok(json!(n))
+                    }
+                }))
+            }
+        })
+        .faults(Faults {
+            rate: 0.5,
+            ..Faults::default()
+        })
+        .seeds(0..50)
+        .run()
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(message.starts_with("seed "), "{message}");
+    assert!(message.contains("Simulation::seed("), "{message}");
+    assert!(message.contains("the fault-free run returned"), "{message}");
+}
