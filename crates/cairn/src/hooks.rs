@@ -68,7 +68,7 @@ pub(crate) struct Modifiers {
     pub(crate) event_timeouts: HashSet<StepRef>,
 }
 
-/// One run of a step body, as the ops report it.
+/// One attempt of a step body (or the mock that stood in for it), as the ops report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BodyRun {
     pub(crate) workflow: WorkflowName,
@@ -77,6 +77,8 @@ pub(crate) struct BodyRun {
     pub(crate) attempt: u32,
     /// A rollback handler rather than a step body.
     pub(crate) rollback: bool,
+    /// A mock answered instead of the body.
+    pub(crate) mocked: bool,
 }
 
 /// The hooks an engine consults: the modifiers by scope, and the body runs reported.

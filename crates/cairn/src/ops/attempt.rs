@@ -362,12 +362,11 @@ impl Execution {
                 outcome = tracing::field::Empty,
                 otel.status_code = tracing::field::Empty,
             );
-            let (outcome, timed_out) = match self.forced(&key, record.attempts) {
+            let forced = self.forced(&key, record.attempts);
+            self.report_run(&key, record.attempts, forced.is_some());
+            let (outcome, timed_out) = match forced {
                 Some(forced) => forced_outcome::<T>(&key, forced, &config),
-                None => {
-                    self.report_run(&key, record.attempts);
-                    self.run_body(&key, body, ctx, &config, &span).await
-                }
+                None => self.run_body(&key, body, ctx, &config, &span).await,
             };
             let ran = Some(began.elapsed());
             match outcome {
@@ -416,8 +415,9 @@ impl Execution {
         hooks.attempt(state.who(), key, attempt)
     }
 
-    /// Tells a test's hooks that the body of `key` runs for `attempt`.
-    fn report_run(&self, key: &StepKey, attempt: u32) {
+    /// Tells a test's hooks that the body of `key` (or a mock standing in for it) runs for
+    /// `attempt`.
+    fn report_run(&self, key: &StepKey, attempt: u32, mocked: bool) {
         let state = &*self.state;
         if let Some(hooks) = &state.env.hooks {
             hooks.body_ran(BodyRun {
@@ -426,6 +426,7 @@ impl Execution {
                 step: key.clone(),
                 attempt,
                 rollback: self.is_rollback(),
+                mocked,
             });
         }
     }

@@ -262,7 +262,13 @@ async fn wait<T: DeserializeOwned>(
                 last_look = true;
             }
         }
-        let timeout_ms = deadline.since(record.started_at).as_millis();
+        // The timeout the wait was given, as stored when it started: a pause moves the
+        // deadline by the time paused, which is no part of it.
+        let timeout_ms = record.config["timeout"]
+            .as_str()
+            .and_then(|t| cairn_core::parse_duration(t).ok())
+            .unwrap_or_else(|| deadline.since(record.started_at))
+            .as_millis();
         let error = ErrorInfo::new(TIMEOUT, format!("Execution timed out after {timeout_ms}ms"));
         record.state = StepState::Failed;
         record.wake_at = None;

@@ -15,6 +15,31 @@ use crate::client::Instance;
 use crate::engine::Engine;
 use crate::hooks::{Forced, Hooks, Modifiers, Scope, StepRef};
 
+/// The test engine's current engine, shared with its introspectors: after
+/// `TestEngine::reopen` they reach the new one.
+#[derive(Debug, Clone)]
+pub(crate) struct EngineCell(Arc<std::sync::RwLock<Engine>>);
+
+impl EngineCell {
+    pub(crate) fn new(engine: Engine) -> Self {
+        EngineCell(Arc::new(std::sync::RwLock::new(engine)))
+    }
+
+    pub(crate) fn get(&self) -> Engine {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set(&self, engine: Engine) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = engine;
+    }
+}
+
 /// How long a waiter waits on the virtual clock before giving up: only a test whose
 /// instance can never reach what it waits for gets there (at once, in wall time).
 const GIVE_UP_AFTER: Duration = Duration::from_secs(10 * 365 * 86_400);
@@ -131,6 +156,10 @@ pub struct Modifier {
 }
 
 impl Modifier {
+    pub(crate) fn new(hooks: Arc<Hooks>, scope: Scope) -> Self {
+        Modifier { hooks, scope }
+    }
+
     fn change<R>(&self, f: impl FnOnce(&mut Modifiers) -> R) -> R {
         self.hooks.modify(self.scope.clone(), f)
     }
@@ -299,7 +328,7 @@ impl Modifier {
 /// One instance under test: its mocks ([`InstanceIntrospector::modify`]) and waiters.
 #[derive(Debug, Clone)]
 pub struct InstanceIntrospector {
-    engine: Engine,
+    engine: EngineCell,
     modifier: Modifier,
     workflow: WorkflowName,
     id: InstanceId,
@@ -313,7 +342,7 @@ enum Look<R> {
 
 impl InstanceIntrospector {
     pub(crate) fn new(
-        engine: Engine,
+        engine: EngineCell,
         hooks: Arc<Hooks>,
         workflow: WorkflowName,
         id: InstanceId,
@@ -342,7 +371,7 @@ impl InstanceIntrospector {
     /// A handle to the instance (pause, terminate, restart, send events, details).
     pub fn instance(&self) -> Instance {
         Instance {
-            engine: self.engine.clone(),
+            engine: self.engine.get(),
             workflow: self.workflow.clone(),
             id: self.id.clone(),
             _output: std::marker::PhantomData,
@@ -354,9 +383,10 @@ impl InstanceIntrospector {
         &self,
         mut look: impl AsyncFnMut(&InstanceRecord) -> Result<Look<R>, TestError>,
     ) -> Result<R, TestError> {
-        let store = &self.engine.inner.env.store;
-        let mut commits = self.engine.commits();
-        let give_up = self.engine.inner.env.clock.sleep(GIVE_UP_AFTER);
+        let engine = self.engine.get();
+        let store = &engine.inner.env.store;
+        let mut commits = engine.commits();
+        let give_up = engine.inner.env.clock.sleep(GIVE_UP_AFTER);
         let mut give_up = std::pin::pin!(give_up);
         loop {
             commits.borrow_and_update();
@@ -423,7 +453,7 @@ impl InstanceIntrospector {
             name: step.name.clone(),
             count: step.count,
         };
-        let store = Arc::clone(&self.engine.inner.env.store);
+        let store = Arc::clone(&self.engine.get().inner.env.store);
         let json = self
             .until(async |record: &InstanceRecord| {
                 let journal = store.journal(record.instance).await?;
@@ -496,6 +526,7 @@ impl InstanceIntrospector {
 
     async fn record(&self) -> Result<InstanceRecord, TestError> {
         self.engine
+            .get()
             .inner
             .env
             .store
@@ -515,7 +546,7 @@ impl InstanceIntrospector {
 /// mocks, and introspectors for each.
 #[derive(Debug, Clone)]
 pub struct WorkflowIntrospector {
-    engine: Engine,
+    engine: EngineCell,
     modifier: Modifier,
     workflow: WorkflowName,
     /// The newest instance (of any workflow) when it was made: store references only grow.
@@ -524,11 +555,12 @@ pub struct WorkflowIntrospector {
 
 impl WorkflowIntrospector {
     pub(crate) async fn new(
-        engine: Engine,
+        engine: EngineCell,
         hooks: Arc<Hooks>,
         workflow: WorkflowName,
     ) -> Result<Self, TestError> {
         let newest = engine
+            .get()
             .inner
             .env
             .store
@@ -564,7 +596,8 @@ impl WorkflowIntrospector {
     /// # Errors
     /// A store failure.
     pub async fn instances(&self) -> Result<Vec<InstanceIntrospector>, TestError> {
-        let store = &self.engine.inner.env.store;
+        let engine = self.engine.get();
+        let store = &engine.inner.env.store;
         let mut found = Vec::new();
         let mut before = None;
         loop {

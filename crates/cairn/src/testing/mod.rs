@@ -48,6 +48,7 @@ use crate::error::Error;
 use crate::hooks::Hooks;
 use crate::workflow::Workflow;
 
+use introspect::EngineCell;
 pub use introspect::{
     InstanceIntrospector, MockError, Modifier, Step, TestError, WorkflowIntrospector,
 };
@@ -66,6 +67,8 @@ type Register = Arc<dyn Fn(EngineBuilder) -> EngineBuilder + Send + Sync>;
 /// not (`start_paused = true`).
 pub struct TestEngine {
     engine: Engine,
+    /// The same engine, for the introspectors (they follow a reopen).
+    current: EngineCell,
     hooks: Arc<Hooks>,
     path: PathBuf,
     register: Register,
@@ -106,6 +109,7 @@ impl TestEngine {
         let register: Register = Arc::new(register);
         let engine = open(&path, &hooks, &register).await?;
         Ok(TestEngine {
+            current: EngineCell::new(engine.clone()),
             engine,
             hooks,
             path,
@@ -127,6 +131,7 @@ impl TestEngine {
     pub async fn reopen(&mut self) -> Result<(), Error> {
         self.engine.shutdown().await;
         self.engine = open(&self.path, &self.hooks, &self.register).await?;
+        self.current.set(self.engine.clone());
         Ok(())
     }
 
@@ -139,7 +144,7 @@ impl TestEngine {
         let workflow = workflow_name::<W>()?;
         let id = InstanceId::new(id).map_err(|e| TestError::new(e.to_string()))?;
         Ok(InstanceIntrospector::new(
-            self.engine.clone(),
+            self.current.clone(),
             Arc::clone(&self.hooks),
             workflow,
             id,
@@ -156,7 +161,7 @@ impl TestEngine {
         &self,
     ) -> Result<WorkflowIntrospector, TestError> {
         WorkflowIntrospector::new(
-            self.engine.clone(),
+            self.current.clone(),
             Arc::clone(&self.hooks),
             workflow_name::<W>()?,
         )

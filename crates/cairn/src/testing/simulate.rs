@@ -13,9 +13,9 @@ use serde::Serialize;
 use crate::client::Instance;
 use crate::clock::Clock;
 use crate::engine::{Engine, EngineBuilder};
-use crate::hooks::{BodyRun, Hooks};
+use crate::hooks::{BodyRun, Hooks, Scope};
 use crate::testing::faults::{FaultStore, Plan, Rng, StoreFaults};
-use crate::testing::introspect::TestError;
+use crate::testing::introspect::{Modifier, TestError};
 use crate::workflow::Workflow;
 
 /// The message of an attempt a crash interrupted (`ops/attempt.rs`).
@@ -166,7 +166,10 @@ pub struct Simulation {
     faults: Faults,
     start: Timestamp,
     attempts_in_output: bool,
+    mocks: Option<Mocks>,
 }
+
+type Mocks = Arc<dyn Fn(&Modifier) -> Result<(), TestError> + Send + Sync>;
 
 impl std::fmt::Debug for Simulation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -212,6 +215,7 @@ impl Simulation {
             faults: Faults::default(),
             start: Timestamp::from_millis(START_MS),
             attempts_in_output: false,
+            mocks: None,
         })
     }
 
@@ -282,6 +286,18 @@ impl Simulation {
     #[must_use]
     pub fn output_depends_on_attempts(mut self) -> Self {
         self.attempts_in_output = true;
+        self
+    }
+
+    /// Mocks every run applies (the fault-free one too), as on a
+    /// [`crate::testing::WorkflowIntrospector`]: pin a step whose result is random, so
+    /// runs can be compared.
+    #[must_use]
+    pub fn mock(
+        mut self,
+        mocks: impl Fn(&Modifier) -> Result<(), TestError> + Send + Sync + 'static,
+    ) -> Self {
+        self.mocks = Some(Arc::new(mocks));
         self
     }
 
@@ -365,6 +381,12 @@ impl Simulation {
             .map_err(|e| TestError::new(format!("create a temporary directory: {e}")))?;
         let register = (self.world)();
         let hooks = Arc::new(Hooks::default());
+        if let Some(mocks) = &self.mocks {
+            mocks(&Modifier::new(
+                Arc::clone(&hooks),
+                Scope::Workflow(self.workflow.clone()),
+            ))?;
+        }
         let store_faults = seed.map(|_| self.faults.store());
         let budget = if seed.is_some() { self.faults.max } else { 0 };
         let plan = Arc::new(Mutex::new(Plan::new(
@@ -755,6 +777,7 @@ mod tests {
             step: key(StepKind::Run, name),
             attempt,
             rollback,
+            mocked: false,
         }
     }
 

@@ -68,6 +68,7 @@ mod crash_kill_rollback;
 mod crash_kill_schedule;
 mod crash_kill_waits;
 mod crash_nth_write;
+mod examples_kit;
 mod reliability;
 mod schedules;
 mod simulate;

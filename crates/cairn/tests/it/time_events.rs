@@ -354,6 +354,40 @@ async fn an_uncaught_wait_timeout_errors_the_instance_with_the_timeout_error() {
     engine.shutdown().await;
 }
 
+/// Found by the fault simulator: a pause shifts the wait's deadline by the time paused, and
+/// the timeout's message reported that stretched span instead of the timeout configured.
+#[tokio::test(start_paused = true)]
+async fn a_wait_paused_before_its_timeout_reports_the_timeout_it_was_given() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.wait_for_event::<Value>("approval", "approved")
+                .timeout("2 hours")
+                .await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&instance, InstanceStatus::Waiting).await;
+    instance.pause().await.unwrap();
+    until_status(&instance, InstanceStatus::Paused).await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    instance.resume().await.unwrap();
+    let error = instance.wait().await.unwrap().error.unwrap();
+    assert_eq!(
+        error,
+        cairn::ErrorInfo::new(
+            "WorkflowTimeoutError",
+            "Execution timed out after 7200000ms"
+        )
+    );
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn h1_an_instance_blocked_in_wait_for_event_reports_waiting() {
     let (engine, _dir) = engine(|b| b.register(approval_workflow())).await;
