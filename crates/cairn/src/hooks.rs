@@ -8,6 +8,9 @@
 //! hooks; what they make a step return is committed like any result and replayed from the
 //! journal.
 
+// Only `cairn::testing` sets what the ops look up.
+#![cfg_attr(not(feature = "testing"), allow(dead_code))]
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
@@ -117,12 +120,7 @@ impl Hooks {
     }
 
     /// What attempt `attempt` of the `run` step `key` does instead of running its body.
-    pub(crate) fn attempt(
-        &self,
-        who: Who<'_>,
-        key: &StepKey,
-        attempt: u32,
-    ) -> Option<Forced> {
+    pub(crate) fn attempt(&self, who: Who<'_>, key: &StepKey, attempt: u32) -> Option<Forced> {
         let step = step_ref(key);
         self.find(who, |m| {
             m.attempts
@@ -135,11 +133,7 @@ impl Hooks {
     }
 
     /// Whether retries of `key` wait no delay.
-    pub(crate) fn retry_delay_disabled(
-        &self,
-        who: Who<'_>,
-        key: &StepKey,
-    ) -> bool {
+    pub(crate) fn retry_delay_disabled(&self, who: Who<'_>, key: &StepKey) -> bool {
         let step = step_ref(key);
         self.find(who, |m| {
             (m.all_retry_delays_disabled || m.retry_delays_disabled.contains(&step)).then_some(())
@@ -148,11 +142,7 @@ impl Hooks {
     }
 
     /// Whether the sleep `key` returns at once.
-    pub(crate) fn sleep_disabled(
-        &self,
-        who: Who<'_>,
-        key: &StepKey,
-    ) -> bool {
+    pub(crate) fn sleep_disabled(&self, who: Who<'_>, key: &StepKey) -> bool {
         let step = step_ref(key);
         self.find(who, |m| {
             (m.all_sleeps_disabled || m.sleeps_disabled.contains(&step)).then_some(())
@@ -161,11 +151,7 @@ impl Hooks {
     }
 
     /// Whether the wait `key` times out at once.
-    pub(crate) fn event_timeout_forced(
-        &self,
-        who: Who<'_>,
-        key: &StepKey,
-    ) -> bool {
+    pub(crate) fn event_timeout_forced(&self, who: Who<'_>, key: &StepKey) -> bool {
         let step = step_ref(key);
         self.find(who, |m| m.event_timeouts.contains(&step).then_some(()))
             .is_some()

@@ -295,6 +295,7 @@ impl EngineBuilder {
     /// store is neither migrated nor recovered (a database of another schema version is
     /// refused).
     /// Runs with a test's mocks and observers (`cairn::testing`).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn hooks(mut self, hooks: Arc<crate::hooks::Hooks>) -> Self {
         self.hooks = Some(hooks);
         self

@@ -454,44 +454,42 @@ impl Execution {
         let timed = select(attempt, state.env.clock.sleep(config.timeout)).await;
         let timed_out = matches!(timed, Either::Right(_));
         let outcome = match timed {
-                Either::Left((Ok(Ok(value)), _)) => match crate::panic::to_json(&value) {
-                    Ok(json) if json.len() > state.env.limits.payload_limit => Outcome::Failure(
-                        ErrorInfo::new(
-                            INTERNAL,
-                            format!(
-                                "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
-                                key.target(),
-                                json.len(),
-                                state.env.limits.payload_limit,
-                                human_bytes(state.env.limits.payload_limit)
-                            ),
-                        ),
-                        false,
-                    ),
-                    Ok(json) => Outcome::Success(json),
-                    Err(e) => Outcome::Failure(
-                        ErrorInfo::new(
-                            INTERNAL,
-                            format!(
-                                "Value returned from step \"{}\" is not serialisable: {e}",
-                                key.name
-                            ),
-                        ),
-                        false,
-                    ),
-                },
-                Either::Left((Ok(Err(e)), _)) => Outcome::Failure(e.info, e.retryable),
-                Either::Left((Err(panic), _)) => Outcome::Failure(
+            Either::Left((Ok(Ok(value)), _)) => match crate::panic::to_json(&value) {
+                Ok(json) if json.len() > state.env.limits.payload_limit => Outcome::Failure(
                     ErrorInfo::new(
-                        crate::failure::ERROR,
-                        format!("the step body panicked: {}", crate::panic::message(&*panic)),
+                        INTERNAL,
+                        format!(
+                            "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
+                            key.target(),
+                            json.len(),
+                            state.env.limits.payload_limit,
+                            human_bytes(state.env.limits.payload_limit)
+                        ),
                     ),
-                    true,
+                    false,
                 ),
-                Either::Right(((), _)) => {
-                    Outcome::Failure(timeout_error(config.timeout), true)
-                }
-            };
+                Ok(json) => Outcome::Success(json),
+                Err(e) => Outcome::Failure(
+                    ErrorInfo::new(
+                        INTERNAL,
+                        format!(
+                            "Value returned from step \"{}\" is not serialisable: {e}",
+                            key.name
+                        ),
+                    ),
+                    false,
+                ),
+            },
+            Either::Left((Ok(Err(e)), _)) => Outcome::Failure(e.info, e.retryable),
+            Either::Left((Err(panic), _)) => Outcome::Failure(
+                ErrorInfo::new(
+                    crate::failure::ERROR,
+                    format!("the step body panicked: {}", crate::panic::message(&*panic)),
+                ),
+                true,
+            ),
+            Either::Right(((), _)) => Outcome::Failure(timeout_error(config.timeout), true),
+        };
         (outcome, timed_out)
     }
 
@@ -600,9 +598,11 @@ impl Execution {
         let attempt = record.attempts;
         let mut final_error = error.clone();
         if retryable && config.will_retry(attempt) {
-            let no_delay = state.env.hooks.as_ref().is_some_and(|h| {
-                h.retry_delay_disabled(state.who(), key)
-            });
+            let no_delay = state
+                .env
+                .hooks
+                .as_ref()
+                .is_some_and(|h| h.retry_delay_disabled(state.who(), key));
             let base = if no_delay {
                 Ok(Duration::ZERO)
             } else {

@@ -131,9 +131,11 @@ async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(),
         None => {
             let now = state.now();
             // A test that disabled this sleep (`cairn::testing`): it starts and ends now.
-            let disabled = state.env.hooks.as_ref().is_some_and(|h| {
-                h.sleep_disabled(state.who(), &key)
-            });
+            let disabled = state
+                .env
+                .hooks
+                .as_ref()
+                .is_some_and(|h| h.sleep_disabled(state.who(), &key));
             let wake_at = match target {
                 Target::For(duration) => {
                     let d = duration.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;

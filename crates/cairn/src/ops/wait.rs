@@ -113,8 +113,7 @@ impl WorkflowStep {
                     let event_type =
                         event_type.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
                     state.pause_gate().await;
-                    let result =
-                        wait(Arc::clone(&state), key?, event_type, timeout, ordinal).await;
+                    let result = wait(Arc::clone(&state), key?, event_type, timeout, ordinal).await;
                     state.pause_gate().await;
                     result
                 })
@@ -189,9 +188,12 @@ async fn wait<T: DeserializeOwned>(
                 ));
             }
             let now = state.now();
-            if let Some(payload) = state.env.hooks.as_ref().and_then(|h| {
-                h.mocked_event(state.who(), &event_type, ordinal)
-            }) && !timeout_forced(&state, &key)
+            if let Some(payload) = state
+                .env
+                .hooks
+                .as_ref()
+                .and_then(|h| h.mocked_event(state.who(), &event_type, ordinal))
+                && !timeout_forced(&state, &key)
             {
                 return mocked(&state, key, &event_type, timeout, &payload).await;
             }
@@ -238,28 +240,29 @@ async fn wait<T: DeserializeOwned>(
         // or lost, say from another engine) is delivered rather than left behind a timeout.
         let mut last_look = false;
         // A test forced this wait to time out (`cairn::testing`): no event is taken.
-        let forced = timeout_forced(&state, &key);
-        while !forced {
-            // Listen before looking, so an event sent in between is not missed.
-            let arrived = state.events.notified();
-            let mut arrived = std::pin::pin!(arrived);
-            arrived.as_mut().enable();
-            if let Some(event) = state.take_event(&key, &event_type).await {
-                let object = json!({
-                    "payload": serde_json::from_str::<serde_json::Value>(&event.payload).unwrap_or_default(),
-                    "timestamp": event.at,
-                    "type": event.event_type,
-                });
-                return decode(&key, &object.to_string());
-            }
-            if last_look || state.now() >= deadline {
-                break;
-            }
-            if !activity
-                .wait(deadline, Some(event_type.clone()), arrived)
-                .await
-            {
-                last_look = true;
+        if !timeout_forced(&state, &key) {
+            loop {
+                // Listen before looking, so an event sent in between is not missed.
+                let arrived = state.events.notified();
+                let mut arrived = std::pin::pin!(arrived);
+                arrived.as_mut().enable();
+                if let Some(event) = state.take_event(&key, &event_type).await {
+                    let object = json!({
+                        "payload": serde_json::from_str::<serde_json::Value>(&event.payload).unwrap_or_default(),
+                        "timestamp": event.at,
+                        "type": event.event_type,
+                    });
+                    return decode(&key, &object.to_string());
+                }
+                if last_look || state.now() >= deadline {
+                    break;
+                }
+                if !activity
+                    .wait(deadline, Some(event_type.clone()), arrived)
+                    .await
+                {
+                    last_look = true;
+                }
             }
         }
         // The timeout the wait was given, as stored when it started: a pause moves the

@@ -117,7 +117,8 @@ impl Plan {
             kind = WriteFault::Outage(1 + self.rng.below(8) as u32);
         }
         self.budget -= 1;
-        self.injected.push(format!("write {}: {kind:?}", self.writes));
+        self.injected
+            .push(format!("write {}: {kind:?}", self.writes));
         Some(kind)
     }
 }
@@ -179,7 +180,10 @@ impl FaultStore {
     }
 
     /// A read, or a client's call: only an outage or a crash stops it.
-    fn read<'a, T: Send + 'a>(&self, call: impl FnOnce() -> StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+    fn read<'a, T: Send + 'a>(
+        &self,
+        call: impl FnOnce() -> StoreFuture<'a, T>,
+    ) -> StoreFuture<'a, T> {
         match self.up() {
             Ok(()) => call(),
             Err(why) => down(why),
@@ -349,7 +353,9 @@ impl Store for FaultStore {
         limit: usize,
     ) -> StoreFuture<'_, cairn_store::WorkflowLogPage> {
         let workflow = workflow.clone();
-        self.read(|| Box::pin(async move { self.inner.workflow_log(&workflow, after, limit).await }))
+        self.read(|| {
+            Box::pin(async move { self.inner.workflow_log(&workflow, after, limit).await })
+        })
     }
 
     fn log_head(&self) -> StoreFuture<'_, u64> {

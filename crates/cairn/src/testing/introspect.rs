@@ -235,7 +235,12 @@ impl Modifier {
         error: impl Into<MockError>,
         times: Option<u32>,
     ) -> Result<&Self, TestError> {
-        self.force(step.into(), Forced::Error(error.into().0), times, "mock an error on")
+        self.force(
+            step.into(),
+            Forced::Error(error.into().0),
+            times,
+            "mock an error on",
+        )
     }
 
     /// Attempts of the step time out instead of running its body (`WorkflowTimeoutError`,
@@ -303,8 +308,8 @@ impl Modifier {
         Ok(self)
     }
 
-    /// The wait times out at once (`WorkflowTimeoutError`, "Execution timed out after
-    /// <its timeout>ms"), whatever is sent to the instance.
+    /// The wait times out at once (`WorkflowTimeoutError`, `Execution timed out after
+    /// <its timeout>ms`), whatever is sent to the instance.
     pub fn force_event_timeout(&self, step: impl Into<Step>) -> &Self {
         let key = step.into().key();
         self.change(|m| {
@@ -468,14 +473,14 @@ impl InstanceIntrospector {
                             s.error.map_or_else(String::new, |e| e.to_string())
                         )))))
                     }
-                    _ if record.status.is_terminal() => Ok(Look::Done(Err(TestError::new(
-                        format!(
+                    _ if record.status.is_terminal() => {
+                        Ok(Look::Done(Err(TestError::new(format!(
                             "instance {:?} ended ({}) without step {} succeeding",
                             record.id.as_str(),
                             record.status,
                             key.target()
-                        ),
-                    )))),
+                        )))))
+                    }
                     _ => Ok(Look::Wait),
                 }
             })

@@ -319,8 +319,7 @@ impl Simulation {
             .run_once(None)
             .await
             .map_err(|e| TestError::new(format!("the fault-free run failed: {e}")))?;
-        check_bodies(&baseline)
-            .map_err(|e| TestError::new(format!("the fault-free run: {e}")))?;
+        check_bodies(&baseline).map_err(|e| TestError::new(format!("the fault-free run: {e}")))?;
         let mut report = SimulationReport::default();
         for seed in self.seeds.clone() {
             let run = self.run_once(Some(seed)).await.map_err(|e| {
@@ -481,14 +480,21 @@ impl Simulation {
             })
             .await?;
         let journal = run
-            .call(|engine| async move { Ok(engine.inner.env.store.journal(record.instance).await?) })
+            .call(
+                |engine| async move { Ok(engine.inner.env.store.journal(record.instance).await?) },
+            )
             .await?;
         let mut log = Vec::new();
         loop {
             let after = log.last().map_or(0, |r: &LogRecord| r.id);
             let page = run
                 .call(|engine| async move {
-                    Ok(engine.inner.env.store.log(record.instance, after, 1000).await?)
+                    Ok(engine
+                        .inner
+                        .env
+                        .store
+                        .log(record.instance, after, 1000)
+                        .await?)
                 })
                 .await?;
             if page.is_empty() {
@@ -497,10 +503,7 @@ impl Simulation {
             log.extend(page);
         }
         run.engine.shutdown().await;
-        let injected = plan
-            .lock()
-            .map(|p| p.injected.clone())
-            .unwrap_or_default();
+        let injected = plan.lock().map(|p| p.injected.clone()).unwrap_or_default();
         Ok(Run {
             status: status.status,
             output: status.output,
@@ -520,7 +523,10 @@ impl Simulation {
     /// Sends the `i`-th event with its idempotency key.
     async fn send(&self, engine: Engine, i: usize) -> Result<(), crate::error::Error> {
         let (event_type, payload) = &self.events[i];
-        let instance = engine.workflow_by_name(self.workflow.as_str())?.get("sim").await?;
+        let instance = engine
+            .workflow_by_name(self.workflow.as_str())?
+            .get("sim")
+            .await?;
         instance
             .send_event_with_key(event_type, payload, &format!("sim-event-{i}"))
             .await
@@ -556,7 +562,9 @@ impl Simulation {
             _ => 1 + rng.below(600),
         };
         {
-            let mut plan = plan.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut plan = plan
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if plan.budget == 0 {
                 return;
             }
@@ -698,7 +706,11 @@ fn check_bodies(run: &Run) -> Result<(), String> {
     }
     for ((rollback, name, count, attempt), n) in &seen {
         if *n > 1 {
-            let what = if *rollback { "rollback handler" } else { "body" };
+            let what = if *rollback {
+                "rollback handler"
+            } else {
+                "body"
+            };
             return Err(format!(
                 "the {what} of step {name}-{count} ran {n} times for attempt {attempt}"
             ));
@@ -711,7 +723,12 @@ fn check_bodies(run: &Run) -> Result<(), String> {
             continue;
         }
         let rollback = step.key.kind == StepKind::Rollback;
-        let id = (rollback, step.key.name.clone(), step.key.count, step.attempts);
+        let id = (
+            rollback,
+            step.key.name.clone(),
+            step.key.count,
+            step.attempts,
+        );
         if !seen.contains_key(&id) {
             return Err(format!(
                 "step {} succeeded at attempt {} but no body ran for that attempt",
@@ -738,7 +755,9 @@ fn check_compensations(run: &Run) -> Result<(), String> {
     let mut unique = HashSet::new();
     for target in &done {
         if !unique.insert(target) {
-            return Err(format!("the compensation of step {target} was recorded twice"));
+            return Err(format!(
+                "the compensation of step {target} was recorded twice"
+            ));
         }
     }
     let mut started: Vec<&StepRecord> = run
@@ -828,7 +847,11 @@ mod tests {
         let twice = run(
             vec![step("a", 0, 2, false)],
             vec![],
-            vec![body("a", 1, false), body("a", 2, false), body("a", 2, false)],
+            vec![
+                body("a", 1, false),
+                body("a", 2, false),
+                body("a", 2, false),
+            ],
         );
         let err = check_bodies(&twice).unwrap_err();
         assert!(err.contains("step a-1 ran 2 times for attempt 2"), "{err}");
@@ -842,7 +865,11 @@ mod tests {
 
     #[test]
     fn a_step_that_succeeded_without_its_body_running_is_reported() {
-        let unseen = run(vec![step("a", 0, 3, false)], vec![], vec![body("a", 2, false)]);
+        let unseen = run(
+            vec![step("a", 0, 3, false)],
+            vec![],
+            vec![body("a", 2, false)],
+        );
         let err = check_bodies(&unseen).unwrap_err();
         assert!(err.contains("succeeded at attempt 3"), "{err}");
     }

@@ -191,7 +191,9 @@ async fn state_from_steps_with_the_kit_is_rebuilt_after_a_reopen() {
         .create(CreateOptions::new(()).id("cats"))
         .await
         .unwrap();
-    pick.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    pick.wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     t.reopen().await.unwrap();
     assert_eq!(
         pick.output::<String>().await.unwrap(),
@@ -217,7 +219,9 @@ async fn deterministic_names_with_the_kit_name_each_dynamic_step() {
     let t = TestEngine::start(|b| b.register(deterministic_names::CatList))
         .await
         .unwrap();
-    let list = t.introspect::<deterministic_names::CatList>("cats").unwrap();
+    let list = t
+        .introspect::<deterministic_names::CatList>("cats")
+        .unwrap();
     list.modify()
         .mock_step_result("get cat list from KV", ["nala", "simba"])
         .unwrap();
@@ -227,7 +231,9 @@ async fn deterministic_names_with_the_kit_name_each_dynamic_step() {
         .unwrap();
     let simba: String = list.wait_for_step_result("get cat: simba").await.unwrap();
     assert_eq!(simba, r#"simba (step "get cat: simba" #1)"#);
-    list.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    list.wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     assert_eq!(list.output::<Vec<String>>().await.unwrap().len(), 2);
 }
 
@@ -259,10 +265,14 @@ async fn race_in_one_step_with_the_kit_keeps_the_winner() {
         .await
         .unwrap();
     assert_eq!(
-        race.wait_for_step_result::<String>("race step").await.unwrap(),
+        race.wait_for_step_result::<String>("race step")
+            .await
+            .unwrap(),
         "second"
     );
-    race.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    race.wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     assert_eq!(
         race.output::<String>().await.unwrap(),
         "the race was won by second"
@@ -408,9 +418,7 @@ async fn large_data_by_reference_with_the_kit_mocks_the_stored_reference() {
         .introspect::<large_data_by_reference::LargeData>("data")
         .unwrap();
     // The processing step reads the blob the reference names: mocked, it needs none.
-    run.modify()
-        .mock_step_result("process dataset", 6)
-        .unwrap();
+    run.modify().mock_step_result("process dataset", 6).unwrap();
     t.workflow::<large_data_by_reference::LargeData>()
         .create(CreateOptions::new(()).id("data"))
         .await
@@ -525,9 +533,7 @@ async fn sleepy_cats_with_the_kit_skip_the_nap() {
     let t = TestEngine::start(|b| b.register(sleepy_cats::SleepyCats))
         .await
         .unwrap();
-    let run = t
-        .introspect::<sleepy_cats::SleepyCats>("sleepy")
-        .unwrap();
+    let run = t.introspect::<sleepy_cats::SleepyCats>("sleepy").unwrap();
     run.modify().disable_sleeps_of(["💤💤💤💤"]);
     let started = t.clock().now();
     t.workflow::<sleepy_cats::SleepyCats>()

@@ -54,11 +54,18 @@ async fn i1_mock_step_result_and_disable_sleeps_shape_the_output() {
         .unwrap();
     let started = t.clock().now();
     let instance = create(&t, "order-1").await;
-    order.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    order
+        .wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     let output: Value = order.output().await.unwrap();
     assert_eq!(output["charge"], json!({"id": "ch_mock"}));
     assert_eq!(output["label"], "label-1");
-    assert_eq!(charges.load(Ordering::SeqCst), 0, "a mocked body never runs");
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        0,
+        "a mocked body never runs"
+    );
     // The sleep was disabled: no virtual month passed either.
     assert!(t.clock().now().since(started) < Duration::from_secs(60));
     // The mocked step leaves the records a real one does.
@@ -76,9 +83,16 @@ async fn a_thirty_day_sleep_costs_no_wall_time_on_the_test_engine() {
     let wall = std::time::Instant::now();
     let started = t.clock().now();
     create(&t, "order-1").await;
-    order.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    order
+        .wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     assert!(t.clock().now().since(started) >= Duration::from_secs(30 * 86_400));
-    assert!(wall.elapsed() < Duration::from_secs(20), "{:?}", wall.elapsed());
+    assert!(
+        wall.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        wall.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -99,7 +113,10 @@ async fn i2_mock_step_error_twice_then_result_fails_two_attempts_then_succeeds()
     let instance = create(&t, "order-1").await;
     let charge: Value = order.wait_for_step_result("charge card").await.unwrap();
     assert_eq!(charge, json!({"id": "ch_third"}));
-    order.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    order
+        .wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     let failures = crate::support::records(&instance, LogKind::AttemptFailure).await;
     assert_eq!(failures.len(), 2);
     for (i, f) in failures.iter().enumerate() {
@@ -109,7 +126,12 @@ async fn i2_mock_step_error_twice_then_result_fails_two_attempts_then_succeeds()
     }
     assert_eq!(charges.load(Ordering::SeqCst), 0);
     // Mocking an error after the result is refused, as is a second result.
-    assert!(order.modify().mock_step_error("charge card", "x", None).is_err());
+    assert!(
+        order
+            .modify()
+            .mock_step_error("charge card", "x", None)
+            .is_err()
+    );
     assert!(order.modify().mock_step_result("charge card", 1).is_err());
 }
 
@@ -125,7 +147,11 @@ async fn i3_mock_event_is_received_without_a_send() {
                 .wait_for_event::<Value>("second look", "approval")
                 .timeout("1 hour")
                 .await?;
-            Ok(json!([approval.payload, again.payload, approval.event_type]))
+            Ok(json!([
+                approval.payload,
+                again.payload,
+                approval.event_type
+            ]))
         }))
     })
     .await
@@ -137,7 +163,9 @@ async fn i3_mock_event_is_received_without_a_send() {
         .mock_event("approval", json!({"by": "bob"}))
         .unwrap();
     let instance = create(&t, "flow").await;
-    flow.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    flow.wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     assert_eq!(
         flow.output::<Value>().await.unwrap(),
         json!([{"by": "ada"}, {"by": "bob"}, "approval"])
@@ -164,7 +192,10 @@ async fn i4_disable_retry_delays_lets_mocked_errors_retry_at_once() {
         .unwrap();
     let started = t.clock().now();
     let instance = create(&t, "order-1").await;
-    order.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    order
+        .wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     // Four back-offs of a minute (growing) would be at least 4 virtual minutes.
     assert!(t.clock().now().since(started) < Duration::from_secs(5));
     for f in crate::support::records(&instance, LogKind::AttemptFailure).await {
@@ -219,7 +250,10 @@ async fn force_step_timeout_fails_attempts_as_timeouts_without_running_the_body(
         .force_step_timeout("charge card", None)
         .unwrap();
     create(&t, "order-1").await;
-    order.wait_for_status(InstanceStatus::Errored).await.unwrap();
+    order
+        .wait_for_status(InstanceStatus::Errored)
+        .await
+        .unwrap();
     let error = order.error().await.unwrap();
     assert_eq!(error.name, "WorkflowTimeoutError");
     assert_eq!(charges.load(Ordering::SeqCst), 0);
@@ -249,12 +283,21 @@ async fn steps_are_named_with_their_count_when_a_name_repeats() {
     flow.modify()
         .mock_step_result(("call", 2), 42)
         .unwrap()
-        .mock_step_error(Step::new("call").count(3), ErrorInfo::new("Boom", "no"), Some(1))
+        .mock_step_error(
+            Step::new("call").count(3),
+            ErrorInfo::new("Boom", "no"),
+            Some(1),
+        )
         .unwrap();
     create(&t, "flow").await;
-    flow.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    flow.wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     assert_eq!(flow.output::<Value>().await.unwrap(), json!([0, 42, 2]));
-    assert_eq!(flow.wait_for_step_result::<u32>(("call", 3)).await.unwrap(), 2);
+    assert_eq!(
+        flow.wait_for_step_result::<u32>(("call", 3)).await.unwrap(),
+        2
+    );
 }
 
 #[tokio::test]
@@ -270,12 +313,18 @@ async fn mocked_results_are_committed_and_replayed_after_a_reopen() {
         .mock_step_result("charge card", json!({"id": "ch_mock"}))
         .unwrap();
     create(&t, "order-1").await;
-    order.wait_for_status(InstanceStatus::Waiting).await.unwrap();
+    order
+        .wait_for_status(InstanceStatus::Waiting)
+        .await
+        .unwrap();
     // The mock is gone; the journal still answers with what it made the step return.
     order.modify().clear();
     t.reopen().await.unwrap();
     let order = t.introspect::<FnWorkflow>("order-1").unwrap();
-    order.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    order
+        .wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
     let output: Value = order.output().await.unwrap();
     assert_eq!(output["charge"], json!({"id": "ch_mock"}));
     assert_eq!(charges.load(Ordering::SeqCst), 0, "the body never ran");
@@ -285,7 +334,9 @@ async fn mocked_results_are_committed_and_replayed_after_a_reopen() {
 async fn a_mocked_result_of_the_wrong_type_fails_the_step_naming_the_mock() {
     let t = TestEngine::start(|b| b.register(repeated())).await.unwrap();
     let flow = t.introspect::<FnWorkflow>("flow").unwrap();
-    flow.modify().mock_step_result("call", "not a number").unwrap();
+    flow.modify()
+        .mock_step_result("call", "not a number")
+        .unwrap();
     create(&t, "flow").await;
     flow.wait_for_status(InstanceStatus::Errored).await.unwrap();
     let error = flow.error().await.unwrap();
@@ -334,7 +385,11 @@ async fn i6_workflow_wide_introspection_covers_create_batch_and_restart() {
         .unwrap();
     let output: Value = instances[0].output().await.unwrap();
     assert_eq!(output["charge"], json!({"id": "ch_all"}));
-    assert_eq!(charges.load(Ordering::SeqCst), 1, "only made-before charged");
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        1,
+        "only made-before charged"
+    );
 
     // Waiting for paused and terminated resolves after the pause and the terminate.
     let waiting = t.introspect::<FnWorkflow>("made-before").unwrap();
@@ -375,7 +430,10 @@ async fn i7_wait_for_status_fails_at_once_on_another_final_status() {
     );
     // output() needs complete; error() needs errored.
     let err = flow.output::<Value>().await.unwrap_err();
-    assert!(err.to_string().contains("'errored', not 'complete'"), "{err}");
+    assert!(
+        err.to_string().contains("'errored', not 'complete'"),
+        "{err}"
+    );
     assert_eq!(flow.error().await.unwrap().message, "no way");
 }
 
