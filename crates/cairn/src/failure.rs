@@ -22,6 +22,8 @@ pub(crate) const NON_RETRYABLE: &str = "NonRetryableError";
 pub(crate) const TIMEOUT: &str = "WorkflowTimeoutError";
 /// The `name` of an engine-side failure of a step.
 pub(crate) const INTERNAL: &str = "WorkflowInternalError";
+/// The message of an attempt whose lifetime died before recording its outcome.
+pub(crate) const INTERRUPTED: &str = "Attempt failed due to internal workflows error";
 /// The `name` of a failed delay function.
 pub(crate) const DELAY_FAILED: &str = "NonRetryableDelayError";
 /// A step the workflow stopped awaiting while an attempt ran (it lost a `select!`).

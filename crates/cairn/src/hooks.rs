@@ -20,8 +20,12 @@ use cairn_store::InstanceRef;
 /// Which instances a set of modifiers applies to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Scope {
-    /// Every instance of the workflow.
-    Workflow(WorkflowName),
+    /// Every instance of the workflow whose store reference is newer than `since` (every
+    /// one when `None`): each workflow introspector has its own.
+    Workflow {
+        workflow: WorkflowName,
+        since: Option<InstanceRef>,
+    },
     /// One instance.
     Instance(WorkflowName, InstanceId),
 }
@@ -43,8 +47,8 @@ pub(crate) type StepRef = (String, u32);
 pub(crate) enum Forced {
     /// Succeeds with this output (JSON).
     Result(String),
-    /// Fails with this error (retryable, like a thrown error).
-    Error(ErrorInfo),
+    /// Fails with this error; retryable (like a thrown error) or not.
+    Error(ErrorInfo, bool),
     /// Fails as if its timeout had elapsed.
     Timeout,
 }
@@ -52,8 +56,6 @@ pub(crate) enum Forced {
 /// The modifiers of one scope.
 #[derive(Debug, Default)]
 pub(crate) struct Modifiers {
-    /// A workflow-wide scope covers the instances created after this one.
-    pub(crate) since: Option<InstanceRef>,
     pub(crate) all_sleeps_disabled: bool,
     pub(crate) sleeps_disabled: HashSet<StepRef>,
     pub(crate) all_retry_delays_disabled: bool,
@@ -88,6 +90,8 @@ pub(crate) struct BodyRun {
 #[derive(Debug, Default)]
 pub(crate) struct Hooks {
     modifiers: Mutex<HashMap<Scope, Modifiers>>,
+    /// Keeps the body runs reported (the simulator reads them); a test engine does not.
+    recording: bool,
     runs: Mutex<Vec<BodyRun>>,
 }
 
@@ -96,6 +100,14 @@ fn step_ref(key: &StepKey) -> StepRef {
 }
 
 impl Hooks {
+    /// Hooks that keep every body run reported.
+    pub(crate) fn recording() -> Self {
+        Hooks {
+            recording: true,
+            ..Hooks::default()
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<Scope, Modifiers>> {
         // A panic while holding the lock leaves nothing half-updated worth protecting.
         self.modifiers
@@ -108,15 +120,30 @@ impl Hooks {
         change(self.lock().entry(scope).or_default())
     }
 
-    /// The first answer `pick` gives from the instance's own modifiers, then its
-    /// workflow's.
+    /// The first answer `pick` gives from the instance's own modifiers, then from the
+    /// workflow-wide scopes that cover it, newest first.
     fn find<R>(&self, who: Who<'_>, mut pick: impl FnMut(&Modifiers) -> Option<R>) -> Option<R> {
         let map = self.lock();
-        let own = map.get(&Scope::Instance(who.workflow.clone(), who.id.clone()));
-        let all = map
-            .get(&Scope::Workflow(who.workflow.clone()))
-            .filter(|m| m.since.is_none_or(|since| who.instance > since));
-        own.and_then(&mut pick).or_else(|| all.and_then(pick))
+        if let Some(found) = map
+            .get(&Scope::Instance(who.workflow.clone(), who.id.clone()))
+            .and_then(&mut pick)
+        {
+            return Some(found);
+        }
+        let mut covering: Vec<(Option<InstanceRef>, &Modifiers)> = map
+            .iter()
+            .filter_map(|(scope, m)| match scope {
+                Scope::Workflow { workflow, since }
+                    if workflow == who.workflow
+                        && since.is_none_or(|since| who.instance > since) =>
+                {
+                    Some((*since, m))
+                }
+                _ => None,
+            })
+            .collect();
+        covering.sort_by_key(|(since, _)| std::cmp::Reverse(*since));
+        covering.into_iter().find_map(|(_, m)| pick(m))
     }
 
     /// What attempt `attempt` of the `run` step `key` does instead of running its body.
@@ -175,6 +202,9 @@ impl Hooks {
 
     /// Records that a step body (or rollback handler) was called.
     pub(crate) fn body_ran(&self, run: BodyRun) {
+        if !self.recording {
+            return;
+        }
         self.runs
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -11,7 +11,7 @@ use cairn_store::{Retention, Store};
 use tokio::sync::watch;
 
 pub(crate) mod announce;
-mod blocking;
+pub(crate) mod blocking;
 pub(crate) mod check;
 pub(crate) mod concurrency;
 mod driver;
@@ -78,6 +78,8 @@ pub struct EngineBuilder {
     claims: bool,
     /// A test's mocks and observers (`cairn::testing`).
     hooks: Option<Arc<crate::hooks::Hooks>>,
+    /// The custom store already makes its calls from blocking threads (see `blocking.rs`).
+    store_blocking: bool,
     #[cfg(feature = "sqlite")]
     sqlite: cairn_sqlite::Options,
 }
@@ -113,6 +115,7 @@ impl Engine {
             schedules: Vec::new(),
             claims: true,
             hooks: None,
+            store_blocking: false,
             #[cfg(feature = "sqlite")]
             sqlite: cairn_sqlite::Options::default(),
         }
@@ -294,13 +297,6 @@ impl EngineBuilder {
     /// Opened to look, not to run (the replay check): no instance is claimed, and the
     /// store is neither migrated nor recovered (a database of another schema version is
     /// refused).
-    /// Runs with a test's mocks and observers (`cairn::testing`).
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
-    pub(crate) fn hooks(mut self, hooks: Arc<crate::hooks::Hooks>) -> Self {
-        self.hooks = Some(hooks);
-        self
-    }
-
     pub(crate) fn check_only(mut self) -> Self {
         self.claims = false;
         #[cfg(feature = "sqlite")]
@@ -311,6 +307,21 @@ impl EngineBuilder {
         if let Some(StoreChoice::Postgres(options)) = &mut self.store {
             options.check_only = true;
         }
+        self
+    }
+
+    /// Runs with a test's mocks and observers (`cairn::testing`).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn hooks(mut self, hooks: Arc<crate::hooks::Hooks>) -> Self {
+        self.hooks = Some(hooks);
+        self
+    }
+
+    /// The custom store makes its calls from blocking threads already (the simulator's,
+    /// which decides its faults before it hands a call over): not wrapped again.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn store_calls_blocking(mut self) -> Self {
+        self.store_blocking = true;
         self
     }
 
@@ -492,7 +503,7 @@ impl EngineBuilder {
             }
         };
         let clock = self.clock.unwrap_or_else(Clock::system);
-        let store: Arc<dyn Store> = if clock.is_virtual() {
+        let store: Arc<dyn Store> = if clock.is_virtual() && !self.store_blocking {
             Arc::new(crate::engine::blocking::Blocking(store))
         } else {
             store

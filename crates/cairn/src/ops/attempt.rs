@@ -324,7 +324,7 @@ impl Execution {
         if loaded && record.in_flight {
             // The lifetime that ran this attempt died before recording its outcome: the
             // attempt failed and counts (SPEC Part A.7).
-            let error = ErrorInfo::new(INTERNAL, "Attempt failed due to internal workflows error");
+            let error = ErrorInfo::new(INTERNAL, crate::failure::INTERRUPTED);
             // Recording its outcome ends it, like any attempt in flight.
             self.attempt_begin();
             let failed = self
@@ -365,7 +365,9 @@ impl Execution {
             let forced = self.forced(&key, record.attempts);
             self.report_run(&key, record.attempts, forced.is_some());
             let (outcome, timed_out) = match forced {
-                Some(forced) => forced_outcome::<T>(&key, forced, &config),
+                Some(forced) => {
+                    forced_outcome::<T>(&key, forced, &config, state.env.limits.payload_limit)
+                }
                 None => self.run_body(&key, body, ctx, &config, &span).await,
             };
             let ran = Some(began.elapsed());
@@ -454,32 +456,9 @@ impl Execution {
         let timed = select(attempt, state.env.clock.sleep(config.timeout)).await;
         let timed_out = matches!(timed, Either::Right(_));
         let outcome = match timed {
-            Either::Left((Ok(Ok(value)), _)) => match crate::panic::to_json(&value) {
-                Ok(json) if json.len() > state.env.limits.payload_limit => Outcome::Failure(
-                    ErrorInfo::new(
-                        INTERNAL,
-                        format!(
-                            "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
-                            key.target(),
-                            json.len(),
-                            state.env.limits.payload_limit,
-                            human_bytes(state.env.limits.payload_limit)
-                        ),
-                    ),
-                    false,
-                ),
-                Ok(json) => Outcome::Success(json),
-                Err(e) => Outcome::Failure(
-                    ErrorInfo::new(
-                        INTERNAL,
-                        format!(
-                            "Value returned from step \"{}\" is not serialisable: {e}",
-                            key.name
-                        ),
-                    ),
-                    false,
-                ),
-            },
+            Either::Left((Ok(Ok(value)), _)) => {
+                value_outcome(key, &value, state.env.limits.payload_limit)
+            }
             Either::Left((Ok(Err(e)), _)) => Outcome::Failure(e.info, e.retryable),
             Either::Left((Err(panic), _)) => Outcome::Failure(
                 ErrorInfo::new(
@@ -718,14 +697,17 @@ fn timeout_error(timeout: Duration) -> ErrorInfo {
 
 /// The outcome a test's hooks force on an attempt, and whether it counts as a timeout. A
 /// mocked result that does not decode as the step's type fails the step, naming the mock.
-fn forced_outcome<T: DeserializeOwned>(
+fn forced_outcome<T: Serialize + DeserializeOwned>(
     key: &StepKey,
     forced: Forced,
     config: &ResolvedConfig,
+    payload_limit: usize,
 ) -> (Outcome, bool) {
     match forced {
+        // Decoded as the step's type and encoded again, as a body's value is: the journal
+        // holds what the step returned, within the same limit.
         Forced::Result(json) => match crate::panic::from_json::<T>(&json) {
-            Ok(_) => (Outcome::Success(json), false),
+            Ok(value) => (value_outcome(key, &value, payload_limit), false),
             Err(e) => (
                 Outcome::Failure(
                     ErrorInfo::new(
@@ -740,8 +722,39 @@ fn forced_outcome<T: DeserializeOwned>(
                 false,
             ),
         },
-        Forced::Error(info) => (Outcome::Failure(info, true), false),
+        Forced::Error(info, retryable) => (Outcome::Failure(info, retryable), false),
         Forced::Timeout => (Outcome::Failure(timeout_error(config.timeout), true), true),
+    }
+}
+
+/// The outcome of an attempt that returned `value`: its JSON, unless it is over the payload
+/// limit or does not serialise (both final failures).
+fn value_outcome<T: Serialize>(key: &StepKey, value: &T, payload_limit: usize) -> Outcome {
+    match crate::panic::to_json(value) {
+        Ok(json) if json.len() > payload_limit => Outcome::Failure(
+            ErrorInfo::new(
+                INTERNAL,
+                format!(
+                    "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
+                    key.target(),
+                    json.len(),
+                    payload_limit,
+                    human_bytes(payload_limit)
+                ),
+            ),
+            false,
+        ),
+        Ok(json) => Outcome::Success(json),
+        Err(e) => Outcome::Failure(
+            ErrorInfo::new(
+                INTERNAL,
+                format!(
+                    "Value returned from step \"{}\" is not serialisable: {e}",
+                    key.name
+                ),
+            ),
+            false,
+        ),
     }
 }
 

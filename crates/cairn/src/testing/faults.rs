@@ -125,11 +125,16 @@ impl Plan {
 
 /// A store that injects its run's [`Plan`] into a real one. A crash makes it dead (every
 /// call but `close` fails) and tells the simulator, which opens a new engine on a new one.
+///
+/// It lets one call through to the real store at a time, in the order they were made: the
+/// store's answers then come back in that order too, whatever the threads under it do, so
+/// a seed's run takes the same course every time.
 pub(crate) struct FaultStore {
     pub(crate) inner: Arc<dyn Store>,
     pub(crate) plan: Arc<Mutex<Plan>>,
     pub(crate) crashed: Arc<tokio::sync::Notify>,
     dead: AtomicBool,
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn down<'a, T: Send + 'a>(why: &'static str) -> StoreFuture<'a, T> {
@@ -147,6 +152,7 @@ impl FaultStore {
             plan,
             crashed,
             dead: AtomicBool::new(false),
+            turn: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -179,13 +185,23 @@ impl FaultStore {
         self.crashed.notify_one();
     }
 
+    /// `call`'s future, run when the calls made before it have finished.
+    fn in_turn<'a, T: Send + 'a>(&self, call: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+        // Queued now, in the order the calls are made (tokio's mutex is fair).
+        let turn = Arc::clone(&self.turn).lock_owned();
+        Box::pin(async move {
+            let _turn = turn.await;
+            call.await
+        })
+    }
+
     /// A read, or a client's call: only an outage or a crash stops it.
     fn read<'a, T: Send + 'a>(
         &self,
         call: impl FnOnce() -> StoreFuture<'a, T>,
     ) -> StoreFuture<'a, T> {
         match self.up() {
-            Ok(()) => call(),
+            Ok(()) => self.in_turn(call()),
             Err(why) => down(why),
         }
     }
@@ -200,7 +216,7 @@ impl FaultStore {
         }
         let fault = self.plan().write_fault();
         match fault {
-            None => call(),
+            None => self.in_turn(call()),
             Some(WriteFault::Lost) => down("the write was lost"),
             Some(WriteFault::Outage(n)) => {
                 self.plan().outage = n;
@@ -211,7 +227,7 @@ impl FaultStore {
                 down("the engine crashed")
             }
             Some(WriteFault::LandedButFailed) => {
-                let landed = call();
+                let landed = self.in_turn(call());
                 Box::pin(async move {
                     landed.await?;
                     Err(Error::Unavailable(
@@ -220,7 +236,7 @@ impl FaultStore {
                 })
             }
             Some(WriteFault::CrashAfter) => {
-                let landed = call();
+                let landed = self.in_turn(call());
                 Box::pin(async move {
                     let result = landed.await;
                     self.crash();

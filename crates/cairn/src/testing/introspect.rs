@@ -16,17 +16,21 @@ use crate::engine::Engine;
 use crate::hooks::{Forced, Hooks, Modifiers, Scope, StepRef};
 
 /// The test engine's current engine, shared with its introspectors: after
-/// `TestEngine::reopen` they reach the new one.
+/// `TestEngine::reopen` they reach the new one, and waiters hear of the change.
 #[derive(Debug, Clone)]
-pub(crate) struct EngineCell(Arc<std::sync::RwLock<Engine>>);
+pub(crate) struct EngineCell(Arc<(std::sync::RwLock<Engine>, tokio::sync::watch::Sender<u64>)>);
 
 impl EngineCell {
     pub(crate) fn new(engine: Engine) -> Self {
-        EngineCell(Arc::new(std::sync::RwLock::new(engine)))
+        EngineCell(Arc::new((
+            std::sync::RwLock::new(engine),
+            tokio::sync::watch::channel(0).0,
+        )))
     }
 
     pub(crate) fn get(&self) -> Engine {
         self.0
+            .0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -35,8 +39,15 @@ impl EngineCell {
     pub(crate) fn set(&self, engine: Engine) {
         *self
             .0
+            .0
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = engine;
+        self.0.1.send_modify(|n| *n += 1);
+    }
+
+    /// Sees a new value at every [`EngineCell::set`].
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.1.subscribe()
     }
 }
 
@@ -123,25 +134,42 @@ impl From<cairn_store::Error> for TestError {
 }
 
 /// The error a mocked attempt fails with: a message (named `Error`, as a thrown error is)
-/// or a full [`ErrorInfo`]. Retryable, like any error a body returns.
+/// or a full [`ErrorInfo`]. Retryable, like any error a body returns, unless made with
+/// [`MockError::non_retryable`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct MockError(ErrorInfo);
+pub struct MockError {
+    info: ErrorInfo,
+    retryable: bool,
+}
+
+impl MockError {
+    /// A `NonRetryableError` with `message`: the step fails at this attempt.
+    pub fn non_retryable(message: impl Into<String>) -> Self {
+        MockError {
+            info: ErrorInfo::new(crate::failure::NON_RETRYABLE, message),
+            retryable: false,
+        }
+    }
+}
 
 impl From<&str> for MockError {
     fn from(message: &str) -> Self {
-        MockError(ErrorInfo::new(crate::failure::ERROR, message))
+        ErrorInfo::new(crate::failure::ERROR, message).into()
     }
 }
 
 impl From<String> for MockError {
     fn from(message: String) -> Self {
-        MockError(ErrorInfo::new(crate::failure::ERROR, message))
+        ErrorInfo::new(crate::failure::ERROR, message).into()
     }
 }
 
 impl From<ErrorInfo> for MockError {
     fn from(info: ErrorInfo) -> Self {
-        MockError(info)
+        MockError {
+            info,
+            retryable: true,
+        }
     }
 }
 
@@ -217,6 +245,12 @@ impl Modifier {
                     step.name
                 )));
             }
+            if m.always.contains_key(&step.key()) {
+                return Err(TestError::new(format!(
+                    "trying to mock the result of step {:?}, whose every attempt is mocked to fail",
+                    step.name
+                )));
+            }
             m.results.insert(step.key(), json);
             Ok(())
         })?;
@@ -235,9 +269,10 @@ impl Modifier {
         error: impl Into<MockError>,
         times: Option<u32>,
     ) -> Result<&Self, TestError> {
+        let error = error.into();
         self.force(
             step.into(),
-            Forced::Error(error.into().0),
+            Forced::Error(error.info, error.retryable),
             times,
             "mock an error on",
         )
@@ -321,12 +356,7 @@ impl Modifier {
     /// Removes every mock of this scope (instances already past a mocked step keep what
     /// it committed).
     pub fn clear(&self) {
-        self.change(|m| {
-            *m = Modifiers {
-                since: m.since,
-                ..Modifiers::default()
-            }
-        });
+        self.change(|m| *m = Modifiers::default());
     }
 }
 
@@ -388,13 +418,21 @@ impl InstanceIntrospector {
         &self,
         mut look: impl AsyncFnMut(&InstanceRecord) -> Result<Look<R>, TestError>,
     ) -> Result<R, TestError> {
-        let engine = self.engine.get();
-        let store = &engine.inner.env.store;
+        let mut reopened = self.engine.changes();
+        let mut engine = self.engine.get();
         let mut commits = engine.commits();
         let give_up = engine.inner.env.clock.sleep(GIVE_UP_AFTER);
         let mut give_up = std::pin::pin!(give_up);
         loop {
+            // After `TestEngine::reopen`, the new engine's commits.
+            let current = self.engine.get();
+            if !Arc::ptr_eq(&current.inner, &engine.inner) {
+                engine = current;
+                commits = engine.commits();
+            }
+            reopened.borrow_and_update();
             commits.borrow_and_update();
+            let store = &engine.inner.env.store;
             if let Some(record) = store.instance(&self.workflow, &self.id).await?
                 && let Look::Done(result) = look(&record).await?
             {
@@ -406,6 +444,8 @@ impl InstanceIntrospector {
                         return Err(TestError::new("the engine stopped"));
                     }
                 }
+                // A reopen does not signal the old engine's commits.
+                _ = reopened.changed() => {}
                 () = &mut give_up => {
                     let now = store.instance(&self.workflow, &self.id).await?;
                     return Err(TestError::new(format!(
@@ -580,8 +620,12 @@ impl WorkflowIntrospector {
             })
             .await?;
         let since = newest.first().map_or(InstanceRef(0), |r| r.instance);
-        let scope = Scope::Workflow(workflow.clone());
-        hooks.modify(scope.clone(), |m| m.since = Some(since));
+        // Its own scope: a later introspector of the same workflow narrows nothing.
+        let scope = Scope::Workflow {
+            workflow: workflow.clone(),
+            since: Some(since),
+        };
+        hooks.modify(scope.clone(), |_| ());
         Ok(WorkflowIntrospector {
             modifier: Modifier { hooks, scope },
             since,

@@ -64,11 +64,14 @@ type Register = Arc<dyn Fn(EngineBuilder) -> EngineBuilder + Send + Sync>;
 ///
 /// It needs a current-thread tokio runtime (`#[tokio::test]`, the default flavor): the
 /// virtual clock is tokio's paused clock, which [`TestEngine::start`] pauses if the test did
-/// not (`start_paused = true`).
+/// not (`start_paused = true`). Set the clock with [`TestEngine::start_at`], not in the
+/// closure: the closure is applied again at each reopen.
 pub struct TestEngine {
     engine: Engine,
     /// The same engine, for the introspectors (they follow a reopen).
     current: EngineCell,
+    /// One virtual clock for every engine it opens: a reopen does not turn time back.
+    clock: Clock,
     hooks: Arc<Hooks>,
     path: PathBuf,
     register: Register,
@@ -93,7 +96,8 @@ impl std::ops::Deref for TestEngine {
 
 impl TestEngine {
     /// Starts a test engine with what `register` adds to the builder (workflows, limits,
-    /// retention; the store and the clock are the test engine's).
+    /// retention; the store and the clock are the test engine's). The virtual clock starts
+    /// at the current time.
     ///
     /// # Errors
     /// [`Error::Config`] outside a current-thread tokio runtime, or when the builder is
@@ -102,15 +106,35 @@ impl TestEngine {
         register: impl Fn(EngineBuilder) -> EngineBuilder + Send + Sync + 'static,
     ) -> Result<TestEngine, Error> {
         freeze_time()?;
+        Self::start_with(Clock::virtual_now(), register).await
+    }
+
+    /// [`TestEngine::start`] with the virtual clock starting at `at` (launch day, say).
+    ///
+    /// # Errors
+    /// As [`TestEngine::start`].
+    pub async fn start_at(
+        at: cairn_core::Timestamp,
+        register: impl Fn(EngineBuilder) -> EngineBuilder + Send + Sync + 'static,
+    ) -> Result<TestEngine, Error> {
+        freeze_time()?;
+        Self::start_with(Clock::virtual_at(at), register).await
+    }
+
+    async fn start_with(
+        clock: Clock,
+        register: impl Fn(EngineBuilder) -> EngineBuilder + Send + Sync + 'static,
+    ) -> Result<TestEngine, Error> {
         let dir = tempfile::tempdir()
             .map_err(|e| Error::config_from(format!("create a temporary directory: {e}"), e))?;
         let path = dir.path().join("cairn.db");
         let hooks = Arc::new(Hooks::default());
         let register: Register = Arc::new(register);
-        let engine = open(&path, &hooks, &register).await?;
+        let engine = open(&path, &clock, &hooks, &register).await?;
         Ok(TestEngine {
             current: EngineCell::new(engine.clone()),
             engine,
+            clock,
             hooks,
             path,
             register,
@@ -130,7 +154,7 @@ impl TestEngine {
     /// As [`TestEngine::start`].
     pub async fn reopen(&mut self) -> Result<(), Error> {
         self.engine.shutdown().await;
-        self.engine = open(&self.path, &self.hooks, &self.register).await?;
+        self.engine = open(&self.path, &self.clock, &self.hooks, &self.register).await?;
         self.current.set(self.engine.clone());
         Ok(())
     }
@@ -178,9 +202,10 @@ fn workflow_name<W: Workflow>() -> Result<WorkflowName, TestError> {
     WorkflowName::new(W::NAME).map_err(|e| TestError::new(e.to_string()))
 }
 
-/// An engine on `path` with the virtual clock and `hooks`.
+/// An engine on `path` with `clock` and `hooks`.
 async fn open(
     path: &std::path::Path,
+    clock: &Clock,
     hooks: &Arc<Hooks>,
     register: &Register,
 ) -> Result<Engine, Error> {
@@ -190,7 +215,7 @@ async fn open(
             // A test simulates no power loss: NORMAL loses nothing when a process dies.
             cairn_sqlite::Options::default().durability(cairn_sqlite::Durability::Normal),
         )
-        .clock(Clock::virtual_now())
+        .clock(clock.clone())
         .hooks(Arc::clone(hooks));
     register(builder).start().await
 }

@@ -570,9 +570,8 @@ fn launch_morning() -> Timestamp {
 
 #[tokio::test]
 async fn sleep_and_sleep_until_with_the_kit_reach_the_launch_in_no_wall_time() {
-    let t = TestEngine::start(|b| {
+    let t = TestEngine::start_at(launch_morning(), |b| {
         b.register(sleep_and_sleep_until::Launch)
-            .clock(cairn::Clock::virtual_at(launch_morning()))
     })
     .await
     .unwrap();

@@ -466,3 +466,118 @@ async fn the_test_engine_says_it_needs_a_current_thread_runtime() {
     let err = TestEngine::start(|b| b).await.unwrap_err();
     assert!(err.to_string().contains("current-thread"), "{err}");
 }
+
+#[tokio::test]
+async fn a_reopen_keeps_the_virtual_clock_where_it_was() {
+    let mut t = TestEngine::start(|b| b.register(shop(Arc::default())))
+        .await
+        .unwrap();
+    let order = t.introspect::<FnWorkflow>("order-1").unwrap();
+    create(&t, "order-1").await;
+    order
+        .wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
+    let after_a_month = t.clock().now();
+    t.reopen().await.unwrap();
+    assert!(
+        t.clock().now() >= after_a_month,
+        "time went back at the reopen"
+    );
+    // The waiters reach the new engine.
+    let output: Value = order.output().await.unwrap();
+    assert_eq!(output["label"], "label-1");
+}
+
+#[tokio::test]
+async fn a_second_workflow_introspector_does_not_narrow_the_first() {
+    let t = TestEngine::start(|b| b.register(shop(Arc::default())))
+        .await
+        .unwrap();
+    let first = t.introspect_workflow::<FnWorkflow>().await.unwrap();
+    first
+        .modify()
+        .disable_sleeps()
+        .mock_step_result("charge card", json!({"id": "first"}))
+        .unwrap();
+    let early = t.introspect::<FnWorkflow>("early").unwrap();
+    create(&t, "early").await;
+    early
+        .wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
+    let _second = t.introspect_workflow::<FnWorkflow>().await.unwrap();
+    let late = t.introspect::<FnWorkflow>("late").unwrap();
+    create(&t, "late").await;
+    late.wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
+    for run in [&early, &late] {
+        let output: Value = run.output().await.unwrap();
+        assert_eq!(output["charge"], json!({"id": "first"}));
+    }
+    assert_eq!(first.instances().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn mocks_refuse_what_they_could_not_honour_and_keep_the_limits() {
+    let t = TestEngine::start(|b| b.register(shop(Arc::default())).payload_limit(1024))
+        .await
+        .unwrap();
+    let order = t.introspect::<FnWorkflow>("order-1").unwrap();
+    // A result after "every attempt fails" could never be returned.
+    order
+        .modify()
+        .mock_step_error("ship", "down", None)
+        .unwrap();
+    assert!(order.modify().mock_step_result("ship", "x").is_err());
+    // A mocked result is held to the payload limit, as a body's is.
+    order
+        .modify()
+        .disable_sleeps()
+        .mock_step_result("charge card", "x".repeat(2000))
+        .unwrap();
+    create(&t, "order-1").await;
+    order
+        .wait_for_status(InstanceStatus::Errored)
+        .await
+        .unwrap();
+    let error = order.error().await.unwrap();
+    assert!(
+        error.message.contains("output is too large"),
+        "{}",
+        error.message
+    );
+}
+
+#[tokio::test]
+async fn a_non_retryable_mocked_error_fails_the_step_at_once() {
+    let t = TestEngine::start(|b| b.register(shop(Arc::default())))
+        .await
+        .unwrap();
+    let order = t.introspect::<FnWorkflow>("order-1").unwrap();
+    order
+        .modify()
+        .mock_step_error(
+            "charge card",
+            cairn::testing::MockError::non_retryable("card declined"),
+            Some(1),
+        )
+        .unwrap();
+    let instance = create(&t, "order-1").await;
+    order
+        .wait_for_status(InstanceStatus::Errored)
+        .await
+        .unwrap();
+    let error = order.error().await.unwrap();
+    assert_eq!(
+        (error.name.as_str(), error.message.as_str()),
+        ("NonRetryableError", "card declined")
+    );
+    assert_eq!(
+        crate::support::records(&instance, LogKind::AttemptFailure)
+            .await
+            .len(),
+        1
+    );
+}
