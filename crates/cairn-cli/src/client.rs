@@ -25,6 +25,11 @@ pub(crate) fn seg(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, SEGMENT).to_string()
 }
 
+/// `text` percent-encoded for a query value (`&`, `=`, `+` and spaces included).
+pub(crate) fn query_value(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
 /// The records that end an instance's stream.
 const TERMINAL: &[&str] = &[
     "WORKFLOW_SUCCESS",
@@ -107,6 +112,27 @@ impl Client {
             };
             Err(format!("{message} ({code}, HTTP {status}){hint}"))
         }
+    }
+
+    /// A `GET` whose answer is copied to `out` as it arrives (not held in memory, not
+    /// parsed); a non-2xx answer becomes the server's `message (code)`.
+    pub(crate) fn download(&self, path: &str, out: &mut impl std::io::Write) -> Result<u64> {
+        let url = format!("{}{path}", self.url);
+        let mut req = self.agent.get(&url);
+        if let Some(t) = &self.token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let mut response = req.call().map_err(|e| self.unreachable(&e))?;
+        let status = response.status().as_u16();
+        if !(200..300).contains(&status) {
+            let text = response.body_mut().read_to_string().unwrap_or_default();
+            let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let message = value["message"].as_str().unwrap_or(&text).to_owned();
+            let code = value["code"].as_str().unwrap_or("http.error");
+            return Err(format!("{message} ({code}, HTTP {status})"));
+        }
+        let mut body = response.body_mut().as_reader();
+        std::io::copy(&mut body, out).map_err(|e| format!("read the answer of GET {url}: {e}"))
     }
 
     /// What to say when the request did not get an answer.

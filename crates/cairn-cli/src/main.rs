@@ -269,6 +269,29 @@ enum InstancesCommand {
         #[arg(long)]
         watch: bool,
     },
+    /// One step's whole output, as the JSON it is stored as (`describe` cuts long ones), on
+    /// stdout: redirect it to a file.
+    #[command(
+        after_help = "Examples:\n  cairn instances output export job-7 --step \"build report\" > report.json\n  cairn instances output crawl latest --step fetch --count 3"
+    )]
+    Output {
+        /// The workflow's name (`cairn workflows list` shows them).
+        name: String,
+        /// The instance id (`latest`: the newest instance of the workflow).
+        id: String,
+        /// The step's name.
+        #[arg(long)]
+        step: String,
+        /// Which occurrence of the name (default 1).
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        /// Its kind: step, sleep, waitForEvent or invoke (default step).
+        #[arg(long = "type", default_value = "step")]
+        kind: String,
+        /// Only the output of this attempt.
+        #[arg(long)]
+        attempt: Option<u32>,
+    },
     /// Send an event to an instance.
     #[command(
         after_help = "Example:\n  cairn instances send-event approval req-1 --type approved --payload '{\"by\": \"ada\"}'"
@@ -982,6 +1005,30 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                     }
                 })?;
             }
+        }
+        InstancesCommand::Output {
+            name,
+            id,
+            step,
+            count,
+            kind,
+            attempt,
+        } => {
+            let id = c.resolve(&name, &id)?;
+            let mut path = format!(
+                "/api/workflows/{}/instances/{}/step?name={}&count={count}&type={}",
+                client::seg(&name),
+                client::seg(&id),
+                client::query_value(&step),
+                client::query_value(&kind),
+            );
+            if let Some(a) = attempt {
+                path.push_str(&format!("&attempt={a}"));
+            }
+            let mut stdout = std::io::stdout().lock();
+            c.download(&path, &mut stdout)?;
+            use std::io::Write as _;
+            let _ = stdout.flush();
         }
         InstancesCommand::SendEvent {
             name,

@@ -194,6 +194,40 @@ fn the_cli_drives_an_instance_through_its_life() {
         details["output"]["request"],
         serde_json::json!({"amount": 42})
     );
+    // One step's whole output, as stored, on stdout; a step without one says so.
+    let (ok, out, err) = cairn(
+        port,
+        &[
+            "instances",
+            "output",
+            "approval",
+            "a1",
+            "--step",
+            "wait for approval",
+            "--type",
+            "waitForEvent",
+        ],
+    );
+    assert!(ok, "{err}");
+    let event: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(event["payload"], serde_json::json!({"by": "ada"}));
+    let (ok, out, _) = cairn(
+        port,
+        &[
+            "instances",
+            "output",
+            "approval",
+            "a1",
+            "--step",
+            "notify approver",
+        ],
+    );
+    assert!(ok && out == "null", "{out}");
+    let (ok, _, err) = cairn(
+        port,
+        &["instances", "output", "approval", "a1", "--step", "nope"],
+    );
+    assert!(!ok && err.contains("step.not_found"), "{err}");
 
     cairn(port, &["workflows", "trigger", "approval", "--id", "a2"]);
     until(port, "a2", "waiting");

@@ -36,7 +36,9 @@ impl ApiError {
 /// The HTTP status of one of the engine's error codes.
 pub(crate) fn status_of_code(code: &str) -> StatusCode {
     match code {
-        "instance.not_found" | "workflow.not_found" | "schedule.not_found" => StatusCode::NOT_FOUND,
+        "instance.not_found" | "workflow.not_found" | "schedule.not_found" | "step.not_found" => {
+            StatusCode::NOT_FOUND
+        }
         "instance.already_exists"
         | "schedule.already_exists"
         | "schedule.declared_in_code"

@@ -97,6 +97,11 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
     ),
     (
         "get",
+        "/api/workflows/{name}/instances/{id}/step",
+        "One step's whole output, as stored (the details view cuts outputs over 4 KiB); \"[REDACTED]\" for a sensitive step",
+    ),
+    (
+        "get",
         "/api/workflows/{name}/instances/{id}/wait",
         "Long poll: answers when the instance has finished, or at the timeout, with its status and output",
     ),
@@ -134,6 +139,28 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
             )],
             body(schema("CreateInstance")),
             ("201", schema("Settled")),
+        ),
+        ("get", "/api/workflows/{name}/instances/{id}/step") => (
+            vec![
+                json!({ "name": "name", "in": "query", "required": true, "description": "The step's name", "schema": { "type": "string" } }),
+                query(
+                    "count",
+                    "Its occurrence among steps of that name (default 1)",
+                    json!({ "type": "integer", "minimum": 1 }),
+                ),
+                query(
+                    "type",
+                    "step (default), sleep, waitForEvent or invoke",
+                    json!({ "type": "string" }),
+                ),
+                query(
+                    "attempt",
+                    "Only if this attempt produced it",
+                    json!({ "type": "integer", "minimum": 1 }),
+                ),
+            ],
+            None,
+            ("200", json!({ "description": "the output's JSON" })),
         ),
         ("get", "/api/workflows/{name}/instances/{id}/wait") => (
             vec![query(

@@ -50,6 +50,10 @@ pub(crate) fn routes() -> Router<Engine> {
             patch(change_status),
         )
         .route(
+            "/api/workflows/{name}/instances/{id}/step",
+            get(step_output),
+        )
+        .route(
             "/api/workflows/{name}/instances/{id}/events/{event_type}",
             post(send_event),
         )
@@ -395,7 +399,119 @@ async fn instance_details(
     if let (Some(map), Some(rollback)) = (value.as_object_mut(), status.rollback) {
         map.insert("rollback".into(), json!(rollback));
     }
+    link_full_outputs(&mut value, &name, &id);
     Ok(Json(value))
+}
+
+/// `?name=&count=&type=&attempt=`: which step's output `GET …/step` serves.
+#[derive(Deserialize)]
+struct StepQuery {
+    name: Option<String>,
+    count: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    attempt: Option<String>,
+}
+
+/// A positive number from a query value.
+fn positive(value: Option<&str>, what: &str) -> ApiResult<Option<u32>> {
+    value
+        .map(|v| {
+            v.parse::<u32>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "{what} must be a whole number from 1, not {:?}",
+                    crate::error::clip(v)
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// `GET …/instances/{id}/step?name=&count=&type=&attempt=`: one step's whole output (the
+/// details view cuts outputs over 4 KiB), as the JSON it is stored as; `"[REDACTED]"` for
+/// a sensitive step.
+async fn step_output(
+    State(engine): State<Engine>,
+    Path((name, id)): Path<(String, String)>,
+    query: Result<Query<StepQuery>, QueryRejection>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let step = q
+        .name
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::bad_request("which step: ?name=<step name>[&count=N]"))?;
+    let kind = match q.kind.as_deref() {
+        None | Some("") => cairn::StepKind::Run,
+        Some(t) => cairn::StepKind::parse(t).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "type must be {}, not {:?}",
+                cairn::StepKind::NAMES,
+                crate::error::clip(t)
+            ))
+        })?,
+    };
+    let mut selector = cairn::StepSelector::new(step)
+        .count(positive(q.count.as_deref(), "count")?.unwrap_or(1))
+        .kind(kind);
+    if let Some(attempt) = positive(q.attempt.as_deref(), "attempt")? {
+        selector = selector.attempt(attempt);
+    }
+    let output = workflow(&engine, &name)?
+        .get(&id)
+        .await?
+        .step_output(&selector)
+        .await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        output.to_json(),
+    )
+        .into_response())
+}
+
+/// Where `GET …/step` serves a step's whole output.
+pub(crate) fn step_output_url(
+    workflow: &str,
+    id: &str,
+    step: &str,
+    count: u32,
+    kind: &str,
+) -> String {
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("name", step)
+        .append_pair("count", &count.to_string())
+        .append_pair("type", kind)
+        .finish();
+    let segment = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    format!(
+        "/api/workflows/{}/instances/{}/step?{query}",
+        segment(workflow),
+        segment(id)
+    )
+}
+
+/// A step entry of the details view whose output is cut short gets the URL of the whole
+/// output as `outputUrl`.
+fn link_full_outputs(value: &mut Value, name: &str, id: &str) {
+    let Some(steps) = value.get_mut("steps").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for step in steps {
+        if step.get("outputBytes").is_none() {
+            continue;
+        }
+        let count = step["count"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(1);
+        step["outputUrl"] = json!(step_output_url(
+            name,
+            id,
+            step["name"].as_str().unwrap_or_default(),
+            count,
+            step["type"].as_str().unwrap_or("step"),
+        ));
+    }
 }
 
 async fn delete_instance(

@@ -105,6 +105,10 @@ pub enum Error {
         /// The step name asked for.
         name: String,
     },
+    /// A step whose output was asked for has none: it does not exist, has not succeeded,
+    /// or succeeded at another attempt than the one named.
+    #[error("{0}")]
+    NoStepOutput(String),
     /// No workflow with this name is registered on the engine.
     #[error("no workflow named {0:?} is registered on this engine")]
     UnknownWorkflow(String),
@@ -235,6 +239,7 @@ impl Error {
                 Action::Delete => "instance.cannot_delete",
             },
             Error::StepNotFound { .. } => "instance.cannot_restart",
+            Error::NoStepOutput(_) => "step.not_found",
             Error::UnknownWorkflow(_) => "workflow.not_found",
             Error::ScheduleNotFound(_) => "schedule.not_found",
             Error::ScheduleExists(_) => "schedule.already_exists",

@@ -26,10 +26,10 @@ pub use cairn_core::{
 };
 pub use cairn_store::{Retention, WorkflowLogPage};
 pub use client::{
-    AttemptDetails, BatchCreated, BatchDeleted, BatchError, CreateOptions, Delivery, Instance,
-    InstanceDetails, InstancePage, InstanceRetention, InstanceSummary, ListOptions,
-    MAX_IDEMPOTENCY_KEY, Relative, ScheduleEntry, SlotWait, Status, StepDetails, UntypedWorkflow,
-    WorkflowClient,
+    AttemptDetails, BatchCreated, BatchDeleted, BatchError, CreateOptions, DETAILS_OUTPUT_LIMIT,
+    Delivery, Instance, InstanceDetails, InstancePage, InstanceRetention, InstanceSummary,
+    ListOptions, MAX_IDEMPOTENCY_KEY, Relative, ScheduleEntry, SlotWait, Status, StepDetails,
+    StepOutput, StepSelector, UntypedWorkflow, WorkflowClient,
 };
 pub use clock::Clock;
 pub use config::{Delay, DelayContext, DelayFn, DelayValue, Retries, StepConfig};

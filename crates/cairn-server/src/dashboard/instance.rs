@@ -189,7 +189,13 @@ fn render(
                                 td { @match s.end { Some(e) => (layout::duration(e.since(s.start))), None => span.muted { "—" } } }
                                 td.wide {
                                     @if let Some(e) = &s.error { span.failed { (e.name) ": " (layout::clip(&e.message, 300)) } }
-                                    @else if let Some(o) = &s.output { code { (layout::clip(&o.to_string(), 160)) } }
+                                    @else if let Some(o) = &s.output {
+                                        @let shown = o.to_string();
+                                        code { (layout::clip(&shown, 160)) }
+                                        @if s.output_bytes.is_some() || shown.chars().count() > 160 {
+                                            " " a.small href=(crate::routes::step_output_url(name, id, &s.name, s.count, s.kind)) { "whole output" }
+                                        }
+                                    }
                                 }
                             }
                         } }

@@ -1680,3 +1680,155 @@ async fn schedules_are_created_paused_resumed_and_deleted_over_the_api() {
     assert_eq!(v["schedules"], json!([]));
     engine.shutdown().await;
 }
+
+/// A step with a large output (6,000 characters), a sensitive one, and a wait.
+struct Outputs;
+
+impl Workflow for Outputs {
+    const NAME: &'static str = "outputs";
+    type Params = Value;
+    type Output = Value;
+
+    async fn run(
+        &self,
+        _event: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> Result<Value, WorkflowError> {
+        let big: String = step
+            .run("build report", |_| async { Ok("é".repeat(3_000)) })
+            .await?;
+        let _secret: String = step
+            .run("fetch token", |_| async { Ok("s3cr3t".to_string()) })
+            .sensitive()
+            .await?;
+        let small: u32 = step.run("count & sum", |_| async { Ok(7) }).await?;
+        let e: StepEvent<Value> = step.wait_for_event("approval", "approved").await?;
+        Ok(json!({ "len": big.len(), "small": small, "by": e.payload }))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_step_endpoint_serves_a_whole_output_the_details_cut_short() {
+    let (engine, _dir) = app_with(|b| b.register(Outputs)).await;
+    let (s, _) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/outputs/instances",
+        Some(r#"{"instance_id": "r1"}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let instance = engine.workflow::<Outputs>().get("r1").await.unwrap();
+    instance
+        .wait_for(|s| s.status == InstanceStatus::Waiting)
+        .await
+        .unwrap();
+    instance
+        .send_event("approved", &json!("ada"))
+        .await
+        .unwrap();
+    instance.wait().await.unwrap();
+
+    // The details cut the 6,002-byte output, say how large it is and where it is whole.
+    let (_, d) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/outputs/instances/r1",
+        None,
+    )
+    .await;
+    let report = &d["steps"][0];
+    assert_eq!(report["outputBytes"], 6_002);
+    let preview = report["output"].as_str().unwrap();
+    assert!(
+        preview.ends_with("… [truncated output: 6002 bytes]"),
+        "{preview}"
+    );
+    assert!(preview.len() <= cairn::DETAILS_OUTPUT_LIMIT + 64);
+    let url = report["outputUrl"].as_str().unwrap();
+    assert_eq!(
+        url,
+        "/api/workflows/outputs/instances/r1/step?name=build+report&count=1&type=step"
+    );
+    assert!(d["steps"][2].get("outputBytes").is_none());
+
+    // The endpoint serves it whole, as JSON with its length.
+    let router = cairn_server::router(engine.clone());
+    let request = Request::builder().uri(url).body(Body::empty()).unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    assert_eq!(response.headers()["content-length"], "6002");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let whole: String = serde_json::from_slice(&body).unwrap();
+    assert_eq!(whole, "é".repeat(3_000));
+
+    // A sensitive step's output is redacted; a name that needs escaping; a wait's output is
+    // the event it received.
+    let get = |q: &'static str| {
+        let engine = engine.clone();
+        async move {
+            call(
+                &engine,
+                Method::GET,
+                &format!("/api/workflows/outputs/instances/r1/step?{q}"),
+                None,
+            )
+            .await
+        }
+    };
+    assert_eq!(
+        get("name=fetch+token").await,
+        (StatusCode::OK, json!("[REDACTED]"))
+    );
+    assert_eq!(
+        get("name=count+%26+sum&attempt=1").await,
+        (StatusCode::OK, json!(7))
+    );
+    let (s, event) = get("name=approval&type=waitForEvent").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(event["payload"], "ada");
+
+    // What has no output, and bad queries, have their codes.
+    for (q, status, code) in [
+        ("name=nope", StatusCode::NOT_FOUND, "step.not_found"),
+        (
+            "name=count+%26+sum&count=2",
+            StatusCode::NOT_FOUND,
+            "step.not_found",
+        ),
+        (
+            "name=count+%26+sum&attempt=2",
+            StatusCode::NOT_FOUND,
+            "step.not_found",
+        ),
+        ("name=approval", StatusCode::NOT_FOUND, "step.not_found"),
+        ("", StatusCode::BAD_REQUEST, "request.invalid"),
+        ("name=x&count=0", StatusCode::BAD_REQUEST, "request.invalid"),
+        (
+            "name=x&count=two",
+            StatusCode::BAD_REQUEST,
+            "request.invalid",
+        ),
+        (
+            "name=x&type=bogus",
+            StatusCode::BAD_REQUEST,
+            "request.invalid",
+        ),
+    ] {
+        let (s, e) = get(q).await;
+        assert_eq!((s, e["code"].as_str()), (status, Some(code)), "{q}: {e}");
+    }
+    let (s, e) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/outputs/instances/nobody/step?name=x",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("instance.not_found"))
+    );
+    engine.shutdown().await;
+}

@@ -13,6 +13,11 @@ use serde::Serialize;
 use cairn_core::rfc3339::option::serialize as iso_opt;
 use cairn_core::rfc3339::serialize as iso;
 
+/// The most bytes of a step's output JSON the details view shows; a longer output is cut
+/// (on a character boundary) and marked, and [`crate::Instance::step_output`] (over HTTP,
+/// `GET …/instances/{id}/step?name=`) serves it whole.
+pub const DETAILS_OUTPUT_LIMIT: usize = 4096;
+
 /// Everything about one instance.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
@@ -120,8 +125,13 @@ pub struct StepDetails {
     pub cancelled: bool,
     /// The resolved config it ran with.
     pub config: serde_json::Value,
-    /// Its output (`"[REDACTED]"` for a sensitive step).
+    /// Its output (`"[REDACTED]"` for a sensitive step). Over
+    /// [`DETAILS_OUTPUT_LIMIT`] bytes of JSON, a string: the first bytes of the JSON and
+    /// `[truncated output: N bytes]`.
     pub output: Option<serde_json::Value>,
+    /// The size of the output's JSON when `output` is cut short.
+    #[serde(rename = "outputBytes", skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<usize>,
     /// Its final error.
     pub error: Option<ErrorInfo>,
     /// When its next attempt is due, while a step (or rollback) waits for a retry.
@@ -153,6 +163,16 @@ pub struct AttemptDetails {
     /// The wait before the next attempt, when one was scheduled.
     #[serde(rename = "retryDelayMs")]
     pub retry_delay_ms: Option<u64>,
+}
+
+/// The first [`DETAILS_OUTPUT_LIMIT`] bytes of `json` (cut on a character boundary) and
+/// the marker that says how large it is.
+fn truncated(json: &str) -> String {
+    let mut end = DETAILS_OUTPUT_LIMIT.min(json.len());
+    while !json.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [truncated output: {} bytes]", &json[..end], json.len())
 }
 
 fn kind_label(kind: StepKind) -> &'static str {
@@ -226,10 +246,17 @@ impl InstanceDetails {
                     output: s.output.as_deref().map(|json| {
                         if sensitive {
                             serde_json::Value::from(REDACTED)
+                        } else if json.len() > DETAILS_OUTPUT_LIMIT {
+                            serde_json::Value::from(truncated(json))
                         } else {
                             serde_json::from_str(json).unwrap_or(serde_json::Value::Null)
                         }
                     }),
+                    output_bytes: s
+                        .output
+                        .as_ref()
+                        .filter(|json| !sensitive && json.len() > DETAILS_OUTPUT_LIMIT)
+                        .map(String::len),
                     error: s.error.clone(),
                     retries_at: due.filter(|_| !waits),
                     until: due.filter(|_| waits),

@@ -5,6 +5,7 @@
 pub(crate) mod create;
 pub(crate) mod details;
 pub(crate) mod instance;
+mod output;
 mod replay;
 mod schedules;
 pub(crate) mod workflow;
@@ -17,8 +18,11 @@ use crate::workflow::Workflow;
 use cairn_core::WorkflowName;
 
 pub use create::{BatchCreated, BatchDeleted, BatchError, CreateOptions, InstanceRetention};
-pub use details::{AttemptDetails, InstanceDetails, Relative, SlotWait, StepDetails};
+pub use details::{
+    AttemptDetails, DETAILS_OUTPUT_LIMIT, InstanceDetails, Relative, SlotWait, StepDetails,
+};
 pub use instance::{Delivery, Instance, MAX_IDEMPOTENCY_KEY, Status};
+pub use output::{StepOutput, StepSelector};
 pub use schedules::ScheduleEntry;
 pub use workflow::{InstancePage, InstanceSummary, ListOptions, UntypedWorkflow, WorkflowClient};
 

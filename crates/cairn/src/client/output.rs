@@ -1,0 +1,130 @@
+//! A step's full output ([`Instance::step_output`]): what the details view cuts short.
+
+use cairn_core::{REDACTED, StepKey, StepKind, StepState};
+use serde::de::DeserializeOwned;
+
+use crate::client::instance::Instance;
+use crate::error::Error;
+
+/// Which step's output: its name, its occurrence (1 unless given), its kind (`step` unless
+/// given) and, optionally, the attempt that must have produced it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepSelector {
+    /// The step name.
+    pub name: String,
+    /// Its occurrence among steps of that name and kind (1-based).
+    pub count: u32,
+    /// Its kind.
+    pub kind: StepKind,
+    /// The attempt whose output is asked for: the output is the successful attempt's, so
+    /// another attempt has none.
+    pub attempt: Option<u32>,
+}
+
+impl StepSelector {
+    /// The first `run` step named `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        StepSelector {
+            name: name.into(),
+            count: 1,
+            kind: StepKind::Run,
+            attempt: None,
+        }
+    }
+
+    /// The `count`-th step of that name.
+    #[must_use]
+    pub fn count(mut self, count: u32) -> Self {
+        self.count = count;
+        self
+    }
+
+    /// A step of another kind (a wait's output is the event it received).
+    #[must_use]
+    pub fn kind(mut self, kind: StepKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Only the output of this attempt.
+    #[must_use]
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = Some(attempt);
+        self
+    }
+}
+
+/// A step's full output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepOutput {
+    /// Its JSON, exactly as stored.
+    Json(String),
+    /// The step is sensitive: its output is never shown.
+    Redacted,
+}
+
+impl StepOutput {
+    /// The output as JSON text (`"[REDACTED]"` for a sensitive step).
+    pub fn to_json(&self) -> String {
+        match self {
+            StepOutput::Json(json) => json.clone(),
+            StepOutput::Redacted => serde_json::Value::from(REDACTED).to_string(),
+        }
+    }
+}
+
+impl<O: DeserializeOwned> Instance<O> {
+    /// The full output of one step, however large (the details view shows at most
+    /// [`crate::DETAILS_OUTPUT_LIMIT`] bytes of it).
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`]; [`Error::NoStepOutput`] (`step.not_found`) when the
+    /// step does not exist, has not succeeded, or succeeded at another attempt than the one
+    /// asked for.
+    pub async fn step_output(&self, step: &StepSelector) -> Result<StepOutput, Error> {
+        let record = self.record().await?;
+        let key = StepKey {
+            kind: step.kind,
+            name: step.name.clone(),
+            count: step.count,
+        };
+        let journal = self.engine.inner.env.store.journal(record.instance).await?;
+        let Some(found) = journal.into_iter().find(|s| s.key == key) else {
+            return Err(Error::NoStepOutput(format!(
+                "instance {:?} has no {} step {}",
+                self.id.as_str(),
+                key.kind.as_str(),
+                key.target()
+            )));
+        };
+        if found.state != StepState::Succeeded {
+            let state = match found.state {
+                StepState::Running => "is still running",
+                StepState::Failed => "failed",
+                StepState::Cancelled => "was cancelled",
+                StepState::Succeeded => "succeeded",
+            };
+            return Err(Error::NoStepOutput(format!(
+                "step {} {state}: it has no output",
+                key.target()
+            )));
+        }
+        if let Some(attempt) = step.attempt
+            && found.key.kind == StepKind::Run
+            && attempt != found.attempts
+        {
+            return Err(Error::NoStepOutput(format!(
+                "step {} succeeded at attempt {}: attempt {attempt} has no output",
+                key.target(),
+                found.attempts
+            )));
+        }
+        if found.config.get("sensitive").is_some() {
+            return Ok(StepOutput::Redacted);
+        }
+        Ok(StepOutput::Json(
+            found.output.unwrap_or_else(|| "null".to_owned()),
+        ))
+    }
+}
