@@ -216,6 +216,17 @@ impl ResolvedConfig {
     /// # Errors
     /// When `value` is not a config in the persisted shape.
     pub fn from_persisted_json(value: &serde_json::Value) -> Result<Self, ConfigError> {
+        // `stream` marks a stream step's config (the engine's, not a setting).
+        let unmarked;
+        let value = match value.as_object() {
+            Some(map) if map.contains_key("stream") => {
+                let mut map = map.clone();
+                map.remove("stream");
+                unmarked = serde_json::Value::Object(map);
+                &unmarked
+            }
+            _ => value,
+        };
         let crate::json::Object(spec) =
             crate::json::Object::<StepConfigSpec>::deserialize(value)
                 .map_err(|e| ConfigError(format!("stored step config is unreadable: {e}")))?;

@@ -437,6 +437,22 @@ impl Store for PostgresStore {
         Box::pin(async move { reads::journal(&self.reader().await?, instance).await })
     }
 
+    fn stream_chunk(
+        &self,
+        instance: InstanceRef,
+        step: cairn_core::StepKey,
+        attempt: u32,
+        index: u32,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        Box::pin(async move {
+            reads::stream_chunk(&self.reader().await?, instance, &step, attempt, index).await
+        })
+    }
+
+    fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64> {
+        Box::pin(async move { reads::stream_bytes(&self.reader().await?, instance).await })
+    }
+
     fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
         Box::pin(async move { reads::children(&self.reader().await?, parent).await })
     }

@@ -213,6 +213,46 @@ async fn apply(
             .await?;
             Ok(None)
         }
+        Write::Chunk {
+            step,
+            attempt,
+            index,
+            data,
+        } => {
+            exec(
+                tx,
+                b,
+                "INSERT INTO stream_chunks (iid, name, count, attempt, idx, data)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (iid, name, count, attempt, idx) DO UPDATE SET data = EXCLUDED.data",
+                &[
+                    &instance.0,
+                    &step.name,
+                    &i64::from(step.count),
+                    &i64::from(*attempt),
+                    &i64::from(*index),
+                    data,
+                ],
+            )
+            .await?;
+            Ok(None)
+        }
+        Write::DropChunks { step, keep } => {
+            exec(
+                tx,
+                b,
+                "DELETE FROM stream_chunks WHERE iid = $1 AND name = $2 AND count = $3
+                     AND attempt IS DISTINCT FROM $4",
+                &[
+                    &instance.0,
+                    &step.name,
+                    &i64::from(step.count),
+                    &keep.map(i64::from),
+                ],
+            )
+            .await?;
+            Ok(None)
+        }
         Write::Pause { at, record } => {
             let paused = exec(
                 tx,
@@ -807,6 +847,7 @@ fn log_now(
 async fn wipe(tx: &Transaction<'_>, b: &mut Batch<'_>, iid: i64) -> R<()> {
     for sql in [
         "DELETE FROM steps WHERE iid = $1",
+        "DELETE FROM stream_chunks WHERE iid = $1",
         "DELETE FROM log WHERE iid = $1",
         "DELETE FROM events WHERE iid = $1",
         "DELETE FROM event_keys WHERE iid = $1",
@@ -1051,6 +1092,15 @@ pub(crate) async fn control(
                         "DELETE FROM log WHERE iid = $1 AND (kind IN (2, 3, 4) OR EXISTS (
                              SELECT 1 FROM steps s WHERE s.iid = $1 AND s.seq >= $2 AND s.kind = log.step_kind
                                  AND s.name = log.step_name AND s.count = log.step_count))",
+                        &[&iid, &seq],
+                    )
+                    .await?;
+                    exec(
+                        tx,
+                        b,
+                        "DELETE FROM stream_chunks WHERE iid = $1 AND EXISTS (
+                             SELECT 1 FROM steps s WHERE s.iid = $1 AND s.seq >= $2 AND s.kind = 0
+                                 AND s.name = stream_chunks.name AND s.count = stream_chunks.count)",
                         &[&iid, &seq],
                     )
                     .await?;

@@ -191,6 +191,47 @@ pub(crate) async fn journal(
     rows.iter().map(step_record).collect()
 }
 
+pub(crate) async fn stream_chunk(
+    client: &impl GenericClient,
+    instance: InstanceRef,
+    step: &StepKey,
+    attempt: u32,
+    index: u32,
+) -> Result<Option<Vec<u8>>> {
+    let rows = query(
+        client,
+        "SELECT data FROM stream_chunks
+         WHERE iid = $1 AND name = $2 AND count = $3 AND attempt = $4 AND idx = $5",
+        &[
+            &instance.0,
+            &step.name,
+            &i64::from(step.count),
+            &i64::from(attempt),
+            &i64::from(index),
+        ],
+    )
+    .await?;
+    rows.first()
+        .map(|r| r.try_get(0).map_err(corrupt))
+        .transpose()
+}
+
+pub(crate) async fn stream_bytes(
+    client: &impl GenericClient,
+    instance: InstanceRef,
+) -> Result<u64> {
+    let rows = query(
+        client,
+        "SELECT COALESCE(SUM(octet_length(data)), 0)::BIGINT FROM stream_chunks WHERE iid = $1",
+        &[&instance.0],
+    )
+    .await?;
+    let n: i64 = rows
+        .first()
+        .map_or(Ok(0), |r| r.try_get(0).map_err(corrupt))?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 fn step_record(r: &Row) -> Result<StepRecord> {
     let kind: i64 = r.try_get(0).map_err(corrupt)?;
     let state: i64 = r.try_get(4).map_err(corrupt)?;

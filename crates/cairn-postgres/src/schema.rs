@@ -182,6 +182,18 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (workflow, ckey)
     );
     ",
+    // 5: stream step outputs (as SQLite's migration 13).
+    "
+    CREATE TABLE stream_chunks (
+        iid     BIGINT NOT NULL,
+        name    TEXT NOT NULL,
+        count   BIGINT NOT NULL,
+        attempt BIGINT NOT NULL,
+        idx     BIGINT NOT NULL,
+        data    BYTEA NOT NULL,
+        PRIMARY KEY (iid, name, count, attempt, idx)
+    );
+    ",
 ];
 
 /// Why the schema could not be brought up to date.

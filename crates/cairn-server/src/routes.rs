@@ -462,11 +462,29 @@ async fn step_output(
         .await?
         .step_output(&selector)
         .await?;
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        output.to_json(),
-    )
-        .into_response())
+    use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+    Ok(match output {
+        cairn::StepOutput::Stream(stream) => {
+            // Streamed chunk by chunk from the store, never whole in memory.
+            let length = stream.len().to_string();
+            let body = axum::body::Body::from_stream(futures::StreamExt::map(stream, |chunk| {
+                chunk.map_err(|e| std::io::Error::other(e.to_string()))
+            }));
+            (
+                [
+                    (CONTENT_TYPE, "application/octet-stream".to_owned()),
+                    (CONTENT_LENGTH, length),
+                ],
+                body,
+            )
+                .into_response()
+        }
+        other => (
+            [(CONTENT_TYPE, "application/json")],
+            other.to_json().unwrap_or_default(),
+        )
+            .into_response(),
+    })
 }
 
 /// Where `GET …/step` serves a step's whole output.

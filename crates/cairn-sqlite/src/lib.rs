@@ -21,6 +21,7 @@ mod raw;
 mod rows;
 mod schema;
 mod slots;
+mod streams;
 mod worker;
 
 pub use raw::{RawBound, raw_step_writes, replicate_instances};
@@ -562,6 +563,20 @@ impl Store for SqliteStore {
 
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<cairn_core::StepRecord>> {
         self.read(move |conn| rows::journal(conn, instance))
+    }
+
+    fn stream_chunk(
+        &self,
+        instance: InstanceRef,
+        step: cairn_core::StepKey,
+        attempt: u32,
+        index: u32,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        self.read(move |conn| streams::chunk(conn, instance, &step, attempt, index))
+    }
+
+    fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64> {
+        self.read(move |conn| streams::bytes(conn, instance))
     }
 
     fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {

@@ -414,6 +414,13 @@ fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
                 .map_err(map_sqlite)?;
             Ok(())
         }
+        Write::Chunk {
+            step,
+            attempt,
+            index,
+            data,
+        } => crate::streams::put(conn, instance, &step, attempt, index, &data),
+        Write::DropChunks { step, keep } => crate::streams::drop(conn, instance, &step, keep),
         Write::Pause { at, record } => {
             let paused = conn
                 .prepare_cached(
@@ -1043,6 +1050,7 @@ pub(crate) fn control(
                 None => {
                     for sql in [
                         "DELETE FROM steps WHERE iid = ?1",
+                        "DELETE FROM stream_chunks WHERE iid = ?1",
                         "DELETE FROM log WHERE iid = ?1",
                         "DELETE FROM events WHERE iid = ?1",
                         "DELETE FROM event_keys WHERE iid = ?1",
@@ -1091,6 +1099,12 @@ pub(crate) fn control(
                         &[&iid, &seq],
                     )?;
                     exec(
+                        "DELETE FROM stream_chunks WHERE iid = ?1 AND EXISTS (
+                             SELECT 1 FROM steps s WHERE s.iid = ?1 AND s.seq >= ?2 AND s.kind = 0
+                                 AND s.name = stream_chunks.name AND s.count = stream_chunks.count)",
+                        &[&iid, &seq],
+                    )?;
+                    exec(
                         "DELETE FROM steps WHERE iid = ?1 AND seq >= ?2",
                         &[&iid, &seq],
                     )?;
@@ -1117,6 +1131,7 @@ pub(crate) fn control(
             crate::slots::give_back(conn, instance)?;
             for sql in [
                 "DELETE FROM steps WHERE iid = ?1",
+                "DELETE FROM stream_chunks WHERE iid = ?1",
                 "DELETE FROM log WHERE iid = ?1",
                 "DELETE FROM events WHERE iid = ?1",
                 "DELETE FROM event_keys WHERE iid = ?1",
@@ -1156,6 +1171,7 @@ pub(crate) fn purge(conn: &Connection, now: Timestamp, limit: usize) -> Result<u
     for iid in &iids {
         for sql in [
             "DELETE FROM steps WHERE iid = ?1",
+            "DELETE FROM stream_chunks WHERE iid = ?1",
             "DELETE FROM log WHERE iid = ?1",
             "DELETE FROM events WHERE iid = ?1",
             "DELETE FROM event_keys WHERE iid = ?1",

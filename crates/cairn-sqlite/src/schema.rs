@@ -269,6 +269,19 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (workflow, ckey)
     ) WITHOUT ROWID;
     ",
+    // 13: stream step outputs, in chunks of up to 256 KiB per attempt: pending until the
+    // step's success names the attempt whose chunks are the output.
+    "
+    CREATE TABLE stream_chunks (
+        iid     INTEGER NOT NULL,
+        name    TEXT NOT NULL,
+        count   INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        idx     INTEGER NOT NULL,
+        data    BLOB NOT NULL,
+        PRIMARY KEY (iid, name, count, attempt, idx)
+    ) WITHOUT ROWID;
+    ",
 ];
 
 /// Brings the schema up to date.

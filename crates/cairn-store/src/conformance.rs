@@ -1654,6 +1654,143 @@ pub async fn a_slot_is_never_lost_to_an_instance_that_leaves_before_its_claim(
     assert_eq!(c[0].record.id.as_str(), "c");
 }
 
+/// Stream chunks: written under the lease (a stale one is fenced), read back by attempt,
+/// dropped but for the attempt kept, counted per instance, and gone with a restart from
+/// their step, a full restart and a delete.
+pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_step(
+    store: Arc<dyn Store>,
+) {
+    let iid = create_one(&*store, "wf", "a").await;
+    let lease = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0)
+        .lease;
+    let key = StepKey {
+        kind: StepKind::Run,
+        name: "export".into(),
+        count: 1,
+    };
+    let chunk = |attempt: u32, index: u32, byte: u8, len: usize| Write::Chunk {
+        step: key.clone(),
+        attempt,
+        index,
+        data: vec![byte; len],
+    };
+    store
+        .commit(
+            lease,
+            vec![
+                Write::Step(step("export", 1, 0, StepState::Running)),
+                chunk(1, 0, 1, 100),
+                chunk(1, 1, 2, 50),
+            ],
+        )
+        .await
+        .unwrap();
+    store.commit(lease, vec![chunk(2, 0, 3, 70)]).await.unwrap();
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 220);
+    assert_eq!(
+        store.stream_chunk(iid, key.clone(), 1, 1).await.unwrap(),
+        Some(vec![2; 50])
+    );
+    assert_eq!(
+        store.stream_chunk(iid, key.clone(), 1, 2).await.unwrap(),
+        None
+    );
+    // Attempt 2 succeeded: attempt 1's chunks go.
+    store
+        .commit(
+            lease,
+            vec![Write::DropChunks {
+                step: key.clone(),
+                keep: Some(2),
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 70);
+    assert_eq!(
+        store.stream_chunk(iid, key.clone(), 1, 0).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.stream_chunk(iid, key.clone(), 2, 0).await.unwrap(),
+        Some(vec![3; 70])
+    );
+    // A stale lease writes no chunk.
+    let id = InstanceId::new("a").unwrap();
+    store
+        .control(
+            &wf("wf"),
+            &id,
+            ControlRequest::Restart {
+                at: T0,
+                from: Some(key.clone()),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.stream_bytes(iid).await.unwrap(),
+        0,
+        "restart from the step"
+    );
+    assert!(store.commit(lease, vec![chunk(3, 0, 4, 10)]).await.is_err());
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 0);
+    let lease = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0)
+        .lease;
+    store
+        .commit(
+            lease,
+            vec![
+                Write::Step(step("export", 1, 0, StepState::Running)),
+                chunk(1, 0, 5, 30),
+            ],
+        )
+        .await
+        .unwrap();
+    // A failed attempt drops everything the step holds.
+    store
+        .commit(
+            lease,
+            vec![Write::DropChunks {
+                step: key.clone(),
+                keep: None,
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 0);
+    store.commit(lease, vec![chunk(2, 0, 6, 40)]).await.unwrap();
+    store
+        .control(
+            &wf("wf"),
+            &id,
+            ControlRequest::Restart { at: T0, from: None },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 0, "full restart");
+    let lease = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0)
+        .lease;
+    store.commit(lease, vec![chunk(1, 0, 7, 20)]).await.unwrap();
+    store
+        .control(&wf("wf"), &id, ControlRequest::Delete)
+        .await
+        .unwrap();
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 0, "delete");
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -1693,6 +1830,7 @@ macro_rules! conformance_tests {
             a_second_terminate_with_rollback_is_a_no_op,
             a_key_runs_its_limit_at_once_and_frees_slots_by_priority,
             a_slot_is_never_lost_to_an_instance_that_leaves_before_its_claim,
+            stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_step,
         );
     };
     (@cases $factory:ident; $($case:ident,)*) => {
@@ -1743,6 +1881,7 @@ macro_rules! conformance_tests {
             a_second_terminate_with_rollback_is_a_no_op,
             a_key_runs_its_limit_at_once_and_frees_slots_by_priority,
             a_slot_is_never_lost_to_an_instance_that_leaves_before_its_claim,
+            stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_step,
         );
     };
     (@optional $factory:ident; $($case:ident,)*) => {

@@ -336,6 +336,26 @@ pub enum Write {
         /// Its lifecycle records, logged only if the cancel takes effect.
         records: Vec<LogEntry>,
     },
+    /// Store chunk `index` of the byte stream attempt `attempt` of the `run` step `step`
+    /// returns. Chunks are pending until the step's success names their attempt; the other
+    /// attempts' chunks are garbage, dropped with [`Write::DropChunks`].
+    Chunk {
+        /// The stream step.
+        step: StepKey,
+        /// The attempt writing.
+        attempt: u32,
+        /// 0-based.
+        index: u32,
+        /// At most 256 KiB.
+        data: Vec<u8>,
+    },
+    /// Drop the stream chunks of `step`, but for those of attempt `keep`.
+    DropChunks {
+        /// The stream step.
+        step: StepKey,
+        /// The attempt whose chunks stay (the one that succeeded), if any.
+        keep: Option<u32>,
+    },
 }
 
 /// A management request (SPEC §3.8–3.10, Part A.11).
@@ -643,6 +663,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// The journal of an instance, in step start order.
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>>;
+
+    /// Chunk `index` of the stream attempt `attempt` of `step` wrote ([`Write::Chunk`]).
+    fn stream_chunk(
+        &self,
+        instance: InstanceRef,
+        step: StepKey,
+        attempt: u32,
+        index: u32,
+    ) -> StoreFuture<'_, Option<Vec<u8>>>;
+
+    /// The bytes of every stream chunk an instance holds (its storage, against its limit).
+    fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64>;
 
     /// Applies `writes` atomically if `lease` is still current, and returns the instance's
     /// status after them: how the lease holder learns that a pause was requested.

@@ -16,6 +16,8 @@ use crate::clock::Clock;
 pub(crate) struct Limits {
     pub(crate) step_limit: u32,
     pub(crate) payload_limit: usize,
+    /// The most bytes an instance's stream outputs may hold together.
+    pub(crate) stream_storage: u64,
 }
 
 /// What every lifetime of every instance shares: the store, the clock, the limits, and

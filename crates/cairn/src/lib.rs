@@ -45,8 +45,9 @@ pub use engine::{
 pub use error::{Action, Error, ErrorSource};
 pub use failure::{BoxError, NonRetryableError, ResultExt, StepError, WorkflowError};
 pub use ops::{
-    DEFAULT_EVENT_TIMEOUT, IntoDuration, IntoTimestamp, InvokeOp, MAX_SLEEP, Rollback,
-    RollbackStatus, RunOp, SleepOp, StepEvent, WaitOp, WorkflowStep,
+    DEFAULT_EVENT_TIMEOUT, DEFAULT_STREAM_STORAGE, IntoDuration, IntoTimestamp, InvokeOp,
+    MAX_SLEEP, MAX_STREAM_ITEM, Rollback, RollbackStatus, RunOp, STREAM_CHUNK, SleepOp, StepEvent,
+    StepStream, StreamOp, WaitOp, WorkflowStep,
 };
 pub use workflow::{Workflow, WorkflowEvent};
 

@@ -244,7 +244,9 @@ impl InstanceDetails {
                     cancelled: s.state == StepState::Cancelled,
                     config: s.config.clone(),
                     output: s.output.as_deref().map(|json| {
-                        if sensitive {
+                        if crate::ops::stream::is_stream(&s.config) {
+                            crate::ops::stream::stream_view(json, sensitive)
+                        } else if sensitive {
                             serde_json::Value::from(REDACTED)
                         } else if json.len() > DETAILS_OUTPUT_LIMIT {
                             serde_json::Value::from(truncated(json))
@@ -255,7 +257,11 @@ impl InstanceDetails {
                     output_bytes: s
                         .output
                         .as_ref()
-                        .filter(|json| !sensitive && json.len() > DETAILS_OUTPUT_LIMIT)
+                        .filter(|json| {
+                            !sensitive
+                                && !crate::ops::stream::is_stream(&s.config)
+                                && json.len() > DETAILS_OUTPUT_LIMIT
+                        })
                         .map(String::len),
                     error: s.error.clone(),
                     retries_at: due.filter(|_| !waits),

@@ -3,8 +3,12 @@
 use cairn_core::{REDACTED, StepKey, StepKind, StepState};
 use serde::de::DeserializeOwned;
 
+use std::sync::Arc;
+
 use crate::client::instance::Instance;
 use crate::error::Error;
+use crate::ops::StepStream;
+use crate::ops::stream::StreamMeta;
 
 /// Which step's output: its name, its occurrence (1 unless given), its kind (`step` unless
 /// given) and, optionally, the attempt that must have produced it.
@@ -55,21 +59,24 @@ impl StepSelector {
 }
 
 /// A step's full output.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum StepOutput {
     /// Its JSON, exactly as stored.
     Json(String),
     /// The step is sensitive: its output is never shown.
     Redacted,
+    /// A stream step's bytes, read from the store chunk by chunk.
+    Stream(StepStream),
 }
 
 impl StepOutput {
-    /// The output as JSON text (`"[REDACTED]"` for a sensitive step).
-    pub fn to_json(&self) -> String {
+    /// The output as JSON text (`"[REDACTED]"` for a sensitive step); `None` for a stream.
+    pub fn to_json(&self) -> Option<String> {
         match self {
-            StepOutput::Json(json) => json.clone(),
-            StepOutput::Redacted => serde_json::Value::from(REDACTED).to_string(),
+            StepOutput::Json(json) => Some(json.clone()),
+            StepOutput::Redacted => Some(serde_json::Value::from(REDACTED).to_string()),
+            StepOutput::Stream(_) => None,
         }
     }
 }
@@ -123,8 +130,37 @@ impl<O: DeserializeOwned> Instance<O> {
         if found.config.get("sensitive").is_some() {
             return Ok(StepOutput::Redacted);
         }
-        Ok(StepOutput::Json(
-            found.output.unwrap_or_else(|| "null".to_owned()),
-        ))
+        let json = found.output.unwrap_or_else(|| "null".to_owned());
+        if crate::ops::stream::is_stream(&found.config) {
+            let meta: StreamMeta = serde_json::from_str(&json).map_err(|e| {
+                Error::Store(cairn_store::Error::Corrupt(format!(
+                    "the stream output of step {} is unreadable: {e}",
+                    key.target()
+                )))
+            })?;
+            return Ok(StepOutput::Stream(StepStream::new(
+                Arc::clone(&self.engine.inner.env.store),
+                record.instance,
+                key,
+                &meta,
+            )));
+        }
+        Ok(StepOutput::Json(json))
+    }
+
+    /// The bytes this instance's stream steps hold in the store (against
+    /// [`crate::EngineBuilder::stream_storage_limit`]).
+    ///
+    /// # Errors
+    /// [`Error::InstanceNotFound`]; a store failure.
+    pub async fn stream_storage(&self) -> Result<u64, Error> {
+        let record = self.record().await?;
+        Ok(self
+            .engine
+            .inner
+            .env
+            .store
+            .stream_bytes(record.instance)
+            .await?)
     }
 }

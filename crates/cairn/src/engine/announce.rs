@@ -264,6 +264,20 @@ impl Store for Announcing {
         self.store.journal(instance)
     }
 
+    fn stream_chunk(
+        &self,
+        instance: InstanceRef,
+        step: StepKey,
+        attempt: u32,
+        index: u32,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        self.store.stream_chunk(instance, step, attempt, index)
+    }
+
+    fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64> {
+        self.store.stream_bytes(instance)
+    }
+
     fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
         self.store.children(parent)
     }

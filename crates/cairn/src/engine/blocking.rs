@@ -118,6 +118,22 @@ impl Store for Blocking {
         blocking(&self.0, move |s| s.journal(instance))
     }
 
+    fn stream_chunk(
+        &self,
+        instance: InstanceRef,
+        step: StepKey,
+        attempt: u32,
+        index: u32,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        blocking(&self.0, move |s| {
+            s.stream_chunk(instance, step, attempt, index)
+        })
+    }
+
+    fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64> {
+        blocking(&self.0, move |s| s.stream_bytes(instance))
+    }
+
     fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
         blocking(&self.0, move |s| s.children(parent))
     }

@@ -122,6 +122,7 @@ mod tests {
             limits: Limits {
                 step_limit: 10,
                 payload_limit: 1024,
+                stream_storage: 1 << 20,
             },
             leases: crate::env::Leases::new(crate::env::UNBOUNDED_LEASE),
             activity: crate::telemetry::Activity::default(),

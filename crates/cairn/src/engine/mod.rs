@@ -67,6 +67,7 @@ pub struct EngineBuilder {
     max_running: usize,
     step_limit: u32,
     payload_limit: usize,
+    stream_storage: u64,
     hibernate_after: Duration,
     drain_timeout: Duration,
     retention: Retention,
@@ -106,6 +107,7 @@ impl Engine {
             max_running: DEFAULT_MAX_RUNNING,
             step_limit: DEFAULT_STEP_LIMIT,
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
+            stream_storage: crate::ops::DEFAULT_STREAM_STORAGE,
             hibernate_after: DEFAULT_HIBERNATE_AFTER,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             retention: DEFAULT_RETENTION,
@@ -343,6 +345,13 @@ impl EngineBuilder {
         self
     }
 
+    /// The most bytes one instance's stream step outputs (`step.run_stream`) may hold
+    /// together (default 1 GiB). A stream that would go over fails its step for good.
+    pub fn stream_storage_limit(mut self, bytes: u64) -> Self {
+        self.stream_storage = bytes;
+        self
+    }
+
     /// Waits longer than `threshold` hibernate the instance: its wake-up is recorded, its
     /// future dropped, and it resumes by replay (default 1 second).
     pub fn hibernate_after(mut self, threshold: Duration) -> Self {
@@ -524,6 +533,7 @@ impl EngineBuilder {
                 limits: Limits {
                     step_limit: self.step_limit,
                     payload_limit: self.payload_limit,
+                    stream_storage: self.stream_storage,
                 },
                 leases: crate::env::Leases::new(lease_ttl),
                 activity: crate::telemetry::Activity::default(),

@@ -38,6 +38,9 @@ pub(crate) struct Execution {
     /// The step's record while it is in progress (an attempt running, or waiting to retry):
     /// what a drop records as cancelled.
     running: std::sync::Mutex<Option<StepRecord>>,
+    /// A stream step (`ops/stream.rs`): its output is chunks its attempt wrote; a failure
+    /// drops them, a success drops every other attempt's.
+    pub(crate) stream: bool,
 }
 
 impl Drop for Execution {
@@ -162,6 +165,7 @@ impl Execution {
             kinds: &RUN_KINDS,
             attempt_open: std::sync::atomic::AtomicBool::new(false),
             running: std::sync::Mutex::new(None),
+            stream: false,
         }
     }
 
@@ -406,6 +410,15 @@ impl Execution {
         }
     }
 
+    /// For a stream step, the write that drops what its failed attempt wrote (no attempt
+    /// of a step that has not succeeded holds an output).
+    fn drop_chunks(&self, key: &StepKey) -> Option<cairn_store::Write> {
+        self.stream.then(|| cairn_store::Write::DropChunks {
+            step: key.clone(),
+            keep: None,
+        })
+    }
+
     /// What a test's hooks make this attempt do instead of running the body (never for a
     /// rollback handler).
     fn forced(&self, key: &StepKey, attempt: u32) -> Option<Forced> {
@@ -479,7 +492,12 @@ impl Execution {
         state.pause_gate().await;
         self.attempt_begin();
         let now = state.now();
-        let persisted = config.to_persisted_json();
+        let mut persisted = config.to_persisted_json();
+        if self.stream
+            && let Some(map) = persisted.as_object_mut()
+        {
+            map.insert("stream".into(), true.into());
+        }
         let record = StepRecord {
             key: key.clone(),
             seq: state.next_seq(),
@@ -538,7 +556,9 @@ impl Execution {
         let kinds = self.kinds;
         let state = &*self.state;
         let now = state.now();
-        let shown = if config.sensitive {
+        let shown = if self.stream {
+            crate::ops::stream::stream_view(&json, config.sensitive)
+        } else if config.sensitive {
             serde_json::Value::from(REDACTED)
         } else {
             serde_json::from_str(&json).unwrap_or(serde_json::Value::Null)
@@ -547,17 +567,23 @@ impl Execution {
         record.in_flight = false;
         record.output = Some(json);
         record.ended_at = Some(now);
-        state
-            .commit(vec![
-                state.log(
-                    kinds.attempt_success,
-                    Some(key),
-                    json!({ "attempt": record.attempts }),
-                ),
-                state.log(kinds.step_success, Some(key), json!({ "result": shown })),
-                cairn_store::Write::Step(record.clone()),
-            ])
-            .await;
+        let mut writes = vec![
+            state.log(
+                kinds.attempt_success,
+                Some(key),
+                json!({ "attempt": record.attempts }),
+            ),
+            state.log(kinds.step_success, Some(key), json!({ "result": shown })),
+            cairn_store::Write::Step(record.clone()),
+        ];
+        if self.stream {
+            // The output is this attempt's chunks: any other attempt's are garbage.
+            writes.push(cairn_store::Write::DropChunks {
+                step: key.clone(),
+                keep: Some(record.attempts),
+            });
+        }
+        state.commit(writes).await;
         self.attempt_finish();
     }
 
@@ -596,16 +622,16 @@ impl Execution {
                     };
                     record.in_flight = false;
                     record.wake_at = Some(state.now().saturating_add(wait));
-                    state
-                        .commit(vec![
-                            state.log(
-                                kinds.attempt_failure,
-                                Some(key),
-                                json!({ "attempt": attempt, "error": error, "retryDelayMs": wait.as_millis() as u64 }),
-                            ),
-                            cairn_store::Write::Step(record.clone()),
-                        ])
-                        .await;
+                    let mut writes = vec![
+                        state.log(
+                            kinds.attempt_failure,
+                            Some(key),
+                            json!({ "attempt": attempt, "error": error, "retryDelayMs": wait.as_millis() as u64 }),
+                        ),
+                        cairn_store::Write::Step(record.clone()),
+                    ];
+                    writes.extend(self.drop_chunks(key));
+                    state.commit(writes).await;
                     self.attempt_finish();
                     return Ok(());
                 }
@@ -617,21 +643,21 @@ impl Execution {
         record.wake_at = None;
         record.error = Some(final_error.clone());
         record.ended_at = Some(state.now());
-        state
-            .commit(vec![
-                state.log(
-                    kinds.attempt_failure,
-                    Some(key),
-                    json!({ "attempt": attempt, "error": error }),
-                ),
-                state.log(
-                    kinds.step_failure,
-                    Some(key),
-                    json!({ "error": final_error }),
-                ),
-                cairn_store::Write::Step(record.clone()),
-            ])
-            .await;
+        let mut writes = vec![
+            state.log(
+                kinds.attempt_failure,
+                Some(key),
+                json!({ "attempt": attempt, "error": error }),
+            ),
+            state.log(
+                kinds.step_failure,
+                Some(key),
+                json!({ "error": final_error }),
+            ),
+            cairn_store::Write::Step(record.clone()),
+        ];
+        writes.extend(self.drop_chunks(key));
+        state.commit(writes).await;
         self.attempt_finish();
         Err(WorkflowError::from_info(final_error))
     }

@@ -6,8 +6,9 @@ pub(crate) mod attempt;
 pub(crate) mod handler;
 pub(crate) mod invoke;
 pub(crate) mod rollback;
-mod run;
+pub(crate) mod run;
 pub(crate) mod sleep;
+pub(crate) mod stream;
 pub(crate) mod wait;
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ pub use invoke::InvokeOp;
 pub use rollback::RollbackStatus;
 pub use run::RunOp;
 pub use sleep::{IntoDuration, IntoTimestamp, MAX_SLEEP, SleepOp};
+pub use stream::{DEFAULT_STREAM_STORAGE, MAX_STREAM_ITEM, STREAM_CHUNK, StepStream, StreamOp};
 pub use wait::{DEFAULT_EVENT_TIMEOUT, StepEvent, WaitOp};
 
 /// The handle workflow code runs durable ops on. Cheap to clone; every clone belongs to the

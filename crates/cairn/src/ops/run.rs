@@ -38,21 +38,14 @@ impl WorkflowStep {
         let state = Arc::clone(&self.lifetime);
         let handlers = Arc::clone(&self.handlers);
         let key = self.lifetime.claim(StepKind::Run, name.into());
-        RunOp {
-            config: StepConfig::default(),
-            base: None,
-            rollback: None,
-            rollback_config: None,
-            start: Some(Box::new(move |config, rollback| {
-                if let (Ok(key), Some(handler)) = (&key, &rollback) {
-                    handlers.register(key, handler.clone());
-                }
-                let mut run = Execution::new(state, config);
-                run.rollback = rollback;
-                Box::pin(async move { run.execute(key?, body).await })
-            })),
-            running: None,
-        }
+        RunOp::from_start(Box::new(move |config, rollback| {
+            if let (Ok(key), Some(handler)) = (&key, &rollback) {
+                handlers.register(key, handler.clone());
+            }
+            let mut run = Execution::new(state, config);
+            run.rollback = rollback;
+            Box::pin(async move { run.execute(key?, body).await })
+        }))
     }
 }
 
@@ -79,7 +72,22 @@ pub struct RunOp<'a, T> {
     running: Option<Started<'a, T>>,
 }
 
-type Start<'a, T> = Box<dyn FnOnce(StepConfig, Option<Handler>) -> Started<'a, T> + Send + 'a>;
+pub(crate) type Start<'a, T> =
+    Box<dyn FnOnce(StepConfig, Option<Handler>) -> Started<'a, T> + Send + 'a>;
+
+impl<'a, T> RunOp<'a, T> {
+    /// An op that calls `start` with its config when first polled.
+    pub(crate) fn from_start(start: Start<'a, T>) -> Self {
+        RunOp {
+            config: StepConfig::default(),
+            base: None,
+            rollback: None,
+            rollback_config: None,
+            start: Some(start),
+            running: None,
+        }
+    }
+}
 
 impl<T> RunOp<'_, T> {
     /// Sets the retry policy.

@@ -339,6 +339,20 @@ impl Store for FaultStore {
         self.read(|| self.inner.journal(instance))
     }
 
+    fn stream_chunk(
+        &self,
+        instance: InstanceRef,
+        step: StepKey,
+        attempt: u32,
+        index: u32,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        self.read(|| self.inner.stream_chunk(instance, step, attempt, index))
+    }
+
+    fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64> {
+        self.read(|| self.inner.stream_bytes(instance))
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         self.write(|| self.inner.commit(lease, writes))
     }

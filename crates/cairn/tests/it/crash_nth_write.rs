@@ -111,6 +111,18 @@ impl Store for FailingStore {
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {
         self.inner.journal(i)
     }
+    fn stream_chunk(
+        &self,
+        i: InstanceRef,
+        step: StepKey,
+        attempt: u32,
+        index: u32,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        self.inner.stream_chunk(i, step, attempt, index)
+    }
+    fn stream_bytes(&self, i: InstanceRef) -> StoreFuture<'_, u64> {
+        self.inner.stream_bytes(i)
+    }
     fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
         self.inner.children(i)
     }

@@ -52,6 +52,8 @@ macro_rules! on_backend {
         mod rollback;
         #[path = "rollback_property.rs"]
         mod rollback_property;
+        #[path = "streams.rs"]
+        mod streams;
         #[path = "time_events.rs"]
         mod time_events;
     };

@@ -473,6 +473,22 @@ impl Store for Hooked {
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::StepRecord>> {
         hooked!(self, "journal", self.inner.journal(i))
     }
+    fn stream_chunk(
+        &self,
+        i: InstanceRef,
+        step: cairn::StepKey,
+        attempt: u32,
+        index: u32,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        hooked!(
+            self,
+            "stream_chunk",
+            self.inner.stream_chunk(i, step, attempt, index)
+        )
+    }
+    fn stream_bytes(&self, i: InstanceRef) -> StoreFuture<'_, u64> {
+        hooked!(self, "stream_bytes", self.inner.stream_bytes(i))
+    }
     fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
         hooked!(self, "children", self.inner.children(i))
     }

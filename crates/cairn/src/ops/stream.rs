@@ -1,0 +1,463 @@
+//! `step.run_stream`: a step whose output is a byte stream, persisted in chunks of 256 KiB
+//! as the body produces it and read back from the store, never held whole in memory.
+//!
+//! The chunks are attempt-scoped: an attempt writes its own (`Write::Chunk`, each under the
+//! lease), and its success names it in the step's output (`StreamMeta`), in the same commit
+//! that drops every other attempt's chunks. A failed, timed-out or interrupted attempt's
+//! chunks are dropped with its failure (`ops/attempt.rs`); a crash mid-write is cleaned up
+//! when the next lifetime records the attempt as interrupted.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use cairn_core::{REDACTED, StepKey, StepKind};
+use cairn_store::{InstanceRef, Store};
+use futures::future::BoxFuture;
+use futures::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Retries, StepConfig};
+use crate::context::StepContext;
+use crate::failure::{BoxError, INTERNAL, NonRetryableError, StepError, WorkflowError};
+use crate::lifetime::Lifetime;
+use crate::ops::WorkflowStep;
+use crate::ops::attempt::Execution;
+use crate::ops::run::RunOp;
+
+/// The size of a stored chunk: a stream's bytes are re-cut into chunks of this size.
+pub const STREAM_CHUNK: usize = 256 * 1024;
+/// The largest item a stream body may yield: a larger one fails the step for good.
+pub const MAX_STREAM_ITEM: usize = 16 * 1024 * 1024;
+/// The default storage limit of one instance's stream outputs: 1 GiB.
+pub const DEFAULT_STREAM_STORAGE: u64 = 1 << 30;
+/// How many characters of a text stream its views show.
+const PREVIEW_CHARS: usize = 1024;
+
+/// A stream step's output as journaled: which attempt's chunks hold the bytes, how many,
+/// and what the views show of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StreamMeta {
+    pub(crate) attempt: u32,
+    pub(crate) chunks: u32,
+    pub(crate) bytes: u64,
+    /// The first 1,024 characters (and `[truncated output]` past them) of a stream that is
+    /// UTF-8 text; `None` for binary.
+    pub(crate) preview: Option<String>,
+}
+
+impl StreamMeta {
+    /// What logs and views show: the text preview, or `[ReadableStream (binary): N bytes]`.
+    pub(crate) fn view(&self) -> String {
+        match &self.preview {
+            Some(text) => text.clone(),
+            None => format!("[ReadableStream (binary): {} bytes]", self.bytes),
+        }
+    }
+}
+
+/// What the views show of a stream step's stored output (`json`, its `StreamMeta`).
+pub(crate) fn stream_view(json: &str, sensitive: bool) -> serde_json::Value {
+    if sensitive {
+        return serde_json::Value::from(REDACTED);
+    }
+    match serde_json::from_str::<StreamMeta>(json) {
+        Ok(meta) => serde_json::Value::from(meta.view()),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+/// Whether a step's persisted config marks it as a stream step.
+pub(crate) fn is_stream(config: &serde_json::Value) -> bool {
+    config.get("stream").is_some()
+}
+
+impl WorkflowStep {
+    /// Runs `body` as a durable step whose output is a byte stream: the stream it returns
+    /// is read, persisted in chunks of 256 KiB (never held whole in memory) and handed back
+    /// as a [`StepStream`] that reads the stored bytes — on this run and on every replay,
+    /// never the body's own stream. Retries and timeouts cover reading the whole stream;
+    /// a failed, timed-out or crashed attempt leaves no chunks behind.
+    ///
+    /// Exempt from the 1 MiB output limit; an instance's streams together may hold up to
+    /// [`crate::EngineBuilder::stream_storage_limit`] (1 GiB by default). An item larger
+    /// than 16 MiB, or a stream over the storage limit, fails the step for good.
+    ///
+    /// ```no_run
+    /// # use cairn::prelude::*;
+    /// # async fn w(step: WorkflowStep) -> Result<(), WorkflowError> {
+    /// let export = step
+    ///     .run_stream("export rows", |_| async {
+    ///         let rows = (0..1_000).map(|i| Ok::<_, std::io::Error>(format!("{i},row\n")));
+    ///         Ok(futures::stream::iter(rows))
+    ///     })
+    ///     .await?;
+    /// println!("{} bytes", export.len());
+    /// # Ok(()) }
+    /// ```
+    pub fn run_stream<'a, F, Fut, S, B, E>(&self, name: impl Into<String>, body: F) -> StreamOp<'a>
+    where
+        F: FnMut(StepContext) -> Fut + Send + 'a,
+        Fut: Future<Output = Result<S, StepError>> + Send + 'a,
+        S: Stream<Item = Result<B, E>> + Send + 'a,
+        B: AsRef<[u8]> + Send + 'a,
+        E: Into<BoxError> + Send + 'a,
+    {
+        let state = Arc::clone(&self.lifetime);
+        let key = self.lifetime.claim(StepKind::Run, name.into());
+        let store = Arc::clone(&state.env.store);
+        let instance = state.lease.instance;
+        let found = key.clone();
+        let mut body = body;
+        let start = move |config: StepConfig,
+                          _rollback|
+              -> BoxFuture<'a, Result<StreamMeta, WorkflowError>> {
+            let key = match found {
+                Ok(key) => key,
+                Err(e) => return Box::pin(async move { Err(e) }),
+            };
+            let mut run = Execution::new(Arc::clone(&state), config);
+            run.stream = true;
+            let writer = Arc::clone(&state);
+            let step_key = key.clone();
+            Box::pin(async move {
+                run.execute(key, move |ctx: StepContext| {
+                    let attempt = ctx.attempt;
+                    let produced = body(ctx);
+                    let (state, key) = (Arc::clone(&writer), step_key.clone());
+                    async move { persist(&state, &key, attempt, produced.await?).await }
+                })
+                .await
+            })
+        };
+        StreamOp {
+            run: RunOp::from_start(Box::new(start)),
+            read: Some((store, instance, key.ok())),
+        }
+    }
+}
+
+/// Reads `stream` into chunk commits of attempt `attempt` of `key`; its meta once it ends.
+async fn persist<S, B, E>(
+    state: &Lifetime,
+    key: &StepKey,
+    attempt: u32,
+    stream: S,
+) -> Result<StreamMeta, StepError>
+where
+    S: Stream<Item = Result<B, E>>,
+    B: AsRef<[u8]>,
+    E: Into<BoxError>,
+{
+    let limit = state.env.limits.stream_storage;
+    let used = state
+        .env
+        .store
+        .stream_bytes(state.lease.instance)
+        .await
+        .map_err(|e| StepError::from(format!("reading the instance's stream storage: {e}")))?;
+    let mut stream = std::pin::pin!(stream);
+    let mut buffer: Vec<u8> = Vec::with_capacity(STREAM_CHUNK);
+    let mut index = 0u32;
+    let mut total = 0u64;
+    let mut preview = Preview::default();
+    while let Some(item) = stream.next().await {
+        let item = item.map_err(|e| StepError::from(e.into()))?;
+        let mut rest = item.as_ref();
+        if rest.len() > MAX_STREAM_ITEM {
+            return Err(NonRetryableError::new(format!(
+                "step {} yielded a stream item of {} bytes; the largest allowed is {MAX_STREAM_ITEM} bytes (16 MiB)",
+                key.target(),
+                rest.len()
+            ))
+            .into());
+        }
+        total += rest.len() as u64;
+        if used.saturating_add(total) > limit {
+            return Err(NonRetryableError::new(format!(
+                "step {} went over the instance's stream storage limit of {limit} bytes ({used} bytes already stored)",
+                key.target()
+            ))
+            .into());
+        }
+        preview.feed(rest);
+        while !rest.is_empty() {
+            let take = (STREAM_CHUNK - buffer.len()).min(rest.len());
+            buffer.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if buffer.len() == STREAM_CHUNK {
+                write_chunk(state, key, attempt, index, std::mem::take(&mut buffer)).await;
+                index += 1;
+            }
+        }
+    }
+    if !buffer.is_empty() {
+        write_chunk(state, key, attempt, index, buffer).await;
+        index += 1;
+    }
+    Ok(StreamMeta {
+        attempt,
+        chunks: index,
+        bytes: total,
+        preview: preview.finish(),
+    })
+}
+
+async fn write_chunk(state: &Lifetime, key: &StepKey, attempt: u32, index: u32, data: Vec<u8>) {
+    state
+        .commit(vec![cairn_store::Write::Chunk {
+            step: key.clone(),
+            attempt,
+            index,
+            data,
+        }])
+        .await;
+}
+
+/// The first characters of a stream that is UTF-8 throughout, checked as it passes.
+#[derive(Default)]
+struct Preview {
+    text: String,
+    /// Characters in `text`.
+    chars: usize,
+    /// More text followed the preview.
+    more: bool,
+    /// The bytes of a character split across items.
+    carry: Vec<u8>,
+    binary: bool,
+}
+
+impl Preview {
+    fn feed(&mut self, bytes: &[u8]) {
+        if self.binary {
+            return;
+        }
+        if self.carry.is_empty() {
+            self.check(bytes);
+        } else {
+            let mut joined = std::mem::take(&mut self.carry);
+            joined.extend_from_slice(bytes);
+            self.check(&joined);
+        }
+    }
+
+    fn check(&mut self, data: &[u8]) {
+        let valid = match std::str::from_utf8(data) {
+            Ok(s) => s,
+            Err(e) if e.error_len().is_none() => {
+                // Cut inside a character: its first bytes wait for the next item.
+                self.carry = data[e.valid_up_to()..].to_vec();
+                std::str::from_utf8(&data[..e.valid_up_to()]).unwrap_or_default()
+            }
+            Err(_) => {
+                self.binary = true;
+                return;
+            }
+        };
+        if self.more {
+            return;
+        }
+        for c in valid.chars() {
+            if self.chars == PREVIEW_CHARS {
+                self.more = true;
+                break;
+            }
+            self.text.push(c);
+            self.chars += 1;
+        }
+    }
+
+    fn finish(self) -> Option<String> {
+        if self.binary || !self.carry.is_empty() {
+            return None;
+        }
+        Some(if self.more {
+            format!("{}[truncated output]", self.text)
+        } else {
+            self.text
+        })
+    }
+}
+
+/// A `step.run_stream` op; resolves to the [`StepStream`] of the stored bytes.
+///
+/// # Cancel safety
+/// As [`RunOp`]: dropping it loses nothing durable; an attempt without an outcome is
+/// recorded as interrupted on the next replay, its chunks dropped, and retried.
+#[must_use = "a step does nothing unless awaited"]
+pub struct StreamOp<'a> {
+    run: RunOp<'a, StreamMeta>,
+    read: Option<(Arc<dyn Store>, InstanceRef, Option<StepKey>)>,
+}
+
+impl StreamOp<'_> {
+    /// Sets the retry policy.
+    pub fn retries(self, retries: Retries) -> Self {
+        StreamOp {
+            run: self.run.retries(retries),
+            ..self
+        }
+    }
+
+    /// Sets the per-attempt timeout: reading the whole stream must fit in it.
+    pub fn timeout(self, timeout: Duration) -> Self {
+        StreamOp {
+            run: self.run.timeout(timeout),
+            ..self
+        }
+    }
+
+    /// Shows the output as `[REDACTED]` in every log and view (the full-output endpoint
+    /// too); workflow code still reads the bytes.
+    pub fn sensitive(self) -> Self {
+        StreamOp {
+            run: self.run.sensitive(),
+            ..self
+        }
+    }
+
+    /// Uses a shared config as the base (see [`RunOp::config`]).
+    pub fn config(self, config: &StepConfig) -> Self {
+        StreamOp {
+            run: self.run.config(config),
+            ..self
+        }
+    }
+}
+
+impl Future for StreamOp<'_> {
+    type Output = Result<StepStream, WorkflowError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let meta = match Pin::new(&mut this.run).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(meta) => meta?,
+        };
+        let Some((store, instance, Some(key))) = this.read.take() else {
+            return Poll::Ready(Err(WorkflowError::new(
+                INTERNAL,
+                "stream step polled after completion",
+            )));
+        };
+        Poll::Ready(Ok(StepStream::new(store, instance, key, &meta)))
+    }
+}
+
+/// The bytes a stream step stored, read back chunk by chunk (256 KiB at a time) from the
+/// store: a `Stream` of `Vec<u8>` items. The same bytes on every run and replay.
+pub struct StepStream {
+    store: Arc<dyn Store>,
+    instance: InstanceRef,
+    key: StepKey,
+    attempt: u32,
+    chunks: u32,
+    bytes: u64,
+    next: u32,
+    reading: Option<BoxFuture<'static, Result<Option<Vec<u8>>, cairn_store::Error>>>,
+}
+
+impl std::fmt::Debug for StepStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepStream")
+            .field("step", &self.key.target())
+            .field("bytes", &self.bytes)
+            .field("chunks", &self.chunks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StepStream {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        instance: InstanceRef,
+        key: StepKey,
+        meta: &StreamMeta,
+    ) -> Self {
+        StepStream {
+            store,
+            instance,
+            key,
+            attempt: meta.attempt,
+            chunks: meta.chunks,
+            bytes: meta.bytes,
+            next: 0,
+            reading: None,
+        }
+    }
+
+    /// The stream's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether the stream is empty.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Reads the rest of the stream into memory (for streams known to be small).
+    ///
+    /// # Errors
+    /// A chunk the store cannot read.
+    pub async fn read_to_end(mut self) -> Result<Vec<u8>, WorkflowError> {
+        let mut all = Vec::with_capacity(usize::try_from(self.bytes).unwrap_or(0));
+        while let Some(chunk) = self.next().await {
+            all.extend_from_slice(&chunk?);
+        }
+        Ok(all)
+    }
+}
+
+impl Stream for StepStream {
+    type Item = Result<Vec<u8>, WorkflowError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.next >= this.chunks {
+            return Poll::Ready(None);
+        }
+        if this.reading.is_none() {
+            let store = Arc::clone(&this.store);
+            let (instance, key, attempt, index) =
+                (this.instance, this.key.clone(), this.attempt, this.next);
+            this.reading = Some(Box::pin(async move {
+                store.stream_chunk(instance, key, attempt, index).await
+            }));
+        }
+        let Some(reading) = this.reading.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let read = match reading.as_mut().poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(read) => read,
+        };
+        this.reading = None;
+        let index = this.next;
+        this.next += 1;
+        Poll::Ready(Some(match read {
+            Ok(Some(chunk)) => Ok(chunk),
+            Ok(None) => Err(WorkflowError::new(
+                INTERNAL,
+                format!(
+                    "chunk {index} of the stream of step {} is missing from the store",
+                    this.key.target()
+                ),
+            )),
+            Err(e) => Err(WorkflowError::new(
+                INTERNAL,
+                format!(
+                    "reading chunk {index} of the stream of step {}: {e}",
+                    this.key.target()
+                ),
+            )),
+        }))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = usize::try_from(self.chunks.saturating_sub(self.next)).unwrap_or(0);
+        (left, Some(left))
+    }
+}

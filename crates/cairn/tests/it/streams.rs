@@ -1,0 +1,290 @@
+//! SPEC §3.12, §7 S: stream step outputs, persisted in chunks per attempt and read back from
+//! the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use super::support::{FnWorkflow, engine, records, run_to_end, wf};
+use cairn::prelude::*;
+use cairn::{InstanceStatus, LogKind, StepSelector, StepOutput};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+/// `n` bytes of a repeating pattern, in items of `item` bytes.
+fn items(n: usize, item: usize) -> Vec<Result<Vec<u8>, std::io::Error>> {
+    let all: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+    all.chunks(item.max(1)).map(|c| Ok(c.to_vec())).collect()
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+/// Streams `bytes` bytes (in items of 100,000), naps an hour (with `nap`), then returns
+/// their length and a checksum as read back, counting the body's runs.
+fn streaming(runs: Arc<AtomicU32>) -> FnWorkflow {
+    wf(move |event, step| {
+        let runs = runs.clone();
+        async move {
+            let n = event.payload["bytes"].as_u64().unwrap_or(0) as usize;
+            let stream = step
+                .run_stream("export", |_| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async move { Ok(futures::stream::iter(items(n, 100_000))) }
+                })
+                .await?;
+            if event.payload["nap"] == true {
+                step.sleep("nap", "1 hour").await?;
+            }
+            let declared = stream.len();
+            let mut read = 0u64;
+            let mut sum = 0u64;
+            let mut chunks = 0;
+            let mut stream = stream;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                chunks += 1;
+                read += chunk.len() as u64;
+                sum = chunk
+                    .iter()
+                    .fold(sum, |s, b| s.wrapping_mul(31).wrapping_add(u64::from(*b)));
+            }
+            Ok(json!({ "declared": declared, "read": read, "sum": sum, "chunks": chunks }))
+        }
+    })
+}
+
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0u64, |s, b| s.wrapping_mul(31).wrapping_add(u64::from(*b)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn s1_a_stream_is_persisted_in_chunks_and_read_back_from_the_store_once_run() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let (_dir, path) = super::support::temp_db();
+    let r = runs.clone();
+    let engine = super::support::builder_at(&path)
+        .register(streaming(r))
+        .start()
+        .await
+        .unwrap();
+    let n = 600_000;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({ "bytes": n, "nap": true })).id("s1"))
+        .await
+        .unwrap();
+    instance
+        .wait_for(|s| s.status == InstanceStatus::Waiting)
+        .await
+        .unwrap();
+    // A new engine replays the instance: the stream comes from the store, the body does not
+    // run again.
+    engine.shutdown().await;
+    let r = runs.clone();
+    let engine = super::support::builder_at(&path)
+        .register(streaming(r))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine.workflow::<FnWorkflow>().get("s1").await.unwrap();
+    let output = instance.wait().await.unwrap().output.unwrap();
+    assert_eq!(output["declared"], n);
+    assert_eq!(output["read"], n);
+    // 256 KiB chunks: 262,144 + 262,144 + 75,712.
+    assert_eq!(output["chunks"], 3);
+    assert_eq!(output["sum"], checksum(&pattern(n)));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(instance.stream_storage().await.unwrap(), n as u64);
+
+    // The whole output, read back from the store.
+    let StepOutput::Stream(stream) = instance
+        .step_output(&StepSelector::new("export"))
+        .await
+        .unwrap()
+    else {
+        panic!("not a stream")
+    };
+    assert_eq!(stream.len(), n as u64);
+    assert_eq!(stream.read_to_end().await.unwrap(), pattern(n));
+    let details = instance.details().await.unwrap();
+    assert_eq!(details.steps[0].config["stream"], true);
+    assert_eq!(details.steps[0].output.as_ref().unwrap().as_str().unwrap().len(), 1_024 + 18);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn s2_an_empty_stream_is_persisted_and_reads_back_empty() {
+    let (engine, _dir) = engine(|b| b.register(streaming(Arc::default()))).await;
+    let instance = run_to_end(&engine, json!({ "bytes": 0 })).await;
+    let output = instance.status().await.unwrap().output.unwrap();
+    assert_eq!(output, json!({ "declared": 0, "read": 0, "sum": 0, "chunks": 0 }));
+    assert_eq!(instance.stream_storage().await.unwrap(), 0);
+    let details = instance.details().await.unwrap();
+    assert_eq!(details.steps[0].output, Some(json!("")));
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn s5_an_item_over_16_mib_fails_the_step_for_good() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.run_stream("huge", |_| async {
+                Ok(futures::stream::iter(vec![Ok::<_, std::io::Error>(vec![
+                    0u8;
+                    cairn::MAX_STREAM_ITEM + 1
+                ])]))
+            })
+            .retries(Retries::constant(3, Duration::from_secs(1)))
+            .await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Errored);
+    let error = status.error.unwrap();
+    assert_eq!(error.name, "NonRetryableError");
+    assert!(error.message.contains("16 MiB"), "{}", error.message);
+    assert_eq!(records(&instance, LogKind::AttemptStart).await.len(), 1);
+    assert_eq!(instance.stream_storage().await.unwrap(), 0);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn s6_a_full_restart_removes_the_persisted_chunks() {
+    let (engine, _dir) = engine(|b| b.register(streaming(Arc::default()))).await;
+    let instance = run_to_end(&engine, json!({ "bytes": 300_000 })).await;
+    assert_eq!(instance.stream_storage().await.unwrap(), 300_000);
+    instance.restart().await.unwrap();
+    instance.wait().await.unwrap();
+    // The rerun wrote the stream again; the first run's chunks are gone.
+    assert_eq!(instance.stream_storage().await.unwrap(), 300_000);
+    instance.delete().await.unwrap();
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_attempt_leaves_no_chunks_and_the_retry_is_the_output() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let stream = step
+                .run_stream("flaky export", |ctx| async move {
+                    let mut parts = items(400_000, 50_000);
+                    if ctx.attempt == 1 {
+                        // Half the bytes, then the source fails.
+                        parts.truncate(4);
+                        parts.push(Err(std::io::Error::other("connection reset")));
+                    }
+                    Ok(futures::stream::iter(parts))
+                })
+                .retries(Retries::constant(2, Duration::from_secs(1)))
+                .await?;
+            Ok(json!(checksum(&stream.read_to_end().await?)))
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.output, Some(json!(checksum(&pattern(400_000)))));
+    assert_eq!(instance.stream_storage().await.unwrap(), 400_000);
+    let failure = &records(&instance, LogKind::AttemptFailure).await[0];
+    assert_eq!(failure.entry.meta["error"]["message"], "connection reset");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn s14_a_stream_slower_than_its_timeout_fails_with_a_timeout_and_leaves_no_chunks() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.run_stream("slow export", |_| async {
+                Ok(futures::stream::iter(0..10).then(|_| async {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<_, std::io::Error>(vec![7u8; 200_000])
+                }))
+            })
+            .timeout(Duration::from_secs(3))
+            .retries(Retries::constant(0, Duration::from_secs(1)))
+            .await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Errored);
+    assert_eq!(status.error.unwrap().name, "WorkflowTimeoutError");
+    // Two chunks' worth was written before the timeout; none of it is left.
+    assert_eq!(instance.stream_storage().await.unwrap(), 0);
+    let details = instance.details().await.unwrap();
+    assert_eq!(details.steps[0].output, None);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_over_the_instance_storage_limit_fails_the_step_for_good() {
+    let (engine, _dir) = engine(|b| {
+        b.register(streaming(Arc::default()))
+            .stream_storage_limit(1 << 20)
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({ "bytes": 2 << 20 })).await;
+    let error = instance.status().await.unwrap().error.unwrap();
+    assert_eq!(error.name, "NonRetryableError");
+    assert!(
+        error.message.contains("stream storage limit of 1048576 bytes"),
+        "{}",
+        error.message
+    );
+    assert_eq!(instance.stream_storage().await.unwrap(), 0);
+    engine.shutdown().await;
+}
+
+/// A stream of `text` (or bytes), to see what the views show of it.
+fn shown(payload: Vec<u8>, sensitive: bool) -> FnWorkflow {
+    wf(move |_, step| {
+        let payload = payload.clone();
+        async move {
+            let op = step.run_stream("produce", move |_| {
+                let payload = payload.clone();
+                async move { Ok(futures::stream::iter(vec![Ok::<_, std::io::Error>(payload)])) }
+            });
+            let op = if sensitive { op.sensitive() } else { op };
+            let stream = op.await?;
+            Ok(json!(stream.len()))
+        }
+    })
+}
+
+async fn views(payload: Vec<u8>, sensitive: bool) -> (Value, Value) {
+    let (engine, _dir) = engine(|b| b.register(shown(payload, sensitive))).await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let details = instance.details().await.unwrap();
+    let logged = records(&instance, LogKind::StepSuccess).await[0].entry.meta["result"].clone();
+    engine.shutdown().await;
+    (details.steps[0].output.clone().unwrap(), logged)
+}
+
+#[tokio::test(start_paused = true)]
+async fn s11_s12_s13_x4_views_show_a_preview_a_binary_summary_or_redacted() {
+    // S11: a text stream shows as its text.
+    let (detail, logged) = views("héllo stream".as_bytes().to_vec(), false).await;
+    assert_eq!(detail, json!("héllo stream"));
+    assert_eq!(logged, json!("héllo stream"));
+    // S12: past 1,024 characters it is cut and marked.
+    let long = "é".repeat(1_500);
+    let (detail, _) = views(long.as_bytes().to_vec(), false).await;
+    let text = detail.as_str().unwrap();
+    assert_eq!(text, format!("{}[truncated output]", "é".repeat(1_024)));
+    // S13: bytes that are not UTF-8 show as a size.
+    let (detail, logged) = views(vec![0xff, 0xfe, 0x00, 0x41], false).await;
+    assert_eq!(detail, json!("[ReadableStream (binary): 4 bytes]"));
+    assert_eq!(logged, detail);
+    // X4: a sensitive stream is redacted everywhere.
+    let (detail, logged) = views(b"secret".to_vec(), true).await;
+    assert_eq!((detail, logged), (json!("[REDACTED]"), json!("[REDACTED]")));
+}
