@@ -1832,3 +1832,93 @@ async fn the_step_endpoint_serves_a_whole_output_the_details_cut_short() {
     );
     engine.shutdown().await;
 }
+
+/// A stream step of 700,000 binary bytes, and a sensitive one.
+struct Streams;
+
+impl Workflow for Streams {
+    const NAME: &'static str = "streams";
+    type Params = Value;
+    type Output = Value;
+
+    async fn run(
+        &self,
+        _event: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> Result<Value, WorkflowError> {
+        let data = step
+            .run_stream("render", |_| async {
+                let items = (0..7u32).map(|i| {
+                    Ok::<_, std::io::Error>(
+                        (0..100_000u32)
+                            .map(|j| ((i * 7 + j) % 251) as u8)
+                            .collect::<Vec<u8>>(),
+                    )
+                });
+                Ok(futures::stream::iter(items))
+            })
+            .await?;
+        let secret = step
+            .run_stream("fetch secret", |_| async {
+                Ok(futures::stream::iter(vec![Ok::<_, std::io::Error>(
+                    b"hunter2".to_vec(),
+                )]))
+            })
+            .sensitive()
+            .await?;
+        Ok(json!({ "bytes": data.len(), "secret": secret.len() }))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_step_endpoint_streams_a_stream_steps_bytes() {
+    let (engine, _dir) = app_with(|b| b.register(Streams)).await;
+    let instance = engine
+        .workflow::<Streams>()
+        .create(CreateOptions::new(json!({})).id("s1"))
+        .await
+        .unwrap();
+    instance.wait().await.unwrap();
+    let expected: Vec<u8> = (0..7u32)
+        .flat_map(|i| (0..100_000u32).map(move |j| ((i * 7 + j) % 251) as u8))
+        .collect();
+
+    let router = cairn_server::router(engine.clone());
+    let request = Request::builder()
+        .uri("/api/workflows/streams/instances/s1/step?name=render")
+        .body(Body::empty())
+        .unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/octet-stream"
+    );
+    assert_eq!(response.headers()["content-length"], "700000");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.to_vec(), expected);
+
+    // The details show the size (the bytes are not UTF-8); a sensitive stream is redacted,
+    // in the details and at the endpoint.
+    let (_, d) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/streams/instances/s1",
+        None,
+    )
+    .await;
+    assert_eq!(
+        d["steps"][0]["output"],
+        "[ReadableStream (binary): 700000 bytes]"
+    );
+    assert_eq!(d["steps"][1]["output"], "[REDACTED]");
+    let (s, v) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/streams/instances/s1/step?name=fetch+secret",
+        None,
+    )
+    .await;
+    assert_eq!((s, v), (StatusCode::OK, json!("[REDACTED]")));
+    engine.shutdown().await;
+}

@@ -68,6 +68,7 @@ mod crash_kill_children;
 mod crash_kill_concurrency;
 mod crash_kill_rollback;
 mod crash_kill_schedule;
+mod crash_kill_streams;
 mod crash_kill_waits;
 mod crash_nth_write;
 mod examples_kit;
