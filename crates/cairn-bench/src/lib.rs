@@ -15,11 +15,13 @@ mod lists;
 mod overhead;
 mod peers;
 mod postgres;
+mod streams;
 
 pub use lists::lists;
 pub use overhead::overhead;
 pub use peers::{PEER_SHAPES, peers};
 pub use postgres::{engine_child as postgres_engine_child, postgres};
+pub use streams::streams;
 
 pub(crate) use events_on as measure_events;
 

@@ -54,6 +54,13 @@ enum Workload {
         #[arg(long, default_value_t = 10)]
         steps: u32,
     },
+    /// One instance streaming a large output through a stream step, then replayed and
+    /// read back: throughput and peak resident memory.
+    Streams {
+        /// The stream's size in MiB.
+        #[arg(long, default_value_t = 500)]
+        mib: u64,
+    },
     /// Throughput with the engine's metrics recorded (Prometheus) and not, alternated.
     Overhead {
         #[arg(long, default_value_t = 1_000)]
@@ -165,6 +172,7 @@ async fn main() -> Result<(), BenchError> {
         Workload::Keyed { instances, steps } => {
             cairn_bench::keyed(path, settings, instances, steps).await?
         }
+        Workload::Streams { mib } => cairn_bench::streams(path, settings, mib).await?,
         Workload::Children { instances, steps } => {
             cairn_bench::children(path, settings, instances, steps).await?
         }

@@ -244,8 +244,8 @@ impl InstanceDetails {
                     cancelled: s.state == StepState::Cancelled,
                     config: s.config.clone(),
                     output: s.output.as_deref().map(|json| {
-                        if crate::ops::stream::is_stream(&s.config) {
-                            crate::ops::stream::stream_view(json, sensitive)
+                        if crate::ops::stream_meta::is_stream(&s.config) {
+                            crate::ops::stream_meta::stream_view(json, sensitive)
                         } else if sensitive {
                             serde_json::Value::from(REDACTED)
                         } else if json.len() > DETAILS_OUTPUT_LIMIT {
@@ -259,7 +259,7 @@ impl InstanceDetails {
                         .as_ref()
                         .filter(|json| {
                             !sensitive
-                                && !crate::ops::stream::is_stream(&s.config)
+                                && !crate::ops::stream_meta::is_stream(&s.config)
                                 && json.len() > DETAILS_OUTPUT_LIMIT
                         })
                         .map(String::len),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::client::instance::Instance;
 use crate::error::Error;
 use crate::ops::StepStream;
-use crate::ops::stream::StreamMeta;
+use crate::ops::stream_meta::StreamMeta;
 
 /// Which step's output: its name, its occurrence (1 unless given), its kind (`step` unless
 /// given) and, optionally, the attempt that must have produced it.
@@ -131,7 +131,7 @@ impl<O: DeserializeOwned> Instance<O> {
             return Ok(StepOutput::Redacted);
         }
         let json = found.output.unwrap_or_else(|| "null".to_owned());
-        if crate::ops::stream::is_stream(&found.config) {
+        if crate::ops::stream_meta::is_stream(&found.config) {
             let meta: StreamMeta = serde_json::from_str(&json).map_err(|e| {
                 Error::Store(cairn_store::Error::Corrupt(format!(
                     "the stream output of step {} is unreadable: {e}",

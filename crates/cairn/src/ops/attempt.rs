@@ -557,7 +557,7 @@ impl Execution {
         let state = &*self.state;
         let now = state.now();
         let shown = if self.stream {
-            crate::ops::stream::stream_view(&json, config.sensitive)
+            crate::ops::stream_meta::stream_view(&json, config.sensitive)
         } else if config.sensitive {
             serde_json::Value::from(REDACTED)
         } else {

@@ -9,6 +9,7 @@ pub(crate) mod rollback;
 pub(crate) mod run;
 pub(crate) mod sleep;
 pub(crate) mod stream;
+pub(crate) mod stream_meta;
 pub(crate) mod wait;
 
 use std::sync::Arc;

@@ -13,11 +13,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use cairn_core::{REDACTED, StepKey, StepKind};
+use cairn_core::{StepKey, StepKind};
 use cairn_store::{InstanceRef, Store};
 use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
-use serde::{Deserialize, Serialize};
 
 use crate::config::{Retries, StepConfig};
 use crate::context::StepContext;
@@ -26,6 +25,7 @@ use crate::lifetime::Lifetime;
 use crate::ops::WorkflowStep;
 use crate::ops::attempt::Execution;
 use crate::ops::run::RunOp;
+use crate::ops::stream_meta::StreamMeta;
 
 /// The size of a stored chunk: a stream's bytes are re-cut into chunks of this size.
 pub const STREAM_CHUNK: usize = 256 * 1024;
@@ -33,46 +33,6 @@ pub const STREAM_CHUNK: usize = 256 * 1024;
 pub const MAX_STREAM_ITEM: usize = 16 * 1024 * 1024;
 /// The default storage limit of one instance's stream outputs: 1 GiB.
 pub const DEFAULT_STREAM_STORAGE: u64 = 1 << 30;
-/// How many characters of a text stream its views show.
-const PREVIEW_CHARS: usize = 1024;
-
-/// A stream step's output as journaled: which attempt's chunks hold the bytes, how many,
-/// and what the views show of it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct StreamMeta {
-    pub(crate) attempt: u32,
-    pub(crate) chunks: u32,
-    pub(crate) bytes: u64,
-    /// The first 1,024 characters (and `[truncated output]` past them) of a stream that is
-    /// UTF-8 text; `None` for binary.
-    pub(crate) preview: Option<String>,
-}
-
-impl StreamMeta {
-    /// What logs and views show: the text preview, or `[ReadableStream (binary): N bytes]`.
-    pub(crate) fn view(&self) -> String {
-        match &self.preview {
-            Some(text) => text.clone(),
-            None => format!("[ReadableStream (binary): {} bytes]", self.bytes),
-        }
-    }
-}
-
-/// What the views show of a stream step's stored output (`json`, its `StreamMeta`).
-pub(crate) fn stream_view(json: &str, sensitive: bool) -> serde_json::Value {
-    if sensitive {
-        return serde_json::Value::from(REDACTED);
-    }
-    match serde_json::from_str::<StreamMeta>(json) {
-        Ok(meta) => serde_json::Value::from(meta.view()),
-        Err(_) => serde_json::Value::Null,
-    }
-}
-
-/// Whether a step's persisted config marks it as a stream step.
-pub(crate) fn is_stream(config: &serde_json::Value) -> bool {
-    config.get("stream").is_some()
-}
 
 impl WorkflowStep {
     /// Runs `body` as a durable step whose output is a byte stream: the stream it returns
@@ -260,7 +220,7 @@ impl Preview {
             return;
         }
         for c in valid.chars() {
-            if self.chars == PREVIEW_CHARS {
+            if self.chars == crate::ops::stream_meta::PREVIEW_CHARS {
                 self.more = true;
                 break;
             }
