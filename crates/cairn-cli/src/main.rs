@@ -269,8 +269,8 @@ enum InstancesCommand {
         #[arg(long)]
         watch: bool,
     },
-    /// One step's whole output, as the JSON it is stored as (`describe` cuts long ones), on
-    /// stdout: redirect it to a file.
+    /// One step's whole output on stdout (`describe` cuts long ones): the JSON it is stored
+    /// as, or a stream step's bytes. Redirect it to a file.
     #[command(
         after_help = "Examples:\n  cairn instances output export job-7 --step \"build report\" > report.json\n  cairn instances output crawl latest --step fetch --count 3"
     )]

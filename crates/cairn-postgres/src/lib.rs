@@ -442,10 +442,19 @@ impl Store for PostgresStore {
         instance: InstanceRef,
         step: cairn_core::StepKey,
         attempt: u32,
+        epoch: u64,
         index: u32,
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
         Box::pin(async move {
-            reads::stream_chunk(&self.reader().await?, instance, &step, attempt, index).await
+            reads::stream_chunk(
+                &self.reader().await?,
+                instance,
+                &step,
+                attempt,
+                epoch,
+                index,
+            )
+            .await
         })
     }
 

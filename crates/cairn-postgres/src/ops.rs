@@ -185,6 +185,14 @@ async fn apply(
             .is_some();
             if running {
                 upsert_step(tx, b, instance, step).await?;
+                // A cancelled stream step's chunks are no output of anything.
+                exec(
+                    tx,
+                    b,
+                    "DELETE FROM stream_chunks WHERE iid = $1 AND name = $2 AND count = $3",
+                    &[&instance.0, &step.key.name, &i64::from(step.key.count)],
+                )
+                .await?;
                 b.log
                     .append(instance, &records.iter().collect::<Vec<_>>())?;
             }
@@ -216,20 +224,25 @@ async fn apply(
         Write::Chunk {
             step,
             attempt,
+            epoch,
             index,
             data,
         } => {
+            // Only while the step runs that attempt: a late write of an ended one is dropped.
             exec(
                 tx,
                 b,
-                "INSERT INTO stream_chunks (iid, name, count, attempt, idx, data)
-                 VALUES ($1, $2, $3, $4, $5, $6)
-                 ON CONFLICT (iid, name, count, attempt, idx) DO UPDATE SET data = EXCLUDED.data",
+                "INSERT INTO stream_chunks (iid, name, count, attempt, epoch, idx, data)
+                 SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS (
+                     SELECT 1 FROM steps WHERE iid = $1 AND kind = 0 AND name = $2 AND count = $3
+                         AND state = 0 AND in_flight AND attempts = $4)
+                 ON CONFLICT (iid, name, count, attempt, epoch, idx) DO UPDATE SET data = EXCLUDED.data",
                 &[
                     &instance.0,
                     &step.name,
                     &i64::from(step.count),
                     &i64::from(*attempt),
+                    &i64::try_from(*epoch).unwrap_or(i64::MAX),
                     &i64::from(*index),
                     data,
                 ],

@@ -196,17 +196,19 @@ pub(crate) async fn stream_chunk(
     instance: InstanceRef,
     step: &StepKey,
     attempt: u32,
+    epoch: u64,
     index: u32,
 ) -> Result<Option<Vec<u8>>> {
     let rows = query(
         client,
         "SELECT data FROM stream_chunks
-         WHERE iid = $1 AND name = $2 AND count = $3 AND attempt = $4 AND idx = $5",
+         WHERE iid = $1 AND name = $2 AND count = $3 AND attempt = $4 AND epoch = $5 AND idx = $6",
         &[
             &instance.0,
             &step.name,
             &i64::from(step.count),
             &i64::from(attempt),
+            &i64::try_from(epoch).unwrap_or(i64::MAX),
             &i64::from(index),
         ],
     )

@@ -189,9 +189,10 @@ const MIGRATIONS: &[&str] = &[
         name    TEXT NOT NULL,
         count   BIGINT NOT NULL,
         attempt BIGINT NOT NULL,
+        epoch   BIGINT NOT NULL,
         idx     BIGINT NOT NULL,
         data    BYTEA NOT NULL,
-        PRIMARY KEY (iid, name, count, attempt, idx)
+        PRIMARY KEY (iid, name, count, attempt, epoch, idx)
     );
     ",
 ];

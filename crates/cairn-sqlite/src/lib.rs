@@ -570,9 +570,10 @@ impl Store for SqliteStore {
         instance: InstanceRef,
         step: cairn_core::StepKey,
         attempt: u32,
+        epoch: u64,
         index: u32,
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
-        self.read(move |conn| streams::chunk(conn, instance, &step, attempt, index))
+        self.read(move |conn| streams::chunk(conn, instance, &step, attempt, epoch, index))
     }
 
     fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64> {

@@ -396,6 +396,8 @@ fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
                 .map_err(map_sqlite)?;
             if running {
                 upsert_step(conn, instance, &step)?;
+                // A cancelled stream step's chunks are no output of anything.
+                crate::streams::drop(conn, instance, &step.key, None)?;
                 crate::history::append(conn, instance, &records.iter().collect::<Vec<_>>())?;
             }
             Ok(())
@@ -417,9 +419,10 @@ fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
         Write::Chunk {
             step,
             attempt,
+            epoch,
             index,
             data,
-        } => crate::streams::put(conn, instance, &step, attempt, index, &data),
+        } => crate::streams::put(conn, instance, &step, attempt, epoch, index, &data),
         Write::DropChunks { step, keep } => crate::streams::drop(conn, instance, &step, keep),
         Write::Pause { at, record } => {
             let paused = conn

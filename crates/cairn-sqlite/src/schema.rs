@@ -277,9 +277,10 @@ const MIGRATIONS: &[&str] = &[
         name    TEXT NOT NULL,
         count   INTEGER NOT NULL,
         attempt INTEGER NOT NULL,
+        epoch   INTEGER NOT NULL,
         idx     INTEGER NOT NULL,
         data    BLOB NOT NULL,
-        PRIMARY KEY (iid, name, count, attempt, idx)
+        PRIMARY KEY (iid, name, count, attempt, epoch, idx)
     ) WITHOUT ROWID;
     ",
 ];

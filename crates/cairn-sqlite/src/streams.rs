@@ -6,21 +6,27 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::worker::map_sqlite;
 
+/// Stores a chunk, only while the step runs that attempt (a late write of an attempt that
+/// has ended is dropped).
 pub(crate) fn put(
     conn: &Connection,
     instance: InstanceRef,
     step: &StepKey,
     attempt: u32,
+    epoch: u64,
     index: u32,
     data: &[u8],
 ) -> Result<()> {
+    let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO stream_chunks (iid, name, count, attempt, idx, data)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT OR REPLACE INTO stream_chunks (iid, name, count, attempt, epoch, idx, data)
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 WHERE EXISTS (
+             SELECT 1 FROM steps WHERE iid = ?1 AND kind = 0 AND name = ?2 AND count = ?3
+                 AND state = 0 AND in_flight = 1 AND attempts = ?4)",
     )
     .and_then(|mut st| {
         st.execute(params![
-            instance.0, step.name, step.count, attempt, index, data
+            instance.0, step.name, step.count, attempt, epoch, index, data
         ])
     })
     .map_err(map_sqlite)?;
@@ -48,15 +54,17 @@ pub(crate) fn chunk(
     instance: InstanceRef,
     step: &StepKey,
     attempt: u32,
+    epoch: u64,
     index: u32,
 ) -> Result<Option<Vec<u8>>> {
+    let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
     conn.prepare_cached(
         "SELECT data FROM stream_chunks
-         WHERE iid = ?1 AND name = ?2 AND count = ?3 AND attempt = ?4 AND idx = ?5",
+         WHERE iid = ?1 AND name = ?2 AND count = ?3 AND attempt = ?4 AND epoch = ?5 AND idx = ?6",
     )
     .and_then(|mut st| {
         st.query_row(
-            params![instance.0, step.name, step.count, attempt, index],
+            params![instance.0, step.name, step.count, attempt, epoch, index],
             |r| r.get(0),
         )
         .optional()

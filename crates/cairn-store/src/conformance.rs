@@ -1654,51 +1654,81 @@ pub async fn a_slot_is_never_lost_to_an_instance_that_leaves_before_its_claim(
     assert_eq!(c[0].record.id.as_str(), "c");
 }
 
-/// Stream chunks: written under the lease (a stale one is fenced), read back by attempt,
-/// dropped but for the attempt kept, counted per instance, and gone with a restart from
-/// their step, a full restart and a delete.
+/// Stream chunks: written under the lease (a stale one is fenced) and only while the step
+/// runs that attempt, read back by attempt and epoch, dropped but for the attempt kept,
+/// counted per instance, and gone with a cancel, a restart from their step, a full restart
+/// and a delete.
 pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_step(
     store: Arc<dyn Store>,
 ) {
     let iid = create_one(&*store, "wf", "a").await;
-    let lease = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0)
-        .lease;
+    let claim = |store: Arc<dyn Store>| async move {
+        store
+            .claim("o", &[wf("wf")], T0, TTL, 1)
+            .await
+            .unwrap()
+            .remove(0)
+            .lease
+    };
+    let lease = claim(Arc::clone(&store)).await;
     let key = StepKey {
         kind: StepKind::Run,
         name: "export".into(),
         count: 1,
     };
-    let chunk = |attempt: u32, index: u32, byte: u8, len: usize| Write::Chunk {
-        step: key.clone(),
-        attempt,
-        index,
-        data: vec![byte; len],
+    let chunk =
+        |lease: crate::Lease, attempt: u32, index: u32, byte: u8, len: usize| Write::Chunk {
+            step: key.clone(),
+            attempt,
+            epoch: lease.epoch,
+            index,
+            data: vec![byte; len],
+        };
+    let running = |attempts: u32| {
+        let mut s = step("export", 1, 0, StepState::Running);
+        s.attempts = attempts;
+        Write::Step(s)
     };
     store
         .commit(
             lease,
             vec![
-                Write::Step(step("export", 1, 0, StepState::Running)),
-                chunk(1, 0, 1, 100),
-                chunk(1, 1, 2, 50),
+                running(1),
+                chunk(lease, 1, 0, 1, 100),
+                chunk(lease, 1, 1, 2, 50),
             ],
         )
         .await
         .unwrap();
-    store.commit(lease, vec![chunk(2, 0, 3, 70)]).await.unwrap();
-    assert_eq!(store.stream_bytes(iid).await.unwrap(), 220);
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 150);
     assert_eq!(
-        store.stream_chunk(iid, key.clone(), 1, 1).await.unwrap(),
+        store
+            .stream_chunk(iid, key.clone(), 1, lease.epoch, 1)
+            .await
+            .unwrap(),
         Some(vec![2; 50])
     );
     assert_eq!(
-        store.stream_chunk(iid, key.clone(), 1, 2).await.unwrap(),
-        None
+        store
+            .stream_chunk(iid, key.clone(), 1, lease.epoch + 1, 1)
+            .await
+            .unwrap(),
+        None,
+        "another epoch's chunk"
     );
+    // Attempt 2 runs: a late chunk of attempt 1 is dropped, attempt 2's is kept.
+    store
+        .commit(
+            lease,
+            vec![
+                running(2),
+                chunk(lease, 2, 0, 3, 70),
+                chunk(lease, 1, 2, 9, 10),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 220);
     // Attempt 2 succeeded: attempt 1's chunks go.
     store
         .commit(
@@ -1712,14 +1742,13 @@ pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_ste
         .unwrap();
     assert_eq!(store.stream_bytes(iid).await.unwrap(), 70);
     assert_eq!(
-        store.stream_chunk(iid, key.clone(), 1, 0).await.unwrap(),
-        None
-    );
-    assert_eq!(
-        store.stream_chunk(iid, key.clone(), 2, 0).await.unwrap(),
+        store
+            .stream_chunk(iid, key.clone(), 2, lease.epoch, 0)
+            .await
+            .unwrap(),
         Some(vec![3; 70])
     );
-    // A stale lease writes no chunk.
+    // A restart from the step drops its chunks; the stale lease writes none.
     let id = InstanceId::new("a").unwrap();
     store
         .control(
@@ -1737,25 +1766,18 @@ pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_ste
         0,
         "restart from the step"
     );
-    assert!(store.commit(lease, vec![chunk(3, 0, 4, 10)]).await.is_err());
-    assert_eq!(store.stream_bytes(iid).await.unwrap(), 0);
-    let lease = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0)
-        .lease;
+    assert!(
+        store
+            .commit(lease, vec![chunk(lease, 2, 1, 4, 10)])
+            .await
+            .is_err()
+    );
+    let lease = claim(Arc::clone(&store)).await;
     store
-        .commit(
-            lease,
-            vec![
-                Write::Step(step("export", 1, 0, StepState::Running)),
-                chunk(1, 0, 5, 30),
-            ],
-        )
+        .commit(lease, vec![running(1), chunk(lease, 1, 0, 5, 30)])
         .await
         .unwrap();
-    // A failed attempt drops everything the step holds.
+    // A failed attempt drops what the step holds.
     store
         .commit(
             lease,
@@ -1767,7 +1789,40 @@ pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_ste
         .await
         .unwrap();
     assert_eq!(store.stream_bytes(iid).await.unwrap(), 0);
-    store.commit(lease, vec![chunk(2, 0, 6, 40)]).await.unwrap();
+    // A cancel that takes effect drops them too.
+    store
+        .commit(lease, vec![running(2), chunk(lease, 2, 0, 6, 40)])
+        .await
+        .unwrap();
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 40);
+    let mut cancelled = step("export", 1, 0, StepState::Cancelled);
+    cancelled.in_flight = false;
+    store
+        .commit(
+            lease,
+            vec![Write::Cancel {
+                step: cancelled,
+                records: vec![],
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 0, "cancel");
+    // A full restart and a delete drop everything.
+    store
+        .control(
+            &wf("wf"),
+            &id,
+            ControlRequest::Restart { at: T0, from: None },
+        )
+        .await
+        .unwrap();
+    let lease = claim(Arc::clone(&store)).await;
+    store
+        .commit(lease, vec![running(1), chunk(lease, 1, 0, 7, 20)])
+        .await
+        .unwrap();
+    assert_eq!(store.stream_bytes(iid).await.unwrap(), 20);
     store
         .control(
             &wf("wf"),
@@ -1777,13 +1832,11 @@ pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_ste
         .await
         .unwrap();
     assert_eq!(store.stream_bytes(iid).await.unwrap(), 0, "full restart");
-    let lease = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
+    let lease = claim(Arc::clone(&store)).await;
+    store
+        .commit(lease, vec![running(1), chunk(lease, 1, 0, 8, 20)])
         .await
-        .unwrap()
-        .remove(0)
-        .lease;
-    store.commit(lease, vec![chunk(1, 0, 7, 20)]).await.unwrap();
+        .unwrap();
     store
         .control(&wf("wf"), &id, ControlRequest::Delete)
         .await

@@ -328,8 +328,9 @@ pub enum Write {
         record: LogEntry,
     },
     /// Cancel a step the workflow stopped awaiting: if its journal entry is still running,
-    /// replace it with `step` (state `cancelled`) and append `records`; if it has reached
-    /// an outcome meanwhile (its outcome commit landed first), change nothing.
+    /// replace it with `step` (state `cancelled`), drop any stream chunks it wrote and append
+    /// `records`; if it has reached an outcome meanwhile (its outcome commit landed first),
+    /// change nothing.
     Cancel {
         /// The cancelled entry.
         step: StepRecord,
@@ -339,11 +340,15 @@ pub enum Write {
     /// Store chunk `index` of the byte stream attempt `attempt` of the `run` step `step`
     /// returns. Chunks are pending until the step's success names their attempt; the other
     /// attempts' chunks are garbage, dropped with [`Write::DropChunks`].
+    /// Stored only while the step's journal entry is running that attempt (in flight): a
+    /// late write of an attempt already ended is dropped.
     Chunk {
         /// The stream step.
         step: StepKey,
         /// The attempt writing.
         attempt: u32,
+        /// The lease epoch it writes under (attempts start at 1 again after a restart).
+        epoch: u64,
         /// 0-based.
         index: u32,
         /// At most 256 KiB.
@@ -664,12 +669,14 @@ pub trait Store: Send + Sync + 'static {
     /// The journal of an instance, in step start order.
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>>;
 
-    /// Chunk `index` of the stream attempt `attempt` of `step` wrote ([`Write::Chunk`]).
+    /// Chunk `index` of the stream attempt `attempt` of `step` wrote under lease epoch
+    /// `epoch` ([`Write::Chunk`]).
     fn stream_chunk(
         &self,
         instance: InstanceRef,
         step: StepKey,
         attempt: u32,
+        epoch: u64,
         index: u32,
     ) -> StoreFuture<'_, Option<Vec<u8>>>;
 

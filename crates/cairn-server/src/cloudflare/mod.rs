@@ -828,7 +828,40 @@ async fn step_output(
     };
     let instance = workflow(&engine, &name)?.get(&id).await?;
     let details = instance.details().await?;
-    shapes::step_output(&details, step, kind, attempt).map(ok)
+    let (mut answer, found) = shapes::step_output(&details, step, kind, attempt)?;
+    // The details cut outputs past 4 KiB and show a stream's preview: the whole output
+    // comes from the journal (a stream's bytes as they are, as Cloudflare serves them).
+    if let Some((step, count)) = found {
+        let kind = cairn::StepKind::parse(kind).unwrap_or(cairn::StepKind::Run);
+        let selector = cairn::StepSelector::new(step).count(count).kind(kind);
+        match instance.step_output(&selector).await? {
+            cairn::StepOutput::Stream(stream) => {
+                use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+                let length = stream.len().to_string();
+                let body =
+                    axum::body::Body::from_stream(futures::StreamExt::map(stream, |chunk| {
+                        chunk.map_err(|e| std::io::Error::other(e.to_string()))
+                    }));
+                return Ok((
+                    [
+                        (CONTENT_TYPE, "application/octet-stream".to_owned()),
+                        (CONTENT_LENGTH, length),
+                    ],
+                    body,
+                )
+                    .into_response());
+            }
+            whole => {
+                if let (Some(json), Some(map)) = (whole.to_json(), answer.as_object_mut()) {
+                    map.insert(
+                        "output".into(),
+                        serde_json::from_str(&json).unwrap_or(Value::Null),
+                    );
+                }
+            }
+        }
+    }
+    Ok(ok(answer))
 }
 
 async fn change_status(

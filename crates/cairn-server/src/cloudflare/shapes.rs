@@ -217,12 +217,14 @@ pub(super) fn details(
 
 /// The step route's answer: the step named `name` (with its count, `fetch-1`, or alone
 /// for the first) of `kind`, or one of its attempts.
+/// The step's `{status, error, output}` answer, and the step found (its name and count):
+/// the output here is the details' (cut past 4 KiB), the caller puts the whole one in.
 pub(super) fn step_output(
     d: &InstanceDetails,
     name: &str,
     kind: &str,
     attempt: Option<u32>,
-) -> CfResult<Value> {
+) -> CfResult<(Value, Option<(String, u32)>)> {
     let found = d
         .steps
         .iter()
@@ -267,7 +269,8 @@ pub(super) fn step_output(
             (a.success, a.error.clone())
         }
     };
-    let output = if success == Some(true) {
+    let succeeded = success == Some(true);
+    let output = if succeeded {
         found.output.clone().unwrap_or(Value::Null)
     } else {
         Value::Null
@@ -281,7 +284,7 @@ pub(super) fn step_output(
     {
         map.insert("event_type".into(), t.clone());
     }
-    Ok(answer)
+    Ok((answer, succeeded.then(|| (found.name.clone(), found.count))))
 }
 
 #[cfg(test)]

@@ -1911,6 +1911,11 @@ async fn the_step_endpoint_streams_a_stream_steps_bytes() {
         d["steps"][0]["output"],
         "[ReadableStream (binary): 700000 bytes]"
     );
+    assert_eq!(d["steps"][0]["outputBytes"], 700_000);
+    assert_eq!(
+        d["steps"][0]["outputUrl"],
+        "/api/workflows/streams/instances/s1/step?name=render&count=1&type=step"
+    );
     assert_eq!(d["steps"][1]["output"], "[REDACTED]");
     let (s, v) = call(
         &engine,

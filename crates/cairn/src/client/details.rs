@@ -129,9 +129,10 @@ pub struct StepDetails {
     /// [`DETAILS_OUTPUT_LIMIT`] bytes of JSON, a string: the first bytes of the JSON and
     /// `[truncated output: N bytes]`.
     pub output: Option<serde_json::Value>,
-    /// The size of the output's JSON when `output` is cut short.
+    /// The size of the whole output when `output` shows less of it: the JSON cut short,
+    /// or a stream step's bytes.
     #[serde(rename = "outputBytes", skip_serializing_if = "Option::is_none")]
-    pub output_bytes: Option<usize>,
+    pub output_bytes: Option<u64>,
     /// Its final error.
     pub error: Option<ErrorInfo>,
     /// When its next attempt is due, while a step (or rollback) waits for a retry.
@@ -254,15 +255,14 @@ impl InstanceDetails {
                             serde_json::from_str(json).unwrap_or(serde_json::Value::Null)
                         }
                     }),
-                    output_bytes: s
-                        .output
-                        .as_ref()
-                        .filter(|json| {
-                            !sensitive
-                                && !crate::ops::stream_meta::is_stream(&s.config)
-                                && json.len() > DETAILS_OUTPUT_LIMIT
-                        })
-                        .map(String::len),
+                    output_bytes: s.output.as_deref().filter(|_| !sensitive).and_then(|json| {
+                        if crate::ops::stream_meta::is_stream(&s.config) {
+                            // A stream's views show its preview: its bytes are elsewhere.
+                            crate::ops::stream_meta::stream_bytes(json)
+                        } else {
+                            (json.len() > DETAILS_OUTPUT_LIMIT).then_some(json.len() as u64)
+                        }
+                    }),
                     error: s.error.clone(),
                     retries_at: due.filter(|_| !waits),
                     until: due.filter(|_| waits),

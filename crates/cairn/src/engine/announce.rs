@@ -269,9 +269,11 @@ impl Store for Announcing {
         instance: InstanceRef,
         step: StepKey,
         attempt: u32,
+        epoch: u64,
         index: u32,
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
-        self.store.stream_chunk(instance, step, attempt, index)
+        self.store
+            .stream_chunk(instance, step, attempt, epoch, index)
     }
 
     fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64> {

@@ -123,10 +123,11 @@ impl Store for Blocking {
         instance: InstanceRef,
         step: StepKey,
         attempt: u32,
+        epoch: u64,
         index: u32,
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
         blocking(&self.0, move |s| {
-            s.stream_chunk(instance, step, attempt, index)
+            s.stream_chunk(instance, step, attempt, epoch, index)
         })
     }
 

@@ -73,6 +73,13 @@ pub(crate) struct Lifetime {
     /// (see [`Seen`]) and parks at a sleep with no record.
     checking: AtomicBool,
     seen: Mutex<Seen>,
+    /// What the instance's stream chunks held in the store when a stream step of this
+    /// lifetime first looked, and what this lifetime has written since: its storage, as the
+    /// limit counts it (`ops/stream.rs`).
+    stream_base: tokio::sync::OnceCell<u64>,
+    stream_written: std::sync::atomic::AtomicU64,
+    /// Stream chunks read (progress, for the replay check and the rollback registration).
+    reads: AtomicUsize,
 }
 
 /// What a replay in registration mode saw of the journal: the records it took, in order;
@@ -162,6 +169,9 @@ impl Lifetime {
             invoked: AtomicBool::new(false),
             checking: AtomicBool::new(false),
             seen: Mutex::new(Seen::default()),
+            stream_base: tokio::sync::OnceCell::new(),
+            stream_written: std::sync::atomic::AtomicU64::new(0),
+            reads: AtomicUsize::new(0),
         }
     }
 
@@ -200,7 +210,38 @@ impl Lifetime {
     /// How far the replay check has come: ops created, records taken.
     pub(crate) fn progress(&self) -> usize {
         let seen = self.seen();
-        seen.claimed.len() + seen.taken.len()
+        seen.claimed.len() + seen.taken.len() + self.reads.load(Ordering::SeqCst)
+    }
+
+    /// A stream chunk is being read: the run moves on.
+    pub(crate) fn note_read(&self) {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The bytes of the instance's stream chunks, as far as this lifetime knows: what the
+    /// store held at its first look, and what it wrote since (chunks it dropped still
+    /// count: the limit errs on the safe side until the next lifetime looks again). A store
+    /// that cannot answer stops the run, as a failed commit does.
+    pub(crate) async fn stream_storage_used(&self) -> u64 {
+        let store = &self.env.store;
+        let instance = self.lease.instance;
+        let base = match self
+            .stream_base
+            .get_or_try_init(|| store.stream_bytes(instance))
+            .await
+        {
+            Ok(base) => *base,
+            Err(e) => {
+                self.abort(Abort::Store(e));
+                return std::future::pending().await;
+            }
+        };
+        base.saturating_add(self.stream_written.load(Ordering::SeqCst))
+    }
+
+    /// This lifetime stored `bytes` more of stream chunks.
+    pub(crate) fn stream_stored(&self, bytes: u64) {
+        self.stream_written.fetch_add(bytes, Ordering::SeqCst);
     }
 
     /// What the replay check saw, and the journal records of ops it never created.

@@ -427,7 +427,21 @@ impl Execution {
         if self.is_rollback() {
             return None;
         }
-        hooks.attempt(state.who(), key, attempt)
+        let forced = hooks.attempt(state.who(), key, attempt)?;
+        if self.stream && matches!(forced, Forced::Result(_)) {
+            // Its output is the bytes in the store: a mocked value has none.
+            return Some(Forced::Error(
+                ErrorInfo::new(
+                    INTERNAL,
+                    format!(
+                        "the result of stream step {} cannot be mocked: mock its errors or timeouts, or the steps that read it",
+                        key.target()
+                    ),
+                ),
+                false,
+            ));
+        }
+        Some(forced)
     }
 
     /// Tells a test's hooks that the body of `key` (or a mock standing in for it) runs for
@@ -470,7 +484,13 @@ impl Execution {
         let timed_out = matches!(timed, Either::Right(_));
         let outcome = match timed {
             Either::Left((Ok(Ok(value)), _)) => {
-                value_outcome(key, &value, state.env.limits.payload_limit)
+                // A stream step's output is its meta: its bytes are exempt from the limit.
+                let limit = if self.stream {
+                    usize::MAX
+                } else {
+                    state.env.limits.payload_limit
+                };
+                value_outcome(key, &value, limit)
             }
             Either::Left((Ok(Err(e)), _)) => Outcome::Failure(e.info, e.retryable),
             Either::Left((Err(panic), _)) => Outcome::Failure(

@@ -67,8 +67,7 @@ impl WorkflowStep {
     {
         let state = Arc::clone(&self.lifetime);
         let key = self.lifetime.claim(StepKind::Run, name.into());
-        let store = Arc::clone(&state.env.store);
-        let instance = state.lease.instance;
+        let reader = Arc::clone(&state);
         let found = key.clone();
         let mut body = body;
         let start = move |config: StepConfig,
@@ -84,17 +83,20 @@ impl WorkflowStep {
             let step_key = key.clone();
             Box::pin(async move {
                 run.execute(key, move |ctx: StepContext| {
-                    let attempt = ctx.attempt;
+                    let (attempt, sensitive) = (ctx.attempt, ctx.config.sensitive);
                     let produced = body(ctx);
                     let (state, key) = (Arc::clone(&writer), step_key.clone());
-                    async move { persist(&state, &key, attempt, produced.await?).await }
+                    async move {
+                        let stream = produced.await?;
+                        persist(&state, &key, attempt, sensitive, stream).await
+                    }
                 })
                 .await
             })
         };
         StreamOp {
             run: RunOp::from_start(Box::new(start)),
-            read: Some((store, instance, key.ok())),
+            read: Some((reader, key.ok())),
         }
     }
 }
@@ -104,6 +106,7 @@ async fn persist<S, B, E>(
     state: &Lifetime,
     key: &StepKey,
     attempt: u32,
+    sensitive: bool,
     stream: S,
 ) -> Result<StreamMeta, StepError>
 where
@@ -112,17 +115,15 @@ where
     E: Into<BoxError>,
 {
     let limit = state.env.limits.stream_storage;
-    let used = state
-        .env
-        .store
-        .stream_bytes(state.lease.instance)
-        .await
-        .map_err(|e| StepError::from(format!("reading the instance's stream storage: {e}")))?;
     let mut stream = std::pin::pin!(stream);
     let mut buffer: Vec<u8> = Vec::with_capacity(STREAM_CHUNK);
     let mut index = 0u32;
     let mut total = 0u64;
-    let mut preview = Preview::default();
+    // A sensitive stream keeps no preview: its views are redacted.
+    let mut preview = Preview {
+        binary: sensitive,
+        ..Preview::default()
+    };
     while let Some(item) = stream.next().await {
         let item = item.map_err(|e| StepError::from(e.into()))?;
         let mut rest = item.as_ref();
@@ -135,7 +136,8 @@ where
             .into());
         }
         total += rest.len() as u64;
-        if used.saturating_add(total) > limit {
+        let used = state.stream_storage_used().await;
+        if used.saturating_add(rest.len() as u64) > limit {
             return Err(NonRetryableError::new(format!(
                 "step {} went over the instance's stream storage limit of {limit} bytes ({used} bytes already stored)",
                 key.target()
@@ -148,7 +150,8 @@ where
             buffer.extend_from_slice(&rest[..take]);
             rest = &rest[take..];
             if buffer.len() == STREAM_CHUNK {
-                write_chunk(state, key, attempt, index, std::mem::take(&mut buffer)).await;
+                let full = std::mem::replace(&mut buffer, Vec::with_capacity(STREAM_CHUNK));
+                write_chunk(state, key, attempt, index, full).await;
                 index += 1;
             }
         }
@@ -159,6 +162,7 @@ where
     }
     Ok(StreamMeta {
         attempt,
+        epoch: state.lease.epoch,
         chunks: index,
         bytes: total,
         preview: preview.finish(),
@@ -166,14 +170,17 @@ where
 }
 
 async fn write_chunk(state: &Lifetime, key: &StepKey, attempt: u32, index: u32, data: Vec<u8>) {
+    let len = data.len() as u64;
     state
         .commit(vec![cairn_store::Write::Chunk {
             step: key.clone(),
             attempt,
+            epoch: state.lease.epoch,
             index,
             data,
         }])
         .await;
+    state.stream_stored(len);
 }
 
 /// The first characters of a stream that is UTF-8 throughout, checked as it passes.
@@ -194,13 +201,21 @@ impl Preview {
         if self.binary {
             return;
         }
-        if self.carry.is_empty() {
-            self.check(bytes);
-        } else {
+        let mut bytes = bytes;
+        if !self.carry.is_empty() {
+            // Complete the character cut at the end of the last item (at most 3 more bytes),
+            // then go on with the rest of this one where it is.
+            let need = utf8_len(self.carry[0]).saturating_sub(self.carry.len());
+            let take = need.min(bytes.len());
             let mut joined = std::mem::take(&mut self.carry);
-            joined.extend_from_slice(bytes);
+            joined.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
             self.check(&joined);
+            if self.binary || !self.carry.is_empty() {
+                return;
+            }
         }
+        self.check(bytes);
     }
 
     fn check(&mut self, data: &[u8]) {
@@ -241,15 +256,27 @@ impl Preview {
     }
 }
 
+/// The length of the UTF-8 sequence `first` starts (1 for a byte that starts none: the
+/// check then finds it invalid).
+fn utf8_len(first: u8) -> usize {
+    match first {
+        0xf0..=0xf7 => 4,
+        0xe0..=0xef => 3,
+        0xc0..=0xdf => 2,
+        _ => 1,
+    }
+}
+
 /// A `step.run_stream` op; resolves to the [`StepStream`] of the stored bytes.
 ///
 /// # Cancel safety
-/// As [`RunOp`]: dropping it loses nothing durable; an attempt without an outcome is
-/// recorded as interrupted on the next replay, its chunks dropped, and retried.
+/// As [`RunOp`]: dropping it loses nothing durable. Dropped by a crash, the attempt is
+/// recorded as interrupted on the next replay, its chunks dropped, and retried; dropped by
+/// the workflow (it lost a `select!`), the step is recorded as cancelled with its chunks.
 #[must_use = "a step does nothing unless awaited"]
 pub struct StreamOp<'a> {
     run: RunOp<'a, StreamMeta>,
-    read: Option<(Arc<dyn Store>, InstanceRef, Option<StepKey>)>,
+    read: Option<(Arc<Lifetime>, Option<StepKey>)>,
 }
 
 impl StreamOp<'_> {
@@ -296,28 +323,46 @@ impl Future for StreamOp<'_> {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(meta) => meta?,
         };
-        let Some((store, instance, Some(key))) = this.read.take() else {
+        let Some((state, Some(key))) = this.read.take() else {
             return Poll::Ready(Err(WorkflowError::new(
                 INTERNAL,
                 "stream step polled after completion",
             )));
         };
-        Poll::Ready(Ok(StepStream::new(store, instance, key, &meta)))
+        let mut stream = StepStream::new(
+            Arc::clone(&state.env.store),
+            state.lease.instance,
+            key,
+            &meta,
+        );
+        stream.lifetime = Some(state);
+        Poll::Ready(Ok(stream))
     }
 }
 
 /// The bytes a stream step stored, read back chunk by chunk (256 KiB at a time) from the
 /// store: a `Stream` of `Vec<u8>` items. The same bytes on every run and replay.
+///
+/// In workflow code, a chunk the store cannot read stops the run (it is replayed, as after
+/// any store failure) rather than handing the workflow an error a replay would not see.
 pub struct StepStream {
     store: Arc<dyn Store>,
     instance: InstanceRef,
     key: StepKey,
     attempt: u32,
+    epoch: u64,
     chunks: u32,
     bytes: u64,
     next: u32,
-    reading: Option<BoxFuture<'static, Result<Option<Vec<u8>>, cairn_store::Error>>>,
+    read: u64,
+    done: bool,
+    /// The run reading it, in workflow code (`None` for a client's read).
+    lifetime: Option<Arc<Lifetime>>,
+    reading: Option<(ChunkRead, Option<crate::lifetime::Activity>)>,
 }
+
+/// A chunk being read from the store.
+type ChunkRead = BoxFuture<'static, Result<Option<Vec<u8>>, cairn_store::Error>>;
 
 impl std::fmt::Debug for StepStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -328,6 +373,9 @@ impl std::fmt::Debug for StepStream {
             .finish_non_exhaustive()
     }
 }
+
+/// The most [`StepStream::read_to_end`] reserves before it has read anything.
+const READ_RESERVE: u64 = 8 << 20;
 
 impl StepStream {
     pub(crate) fn new(
@@ -341,9 +389,13 @@ impl StepStream {
             instance,
             key,
             attempt: meta.attempt,
+            epoch: meta.epoch,
             chunks: meta.chunks,
             bytes: meta.bytes,
             next: 0,
+            read: 0,
+            done: false,
+            lifetime: None,
             reading: None,
         }
     }
@@ -361,13 +413,44 @@ impl StepStream {
     /// Reads the rest of the stream into memory (for streams known to be small).
     ///
     /// # Errors
-    /// A chunk the store cannot read.
+    /// A chunk the store cannot read (outside workflow code).
     pub async fn read_to_end(mut self) -> Result<Vec<u8>, WorkflowError> {
-        let mut all = Vec::with_capacity(usize::try_from(self.bytes).unwrap_or(0));
+        let left = self.bytes.saturating_sub(self.read).min(READ_RESERVE);
+        let mut all = Vec::with_capacity(usize::try_from(left).unwrap_or(0));
         while let Some(chunk) = self.next().await {
             all.extend_from_slice(&chunk?);
         }
         Ok(all)
+    }
+
+    /// Why chunk `index` is not what the journal says, if it is not.
+    fn check(&self, index: u32, chunk: &[u8]) -> Option<String> {
+        let last = index + 1 == self.chunks;
+        let read = self.read + chunk.len() as u64;
+        let fits = if last {
+            read == self.bytes
+        } else {
+            chunk.len() == STREAM_CHUNK && read < self.bytes
+        };
+        (!fits).then(|| {
+            format!(
+                "chunk {index} of the stream of step {} has {} bytes, which does not add up to the {} bytes journaled",
+                self.key.target(),
+                chunk.len(),
+                self.bytes
+            )
+        })
+    }
+
+    /// A read that failed: in workflow code, the run stops (and is replayed); a client
+    /// gets the error, and the stream ends.
+    fn fail(&mut self, error: cairn_store::Error) -> Poll<Option<Result<Vec<u8>, WorkflowError>>> {
+        self.done = true;
+        if let Some(state) = &self.lifetime {
+            state.abort(crate::lifetime::Abort::Store(error));
+            return Poll::Pending;
+        }
+        Poll::Ready(Some(Err(WorkflowError::new(INTERNAL, error.to_string()))))
     }
 }
 
@@ -376,18 +459,37 @@ impl Stream for StepStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        if this.next >= this.chunks {
+        if this.done && this.lifetime.is_some() && this.next < this.chunks {
+            // The run was stopped: it never resumes.
+            return Poll::Pending;
+        }
+        if this.done || this.next >= this.chunks {
             return Poll::Ready(None);
         }
         if this.reading.is_none() {
             let store = Arc::clone(&this.store);
-            let (instance, key, attempt, index) =
-                (this.instance, this.key.clone(), this.attempt, this.next);
-            this.reading = Some(Box::pin(async move {
-                store.stream_chunk(instance, key, attempt, index).await
-            }));
+            let (instance, key, attempt, epoch, index) = (
+                this.instance,
+                this.key.clone(),
+                this.attempt,
+                this.epoch,
+                this.next,
+            );
+            // Reading is work in progress: the instance does not hibernate meanwhile.
+            let activity = this.lifetime.as_ref().map(|state| {
+                state.note_read();
+                state.activity()
+            });
+            this.reading = Some((
+                Box::pin(async move {
+                    store
+                        .stream_chunk(instance, key, attempt, epoch, index)
+                        .await
+                }),
+                activity,
+            ));
         }
-        let Some(reading) = this.reading.as_mut() else {
+        let Some((reading, _)) = this.reading.as_mut() else {
             return Poll::Ready(None);
         };
         let read = match reading.as_mut().poll(cx) {
@@ -396,24 +498,24 @@ impl Stream for StepStream {
         };
         this.reading = None;
         let index = this.next;
-        this.next += 1;
-        Poll::Ready(Some(match read {
-            Ok(Some(chunk)) => Ok(chunk),
-            Ok(None) => Err(WorkflowError::new(
-                INTERNAL,
-                format!(
+        match read {
+            Ok(Some(chunk)) => match this.check(index, &chunk) {
+                None => {
+                    this.next += 1;
+                    this.read += chunk.len() as u64;
+                    Poll::Ready(Some(Ok(chunk)))
+                }
+                Some(wrong) => this.fail(cairn_store::Error::Corrupt(wrong)),
+            },
+            Ok(None) => {
+                let missing = format!(
                     "chunk {index} of the stream of step {} is missing from the store",
                     this.key.target()
-                ),
-            )),
-            Err(e) => Err(WorkflowError::new(
-                INTERNAL,
-                format!(
-                    "reading chunk {index} of the stream of step {}: {e}",
-                    this.key.target()
-                ),
-            )),
-        }))
+                );
+                this.fail(cairn_store::Error::Corrupt(missing))
+            }
+            Err(e) => this.fail(e),
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

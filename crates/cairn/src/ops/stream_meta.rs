@@ -12,6 +12,9 @@ pub(crate) const PREVIEW_CHARS: usize = 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct StreamMeta {
     pub(crate) attempt: u32,
+    /// The lease epoch the attempt wrote under: a restart starts attempts at 1 again, and a
+    /// reader of the old run's output must not get the new run's chunks.
+    pub(crate) epoch: u64,
     pub(crate) chunks: u32,
     pub(crate) bytes: u64,
     /// The first 1,024 characters (and `[truncated output]` past them) of a stream that is
@@ -38,6 +41,13 @@ pub(crate) fn stream_view(json: &str, sensitive: bool) -> serde_json::Value {
         Ok(meta) => serde_json::Value::from(meta.view()),
         Err(_) => serde_json::Value::Null,
     }
+}
+
+/// The byte length of a stream step's output (`json`, its `StreamMeta`).
+pub(crate) fn stream_bytes(json: &str) -> Option<u64> {
+    serde_json::from_str::<StreamMeta>(json)
+        .ok()
+        .map(|m| m.bytes)
 }
 
 /// Whether a step's persisted config marks it as a stream step.

@@ -126,9 +126,9 @@ impl Plan {
 /// A store that injects its run's [`Plan`] into a real one. A crash makes it dead (every
 /// call but `close` fails) and tells the simulator, which opens a new engine on a new one.
 ///
-/// It lets one call through to the real store at a time, in the order they were made: the
-/// store's answers then come back in that order too, whatever the threads under it do, so
-/// a seed's run takes the same course every time.
+/// It lets one call through to the real store at a time, in the order they are first
+/// awaited (callers await a store call at once): the store's answers then come back in that
+/// order too, whatever the threads under it do, so a seed's run takes the same course.
 pub(crate) struct FaultStore {
     pub(crate) inner: Arc<dyn Store>,
     pub(crate) plan: Arc<Mutex<Plan>>,
@@ -187,7 +187,7 @@ impl FaultStore {
 
     /// `call`'s future, run when the calls made before it have finished.
     fn in_turn<'a, T: Send + 'a>(&self, call: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
-        // Queued now, in the order the calls are made (tokio's mutex is fair).
+        // Queued when first polled, in that order (tokio's mutex is fair).
         let turn = Arc::clone(&self.turn).lock_owned();
         Box::pin(async move {
             let _turn = turn.await;
@@ -344,9 +344,13 @@ impl Store for FaultStore {
         instance: InstanceRef,
         step: StepKey,
         attempt: u32,
+        epoch: u64,
         index: u32,
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
-        self.read(|| self.inner.stream_chunk(instance, step, attempt, index))
+        self.read(|| {
+            self.inner
+                .stream_chunk(instance, step, attempt, epoch, index)
+        })
     }
 
     fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64> {

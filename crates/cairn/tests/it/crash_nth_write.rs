@@ -116,9 +116,10 @@ impl Store for FailingStore {
         i: InstanceRef,
         step: StepKey,
         attempt: u32,
+        epoch: u64,
         index: u32,
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
-        self.inner.stream_chunk(i, step, attempt, index)
+        self.inner.stream_chunk(i, step, attempt, epoch, index)
     }
     fn stream_bytes(&self, i: InstanceRef) -> StoreFuture<'_, u64> {
         self.inner.stream_bytes(i)

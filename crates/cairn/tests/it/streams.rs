@@ -288,3 +288,79 @@ async fn s11_s12_s13_x4_views_show_a_preview_a_binary_summary_or_redacted() {
     let (detail, logged) = views(b"secret".to_vec(), true).await;
     assert_eq!((detail, logged), (json!("[REDACTED]"), json!("[REDACTED]")));
 }
+
+/// Found by review: a store error while workflow code read a stream reached the workflow as
+/// an error (a replay would have read the bytes fine). It now stops the run, which is
+/// replayed.
+#[tokio::test(start_paused = true)]
+async fn a_store_error_while_reading_a_stream_stops_the_run_instead_of_failing_it() {
+    let (_dir, path) = super::support::temp_db();
+    let failures = Arc::new(AtomicU32::new(0));
+    let f = failures.clone();
+    let engine = super::support::hooked_builder(&path, move |method| {
+        if method == "stream_chunk" && f.fetch_add(1, Ordering::SeqCst) < 2 {
+            return Err(cairn::store::Error::Unavailable("injected".into()));
+        }
+        Ok(())
+    })
+    .clock(cairn::Clock::virtual_now())
+    .register(streaming(Arc::default()))
+    .start()
+    .await
+    .unwrap();
+    let instance = run_to_end(&engine, json!({ "bytes": 300_000 })).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{:?}", status.error);
+    assert_eq!(status.output.unwrap()["read"], 300_000);
+    assert!(failures.load(Ordering::SeqCst) >= 2);
+    engine.shutdown().await;
+}
+
+/// Found by review: a stream step that lost a `select!` kept its chunks for good.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_stream_step_leaves_no_chunks() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let slow = step.run_stream("slow export", |_| async {
+                Ok(futures::stream::iter(0..10).then(|_| async {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<_, std::io::Error>(vec![1u8; 300_000])
+                }))
+            });
+            let quick = step.sleep("deadline", Duration::from_millis(3_500));
+            tokio::select! {
+                _ = slow => Ok(json!("stream")),
+                _ = quick => Ok(json!("deadline")),
+            }
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    assert_eq!(instance.status().await.unwrap().output, Some(json!("deadline")));
+    let details = instance.details().await.unwrap();
+    assert!(details.steps.iter().any(|s| s.cancelled), "{:?}", details.steps);
+    assert_eq!(instance.stream_storage().await.unwrap(), 0);
+    engine.shutdown().await;
+}
+
+/// Found by review: after a restart a reader of the old run's output could get the new
+/// run's chunks (attempts start at 1 again). Chunks are keyed by the lease epoch too.
+#[tokio::test(start_paused = true)]
+async fn a_reader_of_an_output_a_restart_replaced_gets_an_error_not_the_new_bytes() {
+    let (engine, _dir) = engine(|b| b.register(streaming(Arc::default()))).await;
+    let instance = run_to_end(&engine, json!({ "bytes": 600_000 })).await;
+    let StepOutput::Stream(mut old) = instance
+        .step_output(&StepSelector::new("export"))
+        .await
+        .unwrap()
+    else {
+        panic!("not a stream")
+    };
+    assert!(old.next().await.unwrap().is_ok());
+    instance.restart().await.unwrap();
+    instance.wait().await.unwrap();
+    let next = old.next().await.unwrap();
+    assert!(next.is_err(), "read the new run's bytes");
+    assert!(old.next().await.is_none(), "the stream ends after its error");
+    engine.shutdown().await;
+}

@@ -478,12 +478,13 @@ impl Store for Hooked {
         i: InstanceRef,
         step: cairn::StepKey,
         attempt: u32,
+        epoch: u64,
         index: u32,
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
         hooked!(
             self,
             "stream_chunk",
-            self.inner.stream_chunk(i, step, attempt, index)
+            self.inner.stream_chunk(i, step, attempt, epoch, index)
         )
     }
     fn stream_bytes(&self, i: InstanceRef) -> StoreFuture<'_, u64> {

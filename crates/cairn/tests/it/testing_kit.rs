@@ -581,3 +581,33 @@ async fn a_non_retryable_mocked_error_fails_the_step_at_once() {
         1
     );
 }
+
+#[tokio::test]
+async fn a_mocked_result_of_a_stream_step_fails_it_saying_so() {
+    let t = TestEngine::start(|b| {
+        b.register(wf(|_, step| async move {
+            let s = step
+                .run_stream("export", |_| async {
+                    Ok(futures::stream::iter(vec![Ok::<_, std::io::Error>(
+                        b"x".to_vec(),
+                    )]))
+                })
+                .await?;
+            Ok(json!(s.len()))
+        }))
+    })
+    .await
+    .unwrap();
+    let flow = t.introspect::<FnWorkflow>("flow").unwrap();
+    flow.modify().mock_step_result("export", "bytes").unwrap();
+    create(&t, "flow").await;
+    flow.wait_for_status(InstanceStatus::Errored).await.unwrap();
+    let error = flow.error().await.unwrap();
+    assert!(
+        error
+            .message
+            .contains("stream step export-1 cannot be mocked"),
+        "{}",
+        error.message
+    );
+}
