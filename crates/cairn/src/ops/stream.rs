@@ -84,11 +84,22 @@ impl WorkflowStep {
             Box::pin(async move {
                 run.execute(key, move |ctx: StepContext| {
                     let (attempt, sensitive) = (ctx.attempt, ctx.config.sensitive);
-                    let produced = body(ctx);
                     let (state, key) = (Arc::clone(&writer), step_key.clone());
+                    // A test's mocked bytes stand in for the body (`cairn::testing`).
+                    let mocked = mocked_bytes(&state, &key, attempt);
+                    let produced = mocked.is_none().then(|| body(ctx));
                     async move {
-                        let stream = produced.await?;
-                        persist(&state, &key, attempt, sensitive, stream).await
+                        match (mocked, produced) {
+                            (Some(bytes), _) => {
+                                let once = futures::stream::iter([Ok::<_, BoxError>(bytes?)]);
+                                persist(&state, &key, attempt, sensitive, once).await
+                            }
+                            (None, Some(produced)) => {
+                                let stream = produced.await?;
+                                persist(&state, &key, attempt, sensitive, stream).await
+                            }
+                            (None, None) => Err(StepError::from("the stream step has no body")),
+                        }
                     }
                 })
                 .await
@@ -99,6 +110,34 @@ impl WorkflowStep {
             read: Some((reader, key.ok())),
         }
     }
+}
+
+/// The bytes a test mocked as the stream of attempt `attempt` of `key`: a JSON string (its
+/// UTF-8 bytes) or an array of bytes; anything else is a final error.
+fn mocked_bytes(
+    state: &Lifetime,
+    key: &StepKey,
+    attempt: u32,
+) -> Option<Result<Vec<u8>, StepError>> {
+    let forced = state
+        .env
+        .hooks
+        .as_ref()?
+        .attempt(state.who(), key, attempt)?;
+    let crate::hooks::Forced::Result(json) = forced else {
+        return None;
+    };
+    Some(match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(serde_json::Value::String(text)) => Ok(text.into_bytes()),
+        Ok(value) => serde_json::from_value::<Vec<u8>>(value).map_err(|_| {
+            NonRetryableError::new(format!(
+                "the mocked result of stream step {} is not a string or an array of bytes",
+                key.target()
+            ))
+            .into()
+        }),
+        Err(e) => Err(StepError::from(e.to_string())),
+    })
 }
 
 /// Reads `stream` into chunk commits of attempt `attempt` of `key`; its meta once it ends.

@@ -257,6 +257,19 @@ impl Modifier {
         Ok(self)
     }
 
+    /// The stream step (`run_stream`) yields `bytes` instead of running its body: they are
+    /// stored in chunks and read back like a stream the body returned.
+    ///
+    /// # Errors
+    /// As [`Modifier::mock_step_result`].
+    pub fn mock_stream_result(
+        &self,
+        step: impl Into<Step>,
+        bytes: impl AsRef<[u8]>,
+    ) -> Result<&Self, TestError> {
+        self.mock_step_result(step, bytes.as_ref())
+    }
+
     /// Attempts of the step fail with `error` instead of running its body: the next
     /// `times` attempts (consecutive calls queue up: two calls with 2 fail attempts 1–4),
     /// or every attempt when `times` is `None`.
@@ -531,6 +544,37 @@ impl InstanceIntrospector {
                 key.target()
             ))
         })
+    }
+
+    /// Waits until the stream step (`run_stream`) has succeeded and returns its bytes,
+    /// read from the store as a replay reads them.
+    ///
+    /// # Errors
+    /// As [`InstanceIntrospector::wait_for_step_result`]; the step is not a stream step.
+    /// A sensitive stream's bytes are read too: the test is the workflow's own code.
+    pub async fn wait_for_step_stream(
+        &self,
+        step: impl Into<Step>,
+    ) -> Result<crate::StepStream, TestError> {
+        let step = step.into();
+        let meta = self
+            .wait_for_step_result::<serde_json::Value>(step.clone())
+            .await?;
+        let meta: crate::ops::stream_meta::StreamMeta = serde_json::from_value(meta)
+            .map_err(|_| TestError::new(format!("step {:?} is not a stream step", step.name)))?;
+        let record = self.record().await?;
+        let key = StepKey {
+            kind: StepKind::Run,
+            name: step.name,
+            count: step.count,
+        };
+        // Read even if the step is sensitive: the test is the workflow's own code.
+        Ok(crate::StepStream::new(
+            Arc::clone(&self.engine.get().inner.env.store),
+            record.instance,
+            key,
+            &meta,
+        ))
     }
 
     /// The instance's output, decoded as `T`.

@@ -582,31 +582,69 @@ async fn a_non_retryable_mocked_error_fails_the_step_at_once() {
     );
 }
 
-#[tokio::test]
-async fn a_mocked_result_of_a_stream_step_fails_it_saying_so() {
-    let t = TestEngine::start(|b| {
-        b.register(wf(|_, step| async move {
+/// Streams from a body that must not run when its result is mocked, then reads the bytes.
+fn exporting(runs: Arc<AtomicU32>) -> FnWorkflow {
+    wf(move |_, step| {
+        let runs = runs.clone();
+        async move {
             let s = step
-                .run_stream("export", |_| async {
-                    Ok(futures::stream::iter(vec![Ok::<_, std::io::Error>(
-                        b"x".to_vec(),
-                    )]))
+                .run_stream("export", |_| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async {
+                        Ok(futures::stream::iter(vec![Ok::<_, std::io::Error>(
+                            b"real".to_vec(),
+                        )]))
+                    }
                 })
                 .await?;
-            Ok(json!(s.len()))
-        }))
+            step.sleep("nap", "1 hour").await?;
+            let bytes = s.read_to_end().await?;
+            Ok(json!(String::from_utf8_lossy(&bytes)))
+        }
     })
-    .await
-    .unwrap();
+}
+
+#[tokio::test]
+async fn s7_s9_s10_a_mocked_stream_replaces_the_body_survives_a_reopen_and_reads_back() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let mut t = TestEngine::start(move |b| b.register(exporting(r.clone())))
+        .await
+        .unwrap();
     let flow = t.introspect::<FnWorkflow>("flow").unwrap();
-    flow.modify().mock_step_result("export", "bytes").unwrap();
+    // S10: the mocked bytes replace the body.
+    flow.modify()
+        .mock_stream_result("export", b"mocked bytes")
+        .unwrap();
+    create(&t, "flow").await;
+    // S9: the step's stream, read back as a replay reads it.
+    let stream = flow.wait_for_step_stream("export").await.unwrap();
+    assert_eq!(stream.read_to_end().await.unwrap(), b"mocked bytes");
+    flow.wait_for_status(InstanceStatus::Waiting).await.unwrap();
+    // S7: the mocked stream is persisted and replayed by a new engine.
+    flow.modify().clear();
+    t.reopen().await.unwrap();
+    flow.wait_for_status(InstanceStatus::Complete)
+        .await
+        .unwrap();
+    assert_eq!(flow.output::<String>().await.unwrap(), "mocked bytes");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the body never ran");
+}
+
+#[tokio::test]
+async fn a_mocked_stream_result_that_is_not_bytes_fails_the_step_saying_so() {
+    let t = TestEngine::start(|b| b.register(exporting(Arc::default())))
+        .await
+        .unwrap();
+    let flow = t.introspect::<FnWorkflow>("flow").unwrap();
+    flow.modify()
+        .mock_step_result("export", json!({"not": "bytes"}))
+        .unwrap();
     create(&t, "flow").await;
     flow.wait_for_status(InstanceStatus::Errored).await.unwrap();
     let error = flow.error().await.unwrap();
     assert!(
-        error
-            .message
-            .contains("stream step export-1 cannot be mocked"),
+        error.message.contains("not a string or an array of bytes"),
         "{}",
         error.message
     );
