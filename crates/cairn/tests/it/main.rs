@@ -30,6 +30,8 @@ macro_rules! on_backend {
             }
         }
 
+        #[path = "binary.rs"]
+        mod binary;
         #[path = "binding_instances.rs"]
         mod binding_instances;
         #[path = "children.rs"]
