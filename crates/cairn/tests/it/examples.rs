@@ -34,6 +34,7 @@ example!(
     "../../examples/sleep_and_sleep_until.rs"
 );
 example!(approval_flow, "../../examples/approval_flow.rs");
+example!(stream_export, "../../examples/stream_export.rs");
 example!(bank_transfer, "../../examples/bank_transfer.rs");
 example!(order_rollback, "../../examples/order_rollback.rs");
 example!(
@@ -213,4 +214,13 @@ async fn the_hand_written_undo_reaches_the_same_balances() {
         bank_transfer_before_rollback::demo(b).await.unwrap(),
         (10_000, 0)
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_export_goes_by_stream_and_is_read_back_whole() {
+    let (_dir, b) = builder();
+    let (output, stored) = stream_export::demo(b).await.unwrap();
+    assert_eq!(output.rows, 200_000);
+    assert_eq!(output.bytes, stored);
+    assert!(stored > 5_000_000, "{stored}");
 }

@@ -35,6 +35,7 @@ example!(
     "../../examples/sleep_and_sleep_until.rs"
 );
 example!(approval_flow, "../../examples/approval_flow.rs");
+example!(stream_export, "../../examples/stream_export.rs");
 example!(bank_transfer, "../../examples/bank_transfer.rs");
 example!(order_rollback, "../../examples/order_rollback.rs");
 example!(
@@ -855,6 +856,44 @@ async fn bank_transfer_before_rollback_under_the_simulator() {
                     })
                 }
             }),
+        25,
+    )
+    .await;
+}
+
+// stream_export
+
+#[tokio::test]
+async fn stream_export_with_the_kit_mocks_the_export_stream() {
+    let t = TestEngine::start(|b| b.register(stream_export::StreamExport))
+        .await
+        .unwrap();
+    let run = t
+        .introspect::<stream_export::StreamExport>("export")
+        .unwrap();
+    run.modify()
+        .mock_stream_result("export orders", "1,a,1.00\n2,b,2.00\n")
+        .unwrap();
+    t.workflow::<stream_export::StreamExport>()
+        .create(CreateOptions::new(1_000_000).id("export"))
+        .await
+        .unwrap();
+    let stored = run.wait_for_step_stream("export orders").await.unwrap();
+    assert_eq!(stored.len(), 18);
+    run.wait_for_status(InstanceStatus::Complete).await.unwrap();
+    assert_eq!(
+        run.output::<stream_export::Uploaded>().await.unwrap(),
+        stream_export::Uploaded { rows: 2, bytes: 18 }
+    );
+}
+
+#[tokio::test]
+async fn stream_export_under_the_simulator() {
+    // 20,000 rows: about 500 KB, two chunks and a part, through every fault.
+    simulate(
+        Simulation::new::<stream_export::StreamExport>(20_000)
+            .unwrap()
+            .register(|b| b.register(stream_export::StreamExport)),
         25,
     )
     .await;
