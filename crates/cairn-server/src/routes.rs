@@ -462,29 +462,34 @@ async fn step_output(
         .await?
         .step_output(&selector)
         .await?;
-    use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+    use axum::http::header::CONTENT_TYPE;
     Ok(match output {
-        cairn::StepOutput::Stream(stream) => {
-            // Streamed chunk by chunk from the store, never whole in memory.
-            let length = stream.len().to_string();
-            let body = axum::body::Body::from_stream(futures::StreamExt::map(stream, |chunk| {
-                chunk.map_err(|e| std::io::Error::other(e.to_string()))
-            }));
-            (
-                [
-                    (CONTENT_TYPE, "application/octet-stream".to_owned()),
-                    (CONTENT_LENGTH, length),
-                ],
-                body,
-            )
-                .into_response()
-        }
+        cairn::StepOutput::Stream(stream) => stream_response(stream),
         other => (
             [(CONTENT_TYPE, "application/json")],
             other.to_json().unwrap_or_default(),
         )
             .into_response(),
     })
+}
+
+/// A stream step's bytes as `application/octet-stream` with their length, sent chunk by
+/// chunk from the store, never whole in memory.
+pub(crate) fn stream_response(stream: cairn::StepStream) -> axum::response::Response {
+    use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+    use axum::response::IntoResponse;
+    let length = stream.len().to_string();
+    let body = axum::body::Body::from_stream(futures::StreamExt::map(stream, |chunk| {
+        chunk.map_err(|e| std::io::Error::other(e.to_string()))
+    }));
+    (
+        [
+            (CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (CONTENT_LENGTH, length),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// Where `GET …/step` serves a step's whole output.

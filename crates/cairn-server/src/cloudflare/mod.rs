@@ -836,20 +836,7 @@ async fn step_output(
         let selector = cairn::StepSelector::new(step).count(count).kind(kind);
         match instance.step_output(&selector).await? {
             cairn::StepOutput::Stream(stream) => {
-                use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-                let length = stream.len().to_string();
-                let body =
-                    axum::body::Body::from_stream(futures::StreamExt::map(stream, |chunk| {
-                        chunk.map_err(|e| std::io::Error::other(e.to_string()))
-                    }));
-                return Ok((
-                    [
-                        (CONTENT_TYPE, "application/octet-stream".to_owned()),
-                        (CONTENT_LENGTH, length),
-                    ],
-                    body,
-                )
-                    .into_response());
+                return Ok(crate::routes::stream_response(stream));
             }
             whole => {
                 if let (Some(json), Some(map)) = (whole.to_json(), answer.as_object_mut()) {
