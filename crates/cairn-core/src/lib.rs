@@ -15,6 +15,7 @@
 //! # Ok::<(), cairn_core::DurationError>(())
 //! ```
 
+pub mod binary;
 mod config;
 mod duration;
 mod id;

@@ -826,7 +826,12 @@ pub(crate) async fn take_event(
             kind: LogKind::WaitComplete,
             at,
             step: Some(step.clone()),
-            meta: object,
+            // Logs show byte sequences as their size.
+            meta: if cairn_core::binary::has_bytes(&output) {
+                cairn_core::binary::view(&output)
+            } else {
+                object
+            },
         }],
     )?;
     b.changed(lease.instance, ChangeKind::Written);

@@ -428,8 +428,10 @@ fn positive(value: Option<&str>, what: &str) -> ApiResult<Option<u32>> {
 }
 
 /// `GET …/instances/{id}/step?name=&count=&type=&attempt=`: one step's whole output (the
-/// details view cuts outputs over 4 KiB), as the JSON it is stored as; `"[REDACTED]"` for
-/// a sensitive step.
+/// details view cuts outputs over 4 KiB), as the JSON it is stored as (byte sequences in
+/// it as `{"$bytes":"<base64>"}`); the bytes themselves, as `application/octet-stream`, for
+/// a stream step or an output that is one byte sequence; `"[REDACTED]"` for a sensitive
+/// step.
 async fn step_output(
     State(engine): State<Engine>,
     Path((name, id)): Path<(String, String)>,
@@ -465,6 +467,7 @@ async fn step_output(
     use axum::http::header::CONTENT_TYPE;
     Ok(match output {
         cairn::StepOutput::Stream(stream) => stream_response(stream),
+        cairn::StepOutput::Bytes(bytes) => bytes_response(bytes),
         other => (
             [(CONTENT_TYPE, "application/json")],
             other.to_json().unwrap_or_default(),
@@ -490,6 +493,13 @@ pub(crate) fn stream_response(stream: cairn::StepStream) -> axum::response::Resp
         body,
     )
         .into_response()
+}
+
+/// A step's output that is one byte sequence, as `application/octet-stream`.
+pub(crate) fn bytes_response(bytes: Vec<u8>) -> axum::response::Response {
+    use axum::http::header::CONTENT_TYPE;
+    use axum::response::IntoResponse;
+    ([(CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
 }
 
 /// Where `GET …/step` serves a step's whole output.

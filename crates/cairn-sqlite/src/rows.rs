@@ -682,7 +682,12 @@ pub(crate) fn take_event(
             kind: LogKind::WaitComplete,
             at,
             step: Some(step.clone()),
-            meta: object,
+            // Logs show byte sequences as their size.
+            meta: if cairn_core::binary::has_bytes(&output) {
+                cairn_core::binary::view(&output)
+            } else {
+                object
+            },
         },
     )?;
     Ok(Some(StoredEvent {

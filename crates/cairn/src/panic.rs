@@ -71,7 +71,7 @@ pub(crate) fn catch_user<R>(f: impl FnOnce() -> R) -> Result<R, Panic> {
 /// `serde_json::to_string` of a value whose `Serialize` impl is user code: a panic in it
 /// is a serialisation error.
 pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> serde_json::Result<String> {
-    catch_user(|| serde_json::to_string(value)).unwrap_or_else(|panic| {
+    catch_user(|| cairn_core::binary::to_string(value)).unwrap_or_else(|panic| {
         Err(serde::ser::Error::custom(format!(
             "its Serialize impl panicked: {}",
             message(&*panic)
@@ -82,7 +82,7 @@ pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> serde_json::Result<Stri
 /// `serde_json::from_str` into a type whose `Deserialize` impl is user code: a panic in it
 /// is a decoding error.
 pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> serde_json::Result<T> {
-    catch_user(|| serde_json::from_str(text)).unwrap_or_else(|panic| {
+    catch_user(|| cairn_core::binary::from_str(text)).unwrap_or_else(|panic| {
         Err(serde::de::Error::custom(format!(
             "its Deserialize impl panicked: {}",
             message(&*panic)

@@ -99,7 +99,8 @@ pub(crate) struct Registered<W>(pub(crate) W);
 
 impl<W: Workflow> ErasedWorkflow for Registered<W> {
     fn check_params(&self, params: &serde_json::Value) -> Result<(), String> {
-        W::Params::deserialize(params)
+        // Byte sequences are stored compactly; `binary` expands them for `Params`.
+        cairn_core::binary::from_value::<W::Params>(params.clone())
             .map(drop)
             .map_err(|e| e.to_string())
     }
@@ -110,12 +111,13 @@ impl<W: Workflow> ErasedWorkflow for Registered<W> {
         step: WorkflowStep,
     ) -> BoxFuture<'static, Result<serde_json::Value, WorkflowError>> {
         Box::pin(async move {
-            let payload = W::Params::deserialize(&event.payload).map_err(|e| {
-                WorkflowError::new(
-                    crate::failure::INTERNAL,
-                    format!("the stored params do not decode as this workflow's params: {e}"),
-                )
-            })?;
+            let payload =
+                cairn_core::binary::from_value::<W::Params>(event.payload).map_err(|e| {
+                    WorkflowError::new(
+                        crate::failure::INTERNAL,
+                        format!("the stored params do not decode as this workflow's params: {e}"),
+                    )
+                })?;
             let event = WorkflowEvent {
                 payload,
                 timestamp: event.timestamp,
@@ -123,7 +125,7 @@ impl<W: Workflow> ErasedWorkflow for Registered<W> {
                 workflow_name: event.workflow_name,
             };
             let output = self.0.run(event, step).await?;
-            serde_json::to_value(&output).map_err(|e| {
+            cairn_core::binary::to_value(&output).map_err(|e| {
                 WorkflowError::new(
                     crate::failure::INTERNAL,
                     format!("the workflow's output is not serialisable: {e}"),

@@ -838,6 +838,7 @@ async fn step_output(
             cairn::StepOutput::Stream(stream) => {
                 return Ok(crate::routes::stream_response(stream));
             }
+            cairn::StepOutput::Bytes(bytes) => return Ok(crate::routes::bytes_response(bytes)),
             whole => {
                 if let (Some(json), Some(map)) = (whole.to_json(), answer.as_object_mut()) {
                     map.insert(

@@ -1927,3 +1927,176 @@ async fn the_step_endpoint_streams_a_stream_steps_bytes() {
     assert_eq!((s, v), (StatusCode::OK, json!("[REDACTED]")));
     engine.shutdown().await;
 }
+
+/// A step returning 300,000 bytes, one returning an object holding bytes, and a sensitive
+/// one returning bytes.
+struct Binary;
+
+impl Workflow for Binary {
+    const NAME: &'static str = "binary";
+    type Params = Value;
+    type Output = Value;
+
+    async fn run(
+        &self,
+        _event: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> Result<Value, WorkflowError> {
+        let image: Vec<u8> = step
+            .run("render", |_| async { Ok(binary_pattern(300_000)) })
+            .await?;
+        let _: Value = step
+            .run("wrap", |_| async {
+                #[derive(Serialize)]
+                struct Wrapped {
+                    name: &'static str,
+                    data: Vec<u8>,
+                }
+                // Through `Value`, as a step of another type would store it.
+                Ok(serde_json::to_value(&Wrapped {
+                    name: "w",
+                    data: vec![1, 2, 3],
+                })
+                .unwrap())
+            })
+            .await?;
+        let typed: Vec<u8> = step
+            .run("key", |_| async { Ok(vec![9u8; 16]) })
+            .sensitive()
+            .await?;
+        Ok(json!({ "image": image.len(), "key": typed.len() }))
+    }
+}
+
+fn binary_pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 253) as u8).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn e11_the_step_endpoint_serves_a_byte_output_as_its_bytes_and_details_show_its_size() {
+    let (engine, _dir) = app_with(|b| b.register(Binary)).await;
+    let instance = engine
+        .workflow::<Binary>()
+        .create(CreateOptions::new(json!({})).id("b1"))
+        .await
+        .unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!({ "image": 300_000, "key": 16 })));
+
+    for uri in [
+        "/api/workflows/binary/instances/b1/step?name=render",
+        "/client/v4/accounts/a/workflows/binary/instances/b1/step?name=render",
+    ] {
+        let router = cairn_server::router(engine.clone());
+        let request = Request::builder().uri(uri).body(Body::empty()).unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{uri}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/octet-stream"
+        );
+        assert_eq!(response.headers()["content-length"], "300000");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(body.to_vec() == binary_pattern(300_000), "{uri}");
+    }
+
+    let (_, d) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/binary/instances/b1",
+        None,
+    )
+    .await;
+    assert_eq!(d["steps"][0]["output"], "[Bytes(300000 bytes)]");
+    assert_eq!(d["steps"][0]["outputBytes"], 300_000);
+    assert_eq!(
+        d["steps"][0]["outputUrl"],
+        "/api/workflows/binary/instances/b1/step?name=render&count=1&type=step"
+    );
+    assert_eq!(d["steps"][2]["output"], "[REDACTED]");
+    assert!(d["steps"][2].get("outputBytes").is_none());
+    // A `Value` is JSON already: its numbers stay numbers.
+    assert_eq!(
+        d["steps"][1]["output"],
+        json!({ "name": "w", "data": [1, 2, 3] })
+    );
+    let (s, v) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/binary/instances/b1/step?name=key",
+        None,
+    )
+    .await;
+    assert_eq!((s, v), (StatusCode::OK, json!("[REDACTED]")));
+    engine.shutdown().await;
+}
+
+/// A step returning a struct that holds bytes.
+struct Nested;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Scan {
+    name: String,
+    data: Vec<u8>,
+}
+
+impl Workflow for Nested {
+    const NAME: &'static str = "nested";
+    type Params = Value;
+    type Output = Value;
+
+    async fn run(
+        &self,
+        _event: WorkflowEvent<Value>,
+        step: WorkflowStep,
+    ) -> Result<Value, WorkflowError> {
+        let scan: Scan = step
+            .run("scan", |_| async {
+                Ok(Scan {
+                    name: "page".into(),
+                    data: vec![1, 2, 3],
+                })
+            })
+            .await?;
+        Ok(json!(scan.data.len()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn e12_the_step_endpoint_serves_nested_bytes_as_base64_json() {
+    let (engine, _dir) = app_with(|b| b.register(Nested)).await;
+    let instance = engine
+        .workflow::<Nested>()
+        .create(CreateOptions::new(json!({})).id("n1"))
+        .await
+        .unwrap();
+    instance.wait().await.unwrap();
+    let (s, v) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/nested/instances/n1/step?name=scan",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::OK,
+            json!({ "name": "page", "data": { "$bytes": "AQID" } })
+        )
+    );
+    let (_, d) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/nested/instances/n1",
+        None,
+    )
+    .await;
+    assert_eq!(
+        d["steps"][0]["output"],
+        json!({ "name": "page", "data": "[Bytes(3 bytes)]" })
+    );
+    // `{"data":…,"name":"page"}` is 23 bytes around the 3 bytes.
+    assert_eq!(d["steps"][0]["outputBytes"], 26);
+    engine.shutdown().await;
+}

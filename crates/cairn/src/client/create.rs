@@ -137,10 +137,11 @@ pub(crate) fn options_to_json<P: Serialize>(
     workflow: &WorkflowName,
     options: CreateOptions<P>,
 ) -> Result<CreateOptions<serde_json::Value>, Error> {
-    let params = serde_json::to_value(&options.params).map_err(|e| Error::InvalidParams {
-        workflow: workflow.to_string(),
-        reason: e.to_string(),
-    })?;
+    let params =
+        cairn_core::binary::to_value(&options.params).map_err(|e| Error::InvalidParams {
+            workflow: workflow.to_string(),
+            reason: e.to_string(),
+        })?;
     Ok(options.with_params(params))
 }
 

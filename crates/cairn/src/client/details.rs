@@ -125,12 +125,12 @@ pub struct StepDetails {
     pub cancelled: bool,
     /// The resolved config it ran with.
     pub config: serde_json::Value,
-    /// Its output (`"[REDACTED]"` for a sensitive step). Over
-    /// [`DETAILS_OUTPUT_LIMIT`] bytes of JSON, a string: the first bytes of the JSON and
-    /// `[truncated output: N bytes]`.
+    /// Its output (`"[REDACTED]"` for a sensitive step), with each byte sequence shown as
+    /// `"[Bytes(N bytes)]"`. Over [`DETAILS_OUTPUT_LIMIT`] bytes of JSON, a string: the
+    /// first bytes of the JSON and `[truncated output: N bytes]`.
     pub output: Option<serde_json::Value>,
-    /// The size of the whole output when `output` shows less of it: the JSON cut short,
-    /// or a stream step's bytes.
+    /// The size of the whole output when `output` shows less of it: the JSON cut short or
+    /// holding byte sequences (counted as their bytes), or a stream step's bytes.
     #[serde(rename = "outputBytes", skip_serializing_if = "Option::is_none")]
     pub output_bytes: Option<u64>,
     /// Its final error.
@@ -164,6 +164,24 @@ pub struct AttemptDetails {
     /// The wait before the next attempt, when one was scheduled.
     #[serde(rename = "retryDelayMs")]
     pub retry_delay_ms: Option<u64>,
+}
+
+/// A step's output as details show it: byte sequences as their size, the JSON cut at
+/// [`DETAILS_OUTPUT_LIMIT`] bytes.
+fn output_view(json: &str) -> serde_json::Value {
+    if cairn_core::binary::has_bytes(json) {
+        let shown = cairn_core::binary::view(json);
+        let text = shown.to_string();
+        if text.len() > DETAILS_OUTPUT_LIMIT {
+            serde_json::Value::from(truncated(&text))
+        } else {
+            shown
+        }
+    } else if json.len() > DETAILS_OUTPUT_LIMIT {
+        serde_json::Value::from(truncated(json))
+    } else {
+        serde_json::from_str(json).unwrap_or(serde_json::Value::Null)
+    }
 }
 
 /// The first [`DETAILS_OUTPUT_LIMIT`] bytes of `json` (cut on a character boundary) and
@@ -249,10 +267,8 @@ impl InstanceDetails {
                             crate::ops::stream_meta::stream_view(json, sensitive)
                         } else if sensitive {
                             serde_json::Value::from(REDACTED)
-                        } else if json.len() > DETAILS_OUTPUT_LIMIT {
-                            serde_json::Value::from(truncated(json))
                         } else {
-                            serde_json::from_str(json).unwrap_or(serde_json::Value::Null)
+                            output_view(json)
                         }
                     }),
                     output_bytes: s.output.as_deref().filter(|_| !sensitive).and_then(|json| {
@@ -260,7 +276,9 @@ impl InstanceDetails {
                             // A stream's views show its preview: its bytes are elsewhere.
                             crate::ops::stream_meta::stream_bytes(json)
                         } else {
-                            (json.len() > DETAILS_OUTPUT_LIMIT).then_some(json.len() as u64)
+                            (json.len() > DETAILS_OUTPUT_LIMIT
+                                || cairn_core::binary::has_bytes(json))
+                            .then(|| cairn_core::binary::size(json) as u64)
                         }
                     }),
                     error: s.error.clone(),

@@ -113,7 +113,7 @@ impl<O: DeserializeOwned> Instance<O> {
     fn status_of(&self, record: InstanceRecord) -> Result<Status<O>, Error> {
         let output = match (&record.output, record.status) {
             (Some(json), InstanceStatus::Complete) => {
-                Some(serde_json::from_str(json).map_err(|e| {
+                Some(cairn_core::binary::from_str(json).map_err(|e| {
                     Error::Store(cairn_store::Error::Corrupt(format!(
                         "the output of instance {:?} does not decode as the expected type: {e}",
                         self.id.as_str()
@@ -278,15 +278,16 @@ impl<O: DeserializeOwned> Instance<O> {
         idempotency_key: Option<String>,
     ) -> Result<Delivery, Error> {
         let event_type = cairn_core::EventType::new(event_type)?;
-        let payload = serde_json::to_string(payload).map_err(|e| Error::InvalidParams {
+        let payload = cairn_core::binary::to_string(payload).map_err(|e| Error::InvalidParams {
             workflow: self.workflow.to_string(),
             reason: format!("the event payload is not serialisable: {e}"),
         })?;
         let limit = self.engine.inner.env.limits.payload_limit;
-        if payload.len() > limit {
+        let size = cairn_core::binary::size(&payload);
+        if size > limit {
             return Err(Error::PayloadTooLarge {
                 what: "event payload",
-                size: payload.len(),
+                size,
                 limit,
             });
         }

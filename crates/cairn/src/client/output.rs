@@ -68,15 +68,19 @@ pub enum StepOutput {
     Redacted,
     /// A stream step's bytes, read from the store chunk by chunk.
     Stream(StepStream),
+    /// The bytes of a step whose whole output is one byte sequence (a `Vec<u8>`,
+    /// `bytes::Bytes`, `serde_bytes`).
+    Bytes(Vec<u8>),
 }
 
 impl StepOutput {
-    /// The output as JSON text (`"[REDACTED]"` for a sensitive step); `None` for a stream.
+    /// The output as JSON text (`"[REDACTED]"` for a sensitive step); `None` for a stream
+    /// or bytes. Byte sequences nested in the JSON are `{"$bytes":"<base64>"}`.
     pub fn to_json(&self) -> Option<String> {
         match self {
             StepOutput::Json(json) => Some(json.clone()),
             StepOutput::Redacted => Some(serde_json::Value::from(REDACTED).to_string()),
-            StepOutput::Stream(_) => None,
+            StepOutput::Stream(_) | StepOutput::Bytes(_) => None,
         }
     }
 }
@@ -144,6 +148,9 @@ impl<O: DeserializeOwned> Instance<O> {
                 key,
                 &meta,
             )));
+        }
+        if let Some(bytes) = cairn_core::binary::whole_bytes(&json) {
+            return Ok(StepOutput::Bytes(bytes));
         }
         Ok(StepOutput::Json(json))
     }

@@ -313,10 +313,11 @@ impl UntypedWorkflow {
             .ok_or_else(|| Error::UnknownWorkflow(self.name.to_string()))?;
         let text = params.to_string();
         let limit = self.engine.inner.env.limits.payload_limit;
-        if text.len() > limit {
+        let size = cairn_core::binary::size(&text);
+        if size > limit {
             return Err(Error::PayloadTooLarge {
                 what: "params",
-                size: text.len(),
+                size,
                 limit,
             });
         }
@@ -342,6 +343,12 @@ impl UntypedWorkflow {
         let fail = |e: Error| (Some(id.to_string()), e);
         let params = options.params;
         let text = self.check_params(&params).map_err(fail)?;
+        // Logs show byte sequences as their size.
+        let logged = if cairn_core::binary::has_bytes(&text) {
+            cairn_core::binary::view(&text)
+        } else {
+            params
+        };
         let concurrency = match options.concurrency_key {
             None => None,
             Some(key) => Some(self.concurrency(key).map_err(fail)?),
@@ -371,7 +378,10 @@ impl UntypedWorkflow {
                     kind: LogKind::WorkflowQueued,
                     at: now,
                     step: None,
-                    meta: json!({ "params": params, "trigger": { "source": "api" } }),
+                    meta: json!({
+                        "params": logged,
+                        "trigger": { "source": "api" },
+                    }),
                 },
                 retention,
                 parent: None,

@@ -363,14 +363,13 @@ async fn one_lifetime(
     };
     let outcome = match result {
         Ok(Ok(output)) => {
-            let json = output.to_string();
+            let size = cairn_core::binary::size(&output.to_string());
             let limit = env.limits.payload_limit;
-            if json.len() > limit {
+            if size > limit {
                 Err(ErrorInfo::new(
                     INTERNAL,
                     format!(
-                        "The workflow's output is too large: {} bytes; the limit is {limit} bytes.",
-                        json.len()
+                        "The workflow's output is too large: {size} bytes; the limit is {limit} bytes."
                     ),
                 ))
             } else {

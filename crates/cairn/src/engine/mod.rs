@@ -339,7 +339,8 @@ impl EngineBuilder {
         self
     }
 
-    /// The limit on step outputs, params and event payloads in bytes of JSON (default 1 MiB).
+    /// The limit on step outputs, params and event payloads in bytes of JSON (default 1 MiB);
+    /// byte sequences in them count as their bytes, not their base64.
     pub fn payload_limit(mut self, bytes: usize) -> Self {
         self.payload_limit = bytes;
         self

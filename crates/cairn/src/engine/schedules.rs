@@ -217,8 +217,8 @@ impl Schedule {
         cron: &str,
         params: W::Params,
     ) -> Result<Schedule, ScheduleError> {
-        let params =
-            serde_json::to_value(params).map_err(|e| ScheduleError::Params(e.to_string()))?;
+        let params = cairn_core::binary::to_value(&params)
+            .map_err(|e| ScheduleError::Params(e.to_string()))?;
         Schedule::untyped(name, cron, W::NAME, params)
     }
 

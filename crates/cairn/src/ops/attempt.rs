@@ -572,7 +572,7 @@ impl Execution {
         } else if config.sensitive {
             serde_json::Value::from(REDACTED)
         } else {
-            serde_json::from_str(&json).unwrap_or(serde_json::Value::Null)
+            cairn_core::binary::view(&json)
         };
         record.state = StepState::Succeeded;
         record.in_flight = false;
@@ -768,13 +768,13 @@ fn forced_outcome<T: Serialize + DeserializeOwned>(
 /// limit or does not serialise (both final failures).
 fn value_outcome<T: Serialize>(key: &StepKey, value: &T, payload_limit: usize) -> Outcome {
     match crate::panic::to_json(value) {
-        Ok(json) if json.len() > payload_limit => Outcome::Failure(
+        Ok(json) if cairn_core::binary::size(&json) > payload_limit => Outcome::Failure(
             ErrorInfo::new(
                 INTERNAL,
                 format!(
                     "Step {} output is too large: {} bytes. Maximum allowed size is {} bytes ({}).",
                     key.target(),
-                    json.len(),
+                    cairn_core::binary::size(&json),
                     payload_limit,
                     human_bytes(payload_limit)
                 ),

@@ -91,7 +91,7 @@ impl Handler {
         Fut: Future<Output = Result<(), StepError>> + Send + 'static,
     {
         let call: Arc<HandlerFn> = Arc::new(move |input: RollbackInput| {
-            let output = match input.output.as_deref().map(serde_json::from_str::<T>) {
+            let output = match input.output.as_deref().map(crate::panic::from_json::<T>) {
                 None => Ok(None),
                 Some(Ok(v)) => Ok(Some(v)),
                 Some(Err(e)) => Err(e),

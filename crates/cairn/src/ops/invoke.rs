@@ -380,7 +380,7 @@ async fn start(
     };
     let id = child_id(state, key);
     record.config = config(&workflow, &id, detached);
-    let params_value: serde_json::Value = serde_json::from_str(&params).unwrap_or_default();
+    let params_value = cairn_core::binary::view(&params);
     let new = NewInstance {
         workflow: workflow.clone(),
         id: id.clone(),
@@ -444,10 +444,10 @@ fn checked(
         .params
         .map_err(|e| format!("the child's params do not serialise: {e}"))?;
     let limit = state.env.limits.payload_limit;
-    if params.len() > limit {
+    let size = cairn_core::binary::size(&params);
+    if size > limit {
         return Err(format!(
-            "the child's params are {} bytes; the limit is {limit} bytes",
-            params.len()
+            "the child's params are {size} bytes; the limit is {limit} bytes"
         ));
     }
     Ok((workflow, retention, params))
@@ -468,7 +468,7 @@ async fn record_outcome(
         Ok(output) => {
             record.state = StepState::Succeeded;
             record.output = Some(output.clone());
-            let value: serde_json::Value = serde_json::from_str(output).unwrap_or_default();
+            let value = cairn_core::binary::view(output);
             state.log(
                 LogKind::ChildComplete,
                 Some(&key),

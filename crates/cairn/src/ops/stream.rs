@@ -129,7 +129,7 @@ fn mocked_bytes(
     };
     Some(match serde_json::from_str::<serde_json::Value>(&json) {
         Ok(serde_json::Value::String(text)) => Ok(text.into_bytes()),
-        Ok(value) => serde_json::from_value::<Vec<u8>>(value).map_err(|_| {
+        Ok(value) => cairn_core::binary::from_value::<Vec<u8>>(value).map_err(|_| {
             NonRetryableError::new(format!(
                 "the mocked result of stream step {} is not a string or an array of bytes",
                 key.target()

@@ -348,7 +348,12 @@ async fn mocked<T: DeserializeOwned>(
                 Some(&key),
                 json!({ "event": event_type }),
             ),
-            state.log(LogKind::WaitComplete, Some(&key), object),
+            // Logs show byte sequences as their size.
+            state.log(
+                LogKind::WaitComplete,
+                Some(&key),
+                cairn_core::binary::view(&output),
+            ),
             cairn_store::Write::Step(record),
         ])
         .await;

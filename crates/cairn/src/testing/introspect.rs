@@ -232,7 +232,7 @@ impl Modifier {
         value: impl Serialize,
     ) -> Result<&Self, TestError> {
         let step = step.into();
-        let json = serde_json::to_string(&value).map_err(|e| {
+        let json = cairn_core::binary::to_string(&value).map_err(|e| {
             TestError::new(format!(
                 "the mocked result of step {:?} does not serialise: {e}",
                 step.name
@@ -349,7 +349,7 @@ impl Modifier {
         payload: impl Serialize,
     ) -> Result<&Self, TestError> {
         let event_type = EventType::new(event_type).map_err(|e| TestError::new(e.to_string()))?;
-        let json = serde_json::to_string(&payload).map_err(|e| {
+        let json = cairn_core::binary::to_string(&payload).map_err(|e| {
             TestError::new(format!("the mocked event payload does not serialise: {e}"))
         })?;
         self.change(|m| m.events.entry(event_type).or_default().push(json));
@@ -538,7 +538,7 @@ impl InstanceIntrospector {
                 }
             })
             .await?;
-        serde_json::from_str(&json).map_err(|e| {
+        crate::panic::from_json(&json).map_err(|e| {
             TestError::new(format!(
                 "the output of step {} does not decode as the expected type: {e}",
                 key.target()
@@ -590,7 +590,7 @@ impl InstanceIntrospector {
                 record.status
             )));
         }
-        serde_json::from_str(record.output.as_deref().unwrap_or("null")).map_err(|e| {
+        crate::panic::from_json(record.output.as_deref().unwrap_or("null")).map_err(|e| {
             TestError::new(format!(
                 "the output of instance {:?} does not decode as the expected type: {e}",
                 self.id.as_str()

@@ -201,7 +201,7 @@ impl Simulation {
     /// # Errors
     /// Params that do not serialise.
     pub fn new<W: Workflow>(params: W::Params) -> Result<Simulation, TestError> {
-        let params = serde_json::to_value(&params)
+        let params = cairn_core::binary::to_value(&params)
             .map_err(|e| TestError::new(format!("the params do not serialise: {e}")))?;
         let workflow = WorkflowName::new(W::NAME).map_err(|e| TestError::new(e.to_string()))?;
         Ok(Simulation {
@@ -251,7 +251,7 @@ impl Simulation {
     /// # Errors
     /// A payload that does not serialise.
     pub fn event(mut self, event_type: &str, payload: impl Serialize) -> Result<Self, TestError> {
-        let payload = serde_json::to_value(payload)
+        let payload = cairn_core::binary::to_value(&payload)
             .map_err(|e| TestError::new(format!("the event payload does not serialise: {e}")))?;
         self.events.push((event_type.to_owned(), payload));
         Ok(self)

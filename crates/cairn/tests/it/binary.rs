@@ -1,16 +1,27 @@
-//! SPEC §7 E11, E12, T1, T3, T4 in their Rust form: byte vectors in step outputs. (T2, T5
-//! and T6, stored compactly, are not built yet: a `Vec<u8>` is stored as JSON numbers.)
+//! SPEC §7 E11, E12, T1–T6 in their Rust form: byte vectors (`Vec<u8>`, `bytes::Bytes`,
+//! byte arrays) in step outputs, params and event payloads are stored as their bytes
+//! (`{"$bytes":"<base64>"}` in the journal), count their bytes against the payload limit,
+//! round-trip exactly, and show in views as `[Bytes(N bytes)]`.
 
-use super::support::{FnWorkflow, engine, run_to_end, wf};
+use super::support::{FnWorkflow, engine, records, run_to_end, wf};
 use cairn::prelude::*;
+use cairn::{Instance, LogKind, StepOutput, StepSelector};
 use serde_json::{Value, json};
 
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()
 }
 
+/// The JSON a step's output is stored as, or its bytes when it is one byte sequence.
+async fn stored(instance: &Instance<Value>, step: &str) -> StepOutput {
+    instance
+        .step_output(&StepSelector::new(step))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
-async fn e11_t1_t3_a_200_kb_byte_output_completes_and_the_next_step_gets_the_same_bytes() {
+async fn e11_t1_t3_a_200_kb_byte_output_is_stored_as_its_bytes_and_the_next_step_gets_them() {
     let (engine, _dir) = engine(|b| {
         b.register(wf(|_, step| async move {
             let bytes: Vec<u8> = step
@@ -30,11 +41,43 @@ async fn e11_t1_t3_a_200_kb_byte_output_completes_and_the_next_step_gets_the_sam
     let status = instance.status().await.unwrap();
     assert_eq!(status.status, InstanceStatus::Complete, "{:?}", status.error);
     assert_eq!(status.output, Some(json!({ "len": 200_000, "same": true })));
-    // The views do not carry the whole output: it is cut, with its size.
+    // The whole output is the bytes themselves.
+    match stored(&instance, "render").await {
+        StepOutput::Bytes(bytes) => assert!(bytes == pattern(200_000)),
+        other => panic!("expected bytes, got {other:?}"),
+    }
+    // Views show the size, never the bytes.
     let details = instance.details().await.unwrap();
     let render = &details.steps[0];
-    assert!(render.output_bytes.unwrap() > 200_000);
-    assert!(render.output.as_ref().unwrap().as_str().unwrap().len() < 5_000);
+    assert_eq!(render.output, Some(json!("[Bytes(200000 bytes)]")));
+    assert_eq!(render.output_bytes, Some(200_000));
+    let logged = records(&instance, LogKind::StepSuccess).await;
+    assert_eq!(logged[0].entry.meta["result"], "[Bytes(200000 bytes)]");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn t2_a_200_kb_view_over_an_800_kb_buffer_stores_only_the_view() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let view: bytes::Bytes = step
+                .run("slice", |_| async {
+                    let buffer = bytes::Bytes::from(pattern(800_000));
+                    Ok(buffer.slice(300_000..500_000))
+                })
+                .await?;
+            let expected = pattern(800_000)[300_000..500_000].to_vec();
+            Ok(json!({ "len": view.len(), "same": view.as_ref() == expected.as_slice() }))
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.output, Some(json!({ "len": 200_000, "same": true })));
+    match stored(&instance, "slice").await {
+        StepOutput::Bytes(bytes) => assert_eq!(bytes.len(), 200_000),
+        other => panic!("expected bytes, got {other:?}"),
+    }
     engine.shutdown().await;
 }
 
@@ -42,27 +85,259 @@ async fn e11_t1_t3_a_200_kb_byte_output_completes_and_the_next_step_gets_the_sam
 struct Attachment {
     name: String,
     data: Vec<u8>,
+    digest: [u8; 32],
+}
+
+fn attachment(name: &str, n: usize) -> Attachment {
+    Attachment {
+        name: name.into(),
+        data: pattern(n),
+        digest: [7; 32],
+    }
 }
 
 #[tokio::test(start_paused = true)]
-async fn e12_an_object_holding_200_kb_of_bytes_completes_and_round_trips() {
+async fn e12_t5_an_object_holding_200_kb_of_bytes_is_stored_compactly_and_replays_exactly() {
+    let (_dir, path) = super::support::temp_db();
+    let workflow = || {
+        wf(|_, step| async move {
+            let a: Attachment = step
+                .run("attach", |_| async { Ok(attachment("scan.pdf", 200_000)) })
+                .await?;
+            // Hibernate, so the rest runs on a replay that reads `a` from the journal.
+            step.sleep("nap", "1 hour").await?;
+            Ok(json!({ "name": a.name, "ok": a == attachment("scan.pdf", 200_000) }))
+        })
+    };
+    let engine = super::support::builder_at(&path)
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("e12"))
+        .await
+        .unwrap();
+    instance
+        .wait_for(|s| s.status == InstanceStatus::Waiting)
+        .await
+        .unwrap();
+    engine.shutdown().await;
+    let engine = super::support::builder_at(&path)
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    let instance = engine.workflow::<FnWorkflow>().get("e12").await.unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!({ "name": "scan.pdf", "ok": true })));
+    let StepOutput::Json(json) = stored(&instance, "attach").await else {
+        panic!("expected JSON");
+    };
+    // 200,000 bytes as JSON numbers were about 700 KB; as base64 they are 267 KB.
+    assert!(json.len() < 270_000, "{} bytes of JSON", json.len());
+    let read: Attachment = serde_json::from_value(decoded(&json)).unwrap();
+    assert_eq!(read, attachment("scan.pdf", 200_000));
+    let details = instance.details().await.unwrap();
+    assert_eq!(
+        details.steps[0].output,
+        Some(json!({
+            "name": "scan.pdf",
+            "data": "[Bytes(200000 bytes)]",
+            "digest": "[Bytes(32 bytes)]",
+        }))
+    );
+    // The bytes, the digest and the rest of the JSON.
+    let size = details.steps[0].output_bytes.unwrap();
+    assert!((200_032..200_100).contains(&size), "{size}");
+    engine.shutdown().await;
+}
+
+/// Stored JSON with each `{"$bytes": base64}` turned into the array serde reads.
+fn decoded(json: &str) -> Value {
+    fn expand(v: &mut Value) {
+        match v {
+            Value::Object(map) if map.len() == 1 && map.contains_key("$bytes") => {
+                let text = map["$bytes"].as_str().unwrap().to_owned();
+                *v = Value::from(base64_decode(&text));
+            }
+            Value::Object(map) => map.values_mut().for_each(expand),
+            Value::Array(items) => items.iter_mut().for_each(expand),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::from_str(json).unwrap();
+    expand(&mut value);
+    value
+}
+
+/// Standard base64 with padding, decoded by hand: the test checks the format, not a crate.
+fn base64_decode(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let digits: Vec<u32> = text
+        .bytes()
+        .filter(|&b| b != b'=')
+        .map(|b| ALPHABET.iter().position(|&a| a == b).unwrap() as u32)
+        .collect();
+    let mut out = Vec::new();
+    for group in digits.chunks(4) {
+        let mut n = 0u32;
+        for (i, d) in group.iter().enumerate() {
+            n |= d << (18 - 6 * i);
+        }
+        out.extend_from_slice(&n.to_be_bytes()[1..group.len()]);
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn t6_byte_vectors_in_a_vector_of_objects_are_stored_compactly() {
     let (engine, _dir) = engine(|b| {
         b.register(wf(|_, step| async move {
-            let a: Attachment = step
-                .run("attach", |_| async {
-                    Ok(Attachment {
-                        name: "scan.pdf".into(),
-                        data: pattern(200_000),
-                    })
+            // 800 KB of bytes: about 2.8 MB as JSON numbers, over the 1 MiB limit.
+            let all: Vec<Attachment> = step
+                .run("attach-all", |_| async {
+                    Ok((0..4)
+                        .map(|i| attachment(&format!("page-{i}"), 200_000))
+                        .collect::<Vec<_>>())
                 })
                 .await?;
-            Ok(json!({ "name": a.name, "ok": a.data == pattern(200_000) }))
+            let ok = all
+                .iter()
+                .enumerate()
+                .all(|(i, a)| *a == attachment(&format!("page-{i}"), 200_000));
+            Ok(json!({ "pages": all.len(), "ok": ok }))
         }))
     })
     .await;
     let instance = run_to_end(&engine, json!({})).await;
     let status = instance.status().await.unwrap();
-    assert_eq!(status.output, Some(json!({ "name": "scan.pdf", "ok": true })));
+    assert_eq!(status.status, InstanceStatus::Complete, "{:?}", status.error);
+    assert_eq!(status.output, Some(json!({ "pages": 4, "ok": true })));
+    let StepOutput::Json(json) = stored(&instance, "attach-all").await else {
+        panic!("expected JSON");
+    };
+    assert!(json.len() < 1_080_000, "{} bytes of JSON", json.len());
+    let details = instance.details().await.unwrap();
+    assert_eq!(
+        details.steps[0].output.as_ref().unwrap()[3]["data"],
+        "[Bytes(200000 bytes)]"
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_byte_output_counts_its_bytes_against_the_payload_limit() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|event, step| async move {
+            let n = event.payload["n"].as_u64().unwrap() as usize;
+            let bytes: Vec<u8> = step
+                .run("big", |_| async move { Ok(pattern(n)) })
+                .await?;
+            Ok(json!(bytes.len()))
+        }))
+    })
+    .await;
+    // 1,000,000 bytes are 1.33 MB of base64, but under the 1 MiB limit.
+    let fits = run_to_end(&engine, json!({ "n": 1_000_000 })).await;
+    let status = fits.status().await.unwrap();
+    assert_eq!(status.output, Some(json!(1_000_000)), "{:?}", status.error);
+    let over = run_to_end(&engine, json!({ "n": 1_100_000 })).await;
+    let status = over.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Errored);
+    let message = status.error.unwrap().message;
+    assert!(
+        message.contains("Step big-1 output is too large: 1100000 bytes"),
+        "{message}"
+    );
+    engine.shutdown().await;
+}
+
+/// A workflow whose params and event payload carry bytes.
+struct Upload;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct UploadParams {
+    file: Attachment,
+    parts: Vec<bytes::Bytes>,
+}
+
+impl Workflow for Upload {
+    const NAME: &'static str = "upload";
+    type Params = UploadParams;
+    type Output = (bool, bool, usize);
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<UploadParams>,
+        step: WorkflowStep,
+    ) -> Result<Self::Output, WorkflowError> {
+        let signed = step
+            .wait_for_event::<Attachment>("signature", "signed")
+            .await?;
+        Ok((
+            event.payload == upload_params(),
+            signed.payload == attachment("signature", 300_000),
+            event.payload.parts.len(),
+        ))
+    }
+}
+
+fn upload_params() -> UploadParams {
+    UploadParams {
+        file: attachment("contract.pdf", 900_000),
+        parts: vec![bytes::Bytes::from_static(b"one"), bytes::Bytes::new()],
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn byte_params_and_event_payloads_are_stored_compactly_and_arrive_exactly() {
+    let (engine, _dir) = engine(|b| b.register(Upload)).await;
+    // 900 KB of params: 3 MB as JSON numbers, 1.2 MB as base64, 900 KB against the limit.
+    let instance = engine
+        .workflow::<Upload>()
+        .create(CreateOptions::new(upload_params()))
+        .await
+        .unwrap();
+    instance
+        .wait_for(|s| s.status == InstanceStatus::Waiting)
+        .await
+        .unwrap();
+    instance
+        .send_event("signed", &attachment("signature", 300_000))
+        .await
+        .unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some((true, true, 2)), "{:?}", status.error);
+    let details = instance.details().await.unwrap();
+    // The params are data: stored, and shown, as base64.
+    assert_eq!(details.params["parts"][0], json!({ "$bytes": "b25l" }));
+    assert_eq!(details.params["parts"][1], json!({ "$bytes": "" }));
+    // Logs and step views show sizes.
+    let queued = records(&instance, LogKind::WorkflowQueued).await;
+    assert_eq!(
+        queued[0].entry.meta["params"]["file"]["data"],
+        "[Bytes(900000 bytes)]"
+    );
+    let waited = records(&instance, LogKind::WaitComplete).await;
+    assert_eq!(
+        waited[0].entry.meta["payload"]["data"],
+        "[Bytes(300000 bytes)]"
+    );
+    assert_eq!(
+        details.steps[0].output.as_ref().unwrap()["payload"]["data"],
+        "[Bytes(300000 bytes)]"
+    );
+    // Over the limit by their bytes: refused, with the real size.
+    let mut big = upload_params();
+    big.file.data = pattern(1_100_000);
+    let err = engine
+        .workflow::<Upload>()
+        .create(CreateOptions::new(big))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("1100"), "{err}");
     engine.shutdown().await;
 }
 
