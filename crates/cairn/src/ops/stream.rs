@@ -57,6 +57,21 @@ impl WorkflowStep {
     /// println!("{} bytes", export.len());
     /// # Ok(()) }
     /// ```
+    ///
+    /// Items are bytes by type (SPEC S4: a non-binary chunk is a compile error, not a
+    /// runtime one), and the body hands its stream over by value, so no one else can be
+    /// reading it (S3: a locked stream cannot exist in Rust):
+    ///
+    /// ```compile_fail
+    /// # use cairn::prelude::*;
+    /// # async fn w(step: WorkflowStep) -> Result<(), WorkflowError> {
+    /// let numbers = step
+    ///     .run_stream("numbers", |_| async {
+    ///         Ok(futures::stream::iter((0..10u32).map(Ok::<_, std::io::Error>)))
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn run_stream<'a, F, Fut, S, B, E>(&self, name: impl Into<String>, body: F) -> StreamOp<'a>
     where
         F: FnMut(StepContext) -> Fut + Send + 'a,

@@ -364,3 +364,60 @@ async fn a_reader_of_an_output_a_restart_replaced_gets_an_error_not_the_new_byte
     assert!(old.next().await.is_none(), "the stream ends after its error");
     engine.shutdown().await;
 }
+
+/// SPEC S8 in its Rust form: items of any byte type, in any sizes, come back as the same
+/// bytes, in 256 KiB chunks.
+#[tokio::test(start_paused = true)]
+async fn s8_items_of_any_byte_type_come_back_as_the_same_bytes() {
+    /// Samples as little-endian bytes, in items that do not line up with chunks.
+    fn samples() -> Vec<u8> {
+        (0..150_000i32)
+            .flat_map(|i| ((i * 7 - 500_000) as i16).to_le_bytes())
+            .collect()
+    }
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let text = step
+                .run_stream("text", |_| async {
+                    let lines = (0..10_000).map(|i| Ok::<_, std::io::Error>(format!("{i}\n")));
+                    Ok(futures::stream::iter(lines))
+                })
+                .await?
+                .read_to_end()
+                .await?;
+            let raw = step
+                .run_stream("samples", |_| async {
+                    let items: Vec<Result<bytes::Bytes, std::io::Error>> = samples()
+                        .chunks(100_003)
+                        .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+                        .collect();
+                    Ok(futures::stream::iter(items))
+                })
+                .await?;
+            let mut chunks = Vec::new();
+            let mut raw = raw;
+            let mut read = Vec::new();
+            while let Some(chunk) = raw.next().await {
+                let chunk = chunk?;
+                chunks.push(chunk.len());
+                read.extend_from_slice(&chunk);
+            }
+            let expected: String = (0..10_000).map(|i| format!("{i}\n")).collect();
+            Ok(json!({
+                "text": text == expected.into_bytes(),
+                "samples": read == samples(),
+                "chunks": chunks,
+            }))
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(
+        status.output,
+        Some(json!({ "text": true, "samples": true, "chunks": [262_144, 37_856] })),
+        "{:?}",
+        status.error
+    );
+    engine.shutdown().await;
+}
