@@ -1072,8 +1072,9 @@ pub(crate) async fn control(
             match step {
                 None => {
                     wipe(tx, b, iid).await?;
-                    let params_value: serde_json::Value =
-                        serde_json::from_str(&params).map_err(corrupt)?;
+                    // As a create logs them: byte sequences as their size.
+                    serde_json::from_str::<serde_json::Value>(&params).map_err(corrupt)?;
+                    let params_value = cairn_core::binary::view(&params);
                     log_now(
                         b,
                         instance,

@@ -32,8 +32,9 @@ pub use error::ApiError;
 pub use prometheus::Metrics;
 pub use serve::Limits;
 
-/// The largest request body accepted: 1 MiB of payload plus room for the envelope.
-pub const MAX_BODY: usize = (1 << 20) + 64 * 1024;
+/// The largest request body accepted: 1 MiB of payload, as base64 when it is bytes (which
+/// count as their bytes against the payload limit), plus room for the envelope.
+pub const MAX_BODY: usize = (1 << 20) * 4 / 3 + 64 * 1024;
 
 /// The API's routes (and the dashboard) over `engine`, without a token: they answer only
 /// requests that name a loopback host and, for changes, come from no other site (see

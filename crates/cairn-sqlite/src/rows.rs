@@ -1065,8 +1065,9 @@ pub(crate) fn control(
                     ] {
                         exec(sql, &[&iid])?;
                     }
-                    let params_value: serde_json::Value =
-                        serde_json::from_str(&params).map_err(corrupt)?;
+                    // As a create logs them: byte sequences as their size.
+                    serde_json::from_str::<serde_json::Value>(&params).map_err(corrupt)?;
+                    let params_value = cairn_core::binary::view(&params);
                     log_now(
                         conn,
                         instance,

@@ -2008,7 +2008,8 @@ async fn e11_the_step_endpoint_serves_a_byte_output_as_its_bytes_and_details_sho
     )
     .await;
     assert_eq!(d["steps"][0]["output"], "[Bytes(300000 bytes)]");
-    assert_eq!(d["steps"][0]["outputBytes"], 300_000);
+    // The bytes and the 13 characters of the object around them.
+    assert_eq!(d["steps"][0]["outputBytes"], 300_013);
     assert_eq!(
         d["steps"][0]["outputUrl"],
         "/api/workflows/binary/instances/b1/step?name=render&count=1&type=step"
@@ -2096,7 +2097,99 @@ async fn e12_the_step_endpoint_serves_nested_bytes_as_base64_json() {
         d["steps"][0]["output"],
         json!({ "name": "page", "data": "[Bytes(3 bytes)]" })
     );
-    // `{"data":…,"name":"page"}` is 23 bytes around the 3 bytes.
-    assert_eq!(d["steps"][0]["outputBytes"], 26);
+    // `{"name":"page","data":{"$bytes":"…"}}`: 36 characters around the 3 bytes.
+    assert_eq!(d["steps"][0]["outputBytes"], 39);
+    engine.shutdown().await;
+}
+
+/// Params and an event of bytes.
+struct Joins;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct JoinParams {
+    data: Vec<u8>,
+}
+
+impl Workflow for Joins {
+    const NAME: &'static str = "joins";
+    type Params = JoinParams;
+    type Output = Vec<u8>;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<JoinParams>,
+        step: WorkflowStep,
+    ) -> Result<Vec<u8>, WorkflowError> {
+        let more = step.wait_for_event::<Vec<u8>>("more", "more").await?;
+        let mut all = event.payload.data;
+        all.extend(more.payload);
+        Ok(all)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn params_and_events_over_http_carry_bytes_as_base64_within_the_limit_by_their_bytes() {
+    let (engine, _dir) = app_with(|b| b.register(Joins)).await;
+    let (s, _) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/joins/instances",
+        Some(r#"{"instance_id": "j1", "params": {"data": {"$bytes": "AQID"}}}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/joins/instances/j1/events/more",
+        Some(r#"{"$bytes": "BAU="}"#),
+    )
+    .await;
+    assert!(s.is_success(), "{s}");
+    let status = engine
+        .workflow::<Joins>()
+        .get("j1")
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(
+        status.output,
+        Some(vec![1, 2, 3, 4, 5]),
+        "{:?}",
+        status.error
+    );
+
+    // 1,000,000 bytes are 1.33 MB of base64 and fit: they count as their bytes.
+    let big = format!(
+        r#"{{"instance_id": "j2", "params": {{"data": {{"$bytes": "{}"}}}}}}"#,
+        "AAAA".repeat(333_333)
+    );
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/joins/instances",
+        Some(&big),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    // The same length of text that is not canonical base64 counts in full.
+    let fake = format!(
+        r#"{{"instance_id": "j3", "params": {{"data": [], "x": {{"$bytes": "{}"}}}}}}"#,
+        "=".repeat(1_200_000)
+    );
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/joins/instances",
+        Some(&fake),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("payload.too_large")),
+        "{v}"
+    );
     engine.shutdown().await;
 }

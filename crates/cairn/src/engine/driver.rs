@@ -592,7 +592,12 @@ async fn finish(
                 release: true,
                 ..StatusChange::to(InstanceStatus::Complete)
             }),
-            state.log(LogKind::WorkflowSuccess, None, json!({ "result": output })),
+            // Logs show byte sequences as their size.
+            state.log(
+                LogKind::WorkflowSuccess,
+                None,
+                json!({ "result": logged(&output) }),
+            ),
         ],
         Err(error) => vec![
             Write::Status(StatusChange {
@@ -626,5 +631,15 @@ async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
     let stop = shutdown.wait_for(|stop| *stop).await.is_err();
     if stop {
         std::future::pending::<()>().await;
+    }
+}
+
+/// A value as logs show it: byte sequences as their size.
+fn logged(value: &serde_json::Value) -> serde_json::Value {
+    let text = value.to_string();
+    if cairn_core::binary::has_bytes(&text) {
+        cairn_core::binary::view(&text)
+    } else {
+        value.clone()
     }
 }

@@ -27,8 +27,8 @@ impl WorkflowStep {
     /// is not. The final outcome (output or error) is cached either way.
     ///
     /// The output is stored as JSON, within [`EngineBuilder::payload_limit`](crate::EngineBuilder::payload_limit);
-    /// bytes in it (`Vec<u8>`, `[u8; N]`, `bytes::Bytes`, `serde_bytes`) are stored as
-    /// base64 and count as their bytes. For more, see [`WorkflowStep::run_stream`].
+    /// bytes in it (`Vec<u8>`, `bytes::Bytes`, `serde_bytes`) are stored as base64 and
+    /// count as their bytes. For more, see [`WorkflowStep::run_stream`].
     ///
     /// The step's identity, `(name, count)`, is taken when this is called, not when it is
     /// first polled, so concurrent steps (`futures::try_join!`) replay deterministically.

@@ -62,7 +62,7 @@ impl WorkflowStep {
     /// runtime one), and the body hands its stream over by value, so no one else can be
     /// reading it (S3: a locked stream cannot exist in Rust):
     ///
-    /// ```compile_fail
+    /// ```compile_fail,E0277
     /// # use cairn::prelude::*;
     /// # async fn w(step: WorkflowStep) -> Result<(), WorkflowError> {
     /// let numbers = step
@@ -144,7 +144,7 @@ fn mocked_bytes(
     };
     Some(match serde_json::from_str::<serde_json::Value>(&json) {
         Ok(serde_json::Value::String(text)) => Ok(text.into_bytes()),
-        Ok(value) => cairn_core::binary::from_value::<Vec<u8>>(value).map_err(|_| {
+        Ok(value) => cairn_core::binary::from_value::<Vec<u8>>(&value).map_err(|_| {
             NonRetryableError::new(format!(
                 "the mocked result of stream step {} is not a string or an array of bytes",
                 key.target()
