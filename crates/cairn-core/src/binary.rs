@@ -12,11 +12,12 @@
 //! a sequence or bytes (so `Vec<u8>`, `Bytes`, `ByteBuf` and `[u8; N]` decode straight from
 //! the base64) and as the array of numbers serde_json would have written wherever it takes
 //! anything (`serde_json::Value`, untagged enums). JSON written before binary values reads
-//! as it did.
+//! as it did, but for such one-key maps.
 //!
-//! An object whose only key is `$bytes` and whose value is base64 therefore always means
-//! bytes, also in JSON from elsewhere (an HTTP client's params): a map of your own with that
-//! single key does not round-trip.
+//! An object whose only key is `$bytes` and whose value is base64 therefore means bytes
+//! wherever a sequence, bytes or anything is wanted, also in JSON from elsewhere (an HTTP
+//! client's params); read as a map, it is a map. (Read as a `serde_json::Value`, a map of
+//! your own with that single key and a base64 value comes back as numbers.)
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -156,7 +157,29 @@ fn base64_len(text: &str) -> Option<usize> {
     {
         return None;
     }
+    // With padding, the last character's unused low bits must be zero (the decoder refuses
+    // anything else, and size and views must agree with it).
+    let unused = match padding {
+        1 => 0b11,
+        2 => 0b1111,
+        _ => 0,
+    };
+    if let Some(&last) = body.last()
+        && sextet(last) & unused != 0
+    {
+        return None;
+    }
     Some(bytes.len() / 4 * 3 - padding)
+}
+
+fn sextet(c: u8) -> u8 {
+    match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    }
 }
 
 fn base64_text(bytes: &[u8]) -> String {
@@ -840,7 +863,10 @@ impl<'de, V: de::Visitor<'de>> de::Visitor<'de> for Reader<V> {
                 .visitor
                 .visit_map(Entries::new(map, Some((first, None))));
         }
-        let value: Value = map.next_value()?;
+        // Read in one pass, byte sequences in it read as anything reads them, and handed
+        // over as read when it is not bytes (so a chain of `$bytes` keys is not read again
+        // at every level).
+        let value = map.next_value_seed(Build)?;
         let second = map.next_key::<String>()?;
         let bytes = match (&value, &second) {
             (Value::String(text), None) => BASE64.decode(text).ok(),
@@ -851,13 +877,102 @@ impl<'de, V: de::Visitor<'de>> de::Visitor<'de> for Reader<V> {
             entries.next = second;
             return self.visitor.visit_map(entries);
         };
+        let total = bytes.len();
         match self.want {
             Want::Bytes => self.visitor.visit_byte_buf(bytes),
-            _ => self
-                .visitor
-                .visit_seq(ByteItems(bytes.into_iter(), std::marker::PhantomData)),
+            _ => {
+                let mut items = ByteItems(bytes.into_iter(), std::marker::PhantomData);
+                let value = self.visitor.visit_seq(&mut items)?;
+                // A fixed-size target reads only what it needs: the rest is an error, as
+                // serde_json's own "trailing elements" is.
+                if items.0.len() > 0 {
+                    return Err(de::Error::invalid_length(
+                        total,
+                        &"fewer elements in the byte sequence",
+                    ));
+                }
+                Ok(value)
+            }
         }
     }
+}
+
+/// Reads any value as a `serde_json::Value`, as [`Expanded`] reads one for a target that
+/// takes anything (byte sequences as arrays of numbers), in one pass however it nests.
+struct Build;
+
+impl<'de> DeserializeSeed<'de> for Build {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(Build)
+    }
+}
+
+impl<'de> de::Visitor<'de> for Build {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<Value, E> {
+        serde_json::to_value(v).map_err(E::custom)
+    }
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Value, E> {
+        serde_json::to_value(v).map_err(E::custom)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        Build.deserialize(d)
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(item) = seq.next_element_seed(Build)? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = map.next_value_seed(Build)?;
+            object.insert(key, value);
+        }
+        Ok(match bytes_of(&object) {
+            Some(bytes) => Value::Array(bytes.into_iter().map(Value::from).collect()),
+            None => Value::Object(object),
+        })
+    }
+}
+
+/// The bytes `map` holds when it is a byte sequence.
+fn bytes_of(map: &serde_json::Map<String, Value>) -> Option<Vec<u8>> {
+    if map.len() != 1 {
+        return None;
+    }
+    BASE64.decode(map.get(BYTES_KEY)?.as_str()?).ok()
 }
 
 /// A byte sequence's bytes as the items of a sequence: numbers, as serde_json reads them.
@@ -937,13 +1052,16 @@ impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Entries<A> {
 
     fn next_value_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value, A::Error> {
         match self.value.take() {
-            Some(value) => Seed(seed).deserialize(value).map_err(de::Error::custom),
+            // The value of a `$bytes` key that is not bytes: user data, handed over as it
+            // was read.
+            Some(value) => seed.deserialize(value).map_err(de::Error::custom),
             None => self.map.next_value_seed(Seed(seed)),
         }
     }
 
     fn size_hint(&self) -> Option<usize> {
-        self.map.size_hint()
+        let pending = usize::from(self.first.is_some()) + usize::from(self.next.is_some());
+        self.map.size_hint().map(|n| n + pending)
     }
 }
 
@@ -1188,6 +1306,83 @@ mod tests {
             assert_eq!(from_str::<Value>(json).expect("decodes"), plain, "{json}");
             assert!(from_str::<Vec<u8>>(json).is_err(), "{json}");
         }
+    }
+
+    #[test]
+    fn a_fixed_size_target_takes_exactly_its_bytes() {
+        assert_eq!(
+            from_str::<[u8; 3]>(r#"{"$bytes":"AQID"}"#).expect("decodes"),
+            [1, 2, 3]
+        );
+        assert!(from_str::<[u8; 3]>(r#"{"$bytes":"AQIDBA=="}"#).is_err());
+        assert!(from_str::<(u8, u8)>(r#"{"$bytes":"AQID"}"#).is_err());
+        assert!(from_str::<[u8; 4]>(r#"{"$bytes":"AQID"}"#).is_err());
+        assert!(from_value::<[u8; 2]>(&serde_json::json!({"$bytes": "AQID"})).is_err());
+    }
+
+    #[test]
+    fn size_views_and_decoding_agree_on_what_is_base64() {
+        // "AB==" has bits set past its one byte: not canonical, so not bytes anywhere.
+        for (text, bytes) in [
+            ("AB==", None),
+            ("AA==", Some(1)),
+            ("AAE=", Some(2)),
+            ("AAF=", None),
+        ] {
+            let json = format!(r#"{{"$bytes":"{text}"}}"#);
+            assert_eq!(base64_len(text), bytes, "{text}");
+            assert_eq!(whole_bytes(&json).map(|b| b.len()), bytes, "{text}");
+            assert_eq!(
+                from_str::<Vec<u8>>(&json).ok().map(|b| b.len()),
+                bytes,
+                "{text}"
+            );
+            assert_eq!(view(&json).is_string(), bytes.is_some(), "{text}");
+            let counted = match bytes {
+                Some(n) => json.len() - 4 + n,
+                None => json.len(),
+            };
+            assert_eq!(size(&json), counted, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_chain_of_bytes_keys_is_read_in_one_pass() {
+        // `{"$bytes":{"$bytes":…[0, 0, …]…}}`, 100 deep around 200,000 numbers: each level
+        // is user data, read once; quadratic work would take minutes.
+        let depth = 100;
+        let json = format!(
+            "{}[{}0]{}",
+            r#"{"$bytes":"#.repeat(depth),
+            "0,".repeat(200_000),
+            "}".repeat(depth)
+        );
+        let started = std::time::Instant::now();
+        let value: Value = from_str(&json).expect("decodes");
+        let plain: Value = serde_json::from_str(&json).expect("json");
+        assert_eq!(value, plain);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn u128_and_raw_values_round_trip() {
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Big {
+            id: u128,
+            data: Vec<u8>,
+        }
+        let big = Big {
+            id: u128::MAX - 1,
+            data: vec![1, 2],
+        };
+        assert_eq!(
+            from_str::<Big>(&to_string(&big).expect("encodes")).expect("decodes"),
+            big
+        );
     }
 
     #[test]

@@ -183,11 +183,13 @@ async fn settle(
             None => std::future::pending().await,
         }
     };
-    let status = tokio::select! {
-        status = instance.wait() => status?,
-        () = tokio::time::sleep(wait) => instance.status().await?,
-        () = closed => instance.status().await?,
+    tokio::select! {
+        status = instance.wait() => drop(status?),
+        () = tokio::time::sleep(wait) => {}
+        () = closed => {}
     };
+    // The output as stored: bytes as `{"$bytes": …}`, as clients send them.
+    let status = instance.stored_status().await?;
     let mut answer = json!({
         "id": instance.id().as_str(),
         "status": status.status,
@@ -224,7 +226,7 @@ async fn create_instance(
     let answer = match wait {
         Some(wait) => settle(&instance, wait, closing).await,
         None => instance
-            .status()
+            .stored_status()
             .await
             .map(|s| json!({ "id": instance.id().as_str(), "status": s.status }))
             .map_err(ApiError::from),
@@ -393,7 +395,7 @@ async fn instance_details(
 ) -> ApiResult<Json<Value>> {
     let instance = workflow(&engine, &name)?.get(&id).await?;
     let details = instance.details().await?;
-    let status = instance.status().await?;
+    let status = instance.stored_status().await?;
     let mut value = serde_json::to_value(&details)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     if let (Some(map), Some(rollback)) = (value.as_object_mut(), status.rollback) {
@@ -563,7 +565,9 @@ async fn change_status(
     let Object(request) = body(payload)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
     crate::actions::change_status(&instance, request).await?;
-    Ok(Json(json!({ "status": instance.status().await?.status })))
+    Ok(Json(
+        json!({ "status": instance.stored_status().await?.status }),
+    ))
 }
 
 /// `POST …/events/{type}`. With an `Idempotency-Key` header a retried send is recognised

@@ -142,7 +142,7 @@ async fn trigger(
     Ok((
         StatusCode::CREATED,
         Json(
-            json!({ "workflow": instance.workflow(), "id": instance.id(), "status": instance.status().await?.status }),
+            json!({ "workflow": instance.workflow(), "id": instance.id(), "status": instance.stored_status().await?.status }),
         ),
     ))
 }

@@ -90,6 +90,19 @@ pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> serde_jso
     })
 }
 
+/// [`cairn_core::binary::from_value`] into a type whose `Deserialize` impl is user code: a
+/// panic in it is a decoding error.
+pub(crate) fn from_value<T: serde::de::DeserializeOwned>(
+    value: &serde_json::Value,
+) -> serde_json::Result<T> {
+    catch_user(|| cairn_core::binary::from_value(value)).unwrap_or_else(|panic| {
+        Err(serde::de::Error::custom(format!(
+            "its Deserialize impl panicked: {}",
+            message(&*panic)
+        )))
+    })
+}
+
 /// A future polled as user code.
 struct UserFuture<F>(F);
 

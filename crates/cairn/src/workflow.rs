@@ -99,8 +99,8 @@ pub(crate) struct Registered<W>(pub(crate) W);
 
 impl<W: Workflow> ErasedWorkflow for Registered<W> {
     fn check_params(&self, params: &serde_json::Value) -> Result<(), String> {
-        // Byte sequences are stored compactly; `binary` expands them for `Params`.
-        cairn_core::binary::from_value::<W::Params>(params)
+        // `Params`' Deserialize impl is user code.
+        crate::panic::from_value::<W::Params>(params)
             .map(drop)
             .map_err(|e| e.to_string())
     }
@@ -111,13 +111,12 @@ impl<W: Workflow> ErasedWorkflow for Registered<W> {
         step: WorkflowStep,
     ) -> BoxFuture<'static, Result<serde_json::Value, WorkflowError>> {
         Box::pin(async move {
-            let payload =
-                cairn_core::binary::from_value::<W::Params>(&event.payload).map_err(|e| {
-                    WorkflowError::new(
-                        crate::failure::INTERNAL,
-                        format!("the stored params do not decode as this workflow's params: {e}"),
-                    )
-                })?;
+            let payload = crate::panic::from_value::<W::Params>(&event.payload).map_err(|e| {
+                WorkflowError::new(
+                    crate::failure::INTERNAL,
+                    format!("the stored params do not decode as this workflow's params: {e}"),
+                )
+            })?;
             let event = WorkflowEvent {
                 payload,
                 timestamp: event.timestamp,

@@ -517,7 +517,7 @@ async fn create_instance(
     let body: CreateBody = parse_body(&headers, &body)?;
     let workflow = workflow(&engine, &name)?;
     let instance = workflow.create(body.options()?).await?;
-    let status = instance.status().await?.status;
+    let status = instance.stored_status().await?.status;
     Ok(ok(shapes::created(&name, instance.id().as_str(), status)))
 }
 
@@ -789,7 +789,7 @@ async fn get_instance(
     let simple = q.get("simple").is_some_and(|s| s == "true");
     let instance = workflow(&engine, &name)?.get(&id).await?;
     let details = instance.details().await?;
-    let status = instance.status().await?;
+    let status = instance.stored_status().await?;
     Ok(ok(shapes::details(
         &name,
         &details,
@@ -868,7 +868,7 @@ async fn change_status(
     };
     let instance = workflow(&engine, &name)?.get(&id).await?;
     crate::actions::change_status(&instance, request).await?;
-    let status = instance.status().await?.status;
+    let status = instance.stored_status().await?.status;
     Ok(ok(json!({ "status": status, "timestamp": now(&engine) })))
 }
 

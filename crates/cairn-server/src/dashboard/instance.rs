@@ -34,7 +34,7 @@ async fn load(instance: &Instance<Value>) -> Result<Loaded, cairn::Error> {
     // updated.)
     let mut log = instance.log(0).await?;
     let details = instance.details().await?;
-    let status = instance.status().await?;
+    let status = instance.stored_status().await?;
     if details.end.is_some() {
         // Finished: no stream follows, so the table shows every record.
         log = instance.log(0).await?;

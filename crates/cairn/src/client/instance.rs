@@ -110,26 +110,18 @@ impl<O: DeserializeOwned> Instance<O> {
         self.status_of(record)
     }
 
+    /// [`Instance::status`] with the output as it is stored: JSON in which byte sequences
+    /// are `{"$bytes": "<base64>"}` (what the HTTP API answers), whatever `O` is.
+    ///
+    /// # Errors
+    /// As [`Instance::status`].
+    pub async fn stored_status(&self) -> Result<Status<serde_json::Value>, Error> {
+        let record = self.record().await?;
+        status_from(&self.id, record, |json| serde_json::from_str(json))
+    }
+
     fn status_of(&self, record: InstanceRecord) -> Result<Status<O>, Error> {
-        let output = match (&record.output, record.status) {
-            (Some(json), InstanceStatus::Complete) => {
-                Some(cairn_core::binary::from_str(json).map_err(|e| {
-                    Error::Store(cairn_store::Error::Corrupt(format!(
-                        "the output of instance {:?} does not decode as the expected type: {e}",
-                        self.id.as_str()
-                    )))
-                })?)
-            }
-            _ => None,
-        };
-        Ok(Status {
-            status: record.status,
-            output,
-            error: record
-                .error
-                .filter(|_| record.status == InstanceStatus::Errored),
-            rollback: record.rollback_outcome,
-        })
+        status_from(&self.id, record, cairn_core::binary::from_str)
     }
 
     /// Waits until the instance's status satisfies `done`, and returns it.
@@ -502,4 +494,29 @@ impl<O: DeserializeOwned> Instance<O> {
             &record, &journal, &log, &children, position,
         ))
     }
+}
+
+/// An instance's status from its record, its output decoded by `decode`.
+fn status_from<T>(
+    id: &InstanceId,
+    record: InstanceRecord,
+    decode: impl FnOnce(&str) -> serde_json::Result<T>,
+) -> Result<Status<T>, Error> {
+    let output = match (&record.output, record.status) {
+        (Some(json), InstanceStatus::Complete) => Some(decode(json).map_err(|e| {
+            Error::Store(cairn_store::Error::Corrupt(format!(
+                "the output of instance {:?} does not decode as the expected type: {e}",
+                id.as_str()
+            )))
+        })?),
+        _ => None,
+    };
+    Ok(Status {
+        status: record.status,
+        output,
+        error: record
+            .error
+            .filter(|_| record.status == InstanceStatus::Errored),
+        rollback: record.rollback_outcome,
+    })
 }
