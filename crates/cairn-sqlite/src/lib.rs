@@ -174,7 +174,21 @@ fn configure(conn: &Connection, options: &Options) -> rusqlite::Result<()> {
     conn.pragma_update(None, "synchronous", sync)?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.pragma_update(None, "cache_size", -16_000)?;
-    Ok(())
+    stable_plans(conn)
+}
+
+/// One plan per statement, whatever values are bound (SQLite's query planner stability
+/// guarantee). Without it, on a database with statistics (`PRAGMA optimize` gathers them),
+/// SQLite compiles a cached statement again each time a new value is bound to a parameter
+/// it compared with its statistics or with a partial index's condition: the claim query,
+/// taking an event, reading the log, every time. The plans `plans.rs` checks are the ones
+/// every binding gets.
+pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )
+    .map(drop)
 }
 
 /// The locks that make one engine per database: an exclusive `flock` on the database file
@@ -296,6 +310,7 @@ impl SqliteStore {
             )
             .map_err(|e| err("open reader for", &e))?;
             rc.busy_timeout(Duration::from_secs(5))
+                .and_then(|()| stable_plans(&rc))
                 .map_err(|e| err("configure reader for", &e))?;
             read_conns.push(rc);
         }
@@ -337,21 +352,44 @@ impl SqliteStore {
         let _ = rx.await;
     }
 
+    /// Runs `f` in the writer's next group commit, inside its own savepoint: a failure
+    /// undoes its writes alone.
     fn write<R: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
     ) -> StoreFuture<'_, R> {
+        self.enqueue(f, false)
+    }
+
+    /// [`SqliteStore::write`] for work that fails only at its fence, before it writes (a
+    /// lease check, a claim's candidates): no savepoint. Should it fail after writing all
+    /// the same, its whole group fails (`worker`).
+    fn write_fenced<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> StoreFuture<'_, R> {
+        self.enqueue(f, true)
+    }
+
+    fn enqueue<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+        fenced: bool,
+    ) -> StoreFuture<'_, R> {
         let (tx, rx) = oneshot::channel::<Result<R>>();
-        let job: WriteJob = Box::new(move |conn| {
-            let result = f(conn);
-            let keep = result.is_ok();
-            (
-                keep,
-                Box::new(move |commit: Result<()>| {
-                    let _ = tx.send(commit.and(result));
-                }),
-            )
-        });
+        let job = WriteJob {
+            work: Box::new(move |conn| {
+                let result = f(conn);
+                let keep = result.is_ok();
+                (
+                    keep,
+                    Box::new(move |commit: Result<()>| {
+                        let _ = tx.send(commit.and(result));
+                    }),
+                )
+            }),
+            fenced,
+        };
         let sent = self
             .writer
             .lock()
@@ -512,7 +550,8 @@ impl Store for SqliteStore {
     ) -> StoreFuture<'_, Vec<Claimed>> {
         let owner = owner.to_owned();
         let workflows: Vec<String> = workflows.iter().map(ToString::to_string).collect();
-        self.write(move |conn| rows::claim(conn, &owner, &workflows, now, ttl, limit))
+        // Nothing in a claim fails but the store itself.
+        self.write_fenced(move |conn| rows::claim(conn, &owner, &workflows, now, ttl, limit))
     }
 
     fn renew(
@@ -598,7 +637,8 @@ impl Store for SqliteStore {
     }
 
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
-        self.write(move |conn| {
+        // The lease check is the fence: after it, only a store failure can stop the writes.
+        self.write_fenced(move |conn| {
             let before = rows::leased_status(conn, lease)?;
             // Steps and log records leave the instance's row alone (the hot path: two
             // commits per step): its status is the one read with the lease.
@@ -679,7 +719,8 @@ impl Store for SqliteStore {
         event_type: EventType,
         at: Timestamp,
     ) -> StoreFuture<'_, Option<StoredEvent>> {
-        self.write(move |conn| rows::take_event(conn, lease, &step, &event_type, at))
+        // The lease check is the fence.
+        self.write_fenced(move |conn| rows::take_event(conn, lease, &step, &event_type, at))
     }
 
     fn purge(&self, now: Timestamp, limit: usize) -> StoreFuture<'_, usize> {

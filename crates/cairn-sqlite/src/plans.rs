@@ -11,6 +11,7 @@ use crate::rows;
 /// day, some waiting with a timer, some queued), 3 log records each, and statistics.
 fn populated() -> Connection {
     let mut conn = Connection::open_in_memory().expect("open");
+    crate::stable_plans(&conn).expect("stable plans");
     crate::schema::migrate(&mut conn).expect("migrate");
     conn.execute_batch(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 9000)
@@ -90,7 +91,8 @@ fn hot_queries_never_scan_or_sort_history() {
         ("start-up: leases", crate::TAKE_OVER_LEASES_SQL.into()),
         ("start-up: pending pauses", crate::PENDING_PAUSES_SQL.into()),
         ("children of a parent", rows::children_sql()),
-        ("slots: a candidate's key", crate::slots::TAKE_SQL.into()),
+        ("slots: an instance's key", crate::slots::KEY_SQL.into()),
+        ("slots: a key's limits", crate::slots::LIMITS_SQL.into()),
         ("slots: wake the waiting", crate::slots::WAKE_SQL.into()),
         ("slots: place in line", crate::slots::POSITION_SQL.into()),
     ];
@@ -141,4 +143,73 @@ fn the_checker_sees_a_full_scan() {
         "SELECT * FROM instances WHERE params = '{}' ORDER BY created_at",
     );
     assert!(lines.iter().any(|l| grows_with_history(l)), "{lines:?}");
+}
+
+/// Runs each statement with five different bindings and says which were compiled again.
+fn compiled_again(conn: &Connection, statements: &[&str]) -> Vec<String> {
+    conn.execute_batch("BEGIN").expect("begin");
+    let mut again = Vec::new();
+    for sql in statements {
+        let mut st = conn.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let count = st.parameter_count();
+        for i in 1..6i64 {
+            let values: Vec<rusqlite::types::Value> = (0..count)
+                .map(|p| match p % 2 {
+                    0 => rusqlite::types::Value::Integer(i * 97 + p as i64),
+                    _ => rusqlite::types::Value::Text(format!("w{}", i % 3)),
+                })
+                .collect();
+            let mut rows = st
+                .query(rusqlite::params_from_iter(values))
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            while rows
+                .next()
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .is_some()
+            {}
+        }
+        if st.get_status(rusqlite::StatementStatus::RePrepare) > 0 {
+            again.push((*sql).to_owned());
+        }
+    }
+    conn.execute_batch("ROLLBACK").expect("rollback");
+    again
+}
+
+/// Statements run per claim, per event, per log read and per slot, with parameters
+/// SQLite's statistics or partial indexes look at.
+const HOT: &[&str] = &[
+    rows::CLAIM_READY_SQL,
+    rows::CLAIM_EXPIRED_SQL,
+    rows::TAKE_EVENT_SQL,
+    rows::NEXT_READY_SQL,
+    rows::COUNT_SQL,
+    crate::history::LOG_SQL,
+    crate::slots::KEY_SQL,
+    crate::slots::LIMITS_SQL,
+];
+
+/// With stable plans a cached statement is compiled once, whatever is bound to it. Without
+/// them, on a database with statistics, the claim query, taking an event and reading the
+/// log were compiled again at every call.
+#[test]
+fn hot_statements_are_compiled_once_whatever_is_bound() {
+    assert_eq!(compiled_again(&populated(), HOT), Vec::<String>::new());
+    // The check sees it when plans are not stable.
+    let unstable = populated();
+    unstable
+        .set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+            false,
+        )
+        .expect("config");
+    let again = compiled_again(&unstable, HOT);
+    assert!(
+        again.contains(&rows::TAKE_EVENT_SQL.to_owned()),
+        "{again:?}"
+    );
+    assert!(
+        again.contains(&rows::CLAIM_READY_SQL.to_owned()),
+        "{again:?}"
+    );
 }

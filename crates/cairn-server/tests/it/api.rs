@@ -2170,7 +2170,13 @@ async fn params_and_events_over_http_carry_bytes_as_base64_within_the_limit_by_t
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["output"], json!({ "$bytes": "AQIDBAU=" }));
-    let (_, d) = call(&engine, Method::GET, "/api/workflows/joins/instances/j1", None).await;
+    let (_, d) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/joins/instances/j1",
+        None,
+    )
+    .await;
     assert_eq!(d["output"], json!({ "$bytes": "AQIDBAU=" }));
 
     // 1,000,000 bytes are 1.33 MB of base64 and fit: they count as their bytes.
