@@ -46,14 +46,49 @@ pub(crate) fn append(
     instance: InstanceRef,
     records: &[&LogEntry],
 ) -> Result<()> {
-    for row in packing::pack(records)? {
+    insert(conn, instance, &encode(records)?)
+}
+
+/// A log row, encoded: what the writer thread binds and inserts.
+pub(crate) struct LogRow {
+    at: i64,
+    kind: i64,
+    step: Option<(i64, String, u32)>,
+    meta: String,
+    config: Option<String>,
+    second: Option<(i64, String)>,
+}
+
+/// Lays `records` out in rows and encodes them (JSON and all). A lifetime's commit does
+/// this on its own thread, so the one writer thread only inserts.
+pub(crate) fn encode(records: &[&LogEntry]) -> Result<Vec<LogRow>> {
+    Ok(packing::pack(records)?
+        .into_iter()
+        .map(|row| LogRow {
+            at: row.first.at.as_millis(),
+            kind: row.first.kind.code(),
+            step: row
+                .first
+                .step
+                .as_ref()
+                .map(|k| (k.kind.code(), k.name.clone(), k.count)),
+            meta: row.meta,
+            config: row.config,
+            second: row.second.map(|(k, m)| (k.code(), m)),
+        })
+        .collect())
+}
+
+/// Inserts encoded rows in order.
+pub(crate) fn insert(conn: &Connection, instance: InstanceRef, rows: &[LogRow]) -> Result<()> {
+    for row in rows {
         let config = row
             .config
             .as_deref()
             .map(|c| config_id(conn, c))
             .transpose()?;
-        let first = row.first;
-        let (kind2, meta2) = row.second.map(|(k, m)| (k.code(), m)).unzip();
+        let (kind2, meta2) = row.second.as_ref().map(|(k, m)| (*k, m.as_str())).unzip();
+        let step = row.step.as_ref();
         conn.prepare_cached(&format!(
             "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config, kind2, meta2)
              VALUES ({NEXT_LOG_ID}, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
@@ -61,11 +96,11 @@ pub(crate) fn append(
         .and_then(|mut st| {
             st.execute(params![
                 instance.0,
-                first.at.as_millis(),
-                first.kind.code(),
-                first.step.as_ref().map(|k| k.kind.code()),
-                first.step.as_ref().map(|k| k.name.as_str()),
-                first.step.as_ref().map(|k| k.count),
+                row.at,
+                row.kind,
+                step.map(|s| s.0),
+                step.map(|s| s.1.as_str()),
+                step.map(|s| s.2),
                 row.meta,
                 config,
                 kind2,

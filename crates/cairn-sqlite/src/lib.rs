@@ -637,14 +637,18 @@ impl Store for SqliteStore {
     }
 
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
+        // Steps and log records leave the instance's row alone (the hot path: two commits
+        // per step): its status is the one read with the lease.
+        let same = writes
+            .iter()
+            .all(|w| matches!(w, Write::Step(_) | Write::Log(_)));
+        let writes = match rows::encode_all(writes) {
+            Ok(writes) => writes,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
         // The lease check is the fence: after it, only a store failure can stop the writes.
         self.write_fenced(move |conn| {
             let before = rows::leased_status(conn, lease)?;
-            // Steps and log records leave the instance's row alone (the hot path: two
-            // commits per step): its status is the one read with the lease.
-            let same = writes
-                .iter()
-                .all(|w| matches!(w, Write::Step(_) | Write::Log(_)));
             rows::apply_all(conn, lease.instance, writes)?;
             if same {
                 Ok(before)

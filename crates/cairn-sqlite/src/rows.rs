@@ -355,24 +355,53 @@ pub(crate) fn leased_status(conn: &Connection, lease: Lease) -> Result<InstanceS
 
 /// Applies a commit's writes in order; consecutive records go to the log together, so two
 /// of the same step can share a row.
-pub(crate) fn apply_all(
-    conn: &Connection,
-    instance: InstanceRef,
-    writes: Vec<Write>,
-) -> Result<()> {
+/// A commit's writes, its log records encoded (by [`encode_all`]).
+// Short-lived, one per write of a commit, moved as it is: boxing `Write` would cost an
+// allocation per write for nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Encoded {
+    Log(Vec<crate::history::LogRow>),
+    Write(Write),
+}
+
+/// Encodes a commit's log records, in runs, as they will be inserted: on the committing
+/// lifetime's thread, so the one writer thread does not spend its time on JSON.
+pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
+    let mut out = Vec::new();
     let mut records: Vec<LogEntry> = Vec::new();
+    let flush = |records: &mut Vec<LogEntry>, out: &mut Vec<Encoded>| -> Result<()> {
+        if !records.is_empty() {
+            let rows = crate::history::encode(&records.iter().collect::<Vec<_>>())?;
+            out.push(Encoded::Log(rows));
+            records.clear();
+        }
+        Ok(())
+    };
     for write in writes {
         if let Write::Log(entry) = write {
             records.push(entry);
             continue;
         }
-        if !records.is_empty() {
-            crate::history::append(conn, instance, &records.iter().collect::<Vec<_>>())?;
-            records.clear();
-        }
-        apply(conn, instance, write)?;
+        flush(&mut records, &mut out)?;
+        out.push(Encoded::Write(write));
     }
-    crate::history::append(conn, instance, &records.iter().collect::<Vec<_>>())
+    flush(&mut records, &mut out)?;
+    Ok(out)
+}
+
+/// Applies a commit's writes, in order.
+pub(crate) fn apply_all(
+    conn: &Connection,
+    instance: InstanceRef,
+    writes: Vec<Encoded>,
+) -> Result<()> {
+    for write in writes {
+        match write {
+            Encoded::Log(rows) => crate::history::insert(conn, instance, &rows)?,
+            Encoded::Write(write) => apply(conn, instance, write)?,
+        }
+    }
+    Ok(())
 }
 
 fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
