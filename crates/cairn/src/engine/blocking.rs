@@ -4,7 +4,7 @@
 //! to do, including while it waits for the SQLite writer thread. That would fire a
 //! 10-minute step timeout while a commit is in flight. tokio does not advance paused time
 //! while a `spawn_blocking` task runs, so with a virtual clock every store call is made
-//! from one.
+//! from one, on a current-thread runtime (the only kind whose clock can be paused).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -513,7 +513,13 @@ impl EngineBuilder {
             }
         };
         let clock = self.clock.unwrap_or_else(Clock::system);
-        let store: Arc<dyn Store> = if clock.is_virtual() && !self.store_blocking {
+        // tokio's clock can be paused only on a current-thread runtime: on another, a
+        // virtual clock runs with real time, and store calls need no blocking thread (a
+        // hand-off there and back per call; the wake-up benchmark's clock is virtual).
+        let pausable = tokio::runtime::Handle::try_current().map_or(true, |h| {
+            h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+        });
+        let store: Arc<dyn Store> = if clock.is_virtual() && pausable && !self.store_blocking {
             Arc::new(crate::engine::blocking::Blocking(store))
         } else {
             store
