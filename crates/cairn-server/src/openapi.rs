@@ -160,7 +160,10 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
                 ),
             ],
             None,
-            ("200", json!({ "description": "the output's JSON" })),
+            (
+                "200",
+                json!({ "description": "the output's JSON as stored (byte sequences in it as {\"$bytes\": \"<base64>\"}); the bytes themselves as application/octet-stream, with Content-Length, for a stream step or an output that is one byte sequence; \"[REDACTED]\" for a sensitive step" }),
+            ),
         ),
         ("get", "/api/workflows/{name}/instances/{id}/wait") => (
             vec![query(

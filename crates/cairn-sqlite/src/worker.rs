@@ -40,6 +40,24 @@ pub(crate) type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
 /// The most jobs one group commit takes.
 const MAX_GROUP: usize = 4096;
 
+/// How long the writer looks for the next job, yielding, before it sleeps until one comes.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The next job; `None` once every sender is gone. A lifetime usually sends its next
+/// commit within microseconds of its last reply: looking for it a little while first spares
+/// the thread a sleep and a wake-up per commit.
+fn next_job(rx: &Receiver<WriteJob>) -> Option<WriteJob> {
+    let since = std::time::Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(job) => return Some(job),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if since.elapsed() < LINGER => std::thread::yield_now(),
+            Err(TryRecvError::Empty) => return rx.recv().ok(),
+        }
+    }
+}
+
 pub(crate) fn map_sqlite(e: rusqlite::Error) -> Error {
     Error::Unavailable(e.to_string())
 }
@@ -66,7 +84,7 @@ pub(crate) fn spawn_writer(
 
 fn writer_loop(conn: &mut Connection, rx: &Receiver<WriteJob>) {
     let mut jobs: Vec<WriteJob> = Vec::new();
-    while let Ok(first) = rx.recv() {
+    while let Some(first) = next_job(rx) {
         jobs.push(first);
         while jobs.len() < MAX_GROUP {
             match rx.try_recv() {
