@@ -151,6 +151,12 @@ enum Workload {
     },
 }
 
+/// The allocator `cairn serve` uses, when built with `--features mimalloc`; the system's
+/// otherwise (the engine embedded in an application that keeps its own).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> Result<(), BenchError> {
     let cli = Cli::parse();

@@ -394,6 +394,10 @@ enum InstancesCommand {
     },
 }
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     if let Err(e) = run(Cli::parse()).await {
