@@ -380,9 +380,12 @@ impl SqliteStore {
         let job = WriteJob {
             work: Box::new(move |conn| {
                 let result = f(conn);
-                let keep = result.is_ok();
+                let kept = match &result {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                };
                 (
-                    keep,
+                    kept,
                     Box::new(move |commit: Result<()>| {
                         let _ = tx.send(commit.and(result));
                     }),
@@ -550,8 +553,10 @@ impl Store for SqliteStore {
     ) -> StoreFuture<'_, Vec<Claimed>> {
         let owner = owner.to_owned();
         let workflows: Vec<String> = workflows.iter().map(ToString::to_string).collect();
-        // Nothing in a claim fails but the store itself.
-        self.write_fenced(move |conn| rows::claim(conn, &owner, &workflows, now, ttl, limit))
+        // Not fenced: a claimed row that does not read back (corrupt) fails the claim after
+        // its first writes, and must not take the rest of its group down with it. Claims
+        // are few (many instances each), so their savepoints cost little.
+        self.write(move |conn| rows::claim(conn, &owner, &workflows, now, ttl, limit))
     }
 
     fn renew(

@@ -213,3 +213,21 @@ fn hot_statements_are_compiled_once_whatever_is_bound() {
         "{again:?}"
     );
 }
+
+/// The store's own connections run with stable plans (the test above sets them itself).
+#[test]
+fn the_stores_connections_have_stable_plans() {
+    let dir = tempfile::tempdir().expect("dir");
+    let conn = Connection::open(dir.path().join("plans.db")).expect("open");
+    assert!(
+        !conn
+            .db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG)
+            .expect("config"),
+        "off by default"
+    );
+    crate::configure(&conn, &crate::Options::default()).expect("configure");
+    assert!(
+        conn.db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG)
+            .expect("config")
+    );
+}

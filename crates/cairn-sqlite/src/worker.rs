@@ -6,7 +6,7 @@
 //! that is not durable.
 //!
 //! A job that may fail after it has written runs inside its own savepoint, so its failure
-//! is undone alone. A *fenced* job (a lifetime's commit, a claim, taking an event) fails
+//! is undone alone. A *fenced* job (a lifetime's commit, taking an event) fails
 //! only at its fence, before it writes anything; it runs without one, because a savepoint
 //! costs every page the job touches a copy into the sub-journal (about a fifth of the
 //! writer thread's time). If a fenced job fails after writing all the same (a store error,
@@ -25,8 +25,10 @@ use rusqlite::Connection;
 
 /// Called once with the outcome of the commit its job was part of.
 pub(crate) type Completion = Box<dyn FnOnce(Result<()>) + Send>;
-/// A write job's work: runs inside the group transaction; `true` keeps its writes.
-pub(crate) type Work = Box<dyn FnOnce(&Connection) -> (bool, Completion) + Send>;
+/// A write job's work: runs inside the group transaction; `Ok` keeps its writes, `Err`
+/// says why it failed.
+pub(crate) type Work =
+    Box<dyn FnOnce(&Connection) -> (std::result::Result<(), String>, Completion) + Send>;
 
 /// A write job.
 pub(crate) struct WriteJob {
@@ -129,20 +131,24 @@ fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) {
             break;
         }
         let before = conn.total_changes();
-        let (keep, completion) = (job.work)(conn);
+        let (kept, completion) = (job.work)(conn);
         completions.push(completion);
         if conn.is_autocommit() {
             broken = Some("sqlite rolled back the group's transaction".into());
             break;
         }
         if job.fenced {
-            if !keep && conn.total_changes() != before {
-                broken = Some("a fenced job failed after it had written".into());
+            if let Err(why) = kept
+                && conn.total_changes() != before
+            {
+                // Every job of the group is told, with the cause, so the one bad row or
+                // broken store behind it can be found.
+                broken = Some(format!("a fenced job failed after it had written: {why}"));
                 break;
             }
             continue;
         }
-        let end = if keep {
+        let end = if kept.is_ok() {
             "RELEASE job"
         } else {
             "ROLLBACK TO job; RELEASE job"
@@ -269,11 +275,11 @@ mod tests {
                 if let Some(ran) = ran {
                     ran.store(true, Ordering::SeqCst);
                 }
-                let keep = conn.execute_batch(sql).is_ok();
+                let kept = conn.execute_batch(sql).map_err(|e| e.to_string());
                 let completion: Completion = Box::new(move |result| {
                     outcomes.lock().unwrap().push((name, result));
                 });
-                (keep, completion)
+                (kept, completion)
             }),
             fenced,
         }
@@ -459,5 +465,8 @@ mod tests {
         let outcomes = outcomes.lock().unwrap();
         assert_eq!(outcomes.len(), 2, "{outcomes:?}");
         assert!(outcomes.iter().all(|(_, r)| r.is_err()), "{outcomes:?}");
+        // The cause travels with the error.
+        let told = format!("{:?}", outcomes[0].1);
+        assert!(told.contains("CHECK constraint failed"), "{told}");
     }
 }

@@ -517,7 +517,7 @@ impl EngineBuilder {
         // virtual clock runs with real time, and store calls need no blocking thread (a
         // hand-off there and back per call; the wake-up benchmark's clock is virtual).
         let pausable = tokio::runtime::Handle::try_current().map_or(true, |h| {
-            h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+            h.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread
         });
         let store: Arc<dyn Store> = if clock.is_virtual() && pausable && !self.store_blocking {
             Arc::new(crate::engine::blocking::Blocking(store))
