@@ -421,38 +421,52 @@ impl<S: Serializer> ser::SerializeSeq for Seq<S> {
 /// A tuple, map, struct or variant of `S`, whose fields are written through [`Compact`].
 struct Compound<C>(C);
 
-impl<C: ser::SerializeTuple> ser::SerializeTuple for Compound<C> {
-    type Ok = C::Ok;
-    type Error = C::Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), C::Error> {
-        self.0.serialize_element(&Compacted(value))
-    }
-    fn end(self) -> Result<C::Ok, C::Error> {
-        self.0.end()
-    }
+/// A compound whose items go through one method taking the value.
+macro_rules! items {
+    ($($trait:ident::$method:ident),*) => {$(
+        impl<C: ser::$trait> ser::$trait for Compound<C> {
+            type Ok = C::Ok;
+            type Error = C::Error;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), C::Error> {
+                self.0.$method(&Compacted(value))
+            }
+            fn end(self) -> Result<C::Ok, C::Error> {
+                self.0.end()
+            }
+        }
+    )*};
 }
 
-impl<C: ser::SerializeTupleStruct> ser::SerializeTupleStruct for Compound<C> {
-    type Ok = C::Ok;
-    type Error = C::Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), C::Error> {
-        self.0.serialize_field(&Compacted(value))
-    }
-    fn end(self) -> Result<C::Ok, C::Error> {
-        self.0.end()
-    }
+items!(
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
+
+/// A compound whose fields are named.
+macro_rules! fields {
+    ($($trait:ident),*) => {$(
+        impl<C: ser::$trait> ser::$trait for Compound<C> {
+            type Ok = C::Ok;
+            type Error = C::Error;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> Result<(), C::Error> {
+                self.0.serialize_field(key, &Compacted(value))
+            }
+            fn skip_field(&mut self, key: &'static str) -> Result<(), C::Error> {
+                self.0.skip_field(key)
+            }
+            fn end(self) -> Result<C::Ok, C::Error> {
+                self.0.end()
+            }
+        }
+    )*};
 }
 
-impl<C: ser::SerializeTupleVariant> ser::SerializeTupleVariant for Compound<C> {
-    type Ok = C::Ok;
-    type Error = C::Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), C::Error> {
-        self.0.serialize_field(&Compacted(value))
-    }
-    fn end(self) -> Result<C::Ok, C::Error> {
-        self.0.end()
-    }
-}
+fields!(SerializeStruct, SerializeStructVariant);
 
 impl<C: ser::SerializeMap> ser::SerializeMap for Compound<C> {
     type Ok = C::Ok;
@@ -462,42 +476,6 @@ impl<C: ser::SerializeMap> ser::SerializeMap for Compound<C> {
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), C::Error> {
         self.0.serialize_value(&Compacted(value))
-    }
-    fn end(self) -> Result<C::Ok, C::Error> {
-        self.0.end()
-    }
-}
-
-impl<C: ser::SerializeStruct> ser::SerializeStruct for Compound<C> {
-    type Ok = C::Ok;
-    type Error = C::Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), C::Error> {
-        self.0.serialize_field(key, &Compacted(value))
-    }
-    fn skip_field(&mut self, key: &'static str) -> Result<(), C::Error> {
-        self.0.skip_field(key)
-    }
-    fn end(self) -> Result<C::Ok, C::Error> {
-        self.0.end()
-    }
-}
-
-impl<C: ser::SerializeStructVariant> ser::SerializeStructVariant for Compound<C> {
-    type Ok = C::Ok;
-    type Error = C::Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), C::Error> {
-        self.0.serialize_field(key, &Compacted(value))
-    }
-    fn skip_field(&mut self, key: &'static str) -> Result<(), C::Error> {
-        self.0.skip_field(key)
     }
     fn end(self) -> Result<C::Ok, C::Error> {
         self.0.end()
@@ -525,6 +503,15 @@ impl ser::Error for NotAByte {
     }
 }
 
+/// `ByteProbe`'s answer to every value but a `u8`.
+macro_rules! not_a_byte {
+    ($($method:ident: $ty:ty)*) => {$(
+        fn $method(self, _: $ty) -> Result<u8, NotAByte> {
+            Err(NotAByte)
+        }
+    )*};
+}
+
 impl Serializer for ByteProbe {
     type Ok = u8;
     type Error = NotAByte;
@@ -539,44 +526,11 @@ impl Serializer for ByteProbe {
     fn serialize_u8(self, v: u8) -> Result<u8, NotAByte> {
         Ok(v)
     }
-    fn serialize_bool(self, _: bool) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_i8(self, _: i8) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_i16(self, _: i16) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_i32(self, _: i32) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_i64(self, _: i64) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_u16(self, _: u16) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_u32(self, _: u32) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_u64(self, _: u64) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_f32(self, _: f32) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_f64(self, _: f64) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_char(self, _: char) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_str(self, _: &str) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_bytes(self, _: &[u8]) -> Result<u8, NotAByte> {
-        Err(NotAByte)
+    not_a_byte! {
+        serialize_bool: bool serialize_i8: i8 serialize_i16: i16 serialize_i32: i32
+        serialize_i64: i64 serialize_u16: u16 serialize_u32: u32 serialize_u64: u64
+        serialize_f32: f32 serialize_f64: f64 serialize_char: char serialize_str: &str
+        serialize_bytes: &[u8]
     }
     fn serialize_none(self) -> Result<u8, NotAByte> {
         Err(NotAByte)

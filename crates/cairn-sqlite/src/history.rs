@@ -49,38 +49,18 @@ pub(crate) fn append(
     insert(conn, instance, &encode(records)?)
 }
 
-/// A log row, encoded: what the writer thread binds and inserts.
-pub(crate) struct LogRow {
-    at: i64,
-    kind: i64,
-    step: Option<(i64, String, u32)>,
-    meta: String,
-    config: Option<String>,
-    second: Option<(i64, String)>,
-}
-
 /// Lays `records` out in rows and encodes them (JSON and all). A lifetime's commit does
-/// this on its own thread, so the one writer thread only inserts.
-pub(crate) fn encode(records: &[&LogEntry]) -> Result<Vec<LogRow>> {
+/// this on its own thread, so the one writer thread only inserts. The rows' ids are the
+/// insert's (`NEXT_LOG_ID`): 0 until then.
+pub(crate) fn encode(records: &[&LogEntry]) -> Result<Vec<StoredRow>> {
     Ok(packing::pack(records)?
         .into_iter()
-        .map(|row| LogRow {
-            at: row.first.at.as_millis(),
-            kind: row.first.kind.code(),
-            step: row
-                .first
-                .step
-                .as_ref()
-                .map(|k| (k.kind.code(), k.name.clone(), k.count)),
-            meta: row.meta,
-            config: row.config,
-            second: row.second.map(|(k, m)| (k.code(), m)),
-        })
+        .map(|row| row.stored(0))
         .collect())
 }
 
-/// Inserts encoded rows in order.
-pub(crate) fn insert(conn: &Connection, instance: InstanceRef, rows: &[LogRow]) -> Result<()> {
+/// Inserts encoded rows in order (their ids are chosen here).
+pub(crate) fn insert(conn: &Connection, instance: InstanceRef, rows: &[StoredRow]) -> Result<()> {
     for row in rows {
         let config = row
             .config

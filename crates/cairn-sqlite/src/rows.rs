@@ -360,7 +360,7 @@ pub(crate) fn leased_status(conn: &Connection, lease: Lease) -> Result<InstanceS
 // allocation per write for nothing.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Encoded {
-    Log(Vec<crate::history::LogRow>),
+    Log(Vec<cairn_store::packing::StoredRow>),
     Write(Write),
 }
 

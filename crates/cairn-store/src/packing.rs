@@ -100,6 +100,26 @@ pub struct StoredRow {
     pub second: Option<(i64, String)>,
 }
 
+impl PackedRow<'_> {
+    /// The row as it is stored, under `id`.
+    #[must_use]
+    pub fn stored(self, id: i64) -> StoredRow {
+        StoredRow {
+            id,
+            at: self.first.at.as_millis(),
+            kind: self.first.kind.code(),
+            step: self
+                .first
+                .step
+                .as_ref()
+                .map(|k| (k.kind.code(), k.name.clone(), k.count)),
+            meta: self.meta,
+            config: self.config,
+            second: self.second.map(|(k, m)| (k.code(), m)),
+        }
+    }
+}
+
 impl StoredRow {
     /// The second record from its two columns, which are set together or not at all.
     ///
@@ -306,20 +326,7 @@ mod tests {
         let mut next = 10;
         let mut back = Vec::new();
         for row in rows {
-            let stored = StoredRow {
-                id: next,
-                at: row.first.at.as_millis(),
-                kind: row.first.kind.code(),
-                step: row
-                    .first
-                    .step
-                    .as_ref()
-                    .map(|k| (k.kind.code(), k.name.clone(), k.count)),
-                meta: row.meta,
-                config: row.config,
-                second: row.second.map(|(k, m)| (k.code(), m)),
-            };
-            back.extend(unpack(stored).unwrap());
+            back.extend(unpack(row.stored(next)).unwrap());
             next += 2;
         }
         let entries: Vec<LogEntry> = back.iter().map(|r| r.entry.clone()).collect();

@@ -1883,20 +1883,13 @@ async fn the_step_endpoint_streams_a_stream_steps_bytes() {
         .flat_map(|i| (0..100_000u32).map(move |j| ((i * 7 + j) % 251) as u8))
         .collect();
 
-    let router = cairn_server::router(engine.clone());
-    let request = Request::builder()
-        .uri("/api/workflows/streams/instances/s1/step?name=render")
-        .body(Body::empty())
-        .unwrap();
-    let response = router.oneshot(request).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(
-        response.headers()["content-type"],
-        "application/octet-stream"
-    );
-    assert_eq!(response.headers()["content-length"], "700000");
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(body.to_vec(), expected);
+    let body = octet_stream(
+        &engine,
+        "/api/workflows/streams/instances/s1/step?name=render",
+        700_000,
+    )
+    .await;
+    assert!(body == expected);
 
     // The details show the size (the bytes are not UTF-8); a sensitive stream is redacted,
     // in the details and at the endpoint.
@@ -1987,17 +1980,8 @@ async fn e11_the_step_endpoint_serves_a_byte_output_as_its_bytes_and_details_sho
         "/api/workflows/binary/instances/b1/step?name=render",
         "/client/v4/accounts/a/workflows/binary/instances/b1/step?name=render",
     ] {
-        let router = cairn_server::router(engine.clone());
-        let request = Request::builder().uri(uri).body(Body::empty()).unwrap();
-        let response = router.oneshot(request).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "{uri}");
-        assert_eq!(
-            response.headers()["content-type"],
-            "application/octet-stream"
-        );
-        assert_eq!(response.headers()["content-length"], "300000");
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        assert!(body.to_vec() == binary_pattern(300_000), "{uri}");
+        let body = octet_stream(&engine, uri, 300_000).await;
+        assert!(body == binary_pattern(300_000), "{uri}");
     }
 
     let (_, d) = call(
@@ -2210,4 +2194,29 @@ async fn params_and_events_over_http_carry_bytes_as_base64_within_the_limit_by_t
         "{v}"
     );
     engine.shutdown().await;
+}
+
+/// GETs `uri` and checks it answers `length` bytes as `application/octet-stream`.
+async fn octet_stream(engine: &cairn::Engine, uri: &str, length: usize) -> Vec<u8> {
+    let router = cairn_server::router(engine.clone());
+    let request = Request::builder().uri(uri).body(Body::empty()).unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{uri}");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/octet-stream",
+        "{uri}"
+    );
+    assert_eq!(
+        response.headers()["content-length"],
+        length.to_string().as_str(),
+        "{uri}"
+    );
+    response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec()
 }

@@ -110,27 +110,7 @@ async fn e12_t5_an_object_holding_200_kb_of_bytes_is_stored_compactly_and_replay
             Ok(json!({ "name": a.name, "ok": a == attachment("scan.pdf", 200_000) }))
         })
     };
-    let engine = super::support::builder_at(&path)
-        .register(workflow())
-        .start()
-        .await
-        .unwrap();
-    let instance = engine
-        .workflow::<FnWorkflow>()
-        .create(CreateOptions::new(json!({})).id("e12"))
-        .await
-        .unwrap();
-    instance
-        .wait_for(|s| s.status == InstanceStatus::Waiting)
-        .await
-        .unwrap();
-    engine.shutdown().await;
-    let engine = super::support::builder_at(&path)
-        .register(workflow())
-        .start()
-        .await
-        .unwrap();
-    let instance = engine.workflow::<FnWorkflow>().get("e12").await.unwrap();
+    let (engine, instance) = finished_after_a_restart(&path, workflow, "e12").await;
     let status = instance.wait().await.unwrap();
     assert_eq!(status.output, Some(json!({ "name": "scan.pdf", "ok": true })));
     let StepOutput::Json(json) = stored(&instance, "attach").await else {
@@ -427,37 +407,42 @@ async fn t4_a_vector_of_i16_keeps_its_type_and_values_across_a_replay() {
             Ok(json!(samples))
         })
     };
-    let engine = super::support::builder_at(&path)
-        .register(workflow())
-        .start()
-        .await
-        .unwrap();
-    let instance = engine
-        .workflow::<FnWorkflow>()
-        .create(CreateOptions::new(json!({})).id("t4"))
-        .await
-        .unwrap();
-    instance
-        .wait_for(|s| s.status == InstanceStatus::Waiting)
-        .await
-        .unwrap();
-    engine.shutdown().await;
-    let engine = super::support::builder_at(&path)
-        .register(workflow())
-        .start()
-        .await
-        .unwrap();
-    let status = engine
-        .workflow::<FnWorkflow>()
-        .get("t4")
-        .await
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
+    let (engine, instance) = finished_after_a_restart(&path, workflow, "t4").await;
+    let status = instance.wait().await.unwrap();
     assert_eq!(
         status.output,
         Some(Value::from(vec![-32_768i64, -1, 0, 1, 32_767]))
     );
     engine.shutdown().await;
+}
+
+/// Creates instance `id` of `workflow` (which sleeps an hour once its steps have run),
+/// stops the engine once it is asleep, and starts another on the same database: the rest
+/// runs on a replay that reads the steps' outputs from the journal.
+async fn finished_after_a_restart(
+    path: &std::path::Path,
+    workflow: impl Fn() -> FnWorkflow,
+    id: &str,
+) -> (cairn::Engine, Instance<Value>) {
+    let engine = super::support::builder_at(path)
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id(id))
+        .await
+        .unwrap()
+        .wait_for(|s| s.status == InstanceStatus::Waiting)
+        .await
+        .unwrap();
+    engine.shutdown().await;
+    let engine = super::support::builder_at(path)
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    let instance = engine.workflow::<FnWorkflow>().get(id).await.unwrap();
+    (engine, instance)
 }
