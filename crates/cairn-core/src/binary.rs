@@ -109,8 +109,7 @@ pub fn has_bytes(json: &str) -> bool {
     json.contains(OPEN)
 }
 
-/// `json` as views and logs show it: each byte sequence as `"[Bytes(<n> bytes)]"`; `Null`
-/// when it is not JSON.
+/// `json` as views and logs show it ([`summarise`]); `Null` when it is not JSON.
 #[must_use]
 pub fn view(json: &str) -> Value {
     let mut value = serde_json::from_str(json).unwrap_or(Value::Null);
@@ -120,7 +119,8 @@ pub fn view(json: &str) -> Value {
     value
 }
 
-fn summarise(value: &mut Value) {
+/// Shows each byte sequence in `value` as views and logs do: `"[Bytes(<n> bytes)]"`.
+pub fn summarise(value: &mut Value) {
     match value {
         Value::Array(items) => items.iter_mut().for_each(summarise),
         Value::Object(map) => match bytes_len(map) {

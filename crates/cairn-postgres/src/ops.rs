@@ -794,12 +794,14 @@ pub(crate) async fn take_event(
     };
     let (event_id, payload, sent_at): (i64, String, i64) = (row.get(0), row.get(1), row.get(2));
     let payload_value: serde_json::Value = serde_json::from_str(&payload).map_err(corrupt)?;
-    let object = serde_json::json!({
+    let mut object = serde_json::json!({
         "payload": payload_value,
         "timestamp": sent_at,
         "type": event_type.as_str(),
     });
     let output = object.to_string();
+    // Logs show byte sequences as their size.
+    cairn_core::binary::summarise(&mut object);
     exec(tx, b, "DELETE FROM events WHERE id = $1", &[&event_id]).await?;
     let updated = exec(
         tx,
@@ -826,12 +828,7 @@ pub(crate) async fn take_event(
             kind: LogKind::WaitComplete,
             at,
             step: Some(step.clone()),
-            // Logs show byte sequences as their size.
-            meta: if cairn_core::binary::has_bytes(&output) {
-                cairn_core::binary::view(&output)
-            } else {
-                object
-            },
+            meta: object,
         }],
     )?;
     b.changed(lease.instance, ChangeKind::Written);
@@ -1072,9 +1069,10 @@ pub(crate) async fn control(
             match step {
                 None => {
                     wipe(tx, b, iid).await?;
+                    let mut params_value: serde_json::Value =
+                        serde_json::from_str(&params).map_err(corrupt)?;
                     // As a create logs them: byte sequences as their size.
-                    serde_json::from_str::<serde_json::Value>(&params).map_err(corrupt)?;
-                    let params_value = cairn_core::binary::view(&params);
+                    cairn_core::binary::summarise(&mut params_value);
                     log_now(
                         b,
                         instance,

@@ -361,8 +361,8 @@ impl SqliteStore {
         self.enqueue(f, false)
     }
 
-    /// [`SqliteStore::write`] for work that fails only at its fence, before it writes (a
-    /// lease check, a claim's candidates): no savepoint. Should it fail after writing all
+    /// [`SqliteStore::write`] for work that fails only at its fence (a lease check), before
+    /// it writes: no savepoint. Should it fail after writing all
     /// the same, its whole group fails (`worker`).
     fn write_fenced<R: Send + 'static>(
         &self,

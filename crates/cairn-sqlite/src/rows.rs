@@ -353,8 +353,6 @@ pub(crate) fn leased_status(conn: &Connection, lease: Lease) -> Result<InstanceS
     }
 }
 
-/// Applies a commit's writes in order; consecutive records go to the log together, so two
-/// of the same step can share a row.
 /// A commit's writes, its log records encoded (by [`encode_all`]).
 // Short-lived, one per write of a commit, moved as it is: boxing `Write` would cost an
 // allocation per write for nothing.
@@ -364,8 +362,9 @@ pub(crate) enum Encoded {
     Write(Write),
 }
 
-/// Encodes a commit's log records, in runs, as they will be inserted: on the committing
-/// lifetime's thread, so the one writer thread does not spend its time on JSON.
+/// Encodes a commit's log records as they will be inserted: on the committing lifetime's
+/// thread, so the one writer thread does not spend its time on JSON. Consecutive records
+/// are encoded together, so two of the same step can share a row.
 pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
     let mut out = Vec::new();
     let mut records: Vec<LogEntry> = Vec::new();
@@ -672,12 +671,14 @@ pub(crate) fn take_event(
         return Ok(None);
     };
     let payload_value: serde_json::Value = serde_json::from_str(&payload).map_err(corrupt)?;
-    let object = serde_json::json!({
+    let mut object = serde_json::json!({
         "payload": payload_value,
         "timestamp": sent_at,
         "type": event_type.as_str(),
     });
     let output = object.to_string();
+    // Logs show byte sequences as their size.
+    cairn_core::binary::summarise(&mut object);
     conn.prepare_cached("DELETE FROM events WHERE id = ?1")
         .and_then(|mut st| st.execute([event_id]))
         .map_err(map_sqlite)?;
@@ -711,12 +712,7 @@ pub(crate) fn take_event(
             kind: LogKind::WaitComplete,
             at,
             step: Some(step.clone()),
-            // Logs show byte sequences as their size.
-            meta: if cairn_core::binary::has_bytes(&output) {
-                cairn_core::binary::view(&output)
-            } else {
-                object
-            },
+            meta: object,
         },
     )?;
     Ok(Some(StoredEvent {
@@ -1094,9 +1090,10 @@ pub(crate) fn control(
                     ] {
                         exec(sql, &[&iid])?;
                     }
+                    let mut params_value: serde_json::Value =
+                        serde_json::from_str(&params).map_err(corrupt)?;
                     // As a create logs them: byte sequences as their size.
-                    serde_json::from_str::<serde_json::Value>(&params).map_err(corrupt)?;
-                    let params_value = cairn_core::binary::view(&params);
+                    cairn_core::binary::summarise(&mut params_value);
                     log_now(
                         conn,
                         instance,

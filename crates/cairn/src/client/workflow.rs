@@ -341,14 +341,10 @@ impl UntypedWorkflow {
                 .expect("a UUID is a valid instance id"),
         };
         let fail = |e: Error| (Some(id.to_string()), e);
-        let params = options.params;
+        let mut params = options.params;
         let text = self.check_params(&params).map_err(fail)?;
         // Logs show byte sequences as their size.
-        let logged = if cairn_core::binary::has_bytes(&text) {
-            cairn_core::binary::view(&text)
-        } else {
-            params
-        };
+        cairn_core::binary::summarise(&mut params);
         let concurrency = match options.concurrency_key {
             None => None,
             Some(key) => Some(self.concurrency(key).map_err(fail)?),
@@ -379,7 +375,7 @@ impl UntypedWorkflow {
                     at: now,
                     step: None,
                     meta: json!({
-                        "params": logged,
+                        "params": params,
                         "trigger": { "source": "api" },
                     }),
                 },

@@ -585,7 +585,7 @@ async fn finish(
                 json!({ "trigger": { "source": "api" } }),
             ),
         ],
-        Ok(output) => vec![
+        Ok(mut output) => vec![
             Write::Status(StatusChange {
                 ended_at: Some(now),
                 output: Some(output.to_string()),
@@ -593,11 +593,10 @@ async fn finish(
                 ..StatusChange::to(InstanceStatus::Complete)
             }),
             // Logs show byte sequences as their size.
-            state.log(
-                LogKind::WorkflowSuccess,
-                None,
-                json!({ "result": logged(&output) }),
-            ),
+            state.log(LogKind::WorkflowSuccess, None, {
+                cairn_core::binary::summarise(&mut output);
+                json!({ "result": output })
+            }),
         ],
         Err(error) => vec![
             Write::Status(StatusChange {
@@ -631,15 +630,5 @@ async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
     let stop = shutdown.wait_for(|stop| *stop).await.is_err();
     if stop {
         std::future::pending::<()>().await;
-    }
-}
-
-/// A value as logs show it: byte sequences as their size.
-fn logged(value: &serde_json::Value) -> serde_json::Value {
-    let text = value.to_string();
-    if cairn_core::binary::has_bytes(&text) {
-        cairn_core::binary::view(&text)
-    } else {
-        value.clone()
     }
 }

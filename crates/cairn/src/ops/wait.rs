@@ -321,12 +321,14 @@ async fn mocked<T: DeserializeOwned>(
     payload: &str,
 ) -> Result<StepEvent<T>, WorkflowError> {
     let now = state.now();
-    let object = json!({
+    let mut object = json!({
         "payload": serde_json::from_str::<serde_json::Value>(payload).unwrap_or_default(),
         "timestamp": now,
         "type": event_type,
     });
     let output = object.to_string();
+    // Logs show byte sequences as their size.
+    cairn_core::binary::summarise(&mut object);
     let record = StepRecord {
         key: key.clone(),
         seq: state.next_seq(),
@@ -348,12 +350,7 @@ async fn mocked<T: DeserializeOwned>(
                 Some(&key),
                 json!({ "event": event_type }),
             ),
-            // Logs show byte sequences as their size.
-            state.log(
-                LogKind::WaitComplete,
-                Some(&key),
-                cairn_core::binary::view(&output),
-            ),
+            state.log(LogKind::WaitComplete, Some(&key), object),
             cairn_store::Write::Step(record),
         ])
         .await;
