@@ -143,14 +143,69 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
-/// A schema name is used in SQL text (`search_path`): only plain identifiers.
-fn valid_schema(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !name.starts_with(|c: char| c.is_ascii_digit())
+/// Why PostgreSQL would not take `name` as Cairn's schema, checked before anything is
+/// written: it goes into SQL text (quoted, so reserved words such as `user` are fine),
+/// lower-case letters, digits and `_` only (no quoting rule to get wrong), at most the 63
+/// bytes of an identifier (PostgreSQL would cut a longer one, silently merging two
+/// deployments), and not `pg_…`, which PostgreSQL keeps for itself.
+fn check_schema(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("the schema name is empty".into());
+    }
+    if name.len() > 63 {
+        return Err(format!(
+            "the schema name {name:?} is {} bytes long; PostgreSQL takes at most 63",
+            name.len()
+        ));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        || name.starts_with(|c: char| c.is_ascii_digit())
+    {
+        return Err(format!(
+            "invalid schema name {name:?}: use lower-case letters, digits and _, not starting with a digit"
+        ));
+    }
+    if name.starts_with("pg_") {
+        return Err(format!(
+            "invalid schema name {name:?}: PostgreSQL reserves names starting with pg_"
+        ));
+    }
+    Ok(())
+}
+
+/// The deployment the connection's tables belong to: the schema they live in (named in
+/// the options, or the first of the `search_path` that exists), resolved once at open so
+/// that the notices of two deployments in one database never meet.
+async fn deployment(client: &tokio_postgres::Client) -> Result<notify::Deployment, OpenError> {
+    let row = client
+        .query_one(
+            "SELECT current_schema()::text,
+                 (SELECT oid FROM pg_namespace WHERE nspname = current_schema())",
+            &[],
+        )
+        .await
+        .map_err(|e| OpenError::new(format!("read the schema in use: {}", db::describe(&e))))?;
+    let (Some(schema), Some(oid)) = (
+        row.get::<_, Option<String>>(0),
+        row.get::<_, Option<u32>>(1),
+    ) else {
+        return Err(OpenError::new(
+            "no schema to keep the tables in: the connection's search_path names none that exists",
+        ));
+    };
+    let origin = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    Ok(notify::Deployment {
+        channel: notify::channel_for(&schema),
+        schema_oid: oid,
+        origin,
+    })
 }
 
 impl PostgresStore {
@@ -165,12 +220,8 @@ impl PostgresStore {
             .url
             .parse()
             .map_err(|e| OpenError::new(format!("invalid PostgreSQL URL: {e}")))?;
-        if let Some(schema) = &options.schema
-            && !valid_schema(schema)
-        {
-            return Err(OpenError::new(format!(
-                "invalid schema name {schema:?}: use lower-case letters, digits and _"
-            )));
+        if let Some(schema) = &options.schema {
+            check_schema(schema).map_err(OpenError::new)?;
         }
         // A session that stalls (its process stopped, its network cut) must not hold row
         // locks, or the log clock, longer than a lease: the server ends an idle transaction
@@ -180,7 +231,7 @@ impl PostgresStore {
             "-c idle_in_transaction_session_timeout=10000 -c lock_timeout=10000 -c statement_timeout=60000",
         );
         if let Some(schema) = &options.schema {
-            server_options.push_str(&format!(" -c search_path={schema}"));
+            server_options.push_str(&format!(" -c search_path=\"{schema}\""));
         }
         // Options given in the URL come last, so they win.
         if let Some(given) = config.get_options() {
@@ -210,7 +261,7 @@ impl PostgresStore {
                 .batch_execute(&format!(
                     "BEGIN;
                      SELECT pg_advisory_xact_lock(hashtext('cairn_create_schema.{schema}'));
-                     CREATE SCHEMA IF NOT EXISTS {schema};
+                     CREATE SCHEMA IF NOT EXISTS \"{schema}\";
                      COMMIT;"
                 ))
                 .await
@@ -220,19 +271,8 @@ impl PostgresStore {
             drop(client);
             let _ = task.await;
         }
-        let channel = format!("cairn_{}", options.schema.as_deref().unwrap_or("public"));
-        let origin = {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u32(std::process::id());
-            h.finish()
-        };
-        let listener = options
-            .notify
-            .then(|| notify::listen(config.clone(), channel.clone(), origin));
-        let notifier = notify::Notifier::new(options.notify.then_some(channel), origin);
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -245,7 +285,7 @@ impl PostgresStore {
             .wait_timeout(Some(Duration::from_secs(30)))
             .build()
             .map_err(|e| OpenError::new(format!("connection pool: {e}")))?;
-        {
+        let deployment = {
             let mut conn = pool
                 .get()
                 .await
@@ -266,6 +306,11 @@ impl PostgresStore {
                     schema::MigrateError::Db(e) => {
                         OpenError::new(format!("migrate: {}", db::describe(&e)))
                     }
+                    schema::MigrateError::Busy(waited) => OpenError::new(format!(
+                        "another engine has been migrating this schema for {} s and has not \
+                         finished; is it stuck? (see pg_stat_activity for cairn connections)",
+                        waited.as_secs()
+                    )),
                     schema::MigrateError::Newer(v) => OpenError::new(format!(
                         "the database has schema version {v}, written by a newer build of Cairn \
                      (this one knows up to {}); refusing to open it",
@@ -273,7 +318,12 @@ impl PostgresStore {
                     )),
                 })?;
             }
-        }
+            deployment(client).await?
+        };
+        let listener = options
+            .notify
+            .then(|| notify::listen(config, deployment.clone()));
+        let notifier = notify::Notifier::new(options.notify.then_some(deployment));
         let stats = Arc::new(BatchStats::default());
         let (tx, task) = writer::spawn(pool.clone(), notifier, Arc::clone(&stats));
         Ok(PostgresStore {
@@ -403,13 +453,13 @@ impl Store for PostgresStore {
     fn renew(
         &self,
         owner: &str,
-        instances: Vec<InstanceRef>,
+        leases: Vec<Lease>,
         now: Timestamp,
         until: Timestamp,
-    ) -> StoreFuture<'_, Vec<InstanceRef>> {
+    ) -> StoreFuture<'_, Vec<Lease>> {
         let reply = self.write(Op::Renew {
             owner: owner.to_owned(),
-            instances,
+            leases,
             now,
             until,
         });
@@ -706,4 +756,144 @@ mod tests {
     }
 
     cairn_store::conformance_tests!(optional factory);
+
+    /// A schema name unique to this test run.
+    fn fresh(prefix: &str) -> String {
+        static N: AtomicU32 = AtomicU32::new(0);
+        format!(
+            "{prefix}{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Creates an instance and claims it, then commits under the lease (which sends a
+    /// notice): what every engine does first.
+    async fn works(store: &PostgresStore) {
+        use cairn_core::{InstanceId, LogEntry, LogKind, Timestamp, WorkflowName};
+        let workflow = WorkflowName::new("w").unwrap();
+        let at = Timestamp::from_millis(1_000);
+        store
+            .create(vec![cairn_store::NewInstance {
+                workflow: workflow.clone(),
+                id: InstanceId::new("i").unwrap(),
+                params: "{}".into(),
+                created_at: at,
+                queued: LogEntry {
+                    kind: LogKind::WorkflowQueued,
+                    at,
+                    step: None,
+                    meta: serde_json::json!({}),
+                },
+                retention: cairn_store::Retention {
+                    success: Duration::from_secs(60),
+                    error: Duration::from_secs(60),
+                },
+                parent: None,
+                priority: 0,
+                concurrency: None,
+            }])
+            .await
+            .unwrap();
+        let claimed = store
+            .claim("o", &[workflow], at, Duration::from_secs(30), 1)
+            .await
+            .unwrap();
+        store
+            .commit(
+                claimed[0].lease,
+                vec![cairn_store::Write::Log(LogEntry {
+                    kind: LogKind::WorkflowStart,
+                    at,
+                    step: None,
+                    meta: serde_json::json!({}),
+                })],
+            )
+            .await
+            .expect("a commit (and its notice) in this schema");
+    }
+
+    /// Issue 30 §1.4: every name that passes the check works (reserved words, 63 bytes,
+    /// whose channel would be too long), and what PostgreSQL would refuse or cut is refused
+    /// at open with a message that says why, before anything is written.
+    #[tokio::test]
+    async fn schema_names_postgres_would_refuse_are_refused_at_open_and_the_rest_work() {
+        let Some(url) = test_url() else { return };
+        let long = {
+            let head = fresh("l");
+            format!("{head}{}", "x".repeat(63 - head.len()))
+        };
+        assert_eq!(long.len(), 63);
+        for schema in ["user".to_owned(), "order".to_owned(), long] {
+            let store = PostgresStore::open(Options::new(&url).schema(&schema).connections(2))
+                .await
+                .unwrap_or_else(|e| panic!("{schema}: {e}"));
+            works(&store).await;
+            store.close().await.unwrap();
+            let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+            tokio::spawn(connection);
+            client
+                .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+                .await
+                .unwrap();
+        }
+        for (schema, says) in [
+            ("a".repeat(64), "at most 63"),
+            ("pg_mine".to_owned(), "reserves names starting with pg_"),
+            ("Mixed".to_owned(), "lower-case letters"),
+            ("1st".to_owned(), "not starting with a digit"),
+            ("semi;colon".to_owned(), "lower-case letters"),
+            (String::new(), "empty"),
+        ] {
+            let error = PostgresStore::open(Options::new(&url).schema(&schema))
+                .await
+                .expect_err(&schema)
+                .to_string();
+            assert!(error.contains(says), "{schema:?}: {error}");
+        }
+    }
+
+    /// Issue 30 §5: an engine that opens while another migrates its schema waits for that
+    /// migration (it used to give up after the session's 10 s lock timeout), then opens.
+    #[tokio::test]
+    async fn an_engine_opening_while_another_migrates_waits_for_it() {
+        let Some(url) = test_url() else { return };
+        let schema = fresh("m");
+        let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock(hashtext('cairn_schema.{schema}'));"
+            ))
+            .await
+            .unwrap();
+        let opening = tokio::spawn({
+            let url = url.clone();
+            let schema = schema.clone();
+            async move { PostgresStore::open(Options::new(url).schema(schema)).await }
+        });
+        // Longer than the hot path's lock timeout.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(
+            !opening.is_finished(),
+            "it gave up (or did not wait): {:?}",
+            opening.await.unwrap().map(|_| ())
+        );
+        client.batch_execute("COMMIT").await.unwrap();
+        let store = tokio::time::timeout(Duration::from_secs(30), opening)
+            .await
+            .expect("it did not open once the migration was done")
+            .unwrap()
+            .expect("open");
+        works(&store).await;
+        store.close().await.unwrap();
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    }
 }

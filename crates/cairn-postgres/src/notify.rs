@@ -3,10 +3,16 @@
 //! Each writing transaction that changed something another engine may care about sends one
 //! `pg_notify` (at most one per batch: PostgreSQL serialises the commits of notifying
 //! transactions on one queue lock, so one per row would cost throughput). The payload
-//! names the sending store (so an engine ignores its own), whether something may have
-//! become claimable, and the instances written: `Written`, `Stopped` at an epoch
-//! (terminate, restart, delete), or `Controlled` (pause, resume). A batch touching too many
-//! instances to list sends `*`: any may have changed.
+//! names the deployment (the oid of the schema the tables live in) and the sending store
+//! (so an engine ignores its own), whether something may have become claimable, and the
+//! instances written: `Written`, `Stopped` at an epoch (terminate, restart, delete), or
+//! `Controlled` (pause, resume). A batch touching too many instances to list sends `*`:
+//! any may have changed.
+//!
+//! A deployment is the schema its tables live in, resolved at open (`current_schema()`,
+//! also when the schema comes from the connection's `search_path`): its name gives the
+//! channel ([`channel_for`]) and its oid tags every notice, since instances are named by
+//! number and another deployment in the same database numbers its own from 1 too.
 //!
 //! A listener task per store holds one connection of its own with `LISTEN` and hands the
 //! notices to the engine ([`cairn_store::Store::changes`]). It reconnects with back-off;
@@ -27,36 +33,66 @@ use crate::db::Failure;
 /// PostgreSQL refuses payloads of 8000 bytes or more.
 const MAX_PAYLOAD: usize = 7_900;
 
+/// PostgreSQL's longest identifier, which a channel name is.
+const MAX_CHANNEL: usize = 63;
+
+/// Whose notices these are: the deployment's channel and schema oid, and this store.
+#[derive(Debug, Clone)]
+pub(crate) struct Deployment {
+    pub(crate) channel: String,
+    pub(crate) schema_oid: u32,
+    /// This store, so that it ignores its own notices.
+    pub(crate) origin: u64,
+}
+
+/// The channel of the deployment in `schema`: `cairn_<schema>`, or, where that would be
+/// longer than an identifier may be, the schema's first 40 characters and a hash of the
+/// whole name (the notices' schema oid tells deployments apart even then).
+pub(crate) fn channel_for(schema: &str) -> String {
+    let plain = format!("cairn_{schema}");
+    if plain.len() <= MAX_CHANNEL {
+        return plain;
+    }
+    // FNV-1a: stable across builds, so engines of different versions share the channel.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in schema.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let head: String = schema.chars().take(40).collect();
+    format!("cairn_{head}_{hash:016x}")
+}
+
 /// Sends a batch's notice.
 #[derive(Debug, Clone)]
 pub(crate) struct Notifier {
     /// `None`: notices are off.
-    channel: Option<String>,
-    origin: u64,
+    deployment: Option<Deployment>,
 }
 
 impl Notifier {
-    pub(crate) fn new(channel: Option<String>, origin: u64) -> Self {
-        Notifier { channel, origin }
+    pub(crate) fn new(deployment: Option<Deployment>) -> Self {
+        Notifier { deployment }
     }
 
     /// Queues the notice of what `b` changed; PostgreSQL delivers it at the commit.
     pub(crate) async fn send(&self, tx: &Transaction<'_>, b: &Batch<'_>) -> Result<(), Failure> {
-        let Some(channel) = &self.channel else {
+        let Some(deployment) = &self.deployment else {
             return Ok(());
         };
         if b.changes.is_empty() && !b.claimable {
             return Ok(());
         }
-        let payload = encode(self.origin, b.claimable, &b.changes);
+        let payload = encode(deployment, b.claimable, &b.changes);
         let st = tx.prepare_cached("SELECT pg_notify($1, $2)").await?;
-        tx.execute(&st, &[channel, &payload]).await?;
+        tx.execute(&st, &[&deployment.channel, &payload]).await?;
         Ok(())
     }
 }
 
-fn encode(origin: u64, claimable: bool, changes: &[Changed]) -> String {
-    let mut out = format!("{origin:x} {}", u8::from(claimable));
+fn encode(deployment: &Deployment, claimable: bool, changes: &[Changed]) -> String {
+    let head = format!("{:x}.{:x}", deployment.schema_oid, deployment.origin);
+    let mut out = format!("{head} {}", u8::from(claimable));
     for c in changes {
         let entry = match c.kind {
             ChangeKind::Written => format!(" {}", c.instance.0),
@@ -64,18 +100,22 @@ fn encode(origin: u64, claimable: bool, changes: &[Changed]) -> String {
             ChangeKind::Controlled => format!(" {}?", c.instance.0),
         };
         if out.len() + entry.len() > MAX_PAYLOAD {
-            return format!("{origin:x} {} *", u8::from(claimable));
+            return format!("{head} {} *", u8::from(claimable));
         }
         out.push_str(&entry);
     }
     out
 }
 
-/// The notice in `payload`, unless this store sent it (or it does not parse).
-fn decode(own: u64, payload: &str) -> Option<Changes> {
+/// The notice in `payload`, unless this store sent it, another deployment did (or an
+/// engine of a build that did not name its deployment), or it does not parse.
+fn decode(deployment: &Deployment, payload: &str) -> Option<Changes> {
     let mut parts = payload.split(' ');
-    let origin = u64::from_str_radix(parts.next()?, 16).ok()?;
-    if origin == own {
+    let (schema, origin) = parts.next()?.split_once('.')?;
+    if u32::from_str_radix(schema, 16).ok()? != deployment.schema_oid {
+        return None;
+    }
+    if u64::from_str_radix(origin, 16).ok()? == deployment.origin {
         return None;
     }
     let claimable = parts.next()? == "1";
@@ -114,8 +154,7 @@ fn decode(own: u64, payload: &str) -> Option<Changes> {
 /// returned sender's subscribers.
 pub(crate) fn listen(
     config: tokio_postgres::Config,
-    channel: String,
-    own: u64,
+    deployment: Deployment,
 ) -> (broadcast::Sender<Changes>, tokio::task::JoinHandle<()>) {
     let (tx, _) = broadcast::channel(1024);
     let sender = tx.clone();
@@ -123,7 +162,7 @@ pub(crate) fn listen(
         let mut backoff = Duration::from_millis(100);
         let mut first = true;
         loop {
-            match listen_once(&config, &channel, own, &sender, first).await {
+            match listen_once(&config, &deployment, &sender, first).await {
                 Ok(()) => backoff = Duration::from_millis(100),
                 Err(e) => {
                     tracing::warn!(error = %e, "listening for other engines' changes failed; reconnecting");
@@ -139,8 +178,7 @@ pub(crate) fn listen(
 
 async fn listen_once(
     config: &tokio_postgres::Config,
-    channel: &str,
-    own: u64,
+    deployment: &Deployment,
     sender: &broadcast::Sender<Changes>,
     first: bool,
 ) -> Result<(), tokio_postgres::Error> {
@@ -163,7 +201,7 @@ async fn listen_once(
         }
     });
     client
-        .batch_execute(&format!("LISTEN \"{channel}\""))
+        .batch_execute(&format!("LISTEN \"{}\"", deployment.channel))
         .await?;
     if !first {
         // Notices sent while this was away are lost: anything may have changed.
@@ -174,7 +212,7 @@ async fn listen_once(
     }
     while let Some(message) = messages.next().await {
         if let AsyncMessage::Notification(n) = message
-            && let Some(changes) = decode(own, n.payload())
+            && let Some(changes) = decode(deployment, n.payload())
         {
             let _ = sender.send(changes);
         }
@@ -206,10 +244,24 @@ mod tests {
                 kind: ChangeKind::Controlled,
             },
         ];
-        let payload = encode(0xabc, true, &changes);
-        assert_eq!(decode(0xabc, &payload), None, "own notice");
+        let ours = |origin| Deployment {
+            channel: "cairn_public".into(),
+            schema_oid: 2200,
+            origin,
+        };
+        let payload = encode(&ours(0xabc), true, &changes);
+        assert_eq!(decode(&ours(0xabc), &payload), None, "own notice");
+        let elsewhere = Deployment {
+            schema_oid: 16_384,
+            ..ours(1)
+        };
         assert_eq!(
-            decode(1, &payload),
+            decode(&elsewhere, &payload),
+            None,
+            "another deployment's notice (its instances number from 1 too)"
+        );
+        assert_eq!(
+            decode(&ours(1), &payload),
             Some(Changes {
                 claimable: true,
                 instances: Some(changes)
@@ -221,15 +273,31 @@ mod tests {
                 kind: ChangeKind::Written,
             })
             .collect();
-        let payload = encode(5, false, &many);
+        let payload = encode(&ours(5), false, &many);
         assert!(payload.len() <= MAX_PAYLOAD);
         assert_eq!(
-            decode(1, &payload),
+            decode(&ours(1), &payload),
             Some(Changes {
                 claimable: false,
                 instances: None
             })
         );
-        assert_eq!(decode(1, "zz 1 4"), None, "garbage is ignored");
+        assert_eq!(decode(&ours(1), "zz 1 4"), None, "garbage is ignored");
+        assert_eq!(
+            decode(&ours(1), "abc 1 4"),
+            None,
+            "an untagged notice (an older build's) is ignored"
+        );
+    }
+
+    #[test]
+    fn channels_fit_an_identifier_and_stay_apart() {
+        assert_eq!(channel_for("public"), "cairn_public");
+        let long = "a".repeat(63);
+        let longer = format!("{}b", "a".repeat(62));
+        for schema in [&long, &longer] {
+            assert!(channel_for(schema).len() <= MAX_CHANNEL, "{schema}");
+        }
+        assert_ne!(channel_for(&long), channel_for(&longer));
     }
 }

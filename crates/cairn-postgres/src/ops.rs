@@ -390,6 +390,56 @@ async fn change_status(
 /// parent's row is locked whatever its status (the update writes it even when it changes
 /// nothing), so a hibernation of the parent either commits first (and is woken here) or
 /// waits for this transaction (and then sees the child ended).
+/// A child being restarted: its link as [`ParentLink::restarted`] decides from its parent's
+/// row, read under a share lock so that a claim of the parent moving its epoch on is either
+/// seen or waits (adopted by the parent's new run, or detached when the parent has ended).
+async fn relink_restarted_child(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    child: InstanceRef,
+    adopt: Option<&cairn_store::Adopt>,
+) -> R<()> {
+    let stored = query_opt(
+        tx,
+        "SELECT parent_iid, parent FROM instances WHERE iid = $1",
+        &[&child.0],
+    )
+    .await?;
+    let (Some(parent_iid), Some(text)) = stored
+        .map(|r| (r.get::<_, Option<i64>>(0), r.get::<_, Option<String>>(1)))
+        .unwrap_or((None, None))
+    else {
+        return match adopt {
+            Some(adopt) => Err(Failure::Store(Error::LeaseLost(adopt.parent.instance))),
+            None => Ok(()),
+        };
+    };
+    let link = ParentLink::decode(InstanceRef(parent_iid), &text)?;
+    let parent = match query_opt(
+        tx,
+        "SELECT status, lease_epoch FROM instances WHERE iid = $1 FOR SHARE",
+        &[&parent_iid],
+    )
+    .await?
+    {
+        Some(row) => Some((
+            status(row.get(0))?,
+            u64::try_from(row.get::<_, i64>(1)).map_err(corrupt)?,
+        )),
+        None => None,
+    };
+    if let Some(link) = link.restarted(parent, adopt)? {
+        exec(
+            tx,
+            b,
+            "UPDATE instances SET parent = $2 WHERE iid = $1",
+            &[&child.0, &link.encode()],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 pub(crate) async fn wake_parent(
     tx: &Transaction<'_>,
     b: &mut Batch<'_>,
@@ -656,20 +706,35 @@ pub(crate) async fn renew(
     tx: &Transaction<'_>,
     b: &mut Batch<'_>,
     owner: &str,
-    instances: &[InstanceRef],
+    leases: &[Lease],
     now: Timestamp,
     until: Timestamp,
-) -> R<Vec<InstanceRef>> {
+) -> R<Vec<Lease>> {
     b.wrote = true;
-    let iids: Vec<i64> = instances.iter().map(|i| i.0).collect();
+    let iids: Vec<i64> = leases.iter().map(|l| l.instance.0).collect();
+    let epochs = leases
+        .iter()
+        .map(|l| i64::try_from(l.epoch))
+        .collect::<Result<Vec<i64>, _>>()
+        .map_err(corrupt)?;
     let rows = query(
         tx,
-        "UPDATE instances SET lease_until = $1
-         WHERE iid = ANY($4) AND lease_owner = $2 AND lease_until >= $3 RETURNING iid",
-        &[&until.as_millis(), &owner, &now.as_millis(), &iids],
+        "UPDATE instances i SET lease_until = $1
+         FROM unnest($4::bigint[], $5::bigint[]) AS l(iid, epoch)
+         WHERE i.iid = l.iid AND i.lease_epoch = l.epoch
+           AND i.lease_owner = $2 AND i.lease_until >= $3
+         RETURNING i.iid, i.lease_epoch",
+        &[&until.as_millis(), &owner, &now.as_millis(), &iids, &epochs],
     )
     .await?;
-    Ok(rows.iter().map(|r| InstanceRef(r.get(0))).collect())
+    let mut kept = Vec::with_capacity(rows.len());
+    for r in rows {
+        kept.push(Lease {
+            instance: InstanceRef(r.get(0)),
+            epoch: u64::try_from(r.get::<_, i64>(1)).map_err(corrupt)?,
+        });
+    }
+    Ok(kept)
 }
 
 /// See `Store::reclaim`.
@@ -1065,7 +1130,13 @@ pub(crate) async fn control(
             )?;
             done(InstanceStatus::Terminated)
         }
-        ControlRequest::Restart { at, from: step } => {
+        ControlRequest::Restart {
+            at,
+            from: step,
+            adopt,
+        } => {
+            // First, before anything is written: a refused adoption changes nothing.
+            relink_restarted_child(tx, b, instance, adopt.as_ref()).await?;
             match step {
                 None => {
                     wipe(tx, b, iid).await?;

@@ -57,7 +57,7 @@ pub async fn raw_step_writes(
     let mut config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| crate::OpenError::new(format!("invalid URL: {e}")))?;
-    config.options(format!("-c search_path={schema}"));
+    config.options(format!("-c search_path=\"{schema}\""));
     let (mut client, connection) = config.connect(NoTls).await.map_err(err)?;
     let task = tokio::spawn(connection);
     client

@@ -7,6 +7,8 @@
 //! by `log_clock` at the very end of each writing transaction, under its row lock, so ids
 //! are in commit order (see `history.rs`).
 
+use std::time::Duration;
+
 use tokio_postgres::Client;
 
 const MIGRATIONS: &[&str] = &[
@@ -202,7 +204,12 @@ const MIGRATIONS: &[&str] = &[
 pub(crate) enum MigrateError {
     Db(tokio_postgres::Error),
     Newer(i64),
+    /// Another engine's migration of the same schema did not finish in time.
+    Busy(Duration),
 }
+
+/// How long an engine waits for another engine's migration of its schema to finish.
+const MIGRATION_WAIT: Duration = Duration::from_secs(15 * 60);
 
 impl From<tokio_postgres::Error> for MigrateError {
     fn from(e: tokio_postgres::Error) -> Self {
@@ -211,14 +218,43 @@ impl From<tokio_postgres::Error> for MigrateError {
 }
 
 /// Brings the schema up to date. Engines starting together serialise on an advisory lock
-/// (per schema), so each migration runs once.
+/// (per schema), so each migration runs once; one that finds another engine migrating
+/// waits for it (up to [`MIGRATION_WAIT`], saying so every 10 s). The migration's
+/// transaction runs without the session's lock, statement and idle limits, which are there
+/// for the hot path: a long step on a big table must not be cancelled each time.
 pub(crate) async fn migrate(client: &mut Client) -> Result<(), MigrateError> {
     let tx = client.transaction().await?;
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtext('cairn_schema.' || current_schema()))",
-        &[],
+    tx.batch_execute(
+        "SET LOCAL lock_timeout = 0;
+         SET LOCAL statement_timeout = 0;
+         SET LOCAL idle_in_transaction_session_timeout = 0;",
     )
     .await?;
+    let started = std::time::Instant::now();
+    let mut told = started;
+    loop {
+        let locked: bool = tx
+            .query_one(
+                "SELECT pg_try_advisory_xact_lock(hashtext('cairn_schema.' || current_schema()))",
+                &[],
+            )
+            .await?
+            .get(0);
+        if locked {
+            break;
+        }
+        if started.elapsed() >= MIGRATION_WAIT {
+            return Err(MigrateError::Busy(MIGRATION_WAIT));
+        }
+        if told.elapsed() >= Duration::from_secs(10) {
+            told = std::time::Instant::now();
+            tracing::info!(
+                waited_s = started.elapsed().as_secs(),
+                "another engine is migrating this schema; waiting for it to finish"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     tx.batch_execute("CREATE TABLE IF NOT EXISTS cairn_schema (version BIGINT NOT NULL)")
         .await?;
     let version: Option<i64> = tx

@@ -50,7 +50,7 @@ pub(crate) enum Op {
     },
     Renew {
         owner: String,
-        instances: Vec<cairn_store::InstanceRef>,
+        leases: Vec<Lease>,
         now: Timestamp,
         until: Timestamp,
     },
@@ -107,7 +107,7 @@ fn reads_children(writes: &[Write]) -> bool {
 pub(crate) enum Reply {
     Created(Vec<Created>),
     Claimed(Vec<Claimed>),
-    Renewed(Vec<cairn_store::InstanceRef>),
+    Renewed(Vec<Lease>),
     Reclaimed(Lease),
     Done,
     Status(InstanceStatus),
@@ -134,10 +134,10 @@ async fn run(tx: &Transaction<'_>, b: &mut Batch<'_>, op: &Op) -> Result<Reply, 
         } => Reply::Claimed(ops::claim(tx, b, owner, workflows, *now, *ttl, *limit).await?),
         Op::Renew {
             owner,
-            instances,
+            leases,
             now,
             until,
-        } => Reply::Renewed(ops::renew(tx, b, owner, instances, *now, *until).await?),
+        } => Reply::Renewed(ops::renew(tx, b, owner, leases, *now, *until).await?),
         Op::Reclaim {
             owner,
             lease,

@@ -562,28 +562,36 @@ impl Store for SqliteStore {
     fn renew(
         &self,
         owner: &str,
-        instances: Vec<InstanceRef>,
+        leases: Vec<Lease>,
         now: Timestamp,
         until: Timestamp,
-    ) -> StoreFuture<'_, Vec<InstanceRef>> {
+    ) -> StoreFuture<'_, Vec<Lease>> {
         let owner = owner.to_owned();
         self.write(move |conn| {
             let mut st = conn
                 .prepare_cached(
                     "UPDATE instances SET lease_until = ?1
-                     WHERE iid = ?4 AND lease_owner = ?2 AND lease_until >= ?3 RETURNING iid",
+                     WHERE iid = ?4 AND lease_epoch = ?5 AND lease_owner = ?2
+                       AND lease_until >= ?3",
                 )
                 .map_err(map_sqlite)?;
             let mut kept = Vec::new();
-            for instance in instances {
+            for lease in leases {
+                let epoch = i64::try_from(lease.epoch).map_err(|_| {
+                    Error::Corrupt(format!("lease epoch {} out of range", lease.epoch))
+                })?;
                 let renewed = st
-                    .query_row(
-                        params![until.as_millis(), owner, now.as_millis(), instance.0],
-                        |r| r.get(0).map(InstanceRef),
-                    )
-                    .optional()
+                    .execute(params![
+                        until.as_millis(),
+                        owner,
+                        now.as_millis(),
+                        lease.instance.0,
+                        epoch
+                    ])
                     .map_err(map_sqlite)?;
-                kept.extend(renewed);
+                if renewed > 0 {
+                    kept.push(lease);
+                }
             }
             Ok(kept)
         })

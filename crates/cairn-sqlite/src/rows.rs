@@ -823,6 +823,46 @@ fn wake_parent(conn: &Connection, child: InstanceRef) -> Result<()> {
     Ok(())
 }
 
+/// A child being restarted: its link as [`ParentLink::restarted`] decides from its parent's
+/// row (adopted by the parent's new run, or detached when the parent has ended).
+fn relink_restarted_child(
+    conn: &Connection,
+    child: InstanceRef,
+    adopt: Option<&cairn_store::Adopt>,
+) -> Result<()> {
+    let stored: Option<(Option<i64>, Option<String>)> = conn
+        .prepare_cached("SELECT parent_iid, parent FROM instances WHERE iid = ?1")
+        .and_then(|mut st| st.query_row([child.0], |r| Ok((r.get(0)?, r.get(1)?))))
+        .optional()
+        .map_err(map_sqlite)?;
+    let Some((Some(parent_iid), Some(text))) = stored else {
+        return match adopt {
+            Some(adopt) => Err(Error::LeaseLost(adopt.parent.instance)),
+            None => Ok(()),
+        };
+    };
+    let link = ParentLink::decode(InstanceRef(parent_iid), &text)?;
+    let parent: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT status, lease_epoch FROM instances WHERE iid = ?1")
+        .and_then(|mut st| st.query_row([parent_iid], |r| Ok((r.get(0)?, r.get(1)?))))
+        .optional()
+        .map_err(map_sqlite)?;
+    let parent = match parent {
+        Some((code, epoch)) => Some((
+            InstanceStatus::from_code(code)
+                .ok_or_else(|| corrupt(format!("unknown status code {code}")))?,
+            u64::try_from(epoch).map_err(corrupt)?,
+        )),
+        None => None,
+    };
+    if let Some(link) = link.restarted(parent, adopt)? {
+        conn.prepare_cached("UPDATE instances SET parent = ?2 WHERE iid = ?1")
+            .and_then(|mut st| st.execute(params![child.0, link.encode()]))
+            .map_err(map_sqlite)?;
+    }
+    Ok(())
+}
+
 /// A parent's children, through the partial index `instances_children`.
 pub(crate) fn children_sql() -> String {
     format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE parent_iid = ?1 ORDER BY iid")
@@ -1078,7 +1118,13 @@ pub(crate) fn control(
             )?;
             done(InstanceStatus::Terminated)
         }
-        ControlRequest::Restart { at, from: step } => {
+        ControlRequest::Restart {
+            at,
+            from: step,
+            adopt,
+        } => {
+            // First, before anything is written: a refused adoption changes nothing.
+            relink_restarted_child(conn, instance, adopt.as_ref())?;
             match step {
                 None => {
                     for sql in [

@@ -205,11 +205,12 @@ pub async fn stale_lease_is_fenced(store: Arc<dyn Store>) {
 }
 
 pub async fn renew_keeps_a_lease(store: Arc<dyn Store>) {
-    let a = create_one(&*store, "wf", "a").await;
-    store
+    create_one(&*store, "wf", "a").await;
+    let a = store
         .claim("owner-1", &[wf("wf")], T0, TTL, 1)
         .await
-        .unwrap();
+        .unwrap()[0]
+        .lease;
     let renewed = store
         .renew("owner-1", vec![a], T0, T0.saturating_add(TTL * 10))
         .await
@@ -236,12 +237,7 @@ pub async fn an_expired_lease_is_not_renewed_and_is_claimed(store: Arc<dyn Store
         .lease;
     let late = T0.saturating_add(TTL * 2);
     let renewed = store
-        .renew(
-            "owner-1",
-            vec![first.instance],
-            late,
-            late.saturating_add(TTL),
-        )
+        .renew("owner-1", vec![first], late, late.saturating_add(TTL))
         .await
         .unwrap();
     assert!(
@@ -928,7 +924,11 @@ pub async fn control_reports_the_epoch_it_fenced(store: Arc<dyn Store>) {
         .control(
             &wf("wf"),
             &id,
-            ControlRequest::Restart { at: T0, from: None },
+            ControlRequest::Restart {
+                at: T0,
+                from: None,
+                adopt: None,
+            },
         )
         .await
         .unwrap();
@@ -1180,7 +1180,7 @@ pub async fn renew_keeps_only_the_instances_named(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(claimed.len(), 2);
-    let running = claimed[0].lease.instance;
+    let running = claimed[0].lease;
     let orphan = claimed[1].lease.instance;
     let kept = store
         .renew("owner-1", vec![running], T0, T0.saturating_add(TTL * 10))
@@ -1194,6 +1194,35 @@ pub async fn renew_keeps_only_the_instances_named(store: Arc<dyn Store>) {
         .unwrap();
     let taken: Vec<_> = taken.iter().map(|c| c.lease.instance).collect();
     assert_eq!(taken, [orphan], "only the orphan ran out");
+}
+
+/// A renewal names each lease at its epoch: one that lands after the lease moved on (the
+/// owner reclaimed it after stopping the lifetime the renewal was sent for) extends
+/// nothing, so a renewal abandoned by its engine never keeps a lease it gave up.
+pub async fn a_renewal_at_an_epoch_that_moved_on_extends_nothing(store: Arc<dyn Store>) {
+    create_one(&*store, "wf", "a").await;
+    let old = store
+        .claim("owner-1", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()[0]
+        .lease;
+    let new = store.reclaim("owner-1", old, T0, TTL).await.unwrap();
+    let stale = store
+        .renew("owner-1", vec![old], T0, T0.saturating_add(TTL * 100))
+        .await
+        .unwrap();
+    assert!(
+        stale.is_empty(),
+        "a moved-on epoch is not renewed: {stale:?}"
+    );
+    // The reclaimed lease was not extended by it: it runs out at T0 + TTL.
+    let later = T0.saturating_add(TTL * 2);
+    let taken = store
+        .claim("owner-2", &[wf("wf")], later, TTL, 1)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1, "the lease ran out when it was due");
+    assert!(taken[0].lease.epoch > new.epoch);
 }
 
 /// A reclaim moves the owner's lease to a new epoch: writes under the old epoch are fenced
@@ -1262,6 +1291,7 @@ async fn parent_waiting_for_a_child(store: &dyn Store) -> (crate::Lease, crate::
         id: InstanceId::new("p").unwrap(),
         step: key,
         detached: false,
+        run: Some(parent.lease.epoch),
     });
     store
         .commit(parent.lease, vec![Write::Create(child.clone())])
@@ -1298,6 +1328,106 @@ async fn parent_waiting_for_a_child(store: &dyn Store) -> (crate::Lease, crate::
         .await
         .unwrap();
     (parent.lease, found.instance)
+}
+
+/// A parent's new run takes a child over (`Adopt`) only under the parent's lease as it is
+/// now, recording its run in the link; an operator's restart leaves the link alone while
+/// the parent runs, and detaches the child once the parent has ended. Decided from the
+/// stored rows, never from times.
+pub async fn a_child_is_adopted_under_its_parents_lease_and_detached_once_it_has_ended(
+    store: Arc<dyn Store>,
+) {
+    let (parent, child) = parent_waiting_for_a_child(&*store).await;
+    let child_id = InstanceId::new("p-child-1").unwrap();
+    let link = || async {
+        store
+            .instance(&wf("child"), &child_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .parent
+            .unwrap()
+    };
+    let restart = |adopt: Option<crate::Adopt>| {
+        let store = Arc::clone(&store);
+        let id = child_id.clone();
+        async move {
+            store
+                .control(
+                    &wf("child"),
+                    &id,
+                    ControlRequest::Restart {
+                        at: T0,
+                        from: None,
+                        adopt,
+                    },
+                )
+                .await
+        }
+    };
+    let stale = crate::Lease {
+        instance: parent.instance,
+        epoch: parent.epoch + 7,
+    };
+    assert_eq!(
+        restart(Some(crate::Adopt {
+            parent: stale,
+            run: 99,
+            detached: false
+        }))
+        .await
+        .unwrap_err(),
+        Error::LeaseLost(parent.instance),
+        "not under a lease that is not the parent's now"
+    );
+    assert_eq!(
+        link().await.run,
+        Some(parent.epoch),
+        "a refusal changes nothing"
+    );
+    assert_eq!(
+        restart(Some(crate::Adopt {
+            parent: crate::Lease {
+                instance: child,
+                epoch: parent.epoch
+            },
+            run: 99,
+            detached: false
+        }))
+        .await
+        .unwrap_err(),
+        Error::LeaseLost(child),
+        "not by another instance's lease"
+    );
+    restart(Some(crate::Adopt {
+        parent,
+        run: 99,
+        detached: false,
+    }))
+    .await
+    .unwrap();
+    let adopted = link().await;
+    assert_eq!((adopted.run, adopted.detached), (Some(99), false));
+    restart(None).await.unwrap();
+    assert_eq!(link().await, adopted, "the parent runs on: the link stays");
+    store
+        .control(
+            &wf("parent"),
+            &InstanceId::new("p").unwrap(),
+            ControlRequest::Terminate {
+                at: T0,
+                rollback: None,
+            },
+        )
+        .await
+        .unwrap();
+    restart(None).await.unwrap();
+    let freed = link().await;
+    assert!(
+        freed.detached,
+        "restarted after its parent ended: it runs on"
+    );
+    assert_eq!(freed.run, Some(99));
 }
 
 pub async fn a_childs_end_wakes_its_hibernated_parent(store: Arc<dyn Store>) {
@@ -1757,6 +1887,7 @@ pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_ste
             ControlRequest::Restart {
                 at: T0,
                 from: Some(key.clone()),
+                adopt: None,
             },
         )
         .await
@@ -1813,7 +1944,11 @@ pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_ste
         .control(
             &wf("wf"),
             &id,
-            ControlRequest::Restart { at: T0, from: None },
+            ControlRequest::Restart {
+                at: T0,
+                from: None,
+                adopt: None,
+            },
         )
         .await
         .unwrap();
@@ -1827,7 +1962,11 @@ pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_ste
         .control(
             &wf("wf"),
             &id,
-            ControlRequest::Restart { at: T0, from: None },
+            ControlRequest::Restart {
+                at: T0,
+                from: None,
+                adopt: None,
+            },
         )
         .await
         .unwrap();
@@ -1875,8 +2014,10 @@ macro_rules! conformance_tests {
             an_expired_lease_is_not_renewed_and_is_claimed,
             release_all_frees_only_the_owners_instances,
             renew_keeps_only_the_instances_named,
+            a_renewal_at_an_epoch_that_moved_on_extends_nothing,
             reclaim_moves_the_epoch_and_fences_the_old_one,
             a_childs_end_wakes_its_hibernated_parent,
+            a_child_is_adopted_under_its_parents_lease_and_detached_once_it_has_ended,
             a_parent_hibernating_after_its_child_ended_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,
@@ -1926,8 +2067,10 @@ macro_rules! conformance_tests {
             an_expired_lease_is_not_renewed_and_is_claimed,
             release_all_frees_only_the_owners_instances,
             renew_keeps_only_the_instances_named,
+            a_renewal_at_an_epoch_that_moved_on_extends_nothing,
             reclaim_moves_the_epoch_and_fences_the_old_one,
             a_childs_end_wakes_its_hibernated_parent,
+            a_child_is_adopted_under_its_parents_lease_and_detached_once_it_has_ended,
             a_parent_hibernating_after_its_child_ended_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,

@@ -141,6 +141,10 @@ pub struct ParentLink {
     pub step: StepKey,
     /// The child keeps running when its parent ends (otherwise it is terminated with it).
     pub detached: bool,
+    /// Which run of the parent's step the child belongs to: the parent's lease epoch when
+    /// that run journaled the step (a restart of the parent moves the epoch on, a replay of
+    /// the same run does not). `None` in links stored before runs were recorded.
+    pub run: Option<u64>,
 }
 
 impl ParentLink {
@@ -152,8 +156,44 @@ impl ParentLink {
             "id": self.id,
             "step": self.step,
             "detached": self.detached,
+            "run": self.run,
         })
         .to_string()
+    }
+
+    /// What a [`ControlRequest::Restart`] of the child makes of this link, given the
+    /// parent's status and lease epoch as stored now (`None`: the parent is gone): adopted by
+    /// the parent's new run, detached when the parent has ended, or unchanged (`None`).
+    /// Both backends decide it here, in the restart's transaction.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when `adopt` names a lease that is not the parent's now (or
+    /// another parent).
+    pub fn restarted(
+        &self,
+        parent: Option<(InstanceStatus, u64)>,
+        adopt: Option<&Adopt>,
+    ) -> Result<Option<ParentLink>> {
+        match adopt {
+            Some(adopt) => {
+                let current = parent.map(|(_, epoch)| epoch);
+                if adopt.parent.instance != self.instance || current != Some(adopt.parent.epoch) {
+                    return Err(Error::LeaseLost(adopt.parent.instance));
+                }
+                Ok(Some(ParentLink {
+                    run: Some(adopt.run),
+                    detached: adopt.detached,
+                    ..self.clone()
+                }))
+            }
+            None => {
+                let ended = parent.is_none_or(|(status, _)| status.is_terminal());
+                Ok((ended && !self.detached).then(|| ParentLink {
+                    detached: true,
+                    ..self.clone()
+                }))
+            }
+        }
     }
 
     /// The link stored as [`ParentLink::encode`] for the parent `instance`.
@@ -167,6 +207,8 @@ impl ParentLink {
             id: InstanceId,
             step: StepKey,
             detached: bool,
+            #[serde(default)]
+            run: Option<u64>,
         }
         let stored: Stored = serde_json::from_str(text)
             .map_err(|e| Error::Corrupt(format!("parent link {text:?}: {e}")))?;
@@ -176,6 +218,7 @@ impl ParentLink {
             id: stored.id,
             step: stored.step,
             detached: stored.detached,
+            run: stored.run,
         })
     }
 }
@@ -390,15 +433,36 @@ pub enum ControlRequest {
     },
     /// From any status: wipe the journal, log, events and timers (or, with `from`, only the
     /// step found and every step started after it, plus the terminal records) and run again.
+    /// A child restarted while its parent has ended (or is gone) is detached from it: it was
+    /// restarted on purpose and runs on (decided by the parent's status in the same
+    /// transaction, never by comparing times).
     Restart {
         /// When.
         at: Timestamp,
         /// Restart from this step: the `count`-th (1-based) step of `kind` named `name`, in
         /// start order.
         from: Option<StepKey>,
+        /// A parent's new run of its `invoke` step takes over the child an earlier run of
+        /// that step started (see [`Adopt`]).
+        adopt: Option<Adopt>,
     },
     /// Remove the instance and everything it owns.
     Delete,
+}
+
+/// A full restart of a child on behalf of its parent's new run of the `invoke` step that
+/// started it: the child's link records `run` and `detached` (that run's), so every
+/// lifetime of that run finds the child its own. Fenced by the parent's lease: the store
+/// refuses it with [`Error::LeaseLost`] unless `parent` is the parent's lease now (a stale
+/// lifetime of the parent never restarts a child its newer run has taken over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adopt {
+    /// The parent's lease, checked.
+    pub parent: Lease,
+    /// The run of the parent's step ([`ParentLink::run`]).
+    pub run: u64,
+    /// Whether that run started the child detached.
+    pub detached: bool,
 }
 
 /// What [`Store::control`] did.
@@ -614,22 +678,23 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> StoreFuture<'_, Vec<Claimed>>;
 
-    /// Extends every lease `owner` holds that has not run out by `now` to `until`. A lease
-    /// that ran out is lost even if no one claimed the instance since: its owner stopped
-    /// that lifetime (it could not know whether another engine took over), so renewing it
-    /// would keep the instance from everyone.
-    /// Returns the instances whose lease was renewed: a lifetime whose instance is not
-    /// among them lost its lease.
+    /// Extends each of `leases` that `owner` still holds at its epoch and that has not run
+    /// out by `now` to `until`. A lease that ran out is lost even if no one claimed the
+    /// instance since: its owner stopped that lifetime (it could not know whether another
+    /// engine took over), so renewing it would keep the instance from everyone.
+    /// Returns the leases renewed: a lifetime whose lease is not among them lost it.
     ///
-    /// Only `instances` (the ones the owner runs now) are renewed: a lease the owner holds
-    /// but no longer runs (a claim whose answer was lost) runs out and is claimed again.
+    /// Only `leases` (the lifetimes the owner runs now) are renewed, each at its own epoch:
+    /// a lease the owner holds but no longer runs (a claim whose answer was lost) runs out
+    /// and is claimed again, and a renewal that lands after its lease moved on (reclaimed,
+    /// taken over, restarted) extends nothing.
     fn renew(
         &self,
         owner: &str,
-        instances: Vec<InstanceRef>,
+        leases: Vec<Lease>,
         now: Timestamp,
         until: Timestamp,
-    ) -> StoreFuture<'_, Vec<InstanceRef>>;
+    ) -> StoreFuture<'_, Vec<Lease>>;
 
     /// Moves a lease `owner` holds to a new epoch and extends it to `now + ttl`: before a
     /// lifetime is replayed after an outage, so that every write of the last one still on

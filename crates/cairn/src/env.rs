@@ -2,12 +2,11 @@
 //! so that a lifetime and its ops need nothing from the engine above them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use std::collections::HashMap;
 
-use cairn_core::{Timestamp, WorkflowName};
+use cairn_core::WorkflowName;
 
 use cairn_store::{Retention, Store};
 
@@ -46,13 +45,12 @@ impl Env {
     }
 }
 
-/// How long this engine's leases hold: from a lease's claim, or from the last renewal of
-/// all of them, for the TTL (less a margin, so a write sent just before the end still lands
-/// before another engine may claim). A lifetime writes only while its lease holds; past
-/// that it must assume another engine owns the instance (`engine/leases.rs`).
+/// How long this engine's leases hold: for the TTL from a lease's claim or its last
+/// renewal (each lifetime keeps its own, `Lifetime::lease_until`). A lifetime writes only
+/// while its lease holds, less a margin ([`Leases::usable`]); past that it must assume
+/// another engine owns the instance (`engine/leases.rs`).
 pub(crate) struct Leases {
     ttl: Duration,
-    renewed_ms: AtomicI64,
 }
 
 /// A lease that never runs out in practice: one engine per store (SQLite).
@@ -60,10 +58,7 @@ pub(crate) const UNBOUNDED_LEASE: Duration = Duration::from_secs(100 * 365 * 86_
 
 impl Leases {
     pub(crate) fn new(ttl: Duration) -> Self {
-        Leases {
-            ttl,
-            renewed_ms: AtomicI64::new(i64::MIN),
-        }
+        Leases { ttl }
     }
 
     pub(crate) fn ttl(&self) -> Duration {
@@ -75,17 +70,10 @@ impl Leases {
         self.ttl < UNBOUNDED_LEASE
     }
 
-    /// Every lease held at `at` was renewed until `at` + TTL.
-    pub(crate) fn renewed(&self, at: Timestamp) {
-        self.renewed_ms.fetch_max(at.as_millis(), Ordering::Relaxed);
-    }
-
-    /// Whether a lease claimed at `claimed_at` still holds at `now`.
-    pub(crate) fn holds(&self, claimed_at: Timestamp, now: Timestamp) -> bool {
-        let from = claimed_at
-            .as_millis()
-            .max(self.renewed_ms.load(Ordering::Relaxed));
-        let usable = self.ttl - self.ttl / 10;
-        Timestamp::from_millis(from).saturating_add(usable) > now
+    /// How long after its claim or renewal a lease may still be written under: the TTL
+    /// less a tenth, so a write sent just before the end still lands before another engine
+    /// may claim.
+    pub(crate) fn usable(&self) -> Duration {
+        self.ttl - self.ttl / 10
     }
 }

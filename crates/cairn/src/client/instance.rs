@@ -413,7 +413,11 @@ impl<O: DeserializeOwned> Instance<O> {
     pub async fn restart(&self) -> Result<(), Error> {
         let at = self.engine.inner.env.clock.now();
         self.control(
-            ControlRequest::Restart { at, from: None },
+            ControlRequest::Restart {
+                at,
+                from: None,
+                adopt: None,
+            },
             crate::error::Action::Restart,
         )
         .await
@@ -442,6 +446,7 @@ impl<O: DeserializeOwned> Instance<O> {
             ControlRequest::Restart {
                 at,
                 from: Some(from),
+                adopt: None,
             },
             crate::error::Action::Restart,
         )

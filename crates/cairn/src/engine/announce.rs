@@ -253,11 +253,11 @@ impl Store for Announcing {
     fn renew(
         &self,
         owner: &str,
-        instances: Vec<InstanceRef>,
+        leases: Vec<Lease>,
         now: Timestamp,
         until: Timestamp,
-    ) -> StoreFuture<'_, Vec<InstanceRef>> {
-        self.store.renew(owner, instances, now, until)
+    ) -> StoreFuture<'_, Vec<Lease>> {
+        self.store.renew(owner, leases, now, until)
     }
 
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {

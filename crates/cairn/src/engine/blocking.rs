@@ -104,13 +104,13 @@ impl Store for Blocking {
     fn renew(
         &self,
         owner: &str,
-        instances: Vec<InstanceRef>,
+        leases: Vec<Lease>,
         now: Timestamp,
         until: Timestamp,
-    ) -> StoreFuture<'_, Vec<InstanceRef>> {
+    ) -> StoreFuture<'_, Vec<Lease>> {
         let owner = owner.to_owned();
         blocking(&self.0, move |s| {
-            Box::pin(async move { s.renew(&owner, instances, now, until).await })
+            Box::pin(async move { s.renew(&owner, leases, now, until).await })
         })
     }
 

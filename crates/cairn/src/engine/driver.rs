@@ -63,6 +63,7 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
     let mut claimed_at = claimed_at;
     let mut record = claimed.record;
     let mut pause = Outage::default();
+    let mut lost_leases = 0u32;
     if record.status == InstanceStatus::Waiting {
         tracing::debug!(workflow = %record.workflow, instance = %record.id, "woken");
     } else {
@@ -106,6 +107,35 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
                 }
                 // Replay from what the store holds now, not from the claim: the last
                 // lifetime may have started the instance, and it may have been deleted.
+                match reread(&inner, lease, &record).await {
+                    Some(fresh) => record = fresh,
+                    None => break,
+                }
+            }
+            Ok(Err(Abort::Store(cairn_store::Error::LeaseLost(_))))
+                if inner.env.leases.expire() =>
+            {
+                // The lease ran out by this engine's clock (it stalled, or the store was slow
+                // to renew), or the store no longer had it. Take it back at a new epoch if no
+                // other engine (and no terminate, restart or delete) moved it on meanwhile:
+                // an engine woken from a stall runs its work again at once instead of
+                // leaving it for a TTL. A second loss in a row waits a little first.
+                if lost_leases > 0 {
+                    let mut shutdown = inner.shutdown.subscribe();
+                    tokio::select! {
+                        () = inner.env.clock.sleep(pause.next()) => {}
+                        _ = shutdown.wait_for(|stop| *stop) => break,
+                    }
+                }
+                lost_leases += 1;
+                match reclaim(&inner, lease).await {
+                    Some((fresh, at)) => (lease, claimed_at) = (fresh, at),
+                    None => {
+                        tracing::debug!(instance = %record.id, "lease lost to another engine or a management request");
+                        break;
+                    }
+                }
+                tracing::info!(instance = %record.id, "took back an instance whose lease ran out; replaying it");
                 match reread(&inner, lease, &record).await {
                     Some(fresh) => record = fresh,
                     None => break,

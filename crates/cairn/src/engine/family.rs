@@ -158,7 +158,10 @@ pub(crate) async fn ended(
 }
 
 /// Whether `record` is a child (not detached) whose parent has ended or is gone: it must
-/// not run on. Store errors answer `false`; the next claim looks again.
+/// not run on. A child an operator restarted after its parent ended was detached by that
+/// restart (the store decides it in the restart's transaction, from the parent's row), so
+/// no time written by another engine's clock is compared here. Store errors answer
+/// `false`; the next claim looks again.
 pub(crate) async fn orphaned(inner: &Runtime, record: &InstanceRecord) -> bool {
     let Some(link) = record.parent.as_ref().filter(|p| !p.detached) else {
         return false;
@@ -167,12 +170,18 @@ pub(crate) async fn orphaned(inner: &Runtime, record: &InstanceRecord) -> bool {
         // Being compensated: it ends by itself when its rollback is done.
         return false;
     }
-    // A child (re)started after its parent ended was restarted on purpose: let it run.
-    let started = record.started_at.unwrap_or(record.created_at);
+    // A link stored before runs were recorded may predate that rule: such a child
+    // (re)started after its parent ended was restarted on purpose.
+    let legacy_start = link
+        .run
+        .is_none()
+        .then(|| record.started_at.unwrap_or(record.created_at));
     match inner.env.store.instance(&link.workflow, &link.id).await {
         Ok(Some(parent)) => {
             parent.instance != link.instance
-                || parent.status.is_terminal() && parent.ended_at.is_none_or(|end| end >= started)
+                || parent.status.is_terminal()
+                    && legacy_start
+                        .is_none_or(|started| parent.ended_at.is_none_or(|end| end >= started))
         }
         Ok(None) => true,
         Err(_) => false,

@@ -1,11 +1,20 @@
 //! Keeping leases: where several engines share a store (PostgreSQL), a claim holds an
-//! instance for a TTL only, and this task renews all of the engine's leases in one store
-//! call per tick (a third of the TTL). An engine that could not renew in time (the store
-//! unreachable, the process stalled or stopped) must assume another engine took its
-//! instances over: it stops every lifetime at once, before any of them starts another
-//! attempt. The store's fencing already refuses their writes; stopping them keeps their
-//! step bodies from running on beside the new owner's. A lease that ran out is never
-//! renewed back (see `Store::renew`): the instance is claimed again, by anyone.
+//! instance for a TTL only, and this task renews the leases of the lifetimes running here in
+//! one store call per tick (a third of the TTL).
+//!
+//! Each lifetime knows until when its own lease holds (`Lifetime::lease_until`: from its
+//! claim, or from the last renewal that kept it). A lease that ran out by this engine's
+//! clock (the process was stopped, the store did not answer the renewal in time) may belong
+//! to another engine now: its lifetime is stopped at once, before it starts another
+//! attempt, and its driver takes the instance back at a new epoch if no one else took it
+//! (`Store::reclaim`), so an engine that wakes from a stall is back to normal at once. The
+//! store's fencing already refuses a stale lifetime's writes; stopping it keeps its step
+//! body from running on beside the new owner's.
+//!
+//! A renewal names each lease at its epoch, and its answer judges only the lifetimes it was
+//! sent for: one claimed while it was on its way is not in it and keeps the lease of its
+//! claim until the next tick. A renewal abandoned at its deadline may still land; at the
+//! epoch it names it can extend only a lease no lifetime has moved on since.
 //!
 //! On SQLite (one engine per file) leases do not expire (`env::UNBOUNDED_LEASE`), and no
 //! task runs.
@@ -14,10 +23,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_core::Timestamp;
-use cairn_store::{Error as StoreError, InstanceRef};
+use cairn_store::{Error as StoreError, Lease};
 
+use crate::clock::Clock;
 use crate::engine::runtime::Runtime;
-use crate::lifetime::Abort;
+use crate::lifetime::{Abort, Lifetime};
 
 /// The default TTL where leases expire.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
@@ -25,86 +35,123 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// Renews the engine's leases until `stop` (after the drain at shutdown).
 pub(crate) async fn keep(inner: Arc<Runtime>, mut stop: tokio::sync::oneshot::Receiver<()>) {
     let ttl = inner.env.leases.ttl();
-    let tick = ttl / 3;
     let clock = &inner.env.clock;
-    // Leases taken from now on are good until at least this plus the TTL.
-    let mut renewed = clock.now();
     loop {
         tokio::select! {
-            () = clock.sleep(tick) => {}
+            () = clock.sleep(ttl / 3) => {}
             _ = &mut stop => break,
         }
         let now = clock.now();
-        if inner.live.len() == 0 {
-            // Nothing runs here, so no lease is held: nothing to renew or to lose.
-            renewed = now;
-            inner.env.leases.renewed(now);
+        let mut sent = Vec::new();
+        let mut ran_out = Vec::new();
+        for lifetime in inner.live.all() {
+            if lifetime.is_aborted() {
+                // Stopping already: its lease is not renewed (its driver takes the instance
+                // back at a new epoch, or lets it go).
+                continue;
+            }
+            if lifetime.lease_until() <= now {
+                ran_out.push(lifetime);
+            } else {
+                sent.push(lifetime);
+            }
+        }
+        stop_ran_out(&inner, &ran_out, now);
+        if sent.is_empty() {
             continue;
         }
-        if now >= renewed.saturating_add(ttl) {
-            stop_all(&inner, now.as_millis() - renewed.as_millis());
-        }
-        // Only the instances running here: a lease held by no lifetime (a claim whose
-        // answer was lost) must run out, not be kept forever.
-        let running: Vec<InstanceRef> = inner.live.all().iter().map(|l| l.lease.instance).collect();
+        let leases: Vec<Lease> = sent.iter().map(|l| l.lease).collect();
         let renewal = inner
             .env
             .store
-            .renew(&inner.owner, running, now, now.saturating_add(ttl));
+            .renew(&inner.owner, leases, now, now.saturating_add(ttl));
         // A renewal stuck behind a stalled store must not keep the lifetimes running past
-        // their leases: at the deadline they stop, whether or not it has answered.
-        let deadline = clock.sleep_until(renewed.saturating_add(ttl));
+        // their leases: each stops when its own runs out, answered or not.
         let answer = tokio::select! {
-            answer = renewal => Some(answer),
-            () = deadline => None,
+            answer = renewal => answer,
+            () = stop_as_they_run_out(&inner, clock, &sent) => continue,
+            _ = &mut stop => break,
         };
         match answer {
-            Some(Ok(kept)) => {
-                renewed = now;
-                inner.env.leases.renewed(now);
-                stop_lost(&inner, now, &kept);
+            Ok(kept) => {
+                let kept: std::collections::HashSet<Lease> = kept.into_iter().collect();
+                let mut lost = Vec::new();
+                for lifetime in sent {
+                    if kept.contains(&lifetime.lease) {
+                        lifetime.lease_renewed(now);
+                    } else {
+                        lost.push(lifetime);
+                    }
+                }
+                stop_lost(&inner, &lost);
             }
-            Some(Err(e)) => tracing::warn!(error = %e, "renewing leases failed; retrying"),
-            None => {
-                let late = clock.now().as_millis() - renewed.as_millis();
-                stop_all(&inner, late);
-            }
-        }
-    }
-}
-
-/// Lifetimes claimed before the renewal whose lease was not renewed lost it (it ran out
-/// first, and maybe another engine has the instance now): stop them.
-fn stop_lost(inner: &Runtime, at: Timestamp, kept: &[InstanceRef]) {
-    let kept: std::collections::HashSet<InstanceRef> = kept.iter().copied().collect();
-    for lifetime in inner.live.all() {
-        if lifetime.claimed_at() < at && !kept.contains(&lifetime.lease.instance) {
-            tracing::warn!(
-                instance = %lifetime.instance_id,
-                "lease ran out before it was renewed; stopping this run (another engine may own it)"
-            );
-            // Counted once per lifetime, however many ticks find it still stopping.
-            if lifetime.abort(Abort::Store(StoreError::LeaseLost(lifetime.lease.instance))) {
-                crate::telemetry::leases_lost(1);
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing leases failed; retrying at the next tick");
             }
         }
     }
 }
 
-/// The leases may all be gone: stop every lifetime.
-fn stop_all(inner: &Runtime, late_ms: i64) {
-    let lifetimes = inner.live.all();
-    if lifetimes.is_empty() {
-        return;
+/// Stops each of `sent` whose lease runs out before the renewal answers; resolves once none
+/// is left running.
+async fn stop_as_they_run_out(inner: &Runtime, clock: &Clock, sent: &[Arc<Lifetime>]) {
+    loop {
+        let running = || {
+            sent.iter()
+                .filter(|l| !l.is_aborted() && inner.live.holds(l))
+        };
+        let Some(next) = running().map(|l| l.lease_until()).min() else {
+            return;
+        };
+        clock.sleep_until(next).await;
+        let now = clock.now();
+        let ran_out: Vec<_> = running()
+            .filter(|l| l.lease_until() <= now)
+            .cloned()
+            .collect();
+        stop_ran_out(inner, &ran_out, now);
     }
-    tracing::warn!(
-        lifetimes = lifetimes.len(),
-        late_ms,
-        "leases not renewed within their TTL; stopping every lifetime (another engine may own them now)"
-    );
-    for lifetime in lifetimes {
+}
+
+/// The leases of `ran_out` ran out by this engine's clock before a renewal kept them.
+fn stop_ran_out(inner: &Runtime, ran_out: &[Arc<Lifetime>], now: Timestamp) {
+    let stopped = stop(inner, ran_out);
+    if stopped > 0 {
+        let late_ms = ran_out
+            .iter()
+            .map(|l| now.as_millis() - l.lease_until().as_millis())
+            .max()
+            .unwrap_or(0);
+        tracing::warn!(
+            lifetimes = stopped,
+            late_ms,
+            "leases ran out before they were renewed (the engine or the store stalled); stopping those lifetimes and taking their instances back unless another engine has"
+        );
+    }
+}
+
+/// The renewal did not keep the leases of `lost` (they ran out first by the store's
+/// reckoning, or moved on): another engine may own them now.
+fn stop_lost(inner: &Runtime, lost: &[Arc<Lifetime>]) {
+    let stopped = stop(inner, lost);
+    if stopped > 0 {
+        tracing::warn!(
+            lifetimes = stopped,
+            "leases were not renewed; stopping those lifetimes (another engine may own them)"
+        );
+    }
+}
+
+/// Stops each lifetime of `lifetimes` still in the live set; returns how many this call
+/// stopped (each is stopped and counted once).
+fn stop(inner: &Runtime, lifetimes: &[Arc<Lifetime>]) -> usize {
+    let mut stopped = 0;
+    for lifetime in lifetimes.iter().filter(|l| inner.live.holds(l)) {
         if lifetime.abort(Abort::Store(StoreError::LeaseLost(lifetime.lease.instance))) {
+            tracing::debug!(instance = %lifetime.instance_id, "stopping a lifetime whose lease ran out");
             crate::telemetry::leases_lost(1);
+            stopped += 1;
         }
     }
+    stopped
 }

@@ -53,6 +53,14 @@ impl Live {
         self.get(instance).filter(|s| s.lease.epoch <= epoch)
     }
 
+    /// Whether `lifetime` is in the live set (it has not ended, and no newer lifetime of its
+    /// instance has taken its place).
+    pub(crate) fn holds(&self, lifetime: &Arc<Lifetime>) -> bool {
+        self.map()
+            .get(&lifetime.lease.instance)
+            .is_some_and(|l| Arc::ptr_eq(l, lifetime))
+    }
+
     /// Every lifetime in memory now.
     pub(crate) fn all(&self) -> Vec<Arc<Lifetime>> {
         self.map().values().cloned().collect()

@@ -9,7 +9,7 @@ mod current;
 pub(crate) use current::{CURRENT, is_current};
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cairn_core::{
@@ -36,9 +36,9 @@ pub(crate) enum Abort {
 pub(crate) struct Lifetime {
     pub(crate) env: Arc<Env>,
     pub(crate) lease: Lease,
-    /// When the lease was taken (the `now` the claim counted it from): it holds for the TTL
-    /// from then or from the engine's last renewal.
-    claimed_at: Timestamp,
+    /// Since when the lease holds for the TTL (ms): the `now` the claim counted it from,
+    /// moved on by each renewal that kept it (`engine/leases.rs`).
+    lease_from: AtomicI64,
     pub(crate) workflow: WorkflowName,
     pub(crate) instance_id: InstanceId,
     pub(crate) created_at: Timestamp,
@@ -139,7 +139,7 @@ impl Lifetime {
         created_at: Timestamp,
     ) -> Self {
         Lifetime {
-            claimed_at,
+            lease_from: AtomicI64::new(claimed_at.as_millis()),
             env,
             lease,
             workflow,
@@ -589,15 +589,31 @@ impl Lifetime {
         let _ = self.started_at.set(at);
     }
 
-    /// When the lease was taken (about).
-    pub(crate) fn claimed_at(&self) -> Timestamp {
-        self.claimed_at
+    /// When the lease runs out by this engine's clock, unless renewed before.
+    pub(crate) fn lease_until(&self) -> Timestamp {
+        Timestamp::from_millis(self.lease_from.load(Ordering::SeqCst))
+            .saturating_add(self.env.leases.ttl())
+    }
+
+    /// A renewal sent at `at` kept this lifetime's lease: it holds for the TTL from then.
+    pub(crate) fn lease_renewed(&self, at: Timestamp) {
+        self.lease_from.fetch_max(at.as_millis(), Ordering::SeqCst);
     }
 
     /// Whether the lease still holds. Past it, another engine may own the instance (and not
     /// have written yet, so the epoch would not fence a write off): write nothing.
     fn holds_lease(&self) -> bool {
-        self.env.leases.holds(self.claimed_at, self.env.clock.now())
+        Timestamp::from_millis(self.lease_from.load(Ordering::SeqCst))
+            .saturating_add(self.env.leases.usable())
+            > self.env.clock.now()
+    }
+
+    /// Whether the lifetime has been aborted (it is stopping, or has stopped).
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.abort
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
     }
 
     /// Whether writes wait for this lifetime's next commit.

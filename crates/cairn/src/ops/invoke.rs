@@ -160,9 +160,10 @@ fn fnv1a(text: &str) -> u32 {
     (hash ^ (hash >> 32)) as u32
 }
 
-/// What the step's journal entry records about its child.
-fn config(workflow: &WorkflowName, id: &InstanceId, detached: bool) -> serde_json::Value {
-    json!({ "workflow": workflow, "id": id, "detached": detached })
+/// What the step's journal entry records about its child, and the run of the step (the
+/// parent's lease epoch when it was journaled), which the child's link names too.
+fn config(workflow: &WorkflowName, id: &InstanceId, detached: bool, run: u64) -> serde_json::Value {
+    json!({ "workflow": workflow, "id": id, "detached": detached, "run": run })
 }
 
 fn child_of(record: &StepRecord) -> Option<(WorkflowName, InstanceId)> {
@@ -243,10 +244,15 @@ async fn invoke(
                 .filter(|c| is_child(c, &state, key) && stale(c, &record))
             {
                 // Started by an earlier run of this step (the parent was restarted since):
-                // its outcome is not this run's. Run it again, then wait for it.
+                // its outcome is not this run's. Run it again as this run's, then wait.
                 let request = ControlRequest::Restart {
                     at: state.now(),
                     from: None,
+                    adopt: Some(cairn_store::Adopt {
+                        parent: state.lease,
+                        run: run_of(&record).unwrap_or(state.lease.epoch),
+                        detached: record.config["detached"].as_bool().unwrap_or(false),
+                    }),
                 };
                 if let Err(e) = state.env.store.control(&c.workflow, &c.id, request).await {
                     state.abort(crate::lifetime::Abort::Store(e));
@@ -303,11 +309,23 @@ fn is_child(found: &InstanceRecord, state: &Lifetime, key: &StepKey) -> bool {
         .is_some_and(|p| p.instance == state.lease.instance && &p.step == key)
 }
 
-/// Whether `child` was started before this run of the step: by the run before a restart
-/// of the parent. (A child created by this run has the step's start as its creation time;
-/// one restarted since has its restart as its start.)
+/// Whether `child` belongs to an earlier run of this step (the run before a restart of the
+/// parent), by identity: the run its link names is not the step's. Never by comparing
+/// times, which different engines' clocks wrote (one behind would make the parent restart
+/// the child it is waiting for, or one an operator restarted).
+///
+/// Only a journal entry from before runs were recorded falls back to times: such a child
+/// started before the entry's run if its (re)start is older than the entry.
 fn stale(child: &InstanceRecord, record: &StepRecord) -> bool {
-    child.started_at.unwrap_or(child.created_at) < record.started_at
+    match run_of(record) {
+        Some(run) => child.parent.as_ref().and_then(|p| p.run) != Some(run),
+        None => child.started_at.unwrap_or(child.created_at) < record.started_at,
+    }
+}
+
+/// The run of an `invoke` step's journal entry (see [`config`]).
+fn run_of(record: &StepRecord) -> Option<u64> {
+    record.config.get("run").and_then(serde_json::Value::as_u64)
 }
 
 /// The child's outcome once it has ended: its output, or the step's error.
@@ -379,7 +397,8 @@ async fn start(
         }
     };
     let id = child_id(state, key);
-    record.config = config(&workflow, &id, detached);
+    let run = state.lease.epoch;
+    record.config = config(&workflow, &id, detached, run);
     let params_value = cairn_core::binary::view(&params);
     let new = NewInstance {
         workflow: workflow.clone(),
@@ -408,6 +427,7 @@ async fn start(
             id: state.instance_id.clone(),
             step: key.clone(),
             detached,
+            run: Some(run),
         }),
         priority: 0,
         concurrency: None,

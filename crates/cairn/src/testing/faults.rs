@@ -294,12 +294,12 @@ impl Store for FaultStore {
     fn renew(
         &self,
         owner: &str,
-        instances: Vec<InstanceRef>,
+        leases: Vec<Lease>,
         now: Timestamp,
         until: Timestamp,
-    ) -> StoreFuture<'_, Vec<InstanceRef>> {
+    ) -> StoreFuture<'_, Vec<Lease>> {
         let owner = owner.to_owned();
-        self.read(|| Box::pin(async move { self.inner.renew(&owner, instances, now, until).await }))
+        self.read(|| Box::pin(async move { self.inner.renew(&owner, leases, now, until).await }))
     }
 
     fn reclaim(

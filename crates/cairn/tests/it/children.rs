@@ -567,3 +567,106 @@ async fn a_child_restarted_after_its_parent_ended_runs_again() {
     assert_eq!(runs.get(), 2);
     engine.shutdown().await;
 }
+
+/// Issue 30 §1.2: whether a child belongs to an earlier run of its parent's step is decided
+/// by identity, not by comparing times that different engines' clocks wrote. An operator
+/// restarts the child from an engine whose clock is 60 s behind while its parent waits: the
+/// parent takes the restarted child's outcome, and does not restart it a second time (its
+/// step would run a third time, and the event it consumed would be lost).
+#[tokio::test(start_paused = true)]
+async fn a_child_restarted_from_an_engine_whose_clock_is_behind_is_not_restarted_again_by_its_parent()
+ {
+    let works = Arc::new(Counter::default());
+    let (_dir, path) = super::support::temp_db();
+    let counted = Arc::clone(&works);
+    let engine = super::support::skewed_restarts_builder(
+        super::support::BACKEND,
+        &path,
+        Duration::from_secs(60),
+    )
+    .await
+    .register(invoking_parent())
+    .register(named::<1, _, _>(move |_, step| {
+        let works = Arc::clone(&counted);
+        async move {
+            let n: u32 = step
+                .run("work", move |_| {
+                    let n = works.bump();
+                    async move { Ok(n) }
+                })
+                .await?;
+            let event: cairn::StepEvent<Value> = step
+                .wait_for_event("go", "go")
+                .timeout("1 day")
+                .await?;
+            Ok(json!({ "work": n, "event": event.payload }))
+        }
+    }))
+    .start()
+    .await
+    .unwrap();
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})).id("p"))
+        .await
+        .unwrap();
+    until_status(&parent, InstanceStatus::Waiting).await;
+    let child = only_child(&engine).await;
+    until_status(&child, InstanceStatus::Waiting).await;
+    child.restart().await.unwrap();
+    while works.get() < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    until_status(&child, InstanceStatus::Waiting).await;
+    child
+        .send_event("go", &json!({ "by": "test" }))
+        .await
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(3600), parent.wait())
+        .await
+        .expect("the parent never finished")
+        .unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(
+        status.output,
+        Some(json!({ "child": { "work": 2, "event": { "by": "test" } } }))
+    );
+    assert_eq!(works.get(), 2, "the child's step ran once per run of it");
+    engine.shutdown().await;
+}
+
+/// Issue 30 §1.2, the orphan check: a child restarted by an operator after its parent
+/// ended runs again, also when the restart came from an engine whose clock is behind the
+/// parent's (its start then reads earlier than the parent's end). The restart detaches it,
+/// in the store, from the parent's status.
+#[tokio::test(start_paused = true)]
+async fn a_child_restarted_after_its_parent_ended_from_an_engine_whose_clock_is_behind_runs_again()
+ {
+    let runs = Arc::new(Counter::default());
+    let (_dir, path) = super::support::temp_db();
+    let engine = super::support::skewed_restarts_builder(
+        super::support::BACKEND,
+        &path,
+        Duration::from_secs(60),
+    )
+    .await
+    .register(invoking_parent())
+    .register(doubling_child(Arc::clone(&runs)))
+    .start()
+    .await
+    .unwrap();
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({ "n": 3 })))
+        .await
+        .unwrap();
+    parent.wait().await.unwrap();
+    let child = only_child(&engine).await;
+    child.restart().await.unwrap();
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(runs.get(), 2);
+    let link = child.details().await.unwrap().parent.unwrap();
+    assert!(link.detached, "restarted after its parent ended: detached");
+    engine.shutdown().await;
+}

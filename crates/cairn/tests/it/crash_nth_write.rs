@@ -102,11 +102,11 @@ impl Store for FailingStore {
     fn renew(
         &self,
         owner: &str,
-        instances: Vec<InstanceRef>,
+        leases: Vec<Lease>,
         now: Timestamp,
         until: Timestamp,
-    ) -> StoreFuture<'_, Vec<InstanceRef>> {
-        self.inner.renew(owner, instances, now, until)
+    ) -> StoreFuture<'_, Vec<Lease>> {
+        self.inner.renew(owner, leases, now, until)
     }
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {
         self.inner.journal(i)

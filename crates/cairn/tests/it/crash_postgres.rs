@@ -591,6 +591,168 @@ fn pg_a_stalled_engine_is_fenced_off_and_writes_nothing_after_it_wakes() {
     }
 }
 
+/// Milliseconds since the epoch by the system clock, which every process here shares.
+fn wall_ms() -> i64 {
+    cairn::Timestamp::from_system_time(std::time::SystemTime::now()).as_millis()
+}
+
+/// The lease of the wake test: the stall is 1.5 of it.
+const WAKE_LEASE: Duration = Duration::from_secs(2);
+
+/// Three steps of 400 ms each; every attempt appends `<id> <step> <attempt> start|end <ms>`.
+fn paced(dir: PathBuf) -> FnWorkflow {
+    wf(move |event, step| {
+        let dir = dir.clone();
+        async move {
+            let id = event.instance_id.to_string();
+            for name in ["a", "b", "c"] {
+                let (dir, id) = (dir.clone(), id.clone());
+                let _: u32 = step
+                    .run(name, move |ctx| {
+                        let (dir, id) = (dir.clone(), id.clone());
+                        async move {
+                            let at = wall_ms;
+                            effect(&dir, &format!("{id} {name} {} start {}", ctx.attempt, at()));
+                            tokio::time::sleep(Duration::from_millis(400)).await;
+                            effect(&dir, &format!("{id} {name} {} end {}", ctx.attempt, at()));
+                            Ok(1)
+                        }
+                    })
+                    // An interrupted attempt runs again at once: the delays measured are
+                    // the engine's, not a back-off's.
+                    .retries(cairn::Retries::constant(5, Duration::ZERO))
+                    .await?;
+            }
+            Ok(json!(3))
+        }
+    })
+}
+
+/// A child engine of the wake test: creates its instances and runs them, a few at a time,
+/// until every one has finished.
+#[test]
+fn pg_wake_child_entry() {
+    let Some(dir) = child_dir() else { return };
+    if std::env::var("CAIRN_PG_CHILD").as_deref() != Ok("wake") {
+        return;
+    }
+    let instances: usize = std::env::var("CAIRN_PG_INSTANCES")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let engine = builder(&dir)
+            .lease_ttl(WAKE_LEASE)
+            .register(paced(dir.clone()))
+            .max_running(8)
+            .start()
+            .await
+            .unwrap();
+        let client = engine.workflow::<FnWorkflow>();
+        crate::support::create_numbered(&client, instances).await;
+        crate::support::wait_numbered(&client, instances).await;
+        engine.shutdown().await;
+    });
+}
+
+/// The longest any instance waited for its next step after `woke` (ms since the epoch):
+/// the gaps between one effect of an instance and its next (an attempt's own run from its
+/// start to its end excepted), and from `woke` to the first effect of an instance that was
+/// running then.
+fn longest_delay_after(effects: &str, woke: i64) -> (i64, String) {
+    let mut by_instance: HashMap<&str, Vec<(i64, &str, &str, &str)>> = HashMap::new();
+    for line in effects.lines() {
+        let p: Vec<&str> = line.split(' ').collect();
+        let [id, step, attempt, what, at] = p[..] else {
+            continue;
+        };
+        by_instance
+            .entry(id)
+            .or_default()
+            .push((at.parse().unwrap(), step, attempt, what));
+    }
+    let mut worst = (0, String::new());
+    for (id, mut points) in by_instance {
+        points.sort();
+        let before = points.iter().filter(|p| p.0 < woke).count();
+        let finished = points
+            .iter()
+            .any(|p| p.0 < woke && p.1 == "c" && p.3 == "end");
+        let mut last: Option<(i64, &str, &str, &str)> =
+            (before > 0 && !finished).then_some((woke, "", "", "woke"));
+        for point in points.into_iter().skip(before) {
+            if let Some(prev) = last {
+                let own_run = prev.3 == "start" && point.3 == "end" && prev.1 == point.1;
+                if !own_run && point.0 - prev.0 > worst.0 {
+                    worst = (point.0 - prev.0, format!("{id}: {prev:?} -> {point:?}"));
+                }
+            }
+            last = Some(point);
+        }
+    }
+    worst
+}
+
+/// Issue 35: an engine SIGSTOPped for 1.5 leases while it runs and claims work (no other
+/// engine to take its instances) stops the lifetimes whose leases ran out once, takes them
+/// back, and is back to normal at once: no instance waits more than a lease after SIGCONT,
+/// and every instance completes with each committed step run once.
+#[test]
+fn pg_an_engine_woken_from_a_stall_past_its_lease_runs_its_work_again_within_a_lease() {
+    if crate::support::crash_child_dir().is_some() || cairn::postgres::test_url().is_none() {
+        return;
+    }
+    const WORK: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let test = "crash_postgres::pg_wake_child_entry";
+    let mut engines = Engines(vec![spawn_child_with(dir.path(), test, "wake", WORK)]);
+    let started = Instant::now();
+    while effects(dir.path()).lines().count() < 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the engine never got going"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&engines.0[0], "-STOP");
+    std::thread::sleep(WAKE_LEASE * 3 / 2);
+    let woke = wall_ms();
+    signal(&engines.0[0], "-CONT");
+    engines.finish();
+    let effects = effects(dir.path());
+    let (delay, at) = longest_delay_after(&effects, woke);
+    eprintln!(
+        "the longest any instance waited after SIGCONT: {delay} ms ({at}); the lease is {} ms",
+        WAKE_LEASE.as_millis()
+    );
+    assert!(
+        u128::try_from(delay).unwrap() < WAKE_LEASE.as_millis(),
+        "an instance waited {delay} ms after the stall: {at}"
+    );
+    // Every instance complete, each committed step's body run by one attempt after its last
+    // start (an interrupted attempt is followed by a new one, never run twice).
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(raw_store(dir.path()));
+    let records = rt.block_on(all_instances(&*store));
+    assert_eq!(records.len(), WORK);
+    for record in records {
+        assert_eq!(record.status, InstanceStatus::Complete, "{}", record.id);
+    }
+    let mut runs: HashMap<(String, String, String), usize> = HashMap::new();
+    for line in effects.lines().filter(|l| l.contains(" start ")) {
+        let p: Vec<&str> = line.split(' ').collect();
+        *runs
+            .entry((p[0].into(), p[1].into(), p[2].into()))
+            .or_default() += 1;
+    }
+    assert!(
+        runs.values().all(|n| *n == 1),
+        "an attempt ran twice: {:?}",
+        runs.iter().filter(|(_, n)| **n > 1).collect::<Vec<_>>()
+    );
+}
+
 /// Kills every connection the engines hold, several times while they work: everything
 /// still completes once (the writer and the listener reconnect; work whose commit answer
 /// was lost is replayed from what the store holds).

@@ -46,6 +46,8 @@ macro_rules! on_backend {
         mod engine_errors;
         #[path = "examples.rs"]
         mod examples;
+        #[path = "leases.rs"]
+        mod leases;
         #[path = "replay_check.rs"]
         mod replay_check;
         #[path = "retention.rs"]

@@ -560,3 +560,129 @@ async fn two_engines_never_run_more_than_a_keys_limit_at_once() {
     first.shutdown().await;
     second.shutdown().await;
 }
+
+/// Issue 30 §1.3: two deployments in one database, each in a schema of its own chosen by
+/// the connection's `search_path` (no `Options::schema`), number their instances from 1
+/// alike. A terminate in one must never stop the other's instance of the same number: the
+/// channel and every notice name the deployment, resolved at open.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_of_one_deployment_never_reach_another_in_the_same_database() {
+    use futures::StreamExt;
+    let Some(url) = cairn::postgres::test_url() else {
+        return;
+    };
+    let tag = format!(
+        "{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    );
+    let (schema_a, schema_b) = (format!("dep_a_{tag}"), format!("dep_b_{tag}"));
+    let (client, mut connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    // The notices the test hears: on the channel both used to share, and on A's own.
+    let (heard_tx, mut heard) = futures::channel::mpsc::unbounded();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = heard_tx.unbounded_send(n.payload().to_owned());
+            }
+        }
+    });
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema_a}; CREATE SCHEMA {schema_b};
+             LISTEN cairn_public; LISTEN cairn_{schema_a};"
+        ))
+        .await
+        .unwrap();
+    let in_schema = |schema: &str| {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}options=-c%20search_path%3D{schema}")
+    };
+    let (started, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    let workflow = || {
+        let (started, release) = (started.clone(), release.clone());
+        wf(move |_, step| {
+            let (started, release) = (started.clone(), release.clone());
+            async move {
+                step.run("hold", move |_| {
+                    let (started, release) = (started.clone(), release.clone());
+                    async move {
+                        started.add_permits(1);
+                        release.acquire().await.map_err(|e| e.to_string())?.forget();
+                        Ok(0)
+                    }
+                })
+                .await?;
+                Ok(Value::Null)
+            }
+        })
+    };
+    let engine_in = |schema: &str| {
+        Engine::builder()
+            .postgres_options(cairn::postgres::Options::new(in_schema(schema)).connections(4))
+            .clock(Clock::system())
+            .lease_ttl(Duration::from_secs(2))
+            .register(workflow())
+            .start()
+    };
+    let next_start = || async {
+        tokio::time::timeout(Duration::from_secs(30), started.acquire())
+            .await
+            .expect("a step never started")
+            .unwrap()
+            .forget();
+    };
+    let b = engine_in(&schema_b).await.unwrap();
+    let x = b
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    next_start().await;
+    let a = engine_in(&schema_a).await.unwrap();
+    let y = a
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("y"))
+        .await
+        .unwrap();
+    next_start().await;
+    y.terminate().await.unwrap();
+    // A's stop notice is out (and B, listening where it listens, has had time to act).
+    loop {
+        let payload = tokio::time::timeout(Duration::from_secs(30), heard.next())
+            .await
+            .expect("A's terminate sent no notice")
+            .unwrap();
+        if payload.contains('!') {
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    release.add_permits(2);
+    let status = tokio::time::timeout(Duration::from_secs(30), x.wait())
+        .await
+        .expect("x never finished")
+        .unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete);
+    assert!(
+        crate::support::records(&x, cairn::LogKind::AttemptFailure)
+            .await
+            .is_empty(),
+        "B's instance was stopped by A's terminate"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA {schema_a} CASCADE; DROP SCHEMA {schema_b} CASCADE;"
+        ))
+        .await
+        .unwrap();
+}

@@ -389,6 +389,137 @@ use cairn::store::{
 pub struct Hooked {
     pub inner: Arc<dyn Store>,
     pub before: Box<dyn Fn(&'static str) -> Result<(), cairn::store::Error> + Send + Sync>,
+    /// Calls held until the test lets them through.
+    pub gates: Gates,
+    /// An operator's restart is stamped this much earlier: made through an engine whose
+    /// clock is behind.
+    pub restart_behind: std::time::Duration,
+}
+
+/// Store calls a test holds back: [`Gates::arm`] makes the next call of a method wait until
+/// the test releases it, so a test orders a store answer against the engine's other work
+/// (a claim answered after a renewal was sent, say) without waiting for a duration.
+#[derive(Clone, Default)]
+pub struct Gates(Arc<Mutex<std::collections::HashMap<&'static str, Gate>>>);
+
+/// One held call: [`Gate::arrived`] resolves once the call is waiting, [`Gate::release`]
+/// lets it through, and [`Gate::answered`] (for calls made through `hooked_lazy!`) gives
+/// what the store answered, as `Debug` text.
+#[derive(Clone)]
+pub struct Gate(Arc<GateState>);
+
+struct GateState {
+    arrived: tokio::sync::Semaphore,
+    release: tokio::sync::Semaphore,
+    answer: Mutex<Option<String>>,
+    answered: tokio::sync::Semaphore,
+}
+
+impl Gates {
+    /// The next call of `method` waits at the returned gate.
+    pub fn arm(&self, method: &'static str) -> Gate {
+        let gate = Gate(Arc::new(GateState {
+            arrived: tokio::sync::Semaphore::new(0),
+            release: tokio::sync::Semaphore::new(0),
+            answer: Mutex::new(None),
+            answered: tokio::sync::Semaphore::new(0),
+        }));
+        self.0.lock().unwrap().insert(method, gate.clone());
+        gate
+    }
+
+    fn take(&self, method: &'static str) -> Option<Gate> {
+        self.0.lock().unwrap().remove(method)
+    }
+}
+
+impl Gate {
+    /// Resolves once the held call has arrived (panics after a minute without it).
+    pub async fn arrived(&self) {
+        tokio::time::timeout(std::time::Duration::from_secs(60), self.0.arrived.acquire())
+            .await
+            .expect("the held call never came")
+            .unwrap()
+            .forget();
+    }
+
+    /// Lets the held call through.
+    pub fn release(&self) {
+        self.0.release.add_permits(1);
+    }
+
+    /// What the store answered the released call.
+    pub async fn answered(&self) -> String {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            self.0.answered.acquire(),
+        )
+        .await
+        .expect("the released call never answered")
+        .unwrap()
+        .forget();
+        self.0.answer.lock().unwrap().clone().unwrap()
+    }
+
+    async fn hold(&self) {
+        self.0.arrived.add_permits(1);
+        self.0.release.acquire().await.unwrap().forget();
+    }
+
+    fn answer(&self, answer: String) {
+        *self.0.answer.lock().unwrap() = Some(answer);
+        self.0.answered.add_permits(1);
+    }
+}
+
+/// An engine builder on a fresh database of `backend` at `path` whose store holds the
+/// calls `gates` arms (the system clock unless the caller sets another).
+pub async fn gated_builder(backend: Backend, path: &Path, gates: Gates) -> EngineBuilder {
+    Engine::builder().store(Arc::new(Hooked {
+        inner: raw_store_on(backend, path).await,
+        before: Box::new(|_| Ok(())),
+        gates,
+        restart_behind: std::time::Duration::ZERO,
+    }))
+}
+
+/// An engine builder on a fresh database of `backend` at `path` whose operators' restarts
+/// come stamped `behind` earlier, as from an engine whose clock is behind (the virtual clock).
+pub async fn skewed_restarts_builder(
+    backend: Backend,
+    path: &Path,
+    behind: std::time::Duration,
+) -> EngineBuilder {
+    Engine::builder()
+        .store(Arc::new(Hooked {
+            inner: raw_store_on(backend, path).await,
+            before: Box::new(|_| Ok(())),
+            gates: Gates::default(),
+            restart_behind: behind,
+        }))
+        .clock(Clock::virtual_now())
+}
+
+/// The store of `backend` at `path`, opened directly.
+pub async fn raw_store_on(backend: Backend, path: &Path) -> Arc<dyn Store> {
+    match backend {
+        #[cfg(feature = "postgres")]
+        Backend::Postgres if cairn::postgres::test_url().is_some() => {
+            let options = cairn::postgres::Options::new(cairn::postgres::test_url().unwrap())
+                .schema(schema_for(path));
+            // On a blocking thread, as the engine opens it: a paused clock would fire the
+            // connect timeouts at once while the network is awaited.
+            let runtime = tokio::runtime::Handle::current();
+            let store = tokio::task::spawn_blocking(move || {
+                runtime.block_on(cairn::postgres::PostgresStore::open(options))
+            })
+            .await
+            .unwrap()
+            .unwrap();
+            Arc::new(store)
+        }
+        _ => Arc::new(cairn::sqlite::SqliteStore::open(path, Default::default()).unwrap()),
+    }
 }
 
 /// An engine builder on a fresh SQLite database at `path` behind a [`Hooked`] store
@@ -401,13 +532,53 @@ pub fn hooked_builder(
     Engine::builder().store(Arc::new(Hooked {
         inner: Arc::new(store),
         before: Box::new(before),
+        gates: Gates::default(),
+        restart_behind: std::time::Duration::ZERO,
     }))
 }
 
 macro_rules! hooked {
     ($self:ident, $name:literal, $call:expr) => {
         match ($self.before)($name) {
-            Ok(()) => $call,
+            Ok(()) => match $self.gates.take($name) {
+                None => $call,
+                Some(gate) => {
+                    let call = $call;
+                    Box::pin(async move {
+                        gate.hold().await;
+                        call.await
+                    })
+                }
+            },
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
+    };
+}
+
+/// [`hooked!`] for a call made only once its gate (if armed) opens, so a held write reaches
+/// the store after what the engine did meanwhile. The call runs in a task of its own: like a
+/// request already sent to a database, it lands even if the engine stops waiting for it.
+/// `$call` must own what it borrows.
+macro_rules! hooked_lazy {
+    ($self:ident, $name:literal, |$inner:ident| $call:expr) => {
+        match ($self.before)($name) {
+            Ok(()) => {
+                let gate = $self.gates.take($name);
+                let $inner = Arc::clone(&$self.inner);
+                let task = tokio::spawn(async move {
+                    let Some(gate) = gate else {
+                        return $call.await;
+                    };
+                    gate.hold().await;
+                    let answer = $call.await;
+                    gate.answer(format!("{answer:?}"));
+                    answer
+                });
+                Box::pin(async move {
+                    task.await
+                        .map_err(|e| cairn::store::Error::Unavailable(e.to_string()))?
+                })
+            }
             Err(e) => Box::pin(async move { Err(e) }),
         }
     };
@@ -441,7 +612,9 @@ impl Store for Hooked {
         ttl: std::time::Duration,
         limit: usize,
     ) -> StoreFuture<'_, Vec<Claimed>> {
-        hooked!(self, "claim", self.inner.claim(owner, w, now, ttl, limit))
+        let (owner, w) = (owner.to_owned(), w.to_vec());
+        hooked_lazy!(self, "claim", |inner| inner
+            .claim(&owner, &w, now, ttl, limit))
     }
     fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
         hooked!(self, "release_all", self.inner.release_all(owner))
@@ -460,15 +633,13 @@ impl Store for Hooked {
     fn renew(
         &self,
         owner: &str,
-        instances: Vec<cairn::store::InstanceRef>,
+        leases: Vec<cairn::store::Lease>,
         now: cairn::Timestamp,
         until: cairn::Timestamp,
-    ) -> StoreFuture<'_, Vec<cairn::store::InstanceRef>> {
-        hooked!(
-            self,
-            "renew",
-            self.inner.renew(owner, instances, now, until)
-        )
+    ) -> StoreFuture<'_, Vec<cairn::store::Lease>> {
+        let owner = owner.to_owned();
+        hooked_lazy!(self, "renew", |inner| inner
+            .renew(&owner, leases, now, until))
     }
     fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::StepRecord>> {
         hooked!(self, "journal", self.inner.journal(i))
@@ -536,6 +707,20 @@ impl Store for Hooked {
         id: &cairn::InstanceId,
         r: ControlRequest,
     ) -> StoreFuture<'_, ControlOutcome> {
+        let r = match r {
+            ControlRequest::Restart {
+                at,
+                from,
+                adopt: None,
+            } => ControlRequest::Restart {
+                at: cairn::Timestamp::from_millis(
+                    at.as_millis() - i64::try_from(self.restart_behind.as_millis()).unwrap(),
+                ),
+                from,
+                adopt: None,
+            },
+            r => r,
+        };
         hooked!(self, "control", self.inner.control(w, id, r))
     }
     fn log(&self, i: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
