@@ -91,6 +91,11 @@ enum Command {
         /// For tests that count instances, and quiet demos.
         #[arg(long)]
         no_schedules: bool,
+        /// How long a claim holds an instance without renewal on PostgreSQL (default
+        /// `30 seconds`; renewed every third of it): an engine that dies or stalls gives its
+        /// instances up this long after its last renewal. SQLite's leases never expire.
+        #[arg(long, env = "CAIRN_LEASE_TTL", value_name = "DURATION", value_parser = parse_lease_ttl)]
+        lease_ttl: Option<std::time::Duration>,
     },
     /// Replay every unfinished instance against the code of this build (the demo
     /// workflows) without running or writing anything, and report where the code no longer
@@ -427,16 +432,25 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             otlp_endpoint,
             account_id,
             no_schedules,
+            lease_ttl,
         } => {
             let _traces = logging::install(log_format, otlp_endpoint.as_deref())?;
-            serve(db, addr, cli.token, account_id, !no_schedules).await
+            serve(
+                db,
+                addr,
+                token(cli.token),
+                account_id,
+                !no_schedules,
+                lease_ttl,
+            )
+            .await
         }
         Command::ReplayCheck { db, json } => replay_check(db, json).await,
         Command::Workflows {
             client: args,
             command,
         } => {
-            let (client, json) = connect(args, cli.top_url, cli.token, cli.top_json);
+            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json);
             tokio::task::spawn_blocking(move || workflows(&client, command, json)).await??;
             Ok(())
         }
@@ -444,7 +458,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             client: args,
             command,
         } => {
-            let (client, json) = connect(args, cli.top_url, cli.token, cli.top_json);
+            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json);
             tokio::task::spawn_blocking(move || instances(&client, command, json)).await??;
             Ok(())
         }
@@ -452,7 +466,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             client: args,
             command,
         } => {
-            let (client, json) = connect(args, cli.top_url, cli.token, cli.top_json);
+            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json);
             tokio::task::spawn_blocking(move || schedules(&client, command, json)).await??;
             Ok(())
         }
@@ -645,12 +659,35 @@ fn is_postgres(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
 
+/// The token given (`--token`, `CAIRN_TOKEN`), unless it is empty or blank: such a token
+/// is no token (it would open everything to anyone who sends nothing).
+fn token(given: Option<String>) -> Option<String> {
+    match given {
+        Some(t) if t.trim().is_empty() => {
+            eprintln!("cairn: ignoring an empty token (--token or CAIRN_TOKEN): no token is set");
+            None
+        }
+        given => given,
+    }
+}
+
+/// A lease TTL: a duration in Cloudflare's grammar (`30 seconds`, `2 minutes`) or in
+/// milliseconds, at least a second.
+fn parse_lease_ttl(text: &str) -> Result<std::time::Duration, String> {
+    let ttl = cairn::parse_duration(text).map_err(|e| e.to_string())?;
+    if ttl < std::time::Duration::from_secs(1) {
+        return Err(format!("{text:?} is shorter than a second"));
+    }
+    Ok(ttl)
+}
+
 async fn serve(
     db: String,
     addr: SocketAddr,
     token: Option<String>,
     account_id: Option<String>,
     schedules: bool,
+    lease_ttl: Option<std::time::Duration>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     if !addr.ip().is_loopback() && token.is_none() {
         return Err(format!(
@@ -666,7 +703,11 @@ async fn serve(
     // Before the engine starts, so the engine's metric descriptions reach the recorder.
     let metrics = cairn_server::Metrics::install()?;
     let builder = if is_postgres(&db) {
-        cairn::Engine::builder().postgres(db.clone())
+        let builder = cairn::Engine::builder().postgres(db.clone());
+        match lease_ttl {
+            Some(ttl) => builder.lease_ttl(ttl),
+            None => builder,
+        }
     } else {
         cairn::Engine::builder().sqlite(PathBuf::from(&db))
     };

@@ -91,6 +91,35 @@ fn serve_refuses_a_public_address_without_a_token() {
     );
 }
 
+/// Issue 30 §4: an empty or blank token (flag or environment) is no token: a public address
+/// is refused as without one.
+#[test]
+fn serve_refuses_a_public_address_with_an_empty_or_blank_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cairn"));
+        command
+            .args(["serve", "--addr", "0.0.0.0:0", "--db"])
+            .arg(dir.path().join("cairn.db"))
+            .env_remove("CAIRN_TOKEN");
+        command
+    };
+    let runs = [
+        serve().args(["--token", ""]).output().unwrap(),
+        serve().args(["--token", "  "]).output().unwrap(),
+        serve().env("CAIRN_TOKEN", "").output().unwrap(),
+        serve().env("CAIRN_TOKEN", "\t").output().unwrap(),
+    ];
+    for output in runs {
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("error: refusing to serve on 0.0.0.0:0 without a token"),
+            "{stderr}"
+        );
+    }
+}
+
 /// Runs `cairn ARGS --url http://127.0.0.1:PORT`; returns (success, stdout, stderr).
 fn cairn(port: u16, args: &[&str]) -> (bool, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_cairn"))

@@ -115,6 +115,9 @@ fn build(
     account_id: Option<String>,
     any_host: bool,
 ) -> Router {
+    // An empty or blank token is no token: it would let in anyone who sends nothing (and
+    // log the dashboard in with an empty form), and the loopback-only rule would not apply.
+    let token = token.filter(|t| !t.trim().is_empty());
     let body_timeout = limits.body_timeout;
     let cloudflare = cloudflare::routes()
         .route_layer(axum::middleware::from_fn(cloudflare::check_account))

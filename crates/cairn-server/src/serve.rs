@@ -132,7 +132,7 @@ pub(crate) async fn serve(
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (socket, _peer) = tokio::select! {
+        let (socket, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -145,7 +145,16 @@ pub(crate) async fn serve(
             () = shutdown.as_mut() => break,
         };
         let _ = socket.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        // Handlers that care who is asking (the login's throttle) read the peer's address.
+        let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut request: hyper::Request<hyper::body::Incoming>| {
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                request
+            },
+        ));
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)

@@ -42,10 +42,31 @@ pub(crate) struct Guard {
     /// Outcomes of actions waiting to be shown once (`?flash=<id>`): kept here, not in the
     /// URL, so a link cannot make the dashboard say something it did not.
     flashes: Mutex<HashMap<String, Flash>>,
-    /// Held through a login attempt and the pause after a wrong token: guesses made in
-    /// parallel wait their turn.
-    logins: tokio::sync::Mutex<()>,
+    /// Wrong tokens by client address: each client that guesses wrong waits before its next
+    /// attempt (its own wait, not anyone else's).
+    logins: Mutex<HashMap<Client, Throttle>>,
 }
+
+/// Where a login comes from: the peer's address (its IP: ports change per connection), or
+/// `None` for a request that did not come through a socket (a test's router call).
+type Client = Option<std::net::IpAddr>;
+
+/// A client's wrong logins in a row and when it may try again (on tokio's clock, which a
+/// test can move).
+#[derive(Clone, Copy)]
+struct Throttle {
+    wrong: u32,
+    until: tokio::time::Instant,
+}
+
+/// The wait after a client's first wrong token; it doubles with each one in a row.
+const LOGIN_PAUSE: Duration = Duration::from_secs(1);
+/// The longest wait between a client's attempts.
+const LOGIN_PAUSE_MAX: Duration = Duration::from_secs(60);
+/// A client's count of wrong tokens is forgotten this long after its wait ended.
+const LOGIN_MEMORY: Duration = Duration::from_secs(15 * 60);
+/// The most clients remembered; past it the ones that may try again soonest are forgotten.
+const MAX_THROTTLED: usize = 10_000;
 
 /// An action's outcome in words, and when it was kept.
 type Flash = (Result<String, String>, Instant);
@@ -75,8 +96,50 @@ impl Guard {
             sessions: Mutex::new(HashMap::new()),
             open_csrf: random(),
             flashes: Mutex::new(HashMap::new()),
-            logins: tokio::sync::Mutex::new(()),
+            logins: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// How long `client` must still wait before it may try a token (`None`: it may now).
+    fn login_wait(&self, client: Client) -> Option<Duration> {
+        let logins = self.logins.lock().unwrap_or_else(PoisonError::into_inner);
+        let until = logins.get(&client)?.until;
+        until
+            .checked_duration_since(tokio::time::Instant::now())
+            .filter(|wait| !wait.is_zero())
+    }
+
+    /// Notes a login attempt's result for `client`: a wrong token makes it wait (doubling
+    /// with each one in a row), a right one forgets its count.
+    fn login_tried(&self, client: Client, right: bool) {
+        let mut logins = self.logins.lock().unwrap_or_else(PoisonError::into_inner);
+        if right {
+            logins.remove(&client);
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if logins.len() >= MAX_THROTTLED && !logins.contains_key(&client) {
+            logins.retain(|_, t| t.until + LOGIN_MEMORY > now);
+            if logins.len() >= MAX_THROTTLED
+                && let Some(soonest) = logins.iter().min_by_key(|(_, t)| t.until).map(|(k, _)| *k)
+            {
+                logins.remove(&soonest);
+            }
+        }
+        let wrong = match logins.get(&client) {
+            Some(t) if t.until + LOGIN_MEMORY > now => t.wrong.saturating_add(1),
+            _ => 1,
+        };
+        let pause = LOGIN_PAUSE
+            .saturating_mul(1u32.checked_shl(wrong - 1).unwrap_or(u32::MAX))
+            .min(LOGIN_PAUSE_MAX);
+        logins.insert(
+            client,
+            Throttle {
+                wrong,
+                until: now + pause,
+            },
+        );
     }
 
     /// Keeps `outcome` to be shown once; answers its id.
@@ -314,11 +377,25 @@ pub(crate) struct LoginForm {
 
 pub(crate) async fn login(
     Extension(guard): Extension<Arc<Guard>>,
+    peer: Option<Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     Form(form): Form<LoginForm>,
 ) -> Response {
     let next = safe_next(form.next.as_deref());
-    let _turn = guard.logins.lock().await;
-    match guard.login(&form.token) {
+    let client = peer.map(|Extension(axum::extract::ConnectInfo(addr))| addr.ip().to_canonical());
+    if let Some(wait) = guard.login_wait(client) {
+        let seconds = wait.as_secs_f64().ceil();
+        let mut response = refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("Too many wrong tokens from here; try again in {seconds} s."),
+        );
+        if let Ok(value) = HeaderValue::from_str(&format!("{seconds}")) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        return response;
+    }
+    let session = guard.login(&form.token);
+    guard.login_tried(client, session.is_some());
+    match session {
         Some(id) => {
             let cookie = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict");
             let mut response = Redirect::to(&next).into_response();
@@ -328,8 +405,6 @@ pub(crate) async fn login(
             response
         }
         None => {
-            // A wrong token costs the guesser a second.
-            tokio::time::sleep(Duration::from_secs(1)).await;
             let next: String = form_urlencoded::byte_serialize(next.as_bytes()).collect();
             super::back(
                 &guard,

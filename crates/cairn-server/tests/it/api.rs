@@ -444,6 +444,117 @@ async fn raw_call(
     (status, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
+/// A login posted from `peer` (as the accept loop tells the handlers).
+async fn login_from(router: axum::Router, peer: [u8; 4], token: &str) -> (StatusCode, String) {
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/login")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .extension(axum::extract::ConnectInfo(std::net::SocketAddr::from((
+            peer, 40_000,
+        ))))
+        .body(Body::from(format!("token={token}&next=%2F")))
+        .unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// Issue 30 §4: the dashboard's login throttles each client on its own: thirty wrong
+/// tokens sent at once from one address hold up nobody else's login (they used to wait in
+/// line, a second each), and that address waits, longer with each wrong token in a row.
+#[tokio::test(start_paused = true)]
+async fn wrong_logins_slow_down_their_own_client_and_nobody_else() {
+    let (engine, _dir) = app().await;
+    let router = cairn_server::router_with(engine.clone(), Some("s3cret".into()));
+    let guesses: Vec<_> = (0..30)
+        .map(|_| tokio::spawn(login_from(router.clone(), [10, 0, 0, 1], "guess")))
+        .collect();
+    let before = tokio::time::Instant::now();
+    let (s, _) = login_from(router.clone(), [10, 0, 0, 2], "s3cret").await;
+    assert_eq!(s, StatusCode::SEE_OTHER, "the right token logs in");
+    assert_eq!(
+        tokio::time::Instant::now() - before,
+        std::time::Duration::ZERO,
+        "not held up by another client's guesses"
+    );
+    let mut statuses = Vec::new();
+    for guess in guesses {
+        statuses.push(guess.await.unwrap().0);
+    }
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+            .count(),
+        29,
+        "one guess is checked, the rest wait their client's turn: {statuses:?}"
+    );
+    // The guessing address waits a second, then two, then four...
+    let (s, body) = login_from(router.clone(), [10, 0, 0, 1], "s3cret").await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(body.contains("try again in 1 s"), "{body}");
+    tokio::time::advance(std::time::Duration::from_secs(1)).await;
+    let (s, _) = login_from(router.clone(), [10, 0, 0, 1], "guess").await;
+    assert_eq!(s, StatusCode::SEE_OTHER, "wrong again: back to the form");
+    let (_, body) = login_from(router.clone(), [10, 0, 0, 1], "s3cret").await;
+    assert!(body.contains("try again in 2 s"), "{body}");
+    tokio::time::advance(std::time::Duration::from_secs(2)).await;
+    let (s, _) = login_from(router, [10, 0, 0, 1], "s3cret").await;
+    assert_eq!(
+        s,
+        StatusCode::SEE_OTHER,
+        "the right token, once its wait is over"
+    );
+}
+
+/// Issue 30 §4: an empty or blank token is no token: the server keeps the loopback-only
+/// rule (a request naming another host is refused), an empty bearer opens nothing, and the
+/// dashboard's login does not take an empty token.
+#[tokio::test(start_paused = true)]
+async fn an_empty_or_blank_token_is_no_token() {
+    let (engine, _dir) = app().await;
+    for token in ["", " ", "\t\n"] {
+        let router = || cairn_server::router_with(engine.clone(), Some(token.into()));
+        let (s, body) = raw_call(
+            router(),
+            Method::GET,
+            "/api/workflows",
+            &[("host", "evil.example"), ("authorization", "Bearer ")],
+            "",
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{token:?}: {body}");
+        assert!(body.contains("auth.host"), "{token:?}: {body}");
+        let (s, body) = raw_call(
+            router(),
+            Method::POST,
+            "/login",
+            &[
+                ("host", "evil.example"),
+                ("content-type", "application/x-www-form-urlencoded"),
+            ],
+            "token=&next=%2F",
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{token:?}: the login: {body}");
+        let (s, _) = raw_call(
+            router(),
+            Method::GET,
+            "/login",
+            &[("host", "127.0.0.1:8787")],
+            "",
+        )
+        .await;
+        assert_eq!(
+            s,
+            StatusCode::SEE_OTHER,
+            "{token:?}: no login form without a token"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_configured_token_is_required_on_every_request() {
     let (engine, _dir) = app().await;
