@@ -28,6 +28,23 @@ use serde_json::Value;
 /// The key of the object that holds a byte sequence as base64.
 pub const BYTES_KEY: &str = "$bytes";
 
+/// The character that starts [`BYTES_KEY`]: a user's key (or field, or variant name) that
+/// starts with it is stored with one more in front (`$bytes` as `$$bytes`, `$x` as `$$x`,
+/// `$$y` as `$$$y`), so that no key of theirs reads as a byte sequence, and every one reads
+/// back as it was written.
+const ESCAPE: char = '$';
+
+/// A stored key as its writer wrote it: one [`ESCAPE`] less in front of one that starts
+/// with two. (A key with one in front is written by no one but [`to_string`] for bytes, or
+/// was stored before keys were escaped: it reads as it is.)
+fn unescape(key: &str) -> &str {
+    if key.starts_with("$$") {
+        &key[1..]
+    } else {
+        key
+    }
+}
+
 /// How a byte sequence starts in compact JSON: `{"$bytes":"`.
 const OPEN: &str = "{\"$bytes\":\"";
 /// How it ends.
@@ -54,8 +71,8 @@ pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Result<Value, serde_json::E
 /// # Errors
 /// Malformed JSON, or `T`'s own errors.
 pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, serde_json::Error> {
-    if !text.contains(BYTES_KEY) {
-        // Nothing to read as bytes: decode as before binary values.
+    if !text.contains("\"$") {
+        // No key that starts with `$`: nothing to read as bytes or to unescape.
         return serde_json::from_str(text);
     }
     let mut de = serde_json::Deserializer::from_str(text);
@@ -113,22 +130,87 @@ pub fn has_bytes(json: &str) -> bool {
 #[must_use]
 pub fn view(json: &str) -> Value {
     let mut value = serde_json::from_str(json).unwrap_or(Value::Null);
-    if has_bytes(json) {
+    if shown_differently(json) {
         summarise(&mut value);
     }
     value
 }
 
-/// Shows each byte sequence in `value` as views and logs do: `"[Bytes(<n> bytes)]"`.
+/// Shows stored JSON as views and logs do: each byte sequence as `"[Bytes(<n> bytes)]"`,
+/// every key as its writer wrote it.
 pub fn summarise(value: &mut Value) {
     match value {
         Value::Array(items) => items.iter_mut().for_each(summarise),
         Value::Object(map) => match bytes_len(map) {
             Some(n) => *value = Value::from(format!("[Bytes({n} bytes)]")),
-            None => map.values_mut().for_each(summarise),
+            None => {
+                unescape_keys(map);
+                map.values_mut().for_each(summarise);
+            }
         },
         _ => {}
     }
+}
+
+/// Stored JSON as the HTTP API answers it: every key as its writer wrote it, byte
+/// sequences as stored (`{"$bytes": "<base64>"}`, never a million numbers).
+pub fn external(value: &mut Value) {
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(external),
+        Value::Object(map) if bytes_len(map).is_none() => {
+            unescape_keys(map);
+            map.values_mut().for_each(external);
+        }
+        _ => {}
+    }
+}
+
+/// Whether views show `json` otherwise than it is stored: it may hold a byte sequence or a
+/// key stored escaped.
+#[must_use]
+pub fn shown_differently(json: &str) -> bool {
+    json.contains("\"$")
+}
+
+/// The stored JSON text `json` as a value in [`external`] form.
+///
+/// # Errors
+/// When `json` is not JSON.
+pub fn external_value(json: &str) -> Result<Value, serde_json::Error> {
+    let mut value = serde_json::from_str(json)?;
+    if json.contains("\"$$") {
+        external(&mut value);
+    }
+    Ok(value)
+}
+
+/// [`external`] of the stored JSON text `json`, as text (itself when nothing changes).
+#[must_use]
+pub fn external_text(json: &str) -> std::borrow::Cow<'_, str> {
+    if !json.contains("\"$$") {
+        return std::borrow::Cow::Borrowed(json);
+    }
+    match serde_json::from_str::<Value>(json) {
+        Ok(mut value) => {
+            external(&mut value);
+            std::borrow::Cow::Owned(value.to_string())
+        }
+        Err(_) => std::borrow::Cow::Borrowed(json),
+    }
+}
+
+/// The keys of `map` as their writer wrote them ([`unescape`]), in their order.
+fn unescape_keys(map: &mut serde_json::Map<String, Value>) {
+    if !map.keys().any(|k| k.starts_with("$$")) {
+        return;
+    }
+    *map = std::mem::take(map)
+        .into_iter()
+        .map(|(mut key, value)| {
+            unescape_owned(&mut key);
+            (key, value)
+        })
+        .collect();
 }
 
 /// The number of bytes `map` holds when it is a byte sequence.
@@ -285,7 +367,8 @@ impl<S: Serializer> Serializer for Compact<S> {
         index: u32,
         variant: &'static str,
     ) -> Result<S::Ok, S::Error> {
-        self.0.serialize_unit_variant(name, index, variant)
+        self.0
+            .serialize_unit_variant(name, index, escape_static(variant))
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
         self,
@@ -302,7 +385,7 @@ impl<S: Serializer> Serializer for Compact<S> {
         value: &T,
     ) -> Result<S::Ok, S::Error> {
         self.0
-            .serialize_newtype_variant(name, index, variant, &Compacted(value))
+            .serialize_newtype_variant(name, index, escape_static(variant), &Compacted(value))
     }
     fn serialize_seq(self, len: Option<usize>) -> Result<Seq<S>, S::Error> {
         Ok(Seq::Undecided {
@@ -329,7 +412,7 @@ impl<S: Serializer> Serializer for Compact<S> {
         len: usize,
     ) -> Result<Self::SerializeTupleVariant, S::Error> {
         self.0
-            .serialize_tuple_variant(name, index, variant, len)
+            .serialize_tuple_variant(name, index, escape_static(variant), len)
             .map(Compound)
     }
     fn serialize_map(self, len: Option<usize>) -> Result<Self::SerializeMap, S::Error> {
@@ -350,7 +433,7 @@ impl<S: Serializer> Serializer for Compact<S> {
         len: usize,
     ) -> Result<Self::SerializeStructVariant, S::Error> {
         self.0
-            .serialize_struct_variant(name, index, variant, len)
+            .serialize_struct_variant(name, index, escape_static(variant), len)
             .map(Compound)
     }
     fn is_human_readable(&self) -> bool {
@@ -454,10 +537,10 @@ macro_rules! fields {
                 key: &'static str,
                 value: &T,
             ) -> Result<(), C::Error> {
-                self.0.serialize_field(key, &Compacted(value))
+                self.0.serialize_field(escape_static(key), &Compacted(value))
             }
             fn skip_field(&mut self, key: &'static str) -> Result<(), C::Error> {
-                self.0.skip_field(key)
+                self.0.skip_field(escape_static(key))
             }
             fn end(self) -> Result<C::Ok, C::Error> {
                 self.0.end()
@@ -472,7 +555,7 @@ impl<C: ser::SerializeMap> ser::SerializeMap for Compound<C> {
     type Ok = C::Ok;
     type Error = C::Error;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), C::Error> {
-        self.0.serialize_key(key)
+        self.0.serialize_key(&EscapedKey(key))
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), C::Error> {
         self.0.serialize_value(&Compacted(value))
@@ -482,133 +565,187 @@ impl<C: ser::SerializeMap> ser::SerializeMap for Compound<C> {
     }
 }
 
-/// Whether a sequence's item is a `u8`: `Ok(byte)` for `serialize_u8`, an error for anything
+/// A serializer that looks at a value before any of it is written: it answers for the one
+/// kind of value it looks for, and refuses every other (no side effect either way).
+#[derive(Debug)]
+struct Refused;
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("not what the probe looks for")
+    }
+}
+
+impl std::error::Error for Refused {}
+
+impl ser::Error for Refused {
+    fn custom<T: std::fmt::Display>(_: T) -> Self {
+        Refused
+    }
+}
+
+/// A probe's `Serializer` impl: `$accept` are the methods it answers, every other refuses.
+macro_rules! probe {
+    ($probe:ty, $ok:ty, { $($accept:tt)* }, [$($refused:ident: $ty:ty)*]) => {
+        impl Serializer for $probe {
+            type Ok = $ok;
+            type Error = Refused;
+            type SerializeSeq = ser::Impossible<$ok, Refused>;
+            type SerializeTuple = ser::Impossible<$ok, Refused>;
+            type SerializeTupleStruct = ser::Impossible<$ok, Refused>;
+            type SerializeTupleVariant = ser::Impossible<$ok, Refused>;
+            type SerializeMap = ser::Impossible<$ok, Refused>;
+            type SerializeStruct = ser::Impossible<$ok, Refused>;
+            type SerializeStructVariant = ser::Impossible<$ok, Refused>;
+
+            $($accept)*
+
+            $(
+                fn $refused(self, _: $ty) -> Result<$ok, Refused> {
+                    Err(Refused)
+                }
+            )*
+            fn serialize_none(self) -> Result<$ok, Refused> {
+                Err(Refused)
+            }
+            fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<$ok, Refused> {
+                Err(Refused)
+            }
+            fn serialize_unit(self) -> Result<$ok, Refused> {
+                Err(Refused)
+            }
+            fn serialize_unit_struct(self, _: &'static str) -> Result<$ok, Refused> {
+                Err(Refused)
+            }
+            fn serialize_unit_variant(
+                self,
+                _: &'static str,
+                _: u32,
+                _: &'static str,
+            ) -> Result<$ok, Refused> {
+                Err(Refused)
+            }
+            fn serialize_newtype_struct<T: Serialize + ?Sized>(
+                self,
+                _: &'static str,
+                _: &T,
+            ) -> Result<$ok, Refused> {
+                Err(Refused)
+            }
+            fn serialize_newtype_variant<T: Serialize + ?Sized>(
+                self,
+                _: &'static str,
+                _: u32,
+                _: &'static str,
+                _: &T,
+            ) -> Result<$ok, Refused> {
+                Err(Refused)
+            }
+            fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, Refused> {
+                Err(Refused)
+            }
+            fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Refused> {
+                Err(Refused)
+            }
+            fn serialize_tuple_struct(
+                self,
+                _: &'static str,
+                _: usize,
+            ) -> Result<Self::SerializeTupleStruct, Refused> {
+                Err(Refused)
+            }
+            fn serialize_tuple_variant(
+                self,
+                _: &'static str,
+                _: u32,
+                _: &'static str,
+                _: usize,
+            ) -> Result<Self::SerializeTupleVariant, Refused> {
+                Err(Refused)
+            }
+            fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, Refused> {
+                Err(Refused)
+            }
+            fn serialize_struct(
+                self,
+                _: &'static str,
+                _: usize,
+            ) -> Result<Self::SerializeStruct, Refused> {
+                Err(Refused)
+            }
+            fn serialize_struct_variant(
+                self,
+                _: &'static str,
+                _: u32,
+                _: &'static str,
+                _: usize,
+            ) -> Result<Self::SerializeStructVariant, Refused> {
+                Err(Refused)
+            }
+        }
+    };
+}
+
+/// Whether a sequence's item is a `u8`: `Ok(byte)` for `serialize_u8`, refused for anything
 /// else, before any of it is written.
 struct ByteProbe;
 
-#[derive(Debug)]
-struct NotAByte;
-
-impl std::fmt::Display for NotAByte {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("not a byte")
-    }
-}
-
-impl std::error::Error for NotAByte {}
-
-impl ser::Error for NotAByte {
-    fn custom<T: std::fmt::Display>(_: T) -> Self {
-        NotAByte
-    }
-}
-
-/// `ByteProbe`'s answer to every value but a `u8`.
-macro_rules! not_a_byte {
-    ($($method:ident: $ty:ty)*) => {$(
-        fn $method(self, _: $ty) -> Result<u8, NotAByte> {
-            Err(NotAByte)
-        }
-    )*};
-}
-
-impl Serializer for ByteProbe {
-    type Ok = u8;
-    type Error = NotAByte;
-    type SerializeSeq = ser::Impossible<u8, NotAByte>;
-    type SerializeTuple = ser::Impossible<u8, NotAByte>;
-    type SerializeTupleStruct = ser::Impossible<u8, NotAByte>;
-    type SerializeTupleVariant = ser::Impossible<u8, NotAByte>;
-    type SerializeMap = ser::Impossible<u8, NotAByte>;
-    type SerializeStruct = ser::Impossible<u8, NotAByte>;
-    type SerializeStructVariant = ser::Impossible<u8, NotAByte>;
-
-    fn serialize_u8(self, v: u8) -> Result<u8, NotAByte> {
+probe!(ByteProbe, u8, {
+    fn serialize_u8(self, v: u8) -> Result<u8, Refused> {
         Ok(v)
     }
-    not_a_byte! {
-        serialize_bool: bool serialize_i8: i8 serialize_i16: i16 serialize_i32: i32
-        serialize_i64: i64 serialize_u16: u16 serialize_u32: u32 serialize_u64: u64
-        serialize_f32: f32 serialize_f64: f64 serialize_char: char serialize_str: &str
-        serialize_bytes: &[u8]
+}, [
+    serialize_bool: bool serialize_i8: i8 serialize_i16: i16 serialize_i32: i32
+    serialize_i64: i64 serialize_u16: u16 serialize_u32: u32 serialize_u64: u64
+    serialize_f32: f32 serialize_f64: f64 serialize_char: char serialize_str: &str
+    serialize_bytes: &[u8]
+]);
+
+/// A map key as text, when it is text that must be escaped ([`escape`]): `Ok(Some(key))`;
+/// `Ok(None)` for text that needs nothing; refused for a key that is not text (a number).
+struct KeyProbe;
+
+probe!(KeyProbe, Option<String>, {
+    fn serialize_str(self, v: &str) -> Result<Option<String>, Refused> {
+        Ok(v.starts_with(ESCAPE).then(|| format!("{ESCAPE}{v}")))
     }
-    fn serialize_none(self) -> Result<u8, NotAByte> {
-        Err(NotAByte)
+    fn serialize_char(self, v: char) -> Result<Option<String>, Refused> {
+        Ok((v == ESCAPE).then(|| format!("{ESCAPE}{v}")))
     }
-    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<u8, NotAByte> {
-        Err(NotAByte)
+}, [
+    serialize_bool: bool serialize_i8: i8 serialize_i16: i16 serialize_i32: i32
+    serialize_i64: i64 serialize_u8: u8 serialize_u16: u16 serialize_u32: u32
+    serialize_u64: u64 serialize_f32: f32 serialize_f64: f64 serialize_bytes: &[u8]
+]);
+
+/// A user's map key, written escaped (see [`escape`]).
+struct EscapedKey<'a, T: ?Sized>(&'a T);
+
+impl<T: Serialize + ?Sized> Serialize for EscapedKey<'_, T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0.serialize(KeyProbe) {
+            Ok(Some(escaped)) => serializer.serialize_str(&escaped),
+            _ => self.0.serialize(serializer),
+        }
     }
-    fn serialize_unit(self) -> Result<u8, NotAByte> {
-        Err(NotAByte)
+}
+
+/// A field or variant name, escaped (see [`escape`]): names are few and fixed in the code,
+/// so each escaped one is made once and kept.
+fn escape_static(name: &'static str) -> &'static str {
+    if !name.starts_with(ESCAPE) {
+        return name;
     }
-    fn serialize_unit_struct(self, _: &'static str) -> Result<u8, NotAByte> {
-        Err(NotAByte)
+    static ESCAPED: std::sync::Mutex<Vec<(&str, &str)>> = std::sync::Mutex::new(Vec::new());
+    let mut escaped = ESCAPED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, e)) = escaped.iter().find(|(n, _)| *n == name) {
+        return e;
     }
-    fn serialize_unit_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-    ) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: &T,
-    ) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: &T,
-    ) -> Result<u8, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStruct, NotAByte> {
-        Err(NotAByte)
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, NotAByte> {
-        Err(NotAByte)
-    }
+    let e: &'static str = Box::leak(format!("{ESCAPE}{name}").into_boxed_str());
+    escaped.push((name, e));
+    e
 }
 
 // ---------------------------------------------------------------------------------------
@@ -809,10 +946,11 @@ impl<'de, V: de::Visitor<'de>> de::Visitor<'de> for Reader<V> {
         }
         // Where a sequence or anything will do, an object may be a byte sequence: look at
         // its first key and, if it is `$bytes`, at its value and whether it is the only one.
-        let Some(first) = map.next_key::<String>()? else {
+        let Some(mut first) = map.next_key::<String>()? else {
             return self.visitor.visit_map(Entries::new(map, None));
         };
         if first != BYTES_KEY {
+            unescape_owned(&mut first);
             return self
                 .visitor
                 .visit_map(Entries::new(map, Some((first, None))));
@@ -828,7 +966,10 @@ impl<'de, V: de::Visitor<'de>> de::Visitor<'de> for Reader<V> {
         };
         let Some(bytes) = bytes else {
             let mut entries = Entries::new(map, Some((first, Some(value))));
-            entries.next = second;
+            entries.next = second.map(|mut key| {
+                unescape_owned(&mut key);
+                key
+            });
             return self.visitor.visit_map(entries);
         };
         let total = bytes.len();
@@ -910,9 +1051,23 @@ impl<'de> de::Visitor<'de> for Build {
     }
     fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut object = serde_json::Map::new();
+        let mut escaped = false;
         while let Some(key) = map.next_key::<String>()? {
             let value = map.next_value_seed(Build)?;
+            escaped |= key.starts_with("$$");
             object.insert(key, value);
+        }
+        if escaped {
+            // A user's keys, as they wrote them (never a byte sequence then).
+            return Ok(Value::Object(
+                object
+                    .into_iter()
+                    .map(|(mut key, value)| {
+                        unescape_owned(&mut key);
+                        (key, value)
+                    })
+                    .collect(),
+            ));
         }
         Ok(match bytes_of(&object) {
             Some(bytes) => Value::Array(bytes.into_iter().map(Value::from).collect()),
@@ -1001,7 +1156,7 @@ impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Entries<A> {
         if let Some(key) = self.next.take() {
             return seed.deserialize(key.into_deserializer()).map(Some);
         }
-        self.map.next_key_seed(seed)
+        self.map.next_key_seed(KeySeed(seed))
     }
 
     fn next_value_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value, A::Error> {
@@ -1019,6 +1174,156 @@ impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Entries<A> {
     }
 }
 
+/// [`unescape`] in place.
+fn unescape_owned(key: &mut String) {
+    if key.starts_with("$$") {
+        key.remove(0);
+    }
+}
+
+/// A seed for a map key or a variant name, read through [`KeyDe`].
+struct KeySeed<K>(K);
+
+impl<'de, K: DeserializeSeed<'de>> DeserializeSeed<'de> for KeySeed<K> {
+    type Value = K::Value;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<K::Value, D::Error> {
+        self.0.deserialize(KeyDe(deserializer))
+    }
+}
+
+/// A key's deserializer: `D`'s, with the key's text unescaped ([`unescape`]). Keys that are
+/// read as numbers (`HashMap<u32, _>`) go through `D` as they did.
+struct KeyDe<D>(D);
+
+macro_rules! key_forward {
+    ($($method:ident)*) => {$(
+        fn $method<V: de::Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+            self.0.$method(KeyReader(visitor))
+        }
+    )*};
+}
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for KeyDe<D> {
+    type Error = D::Error;
+
+    key_forward! {
+        deserialize_any deserialize_bool deserialize_i8 deserialize_i16 deserialize_i32
+        deserialize_i64 deserialize_i128 deserialize_u8 deserialize_u16 deserialize_u32
+        deserialize_u64 deserialize_u128 deserialize_f32 deserialize_f64 deserialize_char
+        deserialize_str deserialize_string deserialize_bytes deserialize_byte_buf
+        deserialize_option deserialize_unit deserialize_seq deserialize_map
+        deserialize_identifier deserialize_ignored_any
+    }
+
+    fn deserialize_unit_struct<V: de::Visitor<'de>>(
+        self,
+        name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_unit_struct(name, KeyReader(visitor))
+    }
+    fn deserialize_newtype_struct<V: de::Visitor<'de>>(
+        self,
+        name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_newtype_struct(name, KeyReader(visitor))
+    }
+    fn deserialize_tuple<V: de::Visitor<'de>>(
+        self,
+        len: usize,
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_tuple(len, KeyReader(visitor))
+    }
+    fn deserialize_tuple_struct<V: de::Visitor<'de>>(
+        self,
+        name: &'static str,
+        len: usize,
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0
+            .deserialize_tuple_struct(name, len, KeyReader(visitor))
+    }
+    fn deserialize_struct<V: de::Visitor<'de>>(
+        self,
+        name: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_struct(name, fields, KeyReader(visitor))
+    }
+    fn deserialize_enum<V: de::Visitor<'de>>(
+        self,
+        name: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_enum(name, variants, KeyReader(visitor))
+    }
+    fn is_human_readable(&self) -> bool {
+        self.0.is_human_readable()
+    }
+}
+
+/// A key's visitor: text is handed on unescaped, everything else as it is.
+struct KeyReader<V>(V);
+
+macro_rules! key_visit {
+    ($($method:ident: $ty:ty)*) => {$(
+        fn $method<E: de::Error>(self, v: $ty) -> Result<V::Value, E> {
+            self.0.$method(v)
+        }
+    )*};
+}
+
+impl<'de, V: de::Visitor<'de>> de::Visitor<'de> for KeyReader<V> {
+    type Value = V::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.expecting(f)
+    }
+
+    key_visit! {
+        visit_bool: bool visit_i8: i8 visit_i16: i16 visit_i32: i32 visit_i64: i64
+        visit_i128: i128 visit_u8: u8 visit_u16: u16 visit_u32: u32 visit_u64: u64
+        visit_u128: u128 visit_f32: f32 visit_f64: f64 visit_char: char
+        visit_bytes: &[u8] visit_borrowed_bytes: &'de [u8] visit_byte_buf: Vec<u8>
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<V::Value, E> {
+        self.0.visit_str(unescape(v))
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<V::Value, E> {
+        self.0.visit_borrowed_str(unescape(v))
+    }
+    fn visit_string<E: de::Error>(self, mut v: String) -> Result<V::Value, E> {
+        unescape_owned(&mut v);
+        self.0.visit_string(v)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<V::Value, E> {
+        self.0.visit_none()
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<V::Value, E> {
+        self.0.visit_unit()
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
+        self.0.visit_some(d)
+    }
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
+        self.0.visit_newtype_struct(d)
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<V::Value, A::Error> {
+        self.0.visit_seq(seq)
+    }
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+        self.0.visit_map(map)
+    }
+    fn visit_enum<A: de::EnumAccess<'de>>(self, data: A) -> Result<V::Value, A::Error> {
+        self.0.visit_enum(data)
+    }
+}
+
 /// An enum's variant, its content read through [`Expanded`].
 struct Variant<A>(A);
 
@@ -1031,7 +1336,7 @@ impl<'de, A: de::EnumAccess<'de>> de::EnumAccess<'de> for Variant<A> {
         seed: S,
     ) -> Result<(S::Value, Self::Variant), A::Error> {
         self.0
-            .variant_seed(seed)
+            .variant_seed(KeySeed(seed))
             .map(|(v, rest)| (v, Variant(rest)))
     }
 }
@@ -1398,14 +1703,106 @@ mod tests {
         assert_eq!(from_str::<Flat>(&json).expect("decodes"), flat);
     }
 
+    /// Issue 30 §3: a user's JSON with a `$bytes` key (or any key starting with `$`) is
+    /// theirs: it comes back exactly as it went in, typed or untyped, never as bytes.
     #[test]
-    fn a_value_holding_bytes_is_written_again_unchanged() {
-        let value = to_value(&vec![1u8, 2, 3]).expect("value");
-        assert_eq!(to_value(&value).expect("value"), value);
-        assert_eq!(to_string(&value).expect("encodes"), r#"{"$bytes":"AQID"}"#);
+    fn a_users_value_with_a_dollar_bytes_key_comes_back_exactly_as_it_went_in() {
+        let value = serde_json::json!({"$bytes": "aGk="});
+        let json = to_string(&value).expect("encodes");
+        assert_eq!(json, r#"{"$$bytes":"aGk="}"#, "stored with one more $");
+        assert_eq!(from_str::<Value>(&json).expect("decodes"), value);
         assert_eq!(
-            from_value::<Vec<u8>>(&value).expect("decodes"),
-            vec![1, 2, 3]
+            from_value::<Value>(&to_value(&value).expect("value")).expect("decodes"),
+            value
+        );
+        assert_eq!(size(&json), json.len(), "no bytes to discount");
+        let nested = serde_json::json!({
+            "$x": 1, "$$y": [{"$bytes": "AQID", "k": 2}], "$": {"$bytes": "AQID"},
+            "plain": {"$bytes": [1, 2]}, "s": "$bytes"
+        });
+        let json = to_string(&nested).expect("encodes");
+        assert_eq!(from_str::<Value>(&json).expect("decodes"), nested);
+        assert_eq!(view(&json), nested, "views show the keys as written");
+        let mut answered: Value = serde_json::from_str(&json).expect("json");
+        external(&mut answered);
+        assert_eq!(answered, nested, "the HTTP form");
+        assert_eq!(external_text(&json), nested.to_string());
+        // Typed: a map, a struct whose field is named `$bytes`, an enum variant.
+        let map: BTreeMap<String, String> = from_str(&to_string(&value).expect("e")).expect("d");
+        assert_eq!(map["$bytes"], "aGk=");
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Odd {
+            #[serde(rename = "$bytes")]
+            bytes: String,
+        }
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        enum Tagged {
+            #[serde(rename = "$v")]
+            V(u8),
+            #[serde(rename = "$u")]
+            U,
+        }
+        let odd = Odd {
+            bytes: "aGk=".into(),
+        };
+        let json = to_string(&odd).expect("encodes");
+        assert_eq!(from_str::<Odd>(&json).expect("decodes"), odd);
+        assert_eq!(
+            from_str::<Value>(&json).expect("decodes"),
+            serde_json::json!({"$bytes": "aGk="})
+        );
+        for tagged in [Tagged::V(7), Tagged::U] {
+            let json = to_string(&tagged).expect("encodes");
+            assert_eq!(
+                from_str::<Tagged>(&json).expect("decodes"),
+                tagged,
+                "{json}"
+            );
+        }
+        // Keys read as numbers still are.
+        let numbered: BTreeMap<u32, u8> = [(1, 2), (3, 4)].into();
+        let json = to_string(&numbered).expect("encodes");
+        assert_eq!(from_str::<BTreeMap<u32, u8>>(&json).expect("d"), numbered);
+    }
+
+    /// Byte sequences stay bytes next to such keys, and old rows (keys stored before they
+    /// were escaped) read as they did.
+    #[test]
+    fn bytes_beside_escaped_keys_and_old_rows() {
+        let mixed: BTreeMap<String, Vec<u8>> = [
+            ("$bytes".to_owned(), vec![1, 2, 3]),
+            ("$x".to_owned(), vec![4]),
+        ]
+        .into();
+        let json = to_string(&mixed).expect("encodes");
+        assert_eq!(
+            json,
+            r#"{"$$bytes":{"$bytes":"AQID"},"$$x":{"$bytes":"BA=="}}"#
+        );
+        assert_eq!(
+            from_str::<BTreeMap<String, Vec<u8>>>(&json).expect("d"),
+            mixed
+        );
+        assert_eq!(
+            view(&json),
+            serde_json::json!({"$bytes": "[Bytes(3 bytes)]", "$x": "[Bytes(1 bytes)]"})
+        );
+        let mut external_form: Value = serde_json::from_str(&json).expect("json");
+        external(&mut external_form);
+        assert_eq!(
+            external_form,
+            serde_json::json!({"$bytes": {"$bytes": "AQID"}, "$x": {"$bytes": "BA=="}})
+        );
+        // Written before escaping: `$x` was stored as `$x`.
+        let old = r#"{"$x":1,"$bytes":"AQID"}"#;
+        assert_eq!(
+            from_str::<Value>(old).expect("d"),
+            serde_json::json!({"$x": 1, "$bytes": "AQID"})
+        );
+        assert_eq!(
+            from_value::<Vec<u8>>(&serde_json::json!({"$bytes": "AQID"})).expect("d"),
+            vec![1, 2, 3],
+            "a stored byte sequence held in a Value still reads as bytes"
         );
     }
 
@@ -1448,7 +1845,38 @@ mod tests {
         )
     }
 
+    /// Any JSON value, with keys that start with any number of `$`.
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[a-zA-Z0-9+/=$]{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::btree_map("\\$*(bytes|x|)", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
     proptest::proptest! {
+        /// Issue 30 §3: every JSON value a user stores comes back exactly as it went in.
+        #[test]
+        fn every_json_value_comes_back_exactly(v in json_value()) {
+            let json = to_string(&v).expect("encodes");
+            proptest::prop_assert_eq!(&from_str::<Value>(&json).expect("decodes"), &v);
+            let value = to_value(&v).expect("value");
+            proptest::prop_assert_eq!(&from_value::<Value>(&value).expect("decodes"), &v);
+            let mut shown = serde_json::from_str::<Value>(&json).expect("json");
+            external(&mut shown);
+            proptest::prop_assert_eq!(&shown, &v, "the HTTP form");
+            proptest::prop_assert_eq!(&view(&json), &v, "the views");
+        }
+
         #[test]
         fn anything_round_trips_and_reads_untyped_as_serde_json_wrote_it(v in mixed()) {
             let json = to_string(&v).expect("encodes");

@@ -169,7 +169,7 @@ pub struct AttemptDetails {
 /// A step's output as details show it: byte sequences as their size, the JSON cut at
 /// [`DETAILS_OUTPUT_LIMIT`] bytes.
 fn output_view(json: &str) -> serde_json::Value {
-    if cairn_core::binary::has_bytes(json) {
+    if cairn_core::binary::shown_differently(json) {
         let shown = cairn_core::binary::view(json);
         let text = shown.to_string();
         if text.len() > DETAILS_OUTPUT_LIMIT {
@@ -297,7 +297,8 @@ impl InstanceDetails {
             workflow: record.workflow.to_string(),
             id: record.id.to_string(),
             status: record.status,
-            params: serde_json::from_str(&record.params).unwrap_or(serde_json::Value::Null),
+            params: cairn_core::binary::external_value(&record.params)
+                .unwrap_or(serde_json::Value::Null),
             trigger: match &record.parent {
                 Some(p) => serde_json::json!({
                     "source": "parent",
@@ -320,7 +321,7 @@ impl InstanceDetails {
                 .output
                 .as_deref()
                 .filter(|_| record.status == InstanceStatus::Complete)
-                .and_then(|json| serde_json::from_str(json).ok()),
+                .and_then(|json| cairn_core::binary::external_value(json).ok()),
             steps,
             parent: record.parent.as_ref().map(|p| Relative {
                 workflow: p.workflow.to_string(),

@@ -110,14 +110,15 @@ impl<O: DeserializeOwned> Instance<O> {
         self.status_of(record)
     }
 
-    /// [`Instance::status`] with the output as it is stored: JSON in which byte sequences
-    /// are `{"$bytes": "<base64>"}` (what the HTTP API answers), whatever `O` is.
+    /// [`Instance::status`] with the output as the HTTP API answers it: the JSON as stored,
+    /// in which byte sequences are `{"$bytes": "<base64>"}`, and every key as it was written
+    /// (`cairn_core::binary::external`), whatever `O` is.
     ///
     /// # Errors
     /// As [`Instance::status`].
     pub async fn stored_status(&self) -> Result<Status<serde_json::Value>, Error> {
         let record = self.record().await?;
-        status_from(&self.id, record, |json| serde_json::from_str(json))
+        status_from(&self.id, record, cairn_core::binary::external_value)
     }
 
     fn status_of(&self, record: InstanceRecord) -> Result<Status<O>, Error> {

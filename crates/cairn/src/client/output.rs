@@ -152,7 +152,9 @@ impl<O: DeserializeOwned> Instance<O> {
         if let Some(bytes) = cairn_core::binary::whole_bytes(&json) {
             return Ok(StepOutput::Bytes(bytes));
         }
-        Ok(StepOutput::Json(json))
+        Ok(StepOutput::Json(
+            cairn_core::binary::external_text(&json).into_owned(),
+        ))
     }
 
     /// The bytes this instance's stream steps hold in the store (against

@@ -214,7 +214,7 @@ impl Engine {
     pub async fn create_schedule(&self, schedule: Schedule) -> Result<(), Error> {
         // What every tick would refuse is refused now, not once per tick.
         self.workflow_by_name(schedule.workflow())?
-            .check_params(schedule.params())?;
+            .check_params(schedule.stored_params())?;
         if self.declared(schedule.name()).is_some() {
             return Err(Error::ScheduleExists(schedule.name().to_owned()));
         }
@@ -344,7 +344,7 @@ impl Engine {
         let s = self.schedule_named(schedule).await?;
         let id = s.manual_id(self.clock().now());
         self.workflow_by_name(s.workflow())?
-            .create(crate::client::CreateOptions::new(s.params().clone()).id(id))
+            .create_stored(crate::client::CreateOptions::new(s.stored_params().clone()).id(id))
             .await
     }
 }
@@ -512,8 +512,9 @@ async fn wait_for_overlap(
 async fn fire(engine: &Engine, schedule: &Schedule, tick: Timestamp) -> Result<String, Error> {
     let id = schedule.tick_id(tick);
     let workflow = engine.workflow_by_name(schedule.workflow())?;
-    let options = crate::client::CreateOptions::new(schedule.params().clone()).id(id.clone());
-    match workflow.create(options).await {
+    let options =
+        crate::client::CreateOptions::new(schedule.stored_params().clone()).id(id.clone());
+    match workflow.create_stored(options).await {
         Ok(_) => {
             tracing::debug!(schedule = %schedule.name(), instance = %id, "tick fired");
             Ok(id)

@@ -204,7 +204,7 @@ impl<W: Workflow> WorkflowClient<W> {
         options: CreateOptions<W::Params>,
     ) -> Result<Instance<W::Output>, Error> {
         self.untyped
-            .create(options_to_json(self.untyped.name(), options)?)
+            .create_stored(options_to_json(self.untyped.name(), options)?)
             .await
             .map(Instance::typed)
     }
@@ -222,7 +222,7 @@ impl<W: Workflow> WorkflowClient<W> {
             .into_iter()
             .map(|o| options_to_json(self.untyped.name(), o))
             .collect::<Result<Vec<_>, Error>>()?;
-        let created = self.untyped.create_batch(batch).await?;
+        let created = self.untyped.create_batch_stored(batch).await?;
         Ok(created.into_iter().map(Instance::typed).collect())
     }
 
@@ -239,7 +239,7 @@ impl<W: Workflow> WorkflowClient<W> {
             .into_iter()
             .map(|o| options_to_json(self.untyped.name(), o))
             .collect::<Result<Vec<_>, Error>>()?;
-        let result = self.untyped.create_batch_detailed(batch).await?;
+        let result = self.untyped.create_batch_detailed_stored(batch).await?;
         Ok(BatchCreated {
             created: result.created.into_iter().map(Instance::typed).collect(),
             errors: result.errors,
@@ -411,12 +411,31 @@ impl UntypedWorkflow {
         }
     }
 
-    /// Creates an instance with JSON params (`{}` is Cloudflare's default).
+    /// Creates an instance with JSON params (`{}` is Cloudflare's default). The params are
+    /// stored so that they read back exactly as given, whatever their keys (a `$bytes` key
+    /// is the user's, not a byte sequence).
     ///
     /// # Errors
     /// As [`WorkflowClient::create`], plus [`Error::InvalidParams`] when the params do not
     /// decode as the workflow's `Params`.
     pub async fn create(
+        &self,
+        options: CreateOptions<serde_json::Value>,
+    ) -> Result<Instance, Error> {
+        self.create_stored(self.stored(options)?).await
+    }
+
+    /// `options` with its params in their stored form (`cairn_core::binary`).
+    fn stored(
+        &self,
+        options: CreateOptions<serde_json::Value>,
+    ) -> Result<CreateOptions<serde_json::Value>, Error> {
+        options_to_json(&self.name, options)
+    }
+
+    /// [`UntypedWorkflow::create`] with params already in their stored form (from a typed
+    /// client, a schedule or the simulator, which wrote them with `cairn_core::binary`).
+    pub(crate) async fn create_stored(
         &self,
         options: CreateOptions<serde_json::Value>,
     ) -> Result<Instance, Error> {
@@ -453,6 +472,18 @@ impl UntypedWorkflow {
         &self,
         batch: Vec<CreateOptions<serde_json::Value>>,
     ) -> Result<Vec<Instance>, Error> {
+        let batch = batch
+            .into_iter()
+            .map(|o| self.stored(o))
+            .collect::<Result<Vec<_>, Error>>()?;
+        self.create_batch_stored(batch).await
+    }
+
+    /// [`UntypedWorkflow::create_batch`] with params in their stored form.
+    pub(crate) async fn create_batch_stored(
+        &self,
+        batch: Vec<CreateOptions<serde_json::Value>>,
+    ) -> Result<Vec<Instance>, Error> {
         Self::check_batch_size(batch.len())?;
         let prepared = batch
             .into_iter()
@@ -476,12 +507,36 @@ impl UntypedWorkflow {
         &self,
         batch: Vec<CreateOptions<serde_json::Value>>,
     ) -> Result<BatchCreated<serde_json::Value>, Error> {
+        let batch = batch
+            .into_iter()
+            .map(|o| self.stored(o))
+            .collect::<Vec<_>>();
+        self.create_batch_detailed_results(batch).await
+    }
+
+    /// [`UntypedWorkflow::create_batch_detailed`] with params in their stored form.
+    pub(crate) async fn create_batch_detailed_stored(
+        &self,
+        batch: Vec<CreateOptions<serde_json::Value>>,
+    ) -> Result<BatchCreated<serde_json::Value>, Error> {
+        self.create_batch_detailed_results(batch.into_iter().map(Ok).collect())
+            .await
+    }
+
+    /// The detailed batch, each entry's params stored or why they could not be.
+    async fn create_batch_detailed_results(
+        &self,
+        batch: Vec<Result<CreateOptions<serde_json::Value>, Error>>,
+    ) -> Result<BatchCreated<serde_json::Value>, Error> {
         Self::check_batch_size(batch.len())?;
         let mut errors = Vec::new();
         let mut prepared = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for (i, options) in batch.into_iter().enumerate() {
-            match self.prepare(i, options) {
+            let prepared_one = options
+                .map_err(|e| (None, e))
+                .and_then(|options| self.prepare(i, options));
+            match prepared_one {
                 Ok(p) if !seen.insert(p.id.clone()) => errors.push(BatchError {
                     index: i,
                     id: Some(p.id.to_string()),

@@ -219,7 +219,7 @@ impl Schedule {
     ) -> Result<Schedule, ScheduleError> {
         let params = cairn_core::binary::to_value(&params)
             .map_err(|e| ScheduleError::Params(e.to_string()))?;
-        Schedule::untyped(name, cron, W::NAME, params)
+        Schedule::with_stored_params(name, cron, W::NAME, params)
     }
 
     /// [`Schedule::new`] for a workflow named `workflow` and params given as JSON (what the
@@ -228,6 +228,19 @@ impl Schedule {
     /// # Errors
     /// An invalid name, expression or workflow name.
     pub fn untyped(
+        name: &str,
+        cron: &str,
+        workflow: &str,
+        params: serde_json::Value,
+    ) -> Result<Schedule, ScheduleError> {
+        // Stored so that they read back exactly as given, whatever their keys.
+        let params = cairn_core::binary::to_value(&params)
+            .map_err(|e| ScheduleError::Params(e.to_string()))?;
+        Schedule::with_stored_params(name, cron, workflow, params)
+    }
+
+    /// A schedule whose params are already in their stored form (`cairn_core::binary`).
+    fn with_stored_params(
         name: &str,
         cron: &str,
         workflow: &str,
@@ -328,8 +341,15 @@ impl Schedule {
         )
     }
 
-    /// The params each run gets.
-    pub fn params(&self) -> &serde_json::Value {
+    /// The params each run gets, as they were given.
+    pub fn params(&self) -> serde_json::Value {
+        let mut params = self.params.clone();
+        cairn_core::binary::external(&mut params);
+        params
+    }
+
+    /// The params in their stored form, what each run's create takes.
+    pub(crate) fn stored_params(&self) -> &serde_json::Value {
         &self.params
     }
 
@@ -360,7 +380,7 @@ impl Schedule {
         };
         let params = v.get("params").cloned().unwrap_or_default();
         Ok(
-            Schedule::untyped(name, field("cron")?, field("workflow")?, params)?
+            Schedule::with_stored_params(name, field("cron")?, field("workflow")?, params)?
                 .time_zone(field("timeZone")?)?
                 .overlap(Overlap::parse(field("overlap")?)?)
                 .catch_up(CatchUp::parse(field("catchUp")?)?),

@@ -219,8 +219,9 @@ impl Lifetime {
     }
 
     /// The bytes of the instance's stream chunks, as far as this lifetime knows: what the
-    /// store held at its first look, and what it wrote since (chunks it dropped still
-    /// count: the limit errs on the safe side until the next lifetime looks again). A store
+    /// store held at its first look, and what its streams took in since, written or still
+    /// buffered (chunks it dropped still count: the limit errs on the safe side until the
+    /// next lifetime looks again). A store
     /// that cannot answer stops the run, as a failed commit does.
     pub(crate) async fn stream_storage_used(&self) -> u64 {
         let store = &self.env.store;
@@ -239,8 +240,8 @@ impl Lifetime {
         base.saturating_add(self.stream_written.load(Ordering::SeqCst))
     }
 
-    /// This lifetime stored `bytes` more of stream chunks.
-    pub(crate) fn stream_stored(&self, bytes: u64) {
+    /// A stream of this lifetime took in `bytes` more, to be stored in its chunks.
+    pub(crate) fn stream_taken(&self, bytes: u64) {
         self.stream_written.fetch_add(bytes, Ordering::SeqCst);
     }
 

@@ -190,14 +190,17 @@ where
             .into());
         }
         total += rest.len() as u64;
+        // Counted when taken in, not when its chunk is written: bytes still in a buffer
+        // (this stream's or a parallel one's) count against the limit already.
         let used = state.stream_storage_used().await;
         if used.saturating_add(rest.len() as u64) > limit {
             return Err(NonRetryableError::new(format!(
-                "step {} went over the instance's stream storage limit of {limit} bytes ({used} bytes already stored)",
+                "step {} went over the instance's stream storage limit of {limit} bytes ({used} bytes already stored or taken in)",
                 key.target()
             ))
             .into());
         }
+        state.stream_taken(rest.len() as u64);
         preview.feed(rest);
         while !rest.is_empty() {
             let take = (STREAM_CHUNK - buffer.len()).min(rest.len());
@@ -224,7 +227,6 @@ where
 }
 
 async fn write_chunk(state: &Lifetime, key: &StepKey, attempt: u32, index: u32, data: Vec<u8>) {
-    let len = data.len() as u64;
     state
         .commit(vec![cairn_store::Write::Chunk {
             step: key.clone(),
@@ -234,7 +236,6 @@ async fn write_chunk(state: &Lifetime, key: &StepKey, attempt: u32, index: u32, 
             data,
         }])
         .await;
-    state.stream_stored(len);
 }
 
 /// The first characters of a stream that is UTF-8 throughout, checked as it passes.

@@ -425,7 +425,7 @@ impl Simulation {
             async move {
                 let workflow = engine.workflow_by_name(name.as_str())?;
                 match workflow
-                    .create(crate::client::CreateOptions::new(params).id("sim"))
+                    .create_stored(crate::client::CreateOptions::new(params).id("sim"))
                     .await
                 {
                     // Created by an earlier try whose answer was lost.

@@ -330,69 +330,97 @@ async fn byte_params_and_event_payloads_are_stored_compactly_and_arrive_exactly(
     engine.shutdown().await;
 }
 
+/// Issue 30 §3: a user's JSON that has a `$bytes` key is theirs, in params, a step's
+/// output, an event's payload and the workflow's output: it comes back exactly as it went
+/// in (typed, untyped, in the details and the status the HTTP API answers), never as bytes.
 #[tokio::test(start_paused = true)]
-async fn bytes_already_written_as_json_are_sent_and_read_as_bytes() {
-    let (engine, _dir) = engine(|b| {
-        b.register(wf(|_, step| async move {
-            let got = step
-                .wait_for_event::<Vec<u8>>("upload", "file")
+async fn a_json_value_with_a_dollar_bytes_key_comes_back_exactly_as_it_went_in() {
+    let (first, _dir) = engine(|b| {
+        b.register(wf(|event, step| async move {
+            let params = event.payload.clone();
+            let out: Value = step
+                .run("echo", move |_| {
+                    let params = params.clone();
+                    async move { Ok(params) }
+                })
                 .await?;
+            let got = step.wait_for_event::<Value>("upload", "file").await?;
+            Ok(json!({ "params": event.payload, "step": out, "event": got.payload }))
+        }))
+    })
+    .await;
+    let value = json!({ "$bytes": "aGk=", "$x": { "$bytes": "AQID" }, "$$y": 1 });
+    let instance = first
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(value.clone()))
+        .await
+        .unwrap();
+    instance.send_event("file", &value).await.unwrap();
+    let status = instance.wait().await.unwrap();
+    let expected = json!({ "params": value, "step": value, "event": value });
+    assert_eq!(status.output, Some(expected.clone()), "{:?}", status.error);
+    assert_eq!(instance.stored_status().await.unwrap().output, Some(expected));
+    let details = instance.details().await.unwrap();
+    assert_eq!(details.params, value);
+    assert_eq!(details.steps[0].output, Some(value.clone()));
+    // A `$bytes` map a client sends is not bytes to a typed reader either.
+    let (engine2, _dir2) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let got = step.wait_for_event::<Vec<u8>>("upload", "file").await?;
             Ok(json!(got.payload))
         }))
     })
     .await;
-    let instance = engine
+    let instance = engine2
         .workflow::<FnWorkflow>()
         .create(CreateOptions::new(json!({})))
         .await
         .unwrap();
-    // A `Value` that holds bytes already (as a client of the HTTP API writes them) is not
-    // written again as a map.
-    let payload = json!({ "$bytes": "AQID" });
-    instance.send_event("file", &payload).await.unwrap();
+    instance
+        .send_event("file", &json!({ "$bytes": "AQID" }))
+        .await
+        .unwrap();
     let status = instance.wait().await.unwrap();
-    assert_eq!(status.output, Some(json!([1, 2, 3])), "{:?}", status.error);
-    engine.shutdown().await;
+    assert!(
+        status
+            .error
+            .is_some_and(|e| e.message.contains("invalid type: map")),
+        "a map, not bytes"
+    );
+    first.shutdown().await;
+    engine2.shutdown().await;
+}
+
+/// A workflow whose output is bytes.
+struct BytesOut;
+
+impl cairn::Workflow for BytesOut {
+    const NAME: &'static str = "test";
+    type Params = Value;
+    type Output = Vec<u8>;
+
+    async fn run(
+        &self,
+        _: cairn::WorkflowEvent<Value>,
+        step: cairn::WorkflowStep,
+    ) -> Result<Vec<u8>, cairn::WorkflowError> {
+        let data: Vec<u8> = step.run("data", |_| async { Ok(pattern(5_000)) }).await?;
+        Ok(data)
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_workflow_output_holding_bytes_is_logged_as_its_size() {
-    let (engine, _dir) = engine(|b| {
-        b.register(wf(|_, step| async move {
-            let data: Vec<u8> = step.run("data", |_| async { Ok(pattern(5_000)) }).await?;
-            // Through the binary encoding, as a typed workflow's output is.
-            Ok(cairn_core_value(&data))
-        }))
-    })
-    .await;
-    let instance = run_to_end(&engine, json!({})).await;
+    let (engine, _dir) = engine(|b| b.register(BytesOut)).await;
+    let instance = engine
+        .workflow::<BytesOut>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(instance.wait().await.unwrap().output, Some(pattern(5_000)));
     let logged = records(&instance, LogKind::WorkflowSuccess).await;
     assert_eq!(logged[0].entry.meta["result"], "[Bytes(5000 bytes)]");
     engine.shutdown().await;
-}
-
-/// `data` as a typed workflow's output is stored.
-fn cairn_core_value(data: &[u8]) -> Value {
-    json!({ "$bytes": base64_encode(data) })
-}
-
-fn base64_encode(data: &[u8]) -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for group in data.chunks(3) {
-        let n = group
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= group.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 #[tokio::test(start_paused = true)]

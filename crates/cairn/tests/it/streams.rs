@@ -244,6 +244,38 @@ async fn a_stream_over_the_instance_storage_limit_fails_the_step_for_good() {
     engine.shutdown().await;
 }
 
+/// Issue 30 §3: the limit counts what a stream has taken in, buffered or written: two items
+/// of 250 KiB under a 300 KiB limit (the second would fill a chunk and leave the rest
+/// buffered) fail the step instead of storing 500 KiB.
+#[tokio::test(start_paused = true)]
+async fn a_stream_whose_buffered_bytes_would_pass_the_storage_limit_fails() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let stream = step
+                .run_stream("produce", |_| async {
+                    Ok(futures::stream::iter(vec![
+                        Ok::<_, std::io::Error>(vec![1u8; 250 << 10]),
+                        Ok(vec![2u8; 250 << 10]),
+                    ]))
+                })
+                .await?;
+            Ok(json!(stream.len()))
+        }))
+        .stream_storage_limit(300 << 10)
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    let error = status.error.expect("the step failed");
+    assert!(
+        error.message.contains("stream storage limit of 307200 bytes"),
+        "{}",
+        error.message
+    );
+    assert!(instance.stream_storage().await.unwrap() <= 300 << 10);
+    engine.shutdown().await;
+}
+
 /// A stream of `text` (or bytes), to see what the views show of it.
 fn shown(payload: Vec<u8>, sensitive: bool) -> FnWorkflow {
     wf(move |_, step| {
