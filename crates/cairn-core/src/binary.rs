@@ -136,6 +136,35 @@ pub fn view(json: &str) -> Value {
     value
 }
 
+/// The most bytes of JSON a log record keeps of a value that is stored whole elsewhere
+/// (an instance's params, in its row): a larger one is shown cut ([`log_view`]), so that
+/// it is not stored twice.
+pub const LOG_VALUE_LIMIT: usize = 4096;
+
+/// The stored JSON `json` as a log record keeps it: as views show it ([`view`]), or, over
+/// [`LOG_VALUE_LIMIT`] bytes, its first bytes and its size in a string.
+#[must_use]
+pub fn log_view(json: &str) -> Value {
+    let shown = view(json);
+    let text = if shown_differently(json) {
+        std::borrow::Cow::Owned(shown.to_string())
+    } else {
+        std::borrow::Cow::Borrowed(json)
+    };
+    if text.len() <= LOG_VALUE_LIMIT {
+        return shown;
+    }
+    let mut end = LOG_VALUE_LIMIT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Value::from(format!(
+        "{}… [truncated: {} bytes]",
+        &text[..end],
+        size(json)
+    ))
+}
+
 /// Shows stored JSON as views and logs do: each byte sequence as `"[Bytes(<n> bytes)]"`,
 /// every key as its writer wrote it.
 pub fn summarise(value: &mut Value) {

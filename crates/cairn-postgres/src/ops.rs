@@ -1140,10 +1140,9 @@ pub(crate) async fn control(
             match step {
                 None => {
                     wipe(tx, b, iid).await?;
-                    let mut params_value: serde_json::Value =
-                        serde_json::from_str(&params).map_err(corrupt)?;
-                    // As a create logs them: byte sequences as their size.
-                    cairn_core::binary::summarise(&mut params_value);
+                    // As a create logs them: byte sequences as their size, cut when large
+                    // (they are stored whole in the row).
+                    let params_value = cairn_core::binary::log_view(&params);
                     log_now(
                         b,
                         instance,

@@ -15,6 +15,10 @@ use crate::db::{corrupt, map_pg};
 
 pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
 
+/// [`INSTANCE_COLUMNS`] for a listing: every column but the params (up to a megabyte each),
+/// which a listing never shows (`"null"` in their place, see `Store::list`).
+const LIST_COLUMNS: &str = "iid, workflow, id, status, 'null'::text, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
+
 fn ts(ms: Option<i64>) -> Option<Timestamp> {
     ms.map(Timestamp::from_millis)
 }
@@ -115,7 +119,7 @@ pub(crate) fn list_sql(q: &ListQuery) -> (String, Vec<SqlArg>) {
     let mut args = filter.args;
     args.push(SqlArg::Int(i64::try_from(q.limit).unwrap_or(i64::MAX)));
     let sql = format!(
-        "SELECT {INSTANCE_COLUMNS} FROM instances WHERE {} ORDER BY iid DESC LIMIT {}",
+        "SELECT {LIST_COLUMNS} FROM instances WHERE {} ORDER BY iid DESC LIMIT {}",
         filter.clause,
         placeholder(args.len())
     );

@@ -17,6 +17,10 @@ use crate::worker::map_sqlite;
 
 pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
 
+/// [`INSTANCE_COLUMNS`] for a listing: every column but the params (up to a megabyte each),
+/// which a listing never shows (`"null"` in their place, see `Store::list`).
+pub(crate) const LIST_COLUMNS: &str = "iid, workflow, id, status, 'null', created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
+
 fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::Corrupt(what.to_string())
 }
@@ -134,7 +138,7 @@ pub(crate) fn list_sql(query: &ListQuery) -> (String, Vec<rusqlite::types::Value
     let filter = query.sql_filter(true, placeholder);
     let limit = placeholder(filter.args.len() + 1);
     let sql = format!(
-        "SELECT {INSTANCE_COLUMNS} FROM instances WHERE {} ORDER BY iid DESC LIMIT {limit}",
+        "SELECT {LIST_COLUMNS} FROM instances WHERE {} ORDER BY iid DESC LIMIT {limit}",
         filter.clause
     );
     let mut args: Vec<_> = values(filter.args).collect();
@@ -1136,10 +1140,9 @@ pub(crate) fn control(
                     ] {
                         exec(sql, &[&iid])?;
                     }
-                    let mut params_value: serde_json::Value =
-                        serde_json::from_str(&params).map_err(corrupt)?;
-                    // As a create logs them: byte sequences as their size.
-                    cairn_core::binary::summarise(&mut params_value);
+                    // As a create logs them: byte sequences as their size, cut when large
+                    // (they are stored whole in the row).
+                    let params_value = cairn_core::binary::log_view(&params);
                     log_now(
                         conn,
                         instance,

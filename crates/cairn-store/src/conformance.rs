@@ -111,6 +111,39 @@ pub async fn create_and_read(store: Arc<dyn Store>) {
     );
 }
 
+/// Issue 30 §3: an instance's params are stored once, in its row: a restart's
+/// `WORKFLOW_QUEUED` record shows them cut when they are large.
+pub async fn a_restart_logs_large_params_cut(store: Arc<dyn Store>) {
+    let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(100_000));
+    let mut new = new_instance("wf", "big");
+    new.params = big.clone();
+    store.create(vec![new]).await.unwrap();
+    store
+        .control(
+            &wf("wf"),
+            &InstanceId::new("big").unwrap(),
+            ControlRequest::Restart {
+                at: T0,
+                from: None,
+                adopt: None,
+            },
+        )
+        .await
+        .unwrap();
+    let record = store
+        .instance(&wf("wf"), &InstanceId::new("big").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.params, big, "the row keeps them whole");
+    let log = store.log(record.instance, 0, 10).await.unwrap();
+    let queued = &log[0].entry;
+    assert_eq!(queued.kind, LogKind::WorkflowQueued);
+    let shown = queued.meta["params"].as_str().expect("cut to a string");
+    assert!(shown.len() < 4_200, "{} bytes", shown.len());
+    assert!(shown.ends_with("[truncated: 100011 bytes]"), "{shown}");
+}
+
 pub async fn ids_are_unique_per_workflow(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
     let out = store
@@ -453,6 +486,8 @@ pub async fn list_is_newest_first_with_filters(store: Arc<dyn Store>) {
         .unwrap();
     let ids: Vec<_> = all.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, ["c", "b", "a"]);
+    // A listing never reads the params (up to a megabyte each): read the instance for them.
+    assert!(all.iter().all(|r| r.params == "null"), "{all:?}");
     let page = store
         .list(ListQuery {
             workflow: Some(wf("wf")),
@@ -1990,6 +2025,7 @@ macro_rules! conformance_tests {
     ($factory:ident) => {
         $crate::conformance_tests!(@cases $factory;
             create_and_read,
+            a_restart_logs_large_params_cut,
             ids_are_unique_per_workflow,
             claim_takes_each_ready_instance_once,
             claim_respects_limit_and_ready_time,
@@ -2043,6 +2079,7 @@ macro_rules! conformance_tests {
     (optional $factory:ident) => {
         $crate::conformance_tests!(@optional $factory;
             create_and_read,
+            a_restart_logs_large_params_cut,
             ids_are_unique_per_workflow,
             claim_takes_each_ready_instance_once,
             claim_respects_limit_and_ready_time,

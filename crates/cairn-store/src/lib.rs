@@ -654,7 +654,9 @@ pub trait Store: Send + Sync + 'static {
         id: &InstanceId,
     ) -> StoreFuture<'_, Option<InstanceRecord>>;
 
-    /// Lists instances, newest first.
+    /// Lists instances, newest first. A listed record carries no params (`params` is
+    /// `"null"`): they can be a megabyte each and no listing shows them; read the instance
+    /// for them.
     fn list(&self, query: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>>;
 
     /// How many instances of `workflow` are in `status`.

@@ -341,10 +341,10 @@ impl UntypedWorkflow {
                 .expect("a UUID is a valid instance id"),
         };
         let fail = |e: Error| (Some(id.to_string()), e);
-        let mut params = options.params;
-        let text = self.check_params(&params).map_err(fail)?;
-        // Logs show byte sequences as their size.
-        cairn_core::binary::summarise(&mut params);
+        let text = self.check_params(&options.params).map_err(fail)?;
+        // The params are stored whole once, in the instance's row; the log shows them (cut
+        // when large), byte sequences as their size.
+        let params = cairn_core::binary::log_view(&text);
         let concurrency = match options.concurrency_key {
             None => None,
             Some(key) => Some(self.concurrency(key).map_err(fail)?),

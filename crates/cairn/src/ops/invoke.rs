@@ -399,7 +399,7 @@ async fn start(
     let id = child_id(state, key);
     let run = state.lease.epoch;
     record.config = config(&workflow, &id, detached, run);
-    let params_value = cairn_core::binary::view(&params);
+    let params_value = cairn_core::binary::log_view(&params);
     let new = NewInstance {
         workflow: workflow.clone(),
         id: id.clone(),

@@ -474,3 +474,34 @@ async fn finished_after_a_restart(
     let instance = engine.workflow::<FnWorkflow>().get(id).await.unwrap();
     (engine, instance)
 }
+
+/// Issue 30 §3: params are stored once, in the instance's row: the `WORKFLOW_QUEUED`
+/// record (created, and restarted) shows large ones cut, and the details and the workflow
+/// get them whole.
+#[tokio::test(start_paused = true)]
+async fn large_params_are_stored_once_and_logged_cut() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|event, _step| async move {
+            Ok(json!(event.payload["text"].as_str().map(str::len)))
+        }))
+    })
+    .await;
+    let params = json!({ "text": "x".repeat(900_000) });
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(params.clone()))
+        .await
+        .unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!(900_000)));
+    assert_eq!(instance.details().await.unwrap().params, params);
+    for _ in 0..2 {
+        let queued = records(&instance, LogKind::WorkflowQueued).await;
+        let shown = queued[0].entry.meta["params"].as_str().expect("cut").to_owned();
+        assert!(shown.len() < 4_200, "the log holds {} bytes", shown.len());
+        assert!(shown.ends_with("[truncated: 900011 bytes]"), "{shown}");
+        instance.restart().await.unwrap();
+        instance.wait().await.unwrap();
+    }
+    engine.shutdown().await;
+}
