@@ -96,6 +96,10 @@ enum Command {
         /// instances up this long after its last renewal. SQLite's leases never expire.
         #[arg(long, env = "CAIRN_LEASE_TTL", value_name = "DURATION", value_parser = parse_lease_ttl)]
         lease_ttl: Option<std::time::Duration>,
+        /// The shortest time between two ticks a schedule may have (default `1 minute`):
+        /// schedules created over the API that would fire more often are refused.
+        #[arg(long, env = "CAIRN_MIN_SCHEDULE_INTERVAL", value_name = "DURATION", value_parser = parse_interval)]
+        min_schedule_interval: Option<std::time::Duration>,
     },
     /// Replay every unfinished instance against the code of this build (the demo
     /// workflows) without running or writing anything, and report where the code no longer
@@ -433,15 +437,20 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             account_id,
             no_schedules,
             lease_ttl,
+            min_schedule_interval,
         } => {
             let _traces = logging::install(log_format, otlp_endpoint.as_deref())?;
+            let engine = EngineSettings {
+                lease_ttl,
+                min_schedule_interval,
+            };
             serve(
                 db,
                 addr,
                 token(cli.token),
                 account_id,
                 !no_schedules,
-                lease_ttl,
+                engine,
             )
             .await
         }
@@ -671,6 +680,30 @@ fn token(given: Option<String>) -> Option<String> {
     }
 }
 
+/// The engine's settings `cairn serve` passes on, when given.
+struct EngineSettings {
+    lease_ttl: Option<std::time::Duration>,
+    min_schedule_interval: Option<std::time::Duration>,
+}
+
+impl EngineSettings {
+    fn apply(&self, builder: cairn::EngineBuilder, postgres: bool) -> cairn::EngineBuilder {
+        let builder = match self.lease_ttl {
+            Some(ttl) if postgres => builder.lease_ttl(ttl),
+            _ => builder,
+        };
+        match self.min_schedule_interval {
+            Some(interval) => builder.min_schedule_interval(interval),
+            None => builder,
+        }
+    }
+}
+
+/// A schedule interval: a duration in Cloudflare's grammar, at least a second.
+fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
+    parse_lease_ttl(text)
+}
+
 /// A lease TTL: a duration in Cloudflare's grammar (`30 seconds`, `2 minutes`) or in
 /// milliseconds, at least a second.
 fn parse_lease_ttl(text: &str) -> Result<std::time::Duration, String> {
@@ -687,7 +720,7 @@ async fn serve(
     token: Option<String>,
     account_id: Option<String>,
     schedules: bool,
-    lease_ttl: Option<std::time::Duration>,
+    settings: EngineSettings,
 ) -> Result<(), Box<dyn std::error::Error>> {
     if !addr.ip().is_loopback() && token.is_none() {
         return Err(format!(
@@ -703,14 +736,11 @@ async fn serve(
     // Before the engine starts, so the engine's metric descriptions reach the recorder.
     let metrics = cairn_server::Metrics::install()?;
     let builder = if is_postgres(&db) {
-        let builder = cairn::Engine::builder().postgres(db.clone());
-        match lease_ttl {
-            Some(ttl) => builder.lease_ttl(ttl),
-            None => builder,
-        }
+        cairn::Engine::builder().postgres(db.clone())
     } else {
         cairn::Engine::builder().sqlite(PathBuf::from(&db))
     };
+    let builder = settings.apply(builder, is_postgres(&db));
     let shown = describe_db(&db);
     let engine = demo::register(builder, schedules)
         .start()

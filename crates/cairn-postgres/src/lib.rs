@@ -671,6 +671,19 @@ impl Store for PostgresStore {
         Box::pin(async move { reads::delete_schedule(&self.reader().await?, &name).await })
     }
 
+    fn fire_tick(
+        &self,
+        tick: cairn_store::ScheduleTick,
+    ) -> StoreFuture<'_, cairn_store::TickFired> {
+        let reply = self.write(Op::FireTick(tick));
+        Box::pin(async move {
+            match reply.await? {
+                Reply::Fired(fired) => Ok(fired),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
     fn changes(&self) -> Option<futures::stream::BoxStream<'static, cairn_store::Changes>> {
         let (sender, _) = self.listener.as_ref()?;
         let receiver = sender.subscribe();

@@ -390,6 +390,64 @@ async fn change_status(
 /// parent's row is locked whatever its status (the update writes it even when it changes
 /// nothing), so a hibernation of the parent either commits first (and is woken here) or
 /// waits for this transaction (and then sees the child ended).
+/// See `Store::fire_tick`. The schedule's row is locked, so engines firing the same tick
+/// take turns, and the second sees the first's.
+pub(crate) async fn fire_tick(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    t: &cairn_store::ScheduleTick,
+) -> R<cairn_store::TickFired> {
+    use cairn_store::TickFired;
+    if t.declared {
+        exec(
+            tx,
+            b,
+            "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
+             VALUES ($1, NULL, FALSE, NULL, $2) ON CONFLICT (name) DO NOTHING",
+            &[&t.schedule, &t.tick.as_millis()],
+        )
+        .await?;
+    }
+    let Some(row) = query_opt(
+        tx,
+        "SELECT generation, last_tick, last_run, deleted FROM schedules WHERE name = $1 FOR UPDATE",
+        &[&t.schedule],
+    )
+    .await?
+    else {
+        return Ok(TickFired::Stale);
+    };
+    let generation: i64 = row.get(0);
+    let last_tick: Option<i64> = row.get(1);
+    let last_run: Option<String> = row.get(2);
+    let deleted: bool = row.get(3);
+    if deleted || u64::try_from(generation).ok() != Some(t.generation) {
+        return Ok(TickFired::Stale);
+    }
+    if let Some(last) = last_tick.filter(|last| *last >= t.tick.as_millis()) {
+        return Ok(TickFired::AlreadyFired {
+            last_tick: Timestamp::from_millis(last),
+            last_run,
+        });
+    }
+    let created = create(tx, b, std::slice::from_ref(&t.instance)).await?;
+    let run = match created.first() {
+        Some(Created::New(_)) => Some(t.instance.id.to_string()),
+        _ => None,
+    };
+    exec(
+        tx,
+        b,
+        "UPDATE schedules SET last_tick = $2, last_run = COALESCE($3, last_run) WHERE name = $1",
+        &[&t.schedule, &t.tick.as_millis(), &run],
+    )
+    .await?;
+    Ok(match created.first() {
+        Some(Created::New(instance)) => TickFired::Fired(*instance),
+        _ => TickFired::Taken,
+    })
+}
+
 /// A child being restarted: its link as [`ParentLink::restarted`] decides from its parent's
 /// row, read under a share lock so that a claim of the parent moving its epoch on is either
 /// seen or waits (adopted by the parent's new run, or detached when the parent has ended).

@@ -351,7 +351,12 @@ pub(crate) async fn create_schedule(
     let st = client
         .prepare_cached(
             "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (name) DO UPDATE SET definition = EXCLUDED.definition,
+                 paused = EXCLUDED.paused, resumed_at = EXCLUDED.resumed_at,
+                 updated_at = EXCLUDED.updated_at, generation = schedules.generation + 1,
+                 last_tick = NULL, last_run = NULL, deleted = FALSE, legacy = FALSE
+             WHERE schedules.deleted",
         )
         .await
         .map_err(map_pg)?;
@@ -381,10 +386,14 @@ pub(crate) async fn set_schedule_state(
          VALUES ($1, NULL, $2, $3, $4) ON CONFLICT (name) DO UPDATE SET
              paused = EXCLUDED.paused,
              resumed_at = COALESCE(EXCLUDED.resumed_at, schedules.resumed_at),
-             updated_at = EXCLUDED.updated_at"
+             updated_at = EXCLUDED.updated_at, definition = NULL,
+             generation = schedules.generation + CASE WHEN schedules.deleted THEN 1 ELSE 0 END,
+             last_tick = CASE WHEN schedules.deleted THEN NULL ELSE schedules.last_tick END,
+             last_run = CASE WHEN schedules.deleted THEN NULL ELSE schedules.last_run END,
+             deleted = FALSE"
     } else {
         "UPDATE schedules SET paused = $2, resumed_at = COALESCE($3, resumed_at), updated_at = $4
-         WHERE name = $1 AND definition IS NOT NULL"
+         WHERE name = $1 AND definition IS NOT NULL AND NOT deleted"
     };
     let st = client.prepare_cached(sql).await.map_err(map_pg)?;
     let written = client
@@ -405,7 +414,9 @@ pub(crate) async fn set_schedule_state(
 pub(crate) async fn schedules(client: &impl GenericClient) -> Result<Vec<StoredSchedule>> {
     let rows = query(
         client,
-        "SELECT name, definition, paused, resumed_at, updated_at FROM schedules ORDER BY name",
+        "SELECT name, definition, paused, resumed_at, updated_at, generation, last_tick,
+             last_run, legacy
+         FROM schedules WHERE NOT deleted ORDER BY name",
         &[],
     )
     .await?;
@@ -417,6 +428,11 @@ pub(crate) async fn schedules(client: &impl GenericClient) -> Result<Vec<StoredS
                 paused: r.try_get(2).map_err(corrupt)?,
                 resumed_at: ts(r.try_get(3).map_err(corrupt)?),
                 updated_at: Timestamp::from_millis(r.try_get(4).map_err(corrupt)?),
+                generation: u64::try_from(r.try_get::<_, i64>(5).map_err(corrupt)?)
+                    .map_err(corrupt)?,
+                last_tick: ts(r.try_get(6).map_err(corrupt)?),
+                last_run: r.try_get(7).map_err(corrupt)?,
+                legacy: r.try_get(8).map_err(corrupt)?,
             })
         })
         .collect()
@@ -424,7 +440,9 @@ pub(crate) async fn schedules(client: &impl GenericClient) -> Result<Vec<StoredS
 
 pub(crate) async fn delete_schedule(client: &impl GenericClient, name: &str) -> Result<bool> {
     let st = client
-        .prepare_cached("DELETE FROM schedules WHERE name = $1")
+        .prepare_cached(
+            "UPDATE schedules SET deleted = TRUE, definition = NULL WHERE name = $1 AND NOT deleted",
+        )
         .await
         .map_err(map_pg)?;
     Ok(client.execute(&st, &[&name]).await.map_err(map_pg)? == 1)

@@ -197,6 +197,15 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (iid, name, count, attempt, epoch, idx)
     );
     ",
+    // 6: what each schedule has fired, stored (as SQLite's migration 14).
+    "
+    ALTER TABLE schedules ADD COLUMN generation BIGINT NOT NULL DEFAULT 1;
+    ALTER TABLE schedules ADD COLUMN last_tick BIGINT;
+    ALTER TABLE schedules ADD COLUMN last_run TEXT;
+    ALTER TABLE schedules ADD COLUMN deleted BOOLEAN NOT NULL DEFAULT FALSE;
+    ALTER TABLE schedules ADD COLUMN legacy BOOLEAN NOT NULL DEFAULT FALSE;
+    UPDATE schedules SET legacy = TRUE;
+    ",
 ];
 
 /// Why the schema could not be brought up to date.

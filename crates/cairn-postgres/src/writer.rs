@@ -87,13 +87,17 @@ pub(crate) enum Op {
         now: Timestamp,
         limit: usize,
     },
+    FireTick(cairn_store::ScheduleTick),
 }
 
 impl Op {
     /// Runs in a transaction of its own: it deletes records, which must not race records
     /// of the same transaction that are only inserted at its end.
     fn alone(&self) -> bool {
-        matches!(self, Op::Control { .. } | Op::Purge { .. })
+        matches!(
+            self,
+            Op::Control { .. } | Op::Purge { .. } | Op::FireTick(_)
+        )
     }
 }
 
@@ -115,6 +119,7 @@ pub(crate) enum Reply {
     Taken(Option<StoredEvent>),
     Control(ControlOutcome),
     Purged(usize),
+    Fired(cairn_store::TickFired),
 }
 
 pub(crate) struct Job {
@@ -166,6 +171,7 @@ async fn run(tx: &Transaction<'_>, b: &mut Batch<'_>, op: &Op) -> Result<Reply, 
             request,
         } => Reply::Control(ops::control(tx, b, workflow, id, request).await?),
         Op::Purge { now, limit } => Reply::Purged(ops::purge(tx, b, *now, *limit).await?),
+        Op::FireTick(tick) => Reply::Fired(ops::fire_tick(tx, b, tick).await?),
     })
 }
 

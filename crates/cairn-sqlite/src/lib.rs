@@ -770,6 +770,13 @@ impl Store for SqliteStore {
         self.write(move |conn| rows::delete_schedule(conn, &name))
     }
 
+    fn fire_tick(
+        &self,
+        tick: cairn_store::ScheduleTick,
+    ) -> StoreFuture<'_, cairn_store::TickFired> {
+        self.write(move |conn| rows::fire_tick(conn, &tick))
+    }
+
     fn close(&self) -> StoreFuture<'_, ()> {
         Box::pin(async {
             SqliteStore::close(self).await;

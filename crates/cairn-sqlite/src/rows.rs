@@ -8,8 +8,8 @@ use cairn_core::{
 };
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
-    ListQuery, NewEvent, NewInstance, ParentLink, Result, ScheduleState, Sent, SqlArg,
-    StatusChange, StoredEvent, StoredSchedule, Timers, Write,
+    ListQuery, NewEvent, NewInstance, ParentLink, Result, ScheduleState, ScheduleTick, Sent,
+    SqlArg, StatusChange, StoredEvent, StoredSchedule, TickFired, Timers, Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
@@ -1361,10 +1361,16 @@ pub(crate) fn reclaim(
 }
 
 pub(crate) fn create_schedule(conn: &Connection, s: &StoredSchedule) -> Result<bool> {
+    // A deleted schedule's row is taken over by the new one, as its next generation.
     let written = conn
         .prepare_cached(
             "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (name) DO NOTHING",
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (name) DO UPDATE SET definition = excluded.definition,
+                 paused = excluded.paused, resumed_at = excluded.resumed_at,
+                 updated_at = excluded.updated_at, generation = generation + 1,
+                 last_tick = NULL, last_run = NULL, deleted = 0, legacy = 0
+             WHERE deleted = 1",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -1388,10 +1394,12 @@ pub(crate) fn set_schedule_state(
         "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
          VALUES (?1, NULL, ?2, ?3, ?4) ON CONFLICT (name) DO UPDATE SET
              paused = excluded.paused, resumed_at = COALESCE(excluded.resumed_at, resumed_at),
-             updated_at = excluded.updated_at"
+             updated_at = excluded.updated_at, definition = NULL,
+             generation = generation + deleted, last_tick = CASE WHEN deleted = 1 THEN NULL ELSE last_tick END,
+             last_run = CASE WHEN deleted = 1 THEN NULL ELSE last_run END, deleted = 0"
     } else {
         "UPDATE schedules SET paused = ?2, resumed_at = COALESCE(?3, resumed_at), updated_at = ?4
-         WHERE name = ?1 AND definition IS NOT NULL"
+         WHERE name = ?1 AND definition IS NOT NULL AND deleted = 0"
     };
     let written = conn
         .prepare_cached(sql)
@@ -1409,7 +1417,9 @@ pub(crate) fn set_schedule_state(
 
 pub(crate) fn schedules(conn: &Connection) -> Result<Vec<StoredSchedule>> {
     conn.prepare_cached(
-        "SELECT name, definition, paused, resumed_at, updated_at FROM schedules ORDER BY name",
+        "SELECT name, definition, paused, resumed_at, updated_at, generation, last_tick,
+             last_run, legacy
+         FROM schedules WHERE deleted = 0 ORDER BY name",
     )
     .and_then(|mut st| {
         st.query_map([], |r| {
@@ -1419,6 +1429,10 @@ pub(crate) fn schedules(conn: &Connection) -> Result<Vec<StoredSchedule>> {
                 paused: r.get(2)?,
                 resumed_at: ts(r.get(3)?),
                 updated_at: Timestamp::from_millis(r.get(4)?),
+                generation: u64::try_from(r.get::<_, i64>(5)?).unwrap_or(0),
+                last_tick: ts(r.get(6)?),
+                last_run: r.get(7)?,
+                legacy: r.get(8)?,
             })
         })?
         .collect()
@@ -1428,8 +1442,60 @@ pub(crate) fn schedules(conn: &Connection) -> Result<Vec<StoredSchedule>> {
 
 pub(crate) fn delete_schedule(conn: &Connection, name: &str) -> Result<bool> {
     let deleted = conn
-        .prepare_cached("DELETE FROM schedules WHERE name = ?1")
+        .prepare_cached(
+            "UPDATE schedules SET deleted = 1, definition = NULL WHERE name = ?1 AND deleted = 0",
+        )
         .and_then(|mut st| st.execute([name]))
         .map_err(map_sqlite)?;
     Ok(deleted == 1)
+}
+
+/// See `Store::fire_tick`.
+pub(crate) fn fire_tick(conn: &Connection, t: &ScheduleTick) -> Result<TickFired> {
+    if t.declared {
+        conn.prepare_cached(
+            "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
+             VALUES (?1, NULL, 0, NULL, ?2) ON CONFLICT (name) DO NOTHING",
+        )
+        .and_then(|mut st| st.execute(params![t.schedule, t.tick.as_millis()]))
+        .map_err(map_sqlite)?;
+    }
+    type Row = (i64, Option<i64>, Option<String>, bool);
+    let row: Option<Row> = conn
+        .prepare_cached(
+            "SELECT generation, last_tick, last_run, deleted FROM schedules WHERE name = ?1",
+        )
+        .and_then(|mut st| {
+            st.query_row([&t.schedule], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
+            .optional()
+        })
+        .map_err(map_sqlite)?;
+    let Some((generation, last_tick, last_run, deleted)) = row else {
+        return Ok(TickFired::Stale);
+    };
+    if deleted || u64::try_from(generation).ok() != Some(t.generation) {
+        return Ok(TickFired::Stale);
+    }
+    if let Some(last) = last_tick.filter(|last| *last >= t.tick.as_millis()) {
+        return Ok(TickFired::AlreadyFired {
+            last_tick: Timestamp::from_millis(last),
+            last_run,
+        });
+    }
+    let created = insert_instance(conn, &t.instance)?;
+    let run = match created {
+        Created::New(_) => Some(t.instance.id.to_string()),
+        Created::AlreadyExists => None,
+    };
+    conn.prepare_cached(
+        "UPDATE schedules SET last_tick = ?2, last_run = COALESCE(?3, last_run) WHERE name = ?1",
+    )
+    .and_then(|mut st| st.execute(params![t.schedule, t.tick.as_millis(), run]))
+    .map_err(map_sqlite)?;
+    Ok(match created {
+        Created::New(instance) => TickFired::Fired(instance),
+        Created::AlreadyExists => TickFired::Taken,
+    })
 }

@@ -283,6 +283,18 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (iid, name, count, attempt, epoch, idx)
     ) WITHOUT ROWID;
     ",
+    // 14: what each schedule has fired, stored (not inferred from instances): its last
+    // tick and run, advanced with the tick's create; a generation per schedule of a name
+    // (a deleted schedule's row stays, `deleted`, so one created again is a new one);
+    // `legacy` rows were written before, and infer their last tick once.
+    "
+    ALTER TABLE schedules ADD COLUMN generation INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE schedules ADD COLUMN last_tick INTEGER;
+    ALTER TABLE schedules ADD COLUMN last_run TEXT;
+    ALTER TABLE schedules ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE schedules ADD COLUMN legacy INTEGER NOT NULL DEFAULT 0;
+    UPDATE schedules SET legacy = 1;
+    ",
 ];
 
 /// Brings the schema up to date.

@@ -1575,6 +1575,121 @@ pub async fn terminating_or_deleting_a_child_wakes_its_parent(store: Arc<dyn Sto
     }
 }
 
+/// Issue 30 §2: a tick fires once, recorded with its instance in one transaction; a later
+/// or equal tick is refused as fired (with what fired), a stale generation changes
+/// nothing, a schedule created again under its name starts afresh as the next generation,
+/// and a tick whose id is taken counts as fired without creating anything.
+pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store>) {
+    let at = |minutes: u64| T0.saturating_add(Duration::from_secs(60 * minutes));
+    let tick = |generation: u64, minutes: u64, declared: bool| {
+        let id = format!("s-{minutes}");
+        crate::ScheduleTick {
+            schedule: "s".into(),
+            generation,
+            tick: at(minutes),
+            declared,
+            instance: new_instance("wf", &id),
+        }
+    };
+    // Declared in code: its row is made at its first tick.
+    let fired = store.fire_tick(tick(1, 1, true)).await.unwrap();
+    assert!(matches!(fired, crate::TickFired::Fired(_)), "{fired:?}");
+    assert_eq!(
+        store.fire_tick(tick(1, 1, true)).await.unwrap(),
+        crate::TickFired::AlreadyFired {
+            last_tick: at(1),
+            last_run: Some("s-1".into())
+        },
+        "once"
+    );
+    assert!(matches!(
+        store.fire_tick(tick(1, 0, true)).await.unwrap(),
+        crate::TickFired::AlreadyFired { .. }
+    ));
+    assert_eq!(
+        store.fire_tick(tick(2, 2, true)).await.unwrap(),
+        crate::TickFired::Stale
+    );
+    let row = store.schedules().await.unwrap().remove(0);
+    assert_eq!(
+        (row.generation, row.last_tick, row.last_run.as_deref()),
+        (1, Some(at(1)), Some("s-1"))
+    );
+    // Deleting the tick's instance changes nothing about what fired.
+    let s1 = InstanceId::new("s-1").unwrap();
+    store
+        .control(&wf("wf"), &s1, ControlRequest::Delete)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.fire_tick(tick(1, 1, true)).await.unwrap(),
+        crate::TickFired::AlreadyFired { .. }
+    ));
+    // An id taken by another instance: the tick counts, nothing is created.
+    store.create(vec![new_instance("wf", "s-3")]).await.unwrap();
+    assert_eq!(
+        store.fire_tick(tick(1, 3, true)).await.unwrap(),
+        crate::TickFired::Taken
+    );
+    assert_eq!(store.schedules().await.unwrap()[0].last_tick, Some(at(3)));
+
+    // A stored schedule, deleted and created again: a new generation, fresh state.
+    let stored = crate::StoredSchedule {
+        name: "api".into(),
+        definition: Some("{}".into()),
+        paused: false,
+        resumed_at: None,
+        updated_at: T0,
+        generation: 0,
+        last_tick: None,
+        last_run: None,
+        legacy: false,
+    };
+    assert!(store.create_schedule(stored.clone()).await.unwrap());
+    let api = |generation: u64, minutes: u64| crate::ScheduleTick {
+        schedule: "api".into(),
+        generation,
+        tick: at(minutes),
+        declared: false,
+        instance: new_instance("wf", &format!("api-{generation}-{minutes}")),
+    };
+    assert!(matches!(
+        store.fire_tick(api(1, 5)).await.unwrap(),
+        crate::TickFired::Fired(_)
+    ));
+    assert!(store.delete_schedule("api").await.unwrap());
+    assert_eq!(
+        store.fire_tick(api(1, 6)).await.unwrap(),
+        crate::TickFired::Stale,
+        "deleted"
+    );
+    assert!(store.create_schedule(stored).await.unwrap());
+    let again = store
+        .schedules()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.name == "api")
+        .unwrap();
+    assert_eq!((again.generation, again.last_tick), (2, None));
+    assert_eq!(
+        store.fire_tick(api(1, 7)).await.unwrap(),
+        crate::TickFired::Stale,
+        "the old generation's runner"
+    );
+    assert!(matches!(
+        store.fire_tick(api(2, 5)).await.unwrap(),
+        crate::TickFired::Fired(_)
+    ));
+    // Not declared and never stored: nothing is made up.
+    let mut ghost = api(1, 1);
+    ghost.schedule = "ghost".into();
+    assert_eq!(
+        store.fire_tick(ghost).await.unwrap(),
+        crate::TickFired::Stale
+    );
+}
+
 pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Store>) {
     let row = |name: &str, definition: Option<&str>, paused: bool| crate::StoredSchedule {
         name: name.into(),
@@ -1582,6 +1697,10 @@ pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Stor
         paused,
         resumed_at: None,
         updated_at: T0,
+        generation: 1,
+        last_tick: None,
+        last_run: None,
+        legacy: false,
     };
     let state =
         |paused: bool, resumed_at: Option<Timestamp>, declared: bool| crate::ScheduleState {
@@ -2057,6 +2176,7 @@ macro_rules! conformance_tests {
             a_parent_hibernating_after_its_child_ended_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,
+            ticks_fire_once_as_stored_state_per_generation,
             a_second_terminate_with_rollback_is_a_no_op,
             a_key_runs_its_limit_at_once_and_frees_slots_by_priority,
             a_slot_is_never_lost_to_an_instance_that_leaves_before_its_claim,
@@ -2111,6 +2231,7 @@ macro_rules! conformance_tests {
             a_parent_hibernating_after_its_child_ended_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,
+            ticks_fire_once_as_stored_state_per_generation,
             a_second_terminate_with_rollback_is_a_no_op,
             a_key_runs_its_limit_at_once_and_frees_slots_by_priority,
             a_slot_is_never_lost_to_an_instance_that_leaves_before_its_claim,

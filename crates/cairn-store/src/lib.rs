@@ -617,6 +617,51 @@ pub struct StoredSchedule {
     pub resumed_at: Option<Timestamp>,
     /// When this row was last written.
     pub updated_at: Timestamp,
+    /// Which schedule of this name it is: a schedule deleted and created again is a new
+    /// one (1 for the first; set by the store, whatever a create passes).
+    pub generation: u64,
+    /// The newest tick fired ([`Store::fire_tick`]): what has fired is stored, not inferred
+    /// from instances (which retention and deletes remove).
+    pub last_tick: Option<Timestamp>,
+    /// The id of the instance that tick started (what the overlap policy looks at).
+    pub last_run: Option<String>,
+    /// Written before ticks were stored: its last tick is to be inferred from its
+    /// instances once.
+    pub legacy: bool,
+}
+
+/// A tick to fire ([`Store::fire_tick`]).
+#[derive(Debug, Clone)]
+pub struct ScheduleTick {
+    /// The schedule's name.
+    pub schedule: String,
+    /// Its generation ([`StoredSchedule::generation`]) as the firing engine knows it.
+    pub generation: u64,
+    /// The tick.
+    pub tick: Timestamp,
+    /// The schedule is declared in code: its state row is created (generation 1) if missing.
+    pub declared: bool,
+    /// The instance the tick starts.
+    pub instance: NewInstance,
+}
+
+/// What [`Store::fire_tick`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TickFired {
+    /// Created the tick's instance and recorded the tick.
+    Fired(InstanceRef),
+    /// Recorded the tick, but its instance's id is taken by another instance (a run of
+    /// another schedule's generation, or one created by hand): nothing was created.
+    Taken,
+    /// This tick or a later one has fired already (another engine): its state.
+    AlreadyFired {
+        /// The newest tick fired.
+        last_tick: Timestamp,
+        /// Its instance.
+        last_run: Option<String>,
+    },
+    /// The schedule is gone, or is another generation now: nothing was written.
+    Stale,
 }
 
 /// A change of a schedule's state ([`Store::set_schedule_state`]).
@@ -843,8 +888,15 @@ pub trait Store: Send + Sync + 'static {
     /// Every stored schedule, by name.
     fn schedules(&self) -> StoreFuture<'_, Vec<StoredSchedule>>;
 
-    /// Deletes the schedule `name`; whether there was one.
+    /// Deletes the schedule `name`; whether there was one. (Its name is remembered, so that a
+    /// schedule created under it later is a new generation.)
     fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool>;
+
+    /// Fires a tick, in one transaction: unless the schedule's stored generation differs
+    /// or a tick as late has fired, creates the tick's instance and records the tick as
+    /// the schedule's last. So each tick fires once across engines and crashes, and what
+    /// has fired does not depend on which instances are kept.
+    fn fire_tick(&self, tick: ScheduleTick) -> StoreFuture<'_, TickFired>;
 
     /// Writes other processes make to this store, as they commit (a hint: see
     /// [`Changes`]). `None` when no other process can write to it (SQLite).

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use cairn_core::Timestamp;
 
+use cairn_store::TickFired;
+
 use crate::client::Instance;
 use crate::engine::runtime::Ticking;
 use crate::engine::schedules::{Overlap, Schedule, due_ticks, last_fired};
@@ -78,11 +80,13 @@ pub struct ScheduleEntry {
     pub paused: bool,
 }
 
-/// What ticks: a schedule, whether it is paused, and since when it runs again.
+/// What ticks: a schedule, whether it is paused, since when it runs again, and which
+/// generation of its name it is (1 for a schedule in code that has no stored state yet).
 struct Wanted {
     schedule: Arc<Schedule>,
     paused: bool,
     resumed_at: Option<Timestamp>,
+    generation: u64,
 }
 
 impl Engine {
@@ -131,6 +135,7 @@ impl Engine {
                     schedule: Arc::clone(s),
                     paused: state.is_some_and(|r| r.paused),
                     resumed_at: state.and_then(|r| r.resumed_at),
+                    generation: state.map_or(1, |r| r.generation),
                 };
                 (s.name().to_owned(), wanted)
             })
@@ -152,6 +157,7 @@ impl Engine {
                         schedule: Arc::new(schedule),
                         paused: row.paused,
                         resumed_at: row.resumed_at,
+                        generation: row.generation,
                     };
                     all.push((row.name.clone(), wanted));
                 }
@@ -180,9 +186,10 @@ impl Engine {
                 continue;
             }
             let version = format!(
-                "{}|{:?}",
+                "{}|{:?}|{}",
                 w.schedule.definition(),
-                w.resumed_at.map(Timestamp::as_millis)
+                w.resumed_at.map(Timestamp::as_millis),
+                w.generation
             );
             keep.insert(name.clone());
             if tasks.get(&name).is_some_and(|t| t.version == version) {
@@ -191,7 +198,7 @@ impl Engine {
             if let Some(old) = tasks.remove(&name) {
                 old.task.abort();
             }
-            let task = tokio::spawn(run(self.clone(), w.schedule, w.resumed_at));
+            let task = tokio::spawn(run(self.clone(), w.schedule, w.resumed_at, w.generation));
             tasks.insert(name, Ticking { version, task });
         }
         tasks.retain(|name, t| {
@@ -218,6 +225,9 @@ impl Engine {
         if self.declared(schedule.name()).is_some() {
             return Err(Error::ScheduleExists(schedule.name().to_owned()));
         }
+        schedule
+            .check(self.clock().now(), self.inner.min_schedule_interval)
+            .map_err(|e| Error::InvalidSchedule(e.to_string()))?;
         let definition = schedule.definition();
         // Stored only if it reads back (a policy the API refuses, set in Rust, would not).
         Schedule::from_definition(schedule.name(), &definition)
@@ -231,6 +241,11 @@ impl Engine {
             // the same name left behind.
             resumed_at: Some(now),
             updated_at: now,
+            // Set by the store: a new generation if the name was used before.
+            generation: 0,
+            last_tick: None,
+            last_run: None,
+            legacy: false,
         };
         if !self.inner.env.store.create_schedule(row).await? {
             return Err(Error::ScheduleExists(schedule.name().to_owned()));
@@ -331,8 +346,8 @@ impl Engine {
         &self,
         schedule: &Schedule,
     ) -> Result<(Option<Timestamp>, Option<Timestamp>), Error> {
-        let last = last_fired(&*self.inner.env.store, schedule).await?;
-        Ok((last, schedule.next_after(self.clock().now())))
+        let fired = fired_so_far(self, schedule).await?;
+        Ok((fired.last_tick, schedule.next_after(self.clock().now())))
     }
 
     /// Starts a run of `schedule` now, outside its ticks (`{schedule}-manual-{time}`): it
@@ -349,25 +364,66 @@ impl Engine {
     }
 }
 
-/// Runs `schedule` until the engine shuts down (or it is paused, changed or deleted: then
-/// the task is aborted). Ticks before `resumed_at` are not caught up.
-async fn run(engine: Engine, schedule: Arc<Schedule>, resumed_at: Option<Timestamp>) {
+/// What a schedule has fired, as stored with its ticks.
+struct Fired {
+    /// Its generation now (`None`: the schedule is gone from the store).
+    generation: Option<u64>,
+    /// The newest tick fired.
+    last_tick: Option<Timestamp>,
+    /// That tick's instance.
+    last_run: Option<String>,
+    /// Inferred from the instances (a schedule whose ticks were not stored yet).
+    inferred: bool,
+}
+
+/// What `schedule` has fired: its stored state, or, for a schedule stored before ticks
+/// were (or declared in code and never stored), the newest tick among its instances, once.
+async fn fired_so_far(engine: &Engine, schedule: &Schedule) -> Result<Fired, Error> {
+    let stored = engine.inner.env.store.schedules().await?;
+    let row = stored.into_iter().find(|r| r.name == schedule.name());
+    let declared = engine.declared(schedule.name()).is_some();
+    match row {
+        Some(row) if !(row.legacy && row.last_tick.is_none()) => Ok(Fired {
+            generation: Some(row.generation),
+            last_tick: row.last_tick,
+            last_run: row.last_run,
+            inferred: false,
+        }),
+        row if row.is_some() || declared => {
+            let last = last_fired(&*engine.inner.env.store, schedule).await?;
+            Ok(Fired {
+                generation: Some(row.map_or(1, |r| r.generation)),
+                last_tick: last,
+                last_run: last.map(|t| schedule.tick_id(t)),
+                inferred: true,
+            })
+        }
+        _ => Ok(Fired {
+            generation: None,
+            last_tick: None,
+            last_run: None,
+            inferred: false,
+        }),
+    }
+}
+
+/// Runs `schedule` (of `generation`) until the engine shuts down (or it is paused, changed
+/// or deleted: then the task is aborted). Ticks before `resumed_at` are not caught up.
+async fn run(
+    engine: Engine,
+    schedule: Arc<Schedule>,
+    resumed_at: Option<Timestamp>,
+    generation: u64,
+) {
     let runtime = Arc::clone(&engine.inner);
     let mut shutdown = runtime.shutdown.subscribe();
     let clock = runtime.env.clock.clone();
     let retry = Duration::from_secs(1);
-    // The oldest tick whose instance, once created, the store still holds: purged ones are
-    // gone (and their ids free), so the store cannot say whether older ticks fired.
-    let retained = runtime
-        .env
-        .retention
-        .iter()
-        .find(|(w, _)| w.as_str() == schedule.workflow())
-        .map_or(Duration::ZERO, |(_, r)| r.success.min(r.error));
-    // Where the schedule stands: ticks after this are still to come.
-    let last = loop {
-        match last_fired(&*runtime.env.store, &schedule).await {
-            Ok(last) => break last,
+    let declared = engine.declared(schedule.name()).is_some();
+    // Where the schedule stands, as stored: ticks after its last are still to come.
+    let fired = loop {
+        match fired_so_far(&engine, &schedule).await {
+            Ok(fired) => break fired,
             Err(e) => {
                 tracing::warn!(schedule = %schedule.name(), error = %e, "reading the schedule's last tick failed; retrying");
                 tokio::select! {
@@ -377,13 +433,26 @@ async fn run(engine: Engine, schedule: Arc<Schedule>, resumed_at: Option<Timesta
             }
         }
     };
-    let after = match last {
-        // Never before `now - retained`: a tick older than that may have fired and been
-        // purged since.
-        Some(last) => last
+    if fired.generation.is_some_and(|g| g != generation) || fired.generation.is_none() && !declared
+    {
+        // Deleted, or created again since this runner was started: the next sync runs the
+        // schedule as it is now.
+        return;
+    }
+    // Inferred from instances, the last tick can be no older than what retention keeps:
+    // older runs are gone, so the store cannot say whether older ticks fired.
+    let retained = runtime
+        .env
+        .retention
+        .iter()
+        .find(|(w, _)| w.as_str() == schedule.workflow())
+        .map_or(Duration::ZERO, |(_, r)| r.success.min(r.error));
+    let after = match fired.last_tick {
+        Some(last) if fired.inferred => last
             .max(clock.now().saturating_sub(retained))
-            // A tick id from a clock ahead of this one does not hold the schedule back.
             .min(clock.now()),
+        // A tick stored by an engine whose clock is ahead does not hold the schedule back.
+        Some(last) => last.min(clock.now()),
         // Never fired: the schedule starts at its next tick. (A tick before now, even
         // within the grace, may be from before the schedule was declared: a server started
         // at 04:00:30 does not run the 04:00 tick of a schedule it has never run.)
@@ -395,7 +464,7 @@ async fn run(engine: Engine, schedule: Arc<Schedule>, resumed_at: Option<Timesta
         None => after,
     };
     // The run the overlap policy looks at: the last tick's, also after a restart.
-    let mut previous: Option<String> = last.map(|t| schedule.tick_id(t));
+    let mut previous: Option<String> = fired.last_run;
     loop {
         let now = clock.now();
         let mut failed = false;
@@ -412,8 +481,21 @@ async fn run(engine: Engine, schedule: Arc<Schedule>, resumed_at: Option<Timesta
                 return;
             }
             if go != Go::Skip {
-                match fire(&engine, &schedule, tick).await {
-                    Ok(id) => previous = Some(id),
+                match fire(&engine, &schedule, generation, declared, tick).await {
+                    Ok(TickFired::Fired(_)) => previous = Some(schedule.tick_id(tick)),
+                    Ok(TickFired::Taken) => {
+                        tracing::warn!(schedule = %schedule.name(), instance = %schedule.tick_id(tick), "a tick's instance id is taken by another instance; the tick counts as fired, nothing was started");
+                    }
+                    Ok(TickFired::AlreadyFired {
+                        last_tick,
+                        last_run,
+                    }) => {
+                        // Another engine fired it (or a later one): go on from there.
+                        previous = last_run;
+                        after = after.max(last_tick.min(now));
+                        continue;
+                    }
+                    Ok(TickFired::Stale) => return,
                     Err(e) => {
                         tracing::warn!(schedule = %schedule.name(), error = %e, "a tick failed to start; retrying");
                         failed = true;
@@ -507,19 +589,25 @@ async fn wait_for_overlap(
     }
 }
 
-/// Creates the instance of `tick`; one that exists already (another engine, or this one
-/// before a crash) is the same tick, fired.
-async fn fire(engine: &Engine, schedule: &Schedule, tick: Timestamp) -> Result<String, Error> {
+/// Fires `tick`: its instance is created in the transaction that records the tick as the
+/// schedule's last, so each tick fires once across engines and crashes, whatever happens to
+/// the instances afterwards.
+async fn fire(
+    engine: &Engine,
+    schedule: &Schedule,
+    generation: u64,
+    declared: bool,
+    tick: Timestamp,
+) -> Result<TickFired, Error> {
     let id = schedule.tick_id(tick);
     let workflow = engine.workflow_by_name(schedule.workflow())?;
     let options =
         crate::client::CreateOptions::new(schedule.stored_params().clone()).id(id.clone());
-    match workflow.create_stored(options).await {
-        Ok(_) => {
-            tracing::debug!(schedule = %schedule.name(), instance = %id, "tick fired");
-            Ok(id)
-        }
-        Err(Error::AlreadyExists { .. }) => Ok(id),
-        Err(e) => Err(e),
+    let fired = workflow
+        .fire_tick(schedule.name(), generation, declared, tick, options)
+        .await?;
+    if matches!(fired, TickFired::Fired(_)) {
+        tracing::debug!(schedule = %schedule.name(), instance = %id, "tick fired");
     }
+    Ok(fired)
 }

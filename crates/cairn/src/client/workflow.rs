@@ -394,12 +394,49 @@ impl UntypedWorkflow {
             .iter()
             .filter(|c| matches!(c, Created::New(_)))
             .count();
+        self.created(new);
+        Ok(prepared.into_iter().zip(created).collect())
+    }
+
+    /// `new` instances were created: counted, and the scheduler and the live views woken.
+    fn created(&self, new: usize) {
         if new > 0 {
             crate::telemetry::created(self.engine.inner.env.seen(), &self.name, new);
             self.engine.inner.env.wake.notify_one();
             self.engine.inner.changed();
         }
-        Ok(prepared.into_iter().zip(created).collect())
+    }
+
+    /// Fires `tick` of the schedule `schedule` (of `generation`): its instance is created
+    /// with `options` (params stored) in the transaction that records the tick
+    /// (`Store::fire_tick`).
+    pub(crate) async fn fire_tick(
+        &self,
+        schedule: &str,
+        generation: u64,
+        declared: bool,
+        tick: cairn_core::Timestamp,
+        options: CreateOptions<serde_json::Value>,
+    ) -> Result<cairn_store::TickFired, Error> {
+        let prepared = self.prepare(0, options).map_err(|(_, e)| e)?;
+        let fired = self
+            .engine
+            .inner
+            .env
+            .store
+            .fire_tick(cairn_store::ScheduleTick {
+                schedule: schedule.to_owned(),
+                generation,
+                tick,
+                declared,
+                instance: prepared.new,
+            })
+            .await?;
+        self.created(usize::from(matches!(
+            fired,
+            cairn_store::TickFired::Fired(_)
+        )));
+        Ok(fired)
     }
 
     fn instance(&self, id: InstanceId) -> Instance {

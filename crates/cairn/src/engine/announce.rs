@@ -316,6 +316,18 @@ impl Store for Announcing {
         self.store.delete_schedule(name)
     }
 
+    fn fire_tick(
+        &self,
+        tick: cairn_store::ScheduleTick,
+    ) -> StoreFuture<'_, cairn_store::TickFired> {
+        let workflow = tick.instance.workflow.clone();
+        self.write(self.store.fire_tick(tick), move |commits, fired| {
+            if let cairn_store::TickFired::Fired(instance) = fired {
+                commits.announce(Some(*instance), Some(&workflow));
+            }
+        })
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         // A child created with the commit: its workflow's streams have its first record.
         let created: Vec<WorkflowName> = writes

@@ -180,6 +180,13 @@ impl Store for Blocking {
         })
     }
 
+    fn fire_tick(
+        &self,
+        tick: cairn_store::ScheduleTick,
+    ) -> StoreFuture<'_, cairn_store::TickFired> {
+        blocking(&self.0, move |s| s.fire_tick(tick))
+    }
+
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
         blocking(&self.0, move |s| s.commit(lease, writes))
     }

@@ -75,6 +75,7 @@ pub struct EngineBuilder {
     concurrency: Vec<(String, concurrency::Concurrency)>,
     lease_ttl: Option<Duration>,
     schedules: Vec<schedules::Schedule>,
+    min_schedule_interval: Duration,
     /// Claims and runs instances (off for an engine opened only to check them).
     claims: bool,
     /// A test's mocks and observers (`cairn::testing`).
@@ -115,6 +116,7 @@ impl Engine {
             concurrency: Vec::new(),
             lease_ttl: None,
             schedules: Vec::new(),
+            min_schedule_interval: schedules::DEFAULT_MIN_INTERVAL,
             claims: true,
             hooks: None,
             store_blocking: false,
@@ -360,6 +362,14 @@ impl EngineBuilder {
         self
     }
 
+    /// The shortest time between two ticks a schedule may have (default a minute): one that
+    /// would fire more often, declared or created over the API, is refused. Lower it (to a
+    /// second at least) for schedules that must run every few seconds.
+    pub fn min_schedule_interval(mut self, interval: Duration) -> Self {
+        self.min_schedule_interval = interval.max(Duration::from_secs(1));
+        self
+    }
+
     /// How long [`Engine::shutdown`] lets attempts in flight finish before it drops them
     /// (default 10 seconds). Zero drops them at once.
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
@@ -420,6 +430,12 @@ impl EngineBuilder {
                     s.name()
                 )));
             }
+            let now = self.clock.as_ref().map_or_else(
+                || cairn_core::Timestamp::from_system_time(std::time::SystemTime::now()),
+                Clock::now,
+            );
+            s.check(now, self.min_schedule_interval)
+                .map_err(|e| Error::InvalidSchedule(e.to_string()))?;
             scheduled.push(Arc::new(s));
         }
         let mut retention: HashMap<WorkflowName, Retention> =
@@ -559,6 +575,7 @@ impl EngineBuilder {
             gauges_refreshed: tokio::sync::Mutex::new(None),
             scheduler: Mutex::new(None),
             schedules: scheduled,
+            min_schedule_interval: self.min_schedule_interval,
             schedule_tasks: Mutex::new(HashMap::new()),
             schedules_sync: tokio::sync::Mutex::new(()),
             concurrency: limits,

@@ -44,6 +44,8 @@ pub(crate) struct Runtime {
     pub(crate) scheduler: Mutex<Option<JoinHandle<()>>>,
     /// The cron schedules declared, and their tasks until shutdown.
     pub(crate) schedules: Vec<Arc<crate::engine::schedules::Schedule>>,
+    /// The shortest time between two ticks a schedule may have.
+    pub(crate) min_schedule_interval: std::time::Duration,
     /// The schedules ticking now (declared in code or stored), by name, until shutdown.
     pub(crate) schedule_tasks: Mutex<HashMap<String, Ticking>>,
     /// Held while the schedules ticking are brought in line with the store's.

@@ -89,6 +89,26 @@ pub enum ScheduleError {
         /// What is known.
         known: &'static str,
     },
+    /// The expression has no tick after now: a date that never comes (`0 0 31 2 *`), or
+    /// only years gone by.
+    #[error("the cron expression {expression:?} never fires: it has no tick after now")]
+    NeverFires {
+        /// The expression.
+        expression: String,
+    },
+    /// Two ticks would come closer together than the engine allows
+    /// ([`crate::EngineBuilder::min_schedule_interval`], a minute by default).
+    #[error(
+        "the cron expression {expression:?} fires every {every:?} at times; the shortest interval allowed is {min:?} (the engine's min_schedule_interval, `cairn serve --min-schedule-interval`)"
+    )]
+    TooFrequent {
+        /// The expression.
+        expression: String,
+        /// The shortest time between two of its ticks.
+        every: Duration,
+        /// The shortest allowed.
+        min: Duration,
+    },
     /// A stored definition that does not read back (written by a newer build?).
     #[error("the stored definition of schedule {name:?} does not read: {reason}")]
     Stored {
@@ -341,6 +361,36 @@ impl Schedule {
         )
     }
 
+    /// Whether the engine can run it from `now`: it has a tick after `now`, and no two of
+    /// its ticks (among the next 500) are closer than `min`.
+    ///
+    /// # Errors
+    /// [`ScheduleError::NeverFires`], [`ScheduleError::TooFrequent`].
+    pub(crate) fn check(&self, now: Timestamp, min: Duration) -> Result<(), ScheduleError> {
+        let Some(mut tick) = self.next_after(now) else {
+            return Err(ScheduleError::NeverFires {
+                expression: self.source.clone(),
+            });
+        };
+        let mut shortest: Option<Duration> = None;
+        for _ in 0..500 {
+            let Some(next) = self.next_after(tick) else {
+                break;
+            };
+            let gap = next.since(tick);
+            shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
+            tick = next;
+        }
+        match shortest {
+            Some(every) if every < min => Err(ScheduleError::TooFrequent {
+                expression: self.source.clone(),
+                every,
+                min,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// The params each run gets, as they were given.
     pub fn params(&self) -> serde_json::Value {
         let mut params = self.params.clone();
@@ -557,6 +607,9 @@ pub(crate) async fn last_fired(
         before = rows.last().map(|r| r.instance);
     }
 }
+
+/// The default shortest time between two ticks of a schedule: a minute.
+pub(crate) const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The ticks in `(after, now]` to fire now: every one on time (within [`GRACE`]), and of
 /// the missed ones, those the catch-up policy keeps.

@@ -456,6 +456,13 @@ impl Store for FaultStore {
         self.read(|| Box::pin(async move { self.inner.delete_schedule(&name).await }))
     }
 
+    fn fire_tick(
+        &self,
+        tick: cairn_store::ScheduleTick,
+    ) -> StoreFuture<'_, cairn_store::TickFired> {
+        self.read(|| self.inner.fire_tick(tick))
+    }
+
     fn close(&self) -> StoreFuture<'_, ()> {
         // Even a crashed engine's store lets go of the database, so the next one opens it.
         self.inner.close()

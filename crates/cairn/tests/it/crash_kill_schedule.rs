@@ -65,6 +65,7 @@ fn child_process_entry_schedule() {
         let engine = crate::support::builder_at(&dir.join("cairn.db"))
             .clock(Clock::system())
             .register(workflow(dir.join("effects.txt")))
+            .min_schedule_interval(Duration::from_secs(1))
             .schedule(schedule())
             .start()
             .await

@@ -153,6 +153,9 @@ impl Store for FailingStore {
     fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
         self.inner.delete_schedule(name)
     }
+    fn fire_tick(&self, t: cairn::store::ScheduleTick) -> StoreFuture<'_, cairn::store::TickFired> {
+        self.inner.fire_tick(t)
+    }
     fn control(
         &self,
         w: &WorkflowName,

@@ -53,6 +53,8 @@ async fn start(path: &Path, at: Timestamp, schedule: Schedule) -> Engine {
     Engine::builder()
         .sqlite(path)
         .clock(Clock::virtual_at(at))
+        // Some of these tests tick every second.
+        .min_schedule_interval(Duration::from_secs(1))
         .register(Tick)
         .register(Long)
         .schedule(schedule)
@@ -629,4 +631,178 @@ async fn a_re_created_schedule_starts_afresh_and_bad_ones_are_refused_at_create(
         .collect();
     assert_eq!(names, ["made"], "nothing refused was stored");
     engine.shutdown().await;
+}
+
+/// Issue 30 §2: which ticks fired is stored with each tick, so deleting a tick's instance
+/// by hand does not make the tick look unfired: a restart does not fire it again.
+#[tokio::test(start_paused = true)]
+async fn deleting_a_ticks_instance_by_hand_does_not_make_the_tick_fire_again() {
+    let (_dir, path) = temp_db();
+    let engine = start(&path, START, every_5_minutes()).await;
+    run_until(&engine, T0.saturating_add(11 * MINUTE)).await;
+    assert_eq!(fired(&engine, "tick", "every5").await, [5, 10]);
+    engine
+        .workflow::<Tick>()
+        .get("every5-20260301001000")
+        .await
+        .unwrap()
+        .delete()
+        .await
+        .unwrap();
+    engine.shutdown().await;
+    drop(engine);
+    let engine = start(&path, T0.saturating_add(12 * MINUTE), every_5_minutes()).await;
+    run_until(&engine, T0.saturating_add(14 * MINUTE)).await;
+    assert_eq!(
+        fired(&engine, "tick", "every5").await,
+        [5],
+        "00:10 fired once; its instance was deleted, not unfired"
+    );
+    let (last, _) = engine.schedule_ticks("every5").await.unwrap();
+    assert_eq!(last, Some(T0.saturating_add(10 * MINUTE)));
+    engine.shutdown().await;
+}
+
+/// Issue 30 §2: a schedule deleted and created again under its name is a new schedule: the
+/// old one's unfinished run does not hold its first tick back (overlap `skip`), and the old
+/// one's last tick is not reported as its own.
+#[tokio::test(start_paused = true)]
+async fn a_schedule_created_again_under_its_name_fires_at_its_next_tick_despite_the_old_ones_run() {
+    let (_dir, path) = temp_db();
+    let engine = start_bare(&path, START).await;
+    let made = || Schedule::untyped("made", "*/5 * * * *", "long", json!({})).unwrap();
+    engine.create_schedule(made()).await.unwrap();
+    run_until(&engine, T0.saturating_add(6 * MINUTE)).await;
+    assert_eq!(
+        fired(&engine, "long", "made").await,
+        [5],
+        "a run that stays"
+    );
+    engine.delete_schedule("made").await.unwrap();
+    engine.create_schedule(made()).await.unwrap();
+    let (last, _) = engine.schedule_ticks("made").await.unwrap();
+    assert_eq!(last, None, "the new schedule has fired nothing yet");
+    run_until(&engine, T0.saturating_add(11 * MINUTE)).await;
+    assert_eq!(fired(&engine, "long", "made").await, [5, 10]);
+    run_until(&engine, T0.saturating_add(16 * MINUTE)).await;
+    assert_eq!(
+        fired(&engine, "long", "made").await,
+        [5, 10],
+        "its own unfinished run makes its next tick skip"
+    );
+    engine.shutdown().await;
+}
+
+/// Issue 30 §2: expressions that never fire (a date that does not exist, a year gone by)
+/// and schedules that would fire more often than once a minute are refused, declared or
+/// created over the API, unless the engine allows shorter intervals.
+#[tokio::test(start_paused = true)]
+async fn schedules_that_never_fire_or_fire_more_than_once_a_minute_are_refused() {
+    let (_dir, path) = temp_db();
+    let engine = start_bare(&path, START).await;
+    for (cron, says) in [
+        ("0 0 31 2 *", "never fires"),
+        ("0 0 0 1 1 * 2020", "never fires"),
+        ("*/30 * * * * *", "fires every 30s"),
+        ("0,10 * * * * *", "fires every 10s"),
+    ] {
+        let schedule = Schedule::untyped("odd", cron, "tick", json!({})).unwrap();
+        let error = engine.create_schedule(schedule).await.unwrap_err();
+        assert_eq!(error.code(), "schedule.invalid", "{cron}");
+        assert!(error.to_string().contains(says), "{cron}: {error}");
+    }
+    assert!(engine.list_schedules().await.unwrap().is_empty());
+    engine.shutdown().await;
+    let declared = |cron: &str| Schedule::new::<Tick>("fast", cron, json!({})).unwrap();
+    let (_dir2, path2) = temp_db();
+    let refused = Engine::builder()
+        .sqlite(&path2)
+        .clock(Clock::virtual_at(START))
+        .register(Tick)
+        .schedule(declared("*/10 * * * * *"))
+        .start()
+        .await
+        .err()
+        .expect("refused at start");
+    assert!(refused.to_string().contains("fires every 10s"), "{refused}");
+    let allowed = Engine::builder()
+        .sqlite(&path2)
+        .clock(Clock::virtual_at(START))
+        .register(Tick)
+        .min_schedule_interval(Duration::from_secs(10))
+        .schedule(declared("*/10 * * * * *"))
+        .start()
+        .await
+        .unwrap();
+    run_until(&allowed, START.saturating_add(Duration::from_secs(31))).await;
+    assert_eq!(
+        allowed
+            .list_instances(Some("tick"), &ListOptions::default())
+            .await
+            .unwrap()
+            .instances
+            .len(),
+        3
+    );
+    allowed.shutdown().await;
+}
+
+/// Issue 30 §2, with two engines on one PostgreSQL database, one 30 s behind the other,
+/// and runs purged as soon as they complete: every tick fires once (the late engine used
+/// to find the purged tick unfired and fire it again).
+#[tokio::test(start_paused = true)]
+async fn a_tick_purged_before_a_late_engine_reaches_it_fires_once() {
+    #[cfg(feature = "postgres")]
+    {
+        if cairn::postgres::test_url().is_none() {
+            return;
+        }
+        let runs: crate::support::Seen<String> = crate::support::Seen::default();
+        struct Counted(crate::support::Seen<String>);
+        impl Workflow for Counted {
+            const NAME: &'static str = "counted";
+            type Params = Value;
+            type Output = ();
+            async fn run(
+                &self,
+                e: WorkflowEvent<Value>,
+                _: WorkflowStep,
+            ) -> Result<(), WorkflowError> {
+                self.0.push(e.instance_id.to_string());
+                Ok(())
+            }
+        }
+        let (_dir, path) = temp_db();
+        let engine_at = |at: Timestamp| {
+            crate::support::builder_on(crate::support::Backend::Postgres, &path)
+                .clock(Clock::virtual_at(at))
+                .register(Counted(runs.clone()))
+                .workflow_retention(
+                    "counted",
+                    cairn::Retention {
+                        success: Duration::ZERO,
+                        error: Duration::ZERO,
+                    },
+                )
+                .schedule(
+                    Schedule::new::<Counted>("each", "* * * * *", json!({}))
+                        .unwrap()
+                        .catch_up(CatchUp::RunAll(100)),
+                )
+                .start()
+        };
+        let ahead = engine_at(START).await.unwrap();
+        let behind = engine_at(START.saturating_sub(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        run_until(&ahead, START.saturating_add(8 * MINUTE + MINUTE / 2)).await;
+        ahead.shutdown().await;
+        behind.shutdown().await;
+        let mut all = runs.all();
+        all.sort();
+        let mut once = all.clone();
+        once.dedup();
+        assert_eq!(all, once, "a tick ran twice");
+        assert!(once.len() >= 8, "{once:?}");
+    }
 }

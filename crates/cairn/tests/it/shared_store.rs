@@ -26,6 +26,8 @@ fn two_builders() -> Option<(
             builder_on(Backend::Postgres, &path)
                 .clock(Clock::system())
                 .lease_ttl(Duration::from_secs(2))
+                // The schedules here tick every second.
+                .min_schedule_interval(Duration::from_secs(1))
         };
         Some((builder(), builder(), dir))
     }

@@ -698,6 +698,9 @@ impl Store for Hooked {
     fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
         hooked!(self, "delete_schedule", self.inner.delete_schedule(name))
     }
+    fn fire_tick(&self, t: cairn::store::ScheduleTick) -> StoreFuture<'_, cairn::store::TickFired> {
+        hooked!(self, "fire_tick", self.inner.fire_tick(t))
+    }
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, cairn::InstanceStatus> {
         hooked!(self, "commit", self.inner.commit(lease, writes))
     }
