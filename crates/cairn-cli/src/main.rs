@@ -87,6 +87,11 @@ enum Command {
         /// wrangler and Cloudflare's SDKs) accept; any when not set.
         #[arg(long, env = "CAIRN_ACCOUNT_ID")]
         account_id: Option<String>,
+        /// Without --account-id, let Cloudflare's destructive routes (`wrangler workflows
+        /// delete`, `instances terminate-all`) act for any account id. By default they need
+        /// the account id configured, so a client pointed here by mistake cannot wipe it.
+        #[arg(long, env = "CAIRN_CLOUDFLARE_ANY_ACCOUNT")]
+        cloudflare_any_account: bool,
         /// Do not run the demo schedule (`greet-hourly`); the workflows stay registered.
         /// For tests that count instances, and quiet demos.
         #[arg(long)]
@@ -435,14 +440,16 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             log_format,
             otlp_endpoint,
             account_id,
+            cloudflare_any_account,
             no_schedules,
             lease_ttl,
             min_schedule_interval,
         } => {
             let _traces = logging::install(log_format, otlp_endpoint.as_deref())?;
-            let engine = EngineSettings {
+            let settings = ServeSettings {
                 lease_ttl,
                 min_schedule_interval,
+                cloudflare_any_account,
             };
             serve(
                 db,
@@ -450,7 +457,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 token(cli.token),
                 account_id,
                 !no_schedules,
-                engine,
+                settings,
             )
             .await
         }
@@ -681,12 +688,13 @@ fn token(given: Option<String>) -> Option<String> {
 }
 
 /// The engine's settings `cairn serve` passes on, when given.
-struct EngineSettings {
+struct ServeSettings {
     lease_ttl: Option<std::time::Duration>,
     min_schedule_interval: Option<std::time::Duration>,
+    cloudflare_any_account: bool,
 }
 
-impl EngineSettings {
+impl ServeSettings {
     fn apply(&self, builder: cairn::EngineBuilder, postgres: bool) -> cairn::EngineBuilder {
         let builder = match self.lease_ttl {
             Some(ttl) if postgres => builder.lease_ttl(ttl),
@@ -720,7 +728,7 @@ async fn serve(
     token: Option<String>,
     account_id: Option<String>,
     schedules: bool,
-    settings: EngineSettings,
+    settings: ServeSettings,
 ) -> Result<(), Box<dyn std::error::Error>> {
     if !addr.ip().is_loopback() && token.is_none() {
         return Err(format!(
@@ -768,8 +776,7 @@ async fn serve(
         }
     );
     // The first Ctrl-C or SIGTERM stops gracefully; a second one exits at once.
-    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
-    let signals = std::sync::Arc::clone(&stop);
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         if next_signal().await.is_err() {
             return;
@@ -778,26 +785,37 @@ async fn serve(
             "cairn: shutting down: ending live streams, finishing requests and the attempts in flight (up to {} s); press Ctrl-C again to exit at once",
             cairn::DEFAULT_DRAIN_TIMEOUT.as_secs()
         );
-        signals.notify_one();
+        stop.send_replace(true);
         if next_signal().await.is_ok() {
             eprintln!("cairn: exiting at once; interrupted attempts are retried at the next start");
             std::process::exit(130);
         }
     });
-    let shutdown = async move { stop.notified().await };
+    let stopped = |mut stopping: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    };
+    let shutdown = stopped(stopping.clone());
     let router = cairn_server::router_with_options(
         engine.clone(),
         cairn_server::Options {
             token,
             metrics: Some(metrics),
             account_id,
+            cloudflare_any_account: settings.cloudflare_any_account,
             ..cairn_server::Options::default()
         },
     );
-    let served = cairn_server::serve_router(listener, router, shutdown).await;
-    out!("cairn: HTTP server stopped; draining the engine");
-    tracing::info!("HTTP server stopped; draining the engine");
-    engine.shutdown().await;
+    // One deadline for both: the requests in progress finish while the engine drains its
+    // attempts in flight (each within the same 10 s), not one after the other.
+    let drain = async {
+        stopped(stopping).await;
+        engine.shutdown().await;
+        tracing::info!("engine drained");
+    };
+    let (served, ()) = tokio::join!(
+        cairn_server::serve_router(listener, router, shutdown),
+        drain
+    );
     tracing::info!("stopped");
     out!("cairn: stopped");
     served.map_err(|e| format!("serve: {e}").into())

@@ -144,8 +144,12 @@ fn json_of(port: u16, args: &[&str]) -> serde_json::Value {
 }
 
 fn until(port: u16, id: &str, status: &str) {
+    until_status(port, "approval", id, status);
+}
+
+fn until_status(port: u16, workflow: &str, id: &str, status: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while json_of(port, &["instances", "describe", "approval", id])["status"] != status {
+    while json_of(port, &["instances", "describe", workflow, id])["status"] != status {
         assert!(Instant::now() < deadline, "{id} never became {status}");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -391,6 +395,57 @@ fn sigterm_stops_serve_even_with_an_open_stream() {
     assert!(
         rest.ends_with("0\r\n\r\n"),
         "the chunked stream ended cleanly: {rest:?}"
+    );
+}
+
+/// Issue 30 §4: the shutdown's "up to 10 s" holds with a request stuck in progress and an
+/// attempt that runs for a minute: one deadline for both, not one after the other.
+#[test]
+fn sigterm_stops_serve_within_one_deadline_for_requests_and_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut server = start(&dir.path().join("cairn.db"), port);
+    cairn(
+        port,
+        &[
+            "workflows",
+            "trigger",
+            "report",
+            r#"{"seconds": 60}"#,
+            "--id",
+            "r",
+        ],
+    );
+    until_status(port, "report", "r", "running");
+    // A request whose body never arrives: in progress until the grace runs out.
+    let mut stuck = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stuck
+        .write_all(
+            b"POST /api/workflows/greet/instances HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let signalled = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = loop {
+        if let Some(exit) = server.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(30),
+            "cairn serve did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = signalled.elapsed();
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "stopping took {took:?}; the announced deadline is 10 s"
     );
 }
 

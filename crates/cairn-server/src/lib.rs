@@ -51,7 +51,14 @@ pub fn router_with(engine: Engine, token: Option<String>) -> Router {
 
 /// [`router_with`], with the body timeout and the cap on live streams of `limits`.
 pub fn router_with_limits(engine: Engine, token: Option<String>, limits: &Limits) -> Router {
-    build(engine, token, limits, None, None, false)
+    router_with_options(
+        engine,
+        Options {
+            token,
+            limits: limits.clone(),
+            ..Options::default()
+        },
+    )
 }
 
 /// [`router_with_limits`], and `GET /metrics` in Prometheus' text format from `metrics`
@@ -68,8 +75,7 @@ pub fn router_with_metrics(
             token,
             limits: limits.clone(),
             metrics: Some(metrics),
-            account_id: None,
-            any_host: false,
+            ..Options::default()
         },
     )
 }
@@ -92,6 +98,10 @@ pub struct Options {
     /// rebinding, cross-site POSTs). Set this only when something in front of the server
     /// authenticates every request.
     pub any_host: bool,
+    /// Let Cloudflare's destructive routes (a workflow's delete, the terminate of all its
+    /// instances) answer without [`Options::account_id`]: by default they need it, so that
+    /// a client pointed here by mistake, with any account id, cannot wipe this server.
+    pub cloudflare_any_account: bool,
 }
 
 /// The API's routes (`/api` and Cloudflare's `/client/v4`) over `engine`, served as
@@ -103,18 +113,9 @@ pub fn router_with_options(engine: Engine, options: Options) -> Router {
         metrics,
         account_id,
         any_host,
+        cloudflare_any_account,
     } = options;
-    build(engine, token, &limits, metrics, account_id, any_host)
-}
-
-fn build(
-    engine: Engine,
-    token: Option<String>,
-    limits: &Limits,
-    metrics: Option<Metrics>,
-    account_id: Option<String>,
-    any_host: bool,
-) -> Router {
+    let limits = &limits;
     // An empty or blank token is no token: it would let in anyone who sends nothing (and
     // log the dashboard in with an empty form), and the loopback-only rule would not apply.
     let token = token.filter(|t| !t.trim().is_empty());
@@ -123,6 +124,7 @@ fn build(
         .route_layer(axum::middleware::from_fn(cloudflare::check_account))
         .layer(axum::Extension(cloudflare::Config {
             account_id,
+            any_account_destroys: cloudflare_any_account,
             started: engine.clock().now(),
             jobs: cloudflare::Jobs::default(),
         }));

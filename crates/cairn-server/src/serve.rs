@@ -78,6 +78,168 @@ impl Limits {
     }
 }
 
+/// A connection whose HTTP-layer rejections are JSON like every other error. hyper answers
+/// a request it cannot parse (headers too large, a NUL in the path, a bad Content-Length)
+/// itself, before any handler runs, with an empty body; this writes such an answer with
+/// the `{code, message}` body instead. Every answer of the routes to a 4xx or 5xx has a JSON
+/// body, so an empty error answer can only be hyper's own.
+struct JsonRejections<T> {
+    io: T,
+    /// The rewritten answer, still to be written, and how much of it was.
+    pending: Option<(Vec<u8>, usize)>,
+}
+
+impl<T> JsonRejections<T> {
+    fn new(io: T) -> Self {
+        JsonRejections { io, pending: None }
+    }
+}
+
+/// hyper's own error answer in `buf` as JSON, if `buf` is one: a whole 4xx/5xx head with an
+/// empty body.
+fn rewritten(buf: &[u8]) -> Option<Vec<u8>> {
+    // Cheap checks first: this runs on every write (bodies of megabytes included).
+    if buf.len() > 1024 || !buf.starts_with(b"HTTP/1.") || !buf.ends_with(b"\r\n\r\n") {
+        return None;
+    }
+    let head = std::str::from_utf8(buf).ok()?;
+    let head = head.strip_suffix("\r\n\r\n")?;
+    let status_line = head.lines().next()?;
+    let mut parts = status_line.splitn(3, ' ');
+    let (version, status) = (parts.next()?, parts.next()?);
+    if !version.starts_with("HTTP/1.") || !matches!(status.as_bytes().first(), Some(b'4' | b'5')) {
+        return None;
+    }
+    let empty = head
+        .lines()
+        .skip(1)
+        .any(|l| l.eq_ignore_ascii_case("content-length: 0"));
+    if !empty || head.contains("\r\n\r\n") {
+        return None;
+    }
+    let (code, message) = match status {
+        "431" => (
+            "request.headers_too_large",
+            "the request's headers are too large or too many",
+        ),
+        "413" => ("payload.too_large", "the request is too large"),
+        "414" => ("request.uri_too_long", "the request's path is too long"),
+        "408" => (
+            "request.timeout",
+            "the request's headers did not arrive in time",
+        ),
+        "505" => (
+            "request.version",
+            "this server speaks HTTP/1.1 (and HTTP/1.0)",
+        ),
+        _ => (
+            "request.malformed",
+            "the request is not valid HTTP: a malformed request line, path (a NUL or space), header or Content-Length",
+        ),
+    };
+    let body = serde_json::json!({ "code": code, "message": message }).to_string();
+    let mut out = format!("{status_line}\r\n");
+    for line in head.lines().skip(1) {
+        if !line.to_ascii_lowercase().starts_with("content-length:") {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str(&format!(
+        "content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    Some(out.into_bytes())
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> JsonRejections<T> {
+    /// Writes what is pending; ready once nothing is.
+    fn poll_pending(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        while let Some((bytes, written)) = &mut self.pending {
+            let n = std::task::ready!(
+                std::pin::Pin::new(&mut self.io).poll_write(cx, &bytes[*written..])
+            )?;
+            if n == 0 {
+                return std::task::Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+            }
+            *written += n;
+            if *written == bytes.len() {
+                self.pending = None;
+            }
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for JsonRejections<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for JsonRejections<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_pending(cx))?;
+        if let Some(json) = rewritten(buf) {
+            this.pending = Some((json, 0));
+            // Taken whole: it goes out as JSON, before anything written after it.
+            return std::task::Poll::Ready(Ok(buf.len()));
+        }
+        std::pin::Pin::new(&mut this.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_pending(cx))?;
+        let mut filled = bufs.iter().filter(|b| !b.is_empty());
+        if let (Some(only), None) = (filled.next(), filled.next())
+            && let Some(json) = rewritten(only)
+        {
+            this.pending = Some((json, 0));
+            return std::task::Poll::Ready(Ok(only.len()));
+        }
+        std::pin::Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_pending(cx))?;
+        std::pin::Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_pending(cx))?;
+        std::pin::Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
 /// Slots for live streams; a stream holds one for as long as it is open.
 #[derive(Clone)]
 pub(crate) struct StreamSlots(pub(crate) Arc<Semaphore>);
@@ -158,7 +320,7 @@ pub(crate) async fn serve(
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
-            .serve_connection(TokioIo::new(socket), service);
+            .serve_connection(TokioIo::new(JsonRejections::new(socket)), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _ = connection.await;

@@ -34,6 +34,9 @@ pub(crate) const PREFIX: &str = "/client/v4";
 pub(crate) struct Config {
     /// The only account id accepted in the path; any, when `None`.
     pub(crate) account_id: Option<String>,
+    /// Without an account id configured, the destructive routes (a workflow's delete, the
+    /// terminate of all its instances) answer anyway: the operator opted in.
+    pub(crate) any_account_destroys: bool,
     pub(crate) started: Timestamp,
     /// The background jobs running (terminate-all, workflow delete), by job and workflow:
     /// one of each per workflow at a time.
@@ -51,6 +54,14 @@ pub(crate) struct Job {
 }
 
 impl Jobs {
+    /// Whether job `key` runs now.
+    pub(crate) fn running(&self, key: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(key)
+    }
+
     /// Starts job `key`; `None` when it runs already.
     fn start(&self, key: String) -> Option<Job> {
         let mut running = self
@@ -159,7 +170,7 @@ pub(crate) fn numeric_code(code: &str, status: StatusCode) -> u32 {
         "instance.not_found" => 10400,
         "route.not_found" => 7000,
         "method.not_allowed" => 7001,
-        "account.not_found" => 7003,
+        "account.not_found" | "account.required" => 7003,
         "auth.unauthorized" => 9109,
         _ if status.is_server_error() => 10001,
         _ => 10002,
@@ -231,6 +242,28 @@ pub(crate) async fn check_account(
         .into_response();
     }
     next.run(req).await
+}
+
+/// The routes that act on every instance of a workflow (its delete, the terminate of all)
+/// answer only where an account id is configured (`cairn serve --account-id`): a client
+/// pointed at the wrong server by mistake, with any account id, must not wipe it. An
+/// operator may opt out (`--cloudflare-any-account`).
+fn destructive(config: &Config, what: &str) -> CfResult<()> {
+    if config.account_id.is_some() || config.any_account_destroys {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        "account.required",
+        format!(
+            "{what} needs this server's account id: start cairn serve with --account-id ID (and use that id), or allow any with --cloudflare-any-account"
+        ),
+    ))
+}
+
+/// The job key of a workflow's terminate-all.
+pub(crate) fn terminate_job(name: &str) -> String {
+    format!("terminate {name}")
 }
 
 fn workflow(engine: &Engine, name: &str) -> CfResult<UntypedWorkflow> {
@@ -352,47 +385,76 @@ async fn put_workflow(
     Ok(ok(shape))
 }
 
-/// `DELETE`: deletes every instance of the workflow (in the background, as Cloudflare's
-/// does); its code stays registered, so new instances can be created at once. A delete
-/// that finds ids it cannot delete stops there (the next `DELETE` tries again).
+/// `DELETE`: deletes every instance of the workflow; its code stays registered, so new
+/// instances can be created at once. It answers once they are all deleted (200), or, past
+/// [`DESTROY_WAIT`], 202 while it goes on in the background (the workflow's `instances`
+/// counts show the progress). A delete that finds ids it cannot delete stops there and
+/// says so (the next `DELETE` tries again).
 async fn delete_workflow(
     State(engine): State<Engine>,
     Extension(config): Extension<Config>,
     Path((_, name)): Path<(String, String)>,
 ) -> CfResult<Response> {
+    destructive(&config, "deleting every instance of a workflow")?;
     let workflow = workflow(&engine, &name)?;
     let Some(job) = config.jobs.start(format!("delete {name}")) else {
-        return Ok(ok(json!({ "status": "ok", "success": true })));
+        return Ok(accepted(
+            json!({ "status": "already_running", "success": true }),
+        ));
     };
-    tokio::spawn(async move {
+    let mut deleting = tokio::spawn(async move {
         let _job = job;
         loop {
-            let listed = workflow
+            let page = workflow
                 .list(&cairn::ListOptions::default().limit(100))
-                .await;
-            let page = match listed {
-                Ok(page) if page.instances.is_empty() => return,
-                Ok(page) => page,
-                Err(e) => {
-                    tracing::warn!(workflow = %workflow.name(), error = %e, "deleting the workflow's instances failed");
-                    return;
-                }
-            };
+                .await
+                .map_err(|e| e.to_string())?;
+            if page.instances.is_empty() {
+                return Ok(());
+            }
             let ids: Vec<&str> = page.instances.iter().map(|i| i.id.as_str()).collect();
-            match workflow.delete_batch(&ids).await {
-                Ok(done) if done.errors.is_empty() => {}
-                Ok(done) => {
-                    tracing::warn!(workflow = %workflow.name(), failed = done.errors.len(), "some instances could not be deleted; stopping");
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!(workflow = %workflow.name(), error = %e, "deleting the workflow's instances failed");
-                    return;
-                }
+            let done = workflow
+                .delete_batch(&ids)
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Some(first) = done.errors.first() {
+                return Err(format!(
+                    "{} instances could not be deleted ({}: {})",
+                    done.errors.len(),
+                    first.code,
+                    first.message
+                ));
             }
         }
     });
-    Ok(ok(json!({ "status": "ok", "success": true })))
+    match tokio::time::timeout(DESTROY_WAIT, &mut deleting).await {
+        Ok(Ok(Ok(()))) => Ok(ok(json!({ "status": "ok", "success": true }))),
+        Ok(Ok(Err(reason))) => {
+            tracing::warn!(workflow = %name, reason, "deleting the workflow's instances stopped");
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "workflow.delete_incomplete",
+                format!("deleting the instances of workflow {name:?} stopped: {reason}"),
+            ))
+        }
+        Ok(Err(e)) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the delete did not finish: {e}"),
+        )),
+        // Still going: it finishes on its own.
+        Err(_) => Ok(accepted(json!({ "status": "running", "success": true }))),
+    }
+}
+
+/// How long a destructive route works before it answers 202 and goes on in the background.
+const DESTROY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A `202 Accepted` in Cloudflare's envelope: the job goes on.
+fn accepted(result: Value) -> Response {
+    let mut response = ok(result);
+    *response.status_mut() = StatusCode::ACCEPTED;
+    response
 }
 
 async fn list_versions(
@@ -599,29 +661,68 @@ async fn bulk_delete(
     Ok(ok(json!({ "deleted": deleted, "errors": errors })))
 }
 
+/// The body `PUT …/instances/terminate` may have: the status to terminate (as the query's
+/// `status`), and the ids to terminate (only those); anything else is refused, not ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TerminateBody {
+    status: Option<String>,
+    #[serde(alias = "instance_ids", alias = "instanceIds")]
+    ids: Option<Vec<String>>,
+}
+
 /// `PUT …/instances/terminate[?status=S]`: terminates every unfinished instance (or those
-/// in status S) in the background and answers at once, as Cloudflare's job does; a second
-/// request while one runs answers `already_running`. One walk over the listing, newest
-/// first: an instance that changes status meanwhile is still met once.
+/// in status S, or the ids of the body) in the background and answers 202 at once, as
+/// Cloudflare's job does; the workflow's `terminator_running` says whether it still runs,
+/// and a second request meanwhile answers `already_running`. One walk over the listing,
+/// newest first: an instance that changes status meanwhile is still met once.
 async fn terminate_all(
     State(engine): State<Engine>,
     Extension(config): Extension<Config>,
     Path((_, name)): Path<(String, String)>,
     q: Queried,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
 ) -> CfResult<Response> {
+    destructive(&config, "terminating every instance of a workflow")?;
     let q = query(q)?;
-    let only = status_filter(&q)?;
+    let body: TerminateBody = parse_body(&headers, &body)?;
+    let mut only = status_filter(&q)?;
+    if let Some(status) = body.status.as_deref() {
+        let given = status
+            .parse::<InstanceStatus>()
+            .map_err(ApiError::bad_request)?;
+        if only.is_some_and(|q| q != given) {
+            return Err(ApiError::bad_request(
+                "the body's status and the query's status differ",
+            ));
+        }
+        only = Some(given);
+    }
     if only.is_some_and(InstanceStatus::is_terminal) {
         return Err(ApiError::bad_request(
             "status must be an unfinished one: queued, running, paused, waitingForPause or waiting",
         ));
     }
     let workflow = workflow(&engine, &name)?;
-    let Some(job) = config.jobs.start(format!("terminate {name}")) else {
-        return Ok(ok(json!({ "status": "already_running" })));
+    let Some(job) = config.jobs.start(terminate_job(&name)) else {
+        return Ok(accepted(json!({ "status": "already_running" })));
     };
     tokio::spawn(async move {
         let _job = job;
+        if let Some(ids) = body.ids {
+            for id in ids {
+                if let Ok(instance) = workflow.get(&id).await
+                    && instance
+                        .status()
+                        .await
+                        .is_ok_and(|s| only.is_none_or(|o| o == s.status))
+                {
+                    let _ = instance.terminate().await;
+                }
+            }
+            return;
+        }
         let mut cursor = None;
         loop {
             let mut options = cairn::ListOptions::default().limit(100);
@@ -646,7 +747,7 @@ async fn terminate_all(
             }
         }
     });
-    Ok(ok(json!({ "status": "ok" })))
+    Ok(accepted(json!({ "status": "ok" })))
 }
 
 /// The `status` filter of a query, if any.

@@ -74,6 +74,8 @@ pub(super) async fn workflow(workflow: &UntypedWorkflow, config: &Config) -> CfR
         "triggered_on": time_opt(newest),
         "instances": counts,
         "schedules": [],
+        // Whether a terminate of all its instances still runs.
+        "terminator_running": u8::from(config.jobs.running(&super::terminate_job(name))),
     }))
 }
 

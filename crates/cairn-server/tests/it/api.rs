@@ -444,6 +444,116 @@ async fn raw_call(
     (status, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
+/// Issue 30 §4: Cloudflare's destructive routes need the account id configured; a
+/// workflow's delete answers once every instance is deleted; the terminate of all honours
+/// its body (refusing what it does not know) and says while it runs.
+#[tokio::test(start_paused = true)]
+async fn cloudflares_destructive_routes_need_an_account_id_answer_when_done_and_honour_their_body()
+{
+    let (engine, _dir) = app().await;
+    let open = cairn_server::router(engine.clone());
+    for (method, uri) in [
+        (Method::DELETE, "/client/v4/accounts/any/workflows/approval"),
+        (
+            Method::PUT,
+            "/client/v4/accounts/any/workflows/approval/instances/terminate",
+        ),
+    ] {
+        let (s, body) = raw_call(open.clone(), method, uri, &[], "").await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{uri}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["success"], false);
+        assert_eq!(v["errors"][0]["code"], 7003, "{body}");
+        assert!(body.contains("--account-id"), "{body}");
+    }
+    let router = || {
+        cairn_server::router_with_options(
+            engine.clone(),
+            cairn_server::Options {
+                account_id: Some("acct".into()),
+                ..Default::default()
+            },
+        )
+    };
+    let base = "/client/v4/accounts/acct/workflows/approval";
+    let create = |id: &str| {
+        let body = json!({ "instance_id": id }).to_string();
+        let router = router();
+        async move {
+            let (s, _) = raw_call(
+                router,
+                Method::POST,
+                "/client/v4/accounts/acct/workflows/approval/instances",
+                &[("content-type", "application/json")],
+                &body,
+            )
+            .await;
+            assert!(s.is_success());
+        }
+    };
+    for id in ["a1", "a2", "a3"] {
+        create(id).await;
+    }
+    let (s, body) = raw_call(router(), Method::DELETE, base, &[], "").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let listed = engine
+        .workflow_by_name("approval")
+        .unwrap()
+        .list(&cairn::ListOptions::default())
+        .await
+        .unwrap();
+    assert!(listed.instances.is_empty(), "answered once all are deleted");
+
+    for id in ["x1", "x2"] {
+        create(id).await;
+    }
+    let terminate = format!("{base}/instances/terminate");
+    let json_body = [("content-type", "application/json")];
+    let (s, body) = raw_call(
+        router(),
+        Method::PUT,
+        &terminate,
+        &json_body,
+        r#"{"status": "queued", "everything": true}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "an unknown field: {body}");
+    let (s, body) = raw_call(
+        router(),
+        Method::PUT,
+        &terminate,
+        &json_body,
+        r#"{"ids": ["x1"]}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    let x1 = engine
+        .workflow_by_name("approval")
+        .unwrap()
+        .get("x1")
+        .await
+        .unwrap();
+    x1.wait_for(|s| s.status == InstanceStatus::Terminated)
+        .await
+        .unwrap();
+    // The job is over once nothing says it runs; x2 was not in the body.
+    loop {
+        let (_, body) = raw_call(router(), Method::GET, base, &[], "").await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        if v["result"]["terminator_running"] == 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let x2 = engine
+        .workflow_by_name("approval")
+        .unwrap()
+        .get("x2")
+        .await
+        .unwrap();
+    assert!(!x2.status().await.unwrap().status.is_terminal());
+}
+
 /// A login posted from `peer` (as the accept loop tells the handlers).
 async fn login_from(router: axum::Router, peer: [u8; 4], token: &str) -> (StatusCode, String) {
     let request = Request::builder()

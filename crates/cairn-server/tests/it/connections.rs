@@ -396,3 +396,59 @@ async fn the_live_stream_reports_new_records_and_deletes() {
     served.await.unwrap().unwrap();
     engine.shutdown().await;
 }
+
+/// Issue 30 §4: what the HTTP layer refuses before any handler runs (headers too large, a
+/// NUL in the path, a Content-Length that is not a number, two of them that disagree) is
+/// answered like every other error: JSON with a stable code.
+#[tokio::test]
+async fn http_layer_rejections_answer_json_errors() {
+    let server = start(Limits::default()).await;
+    let many_headers: String = (0..200).map(|i| format!("X-H{i}: {i}\r\n")).collect();
+    let huge = format!(
+        "GET /api/workflows HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    for (raw, status, code) in [
+        (
+            format!("GET /api/workflows HTTP/1.1\r\nHost: 127.0.0.1\r\n{many_headers}\r\n"),
+            431,
+            "request.headers_too_large",
+        ),
+        (huge, 431, "request.headers_too_large"),
+        (
+            "GET /api/work\0flows HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".to_owned(),
+            400,
+            "request.malformed",
+        ),
+        (
+            "POST /api/workflows/wait/instances HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: ten\r\n\r\n"
+                .to_owned(),
+            400,
+            "request.malformed",
+        ),
+        (
+            "POST /api/workflows/wait/instances HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"
+                .to_owned(),
+            400,
+            "request.malformed",
+        ),
+    ] {
+        let answer = request(server.port, &raw).await;
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{}: {head}",
+            &raw[..raw.len().min(60)]
+        );
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/json"),
+            "{head}"
+        );
+        let error: Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("{e}: {body:?} for {}", &raw[..raw.len().min(60)]));
+        assert_eq!(error["code"], code, "{error}");
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    server.engine.shutdown().await;
+}
