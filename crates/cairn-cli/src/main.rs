@@ -741,6 +741,16 @@ async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("listen on {addr}: {e}"))?;
+    // As many descriptors as the system allows (the common soft limit of 1,024 would not
+    // hold 1,000 live streams), and the caps on connections and streams sized from them.
+    let fds = cairn_server::raise_fd_limit();
+    let limits = cairn_server::Limits::default();
+    tracing::info!(
+        file_descriptors = fds,
+        max_connections = limits.max_connections,
+        max_streams = limits.max_streams,
+        "connection limits"
+    );
     // Before the engine starts, so the engine's metric descriptions reach the recorder.
     let metrics = cairn_server::Metrics::install()?;
     let builder = if is_postgres(&db) {
@@ -799,6 +809,7 @@ async fn serve(
         engine.clone(),
         cairn_server::Options {
             token,
+            limits: limits.clone(),
             metrics: Some(metrics),
             account_id,
             cloudflare_any_account: settings.cloudflare_any_account,
@@ -813,7 +824,7 @@ async fn serve(
         tracing::info!("engine drained");
     };
     let (served, ()) = tokio::join!(
-        cairn_server::serve_router(listener, router, shutdown),
+        cairn_server::serve_router_with(listener, router, limits, shutdown),
         drain
     );
     tracing::info!("stopped");

@@ -449,6 +449,41 @@ fn sigterm_stops_serve_within_one_deadline_for_requests_and_attempts() {
     );
 }
 
+/// Issue 30 §4: `cairn serve` raises its file descriptor limit to the hard limit at start
+/// (a soft limit of 1,024 would not hold 1,000 live streams) and sizes its caps from it.
+#[cfg(target_os = "linux")]
+#[test]
+fn serve_raises_its_file_descriptor_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let limits = |pid: u32| -> (String, String) {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap()
+            .to_owned();
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields[3].to_owned(), fields[4].to_owned())
+    };
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -Sn 256 && exec {} serve --no-schedules --db {} --addr 127.0.0.1:{port}",
+            env!("CARGO_BIN_EXE_cairn"),
+            dir.path().join("cairn.db").display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    wait_up(port);
+    let (soft, hard) = limits(server.0.id());
+    assert_eq!(soft, hard, "the soft limit was raised to the hard one");
+    assert_ne!(soft, "256");
+}
+
 /// Ids and values with reserved characters reach the server as one id: `a/b` is refused by
 /// the server's id check (not an empty 404), `x?y=1` is not `x`, and a status cannot
 /// smuggle a parameter.

@@ -30,7 +30,7 @@ use cairn::Engine;
 
 pub use error::ApiError;
 pub use prometheus::Metrics;
-pub use serve::Limits;
+pub use serve::{Limits, raise_fd_limit};
 
 /// The largest request body accepted: 1 MiB of payload, as base64 when it is bytes (which
 /// count as their bytes against the payload limit), plus room for the envelope.
@@ -150,9 +150,7 @@ pub fn router_with_options(engine: Engine, options: Options) -> Router {
         .layer(axum::middleware::from_fn(move |req, next| {
             serve::read_body_within(body_timeout, req, next)
         }))
-        .layer(axum::Extension(serve::StreamSlots(std::sync::Arc::new(
-            tokio::sync::Semaphore::new(limits.max_streams),
-        ))))
+        .layer(axum::Extension(serve::StreamSlots::new(limits.max_streams)))
         .with_state(engine.clone());
     let routes = match token {
         Some(token) => {

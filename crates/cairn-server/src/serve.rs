@@ -33,22 +33,66 @@ pub struct Limits {
     /// And its body within this time after the headers (default 30 s): 408
     /// `request.timeout` otherwise.
     pub body_timeout: Duration,
-    /// Live streams (SSE) open at once; one more gets 503 `stream.too_many` (default 1,000).
+    /// Live streams (SSE) and long polls open at once; one more gets 503 `stream.too_many`
+    /// with `Retry-After` (default 1,000, and never more than half the connections). One
+    /// client address (other than loopback, where a proxy on the same host sends
+    /// everyone's) holds at most half of them.
     pub max_streams: usize,
+    /// Connections open at once; past it a new connection is answered 503
+    /// `server.too_many_connections` with `Retry-After` and closed, instead of waiting in
+    /// the listen backlog. By default the file descriptors this process may open, less a
+    /// reserve for the database and the log ([`raise_fd_limit`] first gives it more).
+    pub max_connections: usize,
     /// At shutdown, how long requests in progress may take to finish before their
     /// connections are dropped (default 10 s): a client that stopped reading must not keep
     /// the server from stopping.
     pub shutdown_grace: Duration,
 }
 
+/// File descriptors kept for what is not a connection: the database and its WAL, the
+/// PostgreSQL pool, the listener, the log.
+const FD_RESERVE: u64 = 128;
+
 impl Default for Limits {
     fn default() -> Self {
+        let max_connections = fd_limit().map_or(10_000, |fds| {
+            usize::try_from(fds.saturating_sub(FD_RESERVE).max(16)).unwrap_or(usize::MAX)
+        });
         Limits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
-            max_streams: 1_000,
+            max_streams: 1_000.min(max_connections / 2).max(1),
+            max_connections,
             shutdown_grace: Duration::from_secs(10),
         }
+    }
+}
+
+/// The file descriptors this process may open now (its soft limit), where that is known.
+fn fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        rlimit::getrlimit(rlimit::Resource::NOFILE)
+            .ok()
+            .map(|(soft, _)| soft)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// Raises this process's limit of open file descriptors to the most it may have (the soft
+/// limit to the hard one; the common soft limit of 1,024 would not hold 1,000 live
+/// streams and the database). Returns the limit now, where that is known.
+pub fn raise_fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        rlimit::increase_nofile_limit(u64::MAX).ok()
+    }
+    #[cfg(not(unix))]
+    {
+        None
     }
 }
 
@@ -76,6 +120,48 @@ impl Limits {
         self.max_streams = n;
         self
     }
+
+    /// Sets [`Limits::max_connections`].
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+}
+
+/// A warning that repeats: logged at most every 10 s, with how many times it happened.
+#[derive(Default)]
+struct Warnings {
+    last: Option<std::time::Instant>,
+    since: u64,
+}
+
+impl Warnings {
+    fn warn(&mut self, log: impl FnOnce(u64)) {
+        self.since += 1;
+        if self
+            .last
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
+        {
+            log(self.since);
+            self.last = Some(std::time::Instant::now());
+            self.since = 0;
+        }
+    }
+}
+
+/// Answers a connection the server has no room for: 503 with `Retry-After`, then closes.
+async fn refuse_connection(mut socket: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt as _;
+    let body = r#"{"code":"server.too_many_connections","message":"this server has as many connections open as it may; retry in a moment"}"#;
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = socket.write_all(answer.as_bytes()).await;
+        let _ = socket.shutdown().await;
+    })
+    .await;
 }
 
 /// A connection whose HTTP-layer rejections are JSON like every other error. hyper answers
@@ -240,9 +326,80 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for JsonRejections<
     }
 }
 
-/// Slots for live streams; a stream holds one for as long as it is open.
+/// Slots for live streams and long polls; each holds one for as long as it is open, and
+/// one client address holds at most half of them (loopback excepted: a proxy on the same
+/// host brings everyone's requests from it).
 #[derive(Clone)]
-pub(crate) struct StreamSlots(pub(crate) Arc<Semaphore>);
+pub(crate) struct StreamSlots {
+    all: Arc<Semaphore>,
+    per_client: usize,
+    clients: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// A slot of [`StreamSlots`], given back when dropped.
+pub(crate) struct Slot {
+    _all: tokio::sync::OwnedSemaphorePermit,
+    client: Option<(std::net::IpAddr, StreamSlots)>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some((ip, slots)) = &self.client {
+            let mut clients = slots
+                .clients
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(n) = clients.get_mut(ip) {
+                *n -= 1;
+                if *n == 0 {
+                    clients.remove(ip);
+                }
+            }
+        }
+    }
+}
+
+impl StreamSlots {
+    pub(crate) fn new(max: usize) -> Self {
+        StreamSlots {
+            all: Arc::new(Semaphore::new(max)),
+            per_client: (max / 2).max(1),
+            clients: Arc::default(),
+        }
+    }
+
+    /// A slot for `client`, or why there is none: every slot is taken, or this client holds
+    /// its share.
+    pub(crate) fn take(&self, client: Option<std::net::SocketAddr>) -> Result<Slot, &'static str> {
+        let ip = client
+            .map(|c| c.ip().to_canonical())
+            .filter(|ip| !ip.is_loopback());
+        let all = Arc::clone(&self.all)
+            .try_acquire_owned()
+            .map_err(|_| "too many live streams and waits are open; retry later")?;
+        let Some(ip) = ip else {
+            return Ok(Slot {
+                _all: all,
+                client: None,
+            });
+        };
+        let mut clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let held = clients.entry(ip).or_insert(0);
+        if *held >= self.per_client {
+            return Err(
+                "this client has its share of the live streams and waits open; close one or retry later",
+            );
+        }
+        *held += 1;
+        Ok(Slot {
+            _all: all,
+            client: Some((ip, self.clone())),
+        })
+    }
+}
 
 /// Flips to `true` when the server begins to shut down: live streams end.
 #[derive(Clone)]
@@ -293,18 +450,35 @@ pub(crate) async fn serve(
     let router = router.layer(axum::Extension(Closing(closing_rx)));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let mut failed_accepts = Warnings::default();
+    let mut refused = Warnings::default();
     loop {
         let (socket, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accepting a connection failed");
+                    // Out of file descriptors and the like: back off instead of spinning,
+                    // and say so once in a while, not every time.
+                    failed_accepts.warn(|n| tracing::warn!(error = %e, failures = n, "accepting connections failed"));
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
             () = shutdown.as_mut() => break,
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            // Every connection is taken: answer at once (there is a descriptor in reserve
+            // for it) rather than leave the client in the listen backlog.
+            refused.warn(|n| {
+                tracing::warn!(
+                    refused = n,
+                    max = limits.max_connections,
+                    "too many connections; answering 503"
+                )
+            });
+            tokio::spawn(refuse_connection(socket));
+            continue;
         };
         let _ = socket.set_nodelay(true);
         // Handlers that care who is asking (the login's throttle) read the peer's address.
@@ -324,6 +498,7 @@ pub(crate) async fn serve(
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _ = connection.await;
+            drop(permit);
         });
     }
     drop(listener);

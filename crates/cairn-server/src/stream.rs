@@ -21,7 +21,7 @@ const WORKFLOW_COALESCE: Duration = Duration::from_millis(10);
 /// What every open stream holds: its slot (see `Limits::max_streams`) and the server's
 /// shutdown signal. Counted in the open-streams gauge while it lives.
 pub(crate) struct Lease {
-    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    _slot: Option<crate::serve::Slot>,
     closing: Option<watch::Receiver<bool>>,
 }
 
@@ -33,7 +33,7 @@ impl Drop for Lease {
 
 impl Lease {
     pub(crate) fn new(
-        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+        slot: Option<crate::serve::Slot>,
         closing: Option<watch::Receiver<bool>>,
     ) -> Self {
         metrics::gauge!(crate::prometheus::STREAMS_OPEN).increment(1);

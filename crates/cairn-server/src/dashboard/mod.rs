@@ -65,15 +65,14 @@ pub(crate) fn routes(guard: std::sync::Arc<Guard>) -> Router<Engine> {
 /// (Server-Sent Events; the list of every workflow refreshes on it).
 async fn live(
     State(engine): State<Engine>,
-    slots: Option<axum::Extension<crate::serve::StreamSlots>>,
-    closing: Option<axum::Extension<crate::serve::Closing>>,
+    streams: crate::routes::StreamExtensions,
     RawQuery(query): RawQuery,
 ) -> Response {
     let pairs = pairs(query.as_deref());
     let cursor = value(&pairs, "cursor")
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    match crate::routes::stream_lease((slots, closing)) {
+    match crate::routes::stream_lease(streams) {
         Ok(lease) => crate::stream::follow_changes(engine, cursor, lease).into_response(),
         Err(e) => e.into_response(),
     }

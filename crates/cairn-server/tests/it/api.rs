@@ -554,6 +554,66 @@ async fn cloudflares_destructive_routes_need_an_account_id_answer_when_done_and_
     assert!(!x2.status().await.unwrap().status.is_terminal());
 }
 
+/// Issue 30 §4: one client address holds at most half of the live streams (and long
+/// polls); the rest are for everyone else. Past the cap: 503 with `Retry-After`.
+#[tokio::test(start_paused = true)]
+async fn one_client_holds_at_most_half_of_the_live_streams() {
+    let (engine, _dir) = app().await;
+    let router = cairn_server::router_with_limits(
+        engine.clone(),
+        None,
+        &cairn_server::Limits::default().max_streams(4),
+    );
+    engine
+        .workflow_by_name("approval")
+        .unwrap()
+        .create(CreateOptions::new(json!({})).id("s"))
+        .await
+        .unwrap();
+    let open = |ip: [u8; 4]| {
+        let router = router.clone();
+        async move {
+            let request = Request::builder()
+                .uri("/api/workflows/approval/instances/s/stream")
+                .extension(axum::extract::ConnectInfo(std::net::SocketAddr::from((
+                    ip, 40_000,
+                ))))
+                .body(Body::empty())
+                .unwrap();
+            router.oneshot(request).await.unwrap()
+        }
+    };
+    let mut kept = Vec::new();
+    for _ in 0..2 {
+        let response = open([10, 0, 0, 1]).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        kept.push(response);
+    }
+    let third = open([10, 0, 0, 1]).await;
+    assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(third.headers()["retry-after"], "1");
+    let body = third.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("stream.too_many"));
+    for ip in [[10, 0, 0, 2], [10, 0, 0, 3]] {
+        let response = open(ip).await;
+        assert_eq!(response.status(), StatusCode::OK, "another client");
+        kept.push(response);
+    }
+    assert_eq!(
+        open([10, 0, 0, 4]).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "every slot taken"
+    );
+    drop(kept.remove(0));
+    assert_eq!(
+        open([10, 0, 0, 1]).await.status(),
+        StatusCode::OK,
+        "its slot came back"
+    );
+    drop(kept);
+    engine.shutdown().await;
+}
+
 /// A login posted from `peer` (as the accept loop tells the handlers).
 async fn login_from(router: axum::Router, peer: [u8; 4], token: &str) -> (StatusCode, String) {
     let request = Request::builder()

@@ -452,3 +452,54 @@ async fn http_layer_rejections_answer_json_errors() {
     }
     server.engine.shutdown().await;
 }
+
+/// Issue 30 §4: past the cap on connections (sized from the file descriptors), a new
+/// connection is answered 503 with `Retry-After` at once, instead of waiting in the listen
+/// backlog; once one closes, connections are served again.
+#[tokio::test]
+async fn a_connection_past_the_cap_is_answered_503_at_once() {
+    let server = start(Limits::default().max_connections(2)).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut socket = TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .unwrap();
+        // A whole request on a kept-alive connection: it holds its place.
+        socket
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let n = socket.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        held.push(socket);
+    }
+    let answer = request(
+        server.port,
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    )
+    .await;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
+    let error: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(error["code"], "server.too_many_connections");
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = request(
+            server.port,
+            "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no room again: {answer}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.engine.shutdown().await;
+}
