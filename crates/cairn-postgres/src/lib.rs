@@ -70,6 +70,14 @@ pub struct Options {
     /// Opened to look (the replay check): neither the schema nor its tables are created or
     /// migrated; a database of another schema version is refused.
     pub check_only: bool,
+    /// How full PostgreSQL's notification queue may be (0 to 1, default a half) before
+    /// writes stop sending notices and stuck listeners are ended (see `notify.rs`).
+    #[doc(hidden)]
+    pub notify_queue_limit: f64,
+    /// How long a listener of this deployment may be stuck writing to its client, while
+    /// the queue is past its limit, before it is ended (default 30 s).
+    #[doc(hidden)]
+    pub stuck_listener_after: Duration,
 }
 
 impl Options {
@@ -81,6 +89,8 @@ impl Options {
             connections: 8,
             notify: true,
             check_only: false,
+            notify_queue_limit: 0.5,
+            stuck_listener_after: Duration::from_secs(30),
         }
     }
 
@@ -178,7 +188,10 @@ fn check_schema(name: &str) -> Result<(), String> {
 /// The deployment the connection's tables belong to: the schema they live in (named in
 /// the options, or the first of the `search_path` that exists), resolved once at open so
 /// that the notices of two deployments in one database never meet.
-async fn deployment(client: &tokio_postgres::Client) -> Result<notify::Deployment, OpenError> {
+async fn deployment(
+    client: &tokio_postgres::Client,
+    queue_watch: (f64, Duration),
+) -> Result<notify::Deployment, OpenError> {
     let row = client
         .query_one(
             "SELECT current_schema()::text,
@@ -205,6 +218,8 @@ async fn deployment(client: &tokio_postgres::Client) -> Result<notify::Deploymen
         channel: notify::channel_for(&schema),
         schema_oid: oid,
         origin,
+        listener_name: format!("cairn-listen:{schema}"),
+        queue: Arc::new(notify::QueueWatch::new(queue_watch.0, queue_watch.1)),
     })
 }
 
@@ -318,7 +333,11 @@ impl PostgresStore {
                     )),
                 })?;
             }
-            deployment(client).await?
+            deployment(
+                client,
+                (options.notify_queue_limit, options.stuck_listener_after),
+            )
+            .await?
         };
         let listener = options
             .notify
@@ -864,6 +883,82 @@ mod tests {
                 .to_string();
             assert!(error.contains(says), "{schema:?}: {error}");
         }
+    }
+
+    /// Issue 30 §5: a listener that stops reading (here a `psql` that is not read from; in
+    /// life an engine SIGSTOPped) would hold PostgreSQL's notification queue until it is
+    /// full and every write fails: past the limit, writes send no notices and the stuck
+    /// listener is ended.
+    #[tokio::test]
+    async fn a_listener_that_stops_reading_is_ended_and_writes_go_on() {
+        let Some(url) = test_url() else { return };
+        let schema = fresh("q");
+        let mut options = Options::new(&url).schema(&schema).connections(2);
+        options.notify_queue_limit = 0.0;
+        options.stuck_listener_after = Duration::from_millis(500);
+        let store = PostgresStore::open(options).await.unwrap();
+        let listener_name = format!("cairn-listen:{schema}");
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let mut psql = std::process::Command::new("psql")
+            .args([
+                "-X",
+                "-q",
+                "-d",
+                &format!("{url}{sep}application_name={listener_name}"),
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("psql (Debian's postgresql-client) runs");
+        use std::io::Write as _;
+        let mut stdin = psql.stdin.take().unwrap();
+        writeln!(stdin, "LISTEN \"cairn_{schema}\";").unwrap();
+        stdin.flush().unwrap();
+        let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let listeners = || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&listener_name],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while listeners().await < 2 {
+            assert!(std::time::Instant::now() < deadline, "psql never listened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Enough notices to fill psql's socket: its backend then waits to write to it.
+        client
+            .execute(
+                &format!(
+                    "SELECT pg_notify('cairn_{schema}', g::text || repeat('x', 1000))
+                     FROM generate_series(1, 20000) AS g"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        while listeners().await > 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the stuck listener was not ended"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        works(&store).await;
+        drop(stdin);
+        let _ = psql.kill();
+        let _ = psql.wait();
+        store.close().await.unwrap();
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
     }
 
     /// Issue 30 §5: an engine that opens while another migrates its schema waits for that

@@ -19,6 +19,7 @@
 //! after a reconnect it reports "anything may have changed", since notices sent while it
 //! was away are lost. Notices are hints: the engine's scheduler still polls.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_store::{ChangeKind, Changed, Changes, InstanceRef};
@@ -43,7 +44,43 @@ pub(crate) struct Deployment {
     pub(crate) schema_oid: u32,
     /// This store, so that it ignores its own notices.
     pub(crate) origin: u64,
+    /// The `application_name` of the deployment's listeners (`cairn-listen:<schema>`).
+    pub(crate) listener_name: String,
+    /// How full PostgreSQL's notification queue is, as the listener last looked.
+    pub(crate) queue: Arc<QueueWatch>,
 }
+
+/// PostgreSQL's notification queue, watched: a listener that stops reading (its engine was
+/// SIGSTOPped, say) holds the queue's tail, and once the queue is full every transaction
+/// that notifies fails, which would fail every write of every engine. So the listener
+/// looks every few seconds: past [`QueueWatch::limit`] full, writes stop notifying (notices
+/// are hints; engines poll) and the deployment's listeners stuck writing to their client
+/// for longer than [`QueueWatch::stuck_after`] are ended (their engines reconnect, and
+/// catch up by looking at everything).
+#[derive(Debug)]
+pub(crate) struct QueueWatch {
+    full: std::sync::atomic::AtomicBool,
+    limit: f64,
+    stuck_after: Duration,
+}
+
+impl QueueWatch {
+    pub(crate) fn new(limit: f64, stuck_after: Duration) -> Self {
+        QueueWatch {
+            full: std::sync::atomic::AtomicBool::new(false),
+            limit,
+            stuck_after,
+        }
+    }
+
+    /// Whether writes should skip their notices for now.
+    fn full(&self) -> bool {
+        self.full.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// How often a listener looks at the notification queue.
+const QUEUE_LOOK: Duration = Duration::from_secs(5);
 
 /// The channel of the deployment in `schema`: `cairn_<schema>`, or, where that would be
 /// longer than an identifier may be, the schema's first 40 characters and a hash of the
@@ -81,6 +118,11 @@ impl Notifier {
             return Ok(());
         };
         if b.changes.is_empty() && !b.claimable {
+            return Ok(());
+        }
+        if deployment.queue.full() {
+            // A hint lost: other engines poll. A notify into a full queue would fail this
+            // write.
             return Ok(());
         }
         let payload = encode(deployment, b.claimable, &b.changes);
@@ -182,6 +224,8 @@ async fn listen_once(
     sender: &broadcast::Sender<Changes>,
     first: bool,
 ) -> Result<(), tokio_postgres::Error> {
+    let mut config = config.clone();
+    config.application_name(&deployment.listener_name);
     let (client, mut connection) = config.connect(NoTls).await?;
     let (messages_tx, mut messages) = futures::channel::mpsc::unbounded();
     let driver = tokio::spawn(async move {
@@ -210,15 +254,62 @@ async fn listen_once(
             instances: None,
         });
     }
-    while let Some(message) = messages.next().await {
-        if let AsyncMessage::Notification(n) = message
-            && let Some(changes) = decode(deployment, n.payload())
-        {
-            let _ = sender.send(changes);
+    let mut look = tokio::time::interval(QUEUE_LOOK);
+    loop {
+        tokio::select! {
+            message = messages.next() => {
+                let Some(message) = message else { break };
+                if let AsyncMessage::Notification(n) = message
+                    && let Some(changes) = decode(deployment, n.payload())
+                {
+                    let _ = sender.send(changes);
+                }
+            }
+            _ = look.tick() => {
+                if let Err(e) = watch_queue(&client, deployment).await {
+                    tracing::debug!(error = %e, "looking at the notification queue failed");
+                }
+            }
         }
     }
     driver.abort();
     drop(client);
+    Ok(())
+}
+
+/// Looks at how full the notification queue is (see [`QueueWatch`]); past the limit, ends
+/// the deployment's listeners stuck writing to their client.
+async fn watch_queue(
+    client: &tokio_postgres::Client,
+    deployment: &Deployment,
+) -> Result<(), tokio_postgres::Error> {
+    let usage: f64 = client
+        .query_one("SELECT pg_notification_queue_usage()", &[])
+        .await?
+        .get(0);
+    let watch = &deployment.queue;
+    let full = usage >= watch.limit;
+    let was = watch.full.swap(full, std::sync::atomic::Ordering::Relaxed);
+    if full {
+        let stuck_ms = i64::try_from(watch.stuck_after.as_millis()).unwrap_or(i64::MAX);
+        let ended = client
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE application_name = $1 AND pid <> pg_backend_pid()
+                   AND wait_event = 'ClientWrite'
+                   AND state_change < now() - make_interval(secs => $2::bigint / 1000.0)",
+                &[&deployment.listener_name, &stuck_ms],
+            )
+            .await?
+            .len();
+        tracing::warn!(
+            usage,
+            stuck_listeners_ended = ended,
+            "PostgreSQL's notification queue is filling up (a listener stopped reading); writes send no notices until it drains"
+        );
+    } else if was {
+        tracing::info!(usage, "the notification queue drained; notices resume");
+    }
     Ok(())
 }
 
@@ -248,6 +339,8 @@ mod tests {
             channel: "cairn_public".into(),
             schema_oid: 2200,
             origin,
+            listener_name: "cairn-listen:public".into(),
+            queue: Arc::new(QueueWatch::new(0.5, Duration::from_secs(30))),
         };
         let payload = encode(&ours(0xabc), true, &changes);
         assert_eq!(decode(&ours(0xabc), &payload), None, "own notice");

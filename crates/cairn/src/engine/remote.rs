@@ -3,8 +3,15 @@
 //! waiters when an instance they follow was written, and its lifetimes when another engine
 //! sent them an event, stopped them (terminate, restart, delete) or paused them. Notices
 //! are hints; the scheduler still polls.
+//!
+//! A notice that names no instance ("anything may have changed": a batch too big to list,
+//! or a listener that reconnected) makes every lifetime here read its status again, for a
+//! pause requested elsewhere. Those reads are one sweep at a time, one read after another,
+//! and notices that come during a sweep make one more sweep, not one each: a burst of such
+//! notices costs at most two reads per lifetime, never a read per lifetime per notice.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use cairn_store::{ChangeKind, Changes};
 use futures::StreamExt;
@@ -12,31 +19,39 @@ use futures::StreamExt;
 use crate::engine::runtime::Runtime;
 use crate::lifetime::Abort;
 
+/// No sweep runs.
+const IDLE: u8 = 0;
+/// A sweep runs.
+const SWEEPING: u8 = 1;
+/// A sweep runs, and another must follow it.
+const AGAIN: u8 = 2;
+
 /// Follows the store's notices until it closes them or the engine shuts down.
 pub(crate) async fn follow(
     inner: Arc<Runtime>,
     mut changes: futures::stream::BoxStream<'static, Changes>,
 ) {
     let mut shutdown = inner.shutdown.subscribe();
+    let sweep = Arc::new(AtomicU8::new(IDLE));
     loop {
         let next = tokio::select! {
             next = changes.next() => next,
             _ = shutdown.changed() => None,
         };
         let Some(changes) = next else { break };
-        apply(&inner, changes);
+        apply(&inner, &sweep, changes);
     }
 }
 
-fn apply(inner: &Arc<Runtime>, changes: Changes) {
+fn apply(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>, changes: Changes) {
     match changes.instances {
         None => {
             inner.commits.remote(None);
             inner.statuses.bump_all();
             for lifetime in inner.live.all() {
                 lifetime.events.notify_waiters();
-                observe_later(inner, &lifetime);
             }
+            observe_all(inner, sweep);
         }
         Some(list) => {
             for changed in list {
@@ -69,11 +84,44 @@ fn observe_later(inner: &Arc<Runtime>, lifetime: &Arc<crate::lifetime::Lifetime>
     let store = Arc::clone(&inner.env.store);
     let lifetime = Arc::clone(lifetime);
     tokio::spawn(async move {
-        if let Ok(Some(record)) = store
-            .instance(&lifetime.workflow, &lifetime.instance_id)
-            .await
-        {
-            lifetime.observe(record.status);
+        observe(&*store, &lifetime).await;
+    });
+}
+
+async fn observe(store: &dyn cairn_store::Store, lifetime: &crate::lifetime::Lifetime) {
+    if let Ok(Some(record)) = store
+        .instance(&lifetime.workflow, &lifetime.instance_id)
+        .await
+    {
+        lifetime.observe(record.status);
+    }
+}
+
+/// Every lifetime here reads its status again, in the one sweep that runs (see the module).
+fn observe_all(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>) {
+    // A sweep under way takes one more round; otherwise this call starts one.
+    if sweep
+        .compare_exchange(IDLE, SWEEPING, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        sweep.store(AGAIN, Ordering::SeqCst);
+        return;
+    }
+    let inner = Arc::clone(inner);
+    let sweep = Arc::clone(sweep);
+    tokio::spawn(async move {
+        loop {
+            for lifetime in inner.live.all() {
+                observe(&*inner.env.store, &lifetime).await;
+            }
+            if sweep
+                .compare_exchange(SWEEPING, IDLE, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                return;
+            }
+            // More notices came during the sweep: one more, for all of them.
+            sweep.store(SWEEPING, Ordering::SeqCst);
         }
     });
 }

@@ -688,3 +688,96 @@ async fn notices_of_one_deployment_never_reach_another_in_the_same_database() {
         .await
         .unwrap();
 }
+
+/// Issue 30 §5: a notice that names no instance ("anything may have changed") makes each
+/// lifetime read its status again; a burst of them costs one sweep after another, not a
+/// read per lifetime per notice (200 notices over 20 running lifetimes used to start 4,000
+/// reads at once).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_notices_naming_no_instance_costs_a_bounded_number_of_reads() {
+    use std::sync::atomic::AtomicU32;
+    let Some(url) = cairn::postgres::test_url() else {
+        return;
+    };
+    let (_dir, path) = temp_db();
+    let reads = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&reads);
+    let release = Arc::new(Semaphore::new(0));
+    let engine = Engine::builder()
+        .store(Arc::new(crate::support::Hooked {
+            inner: crate::support::raw_store_on(Backend::Postgres, &path).await,
+            before: Box::new(move |method| {
+                if method == "instance" {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(())
+            }),
+            gates: crate::support::Gates::default(),
+            restart_behind: Duration::ZERO,
+        }))
+        .clock(Clock::system())
+        .register(blocker(Arc::clone(&release)))
+        .start()
+        .await
+        .unwrap();
+    let client = engine.workflow::<FnWorkflow<1>>();
+    const RUNNING: u32 = 20;
+    for i in 0..RUNNING {
+        client
+            .create(CreateOptions::new(json!({})).id(format!("b{i}")))
+            .await
+            .unwrap();
+    }
+    while engine.live_instances() < RUNNING as usize {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let schema = crate::support::schema_for(&path);
+    let (raw, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let oid: u32 = raw
+        .query_one(
+            "SELECT oid FROM pg_namespace WHERE nspname = $1",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let before = reads.load(Ordering::SeqCst);
+    // 200 notices in one transaction: delivered together, as a burst (each from another
+    // "engine", so PostgreSQL does not fold them into one).
+    raw.execute(
+        "SELECT pg_notify($1, format('%s.%s 0 *', $2::text, to_hex(g)))
+         FROM generate_series(1, 200) AS g",
+        &[&format!("cairn_{schema}"), &format!("{oid:x}")],
+    )
+    .await
+    .unwrap();
+    // A last notice naming one instance: once it has been handled, so have the others.
+    let sentinel = client.get("b0").await.unwrap();
+    sentinel.pause().await.unwrap();
+    sentinel
+        .wait_for(|s| s.status == InstanceStatus::WaitingForPause)
+        .await
+        .unwrap();
+    // Let the sweeps the burst started finish.
+    let mut last = u32::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = reads.load(Ordering::SeqCst);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let made = last - before;
+    eprintln!("200 notices over {RUNNING} lifetimes made {made} status reads");
+    assert!(
+        made <= 3 * RUNNING,
+        "{made} reads for 200 notices over {RUNNING} lifetimes"
+    );
+    release.add_permits(RUNNING as usize);
+    engine.shutdown().await;
+}

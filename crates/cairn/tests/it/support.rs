@@ -781,6 +781,9 @@ impl Store for Hooked {
     fn next_purge(&self) -> StoreFuture<'_, Option<cairn::Timestamp>> {
         hooked!(self, "next_purge", self.inner.next_purge())
     }
+    fn changes(&self) -> Option<futures::stream::BoxStream<'static, cairn::store::Changes>> {
+        self.inner.changes()
+    }
     fn close(&self) -> StoreFuture<'_, ()> {
         self.inner.close()
     }
