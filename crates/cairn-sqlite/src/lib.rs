@@ -352,6 +352,17 @@ impl SqliteStore {
         let _ = rx.await;
     }
 
+    /// The events buffered for `instance` (sent and not yet taken by a wait), oldest first.
+    /// Not part of `Store`: the engine never reads them so; the test kit's simulator
+    /// accounts with it for every event it sent.
+    ///
+    /// # Errors
+    /// The store is closed or cannot read.
+    pub async fn buffered_events(&self, instance: InstanceRef) -> Result<Vec<StoredEvent>> {
+        self.read(move |conn| rows::buffered_events(conn, instance))
+            .await
+    }
+
     /// Runs `f` in the writer's next group commit, inside its own savepoint: a failure
     /// undoes its writes alone.
     fn write<R: Send + 'static>(

@@ -654,6 +654,34 @@ pub(crate) fn send_event(
     Ok(Sent::Buffered(InstanceRef(iid)))
 }
 
+/// See `SqliteStore::buffered_events`.
+pub(crate) fn buffered_events(
+    conn: &Connection,
+    instance: InstanceRef,
+) -> Result<Vec<StoredEvent>> {
+    conn.prepare_cached("SELECT type, payload, at FROM events WHERE iid = ?1 ORDER BY id")
+        .and_then(|mut st| {
+            st.query_map([instance.0], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(map_sqlite)?
+        .into_iter()
+        .map(|(event_type, payload, at)| {
+            Ok(StoredEvent {
+                event_type: EventType::new(event_type).map_err(corrupt)?,
+                payload,
+                at: Timestamp::from_millis(at),
+            })
+        })
+        .collect()
+}
+
 pub(crate) fn take_event(
     conn: &Connection,
     lease: Lease,

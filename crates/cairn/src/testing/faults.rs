@@ -1,8 +1,8 @@
 //! The simulator's store: a real store with seeded faults on the engine's writes (commits
-//! lost, landed but reported failed, the engine crashing before or after one) and outages
-//! (every call fails for a while).
+//! lost, landed but reported failed, the engine crashing before or after one, or living on
+//! as a zombie) and outages (every call fails for a while).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -55,6 +55,13 @@ pub(crate) enum WriteFault {
     CrashAfter,
     /// The store is down for this call and the next few of any kind.
     Outage(u32),
+    /// As [`WriteFault::CrashBefore`], but the engine's lifetimes live on for `secs` (virtual)
+    /// seconds: this write and their later ones reach the live store once another engine
+    /// has claimed the instance, where the fence must refuse them.
+    ZombieBefore { secs: u64 },
+    /// As [`WriteFault::CrashAfter`] (the write landed, and its answer reaches the engine),
+    /// with the lifetimes living on as for [`WriteFault::ZombieBefore`].
+    ZombieAfter { secs: u64 },
 }
 
 /// Which store faults a run may see, and how often.
@@ -64,6 +71,7 @@ pub(crate) struct StoreFaults {
     pub(crate) lost: bool,
     pub(crate) landed_but_failed: bool,
     pub(crate) crashes: bool,
+    pub(crate) zombies: bool,
     pub(crate) outages: bool,
 }
 
@@ -79,6 +87,13 @@ pub(crate) struct Plan {
     writes: u64,
     /// What was injected, in order.
     pub(crate) injected: Vec<String>,
+    /// Writes of a crashed engine that the live store accepted: each is a broken fence.
+    pub(crate) violations: Vec<String>,
+    /// Writes of a crashed engine that the live store refused (the fence held).
+    pub(crate) zombie_refused: u64,
+    /// Every event send and what the store answered, in order: its idempotency key and
+    /// whether the event was buffered.
+    pub(crate) sends: Vec<(Option<String>, Sent)>,
 }
 
 impl Plan {
@@ -90,6 +105,9 @@ impl Plan {
             outage: 0,
             writes: 0,
             injected: Vec::new(),
+            violations: Vec::new(),
+            zombie_refused: 0,
+            sends: Vec::new(),
         }
     }
 
@@ -113,8 +131,19 @@ impl Plan {
             return None;
         }
         let mut kind = kinds[self.rng.below(kinds.len() as u64) as usize];
-        if let WriteFault::Outage(_) = kind {
-            kind = WriteFault::Outage(1 + self.rng.below(8) as u32);
+        match kind {
+            WriteFault::Outage(_) => kind = WriteFault::Outage(1 + self.rng.below(8) as u32),
+            WriteFault::CrashBefore | WriteFault::CrashAfter
+                if faults.zombies && self.rng.chance(0.5) =>
+            {
+                let secs = 1 + self.rng.below(60);
+                kind = if kind == WriteFault::CrashBefore {
+                    WriteFault::ZombieBefore { secs }
+                } else {
+                    WriteFault::ZombieAfter { secs }
+                };
+            }
+            _ => {}
         }
         self.budget -= 1;
         self.injected
@@ -123,8 +152,52 @@ impl Plan {
     }
 }
 
+/// Where the calls of a crashed engine's zombie lifetimes go: the run's live store (the
+/// current engine's), once a live engine has claimed the instance after the crash.
+#[derive(Default)]
+pub(crate) struct Live {
+    current: Mutex<Option<Arc<FaultStore>>>,
+    /// Claims that took an instance, counted over the run's live stores.
+    claims: AtomicU64,
+    claimed: tokio::sync::Notify,
+}
+
+impl Live {
+    /// `store` is the run's live store from now on.
+    pub(crate) fn set(&self, store: &Arc<FaultStore>) {
+        *self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::clone(store));
+    }
+
+    fn current(&self) -> Option<Arc<FaultStore>> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// A store's state: up, crashed (every call but `close` fails), or crashed with its
+/// engine's lifetimes living on (a zombie).
+const ALIVE: u8 = 0;
+const DEAD: u8 = 1;
+const ZOMBIE: u8 = 2;
+
+/// A store call made for a zombie: whether it is a fenced write (its acceptance breaks the
+/// fence) or a read.
+#[derive(Clone, Copy)]
+enum Zombied {
+    Write(&'static str),
+    Read,
+}
+
 /// A store that injects its run's [`Plan`] into a real one. A crash makes it dead (every
 /// call but `close` fails) and tells the simulator, which opens a new engine on a new one.
+/// A zombie crash leaves its engine running: its fenced writes and reads wait until a live
+/// engine has claimed the instance (or the zombie's time is up) and then go to the live
+/// store, where the fence must refuse every write.
 ///
 /// It lets one call through to the real store at a time, in the order they are first
 /// awaited (callers await a store call at once): the store's answers then come back in that
@@ -133,8 +206,23 @@ pub(crate) struct FaultStore {
     pub(crate) inner: Arc<dyn Store>,
     pub(crate) plan: Arc<Mutex<Plan>>,
     pub(crate) crashed: Arc<tokio::sync::Notify>,
-    dead: AtomicBool,
+    live: Arc<Live>,
+    state: AtomicU8,
+    /// A zombie: how long its engine lives on (seconds), and the live claims counted when
+    /// it crashed (its calls wait for a later one).
+    zombie_secs: AtomicU64,
+    claims_at_crash: AtomicU64,
+    /// Set when the zombie's time is up: its calls go through whether or not a claim came.
+    released: tokio::sync::watch::Sender<bool>,
     turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// `call` as a store call for any store it is given (a closure's signature, inferred).
+fn store_call<T, F>(call: F) -> F
+where
+    F: for<'s> FnOnce(&'s dyn Store) -> StoreFuture<'s, T>,
+{
+    call
 }
 
 fn down<'a, T: Send + 'a>(why: &'static str) -> StoreFuture<'a, T> {
@@ -146,12 +234,17 @@ impl FaultStore {
         inner: Arc<dyn Store>,
         plan: Arc<Mutex<Plan>>,
         crashed: Arc<tokio::sync::Notify>,
+        live: Arc<Live>,
     ) -> Self {
         FaultStore {
             inner,
             plan,
             crashed,
-            dead: AtomicBool::new(false),
+            live,
+            state: AtomicU8::new(ALIVE),
+            zombie_secs: AtomicU64::new(0),
+            claims_at_crash: AtomicU64::new(0),
+            released: tokio::sync::watch::channel(false).0,
             turn: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
@@ -164,7 +257,7 @@ impl FaultStore {
 
     /// Whether a call may go through now (not dead, no outage).
     fn up(&self) -> Result<(), &'static str> {
-        if self.dead.load(Ordering::SeqCst) {
+        if self.state.load(Ordering::SeqCst) != ALIVE {
             return Err("the engine crashed");
         }
         let mut plan = self.plan();
@@ -175,13 +268,32 @@ impl FaultStore {
         Ok(())
     }
 
-    /// Whether this store's engine crashed.
+    /// Whether this store's engine crashed (as a zombie or not).
     pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::SeqCst)
+        self.state.load(Ordering::SeqCst) != ALIVE
+    }
+
+    /// How long this store's engine lives on after its crash, if it is a zombie.
+    pub(crate) fn zombie_for(&self) -> Option<Duration> {
+        (self.state.load(Ordering::SeqCst) == ZOMBIE)
+            .then(|| Duration::from_secs(self.zombie_secs.load(Ordering::SeqCst)))
+    }
+
+    /// The zombie's time is up: its calls waiting for a claim go through now.
+    pub(crate) fn release_zombie(&self) {
+        self.released.send_replace(true);
     }
 
     fn crash(&self) {
-        self.dead.store(true, Ordering::SeqCst);
+        self.state.store(DEAD, Ordering::SeqCst);
+        self.crashed.notify_one();
+    }
+
+    fn become_zombie(&self, secs: u64) {
+        self.zombie_secs.store(secs, Ordering::SeqCst);
+        self.claims_at_crash
+            .store(self.live.claims.load(Ordering::SeqCst), Ordering::SeqCst);
+        self.state.store(ZOMBIE, Ordering::SeqCst);
         self.crashed.notify_one();
     }
 
@@ -195,28 +307,38 @@ impl FaultStore {
         })
     }
 
-    /// A read, or a client's call: only an outage or a crash stops it.
-    fn read<'a, T: Send + 'a>(
-        &self,
-        call: impl FnOnce() -> StoreFuture<'a, T>,
-    ) -> StoreFuture<'a, T> {
+    /// A read, or a client's call: only an outage or a crash stops it. A zombie's read
+    /// (`zombie`) goes to the live store.
+    fn read<T, F>(&self, zombie: bool, call: F) -> StoreFuture<'_, T>
+    where
+        T: Send + 'static,
+        F: for<'s> FnOnce(&'s dyn Store) -> StoreFuture<'s, T> + Send + 'static,
+    {
+        if zombie && self.zombie_for().is_some() {
+            return self.zombie(Zombied::Read, call);
+        }
         match self.up() {
-            Ok(()) => self.in_turn(call()),
+            Ok(()) => self.in_turn(call(&*self.inner)),
             Err(why) => down(why),
         }
     }
 
-    /// An engine's write under a lease: the plan decides its fate.
-    fn write<'a, T: Send + 'a>(
-        &'a self,
-        call: impl FnOnce() -> StoreFuture<'a, T>,
-    ) -> StoreFuture<'a, T> {
+    /// An engine's write under a lease: the plan decides its fate. A zombie's goes to the
+    /// live store.
+    fn write<T, F>(&self, what: &'static str, call: F) -> StoreFuture<'_, T>
+    where
+        T: Send + 'static,
+        F: for<'s> FnOnce(&'s dyn Store) -> StoreFuture<'s, T> + Send + 'static,
+    {
+        if self.zombie_for().is_some() {
+            return self.zombie(Zombied::Write(what), call);
+        }
         if let Err(why) = self.up() {
             return down(why);
         }
         let fault = self.plan().write_fault();
         match fault {
-            None => self.in_turn(call()),
+            None => self.in_turn(call(&*self.inner)),
             Some(WriteFault::Lost) => down("the write was lost"),
             Some(WriteFault::Outage(n)) => {
                 self.plan().outage = n;
@@ -226,8 +348,12 @@ impl FaultStore {
                 self.crash();
                 down("the engine crashed")
             }
+            Some(WriteFault::ZombieBefore { secs }) => {
+                self.become_zombie(secs);
+                self.zombie(Zombied::Write(what), call)
+            }
             Some(WriteFault::LandedButFailed) => {
-                let landed = self.in_turn(call());
+                let landed = self.in_turn(call(&*self.inner));
                 Box::pin(async move {
                     landed.await?;
                     Err(Error::Unavailable(
@@ -236,7 +362,7 @@ impl FaultStore {
                 })
             }
             Some(WriteFault::CrashAfter) => {
-                let landed = self.in_turn(call());
+                let landed = self.in_turn(call(&*self.inner));
                 Box::pin(async move {
                     let result = landed.await;
                     self.crash();
@@ -246,13 +372,75 @@ impl FaultStore {
                     ))
                 })
             }
+            Some(WriteFault::ZombieAfter { secs }) => {
+                // The write lands and the engine hears so: it goes on as if nothing happened,
+                // while another engine takes the instance over.
+                let landed = self.in_turn(call(&*self.inner));
+                Box::pin(async move {
+                    let result = landed.await;
+                    self.become_zombie(secs);
+                    result
+                })
+            }
+        }
+    }
+
+    /// A zombie's call: it waits until a live engine has claimed an instance since the
+    /// crash (or the zombie's time is up), then goes to the live store in its turn. A write
+    /// the live store accepts is a broken fence, recorded in the plan.
+    fn zombie<T, F>(&self, what: Zombied, call: F) -> StoreFuture<'_, T>
+    where
+        T: Send + 'static,
+        F: for<'s> FnOnce(&'s dyn Store) -> StoreFuture<'s, T> + Send + 'static,
+    {
+        let mut released = self.released.subscribe();
+        Box::pin(async move {
+            let since = self.claims_at_crash.load(Ordering::SeqCst);
+            loop {
+                // Listen before looking, so a claim in between is not missed.
+                let claimed = self.live.claimed.notified();
+                let mut claimed = std::pin::pin!(claimed);
+                claimed.as_mut().enable();
+                if *released.borrow_and_update() || self.live.claims.load(Ordering::SeqCst) > since
+                {
+                    break;
+                }
+                tokio::select! {
+                    () = claimed => {}
+                    _ = released.changed() => {}
+                }
+            }
+            let Some(live) = self.live.current() else {
+                return Err(Error::Unavailable("simulated fault: no live store".into()));
+            };
+            let inner = Arc::clone(&live.inner);
+            let answer = live.in_turn(call(&*inner)).await;
+            if let Zombied::Write(what) = what {
+                let mut plan = self.plan();
+                match &answer {
+                    Ok(_) => plan.violations.push(format!(
+                        "a crashed engine's {what} was accepted after another engine claimed the instance"
+                    )),
+                    Err(Error::LeaseLost(_) | Error::NotFound(_)) => plan.zombie_refused += 1,
+                    Err(_) => {}
+                }
+            }
+            answer
+        })
+    }
+
+    /// Counts a claim that took an instance: zombies waiting for one go on.
+    fn claimed(&self, claimed: &[Claimed]) {
+        if !claimed.is_empty() {
+            self.live.claims.fetch_add(1, Ordering::SeqCst);
+            self.live.claimed.notify_waiters();
         }
     }
 }
 
 impl Store for FaultStore {
     fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
-        self.read(|| self.inner.create(batch))
+        self.read(false, move |s| s.create(batch))
     }
 
     fn instance(
@@ -261,20 +449,24 @@ impl Store for FaultStore {
         id: &InstanceId,
     ) -> StoreFuture<'_, Option<InstanceRecord>> {
         let (workflow, id) = (workflow.clone(), id.clone());
-        self.read(|| Box::pin(async move { self.inner.instance(&workflow, &id).await }))
+        self.read(true, move |s| {
+            Box::pin(async move { s.instance(&workflow, &id).await })
+        })
     }
 
     fn list(&self, query: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>> {
-        self.read(|| self.inner.list(query))
+        self.read(false, move |s| s.list(query))
     }
 
     fn count(&self, workflow: &WorkflowName, status: InstanceStatus) -> StoreFuture<'_, u64> {
         let workflow = workflow.clone();
-        self.read(|| Box::pin(async move { self.inner.count(&workflow, status).await }))
+        self.read(false, move |s| {
+            Box::pin(async move { s.count(&workflow, status).await })
+        })
     }
 
     fn count_matching(&self, query: ListQuery) -> StoreFuture<'_, u64> {
-        self.read(|| self.inner.count_matching(query))
+        self.read(false, move |s| s.count_matching(query))
     }
 
     fn claim(
@@ -286,8 +478,13 @@ impl Store for FaultStore {
         limit: usize,
     ) -> StoreFuture<'_, Vec<Claimed>> {
         let (owner, workflows) = (owner.to_owned(), workflows.to_vec());
-        self.read(|| {
-            Box::pin(async move { self.inner.claim(&owner, &workflows, now, ttl, limit).await })
+        let claim = self.read(false, move |s| {
+            Box::pin(async move { s.claim(&owner, &workflows, now, ttl, limit).await })
+        });
+        Box::pin(async move {
+            let claimed = claim.await?;
+            self.claimed(&claimed);
+            Ok(claimed)
         })
     }
 
@@ -299,7 +496,9 @@ impl Store for FaultStore {
         until: Timestamp,
     ) -> StoreFuture<'_, Vec<Lease>> {
         let owner = owner.to_owned();
-        self.read(|| Box::pin(async move { self.inner.renew(&owner, leases, now, until).await }))
+        self.read(false, move |s| {
+            Box::pin(async move { s.renew(&owner, leases, now, until).await })
+        })
     }
 
     fn reclaim(
@@ -310,16 +509,24 @@ impl Store for FaultStore {
         ttl: Duration,
     ) -> StoreFuture<'_, Lease> {
         let owner = owner.to_owned();
-        self.read(|| Box::pin(async move { self.inner.reclaim(&owner, lease, now, ttl).await }))
+        let call =
+            store_call(move |s| Box::pin(async move { s.reclaim(&owner, lease, now, ttl).await }));
+        if self.zombie_for().is_some() {
+            // A zombie taking its lease back after a failed write: the fence must refuse.
+            return self.zombie(Zombied::Write("reclaim"), call);
+        }
+        self.read(false, call)
     }
 
     fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
         let owner = owner.to_owned();
-        self.read(|| Box::pin(async move { self.inner.release_all(&owner).await }))
+        self.read(false, move |s| {
+            Box::pin(async move { s.release_all(&owner).await })
+        })
     }
 
     fn slot_position(&self, instance: InstanceRef) -> StoreFuture<'_, Option<u64>> {
-        self.read(|| self.inner.slot_position(instance))
+        self.read(true, move |s| s.slot_position(instance))
     }
 
     fn waiting_for_slots(
@@ -328,15 +535,17 @@ impl Store for FaultStore {
         limit: usize,
     ) -> StoreFuture<'_, (Vec<(String, u64)>, u64)> {
         let workflow = workflow.clone();
-        self.read(|| Box::pin(async move { self.inner.waiting_for_slots(&workflow, limit).await }))
+        self.read(false, move |s| {
+            Box::pin(async move { s.waiting_for_slots(&workflow, limit).await })
+        })
     }
 
     fn children(&self, parent: InstanceRef) -> StoreFuture<'_, Vec<InstanceRecord>> {
-        self.read(|| self.inner.children(parent))
+        self.read(true, move |s| s.children(parent))
     }
 
     fn journal(&self, instance: InstanceRef) -> StoreFuture<'_, Vec<StepRecord>> {
-        self.read(|| self.inner.journal(instance))
+        self.read(true, move |s| s.journal(instance))
     }
 
     fn stream_chunk(
@@ -347,18 +556,17 @@ impl Store for FaultStore {
         epoch: u64,
         index: u32,
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
-        self.read(|| {
-            self.inner
-                .stream_chunk(instance, step, attempt, epoch, index)
+        self.read(true, move |s| {
+            s.stream_chunk(instance, step, attempt, epoch, index)
         })
     }
 
     fn stream_bytes(&self, instance: InstanceRef) -> StoreFuture<'_, u64> {
-        self.read(|| self.inner.stream_bytes(instance))
+        self.read(true, move |s| s.stream_bytes(instance))
     }
 
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
-        self.write(|| self.inner.commit(lease, writes))
+        self.write("commit", move |s| s.commit(lease, writes))
     }
 
     fn control(
@@ -368,7 +576,9 @@ impl Store for FaultStore {
         request: ControlRequest,
     ) -> StoreFuture<'_, ControlOutcome> {
         let (workflow, id) = (workflow.clone(), id.clone());
-        self.read(|| Box::pin(async move { self.inner.control(&workflow, &id, request).await }))
+        self.read(false, move |s| {
+            Box::pin(async move { s.control(&workflow, &id, request).await })
+        })
     }
 
     fn log(
@@ -377,7 +587,7 @@ impl Store for FaultStore {
         after: u64,
         limit: usize,
     ) -> StoreFuture<'_, Vec<LogRecord>> {
-        self.read(|| self.inner.log(instance, after, limit))
+        self.read(true, move |s| s.log(instance, after, limit))
     }
 
     fn workflow_log(
@@ -387,23 +597,27 @@ impl Store for FaultStore {
         limit: usize,
     ) -> StoreFuture<'_, cairn_store::WorkflowLogPage> {
         let workflow = workflow.clone();
-        self.read(|| {
-            Box::pin(async move { self.inner.workflow_log(&workflow, after, limit).await })
+        self.read(false, move |s| {
+            Box::pin(async move { s.workflow_log(&workflow, after, limit).await })
         })
     }
 
     fn log_head(&self) -> StoreFuture<'_, u64> {
-        self.read(|| self.inner.log_head())
+        self.read(false, |s| s.log_head())
     }
 
     fn next_ready(&self, workflows: &[WorkflowName]) -> StoreFuture<'_, Option<Timestamp>> {
         let workflows = workflows.to_vec();
-        self.read(|| Box::pin(async move { self.inner.next_ready(&workflows).await }))
+        self.read(false, move |s| {
+            Box::pin(async move { s.next_ready(&workflows).await })
+        })
     }
 
     fn timers(&self, workflow: &WorkflowName, now: Timestamp) -> StoreFuture<'_, Timers> {
         let workflow = workflow.clone();
-        self.read(|| Box::pin(async move { self.inner.timers(&workflow, now).await }))
+        self.read(false, move |s| {
+            Box::pin(async move { s.timers(&workflow, now).await })
+        })
     }
 
     fn send_event(
@@ -413,7 +627,16 @@ impl Store for FaultStore {
         event: NewEvent,
     ) -> StoreFuture<'_, Sent> {
         let (workflow, id) = (workflow.clone(), id.clone());
-        self.read(|| Box::pin(async move { self.inner.send_event(&workflow, &id, event).await }))
+        let key = event.idempotency_key.clone();
+        let send = self.read(false, move |s| {
+            Box::pin(async move { s.send_event(&workflow, &id, event).await })
+        });
+        // The simulator accounts for every event sent: what the store answered each send.
+        Box::pin(async move {
+            let sent = send.await?;
+            self.plan().sends.push((key, sent));
+            Ok(sent)
+        })
     }
 
     fn take_event(
@@ -423,19 +646,21 @@ impl Store for FaultStore {
         event_type: EventType,
         at: Timestamp,
     ) -> StoreFuture<'_, Option<StoredEvent>> {
-        self.write(|| self.inner.take_event(lease, step, event_type, at))
+        self.write("take_event", move |s| {
+            s.take_event(lease, step, event_type, at)
+        })
     }
 
     fn purge(&self, now: Timestamp, limit: usize) -> StoreFuture<'_, usize> {
-        self.read(|| self.inner.purge(now, limit))
+        self.read(false, move |s| s.purge(now, limit))
     }
 
     fn next_purge(&self) -> StoreFuture<'_, Option<Timestamp>> {
-        self.read(|| self.inner.next_purge())
+        self.read(false, |s| s.next_purge())
     }
 
     fn create_schedule(&self, schedule: cairn_store::StoredSchedule) -> StoreFuture<'_, bool> {
-        self.read(|| self.inner.create_schedule(schedule))
+        self.read(false, move |s| s.create_schedule(schedule))
     }
 
     fn set_schedule_state(
@@ -444,23 +669,27 @@ impl Store for FaultStore {
         state: cairn_store::ScheduleState,
     ) -> StoreFuture<'_, bool> {
         let name = name.to_owned();
-        self.read(|| Box::pin(async move { self.inner.set_schedule_state(&name, state).await }))
+        self.read(false, move |s| {
+            Box::pin(async move { s.set_schedule_state(&name, state).await })
+        })
     }
 
     fn schedules(&self) -> StoreFuture<'_, Vec<cairn_store::StoredSchedule>> {
-        self.read(|| self.inner.schedules())
+        self.read(false, |s| s.schedules())
     }
 
     fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
         let name = name.to_owned();
-        self.read(|| Box::pin(async move { self.inner.delete_schedule(&name).await }))
+        self.read(false, move |s| {
+            Box::pin(async move { s.delete_schedule(&name).await })
+        })
     }
 
     fn fire_tick(
         &self,
         tick: cairn_store::ScheduleTick,
     ) -> StoreFuture<'_, cairn_store::TickFired> {
-        self.read(|| self.inner.fire_tick(tick))
+        self.read(false, move |s| s.fire_tick(tick))
     }
 
     fn close(&self) -> StoreFuture<'_, ()> {

@@ -34,6 +34,7 @@
 
 mod faults;
 mod introspect;
+mod ledger;
 mod simulate;
 
 use std::path::PathBuf;
@@ -52,6 +53,7 @@ use introspect::EngineCell;
 pub use introspect::{
     InstanceIntrospector, MockError, Modifier, Step, TestError, WorkflowIntrospector,
 };
+pub use ledger::{Ledger, LedgerEntry};
 pub use simulate::{Faults, Simulation, SimulationReport};
 
 /// How the test engine registers what it runs: applied again at every [`TestEngine::reopen`].

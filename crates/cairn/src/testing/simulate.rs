@@ -15,8 +15,9 @@ use crate::clock::Clock;
 use crate::engine::{Engine, EngineBuilder};
 use crate::failure::INTERRUPTED;
 use crate::hooks::{BodyRun, Hooks, Scope};
-use crate::testing::faults::{FaultStore, Plan, Rng, StoreFaults};
+use crate::testing::faults::{FaultStore, Live, Plan, Rng, StoreFaults};
 use crate::testing::introspect::{Modifier, TestError};
+use crate::testing::ledger::{Ledger, LedgerEntry};
 use crate::workflow::Workflow;
 
 /// The virtual time every run starts at unless set, so a fault-free run and a faulted one see
@@ -37,6 +38,11 @@ pub struct Faults {
     /// The engine crashes (every lifetime dropped, the store reopened by a new engine) just
     /// before or just after a write lands.
     pub crashes: bool,
+    /// Half the crashes leave zombies (with `crashes` on): the crashed engine is not
+    /// dropped at once but lives on for up to a minute of virtual time, and its lifetimes'
+    /// writes (and its writes at the crash) reach the live database once the new engine has
+    /// claimed the instance. The fence must refuse every one of them.
+    pub zombies: bool,
     /// A write fails and does not land.
     pub lost_writes: bool,
     /// A write lands but the engine is told it failed.
@@ -59,6 +65,7 @@ impl Default for Faults {
     fn default() -> Self {
         Faults {
             crashes: true,
+            zombies: true,
             lost_writes: true,
             landed_but_failed: true,
             outages: true,
@@ -76,6 +83,7 @@ impl Faults {
     pub fn none() -> Self {
         Faults {
             crashes: false,
+            zombies: false,
             lost_writes: false,
             landed_but_failed: false,
             outages: false,
@@ -93,6 +101,7 @@ impl Faults {
             lost: self.lost_writes,
             landed_but_failed: self.landed_but_failed,
             crashes: self.crashes,
+            zombies: self.zombies,
             outages: self.outages,
         }
     }
@@ -110,6 +119,10 @@ pub struct SimulationReport {
     pub faults: u64,
     /// Engine crashes over all seeds.
     pub crashes: u64,
+    /// Crashes whose engine lived on as a zombie, over all seeds.
+    pub zombies: u64,
+    /// Writes of zombie engines that the live store refused (each one the fence held).
+    pub zombie_writes_refused: u64,
     /// Seeds whose status differs from the fault-free run because interrupted attempts
     /// used up a step's retries, with the status they reached.
     pub exhausted_by_interruptions: Vec<(u64, InstanceStatus)>,
@@ -127,6 +140,16 @@ type World = Arc<dyn Fn() -> Register + Send + Sync>;
 ///   retries, which the report lists);
 /// - no step body (nor rollback handler) ran twice for the same attempt, and each step's
 ///   successful attempt ran exactly once;
+/// - each step's attempts, as the event log records them, are 1 to the journal's count:
+///   each started once, in order, none skipped, each with one outcome;
+/// - with a [`Ledger`] the workflow's step bodies record into
+///   ([`Simulation::ledger`]): by the ledger alone, no body ran twice for an attempt, none
+///   ran after its step ended, and the successful attempt's body ran;
+/// - every event sent (a duplicate with its idempotency key too) was buffered once,
+///   delivered at most once, in the order sent per type, and what no wait took is still
+///   buffered at the end (nothing, when every wait took one);
+/// - no write of a crashed engine's zombie lifetimes was accepted after another engine
+///   claimed the instance;
 /// - each compensation recorded once, in reverse start order, and the same ones as the
 ///   fault-free run's.
 ///
@@ -165,6 +188,7 @@ pub struct Simulation {
     start: Timestamp,
     attempts_in_output: bool,
     mocks: Option<Mocks>,
+    ledger: Option<Ledger>,
 }
 
 type Mocks = Arc<dyn Fn(&Modifier) -> Result<(), TestError> + Send + Sync>;
@@ -189,8 +213,21 @@ struct Run {
     journal: Vec<StepRecord>,
     log: Vec<LogRecord>,
     bodies: Vec<BodyRun>,
+    /// The simulated instance's body runs as the workflow's ledger recorded them.
+    ledger: Option<Vec<LedgerEntry>>,
     injected: Vec<String>,
     crashes: u64,
+    zombies: u64,
+    zombie_refused: u64,
+    /// Writes of zombies that the live store accepted.
+    violations: Vec<String>,
+    /// Every event send and the store's answer: its idempotency key, and whether it was
+    /// buffered.
+    sends: Vec<(Option<String>, cairn_store::Sent)>,
+    /// The events still buffered for the instance at the end, oldest first.
+    buffered: Vec<cairn_store::StoredEvent>,
+    /// Event types the run's mocks deliver (no account is kept for them).
+    mocked_events: HashSet<String>,
 }
 
 impl Simulation {
@@ -214,6 +251,7 @@ impl Simulation {
             start: Timestamp::from_millis(START_MS),
             attempts_in_output: false,
             mocks: None,
+            ledger: None,
         })
     }
 
@@ -299,6 +337,15 @@ impl Simulation {
         self
     }
 
+    /// The ledger the workflow's step bodies record into ([`Ledger::record`]): every run
+    /// (the fault-free one too) is checked against it, independently of what the engine
+    /// reports. The simulation empties it at the start of each run.
+    #[must_use]
+    pub fn ledger(mut self, ledger: &Ledger) -> Self {
+        self.ledger = Some(ledger.clone());
+        self
+    }
+
     /// The faults to inject.
     #[must_use]
     pub fn faults(mut self, faults: Faults) -> Self {
@@ -317,7 +364,8 @@ impl Simulation {
             .run_once(None)
             .await
             .map_err(|e| TestError::new(format!("the fault-free run failed: {e}")))?;
-        check_bodies(&baseline).map_err(|e| TestError::new(format!("the fault-free run: {e}")))?;
+        self.check_run(&baseline)
+            .map_err(|e| TestError::new(format!("the fault-free run: {e}")))?;
         let mut report = SimulationReport::default();
         for seed in self.seeds.clone() {
             let run = self.run_once(Some(seed)).await.map_err(|e| {
@@ -328,6 +376,8 @@ impl Simulation {
             report.seeds += 1;
             report.faults += run.injected.len() as u64;
             report.crashes += run.crashes;
+            report.zombies += run.zombies;
+            report.zombie_writes_refused += run.zombie_refused;
             report.trace.push((seed, run.injected.clone()));
             match self.check(&baseline, &run) {
                 Ok(None) => {}
@@ -346,8 +396,7 @@ impl Simulation {
     /// Checks `run` against the fault-free `baseline`: `Ok(Some(status))` when it reached
     /// another status that interrupted attempts explain.
     fn check(&self, baseline: &Run, run: &Run) -> Result<Option<InstanceStatus>, String> {
-        check_bodies(run)?;
-        check_compensations(run)?;
+        self.check_run(run)?;
         // The one legitimate divergence: interrupted attempts (they count) used up a
         // step's retries where the fault-free run's step did not fail.
         if let Some(step) = exhausted_by_interruptions(run, baseline) {
@@ -375,20 +424,143 @@ impl Simulation {
         Ok(None)
     }
 
+    /// The checks every run must pass on its own, the fault-free one too.
+    fn check_run(&self, run: &Run) -> Result<(), String> {
+        if let Some(violation) = run.violations.first() {
+            return Err(format!(
+                "the fence let a stale lifetime write: {violation} ({} such writes)",
+                run.violations.len()
+            ));
+        }
+        check_bodies(run)?;
+        check_attempts(run)?;
+        check_ledger(run)?;
+        self.check_events(run)?;
+        check_compensations(run)
+    }
+
+    /// Every event the run sent is accounted for: each buffered once however often it
+    /// was sent with its key, taken at most once, in the order sent per type, and what was
+    /// not taken still buffered at the end (nothing, when every wait took one).
+    fn check_events(&self, run: &Run) -> Result<(), String> {
+        // The order the events were buffered in, by index.
+        let mut buffered = Vec::new();
+        for (i, _) in self.events.iter().enumerate() {
+            let key = event_key(i);
+            let times = run
+                .sends
+                .iter()
+                .filter(|(k, sent)| {
+                    k.as_deref() == Some(key.as_str())
+                        && matches!(sent, cairn_store::Sent::Buffered(_))
+                })
+                .count();
+            if times > 1 {
+                return Err(format!(
+                    "event {i} (key {key}) was buffered {times} times: a send with its idempotency key was not taken for the retry it is"
+                ));
+            }
+        }
+        for (key, sent) in &run.sends {
+            if let (Some(i), cairn_store::Sent::Buffered(_)) =
+                (key.as_deref().and_then(event_index), sent)
+                && i < self.events.len()
+            {
+                buffered.push(i);
+            }
+        }
+        let mut waits: HashMap<String, u32> = HashMap::new();
+        for r in run
+            .log
+            .iter()
+            .filter(|r| r.entry.kind == LogKind::WaitComplete)
+        {
+            let step = r.entry.step.as_ref().map(cairn_core::StepKey::target);
+            let n = waits.entry(step.clone().unwrap_or_default()).or_default();
+            *n += 1;
+            if *n > 1 {
+                return Err(format!("wait {step:?} completed {n} times"));
+            }
+        }
+        let mut types: Vec<&str> = self.events.iter().map(|(t, _)| t.as_str()).collect();
+        types.sort_unstable();
+        types.dedup();
+        for event_type in types {
+            if run.mocked_events.contains(event_type) {
+                continue;
+            }
+            // What the log shows of each event buffered, in the order buffered.
+            let sent: Vec<(String, serde_json::Value)> = buffered
+                .iter()
+                .filter(|i| self.events[**i].0 == event_type)
+                .map(|i| stored_and_logged(&self.events[*i].1))
+                .collect::<Result<_, _>>()?;
+            let taken: Vec<&serde_json::Value> = run
+                .log
+                .iter()
+                .filter(|r| {
+                    r.entry.kind == LogKind::WaitComplete && r.entry.meta["type"] == event_type
+                })
+                .map(|r| &r.entry.meta["payload"])
+                .collect();
+            let expected: Vec<&serde_json::Value> = sent
+                .iter()
+                .map(|(_, logged)| logged)
+                .take(taken.len())
+                .collect();
+            if taken.len() > sent.len() || taken != expected {
+                let order: Vec<&serde_json::Value> = sent.iter().map(|(_, l)| l).collect();
+                return Err(format!(
+                    "the waits for {event_type:?} took {taken:?}, but the events were buffered in the order {order:?} (each is delivered once, first in first out)"
+                ));
+            }
+            let left: Vec<&str> = run
+                .buffered
+                .iter()
+                .filter(|e| e.event_type.as_str() == event_type)
+                .map(|e| e.payload.as_str())
+                .collect();
+            let untaken: Vec<&str> = sent[taken.len()..]
+                .iter()
+                .map(|(stored, _)| stored.as_str())
+                .collect();
+            if left != untaken {
+                return Err(format!(
+                    "after the run the store buffers {left:?} of type {event_type:?}, but the events no wait took are {untaken:?}"
+                ));
+            }
+        }
+        if let Some(stray) = run
+            .buffered
+            .iter()
+            .find(|e| !self.events.iter().any(|(t, _)| t == e.event_type.as_str()))
+        {
+            return Err(format!(
+                "after the run the store buffers an event nobody sent: {stray:?}"
+            ));
+        }
+        Ok(())
+    }
+
     /// One run: `seed` drives the faults (`None`: none).
     async fn run_once(&self, seed: Option<u64>) -> Result<Run, TestError> {
         let dir = tempfile::tempdir()
             .map_err(|e| TestError::new(format!("create a temporary directory: {e}")))?;
         let register = (self.world)();
         let hooks = Arc::new(Hooks::recording());
+        let scope = Scope::Workflow {
+            workflow: self.workflow.clone(),
+            since: None,
+        };
         if let Some(mocks) = &self.mocks {
-            mocks(&Modifier::new(
-                Arc::clone(&hooks),
-                Scope::Workflow {
-                    workflow: self.workflow.clone(),
-                    since: None,
-                },
-            ))?;
+            mocks(&Modifier::new(Arc::clone(&hooks), scope.clone()))?;
+        }
+        let mocked_events: HashSet<String> = hooks.modify(scope, |m| {
+            m.events.keys().map(|t| t.as_str().to_owned()).collect()
+        });
+        if let Some(ledger) = &self.ledger {
+            // What an earlier run (or the test itself) left.
+            ledger.take();
         }
         let store_faults = seed.map(|_| self.faults.store());
         let budget = if seed.is_some() { self.faults.max } else { 0 };
@@ -409,13 +581,17 @@ impl Simulation {
             plan: Arc::clone(&plan),
             crashed: Arc::clone(&crashed),
             clock: clock.clone(),
+            live: Arc::new(Live::default()),
         };
-        let (engine, store) = opener.open().await?;
+        let (engine, store, raw) = opener.open().await?;
         let mut run = Running {
             opener,
             engine,
             store,
+            raw,
             crashes: 0,
+            zombies: Vec::new(),
+            zombies_seen: 0,
         };
 
         let name = self.workflow.clone();
@@ -451,12 +627,17 @@ impl Simulation {
                 Some(at) => clock.sleep_until(at),
                 None => Box::pin(std::future::pending()),
             };
+            let zombie_ends: futures::future::BoxFuture<'static, ()> = match run.next_zombie_end() {
+                Some(at) => clock.sleep_until(at),
+                None => Box::pin(std::future::pending()),
+            };
             tokio::select! {
                 biased;
                 () = crashed.notified() => {}
                 status = instance.wait() => if let Ok(status) = status {
                     break status;
                 },
+                () = zombie_ends => run.end_zombies(false).await,
                 () = resume => {
                     if instance.resume().await.is_ok() {
                         resume_at = None;
@@ -476,6 +657,8 @@ impl Simulation {
             // A crash (noticed above or not) or an outage: the next turn reopens or waits.
             run.recover().await?;
         };
+        // Zombies still about try their last writes now; then they are gone.
+        run.end_zombies(true).await;
         let name = self.workflow.clone();
         let record = run
             .call(|engine| {
@@ -513,8 +696,27 @@ impl Simulation {
             }
             log.extend(page);
         }
+        let buffered = run.buffered_events(record.instance).await?;
         run.engine.shutdown().await;
-        let injected = plan.lock().map(|p| p.injected.clone()).unwrap_or_default();
+        let prefix = format!("{}/sim/", self.workflow);
+        let ledger = self.ledger.as_ref().map(|ledger| {
+            ledger
+                .take()
+                .into_iter()
+                .filter(|e| e.key.starts_with(&prefix))
+                .collect()
+        });
+        let (injected, violations, zombie_refused, sends) = {
+            let mut plan = plan
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            (
+                plan.injected.clone(),
+                std::mem::take(&mut plan.violations),
+                plan.zombie_refused,
+                std::mem::take(&mut plan.sends),
+            )
+        };
         Ok(Run {
             status: status.status,
             output: status.output,
@@ -526,8 +728,15 @@ impl Simulation {
                 .into_iter()
                 .filter(|r| r.instance.as_str() == "sim")
                 .collect(),
+            ledger,
             injected,
             crashes: run.crashes,
+            zombies: run.zombies_seen,
+            zombie_refused,
+            violations,
+            sends,
+            buffered,
+            mocked_events,
         })
     }
 
@@ -539,7 +748,7 @@ impl Simulation {
             .get("sim")
             .await?;
         instance
-            .send_event_with_key(event_type, payload, &format!("sim-event-{i}"))
+            .send_event_with_key(event_type, payload, &event_key(i))
             .await
             .map(|_| ())
     }
@@ -594,7 +803,7 @@ impl Simulation {
                 // A failure here is a client's failure, not the engine's: the check is
                 // that a resend is never delivered twice.
                 let _ = instance
-                    .send_event_with_key(event_type, payload, &format!("sim-event-{i}"))
+                    .send_event_with_key(event_type, payload, &event_key(i))
                     .await;
             }
             _ => {
@@ -614,10 +823,16 @@ struct Opener {
     plan: Arc<Mutex<Plan>>,
     crashed: Arc<tokio::sync::Notify>,
     clock: Clock,
+    /// The run's live store, where zombies' calls go.
+    live: Arc<Live>,
 }
 
 impl Opener {
-    async fn open(&self) -> Result<(Engine, Arc<FaultStore>), TestError> {
+    /// A new engine on the run's database: the engine, its fault store, and the database
+    /// under it (for the simulator's own reads).
+    async fn open(
+        &self,
+    ) -> Result<(Engine, Arc<FaultStore>, Arc<cairn_sqlite::SqliteStore>), TestError> {
         let path = self.path.clone();
         let inner = tokio::task::spawn_blocking(move || {
             cairn_sqlite::SqliteStore::open(
@@ -628,22 +843,35 @@ impl Opener {
         .await
         .map_err(|e| TestError::new(format!("open the database: {e}")))?
         .map_err(|e| TestError::new(format!("open the database: {e}")))?;
+        let raw = Arc::new(inner);
         // The faults are decided on the runtime's thread, in the order the tasks call the
         // store (the same order for the same seed); the SQLite calls under them run on
         // blocking threads, which keeps the paused clock still while they work.
         let store = Arc::new(FaultStore::new(
-            Arc::new(crate::engine::blocking::Blocking(Arc::new(inner))),
+            Arc::new(crate::engine::blocking::Blocking(
+                Arc::clone(&raw) as Arc<dyn cairn_store::Store>
+            )),
             Arc::clone(&self.plan),
             Arc::clone(&self.crashed),
+            Arc::clone(&self.live),
         ));
+        self.live.set(&store);
         let builder = Engine::builder()
             .store(Arc::clone(&store) as Arc<dyn cairn_store::Store>)
             .store_calls_blocking()
             .clock(self.clock.clone())
             .drain_timeout(Duration::from_secs(1))
             .hooks(Arc::clone(&self.hooks));
-        Ok(((self.register)(builder).start().await?, store))
+        Ok(((self.register)(builder).start().await?, store, raw))
     }
+}
+
+/// A crashed engine that lives on: its lifetimes run until `until`, their store calls
+/// going to the live store.
+struct Zombie {
+    engine: Engine,
+    store: Arc<FaultStore>,
+    until: Timestamp,
 }
 
 /// A run's engine, replaced by a new one on the same database after each crash.
@@ -651,21 +879,78 @@ struct Running {
     opener: Opener,
     engine: Engine,
     store: Arc<FaultStore>,
+    raw: Arc<cairn_sqlite::SqliteStore>,
     crashes: u64,
+    /// Crashed engines living on.
+    zombies: Vec<Zombie>,
+    zombies_seen: u64,
 }
 
 impl Running {
-    /// After a crash: the crashed engine shut down (its store lets nothing through), a new
-    /// one opened. Otherwise nothing.
+    /// After a crash: the crashed engine shut down (its store lets nothing through), or
+    /// left running as a zombie (its database handle closed: one engine per file), and a
+    /// new one opened. Otherwise nothing.
     async fn recover(&mut self) -> Result<(), TestError> {
-        if self.store.is_dead() {
-            self.crashes += 1;
+        if !self.store.is_dead() {
+            return Ok(());
+        }
+        self.crashes += 1;
+        let zombie_for = self.store.zombie_for();
+        if zombie_for.is_none() {
             self.engine.shutdown().await;
-            let (engine, store) = self.opener.open().await?;
-            self.engine = engine;
-            self.store = store;
+        } else {
+            let _ = self.store.inner.close().await;
+        }
+        let (engine, store, raw) = self.opener.open().await?;
+        let crashed_engine = std::mem::replace(&mut self.engine, engine);
+        let crashed_store = std::mem::replace(&mut self.store, store);
+        self.raw = raw;
+        if let Some(lasts) = zombie_for {
+            self.zombies_seen += 1;
+            self.zombies.push(Zombie {
+                engine: crashed_engine,
+                store: crashed_store,
+                until: self.opener.clock.now().saturating_add(lasts),
+            });
         }
         Ok(())
+    }
+
+    /// When the next zombie's time is up.
+    fn next_zombie_end(&self) -> Option<Timestamp> {
+        self.zombies.iter().map(|z| z.until).min()
+    }
+
+    /// Ends the zombies whose time is up (`all`: every one): their calls still waiting go
+    /// to the live store, then their engines shut down.
+    async fn end_zombies(&mut self, all: bool) {
+        let now = self.opener.clock.now();
+        let (ending, living): (Vec<Zombie>, Vec<Zombie>) = std::mem::take(&mut self.zombies)
+            .into_iter()
+            .partition(|z| all || z.until <= now);
+        self.zombies = living;
+        for zombie in &ending {
+            zombie.store.release_zombie();
+        }
+        for zombie in ending {
+            zombie.engine.shutdown().await;
+        }
+    }
+
+    /// The events still buffered for `instance`, read from the database itself.
+    async fn buffered_events(
+        &mut self,
+        instance: cairn_store::InstanceRef,
+    ) -> Result<Vec<cairn_store::StoredEvent>, TestError> {
+        self.recover().await?;
+        let raw = Arc::clone(&self.raw);
+        // From a blocking thread, as every store call of the run: paused time stays still.
+        tokio::task::spawn_blocking(move || {
+            futures::executor::block_on(raw.buffered_events(instance))
+        })
+        .await
+        .map_err(|e| TestError::new(format!("read the buffered events: {e}")))?
+        .map_err(|e| TestError::new(format!("read the buffered events: {e}")))
     }
 
     /// Calls `f` on the engine until it succeeds, as a client retries: through outages
@@ -699,6 +984,166 @@ impl Running {
         })
         .await
     }
+}
+
+/// The idempotency key of the simulation's `i`-th event: every send of it uses it.
+fn event_key(i: usize) -> String {
+    format!("sim-event-{i}")
+}
+
+/// Which event an idempotency key is the key of.
+fn event_index(key: &str) -> Option<usize> {
+    key.strip_prefix("sim-event-")?.parse().ok()
+}
+
+/// How an event payload is stored (its JSON text as buffered) and how a `WAIT_COMPLETE`
+/// record shows it.
+fn stored_and_logged(payload: &serde_json::Value) -> Result<(String, serde_json::Value), String> {
+    let stored =
+        cairn_core::binary::to_string(payload).map_err(|e| format!("an event payload: {e}"))?;
+    let mut logged: serde_json::Value =
+        serde_json::from_str(&stored).map_err(|e| format!("an event payload: {e}"))?;
+    cairn_core::binary::summarise(&mut logged);
+    Ok((stored, logged))
+}
+
+/// Each `run` and rollback step's attempts, as the event log records them, are exactly
+/// 1 to its journal entry's count: each started once and in order (none skipped, none
+/// repeated), each with one outcome, but for an attempt still in flight, and none beyond.
+fn check_attempts(run: &Run) -> Result<(), String> {
+    // (rollback, name, count) → attempts started, in log order; attempt → outcomes.
+    type Id = (bool, String, u32);
+    let mut starts: HashMap<Id, Vec<u64>> = HashMap::new();
+    let mut outcomes: HashMap<Id, HashMap<u64, u32>> = HashMap::new();
+    for r in &run.log {
+        let Some(step) = &r.entry.step else { continue };
+        let (rollback, start) = match r.entry.kind {
+            LogKind::AttemptStart => (false, true),
+            LogKind::RollbackAttemptStart => (true, true),
+            LogKind::AttemptSuccess | LogKind::AttemptFailure => (false, false),
+            LogKind::RollbackAttemptSuccess | LogKind::RollbackAttemptFailure => (true, false),
+            _ => continue,
+        };
+        let id = (rollback, step.name.clone(), step.count);
+        let attempt = r.entry.meta["attempt"].as_u64().unwrap_or(0);
+        if start {
+            starts.entry(id).or_default().push(attempt);
+        } else {
+            *outcomes.entry(id).or_default().entry(attempt).or_default() += 1;
+        }
+    }
+    let what = |rollback: bool| if rollback { "rollback of step" } else { "step" };
+    let mut journaled = HashSet::new();
+    for record in &run.journal {
+        let rollback = match record.key.kind {
+            StepKind::Run => false,
+            StepKind::Rollback => true,
+            _ => continue,
+        };
+        let id = (rollback, record.key.name.clone(), record.key.count);
+        let target = record.key.target();
+        let n = u64::from(record.attempts);
+        let started = starts.get(&id).cloned().unwrap_or_default();
+        let expected: Vec<u64> = (1..=n).collect();
+        if started != expected {
+            return Err(format!(
+                "the {} {target} recorded the attempt starts {started:?}, but its journal entry counts {n} attempts (expected {expected:?})",
+                what(rollback)
+            ));
+        }
+        let ended = outcomes.get(&id).cloned().unwrap_or_default();
+        for attempt in 1..=n {
+            let logged = ended.get(&attempt).copied().unwrap_or(0);
+            let due = u32::from(attempt < n || !record.in_flight);
+            if logged != due {
+                return Err(format!(
+                    "attempt {attempt} of the {} {target} has {logged} recorded outcomes, not {due}",
+                    what(rollback)
+                ));
+            }
+        }
+        if let Some(beyond) = ended.keys().find(|a| **a == 0 || **a > n) {
+            return Err(format!(
+                "the {} {target} recorded an outcome of attempt {beyond}, but its journal entry counts {n} attempts",
+                what(rollback)
+            ));
+        }
+        journaled.insert(id);
+    }
+    if let Some((rollback, name, count)) = starts
+        .keys()
+        .chain(outcomes.keys())
+        .find(|id| !journaled.contains(*id))
+    {
+        return Err(format!(
+            "the log records attempts of the {} {name}-{count}, which the journal does not have",
+            what(*rollback)
+        ));
+    }
+    Ok(())
+}
+
+/// By the workflow's own ledger: no step body ran twice for one attempt, none ran for an
+/// attempt the journal does not count (after its step succeeded, or past its last), and a
+/// step that succeeded had its successful attempt's body run (unless a mock stood in).
+fn check_ledger(run: &Run) -> Result<(), String> {
+    let Some(ledger) = &run.ledger else {
+        return Ok(());
+    };
+    let mut ran: HashMap<(&str, u32, u32), u32> = HashMap::new();
+    for e in ledger {
+        let n = ran
+            .entry((e.name.as_str(), e.count, e.attempt))
+            .or_default();
+        *n += 1;
+        if *n > 1 {
+            return Err(format!(
+                "by the workflow's ledger, the body of step {}-{} ran {n} times for attempt {}",
+                e.name, e.count, e.attempt
+            ));
+        }
+        let Some(record) = run.journal.iter().find(|r| {
+            r.key.kind == StepKind::Run && r.key.name == e.name && r.key.count == e.count
+        }) else {
+            return Err(format!(
+                "by the workflow's ledger, the body of step {}-{} ran (attempt {}), but the journal has no such step",
+                e.name, e.count, e.attempt
+            ));
+        };
+        if e.attempt > record.attempts {
+            let when = if record.state == StepState::Succeeded {
+                "after its step succeeded at attempt"
+            } else {
+                "past the journal's last attempt,"
+            };
+            return Err(format!(
+                "by the workflow's ledger, the body of step {}-{} ran for attempt {} {when} {}",
+                e.name, e.count, e.attempt, record.attempts
+            ));
+        }
+    }
+    for record in &run.journal {
+        if record.key.kind != StepKind::Run || record.state != StepState::Succeeded {
+            continue;
+        }
+        let (name, count) = (record.key.name.as_str(), record.key.count);
+        let recorded = ran.keys().any(|(n, c, _)| *n == name && *c == count);
+        let mocked = run.bodies.iter().any(|b| {
+            !b.rollback
+                && b.mocked
+                && b.step.name == name
+                && b.step.count == count
+                && b.attempt == record.attempts
+        });
+        if recorded && !mocked && !ran.contains_key(&(name, count, record.attempts)) {
+            return Err(format!(
+                "step {} succeeded at attempt {}, but by the workflow's ledger no body ran for it",
+                record.key.target(),
+                record.attempts
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether an attempt of `run` was recorded as interrupted.
@@ -930,8 +1375,15 @@ mod tests {
             journal,
             log,
             bodies,
+            ledger: None,
             injected: Vec::new(),
             crashes: 0,
+            zombies: 0,
+            zombie_refused: 0,
+            violations: Vec::new(),
+            sends: Vec::new(),
+            buffered: Vec::new(),
+            mocked_events: HashSet::new(),
         }
     }
 
