@@ -1,0 +1,77 @@
+// Errors: the one users throw (NonRetryableError), the one the binding throws for an HTTP
+// failure, and the conversions between JavaScript errors and the protocol's
+// `{name, message}`.
+
+import type { ErrorInfo, Thrown } from "./protocol.js";
+
+/**
+ * Thrown from a step's callback (or a rollback handler), it fails the attempt and stops
+ * its retries at once, as Cloudflare's `NonRetryableError` from `cloudflare:workflows`.
+ */
+export class NonRetryableError extends Error {
+  constructor(message: string, name = "NonRetryableError") {
+    super(message);
+    this.name = name;
+  }
+}
+
+/**
+ * A failed call of the Cairn HTTP API (the Workflow binding): `code` is the server's stable
+ * code (`instance.not_found`, …), also at the start of the message.
+ */
+export class CairnApiError extends Error {
+  readonly code: string;
+  readonly status: number;
+
+  constructor(code: string, message: string, status: number) {
+    super(`${code}: ${message}`);
+    this.name = "CairnApiError";
+    this.code = code;
+    this.status = status;
+  }
+}
+
+/** Whether an error stops retries: Cloudflare matches on the name or the message's start. */
+function isNonRetryable(error: unknown): boolean {
+  if (error instanceof NonRetryableError) return true;
+  if (!(error instanceof Error)) return false;
+  return error.name === "NonRetryableError" || error.message.startsWith("NonRetryableError");
+}
+
+/** What user code threw, as the protocol reports it. Anything may be thrown, not only Errors. */
+export function thrownInfo(error: unknown): Thrown {
+  if (error instanceof Error) {
+    return {
+      name: typeof error.name === "string" && error.name !== "" ? error.name : "Error",
+      message: typeof error.message === "string" ? error.message : String(error.message),
+      nonRetryable: isNonRetryable(error),
+    };
+  }
+  return { name: "Error", message: safeString(error), nonRetryable: false };
+}
+
+/** A `runResult` error has no `nonRetryable`. */
+export function errorInfo(error: unknown): ErrorInfo {
+  const { name, message } = thrownInfo(error);
+  return { name, message };
+}
+
+/**
+ * The engine's `{name, message}` as an Error to throw into user code. A NonRetryableError
+ * comes back as one, so `instanceof NonRetryableError` works on a step's final error.
+ */
+export function toError(info: ErrorInfo): Error {
+  if (info.name === "NonRetryableError") return new NonRetryableError(info.message);
+  const error = new Error(info.message);
+  error.name = info.name;
+  return error;
+}
+
+function safeString(value: unknown): string {
+  try {
+    return String(value);
+  } catch {
+    // An object whose toString throws (or a null-prototype object) still gets a message.
+    return Object.prototype.toString.call(value);
+  }
+}

@@ -1,0 +1,220 @@
+// One run of an instance on this worker: from the engine's `start` to its `stop`. A run
+// calls the workflow's `run()` from the top, numbers its ops in call order, settles each
+// op with the engine's `opResult`, and runs the callbacks, delay functions and rollback
+// handlers the engine asks for, by the op's seq. Durable state is the engine's: dropping a
+// run loses nothing, and its unsettled calls simply never settle (as a hibernated
+// Cloudflare instance's future is dropped).
+
+import { resolvedConfig, wireDuration, type WorkflowStepContext } from "./config.js";
+import { executionContext, type WorkflowClass, type WorkflowEvent } from "./entrypoint.js";
+import { errorInfo, thrownInfo, toError } from "./errors.js";
+import type { Attempt, Delay, ErrorInfo, OpBody, OpResult, Rollback, Start, Thrown, ToEngine } from "./protocol.js";
+import { type DoHandlers, type OpSink, WorkflowStep } from "./step.js";
+import { toJsonValue } from "./values.js";
+
+/** Where log lines go (`console` by default). */
+export interface Logger {
+  warn(message: string): void;
+  error(message: string): void;
+}
+
+/** What a run needs from the worker that holds it. */
+export interface RunHost {
+  /**
+   * Sends `message`: `"sent"`, `"dropped"` (the worker is closing or disconnected: the
+   * message goes nowhere and that is fine), or throws a RangeError for a frame over 2 MiB.
+   */
+  send(message: ToEngine): "sent" | "dropped";
+  /** A task (attempt, delay, rollback) has finished, answered or not. */
+  taskEnded(): void;
+  logger: Logger;
+}
+
+interface PendingOp {
+  resolve(value: unknown): void;
+  reject(error: Error): void;
+}
+
+/** A `do` op's handlers with the count claimed when it was made. */
+interface DoOp extends DoHandlers {
+  count: number;
+}
+
+export class Run implements OpSink {
+  readonly id: string;
+  readonly #host: RunHost;
+  #nextSeq = 0;
+  /** `step.count`: the occurrence of each `do` name among this run's ops, claimed at call time. */
+  readonly #counts = new Map<string, number>();
+  readonly #pending = new Map<number, PendingOp>();
+  /** By seq; kept after the op settles only if it has a rollback handler. */
+  readonly #doOps = new Map<number, DoOp>();
+  /** Tasks asked for and not answered yet; `cancel` removes one, so its late answer is not sent. */
+  readonly #tasks = new Set<string>();
+  #stopped = false;
+
+  constructor(id: string, host: RunHost) {
+    this.id = id;
+    this.#host = host;
+  }
+
+  /** Tasks running now (for a graceful close). */
+  get tasksInFlight(): number {
+    return this.#tasks.size;
+  }
+
+  /** Calls the workflow's `run()` and reports how it ended. */
+  execute(start: Start, workflow: WorkflowClass<unknown>, env: unknown): void {
+    const event: WorkflowEvent<unknown> = {
+      payload: start.instance.params as Readonly<unknown>,
+      timestamp: new Date(start.instance.timestamp),
+      instanceId: start.instance.id,
+    };
+    const step = new WorkflowStep(this);
+    const ctx = executionContext((error) =>
+      this.#host.logger.error(`run ${this.id}: a promise passed to ctx.waitUntil failed: ${errorInfo(error).message}`),
+    );
+    (async () => {
+      // Cloudflare constructs entrypoints as `new Cls(ctx, env)`; a class whose constructor
+      // does not call `super(ctx, env)` still gets its `env`.
+      const entrypoint = new workflow(ctx, env) as { env?: unknown; run: (e: unknown, s: unknown) => unknown };
+      if (entrypoint.env === undefined) entrypoint.env = env;
+      return entrypoint.run(event, step);
+    })().then(
+      (output) => {
+        let ok: unknown;
+        try {
+          ok = toJsonValue(output, `the output of workflow "${start.workflow}"`);
+        } catch (error) {
+          this.#reply({ type: "runResult", run: this.id, error: errorInfo(error) });
+          return;
+        }
+        this.#reply({ type: "runResult", run: this.id, ok }, () => ({
+          type: "runResult",
+          run: this.id,
+          error: { name: "RangeError", message: outcomeTooLarge },
+        }));
+      },
+      (error) => this.#reply({ type: "runResult", run: this.id, error: errorInfo(error) }),
+    );
+  }
+
+  /** OpSink: numbers the op now (in call order) and sends it. */
+  submit(body: OpBody, handlers?: DoHandlers): Promise<unknown> {
+    if (this.#stopped) return new Promise(() => {});
+    const seq = this.#nextSeq;
+    // Send first: an op the frame limit refuses rejects here and consumes no seq.
+    const sent = this.#host.send({ type: "op", run: this.id, seq, ...body });
+    this.#nextSeq += 1;
+    if (handlers !== undefined) {
+      const count = (this.#counts.get(handlers.name) ?? 0) + 1;
+      this.#counts.set(handlers.name, count);
+      this.#doOps.set(seq, { ...handlers, count });
+    }
+    if (sent === "dropped") return new Promise(() => {});
+    return new Promise((resolve, reject) => this.#pending.set(seq, { resolve, reject }));
+  }
+
+  opResult(message: OpResult): void {
+    const pending = this.#pending.get(message.seq);
+    if (pending === undefined) {
+      this.#host.logger.warn(`run ${this.id}: an opResult for op #${message.seq}, which is not waiting`);
+      return;
+    }
+    this.#pending.delete(message.seq);
+    const op = this.#doOps.get(message.seq);
+    // The callback and delay function are done with; a rollback handler may still be asked for.
+    if (op !== undefined && op.rollback === undefined) this.#doOps.delete(message.seq);
+    if (message.error !== undefined) pending.reject(toError(message.error));
+    else pending.resolve(message.ok);
+  }
+
+  attempt(message: Attempt): void {
+    const op = this.#doOps.get(message.seq);
+    this.#task(message.task, async () => {
+      if (op === undefined) throw new Error(`run ${this.id} has no step.do #${message.seq} waiting for an attempt`);
+      const value = await op.callback(this.#context(op, message.attempt));
+      return toJsonValue(value, `the output of step "${op.name}"`);
+    }, (outcome) => ({ type: "attemptResult", run: this.id, task: message.task, ...outcome }));
+  }
+
+  delay(message: Delay): void {
+    const op = this.#doOps.get(message.seq);
+    this.#task(message.task, async () => {
+      const delay = op?.config?.retries?.delay;
+      if (op === undefined || typeof delay !== "function") {
+        throw new Error(`run ${this.id} has no delay function for step #${message.seq}`);
+      }
+      const value = await delay({ ctx: this.#context(op, message.attempt), error: toError(message.error) });
+      return wireDuration(value, `the value returned by the delay function of step "${op.name}-${op.count}"`);
+    }, (outcome) => ({ type: "delayResult", run: this.id, task: message.task, ...outcome }) as ToEngine);
+  }
+
+  rollback(message: Rollback): void {
+    const op = this.#doOps.get(message.seq);
+    this.#task(message.task, async () => {
+      if (op?.rollback === undefined) throw new Error(`run ${this.id} has no rollback handler for step #${message.seq}`);
+      await op.rollback.rollback({
+        output: "output" in message ? message.output : undefined,
+        error: toError(message.error ?? NO_ERROR),
+        ctx: this.#context(op, message.attempt),
+        stepName: `${op.name}-${op.count}`,
+      });
+      // What a handler returns is not kept: a rollback's outcome is done or failed.
+      return null;
+    }, (outcome) => ({ type: "rollbackResult", run: this.id, task: message.task, ...outcome }));
+  }
+
+  /** The engine gave up on the task (a timeout): its late answer is not sent. */
+  cancel(task: string): void {
+    this.#tasks.delete(task);
+  }
+
+  /** The run is over here: nothing about it is sent again, its calls never settle. */
+  stop(): void {
+    this.#stopped = true;
+    this.#pending.clear();
+    this.#doOps.clear();
+    this.#tasks.clear();
+  }
+
+  #context(op: DoOp, attempt: number): WorkflowStepContext {
+    return { step: { name: op.name, count: op.count }, attempt, config: resolvedConfig(op.config) };
+  }
+
+  /** Runs user code for a task and answers it, unless it was cancelled or the run stopped. */
+  #task(task: string, work: () => Promise<unknown>, answer: (outcome: { ok: unknown } | { error: Thrown }) => ToEngine): void {
+    this.#tasks.add(task);
+    work()
+      .then(
+        (ok) => ({ ok }),
+        (error: unknown) => ({ error: thrownInfo(error) }),
+      )
+      .then((outcome) => {
+        if (!this.#tasks.delete(task) || this.#stopped) return;
+        this.#reply(answer(outcome), () =>
+          answer({ error: { name: "RangeError", message: outcomeTooLarge, nonRetryable: false } }),
+        );
+      })
+      .finally(() => this.#host.taskEnded());
+  }
+
+  /** Sends an answer; one over the frame limit is replaced by `instead()` (an error). */
+  #reply(message: ToEngine, instead?: () => ToEngine): void {
+    if (this.#stopped) return;
+    try {
+      this.#host.send(message);
+    } catch (error) {
+      if (error instanceof RangeError && instead !== undefined) {
+        this.#reply(instead());
+      } else {
+        this.#host.logger.error(`run ${this.id}: could not send ${message.type}: ${errorInfo(error).message}`);
+      }
+    }
+  }
+}
+
+const outcomeTooLarge = "the value is larger than a frame of the worker protocol holds (2 MiB of JSON)";
+
+/** The protocol allows a rollback without an error; handlers are typed to always get one. */
+const NO_ERROR: ErrorInfo = { name: "Error", message: "the engine gave no error for this rollback" };

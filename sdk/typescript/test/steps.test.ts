@@ -1,0 +1,421 @@
+// The step API's bookkeeping, seen on the wire: ops numbered in call order, each settled
+// by its opResult, callbacks, delay functions and rollback handlers run when the engine
+// asks, and values turned into JSON. Each test plays the engine's side by hand.
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import {
+  NonRetryableError,
+  WorkflowEntrypoint,
+  type WorkflowEvent,
+  type WorkflowStep,
+} from "@cairn-engine/workflows";
+import { deferred, setup } from "./helpers.js";
+
+describe("ops", () => {
+  it("are numbered in call order before any is answered, and settle in any order (Promise.all)", async () => {
+    class Parallel extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        const [a, b] = await Promise.all([
+          step.do("first", async () => "a"),
+          step.do("second", async () => "b"),
+          step.sleep("nap", "1 hour"),
+        ]);
+        const c = await step.do("after", async () => "c");
+        return [a, b, c];
+      }
+    }
+    const { engine, done } = await setup({ workflows: { parallel: Parallel } });
+    engine.start("r1", "parallel");
+    const ops = await Promise.all([0, 1, 2].map((seq) => engine.next({ type: "op", run: "r1", seq })));
+    assert.deepEqual(
+      ops.map((o) => [o.seq, o.op, o.name]),
+      [
+        [0, "do", "first"],
+        [1, "do", "second"],
+        [2, "sleep", "nap"],
+      ],
+    );
+    assert.deepEqual(ops[0], { type: "op", run: "r1", seq: 0, op: "do", name: "first", config: null, delayFunction: false });
+    assert.equal(ops[2]!.duration, "1 hour");
+    // Answered out of order: the values come from the engine (the journal), not the callbacks.
+    engine.send({ type: "opResult", run: "r1", seq: 2, ok: null });
+    engine.send({ type: "opResult", run: "r1", seq: 1, ok: "B" });
+    engine.send({ type: "opResult", run: "r1", seq: 0, ok: "A" });
+    const after = await engine.next({ type: "op", run: "r1", seq: 3 });
+    assert.equal(after.name, "after");
+    engine.send({ type: "opResult", run: "r1", seq: 3, ok: "C" });
+    assert.deepEqual(await engine.next({ type: "runResult", run: "r1" }), { type: "runResult", run: "r1", ok: ["A", "B", "C"] });
+    await done();
+  });
+
+  it("reject with the engine's error name and message; a NonRetryableError comes back as one", async () => {
+    class Catching extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        const caught: unknown[] = [];
+        await step.do("charge", async () => 1).catch((e: unknown) => caught.push(e));
+        await step.waitForEvent("approval", { type: "approved", timeout: "1 day" }).catch((e: unknown) => caught.push(e));
+        return caught.map((e) => {
+          const error = e as Error;
+          return [error.name, error.message, error instanceof Error, error instanceof NonRetryableError];
+        });
+      }
+    }
+    const { engine, done } = await setup({ workflows: { catching: Catching } });
+    engine.start("r1", "catching");
+    await engine.next({ type: "op", seq: 0 });
+    engine.send({ type: "opResult", run: "r1", seq: 0, error: { name: "NonRetryableError", message: "card declined" } });
+    const wait = await engine.next({ type: "op", seq: 1 });
+    assert.deepEqual(wait, { type: "op", run: "r1", seq: 1, op: "waitForEvent", name: "approval", eventType: "approved", timeout: "1 day" });
+    engine.send({ type: "opResult", run: "r1", seq: 1, error: { name: "WorkflowTimeoutError", message: "Execution timed out after 86400000ms" } });
+    const result = await engine.next({ type: "runResult" });
+    assert.deepEqual(result.ok, [
+      ["NonRetryableError", "card declined", true, true],
+      ["WorkflowTimeoutError", "Execution timed out after 86400000ms", true, false],
+    ]);
+    await done();
+  });
+
+  it("waitForEvent, sleepUntil and invoke send their fields and return Cloudflare's shapes", async () => {
+    class Kinds extends WorkflowEntrypoint<{ SHIPPING: { name: string } }> {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        const event = await step.waitForEvent<{ by: string }>("approval", { type: "approved" });
+        await step.sleepUntil("launch", new Date("2027-01-01T00:00:00.000Z"));
+        await step.sleepUntil("later", 1767225600000);
+        const child = await step.invoke<{ tracking: string }>("ship", this.env.SHIPPING, { order: 17 });
+        await step.invoke("audit", "audit", undefined, { detached: true });
+        return { by: event.payload.by, type: event.type, at: event.timestamp.toISOString(), date: event.timestamp instanceof Date, child };
+      }
+    }
+    const { engine, done } = await setup({ workflows: { kinds: Kinds }, env: { SHIPPING: { name: "shipping" } } });
+    engine.start("r1", "kinds");
+    const wait = await engine.next({ type: "op", seq: 0 });
+    assert.deepEqual(wait, { type: "op", run: "r1", seq: 0, op: "waitForEvent", name: "approval", eventType: "approved" });
+    engine.send({ type: "opResult", run: "r1", seq: 0, ok: { payload: { by: "ada" }, type: "approved", timestamp: "2026-12-01T10:05:00.000Z" } });
+    assert.equal((await engine.next({ type: "op", seq: 1 })).until, Date.parse("2027-01-01T00:00:00.000Z"));
+    engine.send({ type: "opResult", run: "r1", seq: 1, ok: null });
+    assert.equal((await engine.next({ type: "op", seq: 2 })).until, 1767225600000);
+    engine.send({ type: "opResult", run: "r1", seq: 2, ok: null });
+    const ship = await engine.next({ type: "op", seq: 3 });
+    assert.deepEqual(ship, { type: "op", run: "r1", seq: 3, op: "invoke", name: "ship", workflow: "shipping", params: { order: 17 }, detached: false });
+    engine.send({ type: "opResult", run: "r1", seq: 3, ok: { tracking: "T-1" } });
+    const audit = await engine.next({ type: "op", seq: 4 });
+    assert.deepEqual([audit.workflow, audit.params, audit.detached], ["audit", {}, true]);
+    engine.send({ type: "opResult", run: "r1", seq: 4, ok: null });
+    const result = await engine.next({ type: "runResult" });
+    assert.deepEqual(result.ok, { by: "ada", type: "approved", at: "2026-12-01T10:05:00.000Z", date: true, child: { tracking: "T-1" } });
+    await done();
+  });
+
+  it("with bad arguments reject at once and consume no seq", async () => {
+    class Careless extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        const errors: string[] = [];
+        const untyped = step as unknown as Record<string, (...args: unknown[]) => Promise<unknown>>;
+        for (const call of [
+          () => step.do("negative", { retries: { limit: -1, delay: 10 } }, async () => 1),
+          () => step.do("odd backoff", { retries: { limit: 1, delay: 10, backoff: "sometimes" as "linear" } }, async () => 1),
+          () => untyped.do!("no callback", { timeout: "1 minute" }),
+          () => step.do("", async () => 1),
+          () => step.sleep("forever", -5),
+          () => step.sleepUntil("never", new Date("not a date")),
+          () => step.waitForEvent("nothing", { type: "" }),
+          () => step.invoke("child", "other", { n: 1n }),
+          () => step.do("bad rollback", async () => 1, { rollback: "undo" as unknown as () => void }),
+        ]) {
+          await call().catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
+        }
+        await step.do("first real op", async () => errors);
+      }
+    }
+    const { engine, done } = await setup({ workflows: { careless: Careless } });
+    engine.start("r1", "careless");
+    const op = await engine.next({ type: "op" });
+    assert.equal(op.seq, 0);
+    assert.equal(op.name, "first real op");
+    engine.send({ type: "attempt", run: "r1", task: "t1", seq: 0, attempt: 1 });
+    const errors = (await engine.next({ type: "attemptResult" })).ok as string[];
+    assert.equal(errors.length, 9);
+    for (const error of errors) assert.match(error, /^TypeError: /);
+    assert.match(errors[7]!, /cannot be sent as JSON/);
+    await done();
+  });
+});
+
+describe("attempts", () => {
+  it("call the callback with the step context and answer its value", async () => {
+    class Counting extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        const config = { retries: { limit: 2, delay: "1 second", backoff: "constant" as const } };
+        const first = await step.do("charge", config, async (ctx) => ctx);
+        const second = await step.do("charge", async (ctx) => ctx);
+        return [first, second];
+      }
+    }
+    const { engine, done } = await setup({ workflows: { counting: Counting } });
+    engine.start("r1", "counting");
+    const op = await engine.next({ type: "op", seq: 0 });
+    assert.deepEqual(op.config, { retries: { limit: 2, delay: "1 second", backoff: "constant" } });
+    engine.send({ type: "attempt", run: "r1", task: "t1", seq: 0, attempt: 1 });
+    const first = await engine.next({ type: "attemptResult", task: "t1" });
+    assert.deepEqual(first, {
+      type: "attemptResult",
+      run: "r1",
+      task: "t1",
+      ok: {
+        attempt: 1,
+        step: { name: "charge", count: 1 },
+        config: { retries: { limit: 2, delay: "1 second", backoff: "constant" }, timeout: "10 minutes" },
+      },
+    });
+    engine.send({ type: "opResult", run: "r1", seq: 0, ok: first.ok });
+    await engine.next({ type: "op", seq: 1 });
+    engine.send({ type: "attempt", run: "r1", task: "t2", seq: 1, attempt: 3 });
+    const second = await engine.next({ type: "attemptResult", task: "t2" });
+    assert.deepEqual(second.ok, {
+      attempt: 3,
+      step: { name: "charge", count: 2 },
+      config: { retries: { limit: 5, delay: 10000, backoff: "exponential" }, timeout: "10 minutes" },
+    });
+    await done();
+  });
+
+  it("answer what the callback threw, NonRetryableError with nonRetryable", async () => {
+    class RateLimited extends Error {
+      override name = "RateLimited";
+    }
+    class Throwing extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await Promise.allSettled([
+          step.do("timeout", async () => {
+            throw new Error("timeout talking to bank");
+          }),
+          step.do("declined", async () => {
+            throw new NonRetryableError("card declined");
+          }),
+          step.do("custom", async () => {
+            throw new RateLimited("slow down");
+          }),
+          step.do("string", async () => {
+            throw "not an error";
+          }),
+          step.do("sync throw", () => {
+            throw new TypeError("no");
+          }),
+        ]);
+      }
+    }
+    const { engine, done } = await setup({ workflows: { throwing: Throwing } });
+    engine.start("r1", "throwing");
+    await engine.next({ type: "op", seq: 4 });
+    for (const seq of [0, 1, 2, 3, 4]) engine.send({ type: "attempt", run: "r1", task: `t${seq}`, seq, attempt: 1 });
+    const errors = await Promise.all([0, 1, 2, 3, 4].map((seq) => engine.next({ type: "attemptResult", task: `t${seq}` })));
+    assert.deepEqual(
+      errors.map((e) => e.error),
+      [
+        { name: "Error", message: "timeout talking to bank", nonRetryable: false },
+        { name: "NonRetryableError", message: "card declined", nonRetryable: true },
+        { name: "RateLimited", message: "slow down", nonRetryable: false },
+        { name: "Error", message: "not an error", nonRetryable: false },
+        { name: "TypeError", message: "no", nonRetryable: false },
+      ],
+    );
+    await done();
+  });
+
+  it("send undefined as null, Dates as ISO strings, and fail on what JSON cannot hold", async () => {
+    const cycle: Record<string, unknown> = {};
+    cycle.self = cycle;
+    class Values extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await Promise.allSettled([
+          step.do("nothing", async () => undefined),
+          step.do("when", async () => new Date("2026-01-02T03:04:05.000Z")),
+          step.do("holes", async () => ({ a: undefined, b: [undefined, 1] })),
+          step.do("bigint", async () => 10n),
+          step.do("cycle", async () => cycle),
+          step.do("huge", async () => "x".repeat(3 * 1024 * 1024)),
+        ]);
+        return undefined;
+      }
+    }
+    const { engine, done } = await setup({ workflows: { values: Values } });
+    engine.start("r1", "values");
+    await engine.next({ type: "op", seq: 5 });
+    for (const seq of [0, 1, 2, 3, 4, 5]) engine.send({ type: "attempt", run: "r1", task: `t${seq}`, seq, attempt: 1 });
+    const results = await Promise.all([0, 1, 2, 3, 4, 5].map((seq) => engine.next({ type: "attemptResult", task: `t${seq}` })));
+    assert.equal(results[0]!.ok, null);
+    assert.ok("ok" in results[0]!, "ok is present, as null");
+    assert.equal(results[1]!.ok, "2026-01-02T03:04:05.000Z");
+    assert.deepEqual(results[2]!.ok, { b: [null, 1] });
+    assert.equal(results[3]!.error.name, "TypeError");
+    assert.match(results[3]!.error.message, /the output of step "bigint" cannot be sent as JSON: .*BigInt/);
+    assert.match(results[4]!.error.message, /the output of step "cycle" cannot be sent as JSON: .*circular/i);
+    assert.equal(results[5]!.error.name, "RangeError");
+    assert.match(results[5]!.error.message, /2 MiB/);
+    for (const seq of [0, 1, 2, 3, 4, 5]) engine.send({ type: "opResult", run: "r1", seq, ok: null });
+    assert.deepEqual(await engine.next({ type: "runResult" }), { type: "runResult", run: "r1", ok: null });
+    await done();
+  });
+
+  it("a run whose output JSON cannot hold ends in an error, and the worker goes on", async () => {
+    class BigOutput extends WorkflowEntrypoint {
+      async run() {
+        return { total: 5n };
+      }
+    }
+    const { engine, done } = await setup({ workflows: { big: BigOutput } });
+    engine.start("r1", "big");
+    const result = await engine.next({ type: "runResult", run: "r1" });
+    assert.equal(result.error.name, "TypeError");
+    assert.match(result.error.message, /the output of workflow "big" cannot be sent as JSON/);
+    engine.start("r2", "big");
+    await engine.next({ type: "runResult", run: "r2" });
+    await done();
+  });
+
+  it("a cancelled attempt's late result is not sent", async () => {
+    const gate = deferred();
+    const started = deferred();
+    class Slow extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await Promise.all([
+          step.do("slow", async () => {
+            started.resolve();
+            await gate.promise;
+            return "late";
+          }),
+          step.do("fast", async () => "quick"),
+        ]);
+      }
+    }
+    const { engine, done } = await setup({ workflows: { slow: Slow } });
+    engine.start("r1", "slow");
+    await engine.next({ type: "op", seq: 1 });
+    engine.send({ type: "attempt", run: "r1", task: "t1", seq: 0, attempt: 1 });
+    await started.promise;
+    engine.send({ type: "cancel", run: "r1", task: "t1" });
+    // The cancel is read before the next frame; then the slow callback ends.
+    engine.send({ type: "attempt", run: "r1", task: "t2", seq: 1, attempt: 1 });
+    await engine.next({ type: "attemptResult", task: "t2" });
+    gate.resolve();
+    engine.send({ type: "attempt", run: "r1", task: "t3", seq: 1, attempt: 2 });
+    await engine.next({ type: "attemptResult", task: "t3" });
+    assert.equal(engine.received.filter((f) => f.task === "t1").length, 0);
+    await done();
+  });
+});
+
+describe("delay functions", () => {
+  it("are flagged in the op and answer the engine's delay requests", async () => {
+    class Sync extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await Promise.allSettled([
+          step.do(
+            "sync customer",
+            {
+              retries: {
+                limit: 5,
+                delay: ({ ctx, error }) => (error.message.includes("rate limit") ? `${ctx.attempt * 30} seconds` : "10 seconds"),
+              },
+            },
+            async () => "synced",
+          ),
+          step.do("bad delay", { retries: { limit: 1, delay: () => -5 } }, async () => 1),
+          step.do("throwing delay", { retries: { limit: 1, delay: async () => Promise.reject(new Error("no")) } }, async () => 1),
+        ]);
+      }
+    }
+    const { engine, done } = await setup({ workflows: { sync: Sync } });
+    engine.start("r1", "sync");
+    const op = await engine.next({ type: "op", seq: 0 });
+    assert.deepEqual([op.delayFunction, op.config], [true, { retries: { limit: 5 } }]);
+    await engine.next({ type: "op", seq: 2 });
+    engine.send({ type: "delay", run: "r1", task: "t1", seq: 0, attempt: 2, error: { name: "Error", message: "rate limit" } });
+    engine.send({ type: "delay", run: "r1", task: "t2", seq: 0, attempt: 1, error: { name: "Error", message: "down" } });
+    engine.send({ type: "delay", run: "r1", task: "t3", seq: 1, attempt: 1, error: { name: "Error", message: "x" } });
+    engine.send({ type: "delay", run: "r1", task: "t4", seq: 2, attempt: 1, error: { name: "Error", message: "x" } });
+    assert.equal((await engine.next({ type: "delayResult", task: "t1" })).ok, "60 seconds");
+    assert.equal((await engine.next({ type: "delayResult", task: "t2" })).ok, "10 seconds");
+    const bad = await engine.next({ type: "delayResult", task: "t3" });
+    assert.equal(bad.error.name, "TypeError");
+    assert.match(bad.error.message, /delay function of step "bad delay-1"/);
+    assert.deepEqual((await engine.next({ type: "delayResult", task: "t4" })).error, { name: "Error", message: "no", nonRetryable: false });
+    await done();
+  });
+});
+
+describe("rollback handlers", () => {
+  it("are announced with their config and called with the output, the error and the step context", async () => {
+    const seen: unknown[] = [];
+    class Order extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await step.do(
+          "reserve inventory",
+          async () => ({ reservationId: "res-1" }),
+          {
+            rollback: async ({ output, error, ctx, stepName }) => {
+              seen.push({ output, error: [error.name, error.message, error instanceof NonRetryableError], ctx, stepName });
+            },
+            rollbackConfig: { retries: { limit: 3, delay: "10 seconds", backoff: "linear" }, timeout: "2 minutes" },
+          },
+        );
+        await step.do("charge card", { timeout: "1 minute" }, async () => 1, {
+          rollback: () => {
+            throw new NonRetryableError("cannot undo");
+          },
+        });
+        await step.do("charge card", async () => {
+          throw new NonRetryableError("payment processor rejected the charge");
+        });
+      }
+    }
+    const { engine, done } = await setup({ workflows: { order: Order } });
+    engine.start("r1", "order");
+    const reserve = await engine.next({ type: "op", seq: 0 });
+    assert.deepEqual(reserve.rollback, { config: { retries: { limit: 3, delay: "10 seconds", backoff: "linear" }, timeout: "2 minutes" } });
+    engine.send({ type: "attempt", run: "r1", task: "t1", seq: 0, attempt: 1 });
+    const output = (await engine.next({ type: "attemptResult", task: "t1" })).ok;
+    engine.send({ type: "opResult", run: "r1", seq: 0, ok: output });
+    const charge = await engine.next({ type: "op", seq: 1 });
+    assert.deepEqual(charge.rollback, { config: null });
+    engine.send({ type: "opResult", run: "r1", seq: 1, ok: 1 });
+    await engine.next({ type: "op", seq: 2 });
+    engine.send({ type: "attempt", run: "r1", task: "t2", seq: 2, attempt: 1 });
+    assert.equal((await engine.next({ type: "attemptResult", task: "t2" })).error.nonRetryable, true);
+    const failure = { name: "NonRetryableError", message: "payment processor rejected the charge" };
+    engine.send({ type: "opResult", run: "r1", seq: 2, error: failure });
+    assert.deepEqual((await engine.next({ type: "runResult" })).error, failure);
+    // Reverse start order, each a task of its own; the second step's handler throws.
+    engine.send({ type: "rollback", run: "r1", task: "t3", seq: 1, attempt: 1, output: 1, error: failure });
+    assert.deepEqual((await engine.next({ type: "rollbackResult", task: "t3" })).error, { name: "NonRetryableError", message: "cannot undo", nonRetryable: true });
+    engine.send({ type: "rollback", run: "r1", task: "t4", seq: 0, attempt: 2, output, error: failure });
+    assert.deepEqual(await engine.next({ type: "rollbackResult", task: "t4" }), { type: "rollbackResult", run: "r1", task: "t4", ok: null });
+    engine.send({ type: "rollback", run: "r1", task: "t5", seq: 0, attempt: 1, error: null });
+    await engine.next({ type: "rollbackResult", task: "t5" });
+    assert.deepEqual(seen, [
+      {
+        output: { reservationId: "res-1" },
+        error: ["NonRetryableError", "payment processor rejected the charge", true],
+        ctx: {
+          step: { name: "reserve inventory", count: 1 },
+          attempt: 2,
+          config: { retries: { limit: 5, delay: 10000, backoff: "exponential" }, timeout: "10 minutes" },
+        },
+        stepName: "reserve inventory-1",
+      },
+      {
+        output: undefined,
+        error: ["Error", "the engine gave no error for this rollback", false],
+        ctx: {
+          step: { name: "reserve inventory", count: 1 },
+          attempt: 1,
+          config: { retries: { limit: 5, delay: 10000, backoff: "exponential" }, timeout: "10 minutes" },
+        },
+        stepName: "reserve inventory-1",
+      },
+    ]);
+    engine.send({ type: "stop", run: "r1", reason: "done" });
+    await done();
+  });
+});
