@@ -17,7 +17,7 @@ export interface ConnectionEvents {
 export interface ConnectionOptions {
   url: string;
   token: string | undefined;
-  /** How often to ping the engine; a connection that missed a whole interval is dropped. 0: never. */
+  /** How often to ping the engine; a connection silent for two intervals is dropped. 0: never. */
   heartbeatMs: number;
 }
 
@@ -37,7 +37,8 @@ export class Connection {
   readonly #socket: WebSocket;
   readonly #events: ConnectionEvents;
   #heartbeat: NodeJS.Timeout | undefined;
-  #answered = true;
+  /** Pings sent since the engine last sent anything. */
+  #unanswered = 0;
   #reason = "closed";
   #fatal = false;
   #ended = false;
@@ -62,7 +63,7 @@ export class Connection {
       events.open();
     });
     socket.on("message", (data, isBinary) => {
-      this.#answered = true;
+      this.#unanswered = 0;
       if (isBinary) {
         events.malformed("a binary frame (the protocol sends JSON text)");
         return;
@@ -78,7 +79,7 @@ export class Connection {
     });
     // `ws` answers the engine's pings by itself; these are the answers to ours.
     socket.on("pong", () => {
-      this.#answered = true;
+      this.#unanswered = 0;
     });
     socket.on("unexpected-response", (_request, response) => {
       const status = response.statusCode ?? 0;
@@ -116,12 +117,14 @@ export class Connection {
   }
 
   #beat(): void {
-    if (!this.#answered) {
+    // Two intervals, not one: after user code has blocked the event loop, this timer can
+    // run before the pong that already arrived is read.
+    if (this.#unanswered >= 2) {
       this.#reason = "the server stopped answering pings";
       this.#socket.terminate();
       return;
     }
-    this.#answered = false;
+    this.#unanswered += 1;
     this.#socket.ping();
   }
 

@@ -9,7 +9,7 @@ import { resolvedConfig, wireDuration, type WorkflowStepContext } from "./config
 import { executionContext, type WorkflowClass, type WorkflowEvent } from "./entrypoint.js";
 import { errorInfo, thrownInfo, toError } from "./errors.js";
 import type { Attempt, Delay, ErrorInfo, OpBody, OpResult, Rollback, Start, Thrown, ToEngine } from "./protocol.js";
-import { type DoHandlers, type OpSink, WorkflowStep } from "./step.js";
+import { type DoHandlers, type OpSink, RunStep } from "./step.js";
 import { toJsonValue } from "./values.js";
 
 /** Where log lines go (`console` by default). */
@@ -70,7 +70,7 @@ export class Run implements OpSink {
       timestamp: new Date(start.instance.timestamp),
       instanceId: start.instance.id,
     };
-    const step = new WorkflowStep(this);
+    const step = new RunStep(this);
     const ctx = executionContext((error) =>
       this.#host.logger.error(`run ${this.id}: a promise passed to ctx.waitUntil failed: ${errorInfo(error).message}`),
     );
@@ -133,7 +133,9 @@ export class Run implements OpSink {
     const op = this.#doOps.get(message.seq);
     this.#task(message.task, async () => {
       if (op === undefined) throw new Error(`run ${this.id} has no step.do #${message.seq} waiting for an attempt`);
-      const value = await op.callback(this.#context(op, message.attempt));
+      // Called as a plain function: the callback's `this` is not the SDK's bookkeeping.
+      const { callback } = op;
+      const value = await callback(this.#context(op, message.attempt));
       return toJsonValue(value, `the output of step "${op.name}"`);
     }, (outcome) => ({ type: "attemptResult", run: this.id, task: message.task, ...outcome }));
   }

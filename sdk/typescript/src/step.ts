@@ -66,22 +66,62 @@ const MAX_EVENT_TYPE = 100;
 
 /**
  * The `step` of `run(event, step)`: Cloudflare's `WorkflowStep`, plus `invoke` (Cairn only).
- * A run gets a fresh one; user code does not construct it.
+ * Abstract and without private state, as Cloudflare's, so a test double that implements
+ * the methods type-checks; a run gets a `RunStep`.
  */
-export class WorkflowStep {
-  readonly #ops: OpSink;
-
-  /** @internal The worker makes one per run. */
-  constructor(ops: OpSink) {
-    this.#ops = ops;
-  }
-
+export abstract class WorkflowStep {
   /**
    * A durable step: `callback` runs (once per attempt, retried per `config`) until it
    * returns; its output is stored and every later run of the instance gets it back
    * without calling `callback` again. `rollback` compensates the step if the instance
    * fails later.
    */
+  abstract do<T>(name: string, callback: WorkflowStepCallback<T>, options?: WorkflowStepRollbackOptions<T>): Promise<T>;
+  abstract do<T>(
+    name: string,
+    config: WorkflowStepConfig,
+    callback: WorkflowStepCallback<T>,
+    options?: WorkflowStepRollbackOptions<T>,
+  ): Promise<T>;
+
+  /** Sleeps for `duration` (milliseconds, or `"1 hour"`): the instance hibernates meanwhile. */
+  abstract sleep(name: string, duration: WorkflowDuration): Promise<void>;
+
+  /** Sleeps until `timestamp` (a Date, or milliseconds since the epoch). */
+  abstract sleepUntil(name: string, timestamp: Date | number): Promise<void>;
+
+  /**
+   * Waits for an event of `type` sent to this instance (`instance.sendEvent`), at most
+   * `timeout` (default 24 hours; then it throws a `WorkflowTimeoutError`).
+   */
+  abstract waitForEvent<T = unknown>(
+    name: string,
+    options: { type: string; timeout?: WorkflowDuration },
+  ): Promise<WorkflowStepEvent<T>>;
+
+  /**
+   * **Cairn only** (Cloudflare has no such call): starts an instance of `workflow` as this
+   * instance's child and returns its output (its error is this step's error). The child's
+   * id is derived from this instance and the step, so a replay never starts it twice.
+   * `workflow` is a name, or a binding (`env.OTHER_WORKFLOW`).
+   */
+  abstract invoke<T = unknown>(
+    name: string,
+    workflow: string | { readonly name: string },
+    params?: unknown,
+    options?: InvokeOptions,
+  ): Promise<T>;
+}
+
+/** The WorkflowStep of one run: checks each call's arguments and submits it as an op. */
+export class RunStep extends WorkflowStep {
+  readonly #ops: OpSink;
+
+  constructor(ops: OpSink) {
+    super();
+    this.#ops = ops;
+  }
+
   do<T>(name: string, callback: WorkflowStepCallback<T>, options?: WorkflowStepRollbackOptions<T>): Promise<T>;
   do<T>(
     name: string,
@@ -111,7 +151,6 @@ export class WorkflowStep {
     }
   }
 
-  /** Sleeps for `duration` (milliseconds, or `"1 hour"`): the instance hibernates meanwhile. */
   sleep(name: string, duration: WorkflowDuration): Promise<void> {
     try {
       checkName(name, "step.sleep");
@@ -122,7 +161,6 @@ export class WorkflowStep {
     }
   }
 
-  /** Sleeps until `timestamp` (a Date, or milliseconds since the epoch). */
   sleepUntil(name: string, timestamp: Date | number): Promise<void> {
     try {
       checkName(name, "step.sleepUntil");
@@ -136,10 +174,6 @@ export class WorkflowStep {
     }
   }
 
-  /**
-   * Waits for an event of `type` sent to this instance (`instance.sendEvent`), at most
-   * `timeout` (default 24 hours; then it throws a `WorkflowTimeoutError`).
-   */
   waitForEvent<T = unknown>(
     name: string,
     options: { type: string; timeout?: WorkflowDuration },
@@ -161,12 +195,6 @@ export class WorkflowStep {
     }
   }
 
-  /**
-   * **Cairn only** (Cloudflare has no such call): starts an instance of `workflow` as this
-   * instance's child and returns its output (its error is this step's error). The child's
-   * id is derived from this instance and the step, so a replay never starts it twice.
-   * `workflow` is a name, or a binding (`env.OTHER_WORKFLOW`).
-   */
   invoke<T = unknown>(
     name: string,
     workflow: string | { readonly name: string },

@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { describe, it } from "node:test";
 import * as sdk from "@cairn-engine/workflows";
+import type { WorkflowEvent, WorkflowStep, WorkflowStepEvent } from "@cairn-engine/workflows";
 import { Conditional, OrderWorkflow } from "./cloudflare-examples.js";
 import { setup } from "./helpers.js";
 
@@ -38,6 +39,36 @@ describe("the package", () => {
     assert.deepEqual(manifest.exports["."], { types: "./dist/index.d.ts", import: "./dist/index.js" });
     assert.equal(manifest.engines.node, ">=20");
     assert.deepEqual(Object.keys(manifest.dependencies), ["ws"]);
+  });
+
+  it("lets a workflow be unit-tested with a hand-made WorkflowStep, as on Cloudflare", async () => {
+    // WorkflowStep is abstract with no private state: a plain object that has its methods is one.
+    const calls: string[] = [];
+    const fake: WorkflowStep = {
+      do: async (name: string, ...rest: unknown[]) => {
+        calls.push(name);
+        const callback = rest.find((r) => typeof r === "function") as (ctx: unknown) => unknown;
+        return callback({ attempt: 1, step: { name, count: 1 }, config: {} });
+      },
+      sleep: async (name: string) => void calls.push(name),
+      sleepUntil: async (name: string) => void calls.push(name),
+      waitForEvent: async <T>(name: string) => {
+        calls.push(name);
+        return { payload: { by: "ada" } as T, timestamp: new Date(0), type: "approved" } satisfies WorkflowStepEvent<T>;
+      },
+      invoke: async <T>(name: string) => (calls.push(name), null as T),
+    };
+    class Approval extends sdk.WorkflowEntrypoint<unknown, { amount: number }> {
+      async run(event: WorkflowEvent<{ amount: number }>, step: WorkflowStep) {
+        // The callback's type is the step's: `total` is a number, not a Promise.
+        const total: number = await step.do("total", async () => event.payload.amount * 2);
+        const approval = await step.waitForEvent<{ by: string }>("approval", { type: "approved" });
+        return `${total} by ${approval.payload.by}`;
+      }
+    }
+    const event = { payload: { amount: 21 }, timestamp: new Date(0), instanceId: "i" };
+    assert.equal(await new Approval({ waitUntil() {}, passThroughOnException() {} }, {}).run(event, fake), "42 by ada");
+    assert.deepEqual(calls, ["total", "approval"]);
   });
 
   it("runs Cloudflare's rollback example: the handler gets the reservation back", async () => {

@@ -36,6 +36,8 @@ export function schemaErrors(direction: "toEngine" | "toWorker", frame: unknown)
 export interface MockEngineOptions {
   /** Answers the upgrade with this HTTP status instead of accepting it. */
   refuseWith?: number;
+  /** false: never answer the worker's pings (a server that hangs). */
+  autoPong?: boolean;
 }
 
 export class MockEngine {
@@ -63,7 +65,7 @@ export class MockEngine {
 
   static async start(options: MockEngineOptions = {}): Promise<MockEngine> {
     const http = createServer();
-    const wss = new WebSocketServer({ noServer: true });
+    const wss = new WebSocketServer({ noServer: true, autoPong: options.autoPong ?? true });
     await new Promise<void>((resolve) => http.listen(0, "127.0.0.1", resolve));
     const { port } = http.address() as AddressInfo;
     const engine = new MockEngine(http, wss, `http://127.0.0.1:${port}`);

@@ -233,6 +233,18 @@ describe("the connection", () => {
     await done();
   });
 
+  it("drops a connection whose server stopped answering pings, and reconnects", async () => {
+    const engine = await MockEngine.start({ autoPong: false });
+    const worker = serve({ url: engine.url, workflows: { w: OneStep }, heartbeatMs: 20, logger: new Lines() });
+    await engine.handshake(1);
+    const dropped = new Promise<string>((resolve) => worker.once("disconnected", resolve));
+    assert.equal(await dropped, "the server stopped answering pings");
+    await engine.handshake(2);
+    await worker.close();
+    await engine.close();
+    assert.deepEqual(engine.violations, []);
+  });
+
   it("closes gracefully: running callbacks finish and answer, new runs are not taken", async () => {
     const gate = deferred();
     const started = deferred();
