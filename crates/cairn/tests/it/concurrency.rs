@@ -2,11 +2,14 @@
 //! key's instances run at once (checked from the event log's timestamps), the waiting ones
 //! start by priority, then age, a hibernated instance frees its slot unless the key holds
 //! it, the rate holds over a virtual hour, and the limits hold across an engine restart.
+//! A slot holder that is terminated, restarted, deleted or paused gives its slot to the
+//! next waiter at once (one terminated with rollback when its rollback ends); a waiter that
+//! is terminated, restarted, deleted or paused leaves the line without taking a slot.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::support::{FnWorkflow, builder_at, most_at_once, wf};
+use super::support::{FnWorkflow, builder_at, most_at_once, status_of, wf};
 use cairn::prelude::*;
 use cairn::{Concurrency, InstanceStatus, LogKind};
 use serde_json::{Value, json};
@@ -279,5 +282,249 @@ async fn a_key_needs_a_configured_limit_and_a_valid_name() {
             .unwrap_err();
         assert_eq!(e.code(), "concurrency.invalid_key");
     }
+    engine.shutdown().await;
+}
+
+// Management requests on slot holders and waiters (issue 30 §6).
+
+/// Waits for the event `go` when its params say `block` (holding its slot: the key holds
+/// slots while waiting), then runs one step with a rollback.
+fn blocking_on_go() -> FnWorkflow {
+    wf(|event, step| async move {
+        step.run("prepare", |_| async { Ok(()) })
+            .rollback(|_: Rollback<()>| async { Ok(()) })
+            .await?;
+        if event.payload["block"] == true {
+            let _: StepEvent<Value> = step
+                .wait_for_event("go", "go")
+                .timeout("365 days")
+                .await?;
+        }
+        step.run("work", |_| async { Ok(()) }).await?;
+        Ok(Value::Null)
+    })
+}
+
+/// An engine whose key `k` has one slot, held while waiting.
+async fn one_slot(dir: &tempfile::TempDir) -> Engine {
+    builder_at(&dir.path().join("cairn.db"))
+        .register(blocking_on_go())
+        .concurrency("test", Concurrency::limit(1).hold_while_waiting())
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn keyed(engine: &Engine, id: &str, block: bool) -> cairn::Instance<Value> {
+    engine
+        .workflow::<FnWorkflow>()
+        .create(
+            CreateOptions::new(json!({ "block": block }))
+                .id(id)
+                .concurrency_key("k"),
+        )
+        .await
+        .unwrap()
+}
+
+/// A bound on waits for what must happen at once: an hour of virtual time, in which the
+/// engine looks for claimable instances many times over.
+const AT_ONCE: Duration = Duration::from_secs(3600);
+
+/// Waits (within [`AT_ONCE`]) until `instance` has `status`.
+async fn reaches(instance: &cairn::Instance<Value>, status: InstanceStatus) {
+    let reached = tokio::time::timeout(AT_ONCE, instance.wait_for(|s| s.status == status)).await;
+    assert!(
+        reached.is_ok(),
+        "{} did not reach {status} (it is {})",
+        instance.id(),
+        instance.status().await.unwrap().status
+    );
+}
+
+/// Waits (within [`AT_ONCE`]) until `instance` waits for a slot of its key.
+async fn parked(instance: &cairn::Instance<Value>) {
+    let waiting = tokio::time::timeout(AT_ONCE, async {
+        while instance.details().await.unwrap().waiting_for_slot.is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waiting.is_ok(), "{} never waited for a slot", instance.id());
+}
+
+/// A holder of the key's one slot, blocked on `go`, and a waiter in line behind it.
+async fn holder_and_waiter(engine: &Engine) -> (cairn::Instance<Value>, cairn::Instance<Value>) {
+    let holder = keyed(engine, "holder", true).await;
+    reaches(&holder, InstanceStatus::Waiting).await;
+    let waiter = keyed(engine, "waiter", false).await;
+    parked(&waiter).await;
+    (holder, waiter)
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminating_a_slot_holder_gives_its_slot_to_the_next_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = one_slot(&dir).await;
+    let (holder, waiter) = holder_and_waiter(&engine).await;
+    holder.terminate().await.unwrap();
+    reaches(&waiter, InstanceStatus::Complete).await;
+    assert_eq!(holder.status().await.unwrap().status, InstanceStatus::Terminated);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminating_a_slot_holder_with_rollback_gives_its_slot_back_when_the_rollback_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = one_slot(&dir).await;
+    let (holder, waiter) = holder_and_waiter(&engine).await;
+    holder.terminate_with_rollback().await.unwrap();
+    reaches(&holder, InstanceStatus::Terminated).await;
+    assert_eq!(
+        super::support::targets(&holder, LogKind::RollbackStepSuccess).await,
+        ["prepare-1"],
+        "its compensation ran"
+    );
+    reaches(&waiter, InstanceStatus::Complete).await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn deleting_a_slot_holder_gives_its_slot_to_the_next_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = one_slot(&dir).await;
+    let (holder, waiter) = holder_and_waiter(&engine).await;
+    holder.delete().await.unwrap();
+    reaches(&waiter, InstanceStatus::Complete).await;
+    assert_eq!(
+        holder.status().await.unwrap_err().code(),
+        "instance.not_found"
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn pausing_a_slot_holder_gives_its_slot_to_the_next_waiter_and_its_resume_waits_for_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = one_slot(&dir).await;
+    let (holder, waiter) = holder_and_waiter(&engine).await;
+    holder.pause().await.unwrap();
+    reaches(&holder, InstanceStatus::Paused).await;
+    reaches(&waiter, InstanceStatus::Complete).await;
+    // Resumed, it takes the free slot again and goes back to its wait, holding it.
+    holder.resume().await.unwrap();
+    reaches(&holder, InstanceStatus::Waiting).await;
+    let next = keyed(&engine, "next", false).await;
+    parked(&next).await;
+    holder.send_event("go", &json!(1)).await.unwrap();
+    reaches(&holder, InstanceStatus::Complete).await;
+    reaches(&next, InstanceStatus::Complete).await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn restarting_a_slot_holder_gives_its_slot_to_the_waiter_ahead_and_the_new_run_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let release = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let permits = release.clone();
+    // One slot, let go while hibernating: `napper` naps (giving its slot back), `holder`
+    // holds the slot in a step until the test lets it finish.
+    let engine = builder_at(&dir.path().join("cairn.db"))
+        .register(wf(move |event, step| {
+            let permits = permits.clone();
+            async move {
+                if event.payload["nap"] == true {
+                    step.sleep("nap", "1 minute").await?;
+                }
+                step.run("work", move |_| {
+                    let permits = permits.clone();
+                    let hold = event.payload["hold"] == true;
+                    async move {
+                        if hold {
+                            permits.acquire().await.unwrap().forget();
+                        }
+                        Ok(())
+                    }
+                })
+                .await?;
+                Ok(Value::Null)
+            }
+        }))
+        .concurrency("test", Concurrency::limit(1))
+        .start()
+        .await
+        .unwrap();
+    let client = engine.workflow::<FnWorkflow>();
+    let create = |id: &'static str, params: Value| {
+        let client = client.clone();
+        async move {
+            client
+                .create(CreateOptions::new(params).id(id).concurrency_key("k"))
+                .await
+                .unwrap()
+        }
+    };
+    let napper = create("napper", json!({ "nap": true })).await;
+    reaches(&napper, InstanceStatus::Waiting).await;
+    let holder = create("holder", json!({ "hold": true })).await;
+    // The napper wakes and waits for the slot the holder holds: it is ahead of any run
+    // that starts after it (it ran before, and is older).
+    parked(&napper).await;
+    assert_eq!(status_of(&holder).await, InstanceStatus::Running);
+    holder.restart().await.unwrap();
+    // The restart gave the slot back: the napper takes it, and the new run waits for it.
+    reaches(&napper, InstanceStatus::Complete).await;
+    release.add_permits(1);
+    reaches(&holder, InstanceStatus::Complete).await;
+    let (napped, held) = (interval(&napper).await, interval(&holder).await);
+    assert!(
+        napped.1 <= held.0,
+        "the new run started after the napper ended: {napped:?} {held:?}"
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_terminated_restarted_deleted_or_paused_leaves_the_line_without_a_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = one_slot(&dir).await;
+    let holder = keyed(&engine, "holder", true).await;
+    reaches(&holder, InstanceStatus::Waiting).await;
+    let mut line = Vec::new();
+    for id in ["terminated", "rolled-back", "deleted", "paused", "restarted", "last"] {
+        let waiter = keyed(&engine, id, false).await;
+        parked(&waiter).await;
+        line.push(waiter);
+    }
+    let [terminated, rolled_back, deleted, paused, restarted, last] = &line[..] else {
+        unreachable!()
+    };
+    terminated.terminate().await.unwrap();
+    // Terminating with rollback does not wait for a slot: it ends while the holder holds it.
+    rolled_back.terminate_with_rollback().await.unwrap();
+    reaches(rolled_back, InstanceStatus::Terminated).await;
+    deleted.delete().await.unwrap();
+    paused.pause().await.unwrap();
+    restarted.restart().await.unwrap();
+    assert_eq!(terminated.status().await.unwrap().status, InstanceStatus::Terminated);
+    assert_eq!(paused.status().await.unwrap().status, InstanceStatus::Paused);
+    assert_eq!(
+        holder.status().await.unwrap().status,
+        InstanceStatus::Waiting,
+        "no waiter took the holder's slot"
+    );
+    // The holder ends: the slot goes down the line, past the ones that left it.
+    holder.send_event("go", &json!(1)).await.unwrap();
+    reaches(&holder, InstanceStatus::Complete).await;
+    reaches(restarted, InstanceStatus::Complete).await;
+    reaches(last, InstanceStatus::Complete).await;
+    assert_eq!(paused.status().await.unwrap().status, InstanceStatus::Paused);
+    paused.resume().await.unwrap();
+    reaches(paused, InstanceStatus::Complete).await;
+    let mut intervals = Vec::new();
+    for instance in [&holder, restarted, last, paused] {
+        intervals.push(interval(instance).await);
+    }
+    assert_eq!(most_at_once(&intervals), 1, "one at a time: {intervals:?}");
     engine.shutdown().await;
 }
