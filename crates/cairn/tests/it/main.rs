@@ -76,6 +76,7 @@ mod crash_kill_streams;
 mod crash_kill_waits;
 mod crash_nth_write;
 mod examples_kit;
+mod races;
 mod reliability;
 mod schedules;
 mod simulate;

@@ -1,0 +1,325 @@
+//! Races with the store, driven by holding chosen store calls (`support::Gates`) or by
+//! tampering with one: an event sent between a wait's empty take and the commit that
+//! hibernates the instance wakes it at once; a fenced store job that fails after it wrote
+//! (SQLite's group commit) leaves nothing of its writes behind.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cairn::prelude::*;
+use cairn::store::{
+    Claimed, ControlOutcome, ControlRequest, Created, InstanceRecord, InstanceRef, Lease,
+    ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
+};
+use cairn::{Clock, InstanceStatus, LogKind, LogRecord, StepKey};
+use serde_json::{Value, json};
+
+use crate::support::{Backend, FnWorkflow, Gates, gated_builder, records, temp_db, wf};
+
+/// Waits for `approve` (a day at most) and returns its payload.
+fn approval() -> FnWorkflow {
+    wf(|_, step| async move {
+        let approval = step
+            .wait_for_event::<Value>("approval", "approve")
+            .timeout("1 day")
+            .await?;
+        Ok(approval.payload)
+    })
+}
+
+/// The wait finds no event, and the instance is about to hibernate (its commit held) when
+/// the event is sent: the send finds it still running (nothing to wake), so only the
+/// hibernation's own look at the buffered events keeps it from sleeping through to its
+/// timeout. It must wake at once and take the event.
+async fn an_event_sent_between_the_empty_take_and_the_hibernation_wakes_the_instance(
+    backend: Backend,
+) {
+    let (_dir, path) = temp_db();
+    let gates = Gates::default();
+    let engine = gated_builder(backend, &path, gates.clone())
+        .await
+        .clock(Clock::virtual_now())
+        .register(approval())
+        .start()
+        .await
+        .unwrap();
+    let take = gates.arm("take_event");
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    take.arrived().await;
+    // Nothing is buffered yet: the take comes back empty, and the next commit is the
+    // hibernation (the wait's start and anything deferred were committed before the take).
+    let hibernation = gates.arm("commit");
+    take.release();
+    hibernation.arrived().await;
+    instance.send_event("approve", &json!("ada")).await.unwrap();
+    hibernation.release();
+    let status = instance
+        .wait_timeout(Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the instance slept through the event sent while it hibernated");
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(status.output, Some(json!("ada")));
+    assert_eq!(
+        records(&instance, LogKind::WorkflowWaiting).await.len(),
+        1,
+        "it hibernated once, with the held commit"
+    );
+    assert_eq!(records(&instance, LogKind::WaitComplete).await.len(), 1);
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_sent_between_a_waits_empty_take_and_its_hibernation_wakes_it_on_sqlite() {
+    an_event_sent_between_the_empty_take_and_the_hibernation_wakes_the_instance(Backend::Sqlite)
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_sent_between_a_waits_empty_take_and_its_hibernation_wakes_it_on_postgres() {
+    an_event_sent_between_the_empty_take_and_the_hibernation_wakes_the_instance(Backend::Postgres)
+        .await;
+}
+
+/// A SQLite store whose first `take_event` names a wait the journal does not have: the
+/// store deletes the event, then fails on the missing entry. A fenced job (no savepoint)
+/// that fails after it wrote: nothing of its group may land.
+struct Tampered {
+    inner: Arc<dyn Store>,
+    tampered: AtomicBool,
+    /// Set when the tampered take failed (the test's precondition).
+    failed: Arc<AtomicBool>,
+}
+
+/// The event taken by a wait whose first take failed after deleting it (a fenced job that
+/// wrote, then failed, in SQLite's group commit) is still there: the group was abandoned,
+/// the engine told the store is unavailable, and the replay's take delivers it, once.
+#[tokio::test(start_paused = true)]
+async fn a_fenced_job_that_fails_after_writing_leaves_nothing_and_the_event_is_delivered_once() {
+    let (_dir, path) = temp_db();
+    let store = cairn::sqlite::SqliteStore::open(&path, Default::default()).unwrap();
+    let failed = Arc::new(AtomicBool::new(false));
+    let engine = cairn::Engine::builder()
+        .store(Arc::new(Tampered {
+            inner: Arc::new(store),
+            tampered: AtomicBool::new(false),
+            failed: failed.clone(),
+        }))
+        .clock(Clock::virtual_now())
+        .register(wf(|_, step| async move {
+            // Asleep (hibernated) while the event is sent: the first take finds it.
+            step.sleep("nap", "1 minute").await?;
+            let approval = step
+                .wait_for_event::<Value>("approval", "approve")
+                .timeout("1 day")
+                .await?;
+            Ok(approval.payload)
+        }))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    instance.send_event("approve", &json!("ada")).await.unwrap();
+    let status = instance
+        .wait_timeout(Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .expect("the event was lost with the failed take");
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(status.output, Some(json!("ada")));
+    assert!(failed.load(Ordering::SeqCst), "the tampered take failed");
+    let taken: Vec<LogRecord> = records(&instance, LogKind::WaitComplete).await;
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    engine.shutdown().await;
+}
+
+impl Store for Tampered {
+    fn create(&self, batch: Vec<NewInstance>) -> StoreFuture<'_, Vec<Created>> {
+        self.inner.create(batch)
+    }
+    fn instance(
+        &self,
+        w: &cairn::WorkflowName,
+        id: &cairn::InstanceId,
+    ) -> StoreFuture<'_, Option<InstanceRecord>> {
+        self.inner.instance(w, id)
+    }
+    fn list(&self, q: ListQuery) -> StoreFuture<'_, Vec<InstanceRecord>> {
+        self.inner.list(q)
+    }
+    fn count(&self, w: &cairn::WorkflowName, s: cairn::InstanceStatus) -> StoreFuture<'_, u64> {
+        self.inner.count(w, s)
+    }
+    fn count_matching(&self, q: cairn_store::ListQuery) -> StoreFuture<'_, u64> {
+        self.inner.count_matching(q)
+    }
+    fn claim(
+        &self,
+        owner: &str,
+        w: &[cairn::WorkflowName],
+        now: cairn::Timestamp,
+        ttl: std::time::Duration,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Claimed>> {
+        self.inner.claim(owner, w, now, ttl, limit)
+    }
+    fn release_all(&self, owner: &str) -> StoreFuture<'_, ()> {
+        self.inner.release_all(owner)
+    }
+
+    fn reclaim(
+        &self,
+        owner: &str,
+        lease: cairn::store::Lease,
+        now: cairn::Timestamp,
+        ttl: std::time::Duration,
+    ) -> StoreFuture<'_, cairn::store::Lease> {
+        self.inner.reclaim(owner, lease, now, ttl)
+    }
+
+    fn renew(
+        &self,
+        owner: &str,
+        leases: Vec<cairn::store::Lease>,
+        now: cairn::Timestamp,
+        until: cairn::Timestamp,
+    ) -> StoreFuture<'_, Vec<cairn::store::Lease>> {
+        self.inner.renew(owner, leases, now, until)
+    }
+    fn journal(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::StepRecord>> {
+        self.inner.journal(i)
+    }
+    fn stream_chunk(
+        &self,
+        i: InstanceRef,
+        step: cairn::StepKey,
+        attempt: u32,
+        epoch: u64,
+        index: u32,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        self.inner.stream_chunk(i, step, attempt, epoch, index)
+    }
+    fn stream_bytes(&self, i: InstanceRef) -> StoreFuture<'_, u64> {
+        self.inner.stream_bytes(i)
+    }
+    fn children(&self, i: InstanceRef) -> StoreFuture<'_, Vec<cairn::store::InstanceRecord>> {
+        self.inner.children(i)
+    }
+    fn slot_position(&self, i: InstanceRef) -> StoreFuture<'_, Option<u64>> {
+        self.inner.slot_position(i)
+    }
+    fn waiting_for_slots(
+        &self,
+        w: &cairn::WorkflowName,
+        limit: usize,
+    ) -> StoreFuture<'_, (Vec<(String, u64)>, u64)> {
+        self.inner.waiting_for_slots(w, limit)
+    }
+    fn create_schedule(&self, s: cairn::store::StoredSchedule) -> StoreFuture<'_, bool> {
+        self.inner.create_schedule(s)
+    }
+    fn set_schedule_state(
+        &self,
+        name: &str,
+        state: cairn::store::ScheduleState,
+    ) -> StoreFuture<'_, bool> {
+        self.inner.set_schedule_state(name, state)
+    }
+    fn schedules(&self) -> StoreFuture<'_, Vec<cairn::store::StoredSchedule>> {
+        self.inner.schedules()
+    }
+    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+        self.inner.delete_schedule(name)
+    }
+    fn fire_tick(&self, t: cairn::store::ScheduleTick) -> StoreFuture<'_, cairn::store::TickFired> {
+        self.inner.fire_tick(t)
+    }
+    fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, cairn::InstanceStatus> {
+        self.inner.commit(lease, writes)
+    }
+    fn control(
+        &self,
+        w: &cairn::WorkflowName,
+        id: &cairn::InstanceId,
+        r: ControlRequest,
+    ) -> StoreFuture<'_, ControlOutcome> {
+        self.inner.control(w, id, r)
+    }
+    fn log(&self, i: InstanceRef, after: u64, limit: usize) -> StoreFuture<'_, Vec<LogRecord>> {
+        self.inner.log(i, after, limit)
+    }
+    fn log_head(&self) -> StoreFuture<'_, u64> {
+        self.inner.log_head()
+    }
+    fn workflow_log(
+        &self,
+        w: &cairn::WorkflowName,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, cairn::store::WorkflowLogPage> {
+        self.inner.workflow_log(w, after, limit)
+    }
+    fn next_ready(&self, w: &[cairn::WorkflowName]) -> StoreFuture<'_, Option<cairn::Timestamp>> {
+        self.inner.next_ready(w)
+    }
+    fn timers(
+        &self,
+        w: &cairn::WorkflowName,
+        now: cairn::Timestamp,
+    ) -> StoreFuture<'_, cairn::store::Timers> {
+        self.inner.timers(w, now)
+    }
+    fn send_event(
+        &self,
+        w: &cairn::WorkflowName,
+        id: &cairn::InstanceId,
+        e: NewEvent,
+    ) -> StoreFuture<'_, Sent> {
+        self.inner.send_event(w, id, e)
+    }
+    fn take_event(
+        &self,
+        lease: Lease,
+        step: StepKey,
+        t: cairn::EventType,
+        at: cairn::Timestamp,
+    ) -> StoreFuture<'_, Option<StoredEvent>> {
+        // The first take names a wait the journal does not have: the store deletes the
+        // event, then fails at the wait's missing entry, after it wrote.
+        if self.tampered.swap(true, Ordering::SeqCst) {
+            return self.inner.take_event(lease, step, t, at);
+        }
+        let step = StepKey {
+            name: format!("{} (not journaled)", step.name),
+            ..step
+        };
+        let take = self.inner.take_event(lease, step, t, at);
+        let failed = Arc::clone(&self.failed);
+        Box::pin(async move {
+            let taken = take.await;
+            failed.store(taken.is_err(), Ordering::SeqCst);
+            taken
+        })
+    }
+    fn purge(&self, now: cairn::Timestamp, limit: usize) -> StoreFuture<'_, usize> {
+        self.inner.purge(now, limit)
+    }
+    fn next_purge(&self) -> StoreFuture<'_, Option<cairn::Timestamp>> {
+        self.inner.next_purge()
+    }
+    fn changes(&self) -> Option<futures::stream::BoxStream<'static, cairn::store::Changes>> {
+        self.inner.changes()
+    }
+    fn close(&self) -> StoreFuture<'_, ()> {
+        self.inner.close()
+    }
+}
