@@ -68,7 +68,18 @@ export type DelayResult = { type: "delayResult"; run: string; task: string } & (
 export type RollbackResult = { type: "rollbackResult"; run: string; task: string } & Outcome<Thrown>;
 export type RunResult = { type: "runResult"; run: string } & Outcome<ErrorInfo>;
 
-export type ToEngine = Hello | Op | AttemptResult | DelayResult | RollbackResult | RunResult;
+/**
+ * The run's code waits on ops only: it has made `ops` ops and runs nothing else until one
+ * is answered. The engine hibernates a run only after the worker says so (after the start
+ * and after each answer), so ops made together (`Promise.all`) all reach it first.
+ */
+export interface Idle {
+  type: "idle";
+  run: string;
+  ops: number;
+}
+
+export type ToEngine = Hello | Op | Idle | AttemptResult | DelayResult | RollbackResult | RunResult;
 
 // ---- engine → worker ------------------------------------------------------------------
 
@@ -103,6 +114,10 @@ export interface Attempt {
   task: string;
   seq: number;
   attempt: number;
+  /** The step's name and count, as the engine numbered it. */
+  step?: { name: string; count: number };
+  /** The step's config with the engine's defaults merged in: `ctx.config`. */
+  config?: Record<string, unknown>;
 }
 
 export interface Cancel {
@@ -117,6 +132,7 @@ export interface Delay {
   task: string;
   seq: number;
   attempt: number;
+  step?: { name: string; count: number };
   error: ErrorInfo;
 }
 
@@ -128,7 +144,8 @@ export interface Rollback {
   attempt: number;
   /** Absent when the step never returned. */
   output?: unknown;
-  error: ErrorInfo | null;
+  /** What failed the instance (`Terminated` for a terminate with rollback). */
+  error: ErrorInfo;
 }
 
 export interface Stop {

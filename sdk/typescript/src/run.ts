@@ -8,7 +8,7 @@
 import { resolvedConfig, wireDuration, type WorkflowStepContext } from "./config.js";
 import { executionContext, type WorkflowClass, type WorkflowEvent } from "./entrypoint.js";
 import { errorInfo, thrownInfo, toError } from "./errors.js";
-import type { Attempt, Delay, ErrorInfo, OpBody, OpResult, Rollback, Start, Thrown, ToEngine } from "./protocol.js";
+import type { Attempt, Delay, OpBody, OpResult, Rollback, Start, Thrown, ToEngine } from "./protocol.js";
 import { type DoHandlers, type OpSink, RunStep } from "./step.js";
 import { toJsonValue } from "./values.js";
 
@@ -52,6 +52,10 @@ export class Run implements OpSink {
   /** Tasks asked for and not answered yet; `cancel` removes one, so its late answer is not sent. */
   readonly #tasks = new Set<string>();
   #stopped = false;
+  /** `run()` has returned or thrown. */
+  #returned = false;
+  /** An `idle` is due once the code has run what it can (see #settled). */
+  #idleCheck = false;
 
   constructor(id: string, host: RunHost) {
     this.id = id;
@@ -82,6 +86,7 @@ export class Run implements OpSink {
       return entrypoint.run(event, step);
     })().then(
       (output) => {
+        this.#returned = true;
         let ok: unknown;
         try {
           ok = toJsonValue(output, `the output of workflow "${start.workflow}"`);
@@ -95,8 +100,36 @@ export class Run implements OpSink {
           error: { name: "RangeError", message: outcomeTooLarge },
         }));
       },
-      (error) => this.#reply({ type: "runResult", run: this.id, error: errorInfo(error) }),
+      (error) => {
+        this.#returned = true;
+        this.#reply({ type: "runResult", run: this.id, error: errorInfo(error) });
+      },
     );
+    this.#settled();
+  }
+
+  /**
+   * Tells the engine, once the code has run all it can, that the run waits on ops only
+   * (`idle`): only then may the engine hibernate it. Looked at after the start, each op
+   * and each answer: one macrotask on (`setImmediate`, after every microtask), and again
+   * while the code keeps making ops. Code that awaits something other than an op (a
+   * `fetch` outside a step) may be taken for idle: as in Cloudflare, a hibernated run
+   * replays from the top, so such code must be deterministic or inside a step.
+   */
+  #settled(): void {
+    if (this.#idleCheck || this.#stopped) return;
+    this.#idleCheck = true;
+    const made = this.#nextSeq;
+    setImmediate(() => {
+      this.#idleCheck = false;
+      if (this.#stopped || this.#returned) return;
+      if (this.#nextSeq !== made) {
+        this.#settled();
+        return;
+      }
+      if (this.#pending.size === 0) return;
+      this.#host.send({ type: "idle", run: this.id, ops: this.#nextSeq });
+    });
   }
 
   /** OpSink: numbers the op now (in call order) and sends it. */
@@ -112,6 +145,7 @@ export class Run implements OpSink {
       this.#doOps.set(seq, { ...handlers, count });
     }
     if (sent === "dropped") return new Promise(() => {});
+    this.#settled();
     return new Promise((resolve, reject) => this.#pending.set(seq, { resolve, reject }));
   }
 
@@ -127,6 +161,7 @@ export class Run implements OpSink {
     if (op !== undefined && op.rollback === undefined) this.#doOps.delete(message.seq);
     if (message.error !== undefined) pending.reject(toError(message.error));
     else pending.resolve(message.ok);
+    this.#settled();
   }
 
   attempt(message: Attempt): void {
@@ -135,7 +170,7 @@ export class Run implements OpSink {
       if (op === undefined) throw new Error(`run ${this.id} has no step.do #${message.seq} waiting for an attempt`);
       // Called as a plain function: the callback's `this` is not the SDK's bookkeeping.
       const { callback } = op;
-      const value = await callback(this.#context(op, message.attempt));
+      const value = await callback(this.#context(op, message.attempt, message.config));
       return toJsonValue(value, `the output of step "${op.name}"`);
     }, (outcome) => ({ type: "attemptResult", run: this.id, task: message.task, ...outcome }));
   }
@@ -158,7 +193,7 @@ export class Run implements OpSink {
       if (op?.rollback === undefined) throw new Error(`run ${this.id} has no rollback handler for step #${message.seq}`);
       await op.rollback.rollback({
         output: "output" in message ? message.output : undefined,
-        error: toError(message.error ?? NO_ERROR),
+        error: toError(message.error),
         ctx: this.#context(op, message.attempt),
         stepName: `${op.name}-${op.count}`,
       });
@@ -180,8 +215,13 @@ export class Run implements OpSink {
     this.#tasks.clear();
   }
 
-  #context(op: DoOp, attempt: number): WorkflowStepContext {
-    return { step: { name: op.name, count: op.count }, attempt, config: resolvedConfig(op.config) };
+  /** `ctx`: the engine's resolved config when it sends one (its defaults are the truth). */
+  #context(op: DoOp, attempt: number, config?: Record<string, unknown>): WorkflowStepContext {
+    return {
+      step: { name: op.name, count: op.count },
+      attempt,
+      config: (config as WorkflowStepContext["config"] | undefined) ?? resolvedConfig(op.config),
+    };
   }
 
   /** Runs user code for a task and answers it, unless it was cancelled or the run stopped. */
@@ -218,5 +258,3 @@ export class Run implements OpSink {
 
 const outcomeTooLarge = "the value is larger than a frame of the worker protocol holds (2 MiB of JSON)";
 
-/** The protocol allows a rollback without an error; handlers are typed to always get one. */
-const NO_ERROR: ErrorInfo = { name: "Error", message: "the engine gave no error for this rollback" };

@@ -85,7 +85,7 @@ describe("the package", () => {
     assert.deepEqual(attempt.error, { name: "NonRetryableError", message: "payment processor rejected the charge", nonRetryable: true });
     engine.send({ type: "opResult", run: "r1", seq: 1, error: { name: attempt.error.name, message: attempt.error.message } });
     assert.equal((await engine.next({ type: "runResult" })).error.name, "NonRetryableError");
-    engine.send({ type: "rollback", run: "r1", task: "t2", seq: 0, attempt: 1, output: { reservationId: "res-9" }, error: null });
+    engine.send({ type: "rollback", run: "r1", task: "t2", seq: 0, attempt: 1, output: { reservationId: "res-9" }, error: { name: "NonRetryableError", message: "payment processor rejected the charge" } });
     // releaseInventory is only declared in the examples: calling it is the handler's failure.
     const rollback = await engine.next({ type: "rollbackResult", task: "t2" });
     assert.match(rollback.error.message, /releaseInventory is not defined/);

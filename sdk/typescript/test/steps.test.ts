@@ -13,6 +13,34 @@ import {
 import { deferred, setup } from "./helpers.js";
 
 describe("ops", () => {
+  it("say idle once the code waits on ops only: after every op made at once, and after each answer", async () => {
+    const gate = deferred();
+    class Both extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await Promise.all([step.sleep("nap", "1 hour"), step.do("meanwhile", async () => 1)]);
+        // Code outside steps that finishes soon, then one more op.
+        await gate.promise;
+        await step.do("after", async () => 2);
+        return "done";
+      }
+    }
+    const { engine, done } = await setup({ workflows: { both: Both } });
+    engine.start("r1", "both");
+    const idle = await engine.next({ type: "idle", run: "r1" });
+    assert.equal(idle.ops, 2, "both ops of Promise.all come before the idle");
+    const sent = engine.received.filter((f) => f.run === "r1").map((f) => f.type);
+    assert.deepEqual(sent, ["op", "op", "idle"]);
+    engine.send({ type: "opResult", run: "r1", seq: 0, ok: null });
+    engine.send({ type: "opResult", run: "r1", seq: 1, ok: 1 });
+    // Answered, the code runs on (the gate holds it): no idle while it may still make ops
+    // with nothing pending... and once it makes one, idle counts it.
+    gate.resolve();
+    const next = await engine.next({ type: "idle", run: "r1", ops: 3 });
+    assert.equal(next.ops, 3);
+    engine.send({ type: "stop", run: "r1", reason: "hibernated" });
+    await done();
+  });
+
   it("are numbered in call order before any is answered, and settle in any order (Promise.all)", async () => {
     class Parallel extends WorkflowEntrypoint {
       async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
@@ -391,7 +419,7 @@ describe("rollback handlers", () => {
     assert.deepEqual((await engine.next({ type: "rollbackResult", task: "t3" })).error, { name: "NonRetryableError", message: "cannot undo", nonRetryable: true });
     engine.send({ type: "rollback", run: "r1", task: "t4", seq: 0, attempt: 2, output, error: failure });
     assert.deepEqual(await engine.next({ type: "rollbackResult", task: "t4" }), { type: "rollbackResult", run: "r1", task: "t4", ok: null });
-    engine.send({ type: "rollback", run: "r1", task: "t5", seq: 0, attempt: 1, error: null });
+    engine.send({ type: "rollback", run: "r1", task: "t5", seq: 0, attempt: 1, error: { name: "Terminated", message: "terminated" } });
     await engine.next({ type: "rollbackResult", task: "t5" });
     assert.deepEqual(seen, [
       {
@@ -406,7 +434,7 @@ describe("rollback handlers", () => {
       },
       {
         output: undefined,
-        error: ["Error", "the engine gave no error for this rollback", false],
+        error: ["Terminated", "terminated", false],
         ctx: {
           step: { name: "reserve inventory", count: 1 },
           attempt: 1,
