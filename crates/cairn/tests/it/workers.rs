@@ -175,7 +175,14 @@ async fn an_instance_pinned_to_a_version_waits_for_a_worker_of_it_and_new_ones_t
     v2.returns(&start["run"], Ok(json!("v2")));
     v2.expect("stop").await;
     assert_eq!(new.wait().await.unwrap().output, Some(json!("v2")));
-    old.wait_for(|s| s.status == InstanceStatus::Queued).await.unwrap();
+    // Parked, still queued, and it says for which version.
+    while old.details().await.unwrap().waiting_for_worker.is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let details = old.details().await.unwrap();
+    assert_eq!(details.status, InstanceStatus::Queued);
+    assert_eq!(details.waiting_for_worker.as_deref(), Some("v1"));
+    assert_eq!(details.version.as_deref(), Some("v1"));
     let versions = engine.workflow_versions("checkout").await.unwrap();
     let shown: Vec<(String, u64, usize, bool)> = versions
         .iter()
@@ -478,5 +485,43 @@ async fn bad_frames_are_answered_with_codes_and_change_nothing() {
     worker.returns(&run, Ok(json!("fine")));
     assert_eq!(instance.wait().await.unwrap().output, Some(json!("fine")));
     assert!(instance.details().await.unwrap().steps.is_empty());
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_replay_check_replays_a_workers_instance_on_a_worker_of_its_version() {
+    let (engine, _dir) = engine(|b| b).await;
+    let mut worker = Worker::hello(&engine, &[("billing", "v1")], 4).await;
+    let instance = create(&engine, "billing", "b", json!({})).await;
+    let run = worker.expect("start").await["run"].clone();
+    worker.op(&run, 0, json!({ "op": "do", "name": "charge", "config": null }));
+    let attempt = worker.expect("attempt").await;
+    worker.answer(&attempt, "attemptResult", Ok(json!(1)));
+    worker.expect("opResult").await;
+    worker.op(&run, 1, json!({ "op": "sleep", "name": "nap", "duration": "1 day" }));
+    worker.idle(&run, 2);
+    assert_eq!(worker.expect("stop").await["reason"], "hibernated");
+    instance
+        .wait_for(|s| s.status == InstanceStatus::Waiting)
+        .await
+        .unwrap();
+    // The code on the worker renamed the step: the check replays it there, in check mode.
+    let worker_side = async {
+        let start = worker.expect("start").await;
+        assert_eq!(start["check"], true);
+        let run = start["run"].clone();
+        worker.op(&run, 0, json!({ "op": "do", "name": "bill", "config": null }));
+        worker.idle(&run, 1);
+    };
+    let (report, ()) = tokio::join!(engine.replay_check(), worker_side);
+    let report = report.unwrap();
+    assert_eq!(report.checked, 1);
+    let problems = &report.incompatible[0].problems;
+    assert!(
+        problems.iter().any(|p| p.contains("\"charge\"")),
+        "{problems:?}"
+    );
+    // No attempt was asked for: a check runs nothing.
+    assert_eq!(worker.expect("stop").await["type"], "stop");
     engine.shutdown().await;
 }
