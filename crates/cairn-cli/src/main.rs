@@ -764,7 +764,8 @@ async fn serve(
         .start()
         .await
         .map_err(|e| format!("start the engine on {shown}: {e}"))?;
-    let names: Vec<&str> = engine.workflow_names().iter().map(|n| n.as_str()).collect();
+    let known = engine.workflow_names();
+    let names: Vec<&str> = known.iter().map(|n| n.as_str()).collect();
     tracing::info!(
         backend = if is_postgres(&db) { "postgres" } else { "sqlite" },
         database = %shown,

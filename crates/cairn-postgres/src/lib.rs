@@ -703,6 +703,38 @@ impl Store for PostgresStore {
         })
     }
 
+    fn register_versions(
+        &self,
+        versions: Vec<cairn_store::WorkflowVersion>,
+    ) -> StoreFuture<'_, ()> {
+        Box::pin(async move { reads::register_versions(&self.reader().await?, &versions).await })
+    }
+
+    fn workflow_versions(&self) -> StoreFuture<'_, Vec<cairn_store::WorkflowVersion>> {
+        Box::pin(async move { reads::workflow_versions(&self.reader().await?).await })
+    }
+
+    fn unfinished_versions(
+        &self,
+        workflow: &WorkflowName,
+    ) -> StoreFuture<'_, Vec<(Option<String>, u64)>> {
+        let workflow = workflow.to_string();
+        Box::pin(async move { reads::unfinished_versions(&self.reader().await?, &workflow).await })
+    }
+
+    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64> {
+        let reply = self.write(Op::WakeAwaiting {
+            workflow: workflow.to_string(),
+            version: version.to_owned(),
+        });
+        Box::pin(async move {
+            match reply.await? {
+                Reply::Woken(n) => Ok(n),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
     fn changes(&self) -> Option<futures::stream::BoxStream<'static, cairn_store::Changes>> {
         let (sender, _) = self.listener.as_ref()?;
         let receiver = sender.subscribe();
@@ -824,6 +856,7 @@ mod tests {
                 parent: None,
                 priority: 0,
                 concurrency: None,
+                version: None,
             }])
             .await
             .unwrap();

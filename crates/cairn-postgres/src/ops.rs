@@ -38,8 +38,8 @@ pub(crate) async fn create(
         let row = query_opt(
             tx,
             "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
-                 retain_success_ms, retain_error_ms, parent_iid, parent, priority, ckey)
-             VALUES ($1, $2, 0, $3, $4, 1, $4, $5, $6, $7, $8, $9, $10)
+                 retain_success_ms, retain_error_ms, parent_iid, parent, priority, ckey, version)
+             VALUES ($1, $2, 0, $3, $4, 1, $4, $5, $6, $7, $8, $9, $10, $11)
              ON CONFLICT (workflow, id) DO NOTHING RETURNING iid",
             &[
                 &new.workflow.as_str(),
@@ -52,6 +52,7 @@ pub(crate) async fn create(
                 &new.parent.as_ref().map(ParentLink::encode),
                 &new.priority,
                 &new.concurrency.as_ref().map(|c| c.key.as_str()),
+                &new.version,
             ],
         )
         .await?;
@@ -390,6 +391,35 @@ async fn change_status(
 /// parent's row is locked whatever its status (the update writes it even when it changes
 /// nothing), so a hibernation of the parent either commits first (and is woken here) or
 /// waits for this transaction (and then sees the child ended).
+/// See `Store::wake_awaiting`: through `instances_next_ready (workflow, ready_at)`, the
+/// awaiting ones at their wake time; claimable now, and other engines hear of it.
+pub(crate) async fn wake_awaiting(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    workflow: &str,
+    version: &str,
+) -> R<u64> {
+    let woken = tx
+        .execute(
+            &tx.prepare_cached(
+                "UPDATE instances SET ready_at = created_at, ready_rank = 0
+                 WHERE workflow = $1 AND ready_at = $3 AND version = $2 AND status IN (0, 7)",
+            )
+            .await?,
+            &[
+                &workflow,
+                &version,
+                &cairn_store::AWAITING_WORKER.as_millis(),
+            ],
+        )
+        .await?;
+    if woken > 0 {
+        b.wrote = true;
+        b.claimable = true;
+    }
+    Ok(woken)
+}
+
 /// See `Store::fire_tick`. The schedule's row is locked, so engines firing the same tick
 /// take turns, and the second sees the first's.
 pub(crate) async fn fire_tick(
@@ -555,12 +585,13 @@ async fn hibernate(
         .len();
         buffered = running < refs.len();
     }
-    // A pending pause wins: the instance is paused, not waiting, and not claimable.
+    // A pending pause wins: the instance is paused, not waiting, and not claimable. One
+    // that never started (let go before it could: no worker of its version) stays queued.
     b.wrote = true;
     let rows = query(
         tx,
         "UPDATE instances SET
-             status = CASE WHEN status = 6 THEN 2 ELSE 7 END,
+             status = CASE WHEN status = 6 THEN 2 WHEN status = 0 THEN 0 ELSE 7 END,
              ready_rank = 0,
              ready_at = CASE WHEN status = 6 THEN NULL WHEN $3 THEN created_at ELSE $2 END,
              lease_owner = NULL, lease_until = NULL

@@ -13,11 +13,11 @@ use tokio_postgres::Row;
 
 use crate::db::{corrupt, map_pg};
 
-pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
+pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked, version";
 
 /// [`INSTANCE_COLUMNS`] for a listing: every column but the params (up to a megabyte each),
 /// which a listing never shows (`"null"` in their place, see `Store::list`).
-const LIST_COLUMNS: &str = "iid, workflow, id, status, 'null'::text, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
+const LIST_COLUMNS: &str = "iid, workflow, id, status, 'null'::text, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked, version";
 
 fn ts(ms: Option<i64>) -> Option<Timestamp> {
     ms.map(Timestamp::from_millis)
@@ -71,6 +71,7 @@ pub(crate) fn instance_at(row: &Row, offset: usize) -> Result<InstanceRecord> {
         priority: row.try_get(g(16)).map_err(corrupt)?,
         concurrency_key: row.try_get(g(17)).map_err(corrupt)?,
         waiting_for_slot: row.try_get(g(18)).map_err(corrupt)?,
+        version: row.try_get(g(19)).map_err(corrupt)?,
     })
 }
 
@@ -446,4 +447,79 @@ pub(crate) async fn delete_schedule(client: &impl GenericClient, name: &str) -> 
         .await
         .map_err(map_pg)?;
     Ok(client.execute(&st, &[&name]).await.map_err(map_pg)? == 1)
+}
+
+/// See `Store::register_versions`. Written outside the writer's batches: no instance, no
+/// log.
+pub(crate) async fn register_versions(
+    client: &impl GenericClient,
+    versions: &[cairn_store::WorkflowVersion],
+) -> Result<()> {
+    let st = client
+        .prepare_cached(
+            "INSERT INTO workflow_versions (workflow, version, registered_at) VALUES ($1, $2, $3)
+             ON CONFLICT (workflow, version) DO NOTHING",
+        )
+        .await
+        .map_err(map_pg)?;
+    for v in versions {
+        client
+            .execute(
+                &st,
+                &[
+                    &v.workflow.as_str(),
+                    &v.version,
+                    &v.registered_at.as_millis(),
+                ],
+            )
+            .await
+            .map_err(map_pg)?;
+    }
+    Ok(())
+}
+
+/// See `Store::workflow_versions`.
+pub(crate) async fn workflow_versions(
+    client: &impl GenericClient,
+) -> Result<Vec<cairn_store::WorkflowVersion>> {
+    let rows = query(
+        client,
+        "SELECT workflow, version, registered_at FROM workflow_versions
+         ORDER BY registered_at, workflow, version",
+        &[],
+    )
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(cairn_store::WorkflowVersion {
+                workflow: WorkflowName::new(r.try_get::<_, String>(0).map_err(corrupt)?)
+                    .map_err(corrupt)?,
+                version: r.try_get(1).map_err(corrupt)?,
+                registered_at: Timestamp::from_millis(r.try_get(2).map_err(corrupt)?),
+            })
+        })
+        .collect()
+}
+
+/// See `Store::unfinished_versions`.
+pub(crate) async fn unfinished_versions(
+    client: &impl GenericClient,
+    workflow: &str,
+) -> Result<Vec<(Option<String>, u64)>> {
+    let rows = query(
+        client,
+        "SELECT version, count(*) FROM instances
+         WHERE workflow = $1 AND status IN (0, 1, 2, 6, 7)
+         GROUP BY version ORDER BY version",
+        &[&workflow],
+    )
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get(0).map_err(corrupt)?,
+                u64::try_from(r.try_get::<_, i64>(1).map_err(corrupt)?).unwrap_or(0),
+            ))
+        })
+        .collect()
 }

@@ -206,6 +206,16 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE schedules ADD COLUMN legacy BOOLEAN NOT NULL DEFAULT FALSE;
     UPDATE schedules SET legacy = TRUE;
     ",
+    // 7: workflows run by workers (as SQLite's migration 15).
+    "
+    CREATE TABLE workflow_versions (
+        workflow      TEXT NOT NULL,
+        version       TEXT NOT NULL,
+        registered_at BIGINT NOT NULL,
+        PRIMARY KEY (workflow, version)
+    );
+    ALTER TABLE instances ADD COLUMN version TEXT;
+    ",
 ];
 
 /// Why the schema could not be brought up to date.

@@ -88,6 +88,10 @@ pub(crate) enum Op {
         limit: usize,
     },
     FireTick(cairn_store::ScheduleTick),
+    WakeAwaiting {
+        workflow: String,
+        version: String,
+    },
 }
 
 impl Op {
@@ -96,7 +100,7 @@ impl Op {
     fn alone(&self) -> bool {
         matches!(
             self,
-            Op::Control { .. } | Op::Purge { .. } | Op::FireTick(_)
+            Op::Control { .. } | Op::Purge { .. } | Op::FireTick(_) | Op::WakeAwaiting { .. }
         )
     }
 }
@@ -120,6 +124,7 @@ pub(crate) enum Reply {
     Control(ControlOutcome),
     Purged(usize),
     Fired(cairn_store::TickFired),
+    Woken(u64),
 }
 
 pub(crate) struct Job {
@@ -172,6 +177,9 @@ async fn run(tx: &Transaction<'_>, b: &mut Batch<'_>, op: &Op) -> Result<Reply, 
         } => Reply::Control(ops::control(tx, b, workflow, id, request).await?),
         Op::Purge { now, limit } => Reply::Purged(ops::purge(tx, b, *now, *limit).await?),
         Op::FireTick(tick) => Reply::Fired(ops::fire_tick(tx, b, tick).await?),
+        Op::WakeAwaiting { workflow, version } => {
+            Reply::Woken(ops::wake_awaiting(tx, b, workflow, version).await?)
+        }
     })
 }
 

@@ -23,6 +23,7 @@ mod routes;
 mod schedules;
 mod serve;
 mod stream;
+mod workers;
 
 use std::future::Future;
 

@@ -24,6 +24,7 @@ pub(crate) fn routes() -> Router<Engine> {
             get(|| async { Json(crate::openapi::document()) }),
         )
         .route("/api/workflows/{name}", get(describe_workflow))
+        .route("/api/workflows/{name}/versions", get(workflow_versions))
         .route("/api/instances", get(list_all_instances))
         .route("/api/instances/bulk", post(bulk))
         .route("/api/workflows/{name}/instances/batch", post(create_batch))
@@ -58,6 +59,7 @@ pub(crate) fn routes() -> Router<Engine> {
             post(send_event),
         )
         .merge(crate::schedules::routes())
+        .merge(crate::workers::routes())
 }
 
 fn workflow(engine: &Engine, name: &str) -> ApiResult<UntypedWorkflow> {
@@ -607,7 +609,22 @@ async fn describe_workflow(
 ) -> ApiResult<Json<Value>> {
     let workflow = workflow(&engine, &name)?;
     let counts = crate::actions::counts(&workflow).await?;
-    Ok(Json(json!({ "name": name, "instances": counts })))
+    let mut described = json!({ "name": name, "instances": counts });
+    // A workflow workers run: its versions, and which of them has workers now.
+    if let Ok(versions) = engine.workflow_versions(&name).await {
+        described["versions"] = json!(versions);
+    }
+    Ok(Json(described))
+}
+
+/// The versions of a workflow workers run, oldest first, with their unfinished instances
+/// and connected workers: an old version's workers can go once it has none unfinished.
+async fn workflow_versions(
+    State(engine): State<Engine>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let versions = engine.workflow_versions(&name).await?;
+    Ok(Json(json!({ "workflow": name, "versions": versions })))
 }
 
 async fn create_batch(

@@ -18,7 +18,6 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::{Semaphore, watch};
 
@@ -447,8 +446,11 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (closing_tx, closing_rx) = watch::channel(false);
-    let router = router.layer(axum::Extension(Closing(closing_rx)));
-    let graceful = GracefulShutdown::new();
+    let router = router.layer(axum::Extension(Closing(closing_rx.clone())));
+    // Each connection's task holds a sender: once all are dropped, every connection has
+    // ended. (hyper-util's GracefulShutdown does not take a connection that may be
+    // upgraded, which a worker's WebSocket is.)
+    let (alive, mut all_ended) = tokio::sync::mpsc::channel::<()>(1);
     let mut shutdown = std::pin::pin!(shutdown);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let mut failed_accepts = Warnings::default();
@@ -494,16 +496,30 @@ pub(crate) async fn serve(
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
-            .serve_connection(TokioIo::new(JsonRejections::new(socket)), service);
-        let connection = graceful.watch(connection);
+            .serve_connection(TokioIo::new(JsonRejections::new(socket)), service)
+            // Workers' WebSockets (`/api/workers`) take the connection over.
+            .with_upgrades();
+        let mut closing = closing_rx.clone();
+        let alive = alive.clone();
         tokio::spawn(async move {
-            let _ = connection.await;
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = async { let _ = closing.wait_for(|closing| *closing).await; } => {
+                    // Finish the request in progress, then close (an upgraded connection
+                    // has left already: its WebSocket ends with the engine's sessions).
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
             drop(permit);
+            drop(alive);
         });
     }
     drop(listener);
+    drop(alive);
     closing_tx.send_replace(true);
-    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+    if tokio::time::timeout(limits.shutdown_grace, all_ended.recv())
         .await
         .is_err()
     {

@@ -788,6 +788,30 @@ impl Store for SqliteStore {
         self.write(move |conn| rows::fire_tick(conn, &tick))
     }
 
+    fn register_versions(
+        &self,
+        versions: Vec<cairn_store::WorkflowVersion>,
+    ) -> StoreFuture<'_, ()> {
+        self.write(move |conn| rows::register_versions(conn, &versions))
+    }
+
+    fn workflow_versions(&self) -> StoreFuture<'_, Vec<cairn_store::WorkflowVersion>> {
+        self.read(rows::workflow_versions)
+    }
+
+    fn unfinished_versions(
+        &self,
+        workflow: &WorkflowName,
+    ) -> StoreFuture<'_, Vec<(Option<String>, u64)>> {
+        let workflow = workflow.to_string();
+        self.read(move |conn| rows::unfinished_versions(conn, &workflow))
+    }
+
+    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64> {
+        let (workflow, version) = (workflow.to_string(), version.to_owned());
+        self.write(move |conn| rows::wake_awaiting(conn, &workflow, &version))
+    }
+
     fn close(&self) -> StoreFuture<'_, ()> {
         Box::pin(async {
             SqliteStore::close(self).await;

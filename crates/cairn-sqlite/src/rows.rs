@@ -9,17 +9,17 @@ use cairn_core::{
 use cairn_store::{
     Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRecord, InstanceRef, Lease,
     ListQuery, NewEvent, NewInstance, ParentLink, Result, ScheduleState, ScheduleTick, Sent,
-    SqlArg, StatusChange, StoredEvent, StoredSchedule, TickFired, Timers, Write,
+    SqlArg, StatusChange, StoredEvent, StoredSchedule, TickFired, Timers, WorkflowVersion, Write,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
 use crate::worker::map_sqlite;
 
-pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
+pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked, version";
 
 /// [`INSTANCE_COLUMNS`] for a listing: every column but the params (up to a megabyte each),
 /// which a listing never shows (`"null"` in their place, see `Store::list`).
-pub(crate) const LIST_COLUMNS: &str = "iid, workflow, id, status, 'null', created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked";
+pub(crate) const LIST_COLUMNS: &str = "iid, workflow, id, status, 'null', created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked, version";
 
 fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::Corrupt(what.to_string())
@@ -53,8 +53,8 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
     let inserted = conn
         .prepare_cached(
             "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
-                 retain_success_ms, retain_error_ms, parent_iid, parent, priority, ckey)
-             VALUES (?1, ?2, 0, ?3, ?4, 1, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 retain_success_ms, retain_error_ms, parent_iid, parent, priority, ckey, version)
+             VALUES (?1, ?2, 0, ?3, ?4, 1, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
              ON CONFLICT (workflow, id) DO NOTHING",
         )
         .and_then(|mut st| {
@@ -69,6 +69,7 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
                 new.parent.as_ref().map(ParentLink::encode),
                 new.priority,
                 new.concurrency.as_ref().map(|c| c.key.as_str()),
+                new.version,
             ])
         })
         .map_err(map_sqlite)?;
@@ -286,6 +287,7 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
     let priority: i32 = row.get(g(16))?;
     let ckey: Option<String> = row.get(g(17))?;
     let parked: bool = row.get(g(18))?;
+    let version: Option<String> = row.get(g(19))?;
     Ok((|| {
         Ok(InstanceRecord {
             instance: InstanceRef(iid),
@@ -309,6 +311,7 @@ fn instance_at(row: &Row<'_>, offset: usize) -> rusqlite::Result<Result<Instance
             priority,
             concurrency_key: ckey,
             waiting_for_slot: parked,
+            version,
         })
     })())
 }
@@ -505,11 +508,12 @@ fn hibernate(
             break;
         }
     }
-    // A pending pause wins: the instance is paused, not waiting, and not claimable.
+    // A pending pause wins: the instance is paused, not waiting, and not claimable. One
+    // that never started (let go before it could: no worker of its version) stays queued.
     let after = conn
         .prepare_cached(
             "UPDATE instances SET
-             status = CASE WHEN status = 6 THEN 2 ELSE 7 END,
+             status = CASE WHEN status = 6 THEN 2 WHEN status = 0 THEN 0 ELSE 7 END,
              ready_rank = 0,
              ready_at = CASE WHEN status = 6 THEN NULL
                              WHEN ?2 = -9223372036854775808 THEN created_at ELSE ?2 END,
@@ -1526,4 +1530,85 @@ pub(crate) fn fire_tick(conn: &Connection, t: &ScheduleTick) -> Result<TickFired
         Created::New(instance) => TickFired::Fired(instance),
         Created::AlreadyExists => TickFired::Taken,
     })
+}
+
+/// See `Store::register_versions`.
+pub(crate) fn register_versions(conn: &Connection, versions: &[WorkflowVersion]) -> Result<()> {
+    let mut st = conn
+        .prepare_cached(
+            "INSERT INTO workflow_versions (workflow, version, registered_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (workflow, version) DO NOTHING",
+        )
+        .map_err(map_sqlite)?;
+    for v in versions {
+        st.execute(params![
+            v.workflow.as_str(),
+            v.version,
+            v.registered_at.as_millis()
+        ])
+        .map_err(map_sqlite)?;
+    }
+    Ok(())
+}
+
+/// See `Store::workflow_versions`.
+pub(crate) fn workflow_versions(conn: &Connection) -> Result<Vec<WorkflowVersion>> {
+    let rows: Vec<(String, String, i64)> = conn
+        .prepare_cached(
+            "SELECT workflow, version, registered_at FROM workflow_versions
+             ORDER BY registered_at, workflow, version",
+        )
+        .and_then(|mut st| {
+            st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(map_sqlite)?;
+    rows.into_iter()
+        .map(|(workflow, version, at)| {
+            Ok(WorkflowVersion {
+                workflow: WorkflowName::new(workflow).map_err(corrupt)?,
+                version,
+                registered_at: Timestamp::from_millis(at),
+            })
+        })
+        .collect()
+}
+
+/// See `Store::unfinished_versions`: the workflow's unfinished instances through
+/// `instances_by_status (workflow, status, iid)`, one range per unfinished status.
+pub(crate) fn unfinished_versions(
+    conn: &Connection,
+    workflow: &str,
+) -> Result<Vec<(Option<String>, u64)>> {
+    conn.prepare_cached(
+        "SELECT version, count(*) FROM instances
+         WHERE workflow = ?1 AND status IN (0, 1, 2, 6, 7)
+         GROUP BY version ORDER BY version",
+    )
+    .and_then(|mut st| {
+        st.query_map([workflow], |r| {
+            Ok((r.get(0)?, u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0)))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()
+    })
+    .map_err(map_sqlite)
+}
+
+/// See `Store::wake_awaiting`: through `instances_next_ready (workflow, ready_at)`, the
+/// awaiting ones at their wake time.
+pub(crate) fn wake_awaiting(conn: &Connection, workflow: &str, version: &str) -> Result<u64> {
+    let woken = conn
+        .prepare_cached(
+            "UPDATE instances SET ready_at = created_at, ready_rank = 0
+             WHERE workflow = ?1 AND ready_at = ?3 AND version = ?2 AND status IN (0, 7)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                workflow,
+                version,
+                cairn_store::AWAITING_WORKER.as_millis()
+            ])
+        })
+        .map_err(map_sqlite)?;
+    Ok(u64::try_from(woken).unwrap_or(0))
 }

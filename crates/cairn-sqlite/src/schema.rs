@@ -295,6 +295,17 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE schedules ADD COLUMN legacy INTEGER NOT NULL DEFAULT 0;
     UPDATE schedules SET legacy = 1;
     ",
+    // 15: workflows run by workers (`docs/worker-protocol.md`): the versions they
+    // registered, and the version each instance is pinned to.
+    "
+    CREATE TABLE workflow_versions (
+        workflow      TEXT NOT NULL,
+        version       TEXT NOT NULL,
+        registered_at INTEGER NOT NULL,
+        PRIMARY KEY (workflow, version)
+    ) WITHOUT ROWID;
+    ALTER TABLE instances ADD COLUMN version TEXT;
+    ",
 ];
 
 /// Brings the schema up to date.

@@ -43,6 +43,7 @@ fn new_instance(workflow: &str, id: &str) -> NewInstance {
         parent: None,
         priority: 0,
         concurrency: None,
+        version: None,
     }
 }
 

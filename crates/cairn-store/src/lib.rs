@@ -103,7 +103,26 @@ pub struct NewInstance {
     pub priority: i32,
     /// The concurrency key it runs under, with the key's limits.
     pub concurrency: Option<Concurrency>,
+    /// The version of its workflow's code it runs on, for a workflow run by workers
+    /// (`None` for one registered in Rust, which has the code running now).
+    pub version: Option<String>,
 }
+
+/// A workflow version a worker registered ([`Store::register_versions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowVersion {
+    /// The workflow.
+    pub workflow: WorkflowName,
+    /// The version of its code.
+    pub version: String,
+    /// When a worker first registered it: the newest version is the one registered last.
+    pub registered_at: Timestamp,
+}
+
+/// The wake time of an instance that waits for a worker of its version
+/// ([`Write::Hibernate`] with this time): no timer ever comes, and
+/// [`Store::wake_awaiting`] makes it claimable when such a worker connects.
+pub const AWAITING_WORKER: Timestamp = Timestamp::from_millis(i64::MAX);
 
 /// A concurrency key and its limits (per workflow and key): at most `limit` instances hold
 /// a slot at once, and (with `rate`) at most `rate.0` take one per `rate.1`. An instance
@@ -279,6 +298,8 @@ pub struct InstanceRecord {
     pub concurrency_key: Option<String>,
     /// Waiting for a slot of its key (see [`Concurrency`]).
     pub waiting_for_slot: bool,
+    /// The version of its workflow's code it runs on ([`NewInstance::version`]).
+    pub version: Option<String>,
 }
 
 /// A claimed instance: its row and the lease to write under.
@@ -891,6 +912,24 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes the schedule `name`; whether there was one. (Its name is remembered, so that a
     /// schedule created under it later is a new generation.)
     fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool>;
+
+    /// Records that workers run these workflow versions (once each; the first registration
+    /// keeps its time).
+    fn register_versions(&self, versions: Vec<WorkflowVersion>) -> StoreFuture<'_, ()>;
+
+    /// Every workflow version workers registered, oldest registration first.
+    fn workflow_versions(&self) -> StoreFuture<'_, Vec<WorkflowVersion>>;
+
+    /// How many unfinished instances of `workflow` run on each version (a scan of the
+    /// workflow's unfinished instances: for an operator, not a hot path).
+    fn unfinished_versions(
+        &self,
+        workflow: &WorkflowName,
+    ) -> StoreFuture<'_, Vec<(Option<String>, u64)>>;
+
+    /// Makes the instances of `workflow` at `version` that wait for a worker
+    /// ([`AWAITING_WORKER`]) claimable; how many.
+    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64>;
 
     /// Fires a tick, in one transaction: unless the schedule's stored generation differs
     /// or a tick as late has fired, creates the tick's instance and records the tick as

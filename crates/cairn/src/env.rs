@@ -36,9 +36,94 @@ pub(crate) struct Env {
     pub(crate) wake: tokio::sync::Notify,
     /// A test's mocks and observers (`cairn::testing`); `None` in every other engine.
     pub(crate) hooks: Option<Arc<crate::hooks::Hooks>>,
+    /// The workflows workers run (`docs/worker-protocol.md`), as the store knows them.
+    pub(crate) remote: RemoteWorkflows,
+}
+
+/// Where a new instance of a workflow goes: what it is kept for, and the version of its
+/// code it is pinned to (a workflow run by workers; `None` for one in Rust).
+pub(crate) struct Target {
+    pub(crate) retention: Retention,
+    pub(crate) version: Option<String>,
+}
+
+/// The workflows workers have registered, each with its versions oldest first (the newest
+/// is the one registered last): read from the store at start and after each registration,
+/// so creates and invokes know them while no worker is connected.
+pub(crate) struct RemoteWorkflows {
+    versions: std::sync::RwLock<HashMap<WorkflowName, Vec<String>>>,
+    /// What their instances are kept for (the engine's default retention).
+    pub(crate) retention: Retention,
+}
+
+impl RemoteWorkflows {
+    pub(crate) fn new(retention: Retention) -> Self {
+        RemoteWorkflows {
+            versions: std::sync::RwLock::default(),
+            retention,
+        }
+    }
+
+    /// Replaces what is known with the store's registrations, oldest first.
+    pub(crate) fn load(&self, registered: Vec<cairn_store::WorkflowVersion>) {
+        let mut versions: HashMap<WorkflowName, Vec<String>> = HashMap::new();
+        for v in registered {
+            versions.entry(v.workflow).or_default().push(v.version);
+        }
+        *self
+            .versions
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = versions;
+    }
+
+    /// The newest version of `workflow`, if workers run it.
+    pub(crate) fn newest(&self, workflow: &WorkflowName) -> Option<String> {
+        self.versions
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(workflow)
+            .and_then(|v| v.last().cloned())
+    }
+
+    /// Whether workers have registered `workflow`.
+    pub(crate) fn knows(&self, workflow: &WorkflowName) -> bool {
+        self.versions
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains_key(workflow)
+    }
+
+    /// Every workflow workers have registered, by name.
+    pub(crate) fn names(&self) -> Vec<WorkflowName> {
+        let mut names: Vec<WorkflowName> = self
+            .versions
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    }
 }
 
 impl Env {
+    /// Where a new instance of `workflow` goes, or `None` when this engine knows no such
+    /// workflow (neither registered in Rust nor by a worker).
+    pub(crate) fn target(&self, workflow: &WorkflowName) -> Option<Target> {
+        if let Some(retention) = self.retention.get(workflow) {
+            return Some(Target {
+                retention: *retention,
+                version: None,
+            });
+        }
+        let version = self.remote.newest(workflow)?;
+        Some(Target {
+            retention: self.remote.retention,
+            version: Some(version),
+        })
+    }
+
     /// Now, and where [`crate::telemetry`] counts it per minute.
     pub(crate) fn seen(&self) -> crate::telemetry::Seen<'_> {
         (&self.activity, self.clock.now())

@@ -38,6 +38,9 @@ pub use engine::check::{ReplayFindings, ReplayReport};
 pub use engine::concurrency::Concurrency;
 pub use engine::leases::DEFAULT_LEASE_TTL;
 pub use engine::schedules::{CatchUp, GRACE, Overlap, Schedule, ScheduleError};
+pub use engine::workers::connect::{
+    MAX_FRAME as MAX_WORKER_FRAME, VersionInfo, WorkerConnection, WorkerInfo, WorkerRefused,
+};
 pub use engine::{
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_HIBERNATE_AFTER, DEFAULT_MAX_RUNNING, DEFAULT_RETENTION, Engine,
     EngineBuilder,

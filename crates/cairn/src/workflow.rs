@@ -61,7 +61,33 @@ impl WorkflowStep {
         self.invoke_child(
             name.into(),
             crate::ops::invoke::Child {
-                workflow: C::NAME,
+                workflow: C::NAME.to_owned(),
+                params,
+            },
+        )
+    }
+}
+
+impl WorkflowStep {
+    /// [`WorkflowStep::invoke`] for a workflow known by name, its params and output as
+    /// JSON: a workflow run by workers (in TypeScript, say), or one registered in Rust
+    /// whose type this code does not name. The same durable op: the child is created once,
+    /// with the newest version of a worker's workflow, and its outcome journaled.
+    pub fn invoke_by_name(
+        &self,
+        name: impl Into<String>,
+        workflow: impl Into<String>,
+        params: serde_json::Value,
+    ) -> crate::ops::InvokeOp<serde_json::Value> {
+        // Stored as a client's JSON is: a user's `$` keys escaped (`binary::external`'s
+        // inverse), so the child reads exactly these params.
+        let params = cairn_core::binary::to_value(&params)
+            .map(|v| v.to_string())
+            .map_err(|e| e.to_string());
+        self.invoke_child(
+            name.into(),
+            crate::ops::invoke::Child {
+                workflow: workflow.into(),
                 params,
             },
         )

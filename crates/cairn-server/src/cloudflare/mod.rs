@@ -328,8 +328,8 @@ async fn list_workflows(
     let page = whole(&q, "page")?.unwrap_or(1);
     let per_page = per_page(&q)?;
     let search = q.get("search").map(String::as_str).unwrap_or("");
-    let names: Vec<&str> = engine
-        .workflow_names()
+    let known = engine.workflow_names();
+    let names: Vec<&str> = known
         .iter()
         .map(|n| n.as_str())
         .filter(|n| n.contains(search))

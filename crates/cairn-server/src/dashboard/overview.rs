@@ -48,7 +48,7 @@ pub(crate) async fn page(
                     })
                     .collect();
                 total += counts.iter().map(|(_, n)| n).sum::<u64>();
-                cards.push(card(name, &counts, &activity, first));
+                cards.push(card(&name, &counts, &activity, first));
             }
             Err(e) => cards.push(html! {
                 section.card { h2 { (name.as_str()) } p.flash.error { (e.message) } }

@@ -49,6 +49,7 @@ async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
             parent: None,
             priority: 0,
             concurrency: None,
+            version: None,
         }])
         .await
         .unwrap();
@@ -153,6 +154,7 @@ async fn opening_after_a_crash_logs_what_is_recovered() {
                 parent: None,
                 priority: 0,
                 concurrency: None,
+                version: None,
             }])
             .await
             .unwrap();

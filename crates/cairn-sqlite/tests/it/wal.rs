@@ -32,6 +32,7 @@ fn instance(n: usize, params_len: usize) -> NewInstance {
         parent: None,
         priority: 0,
         concurrency: None,
+        version: None,
     }
 }
 

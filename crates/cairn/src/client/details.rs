@@ -65,6 +65,13 @@ pub struct InstanceDetails {
     /// (1 = next).
     #[serde(rename = "waitingForSlot", skip_serializing_if = "Option::is_none")]
     pub waiting_for_slot: Option<SlotWait>,
+    /// The version of its workflow's code it runs on, for a workflow run by workers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Why it does not run: no worker of its version is connected (the version it waits
+    /// for).
+    #[serde(rename = "waitingForWorker", skip_serializing_if = "Option::is_none")]
+    pub waiting_for_worker: Option<String>,
 }
 
 /// An instance waiting for a slot of its concurrency key.
@@ -354,6 +361,9 @@ impl InstanceDetails {
                 }),
                 _ => None,
             },
+            version: record.version.clone(),
+            waiting_for_worker: (record.ready_at == Some(cairn_store::AWAITING_WORKER))
+                .then(|| record.version.clone().unwrap_or_default()),
         }
     }
 }

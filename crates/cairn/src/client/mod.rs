@@ -43,13 +43,14 @@ impl Engine {
         }
     }
 
-    /// The JSON handle of the workflow named `name`.
+    /// The JSON handle of the workflow named `name`: one registered in Rust, or one a
+    /// worker has registered (`docs/worker-protocol.md`), connected now or not.
     ///
     /// # Errors
     /// [`Error::InvalidId`] for an invalid name, [`Error::UnknownWorkflow`] if none is registered.
     pub fn workflow_by_name(&self, name: &str) -> Result<UntypedWorkflow, Error> {
         let name = WorkflowName::new(name)?;
-        if !self.inner.workflows.contains_key(&name) {
+        if !self.inner.workflows.contains_key(&name) && !self.inner.env.remote.knows(&name) {
             return Err(Error::UnknownWorkflow(name.to_string()));
         }
         Ok(UntypedWorkflow {

@@ -305,12 +305,10 @@ impl UntypedWorkflow {
     /// The params as stored (JSON text) if the workflow takes them: they decode as its
     /// `Params` and are within the payload limit.
     pub(crate) fn check_params(&self, params: &serde_json::Value) -> Result<String, Error> {
-        let workflow = self
-            .engine
-            .inner
-            .workflows
-            .get(&self.name)
-            .ok_or_else(|| Error::UnknownWorkflow(self.name.to_string()))?;
+        let workflow = self.engine.inner.workflows.get(&self.name);
+        if workflow.is_none() && !self.engine.inner.env.remote.knows(&self.name) {
+            return Err(Error::UnknownWorkflow(self.name.to_string()));
+        }
         let text = params.to_string();
         let limit = self.engine.inner.env.limits.payload_limit;
         let size = cairn_core::binary::size(&text);
@@ -321,12 +319,15 @@ impl UntypedWorkflow {
                 limit,
             });
         }
-        workflow
-            .check_params(params)
-            .map_err(|reason| Error::InvalidParams {
-                workflow: self.name.to_string(),
-                reason,
-            })?;
+        // A worker's workflow takes any JSON: its code checks what it needs.
+        if let Some(workflow) = workflow {
+            workflow
+                .check_params(params)
+                .map_err(|reason| Error::InvalidParams {
+                    workflow: self.name.to_string(),
+                    reason,
+                })?;
+        }
         Ok(text)
     }
 
@@ -350,17 +351,18 @@ impl UntypedWorkflow {
             Some(key) => Some(self.concurrency(key).map_err(fail)?),
         };
         let now = self.engine.inner.env.clock.now();
-        let defaults = self
+        let target = self
             .engine
             .inner
             .env
-            .retention
-            .get(&self.name)
-            .copied()
-            .unwrap_or(crate::engine::DEFAULT_RETENTION);
+            .target(&self.name)
+            .ok_or_else(|| fail(Error::UnknownWorkflow(self.name.to_string())))?;
         let retention = cairn_store::Retention {
-            success: options.retention.success.unwrap_or(defaults.success),
-            error: options.retention.error.unwrap_or(defaults.error),
+            success: options
+                .retention
+                .success
+                .unwrap_or(target.retention.success),
+            error: options.retention.error.unwrap_or(target.retention.error),
         };
         Ok(Prepared {
             index,
@@ -383,6 +385,7 @@ impl UntypedWorkflow {
                 parent: None,
                 priority: options.priority,
                 concurrency,
+                version: target.version,
             },
         })
     }

@@ -316,6 +316,36 @@ impl Store for Announcing {
         self.store.delete_schedule(name)
     }
 
+    fn register_versions(
+        &self,
+        versions: Vec<cairn_store::WorkflowVersion>,
+    ) -> StoreFuture<'_, ()> {
+        self.store.register_versions(versions)
+    }
+
+    fn workflow_versions(&self) -> StoreFuture<'_, Vec<cairn_store::WorkflowVersion>> {
+        self.store.workflow_versions()
+    }
+
+    fn unfinished_versions(
+        &self,
+        workflow: &WorkflowName,
+    ) -> StoreFuture<'_, Vec<(Option<String>, u64)>> {
+        self.store.unfinished_versions(workflow)
+    }
+
+    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64> {
+        let name = workflow.clone();
+        self.write(
+            self.store.wake_awaiting(workflow, version),
+            move |commits, woken| {
+                if *woken > 0 {
+                    commits.announce(None, Some(&name));
+                }
+            },
+        )
+    }
+
     fn fire_tick(
         &self,
         tick: cairn_store::ScheduleTick,

@@ -180,6 +180,34 @@ impl Store for Blocking {
         })
     }
 
+    fn register_versions(
+        &self,
+        versions: Vec<cairn_store::WorkflowVersion>,
+    ) -> StoreFuture<'_, ()> {
+        blocking(&self.0, move |s| s.register_versions(versions))
+    }
+
+    fn workflow_versions(&self) -> StoreFuture<'_, Vec<cairn_store::WorkflowVersion>> {
+        blocking(&self.0, |s| s.workflow_versions())
+    }
+
+    fn unfinished_versions(
+        &self,
+        workflow: &WorkflowName,
+    ) -> StoreFuture<'_, Vec<(Option<String>, u64)>> {
+        let workflow = workflow.clone();
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.unfinished_versions(&workflow).await })
+        })
+    }
+
+    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64> {
+        let (workflow, version) = (workflow.clone(), version.to_owned());
+        blocking(&self.0, move |s| {
+            Box::pin(async move { s.wake_awaiting(&workflow, &version).await })
+        })
+    }
+
     fn fire_tick(
         &self,
         tick: cairn_store::ScheduleTick,

@@ -55,16 +55,50 @@ impl ReplayReport {
 /// are checked several at a time, so this bounds the wall time of a check, not its sum.
 const QUIET: Duration = Duration::from_millis(100);
 
+/// [`QUIET`] for a replay on a worker.
+const REMOTE_QUIET: Duration = Duration::from_secs(2);
+
+/// How long the check of a worker's instance waits for a free slot on a worker.
+const PLACE_WITHIN: Duration = Duration::from_secs(30);
+
 /// Replays `record`'s journal against the registered code; the problems, in words.
 pub(crate) async fn check(
     inner: &Arc<Runtime>,
     record: &InstanceRecord,
 ) -> Result<Vec<String>, cairn_store::Error> {
-    let Some(workflow) = inner.workflows.get(&record.workflow).cloned() else {
-        return Ok(vec![format!(
-            "workflow {} is not registered with this engine",
-            record.workflow
-        )]);
+    // A worker's ops come over the network: give its replay longer to make the next.
+    let mut quiet = QUIET;
+    let workflow: Arc<dyn crate::workflow::ErasedWorkflow> = match inner
+        .workflows
+        .get(&record.workflow)
+    {
+        Some(workflow) => Arc::clone(workflow),
+        None if inner.env.remote.knows(&record.workflow) => {
+            // A worker's workflow: replayed on a worker of the instance's version, in
+            // check mode (`docs/worker-protocol.md`).
+            let version = record.version.as_deref();
+            let placed =
+                tokio::time::timeout(PLACE_WITHIN, inner.workers.place(&record.workflow, version))
+                    .await;
+            match placed {
+                Ok(Some((slot, version))) => {
+                    quiet = REMOTE_QUIET;
+                    Arc::new(crate::engine::workers::run::RemoteRun::new(slot, version))
+                }
+                _ => {
+                    return Ok(vec![format!(
+                        "runs on workers (version {}): no worker of it is connected to this engine to replay it",
+                        version.unwrap_or("any")
+                    )]);
+                }
+            }
+        }
+        None => {
+            return Ok(vec![format!(
+                "workflow {} is not registered with this engine",
+                record.workflow
+            )]);
+        }
     };
     let journal = inner.env.store.journal(record.instance).await?;
     let by_key: HashMap<StepKey, bool> = journal
@@ -126,7 +160,7 @@ pub(crate) async fn check(
                 }
                 break;
             }
-            () = tokio::time::sleep(QUIET) => {
+            () = tokio::time::sleep(quiet) => {
                 let now = state.progress();
                 if now == progress {
                     break;

@@ -58,7 +58,15 @@ impl Outage {
 }
 
 /// Runs a claimed instance; `claimed_at` is the time the claim counted its lease from.
-pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Timestamp) {
+/// An instance of a worker's workflow comes with its place among the workers' free slots,
+/// held until it is placed on one.
+pub(crate) async fn drive(
+    inner: Arc<Runtime>,
+    claimed: Claimed,
+    claimed_at: Timestamp,
+    reservation: Option<crate::engine::workers::Reservation>,
+) {
+    let mut reservation = reservation;
     let mut lease = claimed.lease;
     let mut claimed_at = claimed_at;
     let mut record = claimed.record;
@@ -80,9 +88,11 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
             workflow.id = %record.id,
             resumed = record.started_at.is_some(),
         );
-        let lifetime = crate::panic::guarded(|| one_lifetime(&inner, lease, claimed_at, &record))
-            .instrument(span)
-            .await;
+        let lifetime = crate::panic::guarded(|| {
+            one_lifetime(&inner, lease, claimed_at, &record, &mut reservation)
+        })
+        .instrument(span)
+        .await;
         match lifetime {
             Ok(Ok(())) => {
                 inner.panics().remove(&lease.instance);
@@ -136,6 +146,20 @@ pub(crate) async fn drive(inner: Arc<Runtime>, claimed: Claimed, claimed_at: Tim
                     }
                 }
                 tracing::info!(instance = %record.id, "took back an instance whose lease ran out; replaying it");
+                match reread(&inner, lease, &record).await {
+                    Some(fresh) => record = fresh,
+                    None => break,
+                }
+            }
+            Ok(Err(Abort::WorkerLost)) => {
+                // The worker running its code went away: run it again at once on another
+                // worker of its version (or park it until one connects). Its attempts in
+                // flight are recorded as interrupted by the replay.
+                tracing::info!(instance = %record.id, "the worker running the instance went away; running it again");
+                match reclaim(&inner, lease).await {
+                    Some((fresh, at)) => (lease, claimed_at) = (fresh, at),
+                    None => break,
+                }
                 match reread(&inner, lease, &record).await {
                     Some(fresh) => record = fresh,
                     None => break,
@@ -256,11 +280,13 @@ async fn one_lifetime(
     lease: Lease,
     claimed_at: Timestamp,
     record: &InstanceRecord,
+    reservation: &mut Option<crate::engine::workers::Reservation>,
 ) -> Result<(), Abort> {
     let env = &inner.env;
-    let Some(workflow) = inner.workflows.get(&record.workflow).cloned() else {
+    let rust = inner.workflows.get(&record.workflow).cloned();
+    if rust.is_none() && !env.remote.knows(&record.workflow) {
         return Ok(());
-    };
+    }
     let state = Arc::new(Lifetime::new(
         Arc::clone(env),
         lease,
@@ -284,6 +310,25 @@ async fn one_lifetime(
             .map_err(Abort::Store)?;
         return Ok(());
     }
+    let mut shutdown = inner.shutdown.subscribe();
+    let workflow = match rust {
+        Some(workflow) => workflow,
+        None => {
+            // A worker's workflow: a slot on a worker of the instance's version first.
+            let placed = tokio::select! {
+                placed = inner.workers.place(&record.workflow, record.version.as_deref()) => placed,
+                abort = state.aborted() => return Err(abort),
+                () = stopped(&mut shutdown) => return Ok(()),
+            };
+            drop(reservation.take());
+            match placed {
+                Some((slot, version)) => {
+                    Arc::new(crate::engine::workers::run::RemoteRun::new(slot, version))
+                }
+                None => return park(inner, &state, record).await,
+            }
+        }
+    };
     let journal = tokio::select! {
         journal = env.store.journal(record.instance) => journal.map_err(Abort::Store)?,
         abort = state.aborted() => return Err(abort),
@@ -339,7 +384,6 @@ async fn one_lifetime(
         lifetime: Arc::clone(&state),
         handlers: Arc::clone(&handlers),
     };
-    let mut shutdown = inner.shutdown.subscribe();
     if let Some(trigger) = record.rollback_trigger.clone() {
         // A rollback to begin (terminate with rollback) or to resume after a crash: its
         // handlers are not in memory, so replay `run` only to register them.
@@ -562,6 +606,43 @@ async fn run_phase<F: Future>(
     }
 }
 
+/// Lets go of an instance of a worker's workflow whose version no connected worker runs:
+/// it waits (its status kept if it never started) until a worker of the version connects
+/// (`Store::wake_awaiting`).
+async fn park(inner: &Runtime, state: &Lifetime, record: &InstanceRecord) -> Result<(), Abort> {
+    let version = record.version.clone();
+    state
+        .commit_now(vec![
+            state.log(
+                LogKind::WorkflowWaiting,
+                None,
+                json!({ "wakeAt": null, "events": [], "awaitingWorker": version }),
+            ),
+            Write::Hibernate {
+                wake_at: cairn_store::AWAITING_WORKER,
+                event_types: Vec::new(),
+                children: Vec::new(),
+            },
+        ])
+        .await
+        .map_err(Abort::Store)?;
+    tracing::info!(workflow = %record.workflow, instance = %record.id, version = ?version, "no worker runs the instance's version; it waits for one");
+    // A worker of the version that connected while this was written has woken what was
+    // parked before: look again, so this one does not wait for the next.
+    if let Some(version) = &version
+        && inner.workers.serves(&record.workflow, version)
+    {
+        inner
+            .env
+            .store
+            .wake_awaiting(&record.workflow, version)
+            .await
+            .map_err(Abort::Store)?;
+        inner.env.wake.notify_one();
+    }
+    Ok(())
+}
+
 /// Records that the instance waits until `h.wake_at` (or an event) and lets it go.
 async fn hibernate(inner: &Runtime, state: &Lifetime, h: Hibernation) -> Result<(), Abort> {
     state
@@ -640,6 +721,7 @@ async fn finish(
         ],
     };
     state.commit_now(writes).await.map_err(Abort::Store)?;
+    state.set_finished();
     let ran = state.started_at().map(|at| now.since(at));
     crate::telemetry::finished(state.env.seen(), &state.workflow, status, ran);
     tracing::debug!(workflow = %state.workflow, instance = %state.instance_id, status = %status, "finished");

@@ -31,7 +31,9 @@ pub(crate) async fn refresh(inner: &Runtime) -> Result<(), cairn_store::Error> {
 async fn read(inner: &Runtime) -> Result<(), cairn_store::Error> {
     let store = &inner.env.store;
     let now = inner.env.clock.now();
-    for workflow in &inner.names {
+    let mut names = inner.names.clone();
+    names.extend(inner.env.remote.names());
+    for workflow in &names {
         for status in InstanceStatus::ALL {
             let n = store.count(workflow, status).await?;
             crate::telemetry::instance_gauges(workflow, status, n);

@@ -23,6 +23,7 @@ mod remote;
 pub(crate) mod runtime;
 mod scheduler;
 pub(crate) mod schedules;
+pub(crate) mod workers;
 
 use crate::clock::Clock;
 use crate::env::{Env, Limits};
@@ -161,9 +162,13 @@ impl Engine {
         Ok(self.inner.env.store.log_head().await?)
     }
 
-    /// The names of the registered workflows, in registration order.
-    pub fn workflow_names(&self) -> &[WorkflowName] {
-        &self.inner.names
+    /// The names of the workflows this engine knows: those registered in Rust, in
+    /// registration order, then those workers have registered (`docs/worker-protocol.md`),
+    /// by name.
+    pub fn workflow_names(&self) -> Vec<WorkflowName> {
+        let mut names = self.inner.names.clone();
+        names.extend(self.inner.env.remote.names());
+        names
     }
 
     /// A receiver that sees a new value after every write this engine commits to its store:
@@ -211,6 +216,9 @@ impl Engine {
         if let Some(handle) = scheduler {
             let _ = handle.await;
         }
+        // Every run has ended: the workers' connections end, and they reconnect to the
+        // next engine.
+        self.inner.workers.close_all();
         // Every lifetime has let go: give the leases up, so another engine (or the next
         // start) takes the instances over at once instead of after the lease TTL.
         if let Err(e) = self.inner.env.store.release_all(&self.inner.owner).await {
@@ -545,27 +553,43 @@ impl EngineBuilder {
             store,
             commits: Arc::clone(&commits),
         });
+        let env = Arc::new(Env {
+            store,
+            clock,
+            limits: Limits {
+                step_limit: self.step_limit,
+                payload_limit: self.payload_limit,
+                stream_storage: self.stream_storage,
+            },
+            leases: crate::env::Leases::new(lease_ttl),
+            activity: crate::telemetry::Activity::default(),
+            retention,
+            wake: tokio::sync::Notify::new(),
+            hooks: self.hooks,
+            remote: crate::env::RemoteWorkflows::new(self.retention),
+        });
+        let workers = Arc::new(workers::Workers::new(Arc::clone(&env)));
+        // What workers registered before: creates know their workflows with none connected.
+        // (A store opened only to check may be of a schema from before workers.)
+        match workers.reload().await {
+            Err(e) if self.claims => {
+                return Err(Error::config_from(
+                    format!("read the workers' workflows: {e}"),
+                    e,
+                ));
+            }
+            _ => {}
+        }
         let inner = Arc::new(Runtime {
             live: live::Live::default(),
             panics: Mutex::new(HashMap::new()),
             hibernate_after: self.hibernate_after,
             drain_timeout: self.drain_timeout,
-            env: Arc::new(Env {
-                store,
-                clock,
-                limits: Limits {
-                    step_limit: self.step_limit,
-                    payload_limit: self.payload_limit,
-                    stream_storage: self.stream_storage,
-                },
-                leases: crate::env::Leases::new(lease_ttl),
-                activity: crate::telemetry::Activity::default(),
-                retention,
-                wake: tokio::sync::Notify::new(),
-                hooks: self.hooks,
-            }),
+            env,
             workflows,
             names,
+            workers,
+            claims: self.claims,
             owner: format!("engine-{}", uuid::Uuid::new_v4().simple()),
             max_running: self.max_running,
             changes: watch::channel(0).0,
@@ -583,6 +607,12 @@ impl EngineBuilder {
         });
         if let Some(changes) = inner.env.store.changes() {
             tokio::spawn(remote::follow(Arc::clone(&inner), changes));
+        }
+        if inner.env.leases.expire() && self.claims && !inner.env.clock.is_virtual() {
+            tokio::spawn(workers::follow(
+                Arc::clone(&inner.workers),
+                inner.shutdown.subscribe(),
+            ));
         }
         if !inner.env.clock.is_virtual() {
             tokio::spawn(gauges::keep(Arc::clone(&inner)));

@@ -27,6 +27,10 @@ pub(crate) struct Runtime {
     /// The concurrency limits of the workflows that have them.
     pub(crate) concurrency: HashMap<WorkflowName, crate::engine::concurrency::Concurrency>,
     pub(crate) names: Vec<WorkflowName>,
+    /// The workers connected, running the workflows registered by them.
+    pub(crate) workers: Arc<crate::engine::workers::Workers>,
+    /// Claims and runs instances (not an engine opened only to check them).
+    pub(crate) claims: bool,
     pub(crate) owner: String,
     pub(crate) max_running: usize,
     /// Bumped whenever an instance's status may have changed.

@@ -13,6 +13,65 @@ use crate::engine::runtime::Runtime;
 /// share the store.
 const POLL: Duration = Duration::from_secs(1);
 
+/// What one round of claims took.
+struct Claims {
+    /// Each instance, with its place among its workers' slots for a worker's workflow.
+    instances: Vec<(
+        cairn_store::Claimed,
+        Option<crate::engine::workers::Reservation>,
+    )>,
+    /// The Rust workflows' claim took every free slot: more may be ready.
+    filled: bool,
+}
+
+/// Claims up to `free` runnable instances: of the workflows registered in Rust, then of
+/// each workflow workers run, no more than its workers' free slots.
+async fn claim(
+    inner: &Arc<Runtime>,
+    free: usize,
+    now: cairn_core::Timestamp,
+) -> cairn_store::Result<Claims> {
+    let store = &inner.env.store;
+    let ttl = inner.env.leases.ttl();
+    let mut claims = Claims {
+        instances: Vec::new(),
+        filled: false,
+    };
+    if !inner.names.is_empty() {
+        let claimed = store
+            .claim(&inner.owner, &inner.names, now, ttl, free)
+            .await?;
+        claims.filled = claimed.len() == free;
+        claims
+            .instances
+            .extend(claimed.into_iter().map(|c| (c, None)));
+    }
+    for (workflow, slots) in inner.workers.free() {
+        let n = slots.min(free.saturating_sub(claims.instances.len()));
+        if n == 0 {
+            break;
+        }
+        let claimed = match store
+            .claim(&inner.owner, std::slice::from_ref(&workflow), now, ttl, n)
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(e) if claims.instances.is_empty() => return Err(e),
+            // What was claimed already is leased to this engine: run it, claim the rest
+            // on the next round.
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming instances failed; retrying");
+                break;
+            }
+        };
+        for c in claimed {
+            let reservation = inner.workers.reserve(&workflow);
+            claims.instances.push((c, Some(reservation)));
+        }
+    }
+    Ok(claims)
+}
+
 /// Claims runnable instances while there are free slots and runs each in a driver task.
 pub(crate) async fn schedule(inner: Arc<Runtime>) {
     // Where leases expire, they are renewed until every lifetime has let go.
@@ -35,39 +94,40 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
         while drivers.try_join_next().is_some() {}
         let free = inner.max_running.saturating_sub(drivers.len());
         let mut filled = false;
-        if std::mem::take(&mut claim_now) && free > 0 && !inner.names.is_empty() {
+        if std::mem::take(&mut claim_now) && free > 0 {
             let now = inner.env.clock.now();
-            match inner
-                .env
-                .store
-                .claim(
-                    &inner.owner,
-                    &inner.names,
-                    now,
-                    inner.env.leases.ttl(),
-                    free,
-                )
-                .await
-            {
+            match claim(&inner, free, now).await {
                 Ok(claimed) => {
                     failures = 0;
-                    filled = claimed.len() == free;
+                    filled = claimed.filled;
                     // A shared store's recovery summary: leases that ran out under another
                     // engine. (SQLite says so once, at open, where it takes the dead
                     // engine's leases over.)
-                    let taken_over = claimed.iter().filter(|c| c.taken_over).count();
+                    let taken_over = claimed
+                        .instances
+                        .iter()
+                        .filter(|(c, _)| c.taken_over)
+                        .count();
                     if taken_over > 0 {
                         tracing::info!(
                             instances = taken_over,
                             "took over instances whose engine stopped or lost its lease; their interrupted attempts are recorded and retried"
                         );
                     }
-                    for c in claimed.iter().filter(|c| c.taken_over) {
+                    for (c, _) in claimed.instances.iter().filter(|(c, _)| c.taken_over) {
                         crate::telemetry::taken_over(&c.record.workflow);
                     }
-                    for c in claimed {
-                        drivers.spawn(crate::engine::driver::drive(Arc::clone(&inner), c, now));
+                    for (c, reservation) in claimed.instances {
+                        drivers.spawn(crate::engine::driver::drive(
+                            Arc::clone(&inner),
+                            c,
+                            now,
+                            reservation,
+                        ));
                     }
+                    // Every slot taken (by Rust workflows or workers'): go round once one
+                    // frees up.
+                    filled |= drivers.len() >= inner.max_running;
                 }
                 Err(e) => {
                     failures += 1;
@@ -115,8 +175,13 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
         };
         // Sleep until the earliest timer of a hibernating instance or purge, a wake-up, or
         // a free slot.
-        let next_ready = match store.next_ready(&inner.names).await {
-            Ok(at) => at,
+        // Workers' workflows count only while their workers have slots to spare (their
+        // instances are ready but wait for a slot, which wakes the scheduler when it frees);
+        // an instance waiting for a worker of its version has no timer.
+        let mut names = inner.names.clone();
+        names.extend(inner.workers.free().into_iter().map(|(w, _)| w));
+        let next_ready = match store.next_ready(&names).await {
+            Ok(at) => at.filter(|at| *at < cairn_store::AWAITING_WORKER),
             Err(e) => {
                 tracing::warn!(error = %e, "reading the next wake-up failed");
                 Some(now.saturating_add(Duration::from_secs(1)))

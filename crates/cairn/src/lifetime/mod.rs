@@ -29,8 +29,11 @@ pub(crate) enum Abort {
     Store(cairn_store::Error),
     /// A user terminated, restarted or deleted the instance.
     Stopped,
-    /// Engine code panicked inside the workflow's future (an op); the message.
+    /// Engine code panicked inside the workflow's future (an op), or a worker broke the
+    /// protocol about its run; the message.
     Panic(String),
+    /// The worker running the instance's code went away (`engine/workers`).
+    WorkerLost,
 }
 
 pub(crate) struct Lifetime {
@@ -80,6 +83,8 @@ pub(crate) struct Lifetime {
     stream_written: std::sync::atomic::AtomicU64,
     /// Stream chunks read (progress, for the replay check and the rollback registration).
     reads: AtomicUsize,
+    /// The instance's end is committed.
+    finished: AtomicBool,
 }
 
 /// What a replay in registration mode saw of the journal: the records it took, in order;
@@ -172,7 +177,17 @@ impl Lifetime {
             stream_base: tokio::sync::OnceCell::new(),
             stream_written: std::sync::atomic::AtomicU64::new(0),
             reads: AtomicUsize::new(0),
+            finished: AtomicBool::new(false),
         }
+    }
+
+    /// The instance's end is committed (the driver's last write).
+    pub(crate) fn set_finished(&self) {
+        self.finished.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn finished(&self) -> bool {
+        self.finished.load(Ordering::SeqCst)
     }
 
     /// Replays only to see where the code fits the journal (the replay check): a
@@ -615,6 +630,14 @@ impl Lifetime {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .is_some()
+    }
+
+    /// Why the lifetime was aborted, if it was.
+    pub(crate) fn abort_reason(&self) -> Option<Abort> {
+        self.abort
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Whether writes wait for this lifetime's next commit.

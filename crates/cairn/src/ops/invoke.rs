@@ -79,7 +79,7 @@ impl<T> Future for InvokeOp<T> {
 
 /// What to start: the child's workflow and its params as JSON (or why they are not).
 pub(crate) struct Child {
-    pub(crate) workflow: &'static str,
+    pub(crate) workflow: String,
     pub(crate) params: Result<String, String>,
 }
 
@@ -363,7 +363,7 @@ async fn start(
         key: key.clone(),
         seq: state.next_seq(),
         state: StepState::Running,
-        config: json!({ "workflow": child.workflow, "detached": detached }),
+        config: json!({ "workflow": &child.workflow, "detached": detached }),
         attempts: 1,
         in_flight: false,
         wake_at: None,
@@ -373,7 +373,7 @@ async fn start(
         ended_at: None,
         has_rollback: false,
     };
-    let (workflow, retention, params) = match checked(state, child) {
+    let (workflow, target, params) = match checked(state, child) {
         Ok(checked) => checked,
         Err(reason) => {
             // Recorded like any outcome, so that every replay (on any engine, whatever it
@@ -420,7 +420,7 @@ async fn start(
                 },
             }),
         },
-        retention,
+        retention: target.retention,
         parent: Some(ParentLink {
             instance: state.lease.instance,
             workflow: state.workflow.clone(),
@@ -431,6 +431,7 @@ async fn start(
         }),
         priority: 0,
         concurrency: None,
+        version: target.version,
     };
     state
         .commit(vec![
@@ -448,14 +449,14 @@ async fn start(
     Ok(record)
 }
 
-/// The child's workflow (registered with this engine), its retention and its params, or
-/// why it cannot be started.
+/// The child's workflow (registered with this engine, or run by workers), where its
+/// instance goes and its params, or why it cannot be started.
 fn checked(
     state: &Lifetime,
     child: Child,
-) -> Result<(WorkflowName, cairn_store::Retention, String), String> {
+) -> Result<(WorkflowName, crate::env::Target, String), String> {
     let workflow = WorkflowName::new(child.workflow).map_err(|e| e.to_string())?;
-    let Some(retention) = state.env.retention.get(&workflow).copied() else {
+    let Some(target) = state.env.target(&workflow) else {
         return Err(format!(
             "workflow {workflow} is not registered with this engine"
         ));
@@ -470,7 +471,7 @@ fn checked(
             "the child's params are {size} bytes; the limit is {limit} bytes"
         ));
     }
-    Ok((workflow, retention, params))
+    Ok((workflow, target, params))
 }
 
 /// Journals the child's outcome in the parent and returns it.

@@ -685,6 +685,32 @@ impl Store for FaultStore {
         })
     }
 
+    fn register_versions(
+        &self,
+        versions: Vec<cairn_store::WorkflowVersion>,
+    ) -> StoreFuture<'_, ()> {
+        self.read(|| self.inner.register_versions(versions))
+    }
+
+    fn workflow_versions(&self) -> StoreFuture<'_, Vec<cairn_store::WorkflowVersion>> {
+        self.read(|| self.inner.workflow_versions())
+    }
+
+    fn unfinished_versions(
+        &self,
+        workflow: &cairn_core::WorkflowName,
+    ) -> StoreFuture<'_, Vec<(Option<String>, u64)>> {
+        self.read(|| self.inner.unfinished_versions(workflow))
+    }
+
+    fn wake_awaiting(
+        &self,
+        workflow: &cairn_core::WorkflowName,
+        version: &str,
+    ) -> StoreFuture<'_, u64> {
+        self.read(|| self.inner.wake_awaiting(workflow, version))
+    }
+
     fn fire_tick(
         &self,
         tick: cairn_store::ScheduleTick,

@@ -60,6 +60,8 @@ macro_rules! on_backend {
         mod streams;
         #[path = "time_events.rs"]
         mod time_events;
+        #[path = "workers.rs"]
+        mod workers;
     };
 }
 

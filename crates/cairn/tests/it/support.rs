@@ -698,6 +698,25 @@ impl Store for Hooked {
     fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
         hooked!(self, "delete_schedule", self.inner.delete_schedule(name))
     }
+    fn register_versions(&self, v: Vec<cairn::store::WorkflowVersion>) -> StoreFuture<'_, ()> {
+        hooked!(self, "register_versions", self.inner.register_versions(v))
+    }
+    fn workflow_versions(&self) -> StoreFuture<'_, Vec<cairn::store::WorkflowVersion>> {
+        hooked!(self, "workflow_versions", self.inner.workflow_versions())
+    }
+    fn unfinished_versions(
+        &self,
+        w: &cairn::WorkflowName,
+    ) -> StoreFuture<'_, Vec<(Option<String>, u64)>> {
+        hooked!(
+            self,
+            "unfinished_versions",
+            self.inner.unfinished_versions(w)
+        )
+    }
+    fn wake_awaiting(&self, w: &cairn::WorkflowName, v: &str) -> StoreFuture<'_, u64> {
+        hooked!(self, "wake_awaiting", self.inner.wake_awaiting(w, v))
+    }
     fn fire_tick(&self, t: cairn::store::ScheduleTick) -> StoreFuture<'_, cairn::store::TickFired> {
         hooked!(self, "fire_tick", self.inner.fire_tick(t))
     }
