@@ -192,6 +192,32 @@ impl Workflow for Order {
     }
 }
 
+/// A Rust workflow that runs any workflow as its child by name, a TypeScript one on a
+/// worker included: `cairn workflows trigger relay '{"workflow": "hello", "params": {}}'`.
+pub(crate) struct Relay;
+
+impl Workflow for Relay {
+    const NAME: &'static str = "relay";
+    type Params = serde_json::Value;
+    type Output = serde_json::Value;
+
+    async fn run(
+        &self,
+        event: WorkflowEvent<serde_json::Value>,
+        step: WorkflowStep,
+    ) -> Result<serde_json::Value, WorkflowError> {
+        let Some(workflow) = event.payload["workflow"].as_str() else {
+            return Err(WorkflowError::new(
+                "Error",
+                "relay's params name the `workflow` to run",
+            ));
+        };
+        let params = event.payload.get("params").cloned().unwrap_or_default();
+        let output = step.invoke_by_name("relay", workflow, params).await?;
+        Ok(serde_json::json!({ "workflow": workflow, "output": output }))
+    }
+}
+
 /// The demo schedule: `greet` at the top of every hour (`cairn schedules list`).
 fn greet_hourly() -> cairn::Schedule {
     cairn::Schedule::new::<Greet>(
@@ -210,6 +236,7 @@ pub(crate) fn register(builder: cairn::EngineBuilder, schedules: bool) -> cairn:
         .register(Report)
         .register(Checkout)
         .register(Order)
+        .register(Relay)
         // Two checkouts per customer at once: `cairn workflows trigger checkout --key ada`.
         .concurrency("checkout", cairn::Concurrency::limit(2));
     if schedules {

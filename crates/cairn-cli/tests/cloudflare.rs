@@ -165,10 +165,10 @@ fn wrangler_drives_cairn_through_cloudflares_routes() {
     };
 
     let out = run(&["workflows", "list"]);
-    for name in ["greet", "approval", "nap", "report", "checkout", "order"] {
+    for name in ["greet", "approval", "nap", "report", "checkout", "order", "relay"] {
         assert!(out.contains(name), "{out}");
     }
-    assert!(out.contains("Showing 6 workflows from page 1"), "{out}");
+    assert!(out.contains("Showing 7 workflows from page 1"), "{out}");
 
     let out = run(&["workflows", "describe", "approval"]);
     assert!(out.contains("Name:         approval"), "{out}");

@@ -371,14 +371,18 @@ async fn put_workflow(
             StatusCode::NOT_FOUND,
             "workflow.not_found",
             format!(
-                "no workflow named {:?} is registered: Cairn's workflows are Rust code registered with Engine::builder().register(..), not deployed over the API",
+                "no workflow named {:?} is registered: Cairn's workflows are Rust code registered with Engine::builder().register(..), or TypeScript run by a worker (docs/typescript.md), not deployed over the API",
                 crate::error::clip(&name)
             ),
         )
     })?;
     let mut shape = shapes::workflow(&workflow, &config).await?;
     if let Some(map) = shape.as_object_mut() {
-        map.insert("version_id".into(), json!(shapes::version_id(&name)));
+        let newest = engine.newest_version(workflow.name());
+        map.insert(
+            "version_id".into(),
+            json!(shapes::version_id(&name, newest.as_deref())),
+        );
         map.insert("is_deleted".into(), json!(0));
         map.insert("terminator_running".into(), json!(0));
     }
@@ -467,17 +471,40 @@ async fn list_versions(
     let workflow = workflow(&engine, &name)?;
     let page = whole(&q, "page")?.unwrap_or(1);
     let per_page = per_page(&q)?;
-    // One version: the code running now.
-    let result = if page == 1 {
-        vec![shapes::version(&workflow, &config)]
-    } else {
-        Vec::new()
-    };
+    let all = versions(&engine, &workflow, &config).await?;
+    let total = all.len();
+    let result: Vec<Value> = all
+        .into_iter()
+        .skip((page - 1).saturating_mul(per_page))
+        .take(per_page)
+        .collect();
     let count = result.len();
     Ok(ok_list(
         result,
-        json!({ "page": page, "per_page": per_page, "count": count, "total_count": 1, "total_pages": 1 }),
+        json!({
+            "page": page, "per_page": per_page, "count": count,
+            "total_count": total, "total_pages": total.div_ceil(per_page.max(1)),
+        }),
     ))
+}
+
+/// Every version of a workflow, newest first: one for a workflow in Rust (the code running
+/// now), each version its workers registered for one run by workers.
+async fn versions(
+    engine: &Engine,
+    workflow: &cairn::UntypedWorkflow,
+    config: &Config,
+) -> CfResult<Vec<Value>> {
+    let name = workflow.name().as_str();
+    let registered = engine.workflow_versions(name).await?;
+    if registered.is_empty() {
+        return Ok(vec![shapes::version(workflow, config)]);
+    }
+    Ok(registered
+        .iter()
+        .rev()
+        .map(|v| shapes::worker_version(name, v))
+        .collect())
 }
 
 async fn get_version(
@@ -486,17 +513,20 @@ async fn get_version(
     Path((_, name, version)): Path<(String, String, String)>,
 ) -> CfResult<Response> {
     let workflow = workflow(&engine, &name)?;
-    if version != shapes::version_id(&name) {
-        return Err(ApiError::new(
+    let all = versions(&engine, &workflow, &config).await?;
+    let ids: Vec<&str> = all.iter().filter_map(|v| v["id"].as_str()).collect();
+    match all.iter().find(|v| v["id"] == version.as_str()) {
+        Some(found) => Ok(ok(found.clone())),
+        None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "version.not_found",
             format!(
-                "workflow {name:?} has one version, the code running now ({})",
-                shapes::version_id(&name)
+                "workflow {name:?} has no version {:?}; its versions: {}",
+                crate::error::clip(&version),
+                ids.join(", ")
             ),
-        ));
+        )),
     }
-    Ok(ok(shapes::version(&workflow, &config)))
 }
 
 /// A create request: Cloudflare's fields. Unknown keys are ignored (newer clients send
@@ -580,7 +610,13 @@ async fn create_instance(
     let workflow = workflow(&engine, &name)?;
     let instance = workflow.create(body.options()?).await?;
     let status = instance.stored_status().await?.status;
-    Ok(ok(shapes::created(&name, instance.id().as_str(), status)))
+    let version = engine.newest_version(workflow.name());
+    Ok(ok(shapes::created(
+        &name,
+        instance.id().as_str(),
+        status,
+        version.as_deref(),
+    )))
 }
 
 async fn bulk_create(
@@ -605,10 +641,18 @@ async fn bulk_create(
         batch.push(options);
     }
     let result = workflow.create_batch_detailed(batch).await?;
+    let version = engine.newest_version(workflow.name());
     let created: Vec<Value> = result
         .created
         .iter()
-        .map(|i| shapes::created(&name, i.id().as_str(), InstanceStatus::Queued))
+        .map(|i| {
+            shapes::created(
+                &name,
+                i.id().as_str(),
+                InstanceStatus::Queued,
+                version.as_deref(),
+            )
+        })
         .collect();
     // Cloudflare skips ids that exist; Cairn says which it skipped, as messages.
     let messages: Vec<Value> = result

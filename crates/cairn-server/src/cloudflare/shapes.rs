@@ -40,9 +40,13 @@ pub(super) fn workflow_id(name: &str) -> String {
     stable_uuid(&["workflow", name])
 }
 
-/// The one version of a workflow: the code this build registers.
-pub(super) fn version_id(name: &str) -> String {
-    stable_uuid(&["version", name, env!("CARGO_PKG_VERSION")])
+/// A version of a workflow: for one in Rust, the code this build registers (`None`); for
+/// one run by workers, the version its workers registered.
+pub(super) fn version_id(name: &str, version: Option<&str>) -> String {
+    match version {
+        None => stable_uuid(&["version", name, env!("CARGO_PKG_VERSION")]),
+        Some(v) => stable_uuid(&["version", name, "worker", v]),
+    }
 }
 
 fn time(t: Timestamp) -> Value {
@@ -79,12 +83,12 @@ pub(super) async fn workflow(workflow: &UntypedWorkflow, config: &Config) -> CfR
     }))
 }
 
-/// The version of a workflow. `language` is `rust`: Cloudflare's clients know only
+/// The version of a workflow in Rust. `language` is `rust`: Cloudflare's clients know only
 /// `javascript` and `python`, and only a strict validator minds.
 pub(super) fn version(workflow: &UntypedWorkflow, config: &Config) -> Value {
     let name = workflow.name().as_str();
     json!({
-        "id": version_id(name),
+        "id": version_id(name, None),
         "workflow_id": workflow_id(name),
         "class_name": name,
         "created_on": time(config.started),
@@ -94,12 +98,29 @@ pub(super) fn version(workflow: &UntypedWorkflow, config: &Config) -> Value {
     })
 }
 
+/// A version of a workflow run by workers (`language`: `javascript`, what a TypeScript
+/// worker runs; Cairn's `version` name and unfinished instances alongside).
+pub(super) fn worker_version(name: &str, v: &cairn::VersionInfo) -> Value {
+    json!({
+        "id": version_id(name, Some(&v.version)),
+        "workflow_id": workflow_id(name),
+        "class_name": name,
+        "created_on": time(v.registered_at),
+        "modified_on": time(v.registered_at),
+        "has_dag": false,
+        "language": "javascript",
+        "version": v.version,
+        "unfinished": v.unfinished,
+        "workers": v.workers,
+    })
+}
+
 /// The answer to a create.
-pub(super) fn created(name: &str, id: &str, status: InstanceStatus) -> Value {
+pub(super) fn created(name: &str, id: &str, status: InstanceStatus, version: Option<&str>) -> Value {
     json!({
         "id": id,
         "status": status,
-        "version_id": version_id(name),
+        "version_id": version_id(name, version),
         "workflow_id": workflow_id(name),
         "trigger_source": "api",
     })
@@ -119,7 +140,7 @@ pub(super) fn listed(name: &str, row: &InstanceSummary) -> Value {
         "started_on": time_opt(row.started),
         "ended_on": time_opt(row.ended),
         "modified_on": time(modified),
-        "version_id": version_id(name),
+        "version_id": version_id(name, row.version.as_deref()),
         "workflow_id": workflow_id(name),
         "trigger_source": "api",
     })
@@ -204,7 +225,7 @@ pub(super) fn details(
         "status": d.status,
         "params": d.params,
         "trigger": d.trigger,
-        "versionId": version_id(name),
+        "versionId": version_id(name, d.version.as_deref()),
         "queued": time(d.queued),
         "start": time_opt(d.start),
         "end": time_opt(d.end),
@@ -298,7 +319,9 @@ mod tests {
         let a = workflow_id("orders");
         assert_eq!(a, workflow_id("orders"));
         assert_ne!(a, workflow_id("orders2"));
-        assert_ne!(a, version_id("orders"));
+        assert_ne!(a, version_id("orders", None));
+        assert_ne!(version_id("orders", None), version_id("orders", Some("1")));
+        assert_ne!(version_id("orders", Some("1")), version_id("orders", Some("2")));
         let parts: Vec<usize> = a.split('-').map(str::len).collect();
         assert_eq!(parts, [8, 4, 4, 4, 12], "{a}");
     }

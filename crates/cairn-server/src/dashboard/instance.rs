@@ -118,6 +118,14 @@ fn render(
                 div { dt { "Ran" } dd {
                     @match d.start { Some(s) => (layout::duration(end.since(s))), None => span.muted { "not started" } }
                 } }
+                @if let Some(version) = &d.version {
+                    div #version { dt { "Version" } dd {
+                        code { (version) }
+                        @if d.waiting_for_worker.is_some() {
+                            span.muted { " · waiting for a worker of this version to connect" }
+                        }
+                    } }
+                }
                 @if let Some(key) = &d.concurrency_key {
                     div #key { dt { "Key" } dd {
                         (key)

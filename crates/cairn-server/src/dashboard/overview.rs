@@ -48,7 +48,8 @@ pub(crate) async fn page(
                     })
                     .collect();
                 total += counts.iter().map(|(_, n)| n).sum::<u64>();
-                cards.push(card(&name, &counts, &activity, first));
+                let versions = engine.workflow_versions(name.as_str()).await.unwrap_or_default();
+                cards.push(card(&name, &counts, &versions, &activity, first));
             }
             Err(e) => cards.push(html! {
                 section.card { h2 { (name.as_str()) } p.flash.error { (e.message) } }
@@ -199,6 +200,7 @@ pub(crate) async fn pause_or_resume(
 fn card(
     name: &WorkflowName,
     counts: &[(InstanceStatus, u64)],
+    versions: &[cairn::VersionInfo],
     activity: &[ActivityMinute],
     first: cairn::Timestamp,
 ) -> Markup {
@@ -231,6 +233,21 @@ fn card(
     html! {
         section.card data-workflow=(name.as_str()) {
             h2 { a href=(list) { (name.as_str()) } }
+            // A workflow run by workers: its versions, and which have workers now.
+            @if !versions.is_empty() {
+                p.versions.muted.small {
+                    "on workers · "
+                    @for (i, v) in versions.iter().rev().enumerate() {
+                        @if i > 0 { " · " }
+                        span data-version=(v.version) {
+                            "version " code { (v.version) }
+                            @if v.newest { " (new instances)" }
+                            ": " (v.workers) @if v.workers == 1 { " worker" } @else { " workers" }
+                            @if v.unfinished > 0 { ", " (v.unfinished) " unfinished" }
+                        }
+                    }
+                }
+            }
             ul.counts {
                 @for (status, n) in counts {
                     li {

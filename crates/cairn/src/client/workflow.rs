@@ -35,6 +35,9 @@ pub struct InstanceSummary {
     /// When it finished.
     #[serde(serialize_with = "cairn_core::rfc3339::option::serialize")]
     pub ended: Option<cairn_core::Timestamp>,
+    /// The version of its workflow's code, for a workflow run by workers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     /// Its place in listings (see [`InstanceSummary::cursor`]).
     #[serde(skip)]
     position: cairn_store::InstanceRef,
@@ -768,6 +771,7 @@ pub(crate) async fn list(
                 created: r.created_at,
                 started: r.started_at,
                 ended: r.ended_at,
+                version: r.version,
                 position: r.instance,
             })
             .collect(),

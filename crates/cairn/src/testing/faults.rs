@@ -689,18 +689,21 @@ impl Store for FaultStore {
         &self,
         versions: Vec<cairn_store::WorkflowVersion>,
     ) -> StoreFuture<'_, ()> {
-        self.read(|| self.inner.register_versions(versions))
+        self.read(false, move |s| s.register_versions(versions))
     }
 
     fn workflow_versions(&self) -> StoreFuture<'_, Vec<cairn_store::WorkflowVersion>> {
-        self.read(|| self.inner.workflow_versions())
+        self.read(false, |s| s.workflow_versions())
     }
 
     fn unfinished_versions(
         &self,
         workflow: &cairn_core::WorkflowName,
     ) -> StoreFuture<'_, Vec<(Option<String>, u64)>> {
-        self.read(|| self.inner.unfinished_versions(workflow))
+        let workflow = workflow.clone();
+        self.read(false, move |s| {
+            Box::pin(async move { s.unfinished_versions(&workflow).await })
+        })
     }
 
     fn wake_awaiting(
@@ -708,7 +711,10 @@ impl Store for FaultStore {
         workflow: &cairn_core::WorkflowName,
         version: &str,
     ) -> StoreFuture<'_, u64> {
-        self.read(|| self.inner.wake_awaiting(workflow, version))
+        let (workflow, version) = (workflow.clone(), version.to_owned());
+        self.read(false, move |s| {
+            Box::pin(async move { s.wake_awaiting(&workflow, &version).await })
+        })
     }
 
     fn fire_tick(

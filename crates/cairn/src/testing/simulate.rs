@@ -1486,4 +1486,155 @@ mod tests {
                 .contains("reverse start order")
         );
     }
+
+    fn start(name: &str, attempt: u32, id: u64) -> LogRecord {
+        outcome(LogKind::AttemptStart, name, attempt, id)
+    }
+
+    #[test]
+    fn attempt_numbers_that_skip_repeat_or_lack_an_outcome_are_reported() {
+        let journal = vec![step("a", 0, 3, false)];
+        let log = |starts: &[u32], outcomes: &[u32]| {
+            let mut log: Vec<LogRecord> = starts.iter().map(|a| start("a", *a, 0)).collect();
+            log.extend(
+                outcomes
+                    .iter()
+                    .map(|a| outcome(LogKind::AttemptFailure, "a", *a, 0)),
+            );
+            log
+        };
+        let right = run(journal.clone(), log(&[1, 2, 3], &[1, 2, 3]), vec![]);
+        assert!(check_attempts(&right).is_ok());
+        let skipped = run(journal.clone(), log(&[1, 3], &[1, 3]), vec![]);
+        let err = check_attempts(&skipped).unwrap_err();
+        assert!(err.contains("attempt starts [1, 3]"), "{err}");
+        let repeated = run(journal.clone(), log(&[1, 2, 2, 3], &[1, 2, 3]), vec![]);
+        assert!(check_attempts(&repeated).is_err());
+        let no_outcome = run(journal.clone(), log(&[1, 2, 3], &[1, 3]), vec![]);
+        let err = check_attempts(&no_outcome).unwrap_err();
+        assert!(err.contains("attempt 2 of the step a-1 has 0"), "{err}");
+        let beyond = run(journal, log(&[1, 2, 3], &[1, 2, 3, 4]), vec![]);
+        assert!(check_attempts(&beyond).unwrap_err().contains("attempt 4"));
+        // An attempt still in flight has no outcome yet.
+        let mut in_flight = step("a", 0, 2, false);
+        in_flight.state = StepState::Running;
+        in_flight.in_flight = true;
+        let running = run(vec![in_flight], log(&[1, 2], &[1]), vec![]);
+        assert!(check_attempts(&running).is_ok());
+    }
+
+    fn entry(name: &str, attempt: u32) -> LedgerEntry {
+        LedgerEntry {
+            key: format!("w/sim/0/{name}/1"),
+            name: name.into(),
+            count: 1,
+            attempt,
+        }
+    }
+
+    #[test]
+    fn the_ledger_reports_a_body_run_twice_after_its_success_or_not_at_all() {
+        let journal = vec![step("a", 0, 2, false)];
+        let with = |entries: Vec<LedgerEntry>| Run {
+            ledger: Some(entries),
+            ..run(journal.clone(), vec![], vec![])
+        };
+        assert!(check_ledger(&with(vec![entry("a", 1), entry("a", 2)])).is_ok());
+        let twice = check_ledger(&with(vec![entry("a", 1), entry("a", 2), entry("a", 2)]));
+        assert!(twice.unwrap_err().contains("ran 2 times for attempt 2"));
+        let after = check_ledger(&with(vec![entry("a", 1), entry("a", 2), entry("a", 3)]));
+        assert!(
+            after
+                .unwrap_err()
+                .contains("attempt 3 after its step succeeded at attempt 2")
+        );
+        let unseen = check_ledger(&with(vec![entry("a", 1)]));
+        assert!(unseen.unwrap_err().contains("no body ran for it"));
+        let stranger = check_ledger(&with(vec![entry("b", 1)]));
+        assert!(stranger.unwrap_err().contains("no such step"));
+    }
+
+    fn simulation(events: Vec<(&str, serde_json::Value)>) -> Simulation {
+        Simulation {
+            world: Arc::new(|| -> Register { Arc::new(|b| b) }),
+            workflow: WorkflowName::new("w").unwrap(),
+            params: serde_json::Value::Null,
+            events: events
+                .into_iter()
+                .map(|(t, p)| (t.to_owned(), p))
+                .collect(),
+            seeds: 0..1,
+            faults: Faults::none(),
+            start: Timestamp::from_millis(0),
+            attempts_in_output: false,
+            mocks: None,
+            ledger: None,
+        }
+    }
+
+    fn taken(payload: &str, id: u64) -> LogRecord {
+        LogRecord {
+            id,
+            entry: LogEntry {
+                kind: LogKind::WaitComplete,
+                at: Timestamp::from_millis(0),
+                step: Some(StepKey {
+                    kind: StepKind::WaitForEvent,
+                    name: format!("wait {id}"),
+                    count: 1,
+                }),
+                meta: serde_json::json!({ "payload": payload, "type": "go" }),
+            },
+        }
+    }
+
+    fn buffered(payload: &str) -> cairn_store::StoredEvent {
+        cairn_store::StoredEvent {
+            event_type: cairn_core::EventType::new("go").unwrap(),
+            payload: format!("{payload:?}"),
+            at: Timestamp::from_millis(0),
+        }
+    }
+
+    #[test]
+    fn events_taken_twice_out_of_order_or_left_behind_are_reported() {
+        let sim = simulation(vec![
+            ("go", serde_json::json!("one")),
+            ("go", serde_json::json!("two")),
+        ]);
+        let sent = |keys: &[usize]| -> Vec<(Option<String>, cairn_store::Sent)> {
+            keys.iter()
+                .map(|i| {
+                    (
+                        Some(event_key(*i)),
+                        cairn_store::Sent::Buffered(cairn_store::InstanceRef(1)),
+                    )
+                })
+                .collect()
+        };
+        let with = |sends, log, left| Run {
+            sends,
+            buffered: left,
+            ..run(vec![], log, vec![])
+        };
+        let right = with(sent(&[0, 1]), vec![taken("one", 1)], vec![buffered("two")]);
+        assert!(sim.check_events(&right).is_ok());
+        let all_taken = with(sent(&[0, 1]), vec![taken("one", 1), taken("two", 2)], vec![]);
+        assert!(sim.check_events(&all_taken).is_ok());
+        let newest_first = with(sent(&[0, 1]), vec![taken("two", 1)], vec![buffered("one")]);
+        let err = sim.check_events(&newest_first).unwrap_err();
+        assert!(err.contains("first in first out"), "{err}");
+        let duplicate_buffered = with(sent(&[0, 1, 0]), vec![], vec![]);
+        let err = sim.check_events(&duplicate_buffered).unwrap_err();
+        assert!(err.contains("buffered 2 times"), "{err}");
+        let left_behind = with(
+            sent(&[0, 1]),
+            vec![taken("one", 1), taken("two", 2)],
+            vec![buffered("one")],
+        );
+        let err = sim.check_events(&left_behind).unwrap_err();
+        assert!(err.contains("the store buffers"), "{err}");
+        let lost = with(sent(&[0, 1]), vec![taken("one", 1)], vec![]);
+        assert!(sim.check_events(&lost).is_err());
+    }
 }

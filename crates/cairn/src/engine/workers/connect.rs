@@ -171,6 +171,15 @@ impl Engine {
             .collect()
     }
 
+    /// The version new instances of `workflow` are created on, for a workflow run by
+    /// workers (`None` for one registered in Rust, or unknown).
+    pub fn newest_version(&self, workflow: &WorkflowName) -> Option<String> {
+        if self.inner.workflows.contains_key(workflow) {
+            return None;
+        }
+        self.inner.env.remote.newest(workflow)
+    }
+
     /// The versions of a workflow run by workers, oldest first, with their unfinished
     /// instances: an old version's worker can go once it has none.
     ///
