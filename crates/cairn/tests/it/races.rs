@@ -240,6 +240,21 @@ impl Store for Tampered {
     fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
         self.inner.delete_schedule(name)
     }
+    fn register_versions(&self, v: Vec<cairn::store::WorkflowVersion>) -> StoreFuture<'_, ()> {
+        self.inner.register_versions(v)
+    }
+    fn workflow_versions(&self) -> StoreFuture<'_, Vec<cairn::store::WorkflowVersion>> {
+        self.inner.workflow_versions()
+    }
+    fn unfinished_versions(
+        &self,
+        w: &cairn::WorkflowName,
+    ) -> StoreFuture<'_, Vec<(Option<String>, u64)>> {
+        self.inner.unfinished_versions(w)
+    }
+    fn wake_awaiting(&self, w: &cairn::WorkflowName, v: &str) -> StoreFuture<'_, u64> {
+        self.inner.wake_awaiting(w, v)
+    }
     fn fire_tick(&self, t: cairn::store::ScheduleTick) -> StoreFuture<'_, cairn::store::TickFired> {
         self.inner.fire_tick(t)
     }
