@@ -1559,10 +1559,7 @@ mod tests {
             world: Arc::new(|| -> Register { Arc::new(|b| b) }),
             workflow: WorkflowName::new("w").unwrap(),
             params: serde_json::Value::Null,
-            events: events
-                .into_iter()
-                .map(|(t, p)| (t.to_owned(), p))
-                .collect(),
+            events: events.into_iter().map(|(t, p)| (t.to_owned(), p)).collect(),
             seeds: 0..1,
             faults: Faults::none(),
             start: Timestamp::from_millis(0),
@@ -1619,7 +1616,11 @@ mod tests {
         };
         let right = with(sent(&[0, 1]), vec![taken("one", 1)], vec![buffered("two")]);
         assert!(sim.check_events(&right).is_ok());
-        let all_taken = with(sent(&[0, 1]), vec![taken("one", 1), taken("two", 2)], vec![]);
+        let all_taken = with(
+            sent(&[0, 1]),
+            vec![taken("one", 1), taken("two", 2)],
+            vec![],
+        );
         assert!(sim.check_events(&all_taken).is_ok());
         let newest_first = with(sent(&[0, 1]), vec![taken("two", 1)], vec![buffered("one")]);
         let err = sim.check_events(&newest_first).unwrap_err();
