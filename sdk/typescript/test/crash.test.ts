@@ -55,7 +55,7 @@ async function finished(server: Server, all: string[], timeoutMs = 90_000): Prom
     },
     timeoutMs,
   ).catch((error: Error) => {
-    throw new Error(`${error.message}\nserver log:\n${server.log.split("\n").slice(-80).join("\n")}`);
+    throw new Error(`${error.message}\nserver log:\n${server.logTail(80)}`);
   });
   const details = new Map<string, Details>();
   for (const id of all) details.set(id, await server.details("crashy", id));

@@ -153,6 +153,15 @@ export class Server {
     return this.#log.text();
   }
 
+  /** The last `n` lines of the log, without the request lines. */
+  logTail(n = 40): string {
+    return this.log
+      .split("\n")
+      .filter((line) => !line.includes("cairn::http"))
+      .slice(-n)
+      .join("\n");
+  }
+
   get pid(): number | undefined {
     return this.#child?.pid;
   }
@@ -244,7 +253,7 @@ export class Server {
         timeoutMs,
       );
     } catch (error) {
-      throw new Error(`${(error as Error).message}\nlast details: ${JSON.stringify(last)}\nserver log:\n${this.log.split("\n").slice(-60).join("\n")}`);
+      throw new Error(`${(error as Error).message}\nlast details: ${JSON.stringify(last)}\nserver log:\n${this.logTail()}`);
     }
   }
 
