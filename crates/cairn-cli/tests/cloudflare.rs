@@ -165,7 +165,9 @@ fn wrangler_drives_cairn_through_cloudflares_routes() {
     };
 
     let out = run(&["workflows", "list"]);
-    for name in ["greet", "approval", "nap", "report", "checkout", "order", "relay"] {
+    for name in [
+        "greet", "approval", "nap", "report", "checkout", "order", "relay",
+    ] {
         assert!(out.contains(name), "{out}");
     }
     assert!(out.contains("Showing 7 workflows from page 1"), "{out}");

@@ -116,7 +116,12 @@ pub(super) fn worker_version(name: &str, v: &cairn::VersionInfo) -> Value {
 }
 
 /// The answer to a create.
-pub(super) fn created(name: &str, id: &str, status: InstanceStatus, version: Option<&str>) -> Value {
+pub(super) fn created(
+    name: &str,
+    id: &str,
+    status: InstanceStatus,
+    version: Option<&str>,
+) -> Value {
     json!({
         "id": id,
         "status": status,
@@ -321,7 +326,10 @@ mod tests {
         assert_ne!(a, workflow_id("orders2"));
         assert_ne!(a, version_id("orders", None));
         assert_ne!(version_id("orders", None), version_id("orders", Some("1")));
-        assert_ne!(version_id("orders", Some("1")), version_id("orders", Some("2")));
+        assert_ne!(
+            version_id("orders", Some("1")),
+            version_id("orders", Some("2"))
+        );
         let parts: Vec<usize> = a.split('-').map(str::len).collect();
         assert_eq!(parts, [8, 4, 4, 4, 12], "{a}");
     }

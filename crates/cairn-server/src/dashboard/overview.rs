@@ -48,7 +48,10 @@ pub(crate) async fn page(
                     })
                     .collect();
                 total += counts.iter().map(|(_, n)| n).sum::<u64>();
-                let versions = engine.workflow_versions(name.as_str()).await.unwrap_or_default();
+                let versions = engine
+                    .workflow_versions(name.as_str())
+                    .await
+                    .unwrap_or_default();
                 cards.push(card(&name, &counts, &versions, &activity, first));
             }
             Err(e) => cards.push(html! {
