@@ -199,8 +199,28 @@ pub(crate) enum Incoming {
     TaskResult {
         run: String,
         task: String,
+        kind: TaskKind,
         outcome: Outcome,
     },
+}
+
+/// What a task asks of the worker; its answer must be of the same kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaskKind {
+    Attempt,
+    Delay,
+    Rollback,
+}
+
+impl TaskKind {
+    /// The type of the frame that answers a task of this kind.
+    pub(crate) fn answer_type(self) -> &'static str {
+        match self {
+            TaskKind::Attempt => "attemptResult",
+            TaskKind::Delay => "delayResult",
+            TaskKind::Rollback => "rollbackResult",
+        }
+    }
 }
 
 impl Incoming {
@@ -281,9 +301,15 @@ impl Incoming {
                 let outcome = answer.outcome().map_err(|e| {
                     Refusal::new("protocol.malformed", format!("a `{kind}` with {e}")).about(&run)
                 })?;
+                let kind = match kind.as_str() {
+                    "attemptResult" => TaskKind::Attempt,
+                    "delayResult" => TaskKind::Delay,
+                    _ => TaskKind::Rollback,
+                };
                 Ok(Incoming::TaskResult {
                     run,
                     task: task.task,
+                    kind,
                     outcome,
                 })
             }

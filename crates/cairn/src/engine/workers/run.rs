@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use crate::config::{Delay, DelayContext, DelayValue, StepConfig};
 use crate::context::StepContext;
-use crate::engine::workers::protocol::{self, Op, OpKind, Outcome, StopReason};
+use crate::engine::workers::protocol::{self, Op, OpKind, Outcome, StopReason, TaskKind};
 use crate::engine::workers::session::{RunChannel, RunEvent, Slot};
 use crate::failure::{BoxError, ERROR, INTERNAL, StepError, WorkflowError};
 use crate::lifetime::Abort;
@@ -313,7 +313,9 @@ impl RunHandle {
         let id = &self.channel.id;
         match self
             .channel
-            .ask(|task| protocol::attempt(id, task, seq, &ctx))
+            .ask(TaskKind::Attempt, |task| {
+                protocol::attempt(id, task, seq, &ctx)
+            })
             .await
         {
             Ok(value) => Ok(value),
@@ -330,7 +332,7 @@ impl RunHandle {
         let id = &self.channel.id;
         match self
             .channel
-            .ask(|task| protocol::delay(id, task, seq, &d.ctx, &d.error))
+            .ask(TaskKind::Delay, |task| protocol::delay(id, task, seq, &d.ctx, &d.error))
             .await
         {
             Ok(Value::String(text)) => Ok(DelayValue::Text(text)),
@@ -355,7 +357,9 @@ impl RunHandle {
         let output = r.output;
         match self
             .channel
-            .ask(|task| protocol::rollback(id, task, seq, r.ctx.attempt, output.as_ref(), &r.error))
+            .ask(TaskKind::Rollback, |task| {
+                protocol::rollback(id, task, seq, r.ctx.attempt, output.as_ref(), &r.error)
+            })
             .await
         {
             Ok(_) => Ok(()),

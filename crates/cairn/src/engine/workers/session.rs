@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use cairn_core::WorkflowName;
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::engine::workers::protocol::{Incoming, Op, Outcome, Refusal};
+use crate::engine::workers::protocol::{Incoming, Op, Outcome, Refusal, TaskKind};
 use crate::env::Env;
 use crate::lifetime::{Abort, Lifetime};
 
@@ -176,14 +176,36 @@ impl Session {
             Incoming::Op { run, op } => (run, RunEvent::Op(op)),
             Incoming::Idle { run, ops } => (run, RunEvent::Idle(ops)),
             Incoming::RunResult { run, outcome } => (run, RunEvent::Returned(outcome)),
-            Incoming::TaskResult { run, task, outcome } => {
+            Incoming::TaskResult {
+                run,
+                task,
+                kind,
+                outcome,
+            } => {
                 let channel = self.runs().get(&run).cloned();
-                let waiting = channel.and_then(|c| c.tasks().remove(&task));
+                let waiting = channel.and_then(|c| {
+                    let mut tasks = c.tasks();
+                    // An answer of another kind (a delayResult for an attempt) is refused
+                    // and leaves the task waiting for its real answer.
+                    match tasks.get(&task) {
+                        Some((asked, _)) if *asked != kind => Some(Err(*asked)),
+                        Some(_) => tasks.remove(&task).map(|(_, answer)| Ok(answer)),
+                        None => None,
+                    }
+                });
                 return match waiting {
-                    Some(answer) => {
+                    Some(Ok(answer)) => {
                         let _ = answer.send(outcome);
                         Ok(())
                     }
+                    Some(Err(asked)) => Err(Refusal::new(
+                        "protocol.malformed",
+                        format!(
+                            "task {task} of run {run} is answered by `{}`",
+                            asked.answer_type()
+                        ),
+                    )
+                    .about(&run)),
                     None => Err(Refusal::new(
                         "protocol.stale",
                         format!("task {task} of run {run} is not asked for"),
@@ -233,11 +255,13 @@ pub(crate) struct RunChannel {
     pub(crate) session: Arc<Session>,
     pub(crate) lifetime: Arc<Lifetime>,
     inbox: mpsc::UnboundedSender<RunEvent>,
-    tasks: Mutex<HashMap<String, oneshot::Sender<Outcome>>>,
+    tasks: Mutex<HashMap<String, (TaskKind, oneshot::Sender<Outcome>)>>,
 }
 
 impl RunChannel {
-    fn tasks(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Outcome>>> {
+    fn tasks(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (TaskKind, oneshot::Sender<Outcome>)>> {
         self.tasks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -245,10 +269,10 @@ impl RunChannel {
 
     /// Asks the worker for a task: `frame` is built with the task's name. Resolves with
     /// its answer; never, if the worker goes first (its lifetime is aborted then).
-    pub(crate) async fn ask(&self, frame: impl FnOnce(&str) -> String) -> Outcome {
+    pub(crate) async fn ask(&self, kind: TaskKind, frame: impl FnOnce(&str) -> String) -> Outcome {
         let task = self.session.name('t');
         let (answer, answered) = oneshot::channel();
-        self.tasks().insert(task.clone(), answer);
+        self.tasks().insert(task.clone(), (kind, answer));
         // Given up (a timeout, the run dropped): the worker may stop the work, and its late
         // answer is stale.
         let mut cancel = Cancel {
