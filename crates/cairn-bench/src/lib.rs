@@ -472,6 +472,20 @@ pub(crate) async fn until_count(
     Ok(())
 }
 
+/// Waits until the engine holds no instance in memory: a hibernating instance's status is
+/// written before its lifetime has left, so the count is read once they have all gone (or,
+/// if some never leave, after ten seconds, and the row shows how many stayed).
+pub(crate) async fn until_unloaded(engine: &Engine) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let live = engine.live_instances();
+        if live == 0 || Instant::now() >= deadline {
+            return live;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// `instances` instances sleeping an hour: resident memory while all are asleep; then an
 /// engine whose clock is an hour ahead wakes them all: wake-ups per second.
 ///
@@ -488,8 +502,8 @@ pub async fn hibernation(
     let start = Instant::now();
     create_all::<Nap>(&engine, |_| (), instances, "h").await?;
     until_count(&engine, "nap", InstanceStatus::Waiting, instances).await?;
+    let live = until_unloaded(&engine).await;
     let asleep = start.elapsed();
-    let live = engine.live_instances();
     let rss = resident_bytes();
     engine.shutdown().await;
     // An hour later: every timer is due.

@@ -287,8 +287,8 @@ async fn hibernation(url: &str, instances: usize) -> Result<Vec<Row>, BenchError
     while naps.count(InstanceStatus::Waiting).await? < instances as u64 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let live = crate::until_unloaded(&engine).await;
     let asleep = start.elapsed();
-    let live = engine.live_instances();
     let rss = resident_bytes();
     engine.shutdown().await;
     let later = cairn::Clock::virtual_at(

@@ -425,6 +425,43 @@ pub(crate) fn describe(details: &Value, full_output: bool) {
         ],
         &rows,
     );
+    // Why each retried attempt failed: the steps table shows the last error only.
+    let failures: Vec<Vec<String>> = details["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| {
+            let step = format!("{}#{}", text(&s["name"]), text(&s["count"]));
+            s["attempts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|a| a["error"].is_object())
+                .map(move |a| {
+                    vec![
+                        step.clone(),
+                        text(&a["attempt"]),
+                        text(&a["end"]),
+                        format!(
+                            "{}: {}",
+                            text(&a["error"]["name"]),
+                            text(&a["error"]["message"])
+                        ),
+                        a["retryDelayMs"]
+                            .as_u64()
+                            .map(|ms| format!("{ms} ms"))
+                            .unwrap_or_default(),
+                    ]
+                })
+        })
+        .collect();
+    if !failures.is_empty() {
+        out!("\nFailed attempts:");
+        table(
+            &["STEP", "ATTEMPT", "AT", "ERROR", "RETRIED AFTER"],
+            &failures,
+        );
+    }
 }
 
 /// Output longer than 60 characters is cut unless `full` (then it is whole).

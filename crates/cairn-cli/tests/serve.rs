@@ -1192,3 +1192,37 @@ fn trigger_takes_a_concurrency_key_and_a_priority() {
     let (ok, _, err) = cairn(port, &["workflows", "trigger", "greet", "--key", "ada"]);
     assert!(!ok && err.contains("concurrency.not_configured"), "{err}");
 }
+
+/// Issue 32: `describe` shows each failed attempt's error, not only a count (the demo
+/// `checkout` fails its charge once, then succeeds).
+#[test]
+fn describe_shows_each_failed_attempts_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    let (ok, out, err) = cairn(
+        port,
+        &[
+            "workflows",
+            "trigger",
+            "checkout",
+            r#"{"failures": 1}"#,
+            "--id",
+            "retried",
+            "--wait",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let (ok, out, _) = cairn(port, &["instances", "describe", "checkout", "retried"]);
+    assert!(ok, "{out}");
+    let failed = out
+        .split("Failed attempts:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no failed attempts in {out}"));
+    let row = failed
+        .lines()
+        .find(|l| l.contains("charge card#1"))
+        .unwrap_or_else(|| panic!("no row of the charge in {out}"));
+    assert!(row.contains("card network timed out"), "{row}");
+    assert!(row.contains("1000 ms"), "the retry delay: {row}");
+}

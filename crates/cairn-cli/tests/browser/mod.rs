@@ -120,6 +120,15 @@ impl Browser {
         }
     }
 
+    /// A WebDriver command's value, or the WebDriver error it answered (its `error` code).
+    fn try_ok(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
+        let answer = self.cmd(method, path, body);
+        match answer["value"]["error"].as_str() {
+            Some(error) => Err(format!("{error}: {}", answer["value"]["message"])),
+            None => Ok(answer["value"].clone()),
+        }
+    }
+
     fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
         let started = Instant::now();
         let shown = body
@@ -196,6 +205,22 @@ impl Browser {
 
     pub(crate) fn click(&self, e: &Element) {
         self.ok("POST", &format!("/element/{}/click", e.0), None);
+    }
+
+    /// Clicks the first element matching `css`, found again if a live update replaced the
+    /// one found between the find and the click (a "stale element reference").
+    pub(crate) fn click_on(&self, css: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let e = self.find(css);
+            match self.try_ok("POST", &format!("/element/{}/click", e.0), None) {
+                Ok(_) => return,
+                Err(error) if error.starts_with("stale element reference") => {
+                    assert!(Instant::now() < deadline, "{css} kept going stale");
+                }
+                Err(error) => panic!("WebDriver click on {css}: {error}"),
+            }
+        }
     }
 
     pub(crate) fn type_into(&self, e: &Element, text: &str) {

@@ -9,7 +9,7 @@ use axum::Extension;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use cairn::{Engine, Instance, InstanceDetails, LogRecord, StepKind};
+use cairn::{Engine, Instance, InstanceDetails, InstanceStatus, LogRecord, StepKind};
 use maud::{Markup, html};
 use serde_json::Value;
 
@@ -141,7 +141,10 @@ fn render(
                     } }
                 }
                 @if let Some(rb) = &loaded.rollback {
-                    div { dt { "Rollback" } dd { (serde_json::to_value(rb).ok().and_then(|v| v.get("status").and_then(|s| s.as_str()).map(str::to_owned)).unwrap_or_default()) } }
+                    div #rollback { dt { "Rollback" } dd {
+                        (rb.outcome)
+                        @if let Some(e) = &rb.error { ": " code { (e.name) ": " (e.message) } }
+                    } }
                 }
             }
             section.values {
@@ -196,6 +199,13 @@ fn render(
                                 td.wide { (layout::time(s.start)) }
                                 td { @match s.end { Some(e) => (layout::duration(e.since(s.start))), None => span.muted { "—" } } }
                                 td.wide {
+                                    @let failed: Vec<_> = s.attempts.iter().filter(|a| a.error.is_some()).collect();
+                                    @if !failed.is_empty() && (s.error.is_none() || failed.len() > 1) {
+                                        // Each failed attempt's error: why it was retried.
+                                        ol.attempt-errors { @for a in &failed { @if let Some(e) = &a.error {
+                                            li data-attempt=(a.attempt) { "attempt " (a.attempt) ": " span.failed { (e.name) ": " (layout::clip(&e.message, 300)) } }
+                                        } } }
+                                    }
                                     @if let Some(e) = &s.error { span.failed { (e.name) ": " (layout::clip(&e.message, 300)) } }
                                     @else if let Some(o) = &s.output {
                                         @let shown = o.to_string();
@@ -241,6 +251,29 @@ fn api_path(name: &str, id: &str) -> String {
     format!("/api{}", super::instance_path(name, id))
 }
 
+/// The buttons valid for an instance in `status`: pause while it can still run, resume
+/// while paused, terminate until it has ended; restart and delete always.
+fn valid_actions(status: InstanceStatus) -> Vec<(&'static str, &'static str, bool)> {
+    let mut buttons = Vec::new();
+    let paused = matches!(
+        status,
+        InstanceStatus::Paused | InstanceStatus::WaitingForPause
+    );
+    if !status.is_terminal() && !paused {
+        buttons.push(("pause", "Pause", false));
+    }
+    if paused {
+        buttons.push(("resume", "Resume", false));
+    }
+    if !status.is_terminal() {
+        buttons.push(("terminate", "Terminate", true));
+        buttons.push(("terminate-rollback", "Terminate with rollback", true));
+    }
+    buttons.push(("restart", "Restart", true));
+    buttons.push(("delete", "Delete", true));
+    buttons
+}
+
 fn actions(name: &str, id: &str, d: &InstanceDetails, csrf: &str) -> Markup {
     let here = super::instance_path(name, id);
     let action = format!("{here}/action");
@@ -256,12 +289,9 @@ fn actions(name: &str, id: &str, d: &InstanceDetails, csrf: &str) -> Markup {
         section.actions aria-labelledby="actions-title" {
             h2 #actions-title { "Actions" }
             div.buttons {
-                (button("pause", "Pause", false))
-                (button("resume", "Resume", false))
-                (button("terminate", "Terminate", true))
-                (button("terminate-rollback", "Terminate with rollback", true))
-                (button("restart", "Restart", false))
-                (button("delete", "Delete", true))
+                @for (value, label, danger) in valid_actions(d.status) {
+                    (button(value, label, danger))
+                }
             }
             @if !d.steps.is_empty() {
                 form.row method="post" action=(action) {
@@ -312,6 +342,11 @@ pub(crate) async fn action(
         Ok(i) => i,
         Err(e) => return super::back(&guard, &here, Err(e.to_string())),
     };
+    if value(&form, "confirmed").is_none()
+        && let Some(consequence) = consequence(value(&form, "action"), value(&form, "from"))
+    {
+        return confirm(&guard, &headers, &name, &id, &form, consequence);
+    }
     let done = match value(&form, "action") {
         Some("pause") => instance
             .pause()
@@ -372,6 +407,76 @@ pub(crate) async fn action(
         }
     };
     super::back(&guard, &here, done.map_err(|e| e.to_string()))
+}
+
+/// What a destructive action will do, in words for its confirmation; `None` for the
+/// others (pause, resume), which act at once.
+fn consequence(action: Option<&str>, from: Option<&str>) -> Option<(&'static str, String)> {
+    let step = from.and_then(|f| f.splitn(3, '|').nth(2)).unwrap_or("?");
+    Some(match action? {
+        "terminate" => (
+            "Terminate",
+            "It stops for good: the step in flight is abandoned and nothing runs again.".into(),
+        ),
+        "terminate-rollback" => (
+            "Terminate with rollback",
+            "It stops for good, and the rollback handlers of its completed steps run, newest first.".into(),
+        ),
+        "restart" => (
+            "Restart",
+            "Its steps' results are discarded and it runs again from the beginning: completed steps run again.".into(),
+        ),
+        "restart-from" => (
+            "Restart from this step",
+            format!("The results of step \"{step}\" and every later op are discarded, and they run again."),
+        ),
+        "delete" => (
+            "Delete",
+            "The instance, its steps and its event log are removed; this cannot be undone.".into(),
+        ),
+        _ => return None,
+    })
+}
+
+/// Asks before a destructive action: what will happen, to which instance; confirming posts
+/// the same form again with `confirmed`.
+fn confirm(
+    guard: &Guard,
+    headers: &HeaderMap,
+    name: &str,
+    id: &str,
+    form: &[(String, String)],
+    (verb, what): (&str, String),
+) -> Response {
+    let here = super::instance_path(name, id);
+    let csrf = guard.csrf(headers).unwrap_or_default();
+    let body = html! {
+        div.confirm role="alertdialog" aria-labelledby="confirm-title" {
+            h1 #confirm-title { (verb) " " code { (name) "/" (id) } "?" }
+            p { (what) }
+            form method="post" action=(format!("{here}/action")) {
+                @for (k, v) in form {
+                    @if k != "confirmed" { input type="hidden" name=(k) value=(v); }
+                }
+                input type="hidden" name="confirmed" value="1";
+                button.danger type="submit" autofocus { (verb) }
+                " "
+                a href=(here) { "Cancel" }
+            }
+        }
+    };
+    super::html(
+        StatusCode::OK,
+        layout::page(
+            &Shell {
+                title: "Confirm",
+                section: "instances",
+                csrf: &csrf,
+                logged_in: guard.has_session(headers),
+            },
+            body,
+        ),
+    )
 }
 
 pub(crate) async fn event(

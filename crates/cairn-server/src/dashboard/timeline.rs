@@ -261,9 +261,13 @@ pub(crate) fn render(t: &Timeline, start: Timestamp, end: Timestamp) -> Markup {
                     span { (super::layout::time(end)) }
                 }
                 div.lanes role="list" aria-label="Steps over time" {
-                    @for b in &t.bands {
-                        div class=(format!("band b-{}", b.kind)) style=(place(b.start, b.end))
-                            title=(format!("{} from {}{}", if b.kind == "paused" { "Paused" } else { "Rollback" }, b.start, b.end.map(|e| format!(" to {e}")).unwrap_or_else(|| " on".into()))) {}
+                    // Bands are placed in a box over the tracks only (the label column
+                    // excluded), so their percentages are of the same width as the bars'.
+                    div.bands aria-hidden="true" {
+                        @for b in &t.bands {
+                            div class=(format!("band b-{}", b.kind)) style=(place(b.start, b.end))
+                                title=(format!("{} from {}{}", if b.kind == "paused" { "Paused" } else { "Rollback" }, b.start, b.end.map(|e| format!(" to {e}")).unwrap_or_else(|| " on".into()))) {}
+                        }
                     }
                     @for lane in t.lanes.iter().take(MAX_LANES) {
                         @let state = match lane.ok { Some(true) => "ok", Some(false) => "failed", None => "running" };

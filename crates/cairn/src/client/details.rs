@@ -225,19 +225,28 @@ impl InstanceDetails {
                 .and_then(|n| u32::try_from(n).ok())
                 .unwrap_or(0);
             let list = attempts.entry(key).or_default();
+            // A rollback handler's attempts are logged under its own (rollback) key.
             match r.entry.kind {
-                LogKind::AttemptStart => list.push(AttemptDetails {
-                    attempt: number,
-                    start: r.entry.at,
-                    end: None,
-                    success: None,
-                    error: None,
-                    retry_delay_ms: None,
-                }),
-                LogKind::AttemptSuccess | LogKind::AttemptFailure => {
+                LogKind::AttemptStart | LogKind::RollbackAttemptStart => {
+                    list.push(AttemptDetails {
+                        attempt: number,
+                        start: r.entry.at,
+                        end: None,
+                        success: None,
+                        error: None,
+                        retry_delay_ms: None,
+                    })
+                }
+                LogKind::AttemptSuccess
+                | LogKind::AttemptFailure
+                | LogKind::RollbackAttemptSuccess
+                | LogKind::RollbackAttemptFailure => {
                     if let Some(a) = list.iter_mut().rev().find(|a| a.attempt == number) {
                         a.end = Some(r.entry.at);
-                        a.success = Some(r.entry.kind == LogKind::AttemptSuccess);
+                        a.success = Some(matches!(
+                            r.entry.kind,
+                            LogKind::AttemptSuccess | LogKind::RollbackAttemptSuccess
+                        ));
                         a.error = meta
                             .get("error")
                             .and_then(|e| serde_json::from_value(e.clone()).ok());
