@@ -778,6 +778,7 @@ async fn serve(
         "cairn: serving http://{addr}/api on {shown} (workflows: {})",
         names.join(", ")
     );
+    out!("cairn: open the dashboard: http://{addr}/");
     out!(
         "cairn: API index http://{addr}/api, OpenAPI http://{addr}/api/openapi.json; {}",
         if token.is_some() {

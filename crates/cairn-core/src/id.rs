@@ -25,6 +25,11 @@ pub enum IdError {
         "Workflow instance has invalid id: {0:?} (1-100 characters of a-z, A-Z, 0-9, '_' and '-', not starting with '-')"
     )]
     InstanceId(String),
+    /// An instance id that a route or the CLI reads as a word of its own (`latest`).
+    #[error(
+        "Workflow instance id {0:?} is reserved: `latest` names the newest instance in the CLI and the API; choose another id"
+    )]
+    ReservedInstanceId(String),
     /// A workflow name that breaks the same pattern or is longer than 64 characters.
     #[error(
         "invalid workflow name {0:?} (1-64 characters of a-z, A-Z, 0-9, '_' and '-', not starting with '-')"
@@ -44,13 +49,16 @@ impl IdError {
     /// The stable error code for this kind of rejection, as used over HTTP.
     pub fn code(&self) -> &'static str {
         match self {
-            IdError::InstanceId(_) => "instance.invalid_id",
+            IdError::InstanceId(_) | IdError::ReservedInstanceId(_) => "instance.invalid_id",
             IdError::WorkflowName(_) => "workflow.invalid_name",
             IdError::StepName(_) => "step.invalid_name",
             IdError::EventType(_) => "event.invalid_type",
         }
     }
 }
+
+/// Ids a create refuses: words the CLI and the routes read as something else.
+pub const RESERVED_INSTANCE_IDS: &[&str] = &["latest"];
 
 /// The longest id that lookups accept: cron-generated ids (`<cron>-<ms>`) are longer than
 /// user ids.

@@ -33,8 +33,8 @@ pub use config::{
 pub use duration::{DurationError, MAX_DURATION, format_duration, parse_duration};
 pub use id::{
     EventType, IdError, InstanceId, MAX_ADDRESSABLE_ID_LEN, MAX_EVENT_TYPE_LEN,
-    MAX_INSTANCE_ID_LEN, MAX_STEP_NAME_LEN, MAX_WORKFLOW_NAME_LEN, StepName, WorkflowName,
-    is_addressable_id,
+    MAX_INSTANCE_ID_LEN, MAX_STEP_NAME_LEN, MAX_WORKFLOW_NAME_LEN, RESERVED_INSTANCE_IDS, StepName,
+    WorkflowName, is_addressable_id,
 };
 pub use record::{
     ErrorInfo, LogEntry, LogKind, LogRecord, MAX_ERROR_MESSAGE, StepKey, StepKind, StepRecord,

@@ -120,7 +120,12 @@ pub(crate) async fn json_errors(
             "method.not_allowed",
             format!("{method} is not allowed on {shown} (see the Allow header)"),
         ),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("request.unsupported_media_type", text),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            "request.unsupported_media_type",
+            format!(
+                "{text}: send the body as JSON with the header `Content-Type: application/json` (curl: -H 'content-type: application/json')"
+            ),
+        ),
         StatusCode::PAYLOAD_TOO_LARGE => ("payload.too_large", text),
         s if s.is_server_error() => ("internal", text),
         _ => (

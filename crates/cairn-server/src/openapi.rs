@@ -16,6 +16,11 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
     ),
     (
         "get",
+        "/api/workflows/{name}/versions",
+        "The versions of a workflow that workers run: when each was registered, which is newest (new instances start on it), its unfinished instances and its connected workers",
+    ),
+    (
+        "get",
         "/api/instances",
         "List the instances of every workflow (or one) by a filter: status list, creation range, id prefix; newest first, paged by cursor",
     ),
@@ -131,6 +136,9 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
         ("get", "/api/openapi.json") => (vec![], None, ("200", json!({ "type": "object" }))),
         ("get", "/api/workflows") => (vec![], None, ("200", schema("WorkflowList"))),
         ("get", "/api/workflows/{name}") => (vec![], None, ("200", schema("Workflow"))),
+        ("get", "/api/workflows/{name}/versions") => {
+            (vec![], None, ("200", schema("WorkflowVersions")))
+        }
         ("post", "/api/workflows/{name}/instances") => (
             vec![query(
                 "wait",
@@ -309,6 +317,17 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
 
 /// The shapes the API answers and takes.
 fn schemas() -> Value {
+    // Built apart: one json! of every schema would pass the macro's recursion limit.
+    let version = json!({
+        "type": "object",
+        "properties": {
+            "version": { "type": "string" },
+            "registered_at": { "type": "string", "format": "date-time" },
+            "newest": { "type": "boolean" },
+            "unfinished": { "type": "integer", "description": "Unfinished instances pinned to it: keep a worker of it while there are any" },
+            "workers": { "type": "integer", "description": "Workers of it connected now" },
+        },
+    });
     let time = json!({ "type": "string", "format": "date-time", "description": "RFC 3339, UTC, milliseconds" });
     let nullable_time = json!({ "type": "string", "format": "date-time", "nullable": true });
     let mut all = json!({
@@ -348,7 +367,8 @@ fn schemas() -> Value {
             "type": "object",
             "additionalProperties": false,
             "properties": {
-                "instance_id": { "type": "string", "description": "Generated when omitted" },
+                "instance_id": { "type": "string", "description": "Generated when omitted; `latest` is reserved" },
+                "id": { "type": "string", "description": "The same as instance_id (Cloudflare's binding calls it id); not both" },
                 "params": { "description": "Any JSON (default {})" },
                 "concurrency_key": { "type": "string", "description": "Run under this concurrency key (the workflow needs a limit)" },
                 "priority": { "type": "integer", "description": "Among the instances waiting for a slot of the key, higher first (default 0)" },
@@ -538,6 +558,13 @@ fn schemas() -> Value {
     if let (Value::Object(all), Value::Object(more)) = (&mut all, schedules) {
         all.extend(more);
     }
+    all["WorkflowVersions"] = json!({
+        "type": "object",
+        "properties": {
+            "workflow": { "type": "string" },
+            "versions": { "type": "array", "items": version },
+        },
+    });
     all
 }
 

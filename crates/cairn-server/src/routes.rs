@@ -91,6 +91,8 @@ async fn list_workflows(State(engine): State<Engine>) -> Json<Value> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateBody {
+    /// `id` as Cloudflare's binding calls it; both at once are refused.
+    #[serde(alias = "id")]
     instance_id: Option<String>,
     params: Option<Value>,
     /// The concurrency key it runs under (the workflow must have a limit).
@@ -783,8 +785,14 @@ mod tests {
 
     /// The documented request bodies, written down without serde.
     fn create_ok(v: &Value) -> bool {
-        fields(v, &["instance_id", "params", "concurrency_key", "priority"]).is_some_and(|m| {
-            optional(m, "instance_id", Value::is_string)
+        fields(
+            v,
+            &["instance_id", "id", "params", "concurrency_key", "priority"],
+        )
+        .is_some_and(|m| {
+            !(m.contains_key("instance_id") && m.contains_key("id"))
+                && optional(m, "instance_id", Value::is_string)
+                && optional(m, "id", Value::is_string)
                 && optional(m, "concurrency_key", Value::is_string)
                 && optional(m, "priority", |p| {
                     p.as_i64().is_some_and(|p| i32::try_from(p).is_ok())

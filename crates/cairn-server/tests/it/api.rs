@@ -320,6 +320,13 @@ async fn bad_input_gets_a_status_and_a_stable_code_and_changes_nothing() {
     assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["code"], "request.unsupported_media_type", "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Content-Type: application/json"),
+        "the message says what to send: {v}"
+    );
     // Oversized body.
     let big = format!(r#"{{"params": "{}"}}"#, "x".repeat(2 << 20));
     let (s, v) = call(
@@ -342,6 +349,44 @@ async fn bad_input_gets_a_status_and_a_stable_code_and_changes_nothing() {
     )
     .await;
     assert_eq!(v["instances"], json!([]));
+    // `id`, as Cloudflare's binding calls it, names the instance like `instance_id`; both at
+    // once are refused; `latest` is a word of the routes, never an id.
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"id": "by-id"}"#),
+    )
+    .await;
+    assert_eq!(
+        (s, v["id"].as_str()),
+        (StatusCode::CREATED, Some("by-id")),
+        "{v}"
+    );
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"id": "a", "instance_id": "b"}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "latest"}"#),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("instance.invalid_id")),
+        "{v}"
+    );
+    assert!(
+        v["message"].as_str().unwrap_or("").contains("reserved"),
+        "{v}"
+    );
     // A duplicate id is a conflict.
     call(
         &engine,

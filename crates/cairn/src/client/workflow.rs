@@ -3,7 +3,7 @@
 
 use std::marker::PhantomData;
 
-use cairn_core::{InstanceId, InstanceStatus, LogEntry, LogKind, MAX_BATCH, WorkflowName};
+use cairn_core::{IdError, InstanceId, InstanceStatus, LogEntry, LogKind, MAX_BATCH, WorkflowName};
 use cairn_store::{Created, NewInstance};
 use serde::Serialize;
 use serde_json::json;
@@ -340,6 +340,9 @@ impl UntypedWorkflow {
         options: CreateOptions<serde_json::Value>,
     ) -> Result<Prepared, (Option<String>, Error)> {
         let id = match options.id {
+            Some(id) if cairn_core::RESERVED_INSTANCE_IDS.contains(&id.as_str()) => {
+                return Err((Some(id.clone()), IdError::ReservedInstanceId(id).into()));
+            }
             Some(id) => InstanceId::new(id.clone()).map_err(|e| (Some(id), e.into()))?,
             None => InstanceId::new(uuid::Uuid::new_v4().to_string())
                 .expect("a UUID is a valid instance id"),
