@@ -148,6 +148,10 @@ fn wrangler(wrangler: &Path, server: &Server, args: &[&str]) -> (bool, String) {
 }
 
 #[test]
+#[cfg_attr(
+    not(cairn_test_wrangler),
+    ignore = "CAIRN_TEST_WRANGLER was not set at build time (.ci/cloudflare-tools.sh installs wrangler and prints it)"
+)]
 fn wrangler_drives_cairn_through_cloudflares_routes() {
     let Some(bin) = tool("CAIRN_TEST_WRANGLER", "a wrangler launcher") else {
         return;
@@ -342,6 +346,10 @@ fn wrangler_drives_cairn_through_cloudflares_routes() {
 }
 
 #[test]
+#[cfg_attr(
+    not(cairn_test_cf_python),
+    ignore = "CAIRN_TEST_CF_PYTHON was not set at build time (.ci/cloudflare-tools.sh installs Cloudflare's Python SDK and prints it)"
+)]
 fn cloudflares_python_sdk_drives_cairn() {
     let Some(python) = tool(
         "CAIRN_TEST_CF_PYTHON",
@@ -368,4 +376,57 @@ fn cloudflares_python_sdk_drives_cairn() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Issue 32: with exactly the README's variables, Cloudflare's Python SDK (`Cloudflare()`
+/// with no arguments) sends its calls, and the token, to Cairn, never to Cloudflare's API.
+#[test]
+#[cfg_attr(
+    not(cairn_test_cf_python),
+    ignore = "CAIRN_TEST_CF_PYTHON was not set at build time (.ci/cloudflare-tools.sh installs Cloudflare's Python SDK and prints it)"
+)]
+fn cloudflares_python_sdk_reaches_cairn_with_the_readmes_variables() {
+    let Some(python) = tool(
+        "CAIRN_TEST_CF_PYTHON",
+        "a python with the cloudflare package",
+    ) else {
+        return;
+    };
+    let server = start();
+    let base = format!("http://127.0.0.1:{}/client/v4", server.port);
+    let script = r#"
+import cloudflare, os
+client = cloudflare.Cloudflare()
+made = client.workflows.instances.create("greet", account_id=os.environ["CLOUDFLARE_ACCOUNT_ID"], instance_id="readme-py")
+print(made.id)
+"#;
+    let mut command = Command::new(python);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("CLOUDFLARE_") {
+            command.env_remove(key);
+        }
+    }
+    // The README's block, as written there.
+    let out = command
+        .args(["-c", script])
+        .env("CLOUDFLARE_API_BASE_URL", &base)
+        .env("CLOUDFLARE_BASE_URL", &base)
+        .env("CLOUDFLARE_ACCOUNT_ID", ACCOUNT)
+        .env("CLOUDFLARE_API_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{printed}");
+    assert!(printed.contains("readme-py"), "{printed}");
+    let (code, body) = api(
+        server.port,
+        "GET",
+        "/api/workflows/greet/instances/readme-py",
+        "",
+    );
+    assert_eq!(code, 200, "the instance was created on Cairn: {body}");
 }

@@ -87,7 +87,7 @@ pub(crate) enum Op {
         now: Timestamp,
         limit: usize,
     },
-    FireTick(cairn_store::ScheduleTick),
+    FireTick(Box<cairn_store::ScheduleTick>),
     WakeAwaiting {
         workflow: String,
         version: String,

@@ -137,6 +137,10 @@ mod tests {
             retention: std::collections::HashMap::new(),
             wake: tokio::sync::Notify::new(),
             hooks: None,
+            remote: crate::env::RemoteWorkflows::new(cairn_store::Retention {
+                success: Duration::MAX,
+                error: Duration::MAX,
+            }),
         });
         let live = Live::default();
         let (older, newer) = (lifetime(&env, 1), lifetime(&env, 2));

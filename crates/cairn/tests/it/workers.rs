@@ -229,7 +229,7 @@ async fn a_run_waiting_on_a_long_sleep_hibernates_once_the_worker_is_idle_and_re
     let run = worker.expect("start").await["run"].clone();
     worker.op(&run, 0, json!({ "op": "sleep", "name": "cool off", "duration": 3_600_000 }));
     worker.op(&run, 1, json!({ "op": "do", "name": "meanwhile", "config": null }));
-    let mut answered = vec![worker.expect("opResult").await, worker.expect("opResult").await];
+    let mut answered = [worker.expect("opResult").await, worker.expect("opResult").await];
     answered.sort_by_key(|f| f["seq"].as_u64());
     assert_eq!(answered[0]["ok"], Value::Null);
     assert_eq!(answered[1]["ok"], "done");
@@ -358,7 +358,7 @@ async fn a_terminate_or_a_pause_stops_the_run_and_says_why() {
     worker.op(&run, 1, json!({ "op": "do", "name": "more", "config": null }));
     worker.expect("attempt").await;
     paused.terminate().await.unwrap();
-    let mut frames = vec![worker.next().await, worker.next().await];
+    let mut frames = [worker.next().await, worker.next().await];
     frames.sort_by_key(|f| f["type"].as_str().map(str::to_owned));
     assert_eq!(frames[0]["type"], "cancel");
     assert_eq!(frames[1]["type"], "stop");
