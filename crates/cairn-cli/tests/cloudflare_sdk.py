@@ -59,7 +59,7 @@ def fails(call, exception, code):
 
 # Workflows and versions.
 names = [w.name for w in wf.list(account_id=ACCOUNT)]
-assert names == ["greet", "approval", "nap", "report", "checkout", "order"], names
+assert names == ["greet", "approval", "nap", "report", "checkout", "order", "relay"], names
 assert [w.name for w in wf.list(account_id=ACCOUNT, search="pp")] == ["approval"]
 greet = wf.get("greet", account_id=ACCOUNT)
 assert greet.name == "greet" and greet.id and greet.created_on, greet

@@ -1329,8 +1329,19 @@ async fn parent_waiting_for_a_child(store: &dyn Store) -> (crate::Lease, crate::
         detached: false,
         run: Some(parent.lease.epoch),
     });
+    // The parent runs (an instance that never started stays queued when it hibernates)
+    // and creates its child.
     store
-        .commit(parent.lease, vec![Write::Create(child.clone())])
+        .commit(
+            parent.lease,
+            vec![
+                Write::Status(StatusChange {
+                    started_at: Some(T0),
+                    ..StatusChange::to(InstanceStatus::Running)
+                }),
+                Write::Create(child.clone()),
+            ],
+        )
         .await
         .unwrap();
     // Creating it again (a replay) writes nothing.

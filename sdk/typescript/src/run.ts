@@ -69,11 +69,19 @@ export class Run implements OpSink {
 
   /** Calls the workflow's `run()` and reports how it ended. */
   execute(start: Start, workflow: WorkflowClass<unknown>, env: unknown): void {
-    const event: WorkflowEvent<unknown> = {
-      payload: start.instance.params as Readonly<unknown>,
+    // The event is immutable, as Cloudflare documents it: each read of `payload` is a fresh
+    // copy of the params and a write is ignored, so a step that changes it changes nothing
+    // a later step sees (on Cloudflare such a change is lost whenever the run replays;
+    // here it is lost always, so the mistake shows at once).
+    const params = start.instance.params;
+    const event = {
+      get payload(): Readonly<unknown> {
+        return structuredClone(params);
+      },
+      set payload(_ignored: Readonly<unknown>) {},
       timestamp: new Date(start.instance.timestamp),
       instanceId: start.instance.id,
-    };
+    } satisfies WorkflowEvent<unknown>;
     const step = new RunStep(this);
     const ctx = executionContext((error) =>
       this.#host.logger.error(`run ${this.id}: a promise passed to ctx.waitUntil failed: ${errorInfo(error).message}`),
@@ -146,7 +154,12 @@ export class Run implements OpSink {
     }
     if (sent === "dropped") return new Promise(() => {});
     this.#settled();
-    return new Promise((resolve, reject) => this.#pending.set(seq, { resolve, reject }));
+    const result = new Promise((resolve, reject) => this.#pending.set(seq, { resolve, reject }));
+    // A step the code never awaits may fail: its error is swallowed, as on Cloudflare, not
+    // an unhandled rejection that ends the worker's process. Code that awaits it still
+    // gets the error.
+    result.catch(() => {});
+    return result;
   }
 
   opResult(message: OpResult): void {
@@ -235,7 +248,9 @@ export class Run implements OpSink {
       .then((outcome) => {
         if (!this.#tasks.delete(task) || this.#stopped) return;
         this.#reply(answer(outcome), () =>
-          answer({ error: { name: "RangeError", message: outcomeTooLarge, nonRetryable: false } }),
+          // Too large now is too large on every attempt: the step fails at once, as one
+          // over the engine's payload limit does.
+          answer({ error: { name: "RangeError", message: outcomeTooLarge, nonRetryable: true } }),
         );
       })
       .finally(() => this.#host.taskEnded());

@@ -591,6 +591,6 @@ mod tests {
             panic!("an op")
         };
         assert_eq!(op.op, OpKind::SleepUntil);
-        assert_eq!(op.until, Some(Timestamp::from_millis(1_764_583_200_000)));
+        assert_eq!(op.until, Some(Timestamp::from_millis(1_796_119_200_000)));
     }
 }
