@@ -74,14 +74,14 @@ export class Run implements OpSink {
     // a later step sees (on Cloudflare such a change is lost whenever the run replays;
     // here it is lost always, so the mistake shows at once).
     const params = start.instance.params;
-    const event = {
-      get payload(): Readonly<unknown> {
-        return structuredClone(params);
+    const event: WorkflowEvent<unknown> = {
+      get payload() {
+        return structuredClone(params) as Readonly<unknown>;
       },
-      set payload(_ignored: Readonly<unknown>) {},
+      set payload(_ignored) {},
       timestamp: new Date(start.instance.timestamp),
       instanceId: start.instance.id,
-    } satisfies WorkflowEvent<unknown>;
+    };
     const step = new RunStep(this);
     const ctx = executionContext((error) =>
       this.#host.logger.error(`run ${this.id}: a promise passed to ctx.waitUntil failed: ${errorInfo(error).message}`),
@@ -271,5 +271,5 @@ export class Run implements OpSink {
   }
 }
 
-const outcomeTooLarge = "the value is larger than a frame of the worker protocol holds (2 MiB of JSON)";
+const outcomeTooLarge = "the value is too large: a frame of the worker protocol holds 2 MiB of JSON";
 
