@@ -212,6 +212,28 @@ describe("Cloudflare's clients manage TypeScript instances as Rust ones", { skip
       await assert.rejects(cf.workflows.instances.create(workflow, { account_id: ACCOUNT, instance_id: "s1" }), Cloudflare.ConflictError);
     }
   });
+
+  it("Cloudflare's TypeScript SDK reaches Cairn with exactly the README's variables (new Cloudflare() with no options)", async () => {
+    // The README's block: wrangler's variable and the SDKs' one. The SDK without its own
+    // (CLOUDFLARE_BASE_URL) would send the call, and the token, to Cloudflare's real API.
+    const saved = { ...process.env };
+    try {
+      for (const key of Object.keys(process.env)) if (key.startsWith("CLOUDFLARE_")) delete process.env[key];
+      Object.assign(process.env, {
+        CLOUDFLARE_API_BASE_URL: `${server.url}/client/v4`,
+        CLOUDFLARE_BASE_URL: `${server.url}/client/v4`,
+        CLOUDFLARE_ACCOUNT_ID: ACCOUNT,
+        CLOUDFLARE_API_TOKEN: token,
+      });
+      const cf = new Cloudflare({ maxRetries: 0 });
+      const made = await cf.workflows.instances.create("ts-approval", { account_id: process.env.CLOUDFLARE_ACCOUNT_ID!, instance_id: "readme-ts" });
+      assert.equal(made.id, "readme-ts");
+    } finally {
+      for (const key of Object.keys(process.env)) if (!(key in saved)) delete process.env[key];
+      Object.assign(process.env, saved);
+    }
+    assert.equal((await server.details("ts-approval", "readme-ts")).id, "readme-ts", "the instance is on Cairn");
+  });
 });
 
 /** The skip reason, printed where it cannot be missed. */
