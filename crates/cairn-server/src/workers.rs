@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use cairn::{Engine, MAX_WORKER_FRAME};
+use futures::SinkExt;
 use serde_json::json;
 
 use crate::error::ApiError;
@@ -115,7 +116,16 @@ async fn session(engine: Engine, mut socket: WebSocket) {
         tokio::select! {
             frame = connection.next_frame() => match frame {
                 Some(frame) => {
-                    if socket.send(Message::Text(frame.into())).await.is_err() {
+                    // Every frame queued by now goes out in one write (one flush), not a
+                    // system call each: answers to many runs come in bursts.
+                    let mut sent = socket.feed(Message::Text(frame.into())).await;
+                    let mut more = 0;
+                    while sent.is_ok() && more < 64 {
+                        let Some(frame) = connection.queued_frame() else { break };
+                        sent = socket.feed(Message::Text(frame.into())).await;
+                        more += 1;
+                    }
+                    if sent.is_err() || socket.flush().await.is_err() {
                         break;
                     }
                 }

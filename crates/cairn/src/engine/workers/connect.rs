@@ -40,6 +40,12 @@ impl WorkerConnection {
         self.frames.recv().await
     }
 
+    /// A frame queued already, without waiting: the transport sends those it finds after
+    /// [`next_frame`](Self::next_frame) in one write.
+    pub fn queued_frame(&mut self) -> Option<String> {
+        self.frames.try_recv().ok()
+    }
+
     /// A frame the worker sent. One the protocol does not allow changes nothing durable:
     /// an `error` frame with its code is queued for the worker instead.
     pub fn receive(&self, frame: &str) {
