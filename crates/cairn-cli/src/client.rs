@@ -51,6 +51,8 @@ impl Client {
             .http_status_as_error(false)
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_recv_response(Some(ANSWER_TIMEOUT))
+            // The server's audit log names the CLI as the origin of what it does.
+            .user_agent(concat!("cairn-cli/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
         Client {

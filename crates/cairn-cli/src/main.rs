@@ -106,6 +106,17 @@ enum Command {
         #[arg(long, env = "CAIRN_MIN_SCHEDULE_INTERVAL", value_name = "DURATION", value_parser = parse_interval)]
         min_schedule_interval: Option<std::time::Duration>,
     },
+    /// Copy a SQLite database while `cairn serve` runs on it: a consistent copy as of one
+    /// commit (SQLite's online backup API), checked before it is kept. Restore by
+    /// starting `cairn serve --db` on the copy (docs/operating.md).
+    #[command(after_help = "Example:\n  cairn backup --db cairn.db backups/cairn-2026-12-01.db")]
+    Backup {
+        /// The live database (a SQLite file; for PostgreSQL use pg_dump or PITR).
+        #[arg(long, default_value = "cairn.db")]
+        db: PathBuf,
+        /// The new file to write (never overwritten).
+        out: PathBuf,
+    },
     /// Replay every unfinished instance against the code of this build (the demo
     /// workflows) without running or writing anything, and report where the code no longer
     /// fits an instance's journal. Exit 1 on any incompatibility, 2 when the check cannot
@@ -244,11 +255,12 @@ enum WorkflowsCommand {
 enum InstancesCommand {
     /// A workflow's instances, newest first.
     #[command(
-        after_help = "Examples:\n  cairn instances list approval\n  cairn instances list approval --status waiting --limit 5 --json\n  cairn instances list checkout --status errored,terminated --id-prefix order- --created-from 2026-12-01T00:00:00Z"
+        after_help = "Examples:\n  cairn instances list approval\n  cairn instances list --status errored --all\n  cairn instances list approval --status waiting --limit 5 --json\n  cairn instances list checkout --status errored,terminated --id-prefix order- --created-from 2026-12-01T00:00:00Z"
     )]
     List {
-        /// The workflow's name (`cairn workflows list` shows them).
-        name: String,
+        /// The workflow's name (`cairn workflows list` shows them); every workflow's when
+        /// omitted.
+        name: Option<String>,
         /// Only instances in these statuses (comma-separated): queued, running, paused,
         /// errored, terminated, complete, waitingForPause or waiting.
         #[arg(long, value_delimiter = ',')]
@@ -262,9 +274,15 @@ enum InstancesCommand {
         /// Only instances created before this time (RFC 3339).
         #[arg(long)]
         created_before: Option<String>,
-        /// How many instances, at most (1 to 1000).
+        /// How many instances, at most (1 to 1000); with --all, per page.
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// Go on after this cursor (a listing with more prints the next one).
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Every matching instance, page after page.
+        #[arg(long)]
+        all: bool,
     },
     /// An instance's status and step timeline.
     #[command(
@@ -462,6 +480,20 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             .await
         }
         Command::ReplayCheck { db, json } => replay_check(db, json).await,
+        Command::Backup { db, out } => {
+            let done = tokio::task::spawn_blocking(move || {
+                cairn::sqlite::backup(&db, &out).map(|b| (b, out))
+            })
+            .await??;
+            let (copied, out) = done;
+            out!(
+                "cairn: backed up {} pages ({} bytes) to {}; it passed SQLite's integrity check",
+                copied.pages,
+                copied.bytes,
+                out.display()
+            );
+            Ok(())
+        }
         Command::Workflows {
             client: args,
             command,
@@ -616,11 +648,7 @@ async fn replay_check(db: String, json: bool) -> Result<(), Box<dyn std::error::
         if !is_postgres(&db) && !std::path::Path::new(&db).exists() {
             return Err(format!("no database at {db}").into());
         }
-        let builder = if is_postgres(&db) {
-            cairn::Engine::builder().postgres(db.clone())
-        } else {
-            cairn::Engine::builder().sqlite(PathBuf::from(&db))
-        };
+        let builder = builder_on(&db)?;
         demo::register(builder, false)
             .replay_check()
             .await
@@ -671,6 +699,21 @@ fn describe_db(db: &str) -> String {
 }
 
 /// Whether `--db` names a PostgreSQL database rather than a SQLite file.
+/// An engine builder on `db`: a SQLite file, or a PostgreSQL URL (with the `postgres`
+/// feature; without it a URL is refused with how to build one that takes it).
+fn builder_on(db: &str) -> Result<cairn::EngineBuilder, String> {
+    if is_postgres(db) {
+        #[cfg(feature = "postgres")]
+        return Ok(cairn::Engine::builder().postgres(db.to_owned()));
+        #[cfg(not(feature = "postgres"))]
+        return Err(format!(
+            "{} is a PostgreSQL database, and this cairn was built without PostgreSQL: build it with `--features postgres` (cargo install --path crates/cairn-cli --features postgres)",
+            describe_db(db)
+        ));
+    }
+    Ok(cairn::Engine::builder().sqlite(PathBuf::from(db)))
+}
+
 fn is_postgres(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
@@ -753,11 +796,7 @@ async fn serve(
     );
     // Before the engine starts, so the engine's metric descriptions reach the recorder.
     let metrics = cairn_server::Metrics::install()?;
-    let builder = if is_postgres(&db) {
-        cairn::Engine::builder().postgres(db.clone())
-    } else {
-        cairn::Engine::builder().sqlite(PathBuf::from(&db))
-    };
+    let builder = builder_on(&db)?;
     let builder = settings.apply(builder, is_postgres(&db));
     let shown = describe_db(&db);
     let engine = demo::register(builder, schedules)
@@ -909,6 +948,18 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
             priority,
             wait,
         } => {
+            // `--wait 5s` (a space, not `=`): clap reads 5s as PARAMS. A duration that is
+            // not JSON after a bare --wait is the wait.
+            let (params, wait) = match (params, wait) {
+                (Some(p), Some(w))
+                    if w == "forever"
+                        && serde_json::from_str::<serde_json::Value>(&p).is_err()
+                        && humantime::parse_duration(&p).is_ok() =>
+                {
+                    (None, Some(p))
+                }
+                other => other,
+            };
             let params = match params {
                 Some(p) => client::parse_json("PARAMS", &p)?,
                 None => client::empty_object(),
@@ -1037,14 +1088,16 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
             created_from,
             created_before,
             limit,
+            mut cursor,
+            all,
         } => {
             // `/api/instances` takes every filter (an unknown workflow is its 404).
-            let mut path = format!(
-                "/api/instances?workflow={}&limit={limit}",
-                client::seg(&name)
-            );
+            let mut query = format!("/api/instances?limit={limit}");
+            if let Some(name) = &name {
+                query.push_str(&format!("&workflow={}", client::seg(name)));
+            }
             if !status.is_empty() {
-                path.push_str(&format!("&status={}", client::seg(&status.join(","))));
+                query.push_str(&format!("&status={}", client::seg(&status.join(","))));
             }
             for (key, value) in [
                 ("idPrefix", &id_prefix),
@@ -1052,20 +1105,40 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                 ("createdBefore", &created_before),
             ] {
                 if let Some(v) = value {
-                    path.push_str(&format!("&{key}={}", client::seg(v)));
+                    query.push_str(&format!("&{key}={}", client::seg(v)));
                 }
             }
-            let v = c.call("GET", &path, None)?;
+            let mut instances = Vec::new();
+            loop {
+                let path = match &cursor {
+                    Some(at) => format!("{query}&cursor={}", client::seg(at)),
+                    None => query.clone(),
+                };
+                let page = c.call("GET", &path, None)?;
+                instances.extend(page["instances"].as_array().cloned().unwrap_or_default());
+                cursor = page["cursor"].as_str().map(str::to_owned);
+                if !all || cursor.is_none() {
+                    break;
+                }
+            }
+            let v = serde_json::json!({ "instances": instances, "cursor": cursor });
             print(json, &v, || {
                 let table = rows(&v["instances"], |i| {
                     vec![
+                        client::text(&i["workflow"]),
                         client::text(&i["id"]),
                         client::text(&i["status"]),
                         client::text(&i["created"]),
                         client::text(&i["ended"]),
                     ]
                 });
-                client::table(&["INSTANCE ID", "STATUS", "CREATED", "ENDED"], &table);
+                client::table(
+                    &["WORKFLOW", "INSTANCE ID", "STATUS", "CREATED", "ENDED"],
+                    &table,
+                );
+                if let Some(next) = &cursor {
+                    out!("(more: --all for every page, or the next one with --cursor {next})");
+                }
             });
         }
         InstancesCommand::Describe {

@@ -340,6 +340,10 @@ fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_br
     );
     assert_eq!(attempts, json!(["1"]), "the rollback handler's attempts");
     shot(&browser, "rollback");
+    // Failures across workflows, each with its error, one click from every page.
+    browser.click_on("nav a[href='/instances?status=errored']");
+    let error = browser.text(&browser.find("tr[data-instance='checkout/order-declined'] td.error"));
+    assert!(error.contains("card declined"), "{error}");
 
     phase("Parent and child");
     // A parent (the demo `order`) links to the child it invoked (its `checkout`), and back.

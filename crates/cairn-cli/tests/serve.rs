@@ -691,11 +691,16 @@ fn serve_logs_requests_and_never_the_token() {
 
 /// Starts `cairn serve` on `db` with `RUST_LOG=debug` and JSON logs written to `log`.
 fn start_logging(db: &std::path::Path, port: u16, log: &std::path::Path) -> Server {
+    start_logging_at(db, port, log, "debug")
+}
+
+/// `cairn serve` logging JSON at `level` (RUST_LOG) to the file `log`.
+fn start_logging_at(db: &std::path::Path, port: u16, log: &std::path::Path, level: &str) -> Server {
     let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(["serve", "--log-format", "json", "--db"])
         .arg(db)
         .args(["--addr", &format!("127.0.0.1:{port}")])
-        .env("RUST_LOG", "debug")
+        .env("RUST_LOG", level)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
@@ -1225,4 +1230,161 @@ fn describe_shows_each_failed_attempts_error() {
         .unwrap_or_else(|| panic!("no row of the charge in {out}"));
     assert!(row.contains("card network timed out"), "{row}");
     assert!(row.contains("1000 ms"), "the retry delay: {row}");
+}
+
+/// Issue 32: `--wait 5s`, with a space, waits (clap used to read 5s as the params and the
+/// trigger failed with "PARAMS is not valid JSON").
+#[test]
+fn trigger_reads_wait_with_a_space_as_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    let (ok, out, err) = cairn(
+        port,
+        &[
+            "workflows",
+            "trigger",
+            "greet",
+            "--id",
+            "spaced",
+            "--wait",
+            "30s",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("complete"), "{out}");
+}
+
+/// Issue 32: `cairn instances list` across workflows, page after page (`--all`), or one
+/// page at a time with the cursor it prints.
+#[test]
+fn instances_list_spans_workflows_and_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = start(&dir.path().join("cairn.db"), port);
+    for (workflow, id) in [
+        ("greet", "g1"),
+        ("greet", "g2"),
+        ("greet", "g3"),
+        ("approval", "a1"),
+        ("approval", "a2"),
+    ] {
+        let (ok, out, err) = cairn(port, &["workflows", "trigger", workflow, "--id", id]);
+        assert!(ok, "{out}{err}");
+    }
+    let every = json_of(port, &["instances", "list", "--limit", "2", "--all"]);
+    let mut listed: Vec<String> = every["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["workflow"].as_str().unwrap(),
+                i["id"].as_str().unwrap()
+            )
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            "approval/a1",
+            "approval/a2",
+            "greet/g1",
+            "greet/g2",
+            "greet/g3"
+        ]
+    );
+    assert!(every["cursor"].is_null(), "{every}");
+    let (ok, out, _) = cairn(port, &["instances", "list", "--limit", "2"]);
+    assert!(ok && out.contains("WORKFLOW"), "{out}");
+    let next = out
+        .split("--cursor ")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .map(|line| line.trim_end().trim_end_matches(')'))
+        .unwrap_or_else(|| panic!("no cursor printed: {out}"))
+        .to_owned();
+    let second = json_of(
+        port,
+        &["instances", "list", "--limit", "2", "--cursor", &next],
+    );
+    assert_eq!(second["instances"].as_array().unwrap().len(), 2, "{second}");
+}
+
+/// Issue 32: at the default level an operator sees a retried attempt's error, an instance
+/// that failed for good (warn), and every control action with its origin (here the CLI).
+#[test]
+fn serve_logs_retries_failures_and_who_did_each_control_action() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let port = free_port();
+    let log = dir.path().join("serve.log");
+    let _server = start_logging_at(&db, port, &log, "info");
+    for (params, id) in [
+        (r#"{"failures": 1}"#, "retried"),
+        (r#"{"decline": true}"#, "declined"),
+    ] {
+        let (ok, out, err) = cairn(
+            port,
+            &[
+                "workflows",
+                "trigger",
+                "checkout",
+                params,
+                "--id",
+                id,
+                "--wait",
+            ],
+        );
+        // A declined checkout ends errored: exit code 3.
+        assert!(ok || id == "declined", "{out}{err}");
+    }
+    let (ok, out, err) = cairn(
+        port,
+        &["workflows", "trigger", "approval", "--id", "a-term"],
+    );
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = cairn(port, &["instances", "terminate", "approval", "a-term"]);
+    assert!(ok, "{out}{err}");
+    let find = |what: &dyn Fn(&serde_json::Value) -> bool| -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // The last line may be half written: lines that do not parse yet are skipped.
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(line) = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|l| what(l))
+            {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no such line in {}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let retry = find(&|l| l["fields"]["message"] == "attempt failed; retrying");
+    assert_eq!(retry["level"], "INFO", "{retry}");
+    assert_eq!(retry["fields"]["instance"], "retried", "{retry}");
+    assert_eq!(retry["fields"]["step"], "charge card", "{retry}");
+    assert_eq!(
+        retry["fields"]["error.message"], "card network timed out",
+        "{retry}"
+    );
+    let failed = find(&|l| l["fields"]["message"] == "instance failed");
+    assert_eq!(failed["level"], "WARN", "{failed}");
+    assert_eq!(failed["fields"]["instance"], "declined", "{failed}");
+    assert_eq!(
+        failed["fields"]["error.message"], "card declined",
+        "{failed}"
+    );
+    let audit = find(&|l| l["target"] == "cairn::audit");
+    assert_eq!(audit["fields"]["origin"], "cli", "{audit}");
+    assert_eq!(audit["fields"]["action"], "terminate", "{audit}");
+    assert_eq!(audit["fields"]["on"], "approval/a-term", "{audit}");
 }

@@ -30,11 +30,28 @@ pub(crate) struct StatusChange {
     pub(crate) rollback: Option<bool>,
 }
 
-/// Applies a status change to `instance`.
+/// Applies a status change to `instance`, logged with its `origin` (see `audit`).
 pub(crate) async fn change_status(
     instance: &Instance<Value>,
     request: StatusChange,
+    origin: &str,
 ) -> Result<(), ApiError> {
+    let action = match (request.status.as_str(), request.rollback, &request.from) {
+        ("terminate", Some(true), _) => "terminate with rollback".to_owned(),
+        ("restart", _, Some(from)) => format!("restart from {:?}", from.name),
+        (status, _, _) => crate::error::clip(status),
+    };
+    let outcome = apply(instance, request).await;
+    crate::audit::control(
+        origin,
+        &action,
+        &format!("{}/{}", instance.workflow(), instance.id()),
+        &outcome,
+    );
+    outcome
+}
+
+async fn apply(instance: &Instance<Value>, request: StatusChange) -> Result<(), ApiError> {
     if request.rollback.is_some() && request.status != "terminate" {
         return Err(ApiError::bad_request(
             "'rollback' is only valid when terminating.",
@@ -95,7 +112,7 @@ pub(crate) fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<Option<Value
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "request.unsupported_media_type",
-            "a request body must be sent as application/json",
+            "a request body must be sent as JSON, with the header `Content-Type: application/json` (curl: -H 'content-type: application/json')",
         ));
     }
     serde_json::from_slice(body)

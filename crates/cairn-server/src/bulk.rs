@@ -139,12 +139,13 @@ impl Outcome {
     }
 }
 
-/// Does `action` to one instance.
+/// Does `action` to one instance, logged with the request's `origin` (see `audit`).
 pub(crate) async fn act(
     engine: &Engine,
     action: Action,
     rollback: bool,
     target: &Target,
+    origin: &str,
 ) -> Outcome {
     let result = async {
         let instance = engine
@@ -162,6 +163,16 @@ pub(crate) async fn act(
     }
     .await
     .map_err(ApiError::from);
+    crate::audit::control(
+        origin,
+        &format!(
+            "bulk {}{}",
+            action.as_str(),
+            if rollback { " with rollback" } else { "" }
+        ),
+        &format!("{}/{}", target.workflow, target.id),
+        &result,
+    );
     Outcome {
         target: target.clone(),
         result,
@@ -177,6 +188,7 @@ pub(crate) async fn act_on_filter(
     filter: &Filter,
     cursor: Option<String>,
     limit: usize,
+    origin: &str,
 ) -> Result<(Vec<Outcome>, Option<String>), ApiError> {
     let page = engine
         .list_instances(filter.workflow.as_deref(), &filter.options(cursor, limit))
@@ -187,7 +199,7 @@ pub(crate) async fn act_on_filter(
             workflow: summary.workflow.to_string(),
             id: summary.id.to_string(),
         };
-        outcomes.push(act(engine, action, rollback, &target).await);
+        outcomes.push(act(engine, action, rollback, &target, origin).await);
     }
     Ok((outcomes, page.cursor))
 }
@@ -221,7 +233,11 @@ pub(crate) async fn pin(
 }
 
 /// `POST /api/instances/bulk`.
-pub(crate) async fn handle(engine: &Engine, request: Request) -> Result<Value, ApiError> {
+pub(crate) async fn handle(
+    engine: &Engine,
+    request: Request,
+    origin: &str,
+) -> Result<Value, ApiError> {
     if request.rollback && request.action != Action::Terminate {
         return Err(ApiError::bad_request(
             "'rollback' is only valid when terminating.",
@@ -249,6 +265,7 @@ pub(crate) async fn handle(engine: &Engine, request: Request) -> Result<Value, A
                 &filter,
                 request.cursor,
                 limit,
+                origin,
             )
             .await?;
             Ok(json!({
@@ -276,7 +293,7 @@ pub(crate) async fn handle(engine: &Engine, request: Request) -> Result<Value, A
                 // An instance listed twice is acted on once, and reported at each place.
                 let outcome = match targets[..i].iter().position(|t| t == target) {
                     Some(first) => outcomes[first].clone(),
-                    None => act(engine, request.action, request.rollback, target).await,
+                    None => act(engine, request.action, request.rollback, target, origin).await,
                 };
                 outcomes.push(outcome);
             }

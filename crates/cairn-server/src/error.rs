@@ -17,6 +17,12 @@ pub struct ApiError {
     pub message: String,
 }
 
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
 impl ApiError {
     /// An error with this status, code and message.
     pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {

@@ -12,6 +12,7 @@
 //! ```
 
 mod actions;
+mod audit;
 mod auth;
 mod bulk;
 mod cloudflare;

@@ -70,6 +70,35 @@ impl Metrics {
             "How long HTTP requests took to answer."
         );
         describe_gauge!(STREAMS_OPEN, "Live event streams (SSE) open now.");
+        describe_gauge!(
+            BUILD_INFO,
+            "Always 1; the labels say which build is running."
+        );
+        metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+        describe_counter!(
+            "process_cpu_seconds_total",
+            Unit::Seconds,
+            "CPU time (user and system) this process has used."
+        );
+        describe_gauge!(
+            "process_resident_memory_bytes",
+            Unit::Bytes,
+            "Resident memory of this process."
+        );
+        describe_gauge!(
+            "process_open_fds",
+            "File descriptors this process has open."
+        );
+        describe_gauge!(
+            "process_max_fds",
+            "This process's limit of open file descriptors."
+        );
+        describe_gauge!(
+            "process_start_time_seconds",
+            Unit::Seconds,
+            "When this process started, in seconds since the Unix epoch."
+        );
+        process::record();
         // Zero from the start, so a scrape before the first stream shows it.
         metrics::gauge!(STREAMS_OPEN).set(0.0);
         Ok(Metrics { handle })
@@ -81,8 +110,77 @@ impl Metrics {
     }
 }
 
+/// `cairn_build_info{version}`: 1, so dashboards and alerts can tell builds apart.
+pub(crate) const BUILD_INFO: &str = "cairn_build_info";
+
+/// The process's own figures under Prometheus' standard names (CPU, memory, descriptors),
+/// read from `/proc` at each scrape; on systems without it they are absent.
+mod process {
+    use std::sync::OnceLock;
+
+    /// Clock ticks per second of `/proc/self/stat`'s times: 100 on every Linux platform
+    /// Cairn runs on (USER_HZ).
+    const TICKS: f64 = 100.0;
+
+    pub(super) fn record() {
+        let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+            return;
+        };
+        // The fields after the command's closing parenthesis (the command may hold spaces).
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let field = |n: usize| fields.get(n).and_then(|f| f.parse::<f64>().ok());
+        // utime and stime are fields 14 and 15 of stat(5); rss (pages) is 24; starttime 22.
+        if let (Some(user), Some(system)) = (field(11), field(12)) {
+            metrics::counter!("process_cpu_seconds_total")
+                .absolute(((user + system) / TICKS) as u64);
+        }
+        if let Some(pages) = field(21) {
+            metrics::gauge!("process_resident_memory_bytes").set(pages * page_size());
+        }
+        if let Some(started) = field(19) {
+            metrics::gauge!("process_start_time_seconds").set(boot_time() + started / TICKS);
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            metrics::gauge!("process_open_fds").set(fds.count() as f64);
+        }
+        if let Ok(limits) = std::fs::read_to_string("/proc/self/limits")
+            && let Some(soft) = limits
+                .lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3))
+                .and_then(|n| n.parse::<f64>().ok())
+        {
+            metrics::gauge!("process_max_fds").set(soft);
+        }
+    }
+
+    fn page_size() -> f64 {
+        // Every Linux platform Cairn is built for uses 4 KiB pages for RSS accounting.
+        4096.0
+    }
+
+    /// When the machine booted, in seconds since the epoch (`btime` of `/proc/stat`).
+    fn boot_time() -> f64 {
+        static BOOT: OnceLock<f64> = OnceLock::new();
+        *BOOT.get_or_init(|| {
+            std::fs::read_to_string("/proc/stat")
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("btime "))
+                        .and_then(|t| t.trim().parse().ok())
+                })
+                .unwrap_or(0.0)
+        })
+    }
+}
+
 /// `GET /metrics`: refreshes the engine's gauges from the store, then renders everything.
 pub(crate) async fn scrape(engine: &cairn::Engine, metrics: &Metrics) -> Response {
+    process::record();
     if let Err(e) = engine.refresh_gauges().await {
         // Still answer: the counters are right; the gauges are as of the last refresh.
         tracing::warn!(error = %e, "refreshing the gauges for a scrape failed");

@@ -2,7 +2,7 @@
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, patch, post};
 use axum::{Extension, Json, Router};
 use cairn::json::Object;
@@ -385,10 +385,12 @@ async fn list_all_instances(
 
 async fn bulk(
     State(engine): State<Engine>,
+    headers: HeaderMap,
     payload: Result<Json<Object<crate::bulk::Request>>, JsonRejection>,
 ) -> ApiResult<Json<Value>> {
     let Object(request) = body(payload)?;
-    Ok(Json(crate::bulk::handle(&engine, request).await?))
+    let origin = crate::audit::origin(crate::audit::RouteSet::Api, &headers);
+    Ok(Json(crate::bulk::handle(&engine, request, &origin).await?))
 }
 
 async fn instance_details(
@@ -554,19 +556,29 @@ fn link_full_outputs(value: &mut Value, name: &str, id: &str) {
 async fn delete_instance(
     State(engine): State<Engine>,
     Path((name, id)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    workflow(&engine, &name)?.get(&id).await?.delete().await?;
+    let deleted = workflow(&engine, &name)?.get(&id).await?.delete().await;
+    crate::audit::control(
+        &crate::audit::origin(crate::audit::RouteSet::Api, &headers),
+        "delete",
+        &format!("{name}/{id}"),
+        &deleted,
+    );
+    deleted?;
     Ok(Json(json!({})))
 }
 
 async fn change_status(
     State(engine): State<Engine>,
     Path((name, id)): Path<(String, String)>,
+    headers: HeaderMap,
     payload: Result<Json<Object<crate::actions::StatusChange>>, JsonRejection>,
 ) -> ApiResult<Json<Value>> {
     let Object(request) = body(payload)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
-    crate::actions::change_status(&instance, request).await?;
+    let origin = crate::audit::origin(crate::audit::RouteSet::Api, &headers);
+    crate::actions::change_status(&instance, request, &origin).await?;
     Ok(Json(
         json!({ "status": instance.stored_status().await?.status }),
     ))
@@ -657,11 +669,18 @@ struct DeleteBatchBody {
 async fn delete_batch(
     State(engine): State<Engine>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     payload: Result<Json<Object<DeleteBatchBody>>, JsonRejection>,
 ) -> ApiResult<Json<Value>> {
     let Object(request) = body(payload)?;
     let ids: Vec<&str> = request.instances.iter().map(String::as_str).collect();
     let result = workflow(&engine, &name)?.delete_batch(&ids).await?;
+    crate::audit::control::<std::convert::Infallible>(
+        &crate::audit::origin(crate::audit::RouteSet::Api, &headers),
+        "delete batch",
+        &format!("{name}: {}", result.deleted.join(", ")),
+        &Ok(()),
+    );
     Ok(Json(json!(result)))
 }
 

@@ -3,7 +3,7 @@
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use cairn::json::Object;
@@ -92,6 +92,7 @@ fn invalid(e: cairn::ScheduleError) -> ApiError {
 /// `POST /api/schedules`: a schedule for every engine on the store.
 async fn create(
     State(engine): State<Engine>,
+    headers: HeaderMap,
     payload: Result<Json<Object<CreateBody>>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let Object(b) = body(payload)?;
@@ -113,23 +114,48 @@ async fn create(
         };
         schedule = schedule.catch_up(CatchUp::parse(&name).map_err(invalid)?);
     }
-    engine.create_schedule(schedule).await?;
+    let created = engine.create_schedule(schedule).await;
+    audit(
+        &headers,
+        "create schedule",
+        &format!("{} ({} {})", b.name, b.cron, b.workflow),
+        &created,
+    );
+    created?;
     let e = entry(&engine, &b.name).await?;
     Ok((StatusCode::CREATED, Json(render(&engine, &e).await?)))
 }
 
-async fn pause(State(engine): State<Engine>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
-    engine.pause_schedule(&name).await?;
+async fn pause(
+    State(engine): State<Engine>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let paused = engine.pause_schedule(&name).await;
+    audit(&headers, "pause schedule", &name, &paused);
+    paused?;
     one(State(engine), Path(name)).await
 }
 
-async fn resume(State(engine): State<Engine>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
-    engine.resume_schedule(&name).await?;
+async fn resume(
+    State(engine): State<Engine>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let resumed = engine.resume_schedule(&name).await;
+    audit(&headers, "resume schedule", &name, &resumed);
+    resumed?;
     one(State(engine), Path(name)).await
 }
 
-async fn delete(State(engine): State<Engine>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
-    engine.delete_schedule(&name).await?;
+async fn delete(
+    State(engine): State<Engine>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let deleted = engine.delete_schedule(&name).await;
+    audit(&headers, "delete schedule", &name, &deleted);
+    deleted?;
     Ok(Json(json!({ "deleted": name })))
 }
 
@@ -137,12 +163,35 @@ async fn delete(State(engine): State<Engine>, Path(name): Path<String>) -> ApiRe
 async fn trigger(
     State(engine): State<Engine>,
     Path(name): Path<String>,
+    headers: HeaderMap,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let instance = engine.trigger_schedule(&name).await?;
+    let triggered = engine.trigger_schedule(&name).await;
+    audit(
+        &headers,
+        "trigger schedule",
+        &name,
+        &triggered.as_ref().map(drop),
+    );
+    let instance = triggered?;
     Ok((
         StatusCode::CREATED,
         Json(
             json!({ "workflow": instance.workflow(), "id": instance.id(), "status": instance.stored_status().await?.status }),
         ),
     ))
+}
+
+/// Logs a schedule change with its origin (see `audit`).
+fn audit<E: std::fmt::Display>(
+    headers: &HeaderMap,
+    action: &str,
+    target: &str,
+    outcome: &Result<(), E>,
+) {
+    crate::audit::control(
+        &crate::audit::origin(crate::audit::RouteSet::Api, headers),
+        action,
+        target,
+        outcome,
+    );
 }

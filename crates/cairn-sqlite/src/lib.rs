@@ -14,6 +14,7 @@
 //! # Ok(()) }
 //! ```
 
+mod backup;
 mod history;
 #[cfg(test)]
 mod plans;
@@ -24,6 +25,7 @@ mod slots;
 mod streams;
 mod worker;
 
+pub use backup::{Backup, backup};
 pub use raw::{RawBound, raw_step_writes, replicate_instances};
 
 use std::path::{Path, PathBuf};

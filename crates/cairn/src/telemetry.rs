@@ -128,6 +128,30 @@ pub(crate) fn describe() {
     );
 }
 
+/// Sets the counters the documented alerts watch to zero for `workflows` (and those
+/// without labels), so a series exists from the first scrape: `increase()` over a series
+/// that appears at its first event misses that event.
+pub(crate) fn zero(workflows: &[WorkflowName]) {
+    counter!(LEASES_LOST).increment(0);
+    for workflow in workflows {
+        counter!(INSTANCES_CREATED, "workflow" => label(workflow)).increment(0);
+        counter!(INSTANCES_STARTED, "workflow" => label(workflow)).increment(0);
+        counter!(LEASE_TAKEOVERS, "workflow" => label(workflow)).increment(0);
+        for status in [
+            InstanceStatus::Complete,
+            InstanceStatus::Errored,
+            InstanceStatus::Terminated,
+        ] {
+            counter!(
+                INSTANCES_FINISHED,
+                "workflow" => label(workflow),
+                "status" => status.as_str().to_owned()
+            )
+            .increment(0);
+        }
+    }
+}
+
 fn label(workflow: &WorkflowName) -> String {
     workflow.as_str().to_owned()
 }

@@ -154,6 +154,10 @@ describe("Cloudflare's clients manage TypeScript instances as Rust ones", { skip
       const versions: { id: string }[] = [];
       for await (const version of cf.workflows.versions.list(workflow, { account_id: ACCOUNT })) versions.push(version);
       assert.equal(versions.length, 1, JSON.stringify(versions));
+      // The version's graph: Cairn does not parse code, so the version with graph null.
+      const graph = await cf.workflows.versions.graph(versions[0]!.id, { account_id: ACCOUNT, workflow_name: workflow });
+      assert.equal(graph.id, versions[0]!.id);
+      assert.equal(graph.graph, null);
 
       // Params as JSON text (the SDK's type) and as an object.
       const created = await cf.workflows.instances.create(workflow, { account_id: ACCOUNT, instance_id: "s1", params: JSON.stringify({ amount: 7 }) });

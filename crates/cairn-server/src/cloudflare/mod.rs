@@ -110,6 +110,10 @@ pub(crate) fn routes() -> Router<Engine> {
             get(get_version),
         )
         .route(
+            &format!("{base}/{{name}}/versions/{{version}}/graph"),
+            get(version_graph),
+        )
+        .route(
             &format!("{base}/{{name}}/instances"),
             get(list_instances).post(create_instance),
         )
@@ -398,9 +402,16 @@ async fn delete_workflow(
     State(engine): State<Engine>,
     Extension(config): Extension<Config>,
     Path((_, name)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> CfResult<Response> {
     destructive(&config, "deleting every instance of a workflow")?;
     let workflow = workflow(&engine, &name)?;
+    crate::audit::control::<std::convert::Infallible>(
+        &crate::audit::origin(crate::audit::RouteSet::Cloudflare, &headers),
+        "delete every instance",
+        &name,
+        &Ok(()),
+    );
     let Some(job) = config.jobs.start(format!("delete {name}")) else {
         return Ok(accepted(
             json!({ "status": "already_running", "success": true }),
@@ -512,21 +523,49 @@ async fn get_version(
     Extension(config): Extension<Config>,
     Path((_, name, version)): Path<(String, String, String)>,
 ) -> CfResult<Response> {
-    let workflow = workflow(&engine, &name)?;
-    let all = versions(&engine, &workflow, &config).await?;
+    Ok(ok(find_version(&engine, &config, &name, &version).await?))
+}
+
+/// The version `version` (its Cloudflare id) of workflow `name`.
+async fn find_version(
+    engine: &Engine,
+    config: &Config,
+    name: &str,
+    version: &str,
+) -> CfResult<Value> {
+    let workflow = workflow(engine, name)?;
+    let all = versions(engine, &workflow, config).await?;
     let ids: Vec<&str> = all.iter().filter_map(|v| v["id"].as_str()).collect();
-    match all.iter().find(|v| v["id"] == version.as_str()) {
-        Some(found) => Ok(ok(found.clone())),
+    match all.iter().find(|v| v["id"] == version) {
+        Some(found) => Ok(found.clone()),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "version.not_found",
             format!(
                 "workflow {name:?} has no version {:?}; its versions: {}",
-                crate::error::clip(&version),
+                crate::error::clip(version),
                 ids.join(", ")
             ),
         )),
     }
+}
+
+/// `GET …/versions/{id}/graph`: Cloudflare parses a version's code into a step graph; Cairn
+/// runs compiled Rust and workers' code it never reads, so the version is answered with
+/// `graph: null` (the field is nullable in Cloudflare's API), not a 404 that a client
+/// would take for a missing version.
+async fn version_graph(
+    State(engine): State<Engine>,
+    Extension(config): Extension<Config>,
+    Path((_, name, version)): Path<(String, String, String)>,
+) -> CfResult<Response> {
+    let found = find_version(&engine, &config, &name, &version).await?;
+    Ok(ok(json!({
+        "id": found["id"],
+        "class_name": found["class_name"],
+        "created_on": found["created_on"],
+        "graph": null,
+    })))
 }
 
 /// A create request: Cloudflare's fields. Unknown keys are ignored (newer clients send
@@ -686,6 +725,12 @@ async fn bulk_delete(
     let body: DeleteBody = parse_body(&headers, &body)?;
     let ids: Vec<&str> = body.instances.iter().map(String::as_str).collect();
     let result = workflow(&engine, &name)?.delete_batch(&ids).await?;
+    crate::audit::control::<std::convert::Infallible>(
+        &crate::audit::origin(crate::audit::RouteSet::Cloudflare, &headers),
+        "delete batch",
+        &format!("{name}: {}", result.deleted.join(", ")),
+        &Ok(()),
+    );
     let deleted: Vec<Value> = result
         .deleted
         .iter()
@@ -752,6 +797,16 @@ async fn terminate_all(
     let Some(job) = config.jobs.start(terminate_job(&name)) else {
         return Ok(accepted(json!({ "status": "already_running" })));
     };
+    crate::audit::control::<std::convert::Infallible>(
+        &crate::audit::origin(crate::audit::RouteSet::Cloudflare, &headers),
+        "terminate all",
+        &format!(
+            "{name} (status {:?}, ids {:?})",
+            only,
+            body.ids.as_ref().map(Vec::len)
+        ),
+        &Ok(()),
+    );
     tokio::spawn(async move {
         let _job = job;
         if let Some(ids) = body.ids {
@@ -1012,7 +1067,8 @@ async fn change_status(
         }
     };
     let instance = workflow(&engine, &name)?.get(&id).await?;
-    crate::actions::change_status(&instance, request).await?;
+    let origin = crate::audit::origin(crate::audit::RouteSet::Cloudflare, &headers);
+    crate::actions::change_status(&instance, request, &origin).await?;
     let status = instance.stored_status().await?.status;
     Ok(ok(json!({ "status": status, "timestamp": now(&engine) })))
 }

@@ -389,7 +389,9 @@ pub(crate) async fn action(
                 .map(|()| format!("Restarted from step \"{step}\"."))
         }
         Some("delete") => {
-            return match instance.delete().await {
+            let deleted = instance.delete().await;
+            crate::audit::control("dashboard", "delete", &format!("{name}/{id}"), &deleted);
+            return match deleted {
                 Ok(()) => super::back(
                     &guard,
                     &format!("/instances?workflow={}", super::encode_segment(&name)),
@@ -406,6 +408,12 @@ pub(crate) async fn action(
             );
         }
     };
+    crate::audit::control(
+        "dashboard",
+        value(&form, "action").unwrap_or(""),
+        &format!("{name}/{id}"),
+        &done.as_ref().map(drop),
+    );
     super::back(&guard, &here, done.map_err(|e| e.to_string()))
 }
 

@@ -34,6 +34,8 @@ pub(crate) fn page(shell: &Shell<'_>, body: Markup) -> Markup {
                     nav aria-label="Main" {
                         a href="/" aria-current=[current("overview")] { "Workflows" }
                         a href="/instances" aria-current=[current("instances")] { "Instances" }
+                        // Everything that failed, newest first, across workflows.
+                        a href="/instances?status=errored" { "Failures" }
                         a href="/api/openapi.json" { "API" }
                     }
                     @if shell.logged_in {

@@ -175,6 +175,7 @@ pub(crate) async fn page(
                                     th scope="col" { "Created" }
                                     th.wide scope="col" { "Started" }
                                     th.wide scope="col" { "Ran" }
+                                    th.wide scope="col" { "Error" }
                                 } }
                                 tbody {
                                     @for i in &page.instances {
@@ -191,6 +192,9 @@ pub(crate) async fn page(
                                                     (Some(s), Some(e)) => (layout::duration(e.since(s))),
                                                     _ => span.muted { "—" },
                                                 }
+                                            }
+                                            td.wide.error {
+                                                @if let Some(e) = &i.error { span.failed { (e.name) ": " (layout::clip(&e.message, 120)) } }
                                             }
                                         }
                                     }
@@ -379,8 +383,16 @@ pub(crate) async fn bulk(
         };
         let mut cursor = Some(start);
         loop {
-            match crate::bulk::act_on_filter(&engine, action, rollback, &filter, cursor, BULK_PAGE)
-                .await
+            match crate::bulk::act_on_filter(
+                &engine,
+                action,
+                rollback,
+                &filter,
+                cursor,
+                BULK_PAGE,
+                "dashboard",
+            )
+            .await
             {
                 Ok((page, next)) => {
                     page.iter().for_each(|o| tally.add(o));
@@ -404,7 +416,7 @@ pub(crate) async fn bulk(
         }
     } else {
         for target in &selected {
-            tally.add(&crate::bulk::act(&engine, action, rollback, target).await);
+            tally.add(&crate::bulk::act(&engine, action, rollback, target, "dashboard").await);
         }
     }
     super::back(&guard, &list, summary(verb, &tally))

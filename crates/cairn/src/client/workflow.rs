@@ -38,6 +38,9 @@ pub struct InstanceSummary {
     /// The version of its workflow's code, for a workflow run by workers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// Why it failed, when it has (errored): listings show failures without a lookup each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<cairn_core::ErrorInfo>,
     /// Its place in listings (see [`InstanceSummary::cursor`]).
     #[serde(skip)]
     position: cairn_store::InstanceRef,
@@ -775,6 +778,7 @@ pub(crate) async fn list(
                 started: r.started_at,
                 ended: r.ended_at,
                 version: r.version,
+                error: r.error,
                 position: r.instance,
             })
             .collect(),

@@ -681,6 +681,14 @@ async fn finish(
         Ok(_) => InstanceStatus::Complete,
         Err(_) => InstanceStatus::Errored,
     };
+    // An instance that fails for good is logged at warn, once its end is committed.
+    let failure = match &outcome {
+        Err(error) if !terminated => Some((
+            error.clone(),
+            rollback_outcome.as_ref().map(|r| r.outcome.clone()),
+        )),
+        _ => None,
+    };
     let writes = match outcome {
         // Terminated with rollback: the handlers ran; now it ends as a terminate does.
         _ if terminated => vec![
@@ -709,18 +717,30 @@ async fn finish(
                 json!({ "result": output })
             }),
         ],
-        Err(error) => vec![
-            Write::Status(StatusChange {
-                ended_at: Some(now),
-                error: Some(error.clone()),
-                release: true,
-                rollback_outcome,
-                ..StatusChange::to(InstanceStatus::Errored)
-            }),
-            state.log(LogKind::WorkflowFailure, None, json!({ "error": error })),
-        ],
+        Err(error) => {
+            vec![
+                Write::Status(StatusChange {
+                    ended_at: Some(now),
+                    error: Some(error.clone()),
+                    release: true,
+                    rollback_outcome,
+                    ..StatusChange::to(InstanceStatus::Errored)
+                }),
+                state.log(LogKind::WorkflowFailure, None, json!({ "error": error })),
+            ]
+        }
     };
     state.commit_now(writes).await.map_err(Abort::Store)?;
+    if let Some((error, rollback)) = failure {
+        tracing::warn!(
+            workflow = %state.workflow,
+            instance = %state.instance_id,
+            error.name = %error.name,
+            error.message = %error.message,
+            rollback = rollback.as_deref(),
+            "instance failed"
+        );
+    }
     state.set_finished();
     let ran = state.started_at().map(|at| now.since(at));
     crate::telemetry::finished(state.env.seen(), &state.workflow, status, ran);

@@ -423,6 +423,7 @@ impl EngineBuilder {
             }
             names.push(name);
         }
+        crate::telemetry::zero(&names);
         let mut scheduled: Vec<Arc<schedules::Schedule>> = Vec::new();
         for s in self.schedules {
             if !names.iter().any(|n| n.as_str() == s.workflow()) {

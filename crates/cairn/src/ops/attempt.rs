@@ -644,6 +644,17 @@ impl Execution {
                     writes.extend(self.drop_chunks(key));
                     state.commit(writes).await;
                     self.attempt_finish();
+                    tracing::info!(
+                        workflow = %state.workflow,
+                        instance = %state.instance_id,
+                        step = %key.name,
+                        count = key.count,
+                        attempt,
+                        error.name = %error.name,
+                        error.message = %error.message,
+                        retry_in_ms = wait.as_millis() as u64,
+                        "attempt failed; retrying"
+                    );
                     return Ok(());
                 }
                 Err(delay_error) => final_error = delay_error,
@@ -670,6 +681,17 @@ impl Execution {
         writes.extend(self.drop_chunks(key));
         state.commit(writes).await;
         self.attempt_finish();
+        // The workflow may catch it; if not, the instance's failure is logged at warn.
+        tracing::info!(
+            workflow = %state.workflow,
+            instance = %state.instance_id,
+            step = %key.name,
+            count = key.count,
+            attempts = attempt,
+            error.name = %final_error.name,
+            error.message = %final_error.message,
+            "step failed"
+        );
         Err(WorkflowError::from_info(final_error))
     }
 

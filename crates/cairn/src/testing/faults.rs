@@ -94,6 +94,10 @@ pub(crate) struct Plan {
     /// Every event send and what the store answered, in order: its idempotency key and
     /// whether the event was buffered.
     pub(crate) sends: Vec<(Option<String>, Sent)>,
+    /// Sends the store itself refused (not a simulated fault): a send is answered with an
+    /// outcome (buffered, a duplicate, no instance, finished), never an error, so each is
+    /// a defect (e.g. a keyed retry that trips over its own key).
+    pub(crate) send_errors: Vec<String>,
 }
 
 impl Plan {
@@ -108,6 +112,7 @@ impl Plan {
             violations: Vec::new(),
             zombie_refused: 0,
             sends: Vec::new(),
+            send_errors: Vec::new(),
         }
     }
 
@@ -633,9 +638,20 @@ impl Store for FaultStore {
         });
         // The simulator accounts for every event sent: what the store answered each send.
         Box::pin(async move {
-            let sent = send.await?;
-            self.plan().sends.push((key, sent));
-            Ok(sent)
+            match send.await {
+                Ok(sent) => {
+                    self.plan().sends.push((key, sent));
+                    Ok(sent)
+                }
+                Err(e) => {
+                    if !e.to_string().contains("simulated fault") {
+                        self.plan()
+                            .send_errors
+                            .push(format!("a send with key {key:?}: {e}"));
+                    }
+                    Err(e)
+                }
+            }
         })
     }
 

@@ -224,6 +224,8 @@ struct Run {
     /// Every event send and the store's answer: its idempotency key, and whether it was
     /// buffered.
     sends: Vec<(Option<String>, cairn_store::Sent)>,
+    /// Sends the store refused with an error of its own (see `Plan::send_errors`).
+    send_errors: Vec<String>,
     /// The events still buffered for the instance at the end, oldest first.
     buffered: Vec<cairn_store::StoredEvent>,
     /// Event types the run's mocks deliver (no account is kept for them).
@@ -443,6 +445,12 @@ impl Simulation {
     /// was sent with its key, taken at most once, in the order sent per type, and what was
     /// not taken still buffered at the end (nothing, when every wait took one).
     fn check_events(&self, run: &Run) -> Result<(), String> {
+        if let Some(error) = run.send_errors.first() {
+            return Err(format!(
+                "the store refused an event send instead of answering it ({} such): {error}",
+                run.send_errors.len()
+            ));
+        }
         // The order the events were buffered in, by index.
         let mut buffered = Vec::new();
         for (i, _) in self.events.iter().enumerate() {
@@ -706,7 +714,7 @@ impl Simulation {
                 .filter(|e| e.key.starts_with(&prefix))
                 .collect()
         });
-        let (injected, violations, zombie_refused, sends) = {
+        let (injected, violations, zombie_refused, sends, send_errors) = {
             let mut plan = plan
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -715,6 +723,7 @@ impl Simulation {
                 std::mem::take(&mut plan.violations),
                 plan.zombie_refused,
                 std::mem::take(&mut plan.sends),
+                std::mem::take(&mut plan.send_errors),
             )
         };
         Ok(Run {
@@ -735,6 +744,7 @@ impl Simulation {
             zombie_refused,
             violations,
             sends,
+            send_errors,
             buffered,
             mocked_events,
         })
@@ -1382,6 +1392,7 @@ mod tests {
             zombie_refused: 0,
             violations: Vec::new(),
             sends: Vec::new(),
+            send_errors: Vec::new(),
             buffered: Vec::new(),
             mocked_events: HashSet::new(),
         }

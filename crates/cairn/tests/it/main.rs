@@ -72,6 +72,7 @@ mod postgres;
 mod sqlite;
 
 // SQLite only: crashes of a process that owns the database file, and hooked SQLite stores.
+mod backup;
 mod crash_kill;
 mod crash_kill_children;
 mod crash_kill_concurrency;

@@ -65,6 +65,15 @@ async fn an_event_sent_between_the_empty_take_and_the_hibernation_wakes_the_inst
         .expect("the instance slept through the event sent while it hibernated");
     assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
     assert_eq!(status.output, Some(json!("ada")));
+    // At once, not when the wait's day-long timeout woke it (a replay then also finds the
+    // buffered event, so the output alone cannot tell; the engine's virtual clock jumps to
+    // the next timer when nothing else can run).
+    let details = instance.details().await.unwrap();
+    let took = details.end.unwrap().since(details.start.unwrap());
+    assert!(
+        took < Duration::from_secs(3600),
+        "the event waited {took:?}, until the wait's timeout woke the instance"
+    );
     assert_eq!(
         records(&instance, LogKind::WorkflowWaiting).await.len(),
         1,

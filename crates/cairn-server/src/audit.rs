@@ -1,0 +1,48 @@
+//! Every control action is logged, with what it acted on and where it came from, so an
+//! operator can answer "who terminated this?" from the log alone: one `info` line on the
+//! `cairn::audit` target per action (pause, resume, terminate, restart, delete, a bulk
+//! action, a schedule change), with its origin — `api`, `cli` (the `cairn` CLI, which says
+//! so in its User-Agent), `cloudflare` (the `/client/v4` routes, with the client named
+//! when it says who it is, e.g. wrangler) or `dashboard` — and whether it succeeded.
+
+use axum::http::HeaderMap;
+
+/// Where a request came from, for the audit line.
+pub(crate) fn origin(route_set: RouteSet, headers: &HeaderMap) -> String {
+    let agent = headers
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    match route_set {
+        RouteSet::Api if agent.starts_with("cairn-cli") => "cli".to_owned(),
+        RouteSet::Api => "api".to_owned(),
+        RouteSet::Cloudflare if agent.contains("wrangler") => "cloudflare (wrangler)".to_owned(),
+        RouteSet::Cloudflare => "cloudflare".to_owned(),
+    }
+}
+
+/// The route set a request came through (the dashboard's handlers say `dashboard`
+/// themselves: a session, not a client, acts there).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RouteSet {
+    Api,
+    Cloudflare,
+}
+
+/// Logs one control action on `target` (`workflow/id`, a schedule's name, or a bulk
+/// action's filter) and its outcome.
+pub(crate) fn control<E: std::fmt::Display>(
+    origin: &str,
+    action: &str,
+    target: &str,
+    outcome: &Result<(), E>,
+) {
+    match outcome {
+        Ok(()) => {
+            tracing::info!(target: "cairn::audit", origin, action, on = target, "control action")
+        }
+        Err(e) => {
+            tracing::info!(target: "cairn::audit", origin, action, on = target, refused = %e, "control action refused")
+        }
+    }
+}
