@@ -86,11 +86,11 @@ async fn a_backup_of_a_live_database_opens_and_finishes_its_instances_without_re
     while untyped.count(InstanceStatus::Waiting).await.unwrap() < 200 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let backup = Some(tokio::task::spawn_blocking({
+    let backup = tokio::task::spawn_blocking({
         let (live, copy) = (live.clone(), copy.clone());
         move || cairn::sqlite::backup(&live, &copy)
-    }));
-    let taken = backup.unwrap().await.unwrap().expect("the backup");
+    });
+    let taken = backup.await.unwrap().expect("the backup");
     assert!(taken.pages > 0 && taken.bytes > 0, "{taken:?}");
     engine.shutdown().await;
     // A second backup to the same file is refused: a backup never overwrites.
