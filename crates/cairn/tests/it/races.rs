@@ -15,7 +15,9 @@ use cairn::store::{
 use cairn::{Clock, InstanceStatus, LogKind, LogRecord, StepKey};
 use serde_json::{Value, json};
 
-use crate::support::{Backend, FnWorkflow, Gates, gated_builder, records, temp_db, wf};
+use crate::support::{
+    Backend, FnWorkflow, Gates, gated_builder_on, raw_store_on, records, temp_db, wf,
+};
 
 /// Waits for `approve` (a day at most) and returns its payload.
 fn approval() -> FnWorkflow {
@@ -37,8 +39,8 @@ async fn an_event_sent_between_the_empty_take_and_the_hibernation_wakes_the_inst
 ) {
     let (_dir, path) = temp_db();
     let gates = Gates::default();
-    let engine = gated_builder(backend, &path, gates.clone())
-        .await
+    let store = raw_store_on(backend, &path).await;
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
         .clock(Clock::virtual_now())
         .register(approval())
         .start()
@@ -56,7 +58,23 @@ async fn an_event_sent_between_the_empty_take_and_the_hibernation_wakes_the_inst
     let hibernation = gates.arm("commit");
     take.release();
     hibernation.arrived().await;
-    instance.send_event("approve", &json!("ada")).await.unwrap();
+    // Sent to the database as another process would (another engine on PostgreSQL, a
+    // second `cairn serve`): no in-memory notice reaches this engine's lifetime, so only
+    // the store's look at the buffered events at hibernation can wake it.
+    let sent = store
+        .send_event(
+            instance.workflow(),
+            instance.id(),
+            NewEvent {
+                event_type: cairn_core::EventType::new("approve").unwrap(),
+                payload: json!("ada").to_string(),
+                at: engine.clock().now(),
+                idempotency_key: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(sent, Sent::Buffered(_)), "{sent:?}");
     hibernation.release();
     let status = instance
         .wait_timeout(Duration::from_secs(60))

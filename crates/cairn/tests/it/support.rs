@@ -475,8 +475,14 @@ impl Gate {
 /// An engine builder on a fresh database of `backend` at `path` whose store holds the
 /// calls `gates` arms (the system clock unless the caller sets another).
 pub async fn gated_builder(backend: Backend, path: &Path, gates: Gates) -> EngineBuilder {
+    gated_builder_on(raw_store_on(backend, path).await, gates)
+}
+
+/// [`gated_builder`] on `inner`, a store the test keeps a handle to (to act on the
+/// database as another process would, past the engine's own notifications).
+pub fn gated_builder_on(inner: Arc<dyn Store>, gates: Gates) -> EngineBuilder {
     Engine::builder().store(Arc::new(Hooked {
-        inner: raw_store_on(backend, path).await,
+        inner,
         before: Box::new(|_| Ok(())),
         gates,
         restart_behind: std::time::Duration::ZERO,
