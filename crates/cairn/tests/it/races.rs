@@ -86,8 +86,9 @@ async fn an_event_sent_between_the_empty_take_and_the_hibernation_wakes_the_inst
     // At once, not when the wait's day-long timeout woke it (a replay then also finds the
     // buffered event, so the output alone cannot tell; the engine's virtual clock jumps to
     // the next timer when nothing else can run).
-    let details = instance.details().await.unwrap();
-    let took = details.end.unwrap().since(details.start.unwrap());
+    let started = records(&instance, LogKind::WaitStart).await[0].entry.at;
+    let completed = records(&instance, LogKind::WaitComplete).await[0].entry.at;
+    let took = completed.since(started);
     assert!(
         took < Duration::from_secs(3600),
         "the event waited {took:?}, until the wait's timeout woke the instance"
