@@ -2149,6 +2149,62 @@ pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_ste
     assert_eq!(store.stream_bytes(iid).await.unwrap(), 0, "delete");
 }
 
+/// An instance that hibernates waiting for an event already buffered for it (sent while it
+/// ran, after its wait looked and found nothing) stays claimable at once: the hibernation
+/// looks at the buffered events itself, as the only net when the sender is another process
+/// whose notice the engine may miss.
+pub async fn an_instance_hibernating_for_an_event_already_buffered_stays_claimable(
+    store: Arc<dyn Store>,
+) {
+    create_one(&*store, "wf", "a").await;
+    let running = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    store
+        .commit(
+            running.lease,
+            vec![Write::Status(StatusChange {
+                started_at: Some(T0),
+                ..StatusChange::to(InstanceStatus::Running)
+            })],
+        )
+        .await
+        .unwrap();
+    let sent = store
+        .send_event(
+            &wf("wf"),
+            &InstanceId::new("a").unwrap(),
+            crate::NewEvent {
+                event_type: cairn_core::EventType::new("go").unwrap(),
+                payload: "1".into(),
+                at: T0,
+                idempotency_key: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(sent, crate::Sent::Buffered(_)), "{sent:?}");
+    store
+        .commit(
+            running.lease,
+            vec![Write::Hibernate {
+                wake_at: T0.saturating_add(Duration::from_secs(86_400)),
+                event_types: vec![cairn_core::EventType::new("go").unwrap()],
+                children: Vec::new(),
+            }],
+        )
+        .await
+        .unwrap();
+    let woken = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap();
+    assert_eq!(
+        woken.len(),
+        1,
+        "the instance slept past the event buffered for its wait"
+    );
+}
+
 /// Expands one `#[tokio::test]` per conformance case, each on a fresh store from `$factory`
 /// (an `async fn() -> Arc<dyn Store>` or a fn returning such a future).
 #[macro_export]
@@ -2186,6 +2242,7 @@ macro_rules! conformance_tests {
             a_childs_end_wakes_its_hibernated_parent,
             a_child_is_adopted_under_its_parents_lease_and_detached_once_it_has_ended,
             a_parent_hibernating_after_its_child_ended_stays_claimable,
+            an_instance_hibernating_for_an_event_already_buffered_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,
             ticks_fire_once_as_stored_state_per_generation,
@@ -2241,6 +2298,7 @@ macro_rules! conformance_tests {
             a_childs_end_wakes_its_hibernated_parent,
             a_child_is_adopted_under_its_parents_lease_and_detached_once_it_has_ended,
             a_parent_hibernating_after_its_child_ended_stays_claimable,
+            an_instance_hibernating_for_an_event_already_buffered_stays_claimable,
             terminating_or_deleting_a_child_wakes_its_parent,
             schedules_are_created_once_replaced_and_deleted,
             ticks_fire_once_as_stored_state_per_generation,
