@@ -46,3 +46,20 @@ pub(crate) fn control<E: std::fmt::Display>(
         }
     }
 }
+
+/// Logs an action a request asked for, its origin read from the request's `headers`.
+pub(crate) fn request<E: std::fmt::Display>(
+    route_set: RouteSet,
+    headers: &HeaderMap,
+    action: &str,
+    target: &str,
+    outcome: &Result<(), E>,
+) {
+    control(&origin(route_set, headers), action, target, outcome);
+}
+
+/// Logs an action that has no refusal of its own to report: a job started in the
+/// background, or a batch whose answer lists each instance's outcome.
+pub(crate) fn started(route_set: RouteSet, headers: &HeaderMap, action: &str, target: &str) {
+    request::<std::convert::Infallible>(route_set, headers, action, target, &Ok(()));
+}

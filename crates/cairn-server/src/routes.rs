@@ -559,8 +559,9 @@ async fn delete_instance(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     let deleted = workflow(&engine, &name)?.get(&id).await?.delete().await;
-    crate::audit::control(
-        &crate::audit::origin(crate::audit::RouteSet::Api, &headers),
+    crate::audit::request(
+        crate::audit::RouteSet::Api,
+        &headers,
         "delete",
         &format!("{name}/{id}"),
         &deleted,
@@ -675,11 +676,11 @@ async fn delete_batch(
     let Object(request) = body(payload)?;
     let ids: Vec<&str> = request.instances.iter().map(String::as_str).collect();
     let result = workflow(&engine, &name)?.delete_batch(&ids).await?;
-    crate::audit::control::<std::convert::Infallible>(
-        &crate::audit::origin(crate::audit::RouteSet::Api, &headers),
+    crate::audit::started(
+        crate::audit::RouteSet::Api,
+        &headers,
         "delete batch",
         &format!("{name}: {}", result.deleted.join(", ")),
-        &Ok(()),
     );
     Ok(Json(json!(result)))
 }

@@ -115,7 +115,8 @@ async fn create(
         schedule = schedule.catch_up(CatchUp::parse(&name).map_err(invalid)?);
     }
     let created = engine.create_schedule(schedule).await;
-    audit(
+    crate::audit::request(
+        crate::audit::RouteSet::Api,
         &headers,
         "create schedule",
         &format!("{} ({} {})", b.name, b.cron, b.workflow),
@@ -132,7 +133,13 @@ async fn pause(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     let paused = engine.pause_schedule(&name).await;
-    audit(&headers, "pause schedule", &name, &paused);
+    crate::audit::request(
+        crate::audit::RouteSet::Api,
+        &headers,
+        "pause schedule",
+        &name,
+        &paused,
+    );
     paused?;
     one(State(engine), Path(name)).await
 }
@@ -143,7 +150,13 @@ async fn resume(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     let resumed = engine.resume_schedule(&name).await;
-    audit(&headers, "resume schedule", &name, &resumed);
+    crate::audit::request(
+        crate::audit::RouteSet::Api,
+        &headers,
+        "resume schedule",
+        &name,
+        &resumed,
+    );
     resumed?;
     one(State(engine), Path(name)).await
 }
@@ -154,7 +167,13 @@ async fn delete(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     let deleted = engine.delete_schedule(&name).await;
-    audit(&headers, "delete schedule", &name, &deleted);
+    crate::audit::request(
+        crate::audit::RouteSet::Api,
+        &headers,
+        "delete schedule",
+        &name,
+        &deleted,
+    );
     deleted?;
     Ok(Json(json!({ "deleted": name })))
 }
@@ -166,7 +185,8 @@ async fn trigger(
     headers: HeaderMap,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let triggered = engine.trigger_schedule(&name).await;
-    audit(
+    crate::audit::request(
+        crate::audit::RouteSet::Api,
         &headers,
         "trigger schedule",
         &name,
@@ -179,19 +199,4 @@ async fn trigger(
             json!({ "workflow": instance.workflow(), "id": instance.id(), "status": instance.stored_status().await?.status }),
         ),
     ))
-}
-
-/// Logs a schedule change with its origin (see `audit`).
-fn audit<E: std::fmt::Display>(
-    headers: &HeaderMap,
-    action: &str,
-    target: &str,
-    outcome: &Result<(), E>,
-) {
-    crate::audit::control(
-        &crate::audit::origin(crate::audit::RouteSet::Api, headers),
-        action,
-        target,
-        outcome,
-    );
 }

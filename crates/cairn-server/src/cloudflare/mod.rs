@@ -406,11 +406,11 @@ async fn delete_workflow(
 ) -> CfResult<Response> {
     destructive(&config, "deleting every instance of a workflow")?;
     let workflow = workflow(&engine, &name)?;
-    crate::audit::control::<std::convert::Infallible>(
-        &crate::audit::origin(crate::audit::RouteSet::Cloudflare, &headers),
+    crate::audit::started(
+        crate::audit::RouteSet::Cloudflare,
+        &headers,
         "delete every instance",
         &name,
-        &Ok(()),
     );
     let Some(job) = config.jobs.start(format!("delete {name}")) else {
         return Ok(accepted(
@@ -725,11 +725,11 @@ async fn bulk_delete(
     let body: DeleteBody = parse_body(&headers, &body)?;
     let ids: Vec<&str> = body.instances.iter().map(String::as_str).collect();
     let result = workflow(&engine, &name)?.delete_batch(&ids).await?;
-    crate::audit::control::<std::convert::Infallible>(
-        &crate::audit::origin(crate::audit::RouteSet::Cloudflare, &headers),
+    crate::audit::started(
+        crate::audit::RouteSet::Cloudflare,
+        &headers,
         "delete batch",
         &format!("{name}: {}", result.deleted.join(", ")),
-        &Ok(()),
     );
     let deleted: Vec<Value> = result
         .deleted
@@ -797,15 +797,15 @@ async fn terminate_all(
     let Some(job) = config.jobs.start(terminate_job(&name)) else {
         return Ok(accepted(json!({ "status": "already_running" })));
     };
-    crate::audit::control::<std::convert::Infallible>(
-        &crate::audit::origin(crate::audit::RouteSet::Cloudflare, &headers),
+    crate::audit::started(
+        crate::audit::RouteSet::Cloudflare,
+        &headers,
         "terminate all",
         &format!(
             "{name} (status {:?}, ids {:?})",
             only,
             body.ids.as_ref().map(Vec::len)
         ),
-        &Ok(()),
     );
     tokio::spawn(async move {
         let _job = job;
