@@ -98,13 +98,15 @@ out = inst.step("p1", account_id=ACCOUNT, workflow_name="greet", name="compose g
 assert out.status == "complete" and out.output == "Hello, Py!", out
 first_attempt = inst.step("p1", account_id=ACCOUNT, workflow_name="greet", name="compose greeting", type="step", attempt=1)
 assert first_attempt.status == "complete" and first_attempt.output == "Hello, Py!", first_attempt
-fails(lambda: inst.step("p1", account_id=ACCOUNT, workflow_name="greet", name="nope", type="step"), cloudflare.NotFoundError, 10002)
+fails(lambda: inst.step("p1", account_id=ACCOUNT, workflow_name="greet", name="nope", type="step"), cloudflare.NotFoundError, 10410)
 
 # List: a status filter, pages of two (the SDK asks for page 2, 3, … until one is empty),
 # and a date range with nothing in it.
 listed = [i.id for i in inst.list("greet", account_id=ACCOUNT, status="complete", per_page=2)]
 assert sorted(listed) == ["b1", "b2", "p1", "p2"], listed
 assert listed == ["b2", "b1", "p2", "p1"], "newest first"
+oldest = [i.id for i in inst.list("greet", account_id=ACCOUNT, status="complete", per_page=2, direction="asc")]
+assert oldest == ["p1", "p2", "b1", "b2"], oldest
 assert [i.id for i in inst.list("greet", account_id=ACCOUNT, status="errored")] == []
 assert list(inst.list("greet", account_id=ACCOUNT, date_start="2999-01-01T00:00:00Z")) == []
 # A range with both ends on rows: both ends are in it (inclusive), the SDK's +00:00 form too.
@@ -149,7 +151,7 @@ fails(lambda: wf.get("nope", account_id=ACCOUNT), cloudflare.NotFoundError, 1020
 fails(lambda: wf.get("greet", account_id="someone-else"), cloudflare.NotFoundError, 7003)
 bad = Cloudflare(api_token="wrong", base_url=URL, max_retries=0)
 fails(lambda: bad.workflows.get("greet", account_id=ACCOUNT), cloudflare.AuthenticationError, 9109)
-fails(lambda: inst.create("greet", account_id=ACCOUNT, instance_id="p1"), cloudflare.ConflictError, 10002)
+fails(lambda: inst.create("greet", account_id=ACCOUNT, instance_id="p1"), cloudflare.ConflictError, 10405)
 # The SDK retries a 409 (POST too) unless told not to.
 status, headers = raw("POST", f"/accounts/{ACCOUNT}/workflows/greet/instances", '{"instance_id": "p1"}')
 assert status == 409 and headers["x-should-retry"] == "false", (status, dict(headers))

@@ -156,6 +156,10 @@ fn rows(browser: &Browser) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(
+    not(cairn_test_chromium),
+    ignore = "no chromedriver when built: install the Debian packages chromium and chromium-driver, or set CAIRN_TEST_CHROMEDRIVER"
+)]
 fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_browser() {
     let Some(driver) = browser::chromedriver() else {
         return;
@@ -605,6 +609,10 @@ fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_br
 }
 
 #[test]
+#[cfg_attr(
+    not(cairn_test_chromium),
+    ignore = "no chromedriver when built: install the Debian packages chromium and chromium-driver, or set CAIRN_TEST_CHROMEDRIVER"
+)]
 fn dashboard_with_a_token_asks_for_it_once_and_checks_every_form() {
     let Some(driver) = browser::chromedriver() else {
         return;

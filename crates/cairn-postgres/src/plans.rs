@@ -151,14 +151,17 @@ async fn hot_queries_never_scan_or_sort_history() {
     }
     let mut lists = Vec::new();
     for statuses in [vec![], vec![cairn_core::InstanceStatus::Running]] {
-        for before in [None, Some(cairn_store::InstanceRef(5))] {
-            lists.push(cairn_store::ListQuery {
-                workflow: Some(cairn_core::WorkflowName::new("w1").unwrap()),
-                statuses: statuses.clone(),
-                before,
-                limit: 50,
-                ..Default::default()
-            });
+        for after in [None, Some(cairn_store::InstanceRef(5))] {
+            for oldest_first in [false, true] {
+                lists.push(cairn_store::ListQuery {
+                    workflow: Some(cairn_core::WorkflowName::new("w1").unwrap()),
+                    statuses: statuses.clone(),
+                    after,
+                    oldest_first,
+                    limit: 50,
+                    ..Default::default()
+                });
+            }
         }
     }
     for list in &lists {

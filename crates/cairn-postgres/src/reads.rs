@@ -112,7 +112,7 @@ pub(crate) async fn instance(
     rows.first().map(|r| instance_at(r, 0)).transpose()
 }
 
-/// A page of instances, newest first, and its arguments: a range of
+/// A page of instances, newest first (or oldest first), and its arguments: a range of
 /// `instances_by_workflow` (or of `instances_by_status` with one status), read in order,
 /// never sorted.
 pub(crate) fn list_sql(q: &ListQuery) -> (String, Vec<SqlArg>) {
@@ -120,8 +120,9 @@ pub(crate) fn list_sql(q: &ListQuery) -> (String, Vec<SqlArg>) {
     let mut args = filter.args;
     args.push(SqlArg::Int(i64::try_from(q.limit).unwrap_or(i64::MAX)));
     let sql = format!(
-        "SELECT {LIST_COLUMNS} FROM instances WHERE {} ORDER BY iid DESC LIMIT {}",
+        "SELECT {LIST_COLUMNS} FROM instances WHERE {} ORDER BY iid {} LIMIT {}",
         filter.clause,
+        if q.oldest_first { "ASC" } else { "DESC" },
         placeholder(args.len())
     );
     (sql, args)

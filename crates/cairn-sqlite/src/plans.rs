@@ -98,15 +98,18 @@ fn hot_queries_never_scan_or_sort_history() {
     ];
     let workflow = Some(cairn_core::WorkflowName::new("wf").unwrap());
     for statuses in [vec![], vec![InstanceStatus::Running]] {
-        for before in [None, Some(cairn_store::InstanceRef(5))] {
-            let query = cairn_store::ListQuery {
-                workflow: workflow.clone(),
-                statuses: statuses.clone(),
-                before,
-                limit: 50,
-                ..Default::default()
-            };
-            queries.push(("list", rows::list_sql(&query).0));
+        for after in [None, Some(cairn_store::InstanceRef(5))] {
+            for oldest_first in [false, true] {
+                let query = cairn_store::ListQuery {
+                    workflow: workflow.clone(),
+                    statuses: statuses.clone(),
+                    after,
+                    oldest_first,
+                    limit: 50,
+                    ..Default::default()
+                };
+                queries.push(("list", rows::list_sql(&query).0));
+            }
         }
     }
     // The dashboard's filters: several statuses, a creation range and an id prefix read
@@ -117,7 +120,8 @@ fn hot_queries_never_scan_or_sort_history() {
         created_from: Some(cairn_core::Timestamp::from_millis(1)),
         created_before: Some(cairn_core::Timestamp::from_millis(2)),
         id_prefix: Some("a".into()),
-        before: Some(cairn_store::InstanceRef(5)),
+        after: Some(cairn_store::InstanceRef(5)),
+        oldest_first: false,
         limit: 50,
     };
     queries.push(("list with every filter", rows::list_sql(&filtered).0));

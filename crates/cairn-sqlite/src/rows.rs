@@ -132,15 +132,16 @@ fn values(args: Vec<SqlArg>) -> impl Iterator<Item = rusqlite::types::Value> {
     })
 }
 
-/// A page of instances, newest first, and its arguments: a range of
+/// A page of instances, newest first (or oldest first), and its arguments: a range of
 /// `instances_by_workflow` (or of `instances_by_status` with one status), read in order,
 /// never sorted.
 pub(crate) fn list_sql(query: &ListQuery) -> (String, Vec<rusqlite::types::Value>) {
     let filter = query.sql_filter(true, placeholder);
     let limit = placeholder(filter.args.len() + 1);
     let sql = format!(
-        "SELECT {LIST_COLUMNS} FROM instances WHERE {} ORDER BY iid DESC LIMIT {limit}",
-        filter.clause
+        "SELECT {LIST_COLUMNS} FROM instances WHERE {} ORDER BY iid {} LIMIT {limit}",
+        filter.clause,
+        if query.oldest_first { "ASC" } else { "DESC" },
     );
     let mut args: Vec<_> = values(filter.args).collect();
     args.push(i64::try_from(query.limit).unwrap_or(i64::MAX).into());

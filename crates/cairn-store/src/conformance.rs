@@ -492,13 +492,37 @@ pub async fn list_is_newest_first_with_filters(store: Arc<dyn Store>) {
     let page = store
         .list(ListQuery {
             workflow: Some(wf("wf")),
-            before: Some(all[0].instance),
+            after: Some(all[0].instance),
             limit: 1,
             ..Default::default()
         })
         .await
         .unwrap();
     assert_eq!(page[0].id.as_str(), "b");
+    // Oldest first, and its cursor continues towards the newer rows.
+    let oldest = store
+        .list(ListQuery {
+            workflow: Some(wf("wf")),
+            oldest_first: true,
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = oldest.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b"]);
+    let rest = store
+        .list(ListQuery {
+            workflow: Some(wf("wf")),
+            oldest_first: true,
+            after: Some(oldest[1].instance),
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = rest.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["c"]);
     let running = store
         .list(ListQuery {
             statuses: vec![InstanceStatus::Running],
@@ -630,7 +654,7 @@ pub async fn list_filters_and_count_matching_agree(store: Arc<dyn Store>) {
     check(
         ListQuery {
             id_prefix: Some("ord".into()),
-            before: Some(ord_3),
+            after: Some(ord_3),
             ..of(vec![])
         },
         &["ord-2", "ord-1"],

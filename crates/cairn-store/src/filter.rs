@@ -25,7 +25,7 @@ pub struct SqlFilter {
 impl ListQuery {
     /// The conditions of this query over the `instances` table, with placeholders named by
     /// `placeholder(n)` (1-based: `?1` for SQLite, `$1` for PostgreSQL). `limit` is not part
-    /// of it; `before` is when `paged`.
+    /// of it; `after` is when `paged`.
     pub fn sql_filter(&self, paged: bool, placeholder: fn(usize) -> String) -> SqlFilter {
         let mut clause = String::from("true");
         let mut args = Vec::new();
@@ -79,8 +79,13 @@ impl ListQuery {
                 SqlArg::Text(prefix.to_owned()),
             );
         }
-        if let Some(before) = self.before.filter(|_| paged) {
-            bind(&mut clause, " AND iid < #", SqlArg::Int(before.0));
+        if let Some(after) = self.after.filter(|_| paged) {
+            let condition = if self.oldest_first {
+                " AND iid > #"
+            } else {
+                " AND iid < #"
+            };
+            bind(&mut clause, condition, SqlArg::Int(after.0));
         }
         SqlFilter { clause, args }
     }
@@ -105,7 +110,8 @@ mod tests {
             created_from: Some(Timestamp::from_millis(10)),
             created_before: Some(Timestamp::from_millis(20)),
             id_prefix: Some("ord-".into()),
-            before: Some(InstanceRef(7)),
+            after: Some(InstanceRef(7)),
+            oldest_first: false,
             limit: 5,
         };
         let f = query.sql_filter(true, question);
@@ -118,6 +124,16 @@ mod tests {
         assert_eq!(f.args[5], SqlArg::Text("ord-".into()));
         let unpaged = query.sql_filter(false, question);
         assert!(!unpaged.clause.contains("iid"));
+        let oldest_first = ListQuery {
+            oldest_first: true,
+            ..query
+        };
+        assert!(
+            oldest_first
+                .sql_filter(true, question)
+                .clause
+                .ends_with(" AND iid > ?7")
+        );
     }
 
     #[test]

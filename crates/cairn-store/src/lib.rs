@@ -604,7 +604,7 @@ pub enum ChangeKind {
     Controlled,
 }
 
-/// Which instances [`Store::list`] returns, newest first.
+/// Which instances [`Store::list`] returns, newest first unless `oldest_first`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ListQuery {
     /// Only this workflow's instances.
@@ -617,8 +617,11 @@ pub struct ListQuery {
     pub created_before: Option<Timestamp>,
     /// Only instances whose id starts with this.
     pub id_prefix: Option<String>,
-    /// Only instances older than this reference (cursor pagination).
-    pub before: Option<InstanceRef>,
+    /// Only instances after this one in the listing's order: older than it newest
+    /// first, newer than it oldest first (cursor pagination).
+    pub after: Option<InstanceRef>,
+    /// Oldest first (Cloudflare's `direction=asc`) instead of newest first.
+    pub oldest_first: bool,
     /// At most this many.
     pub limit: usize,
 }

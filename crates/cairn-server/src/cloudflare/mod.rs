@@ -162,16 +162,29 @@ fn ok_list(result: Vec<Value>, info: Value) -> Response {
     .into_response()
 }
 
-/// Cloudflare's numeric code for one of Cairn's error codes. The ones Cloudflare documents
-/// for workflows: 10200 (workflow not found), 10400 (instance not found), 10001 (internal);
-/// 7000/7001 are its "no route" and "method not allowed"; 7003 an unknown account. Other
-/// request errors are 10002 ("workflows.api.error.body"); the message starts with Cairn's
-/// own stable code. Never 10000 or 9106: on those wrangler runs its login check against
-/// `/user` endpoints Cairn does not serve.
+/// Cloudflare's numeric code for one of Cairn's error codes. Where Cloudflare's own code is
+/// known it is used: 10200 workflow not found, 10400 instance not found, 10401 an instance
+/// that cannot be terminated, 10405 an id that exists, 10001 internal; 7000/7001 its "no
+/// route" and "method not allowed"; 7003 an unknown account. Other refusals of an
+/// instance's state or a lookup get a code of their own in the same family (Cairn's
+/// choice, listed in `docs/operating.md`), so a client can tell them apart by number; what
+/// is wrong with the request itself is 10002 ("workflows.api.error.body"). The message
+/// always starts with Cairn's own stable code. Never 10000 or 9106: on those wrangler runs
+/// its login check against `/user` endpoints Cairn does not serve.
 pub(crate) fn numeric_code(code: &str, status: StatusCode) -> u32 {
     match code {
         "workflow.not_found" => 10200,
+        "version.not_found" => 10201,
         "instance.not_found" => 10400,
+        "instance.cannot_terminate" => 10401,
+        "instance.cannot_pause" => 10402,
+        "instance.cannot_resume" => 10403,
+        "instance.already_exists" => 10405,
+        "instance.cannot_restart" => 10406,
+        "instance.cannot_delete" => 10407,
+        "instance.finished" => 10408,
+        "step.not_found" => 10410,
+        "payload.too_large" => 10413,
         "route.not_found" => 7000,
         "method.not_allowed" => 7001,
         "account.not_found" | "account.required" => 7003,
@@ -859,10 +872,10 @@ fn status_filter(q: &HashMap<String, String>) -> CfResult<Option<InstanceStatus>
     }
 }
 
-/// `GET …/instances`: newest first. wrangler follows `result_info.cursor`; the Python SDK
-/// sends `page=2, 3, …` (with the cursor it started from, if any) until a page is empty;
-/// both work. `date_start`/`date_end` bound the creation time; `direction=asc` is refused
-/// (listings are newest first).
+/// `GET …/instances`: newest first, or oldest first with `direction=asc`. wrangler follows
+/// `result_info.cursor`; the Python SDK sends `page=2, 3, …` (with the cursor it started
+/// from, if any) until a page is empty; both work. `date_start`/`date_end` bound the
+/// creation time.
 async fn list_instances(
     State(engine): State<Engine>,
     Path((_, name)): Path<(String, String)>,
@@ -872,20 +885,16 @@ async fn list_instances(
     let workflow = workflow(&engine, &name)?;
     let per_page = per_page(&q)?;
     let page = whole(&q, "page")?.unwrap_or(1);
-    match q.get("direction").map(String::as_str) {
-        None | Some("" | "desc") => {}
-        Some("asc") => {
-            return Err(ApiError::bad_request(
-                "direction=asc is not supported: Cairn lists instances newest first",
-            ));
-        }
+    let oldest_first = match q.get("direction").map(String::as_str) {
+        None | Some("" | "desc") => false,
+        Some("asc") => true,
         Some(other) => {
             return Err(ApiError::bad_request(format!(
-                "direction must be desc, not {:?}",
+                "direction must be asc or desc, not {:?}",
                 crate::error::clip(other)
             )));
         }
-    }
+    };
     let status = status_filter(&q)?;
     let (start, end) = (time(&q, "date_start")?, time(&q, "date_end")?);
     if let (Some(s), Some(e)) = (start, end)
@@ -914,16 +923,22 @@ async fn list_instances(
         let mut options = cairn::ListOptions::default().limit(per_page.max(50));
         options.statuses = status.into_iter().collect();
         options.cursor = cursor.take();
+        options.oldest_first = oldest_first;
         let listed = workflow.list(&options).await?;
         let rows = listed.instances.len();
         for (i, row) in listed.instances.into_iter().enumerate() {
             scanned += 1;
             let more = i + 1 < rows || listed.cursor.is_some();
-            // Newest first: past the start, nothing older can match.
-            if start.is_some_and(|s| row.created < s) {
+            // Newest first, past the start nothing older can match; oldest first, past
+            // the end nothing newer can.
+            let (before_start, after_end) = (
+                start.is_some_and(|s| row.created < s),
+                end.is_some_and(|e| row.created > e),
+            );
+            if (before_start && !oldest_first) || (after_end && oldest_first) {
                 break 'walk;
             }
-            if end.is_none_or(|e| row.created <= e) {
+            if !before_start && !after_end {
                 if skipped < skip {
                     skipped += 1;
                 } else {
@@ -1088,4 +1103,51 @@ async fn send_event(
 
 fn now(engine: &Engine) -> String {
     engine.clock().now().to_rfc3339()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each refusal Cairn can name has a number of its own; only what is wrong with the
+    /// request itself shares 10002, and failures of the server 10001.
+    #[test]
+    fn different_refusals_get_different_numeric_codes() {
+        let codes = [
+            "workflow.not_found",
+            "version.not_found",
+            "instance.not_found",
+            "instance.cannot_terminate",
+            "instance.cannot_pause",
+            "instance.cannot_resume",
+            "instance.already_exists",
+            "instance.cannot_restart",
+            "instance.cannot_delete",
+            "instance.finished",
+            "step.not_found",
+            "payload.too_large",
+            "route.not_found",
+            "method.not_allowed",
+            "account.not_found",
+            "auth.unauthorized",
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for code in codes {
+            let status = crate::error::status_of_code(code);
+            let n = numeric_code(code, status);
+            assert!(n != 10002 && n != 10001, "{code} has a generic number");
+            assert_eq!(seen.insert(n, code), None, "{code} shares {n}");
+        }
+        assert_eq!(
+            numeric_code("request.invalid", StatusCode::BAD_REQUEST),
+            10002
+        );
+        assert_eq!(
+            numeric_code("internal", StatusCode::INTERNAL_SERVER_ERROR),
+            10001
+        );
+        for login_check in [10000, 9106] {
+            assert!(!seen.contains_key(&login_check));
+        }
+    }
 }

@@ -2567,3 +2567,137 @@ async fn octet_stream(engine: &cairn::Engine, uri: &str, length: usize) -> Vec<u
         .to_bytes()
         .to_vec()
 }
+
+/// Issue 32 §4: Cloudflare's `direction=asc` lists oldest first, its cursor continuing
+/// towards the newer instances; a direction other than `asc`/`desc` is refused.
+#[tokio::test(start_paused = true)]
+async fn cloudflares_direction_asc_lists_oldest_first_and_its_cursor_goes_on_to_newer() {
+    let (engine, _dir) = app().await;
+    let router = || cairn_server::router(engine.clone());
+    let base = "/client/v4/accounts/a/workflows/approval/instances";
+    for id in ["a1", "a2", "a3"] {
+        let body = json!({ "instance_id": id }).to_string();
+        let (s, answer) = raw_call(
+            router(),
+            Method::POST,
+            base,
+            &[("content-type", "application/json")],
+            &body,
+        )
+        .await;
+        assert!(s.is_success(), "{answer}");
+    }
+    let list = |query: String| {
+        let router = router();
+        async move {
+            let (s, body) =
+                raw_call(router, Method::GET, &format!("{base}?{query}"), &[], "").await;
+            let v: Value = serde_json::from_str(&body).unwrap();
+            (s, v)
+        }
+    };
+    let ids = |v: &Value| -> Vec<String> {
+        v["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (s, first) = list("direction=asc&per_page=2".into()).await;
+    assert_eq!(s, StatusCode::OK, "{first}");
+    assert_eq!(ids(&first), ["a1", "a2"]);
+    let cursor = first["result_info"]["cursor"].as_str().unwrap().to_owned();
+    let (_, rest) = list(format!("direction=asc&per_page=2&cursor={cursor}")).await;
+    assert_eq!(ids(&rest), ["a3"]);
+    assert!(rest["result_info"]["cursor"].is_null(), "{rest}");
+    let (_, pages) = list("direction=asc&per_page=2&page=2".into()).await;
+    assert_eq!(ids(&pages), ["a3"], "page numbers count oldest first too");
+    let (_, newest) = list("direction=desc&per_page=2".into()).await;
+    assert_eq!(ids(&newest), ["a3", "a2"]);
+    let (_, ranged) = list("direction=asc&date_end=2999-01-01T00:00:00Z".into()).await;
+    assert_eq!(ids(&ranged), ["a1", "a2", "a3"]);
+    let (_, none) = list("direction=asc&date_end=2000-01-01T00:00:00Z".into()).await;
+    assert_eq!(ids(&none), Vec::<String>::new());
+    let (s, refused) = list("direction=up".into()).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{refused}");
+    let message = refused["errors"][0]["message"].as_str().unwrap();
+    assert!(message.contains("asc or desc"), "{message}");
+}
+
+/// Issue 32 §4: Cloudflare's routes answer different errors with different numeric codes
+/// (Cloudflare's own where known: 10405 an id that exists, 10401 an instance that cannot
+/// be terminated), not one 10002 for all of them; a malformed request stays 10002.
+#[tokio::test(start_paused = true)]
+async fn cloudflares_routes_tell_different_errors_apart_by_numeric_code() {
+    let (engine, _dir) = app().await;
+    let base = "/client/v4/accounts/a/workflows/approval/instances";
+    let send = |method: Method, uri: String, body: &'static str| {
+        let router = cairn_server::router(engine.clone());
+        async move {
+            let (s, text) = raw_call(
+                router,
+                method,
+                &uri,
+                &[("content-type", "application/json")],
+                body,
+            )
+            .await;
+            let v: Value = serde_json::from_str(&text).unwrap();
+            (s, v["errors"][0]["code"].as_u64(), v)
+        }
+    };
+    let status = |to: &'static str| match to {
+        "pause" => r#"{"status": "pause"}"#,
+        "resume" => r#"{"status": "resume"}"#,
+        _ => r#"{"status": "terminate"}"#,
+    };
+    let (s, _, v) = send(Method::POST, base.into(), r#"{"instance_id": "i1"}"#).await;
+    assert!(s.is_success(), "{v}");
+    let (s, code, v) = send(Method::POST, base.into(), r#"{"instance_id": "i1"}"#).await;
+    assert_eq!((s, code), (StatusCode::CONFLICT, Some(10405)), "{v}");
+    let (s, code, v) = send(Method::POST, base.into(), r#"{"instance_id": "bad id!"}"#).await;
+    assert_eq!((s, code), (StatusCode::BAD_REQUEST, Some(10002)), "{v}");
+    let (s, code, v) = send(Method::GET, format!("{base}/nope"), "").await;
+    assert_eq!((s, code), (StatusCode::NOT_FOUND, Some(10400)), "{v}");
+    let (s, code, v) = send(Method::GET, format!("{base}/i1/step?name=nope"), "").await;
+    assert_eq!((s, code), (StatusCode::NOT_FOUND, Some(10410)), "{v}");
+    let (s, _, v) = send(
+        Method::PATCH,
+        format!("{base}/i1/status"),
+        status("terminate"),
+    )
+    .await;
+    assert!(s.is_success(), "{v}");
+    let instance = engine
+        .workflow_by_name("approval")
+        .unwrap()
+        .get("i1")
+        .await
+        .unwrap();
+    instance
+        .wait_for(|s| s.status == InstanceStatus::Terminated)
+        .await
+        .unwrap();
+    let (s, code, v) = send(
+        Method::PATCH,
+        format!("{base}/i1/status"),
+        status("terminate"),
+    )
+    .await;
+    assert_eq!((s, code), (StatusCode::CONFLICT, Some(10401)), "{v}");
+    let (s, code, v) = send(Method::PATCH, format!("{base}/i1/status"), status("pause")).await;
+    assert_eq!((s, code), (StatusCode::CONFLICT, Some(10402)), "{v}");
+    let (s, code, v) = send(Method::PATCH, format!("{base}/i1/status"), status("resume")).await;
+    assert_eq!((s, code), (StatusCode::CONFLICT, Some(10403)), "{v}");
+    let (s, code, v) = send(
+        Method::POST,
+        format!("{base}/i1/events/approved"),
+        r#"{"ok": true}"#,
+    )
+    .await;
+    assert_eq!((s, code), (StatusCode::CONFLICT, Some(10408)), "{v}");
+    // Every message still starts with Cairn's own stable code.
+    let message = v["errors"][0]["message"].as_str().unwrap();
+    assert!(message.starts_with("instance.finished: "), "{message}");
+}

@@ -53,8 +53,9 @@ impl InstanceSummary {
         encode_cursor(self.position)
     }
 
-    /// A cursor for the listing that starts at this row (it and everything older): pins a
-    /// listing, or an action over it, to the instances that existed when this row was read.
+    /// A cursor for the newest-first listing that starts at this row (it and everything
+    /// older): pins a listing, or an action over it, to the instances that existed when
+    /// this row was read.
     pub fn cursor_including(&self) -> String {
         encode_cursor(cairn_store::InstanceRef(self.position.0.saturating_add(1)))
     }
@@ -80,6 +81,8 @@ pub struct ListOptions {
     pub id_prefix: Option<String>,
     /// Start after this position: the previous page's [`InstancePage::cursor`].
     pub cursor: Option<String>,
+    /// Oldest first instead of newest first; a cursor then continues towards newer rows.
+    pub oldest_first: bool,
     /// At most this many (default 50).
     pub limit: usize,
 }
@@ -92,6 +95,7 @@ impl Default for ListOptions {
             created_before: None,
             id_prefix: None,
             cursor: None,
+            oldest_first: false,
             limit: 50,
         }
     }
@@ -124,6 +128,12 @@ impl ListOptions {
         self
     }
 
+    /// Oldest first (a cursor then continues towards newer rows).
+    pub fn oldest_first(mut self) -> Self {
+        self.oldest_first = true;
+        self
+    }
+
     /// The store's query for these options over `workflow` (every workflow when `None`).
     fn query(&self, workflow: Option<WorkflowName>) -> Result<cairn_store::ListQuery, Error> {
         Ok(cairn_store::ListQuery {
@@ -132,7 +142,8 @@ impl ListOptions {
             created_from: self.created_from,
             created_before: self.created_before,
             id_prefix: self.id_prefix.clone(),
-            before: self.cursor.as_deref().map(decode_cursor).transpose()?,
+            after: self.cursor.as_deref().map(decode_cursor).transpose()?,
+            oldest_first: self.oldest_first,
             limit: self.limit,
         })
     }

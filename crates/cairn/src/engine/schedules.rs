@@ -592,7 +592,7 @@ pub(crate) async fn last_fired(
             .list(cairn_store::ListQuery {
                 workflow: Some(workflow.clone()),
                 id_prefix: Some(format!("{}-", schedule.name)),
-                before,
+                after: before,
                 limit: 200,
                 ..Default::default()
             })

@@ -654,13 +654,8 @@ impl WorkflowIntrospector {
             .env
             .store
             .list(ListQuery {
-                workflow: None,
-                statuses: Vec::new(),
-                created_from: None,
-                created_before: None,
-                id_prefix: None,
-                before: None,
                 limit: 1,
+                ..ListQuery::default()
             })
             .await?;
         let since = newest.first().map_or(InstanceRef(0), |r| r.instance);
@@ -697,12 +692,9 @@ impl WorkflowIntrospector {
             let page = store
                 .list(ListQuery {
                     workflow: Some(self.workflow.clone()),
-                    statuses: Vec::new(),
-                    created_from: None,
-                    created_before: None,
-                    id_prefix: None,
-                    before,
+                    after: before,
                     limit: 500,
+                    ..ListQuery::default()
                 })
                 .await?;
             let last = page.last().map(|r| r.instance);

@@ -50,7 +50,7 @@ async fn every_instance(store: &dyn Store) -> Vec<cairn::store::InstanceRecord> 
     loop {
         let page = store
             .list(ListQuery {
-                before,
+                after: before,
                 limit: 1000,
                 ..Default::default()
             })

@@ -281,7 +281,7 @@ async fn all_instances(store: &dyn Store) -> Vec<cairn::store::InstanceRecord> {
         let page = store
             .list(ListQuery {
                 workflow: Some(WorkflowName::new("test").unwrap()),
-                before,
+                after: before,
                 limit: 1000,
                 ..Default::default()
             })
