@@ -7,7 +7,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 /// How `cairn serve` writes its log.
-#[derive(Clone, Copy, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub(crate) enum LogFormat {
     /// Human-readable lines.
     Text,

@@ -17,6 +17,7 @@ macro_rules! out {
 }
 
 mod client;
+mod config;
 mod demo;
 mod logging;
 
@@ -105,6 +106,18 @@ enum Command {
         /// schedules created over the API that would fire more often are refused.
         #[arg(long, env = "CAIRN_MIN_SCHEDULE_INTERVAL", value_name = "DURATION", value_parser = parse_interval)]
         min_schedule_interval: Option<std::time::Duration>,
+        /// A configuration file (TOML): keys named like these flags (`addr`, `db`,
+        /// `log_format`, …) and the server's tokens as `[[tokens]]` tables (`name`, `token`
+        /// or `token_sha256`, `scope` = read, operate or admin). A flag or its environment
+        /// variable wins over the file. The tokens are read again when the file changes.
+        #[arg(long, env = "CAIRN_CONFIG", value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Check a configuration file for `cairn serve --config` without starting anything.
+    #[command(after_help = "Example:\n  cairn config check cairn.toml")]
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
     },
     /// Copy a SQLite database while `cairn serve` runs on it: a consistent copy as of one
     /// commit (SQLite's online backup API), checked before it is kept. Restore by
@@ -151,6 +164,16 @@ enum Command {
         client: ClientArgs,
         #[command(subcommand)]
         command: SchedulesCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Read and check FILE: exit 0 and a summary when `cairn serve --config FILE` would
+    /// accept it, 1 and the line at fault otherwise.
+    Check {
+        /// The file to check.
+        file: PathBuf,
     },
 }
 
@@ -432,7 +455,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() {
-    if let Err(e) = run(Cli::parse()).await {
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli =
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = run(cli, &matches).await {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
@@ -450,7 +476,7 @@ fn connect(
     (client::Client::new(url, token), args.json || top_json)
 }
 
-async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Serve {
             db,
@@ -462,22 +488,86 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             no_schedules,
             lease_ttl,
             min_schedule_interval,
+            config,
         } => {
+            let loaded = config.as_deref().map(config::load).transpose()?;
+            let file = loaded.as_ref().map(|l| &l.file);
+            // A flag or its environment variable wins over the file; the file over the
+            // default. (An optional flag not given is `None`, so `or` is that order.)
+            let serve_matches = matches.subcommand_matches("serve");
+            let given = |id: &str| {
+                serve_matches
+                    .and_then(|m| m.value_source(id))
+                    .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue)
+            };
+            let db = match file.and_then(|f| f.db.clone()) {
+                Some(from_file) if !given("db") => from_file,
+                _ => db,
+            };
+            let addr = match file.and_then(|f| f.addr) {
+                Some(from_file) if !given("addr") => from_file,
+                _ => addr,
+            };
+            let log_format = match file.and_then(|f| f.log_format) {
+                Some(from_file) if !given("log_format") => from_file,
+                _ => log_format,
+            };
+            let flag = |id: &str, value: bool, from_file: Option<bool>| match from_file {
+                Some(from_file) if !given(id) => from_file,
+                _ => value,
+            };
+            let cloudflare_any_account = flag(
+                "cloudflare_any_account",
+                cloudflare_any_account,
+                file.and_then(|f| f.cloudflare_any_account),
+            );
+            let no_schedules = flag(
+                "no_schedules",
+                no_schedules,
+                file.and_then(|f| f.no_schedules),
+            );
+            let otlp_endpoint =
+                otlp_endpoint.or_else(|| file.and_then(|f| f.otlp_endpoint.clone()));
+            let account_id = account_id.or_else(|| file.and_then(|f| f.account_id.clone()));
             let _traces = logging::install(log_format, otlp_endpoint.as_deref())?;
             let settings = ServeSettings {
-                lease_ttl,
-                min_schedule_interval,
+                lease_ttl: lease_ttl.or_else(|| file.and_then(|f| f.lease_ttl)),
+                min_schedule_interval: min_schedule_interval
+                    .or_else(|| file.and_then(|f| f.min_schedule_interval)),
                 cloudflare_any_account,
             };
             serve(
                 db,
                 addr,
-                token(cli.token),
+                Access {
+                    token: token(cli.token),
+                    config: loaded.map(|l| (l.path, l.tokens)),
+                },
                 account_id,
                 !no_schedules,
                 settings,
             )
             .await
+        }
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => {
+            let loaded = config::load(&file)?;
+            let tokens: Vec<String> = loaded
+                .tokens
+                .iter()
+                .map(|t| format!("{} ({})", t.name(), t.scope()))
+                .collect();
+            out!(
+                "{}: ok; tokens: {}",
+                file.display(),
+                if tokens.is_empty() {
+                    "none".to_owned()
+                } else {
+                    tokens.join(", ")
+                }
+            );
+            Ok(())
         }
         Command::ReplayCheck { db, json } => replay_check(db, json).await,
         Command::Backup { db, out } => {
@@ -765,17 +855,52 @@ fn parse_lease_ttl(text: &str) -> Result<std::time::Duration, String> {
     Ok(ttl)
 }
 
+/// Who may use the server: the `--token` flag's token (named `default`, scope `admin`) and
+/// the configuration file's tokens, with the file to read them again from.
+struct Access {
+    token: Option<String>,
+    config: Option<(PathBuf, Vec<cairn_server::Token>)>,
+}
+
+impl Access {
+    /// Every token, and the file to watch for changes of them.
+    fn tokens(
+        self,
+    ) -> (
+        Option<cairn_server::Tokens>,
+        Option<(PathBuf, Vec<cairn_server::Token>)>,
+    ) {
+        let fixed: Vec<cairn_server::Token> = self
+            .token
+            .as_deref()
+            .and_then(|t| cairn_server::Token::new("default", t, cairn_server::Scope::Admin))
+            .into_iter()
+            .collect();
+        let mut all = fixed.clone();
+        let mut watch = None;
+        if let Some((path, tokens)) = self.config {
+            all.splice(0..0, tokens);
+            watch = Some((path, fixed));
+        }
+        if all.is_empty() {
+            return (None, None);
+        }
+        (Some(cairn_server::Tokens::new(all)), watch)
+    }
+}
+
 async fn serve(
     db: String,
     addr: SocketAddr,
-    token: Option<String>,
+    access: Access,
     account_id: Option<String>,
     schedules: bool,
     settings: ServeSettings,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    if !addr.ip().is_loopback() && token.is_none() {
+    let (tokens, watch) = access.tokens();
+    if !addr.ip().is_loopback() && tokens.is_none() {
         return Err(format!(
-            "refusing to serve on {addr} without a token: pass --token (or CAIRN_TOKEN), or bind a loopback address"
+            "refusing to serve on {addr} without a token: pass --token (or CAIRN_TOKEN), give [[tokens]] in --config, or bind a loopback address"
         )
         .into());
     }
@@ -809,7 +934,8 @@ async fn serve(
         backend = if is_postgres(&db) { "postgres" } else { "sqlite" },
         database = %shown,
         address = %addr,
-        token_required = token.is_some(),
+        token_required = tokens.is_some(),
+        tokens = %tokens.as_ref().map(|t| t.list().iter().map(|t| format!("{} ({})", t.name(), t.scope())).collect::<Vec<_>>().join(", ")).unwrap_or_default(),
         workflows = %names.join(","),
         "serving"
     );
@@ -820,8 +946,8 @@ async fn serve(
     out!("cairn: open the dashboard: http://{addr}/");
     out!(
         "cairn: API index http://{addr}/api, OpenAPI http://{addr}/api/openapi.json; {}",
-        if token.is_some() {
-            "every request needs the token (Authorization: Bearer …; the CLI takes --token or CAIRN_TOKEN)"
+        if tokens.is_some() {
+            "every request needs a token (Authorization: Bearer …; the CLI takes --token or CAIRN_TOKEN)"
         } else {
             "no token required (loopback only)"
         }
@@ -846,10 +972,18 @@ async fn serve(
         let _ = stopping.wait_for(|stop| *stop).await;
     };
     let shutdown = stopped(stopping.clone());
+    if let (Some(tokens), Some((path, fixed))) = (&tokens, watch) {
+        config::watch(
+            path,
+            tokens.clone(),
+            fixed,
+            std::time::Duration::from_secs(2),
+        );
+    }
     let router = cairn_server::router_with_options(
         engine.clone(),
         cairn_server::Options {
-            token,
+            tokens,
             limits: limits.clone(),
             metrics: Some(metrics),
             account_id,

@@ -1388,3 +1388,168 @@ fn serve_logs_retries_failures_and_who_did_each_control_action() {
     assert_eq!(audit["fields"]["action"], "terminate", "{audit}");
     assert_eq!(audit["fields"]["on"], "approval/a-term", "{audit}");
 }
+
+/// One HTTP/1.1 request with a bearer token; returns the status code and the body.
+fn http_as(port: u16, token: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Issue 33 §1–2: `cairn serve --config cairn.toml` takes its address, database, log
+/// format and named tokens from the file; each token acts within its scope; the audit log
+/// names the token (never its value); a token rotated in the file works without a restart
+/// and the old one stops; a flag wins over the file.
+#[test]
+fn a_config_file_sets_the_server_and_its_scoped_tokens_which_rotate_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = dir.path().join("cairn.toml");
+    let log = dir.path().join("serve.log");
+    let write = |ci_token: &str| {
+        // Written whole and renamed into place: the server never reads half a file.
+        let text = format!(
+            r#"addr = "127.0.0.1:{port}"
+db = "{db}"
+log_format = "json"
+no_schedules = true
+
+[[tokens]]
+name = "viewer"
+token = "r-secret"
+scope = "read"
+
+[[tokens]]
+name = "ci"
+token = "{ci_token}"
+scope = "operate"
+
+[[tokens]]
+name = "ops"
+# sha256 of "a-secret"
+token_sha256 = "{admin}"
+scope = "admin"
+"#,
+            db = dir.path().join("cairn.db").display(),
+            admin = "b4d87524393b45e7793e23f192e6a85a10bae6fb2679e996a7acb8ca60b4c88d",
+        );
+        let next = dir.path().join("cairn.toml.next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, &config).unwrap();
+    };
+    write("o-secret");
+    let (ok, out, err) = {
+        let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["config", "check"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("viewer (read), ci (operate), ops (admin)"),
+        "{out}"
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .env_remove("CAIRN_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _server = Server(child);
+    wait_up(port);
+    assert_eq!(http(port, "GET", "/api/workflows", "").unwrap().0, 401);
+    assert_eq!(
+        http_as(port, "r-secret", "GET", "/api/workflows", "").0,
+        200
+    );
+    let create = "/api/workflows/approval/instances";
+    let (s, body) = http_as(port, "r-secret", "POST", create, r#"{"instance_id": "a1"}"#);
+    assert_eq!(s, 403, "{body}");
+    assert!(body.contains("operate scope"), "{body}");
+    let (s, body) = http_as(port, "o-secret", "POST", create, r#"{"instance_id": "a1"}"#);
+    assert_eq!(s, 201, "{body}");
+    let one = "/api/workflows/approval/instances/a1";
+    let (s, body) = http_as(port, "o-secret", "DELETE", one, "");
+    assert_eq!(s, 403, "{body}");
+    let (s, body) = http_as(port, "a-secret", "DELETE", one, "");
+    assert!((200..300).contains(&s), "{s} {body}");
+
+    // Rotation: the file now has another token for `ci`.
+    write("o-secret-2");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_as(port, "o-secret-2", "GET", "/api/workflows", "").0 != 200 {
+        assert!(Instant::now() < deadline, "the new token never worked");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        http_as(port, "o-secret", "GET", "/api/workflows", "").0,
+        401
+    );
+    let (s, body) = http_as(
+        port,
+        "o-secret-2",
+        "POST",
+        create,
+        r#"{"instance_id": "a2"}"#,
+    );
+    assert_eq!(s, 201, "{body}");
+
+    // The audit line names the token; no line has a token's value.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let audit = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(line) = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["target"] == "cairn::audit" && l["fields"]["action"] == "delete")
+        {
+            break line;
+        }
+        assert!(Instant::now() < deadline, "no audit line in {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(audit["fields"]["token"], "ops", "{audit}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    for secret in ["r-secret", "o-secret", "a-secret"] {
+        assert!(!text.contains(secret), "{secret} logged: {text}");
+    }
+    assert!(text.contains("tokens read again"), "{text}");
+
+    // A flag wins over the file.
+    let port_2 = free_port();
+    let db_2 = dir.path().join("other.db");
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .args(["--addr", &format!("127.0.0.1:{port_2}"), "--db"])
+        .arg(&db_2)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _second = Server(child);
+    wait_up(port_2);
+    assert!(db_2.exists(), "--db wins over the file's db");
+}

@@ -3,7 +3,8 @@
 //! `cairn::audit` target per action (pause, resume, terminate, restart, delete, a bulk
 //! action, a schedule change), with its origin — `api`, `cli` (the `cairn` CLI, which says
 //! so in its User-Agent), `cloudflare` (the `/client/v4` routes, with the client named
-//! when it says who it is, e.g. wrangler) or `dashboard` — and whether it succeeded.
+//! when it says who it is, e.g. wrangler) or `dashboard` — the name of the token it came
+//! with (the dashboard's: the one its session logged in with), and whether it succeeded.
 
 use axum::http::HeaderMap;
 
@@ -37,12 +38,15 @@ pub(crate) fn control<E: std::fmt::Display>(
     target: &str,
     outcome: &Result<(), E>,
 ) {
+    // The token's name, when the server has tokens (never the token itself).
+    let caller = crate::auth::caller();
+    let token = caller.as_ref().map_or("", |c| &*c.name);
     match outcome {
         Ok(()) => {
-            tracing::info!(target: "cairn::audit", origin, action, on = target, "control action")
+            tracing::info!(target: "cairn::audit", origin, token, action, on = target, "control action")
         }
         Err(e) => {
-            tracing::info!(target: "cairn::audit", origin, action, on = target, refused = %e, "control action refused")
+            tracing::info!(target: "cairn::audit", origin, token, action, on = target, refused = %e, "control action refused")
         }
     }
 }

@@ -1,11 +1,261 @@
-//! Bearer-token authentication.
+//! Bearer-token authentication and what each token may do.
+//!
+//! A server has one or more named tokens, each with a [`Scope`]: `read` (lookups, streams,
+//! the dashboard without its buttons), `operate` (also create, events, pause, resume,
+//! terminate, restart, and connecting workers) or `admin` (also every delete, schedules,
+//! and Cloudflare's routes that act on a whole workflow). Only a SHA-256 of each token is
+//! kept; the set can be replaced while the server runs ([`Tokens::replace`]: rotating is
+//! adding the new one and removing the old). The caller a request was let in as is known to
+//! everything that runs for it ([`caller`]), so the audit log names the token.
+
+use std::sync::{Arc, PoisonError, RwLock};
 
 use axum::extract::Request;
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
+
+/// What a token may do; each scope may do everything the ones before it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// Lookups, listings, live streams; the dashboard without its actions.
+    Read,
+    /// Also create instances, send events, pause, resume, terminate, restart; connect
+    /// workers.
+    Operate,
+    /// Also delete (one, a batch, in bulk, a whole workflow), manage schedules, and
+    /// Cloudflare's routes that act on a whole workflow.
+    Admin,
+}
+
+impl Scope {
+    /// Its name as configured (`read`, `operate`, `admin`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Operate => "operate",
+            Scope::Admin => "admin",
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "read" => Ok(Scope::Read),
+            "operate" => Ok(Scope::Operate),
+            "admin" => Ok(Scope::Admin),
+            other => Err(format!(
+                "unknown scope {other:?}: it is read, operate or admin"
+            )),
+        }
+    }
+}
+
+/// One configured token: its name (logged; the token never is), the SHA-256 of its value,
+/// and its scope.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token {
+    name: String,
+    sha256: [u8; 32],
+    scope: Scope,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("name", &self.name)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Token {
+    /// A token given by its value (kept only as its hash). `None` for an empty or blank
+    /// value: such a token would let in anyone who sends nothing.
+    pub fn new(name: impl Into<String>, value: &str, scope: Scope) -> Option<Token> {
+        (!value.trim().is_empty()).then(|| Token {
+            name: name.into(),
+            sha256: Sha256::digest(value.as_bytes()).into(),
+            scope,
+        })
+    }
+
+    /// A token given by the SHA-256 of its value, as 64 hex digits.
+    ///
+    /// # Errors
+    /// Anything but 64 hex digits.
+    pub fn from_sha256(name: impl Into<String>, hex: &str, scope: Scope) -> Result<Token, String> {
+        let hex = hex.trim();
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("token_sha256 must be 64 hex digits (sha256sum of the token)".into());
+        }
+        let mut sha256 = [0; 32];
+        for (i, byte) in sha256.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+        }
+        Ok(Token {
+            name: name.into(),
+            sha256,
+            scope,
+        })
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its scope.
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+}
+
+/// The tokens a server accepts, replaceable while it runs (clones share them).
+#[derive(Clone, Debug, Default)]
+pub struct Tokens(Arc<RwLock<Arc<[Token]>>>);
+
+impl Tokens {
+    /// These tokens.
+    pub fn new(tokens: Vec<Token>) -> Tokens {
+        Tokens(Arc::new(RwLock::new(tokens.into())))
+    }
+
+    /// From now on, these tokens instead (a request in flight keeps the caller it was let
+    /// in as; a dashboard session ends at its next request if its token is gone or changed
+    /// scope).
+    pub fn replace(&self, tokens: Vec<Token>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = tokens.into();
+    }
+
+    /// The tokens now.
+    pub fn list(&self) -> Vec<Token> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .to_vec()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
+    /// The caller `given` is the token of, if any.
+    pub(crate) fn find(&self, given: &str) -> Option<Caller> {
+        let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+        let tokens = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        // Every token is compared, in time that does not depend on where bytes differ.
+        let mut found = None;
+        for token in tokens.iter() {
+            if constant_time_eq(&digest, &token.sha256) && found.is_none() {
+                found = Some(Caller {
+                    name: token.name.clone().into(),
+                    scope: token.scope,
+                });
+            }
+        }
+        found
+    }
+
+    /// Whether a caller is still one of these tokens, with the same scope.
+    pub(crate) fn still(&self, caller: &Caller) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|t| *t.name == *caller.name && t.scope == caller.scope)
+    }
+}
+
+/// Who a request was let in as: a token's name and scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Caller {
+    pub(crate) name: Arc<str>,
+    pub(crate) scope: Scope,
+}
+
+tokio::task_local! {
+    /// The caller of the request being answered, for the handlers' scope checks that depend
+    /// on a body (a bulk delete) and for the audit log.
+    static CALLER: Caller;
+}
+
+/// The caller of the request being answered; `None` on a server without tokens (loopback
+/// only, where every request may do everything).
+pub(crate) fn caller() -> Option<Caller> {
+    CALLER.try_with(Clone::clone).ok()
+}
+
+/// Whether the request being answered may do what needs `scope`.
+pub(crate) fn may(scope: Scope) -> bool {
+    caller().is_none_or(|c| c.scope >= scope)
+}
+
+/// Refuses what needs `scope` when the request's caller lacks it: 403 `auth.forbidden`,
+/// naming the scope.
+pub(crate) fn require(scope: Scope) -> Result<(), ApiError> {
+    match caller() {
+        Some(c) if c.scope < scope => Err(forbidden(&c, scope)),
+        _ => Ok(()),
+    }
+}
+
+fn forbidden(caller: &Caller, needs: Scope) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "auth.forbidden",
+        format!(
+            "this needs a token with the {needs} scope; the token named {} has {}",
+            caller.name, caller.scope
+        ),
+    )
+}
+
+/// Runs `next` as `caller`'s.
+pub(crate) async fn as_caller(caller: Caller, req: Request, next: Next) -> Response {
+    CALLER.scope(caller, next.run(req)).await
+}
+
+/// The scope a request needs, from its method and route. A bulk action's need depends on
+/// its body (delete is `admin`): its handler checks that with [`require`].
+pub(crate) fn needs(method: &Method, path: &str) -> Scope {
+    let cloudflare = path.starts_with(crate::cloudflare::PREFIX);
+    // Workers run the code of TypeScript workflows: they read every instance's values and
+    // write its results. Their connection is a GET (a WebSocket upgrade).
+    if path == "/api/workers" {
+        return Scope::Operate;
+    }
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return Scope::Read;
+    }
+    let admin = *method == Method::DELETE
+        || path.ends_with("/instances/batch/delete")
+        || path.starts_with("/api/schedules")
+        || (cloudflare && path.ends_with("/instances/terminate"))
+        // Cloudflare's `PUT …/workflows/{name}` (wrangler deploy) registers a workflow.
+        || (cloudflare && *method == Method::PUT && !path.contains("/instances"));
+    if admin { Scope::Admin } else { Scope::Operate }
+}
 
 /// Compares in time that depends only on the lengths, not on where the bytes differ.
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -23,35 +273,35 @@ fn bearer(value: &str) -> Option<&str> {
         .then(|| credentials.trim_start())
 }
 
-/// Lets a request with the bearer token through, and one of the dashboard's sessions when
-/// it only reads (its live streams): a session can never change anything through the API,
-/// so the API needs no CSRF defence.
+/// Lets a request with one of the tokens through when its scope covers the route, and one
+/// of the dashboard's sessions when it only reads (its live streams): a session can never
+/// change anything through the API, so the API needs no CSRF defence.
 pub(crate) async fn check(
-    token: String,
+    tokens: Tokens,
     guard: std::sync::Arc<crate::dashboard::Guard>,
     req: Request,
     next: Next,
 ) -> Response {
     // Load balancers probe `/healthz` without credentials; it reveals nothing else. The
-    // dashboard's pages have their own gate (its login form).
+    // dashboard's pages have their own gate (its login form and its sessions' scopes).
     if req.uri().path() == "/healthz" || crate::dashboard::owns(req.uri().path()) {
         return next.run(req).await;
     }
-    let reads = matches!(
-        *req.method(),
-        axum::http::Method::GET | axum::http::Method::HEAD
-    );
-    if reads && guard.has_session(req.headers()) {
-        return next.run(req).await;
-    }
+    let needs = needs(req.method(), req.uri().path());
     let given = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer);
-    match given {
-        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => next.run(req).await,
-        _ => ApiError::new(
+    let caller = match given {
+        Some(given) => tokens.find(given),
+        None if needs == Scope::Read => guard.session_caller(req.headers()),
+        None => None,
+    };
+    match caller {
+        Some(caller) if caller.scope >= needs => as_caller(caller, req, next).await,
+        Some(caller) => forbidden(&caller, needs).into_response(),
+        None => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "auth.unauthorized",
             "missing or wrong bearer token (send Authorization: Bearer <token>)",
@@ -105,6 +355,92 @@ mod tests {
         assert_eq!(super::bearer("BEARER  abc"), Some("abc"));
         assert_eq!(super::bearer("Basic abc"), None);
         assert_eq!(super::bearer("Bearerabc"), None);
+    }
+
+    #[test]
+    fn each_route_needs_the_scope_its_effect_calls_for() {
+        use super::{Scope, needs};
+        use axum::http::Method;
+        let cf = "/client/v4/accounts/a/workflows";
+        for (method, path, scope) in [
+            (Method::GET, "/api/workflows/w/instances", Scope::Read),
+            (
+                Method::GET,
+                "/api/workflows/w/instances/i/stream",
+                Scope::Read,
+            ),
+            (Method::GET, "/api/workers", Scope::Operate),
+            (Method::POST, "/api/workflows/w/instances", Scope::Operate),
+            (
+                Method::POST,
+                "/api/workflows/w/instances/batch",
+                Scope::Operate,
+            ),
+            (
+                Method::PATCH,
+                "/api/workflows/w/instances/i/status",
+                Scope::Operate,
+            ),
+            (
+                Method::POST,
+                "/api/workflows/w/instances/i/events/e",
+                Scope::Operate,
+            ),
+            (Method::POST, "/api/instances/bulk", Scope::Operate),
+            (Method::DELETE, "/api/workflows/w/instances/i", Scope::Admin),
+            (
+                Method::POST,
+                "/api/workflows/w/instances/batch/delete",
+                Scope::Admin,
+            ),
+            (Method::POST, "/api/schedules", Scope::Admin),
+            (Method::POST, "/api/schedules/s/pause", Scope::Admin),
+            (Method::GET, "/api/schedules", Scope::Read),
+            (Method::GET, cf, Scope::Read),
+            (Method::PUT, &format!("{cf}/w"), Scope::Admin),
+            (Method::DELETE, &format!("{cf}/w"), Scope::Admin),
+            (
+                Method::PUT,
+                &format!("{cf}/w/instances/terminate"),
+                Scope::Admin,
+            ),
+            (
+                Method::POST,
+                &format!("{cf}/w/instances/batch/delete"),
+                Scope::Admin,
+            ),
+            (Method::POST, &format!("{cf}/w/instances"), Scope::Operate),
+            (
+                Method::PATCH,
+                &format!("{cf}/w/instances/i/status"),
+                Scope::Operate,
+            ),
+        ] {
+            assert_eq!(needs(&method, path), scope, "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn tokens_are_kept_as_hashes_and_found_by_value() {
+        use super::{Scope, Token, Tokens};
+        let ci = Token::new("ci", "s3cret", Scope::Operate).unwrap();
+        assert!(!format!("{ci:?}").contains("s3cret"));
+        let hashed = Token::from_sha256(
+            "ops",
+            // sha256("hunter2")
+            "f52fbd32b2b3b86ff88ef6c490628285f482af15ddcb29541f94bcf526a3f6c7",
+            Scope::Admin,
+        )
+        .unwrap();
+        let tokens = Tokens::new(vec![ci, hashed]);
+        assert_eq!(tokens.find("s3cret").unwrap().scope, Scope::Operate);
+        assert_eq!(&*tokens.find("hunter2").unwrap().name, "ops");
+        assert!(tokens.find("nope").is_none());
+        assert!(Token::new("blank", "  ", Scope::Admin).is_none());
+        assert!(Token::from_sha256("bad", "abc", Scope::Admin).is_err());
+        tokens.replace(vec![Token::new("new", "n3w", Scope::Read).unwrap()]);
+        assert!(tokens.find("s3cret").is_none(), "rotated out");
+        assert_eq!(tokens.find("n3w").unwrap().scope, Scope::Read);
     }
 
     #[test]

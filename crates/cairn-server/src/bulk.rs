@@ -104,7 +104,7 @@ pub(crate) struct Target {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct Request {
-    action: Action,
+    pub(crate) action: Action,
     /// Terminate with rollback.
     #[serde(default)]
     rollback: bool,

@@ -30,6 +30,7 @@ use std::future::Future;
 
 use cairn::Engine;
 
+pub use auth::{Scope, Token, Tokens};
 pub use error::ApiError;
 pub use prometheus::Metrics;
 pub use serve::{Limits, raise_fd_limit};
@@ -85,8 +86,13 @@ pub fn router_with_metrics(
 /// How [`router_with_options`] serves.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
-    /// Every request must carry `Authorization: Bearer <token>` (`/healthz` excepted).
+    /// Every request must carry `Authorization: Bearer <token>` (`/healthz` excepted): one
+    /// token named `default` with the `admin` scope, added to [`Options::tokens`] at start
+    /// (a later [`Tokens::replace`] must list it again to keep it).
     pub token: Option<String>,
+    /// Named tokens, each with its scope, replaceable while the server runs. With neither
+    /// these nor [`Options::token`] the server has no token (see [`Options::any_host`]).
+    pub tokens: Option<Tokens>,
     /// Body timeout and the cap on live streams.
     pub limits: Limits,
     /// Serve `GET /metrics` from this recorder.
@@ -111,6 +117,7 @@ pub struct Options {
 pub fn router_with_options(engine: Engine, options: Options) -> Router {
     let Options {
         token,
+        tokens,
         limits,
         metrics,
         account_id,
@@ -120,7 +127,18 @@ pub fn router_with_options(engine: Engine, options: Options) -> Router {
     let limits = &limits;
     // An empty or blank token is no token: it would let in anyone who sends nothing (and
     // log the dashboard in with an empty form), and the loopback-only rule would not apply.
-    let token = token.filter(|t| !t.trim().is_empty());
+    let default = token.and_then(|t| Token::new("default", &t, Scope::Admin));
+    let tokens = match (tokens, default) {
+        (Some(tokens), Some(default)) => {
+            let mut all = tokens.list();
+            all.push(default);
+            tokens.replace(all);
+            Some(tokens)
+        }
+        (Some(tokens), None) => Some(tokens),
+        (None, Some(default)) => Some(Tokens::new(vec![default])),
+        (None, None) => None,
+    };
     let body_timeout = limits.body_timeout;
     let cloudflare = cloudflare::routes()
         .route_layer(axum::middleware::from_fn(cloudflare::check_account))
@@ -142,7 +160,7 @@ pub fn router_with_options(engine: Engine, options: Options) -> Router {
         ),
         None => routes::routes(),
     };
-    let guard = dashboard::Guard::new(token.clone());
+    let guard = dashboard::Guard::new(tokens.clone());
     // The dashboard has its own gate (a login form and a session cookie, not a header);
     // the layers below cover it as they cover the API.
     let routes = routes
@@ -154,11 +172,11 @@ pub fn router_with_options(engine: Engine, options: Options) -> Router {
         }))
         .layer(axum::Extension(serve::StreamSlots::new(limits.max_streams)))
         .with_state(engine.clone());
-    let routes = match token {
-        Some(token) => {
+    let routes = match tokens {
+        Some(tokens) => {
             let guard = guard.clone();
             routes.layer(axum::middleware::from_fn(move |req, next| {
-                auth::check(token.clone(), guard.clone(), req, next)
+                auth::check(tokens.clone(), guard.clone(), req, next)
             }))
         }
         // No token: loopback only, and only from this origin (see `auth::local_only`).

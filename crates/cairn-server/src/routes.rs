@@ -389,6 +389,9 @@ async fn bulk(
     payload: Result<Json<Object<crate::bulk::Request>>, JsonRejection>,
 ) -> ApiResult<Json<Value>> {
     let Object(request) = body(payload)?;
+    if request.action == crate::bulk::Action::Delete {
+        crate::auth::require(crate::auth::Scope::Admin)?;
+    }
     let origin = crate::audit::origin(crate::audit::RouteSet::Api, &headers);
     Ok(Json(crate::bulk::handle(&engine, request, &origin).await?))
 }

@@ -188,7 +188,7 @@ pub(crate) fn numeric_code(code: &str, status: StatusCode) -> u32 {
         "route.not_found" => 7000,
         "method.not_allowed" => 7001,
         "account.not_found" | "account.required" => 7003,
-        "auth.unauthorized" => 9109,
+        "auth.unauthorized" | "auth.forbidden" => 9109,
         _ if status.is_server_error() => 10001,
         _ => 10002,
     }

@@ -25,6 +25,7 @@ use maud::html;
 use serde::Deserialize;
 
 use super::layout;
+use crate::auth::Caller;
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "cairn_session";
@@ -35,7 +36,7 @@ const MAX_SESSIONS: usize = 1_000;
 
 /// The dashboard's access rule.
 pub(crate) struct Guard {
-    token: Option<String>,
+    tokens: Option<crate::auth::Tokens>,
     sessions: Mutex<HashMap<String, Session>>,
     /// The CSRF token of every form when there is no token (and so no session).
     open_csrf: String,
@@ -79,6 +80,9 @@ const MAX_FLASHES: usize = 10_000;
 struct Session {
     csrf: String,
     until: Instant,
+    /// The token it logged in with: its name for the audit log, its scope for what the
+    /// pages offer and the forms may do.
+    caller: Caller,
 }
 
 fn random() -> String {
@@ -90,9 +94,9 @@ fn random() -> String {
 }
 
 impl Guard {
-    pub(crate) fn new(token: Option<String>) -> Arc<Guard> {
+    pub(crate) fn new(tokens: Option<crate::auth::Tokens>) -> Arc<Guard> {
         Arc::new(Guard {
-            token,
+            tokens,
             sessions: Mutex::new(HashMap::new()),
             open_csrf: random(),
             flashes: Mutex::new(HashMap::new()),
@@ -165,27 +169,36 @@ impl Guard {
 
     /// The CSRF token of the person sending `headers`, if they may use the dashboard.
     pub(crate) fn csrf(&self, headers: &HeaderMap) -> Option<String> {
-        if self.token.is_none() {
-            return Some(self.open_csrf.clone());
-        }
+        self.access(headers).map(|(csrf, _)| csrf)
+    }
+
+    /// The CSRF token and the caller (none without tokens) of the person sending
+    /// `headers`, if they may use the dashboard. A session whose token was removed, or
+    /// changed scope, since it logged in has ended.
+    fn access(&self, headers: &HeaderMap) -> Option<(String, Option<Caller>)> {
+        let Some(tokens) = &self.tokens else {
+            return Some((self.open_csrf.clone(), None));
+        };
         let id = session_id(headers)?;
         let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
         sessions
             .get(id)
-            .filter(|s| s.until > Instant::now())
-            .map(|s| s.csrf.clone())
+            .filter(|s| s.until > Instant::now() && tokens.still(&s.caller))
+            .map(|s| (s.csrf.clone(), Some(s.caller.clone())))
     }
 
-    /// Whether `headers` carry a live session (the API lets it read).
+    /// The caller of the live session `headers` carry, if any (the API lets it read).
+    pub(crate) fn session_caller(&self, headers: &HeaderMap) -> Option<Caller> {
+        self.access(headers).and_then(|(_, caller)| caller)
+    }
+
+    /// Whether `headers` carry a live session.
     pub(crate) fn has_session(&self, headers: &HeaderMap) -> bool {
-        self.token.is_some() && self.csrf(headers).is_some()
+        self.session_caller(headers).is_some()
     }
 
     fn login(&self, given: &str) -> Option<String> {
-        let token = self.token.as_deref()?;
-        if !crate::auth::constant_time_eq(given.as_bytes(), token.as_bytes()) {
-            return None;
-        }
+        let caller = self.tokens.as_ref()?.find(given)?;
         let id = random();
         let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
@@ -204,6 +217,7 @@ impl Guard {
             Session {
                 csrf: random(),
                 until: now + SESSION_TTL,
+                caller,
             },
         );
         Some(id)
@@ -277,18 +291,23 @@ pub(crate) async fn require(
             "This form was sent from another site; open the dashboard and try again.",
         );
     }
-    if !open && guard.csrf(req.headers()).is_none() {
-        if req.method() == Method::GET {
+    match guard.access(req.headers()) {
+        // Everything that runs for a session's request knows its token (`auth::caller`):
+        // the pages offer only what its scope allows, the forms check it, the audit log
+        // names it.
+        Some((_, Some(caller))) => crate::auth::as_caller(caller, req, next).await,
+        Some((_, None)) => next.run(req).await,
+        None if open => next.run(req).await,
+        None if req.method() == Method::GET => {
             let next: String =
                 form_urlencoded::byte_serialize(super::here(&req).as_bytes()).collect();
-            return Redirect::to(&format!("/login?next={next}")).into_response();
+            Redirect::to(&format!("/login?next={next}")).into_response()
         }
-        return refuse(
+        None => refuse(
             StatusCode::UNAUTHORIZED,
             "Your session has ended; log in again.",
-        );
+        ),
     }
-    next.run(req).await
 }
 
 /// Checks a posted form's CSRF token against the sender's.
@@ -348,7 +367,7 @@ pub(crate) async fn login_page(
     Query(query): Query<LoginQuery>,
 ) -> Response {
     let next = safe_next(query.next.as_deref());
-    if guard.token.is_none() {
+    if guard.tokens.is_none() {
         return Redirect::to(&next).into_response();
     }
     let body = html! {
@@ -478,7 +497,9 @@ mod tests {
 
     #[test]
     fn a_session_is_its_cookie_and_ends_at_logout() {
-        let guard = Guard::new(Some("t0ken".into()));
+        let guard = Guard::new(Some(crate::auth::Tokens::new(vec![
+            crate::auth::Token::new("t", "t0ken", crate::auth::Scope::Admin).unwrap(),
+        ])));
         assert!(guard.login("wrong").is_none());
         let id = guard.login("t0ken").expect("logged in");
         let mut headers = HeaderMap::new();

@@ -252,7 +252,8 @@ fn api_path(name: &str, id: &str) -> String {
 }
 
 /// The buttons valid for an instance in `status`: pause while it can still run, resume
-/// while paused, terminate until it has ended; restart and delete always.
+/// while paused, terminate until it has ended; restart always, and delete always to a
+/// session whose token has the `admin` scope.
 fn valid_actions(status: InstanceStatus) -> Vec<(&'static str, &'static str, bool)> {
     let mut buttons = Vec::new();
     let paused = matches!(
@@ -270,11 +271,21 @@ fn valid_actions(status: InstanceStatus) -> Vec<(&'static str, &'static str, boo
         buttons.push(("terminate-rollback", "Terminate with rollback", true));
     }
     buttons.push(("restart", "Restart", true));
-    buttons.push(("delete", "Delete", true));
+    if crate::auth::may(crate::auth::Scope::Admin) {
+        buttons.push(("delete", "Delete", true));
+    }
     buttons
 }
 
 fn actions(name: &str, id: &str, d: &InstanceDetails, csrf: &str) -> Markup {
+    if !crate::auth::may(crate::auth::Scope::Operate) {
+        return html! {
+            section.actions aria-labelledby="actions-title" {
+                h2 #actions-title { "Actions" }
+                p.muted { "This session's token may only read." }
+            }
+        };
+    }
     let here = super::instance_path(name, id);
     let action = format!("{here}/action");
     let button = |value: &str, label: &str, danger: bool| {
@@ -338,6 +349,13 @@ pub(crate) async fn action(
         Err(refused) => return refused,
     };
     let here = super::instance_path(&name, &id);
+    let needs = match value(&form, "action") {
+        Some("delete") => crate::auth::Scope::Admin,
+        _ => crate::auth::Scope::Operate,
+    };
+    if let Err(refused) = super::allowed(&guard, &here, needs) {
+        return refused;
+    }
     let instance = match find(&engine, &name, &id).await {
         Ok(i) => i,
         Err(e) => return super::back(&guard, &here, Err(e.to_string())),
@@ -499,6 +517,9 @@ pub(crate) async fn event(
         Err(refused) => return refused,
     };
     let here = super::instance_path(&name, &id);
+    if let Err(refused) = super::allowed(&guard, &here, crate::auth::Scope::Operate) {
+        return refused;
+    }
     let Some(kind) = value(&form, "type") else {
         return super::back(&guard, &here, Err("Give the event a type.".into()));
     };

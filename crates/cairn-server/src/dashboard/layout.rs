@@ -38,6 +38,11 @@ pub(crate) fn page(shell: &Shell<'_>, body: Markup) -> Markup {
                         a href="/instances?status=errored" { "Failures" }
                         a href="/api/openapi.json" { "API" }
                     }
+                    @if let Some(caller) = crate::auth::caller() {
+                        span.who title="The token this session logged in with, and what it may do" {
+                            (caller.name) " · " (caller.scope)
+                        }
+                    }
                     @if shell.logged_in {
                         form.logout method="post" action="/logout" {
                             input type="hidden" name="csrf" value=(shell.csrf);

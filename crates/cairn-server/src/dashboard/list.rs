@@ -150,7 +150,9 @@ pub(crate) async fn page(
                         span { "With " }
                         label { input type="radio" name="scope" value="selected" checked; " the selected" }
                         label { input type="radio" name="scope" value="filter"; " all matching the filter" }
-                        @for (action, label) in [("pause", "Pause"), ("resume", "Resume"), ("terminate", "Terminate"), ("terminate-rollback", "Terminate with rollback"), ("restart", "Restart"), ("delete", "Delete")] {
+                        @for (action, label) in [("pause", "Pause"), ("resume", "Resume"), ("terminate", "Terminate"), ("terminate-rollback", "Terminate with rollback"), ("restart", "Restart"), ("delete", "Delete")]
+                            .into_iter()
+                            .filter(|(action, _)| crate::auth::may(if *action == "delete" { crate::auth::Scope::Admin } else { crate::auth::Scope::Operate })) {
                             button type="submit" name="action" value=(action) class=(if action.starts_with("terminate") || action == "delete" { "danger" } else { "" }) { (label) }
                         }
                     }
@@ -294,6 +296,14 @@ pub(crate) async fn bulk(
         },
         None => return super::back(&guard, &list, Err("choose an action".into())),
     };
+    let needs = if action == Action::Delete {
+        crate::auth::Scope::Admin
+    } else {
+        crate::auth::Scope::Operate
+    };
+    if let Err(refused) = super::allowed(&guard, &list, needs) {
+        return refused;
+    }
     let everything = value(&form, "scope") == Some("filter");
     let mut selected: Vec<Target> = Vec::new();
     for (w, id) in form

@@ -146,6 +146,16 @@ pub(crate) fn html(status: StatusCode, markup: maud::Markup) -> Response {
 }
 
 /// Back to `to` with the outcome of an action shown there, once, in words.
+/// Sends the person back to `to` saying why not, when their session's token lacks `scope`
+/// (the pages offer only what it allows; this is the check behind them).
+#[allow(clippy::result_large_err)] // a refusal is the answer itself, returned at once
+pub(crate) fn allowed(guard: &Guard, to: &str, scope: crate::auth::Scope) -> Result<(), Response> {
+    match crate::auth::require(scope) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(back(guard, to, Err(format!("Not allowed: {}.", e.message)))),
+    }
+}
+
 pub(crate) fn back(guard: &Guard, to: &str, outcome: Result<String, String>) -> Response {
     let id = guard.flash(outcome);
     let sep = if to.contains('?') { '&' } else { '?' };

@@ -137,6 +137,7 @@ async fn schedules(engine: &Engine, csrf: &str) -> Markup {
                                     Err(e) => td colspan="2" { span.failed { (e.to_string()) } },
                                 }
                                 td {
+                                    @if crate::auth::may(crate::auth::Scope::Admin) {
                                     form.inline method="post" action=(format!("/schedules/{}/trigger", super::encode_segment(s.name()))) {
                                         input type="hidden" name="csrf" value=(csrf);
                                         button type="submit" { "Trigger" }
@@ -146,6 +147,7 @@ async fn schedules(engine: &Engine, csrf: &str) -> Markup {
                                     form.inline method="post" action=(format!("/schedules/{}/{verb}", super::encode_segment(s.name()))) {
                                         input type="hidden" name="csrf" value=(csrf);
                                         button type="submit" value=(verb) { (label) }
+                                    }
                                     }
                                 }
                             }
@@ -168,6 +170,9 @@ pub(crate) async fn trigger(
     if let Err(refused) = super::guard::posted_form(&guard, &headers, &body) {
         return refused;
     }
+    if let Err(refused) = super::allowed(&guard, "/", crate::auth::Scope::Admin) {
+        return refused;
+    }
     match engine.trigger_schedule(&name).await {
         Ok(instance) => super::back(
             &guard,
@@ -187,6 +192,9 @@ pub(crate) async fn pause_or_resume(
     body: axum::body::Bytes,
 ) -> Response {
     if let Err(refused) = super::guard::posted_form(&guard, &headers, &body) {
+        return refused;
+    }
+    if let Err(refused) = super::allowed(&guard, "/", crate::auth::Scope::Admin) {
         return refused;
     }
     let done = match verb.as_str() {
