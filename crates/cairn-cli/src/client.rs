@@ -46,8 +46,30 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Client {
-    pub(crate) fn new(url: String, token: Option<String>) -> Self {
+    /// A client of the server at `url`, trusting the certificate authority in the PEM file
+    /// `ca_cert` besides the public roots.
+    pub(crate) fn new(
+        url: String,
+        token: Option<String>,
+        ca_cert: Option<&std::path::Path>,
+    ) -> std::result::Result<Self, String> {
+        let mut tls = ureq::tls::TlsConfig::builder();
+        if let Some(path) = ca_cert {
+            let pem = std::fs::read(path)
+                .map_err(|e| format!("read the CA certificate {}: {e}", path.display()))?;
+            let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if certs.is_empty() {
+                return Err(format!("{} holds no PEM certificate", path.display()));
+            }
+            tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&certs));
+        }
         let agent: ureq::Agent = ureq::Agent::config_builder()
+            .tls_config(tls.build())
             .http_status_as_error(false)
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_recv_response(Some(ANSWER_TIMEOUT))
@@ -55,11 +77,11 @@ impl Client {
             .user_agent(concat!("cairn-cli/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        Client {
+        Ok(Client {
             url: url.trim_end_matches('/').to_owned(),
             token,
             agent,
-        }
+        })
     }
 
     /// One request; a non-2xx answer becomes the server's `message (code)`.

@@ -28,6 +28,9 @@ pub(crate) struct File {
     pub(crate) lease_ttl: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     pub(crate) min_schedule_interval: Option<Duration>,
+    pub(crate) tls_cert: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
+    pub(crate) insecure_plain_http: Option<bool>,
     #[serde(default)]
     tokens: Vec<TokenEntry>,
 }
@@ -70,6 +73,11 @@ fn parse(path: &Path, text: &str) -> Result<Loaded, String> {
             None => format!("{shown}: {}", e.message()),
         }
     })?;
+    if file.tls_cert.is_some() != file.tls_key.is_some() {
+        return Err(format!(
+            "{shown}: tls_cert and tls_key go together: give both or neither"
+        ));
+    }
     let mut tokens = Vec::with_capacity(file.tokens.len());
     for entry in &file.tokens {
         let line = line_of(text, entry.name.span().start);
@@ -197,6 +205,9 @@ cloudflare_any_account = false
 no_schedules = true
 lease_ttl = "45 seconds"
 min_schedule_interval = "5 minutes"
+tls_cert = "/etc/cairn/cert.pem"
+tls_key = "/etc/cairn/key.pem"
+insecure_plain_http = false
 
 [[tokens]]
 name = "ci"
@@ -220,6 +231,8 @@ scope = "admin"
         assert_eq!(f.lease_ttl, Some(Duration::from_secs(45)));
         assert_eq!(f.min_schedule_interval, Some(Duration::from_secs(300)));
         assert_eq!(f.no_schedules, Some(true));
+        assert_eq!(f.tls_key.as_deref(), Some(Path::new("/etc/cairn/key.pem")));
+        assert_eq!(f.insecure_plain_http, Some(false));
         let names: Vec<_> = loaded
             .tokens
             .iter()
@@ -267,6 +280,7 @@ scope = "admin"
                 "64 hex digits",
             ),
             ("x = [\n", "cairn.toml:", ""),
+            ("tls_cert = \"c.pem\"\n", "cairn.toml:", "give both"),
         ];
         for (text, at, says) in cases {
             let e = parsed(text).unwrap_err();

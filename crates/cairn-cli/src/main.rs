@@ -60,6 +60,10 @@ struct ClientArgs {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// Trust the certificate authority in this PEM file for an `https://` server (one
+    /// whose certificate a private CA signed); the public roots are trusted without it.
+    #[arg(long, global = true, env = "CAIRN_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -106,6 +110,27 @@ enum Command {
         /// schedules created over the API that would fire more often are refused.
         #[arg(long, env = "CAIRN_MIN_SCHEDULE_INTERVAL", value_name = "DURATION", value_parser = parse_interval)]
         min_schedule_interval: Option<std::time::Duration>,
+        /// Serve HTTPS (HTTP/2 and HTTP/1.1) with this certificate chain (PEM), read again
+        /// when the file changes. Needs --tls-key.
+        #[arg(
+            long,
+            env = "CAIRN_TLS_CERT",
+            value_name = "FILE",
+            requires = "tls_key"
+        )]
+        tls_cert: Option<PathBuf>,
+        /// The private key of --tls-cert (PEM).
+        #[arg(
+            long,
+            env = "CAIRN_TLS_KEY",
+            value_name = "FILE",
+            requires = "tls_cert"
+        )]
+        tls_key: Option<PathBuf>,
+        /// Serve plain HTTP on a non-loopback address (behind a proxy that terminates
+        /// TLS). Without it, such an address needs --tls-cert and --tls-key.
+        #[arg(long, env = "CAIRN_INSECURE_PLAIN_HTTP")]
+        insecure_plain_http: bool,
         /// A configuration file (TOML): keys named like these flags (`addr`, `db`,
         /// `log_format`, …) and the server's tokens as `[[tokens]]` tables (`name`, `token`
         /// or `token_sha256`, `scope` = read, operate or admin). A flag or its environment
@@ -471,9 +496,10 @@ fn connect(
     top_url: Option<String>,
     token: Option<String>,
     top_json: bool,
-) -> (client::Client, bool) {
+) -> Result<(client::Client, bool), String> {
     let url = args.url.or(top_url).unwrap_or_else(|| DEFAULT_URL.into());
-    (client::Client::new(url, token), args.json || top_json)
+    let client = client::Client::new(url, token, args.ca_cert.as_deref())?;
+    Ok((client, args.json || top_json))
 }
 
 async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::error::Error>> {
@@ -488,6 +514,9 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             no_schedules,
             lease_ttl,
             min_schedule_interval,
+            tls_cert,
+            tls_key,
+            insecure_plain_http,
             config,
         } => {
             let loaded = config.as_deref().map(config::load).transpose()?;
@@ -529,8 +558,20 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             let otlp_endpoint =
                 otlp_endpoint.or_else(|| file.and_then(|f| f.otlp_endpoint.clone()));
             let account_id = account_id.or_else(|| file.and_then(|f| f.account_id.clone()));
+            let insecure_plain_http = flag(
+                "insecure_plain_http",
+                insecure_plain_http,
+                file.and_then(|f| f.insecure_plain_http),
+            );
+            // The pair comes from one place: both flags, or both keys of the file.
+            let tls = match (tls_cert, tls_key) {
+                (Some(cert), Some(key)) => Some((cert, key)),
+                _ => file.and_then(|f| f.tls_cert.clone().zip(f.tls_key.clone())),
+            };
             let _traces = logging::install(log_format, otlp_endpoint.as_deref())?;
             let settings = ServeSettings {
+                tls,
+                insecure_plain_http,
                 lease_ttl: lease_ttl.or_else(|| file.and_then(|f| f.lease_ttl)),
                 min_schedule_interval: min_schedule_interval
                     .or_else(|| file.and_then(|f| f.min_schedule_interval)),
@@ -588,7 +629,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             client: args,
             command,
         } => {
-            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json);
+            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json)?;
             tokio::task::spawn_blocking(move || workflows(&client, command, json)).await??;
             Ok(())
         }
@@ -596,7 +637,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             client: args,
             command,
         } => {
-            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json);
+            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json)?;
             tokio::task::spawn_blocking(move || instances(&client, command, json)).await??;
             Ok(())
         }
@@ -604,7 +645,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             client: args,
             command,
         } => {
-            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json);
+            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json)?;
             tokio::task::spawn_blocking(move || schedules(&client, command, json)).await??;
             Ok(())
         }
@@ -820,8 +861,12 @@ fn token(given: Option<String>) -> Option<String> {
     }
 }
 
-/// The engine's settings `cairn serve` passes on, when given.
+/// The engine's settings `cairn serve` passes on, when given, and how it serves.
 struct ServeSettings {
+    /// The certificate chain and key to serve HTTPS with.
+    tls: Option<(PathBuf, PathBuf)>,
+    /// Plain HTTP on a non-loopback address.
+    insecure_plain_http: bool,
     lease_ttl: Option<std::time::Duration>,
     min_schedule_interval: Option<std::time::Duration>,
     cloudflare_any_account: bool,
@@ -904,6 +949,18 @@ async fn serve(
         )
         .into());
     }
+    if !addr.ip().is_loopback() && settings.tls.is_none() && !settings.insecure_plain_http {
+        return Err(format!(
+            "refusing to serve plain HTTP on {addr}: tokens would cross the network in clear. Pass --tls-cert and --tls-key, or --insecure-plain-http behind a proxy that terminates TLS"
+        )
+        .into());
+    }
+    // The certificate before the address and the database: a wrong path fails at once.
+    let tls = match &settings.tls {
+        Some((cert, key)) => Some(cairn_server::Tls::from_files(cert, key)?),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     // The address first: a busy port must not create or open the database (and take over
     // its leases) only to fail afterwards.
     let listener = tokio::net::TcpListener::bind(addr)
@@ -940,12 +997,12 @@ async fn serve(
         "serving"
     );
     out!(
-        "cairn: serving http://{addr}/api on {shown} (workflows: {})",
+        "cairn: serving {scheme}://{addr}/api on {shown} (workflows: {})",
         names.join(", ")
     );
-    out!("cairn: open the dashboard: http://{addr}/");
+    out!("cairn: open the dashboard: {scheme}://{addr}/");
     out!(
-        "cairn: API index http://{addr}/api, OpenAPI http://{addr}/api/openapi.json; {}",
+        "cairn: API index {scheme}://{addr}/api, OpenAPI {scheme}://{addr}/api/openapi.json; {}",
         if tokens.is_some() {
             "every request needs a token (Authorization: Bearer …; the CLI takes --token or CAIRN_TOKEN)"
         } else {
@@ -998,10 +1055,16 @@ async fn serve(
         engine.shutdown().await;
         tracing::info!("engine drained");
     };
-    let (served, ()) = tokio::join!(
-        cairn_server::serve_router_with(listener, router, limits, shutdown),
-        drain
-    );
+    let serving = async {
+        match tls {
+            Some(tls) => {
+                tls.watch(std::time::Duration::from_secs(2));
+                cairn_server::serve_router_tls(listener, router, limits, tls, shutdown).await
+            }
+            None => cairn_server::serve_router_with(listener, router, limits, shutdown).await,
+        }
+    };
+    let (served, ()) = tokio::join!(serving, drain);
     tracing::info!("stopped");
     out!("cairn: stopped");
     served.map_err(|e| format!("serve: {e}").into())

@@ -1553,3 +1553,162 @@ scope = "admin"
     wait_up(port_2);
     assert!(db_2.exists(), "--db wins over the file's db");
 }
+
+/// A certificate authority named `name` and a certificate for `localhost` and `127.0.0.1`
+/// signed by it: `(ca.pem, cert.pem, key.pem)`.
+fn certificates(name: &str) -> (String, String, String) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(rcgen::DnType::CommonName, name);
+    let ca = rcgen::CertifiedIssuer::self_signed(ca, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// `curl` over TLS trusting `ca`: `(HTTP version, status)`, or `None` when the request
+/// failed (a certificate it does not trust).
+fn curl(ca: &std::path::Path, http: &str, url: &str) -> Option<(String, String)> {
+    let output = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_version} %{http_code}",
+            http,
+        ])
+        .arg("--cacert")
+        .arg(ca)
+        .arg(url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (version, status) = text.split_once(' ')?;
+    (output.status.success() && status != "000").then(|| (version.to_owned(), status.to_owned()))
+}
+
+/// Issue 33 §1: `cairn serve --tls-cert --tls-key` serves HTTPS with rustls, HTTP/2 and
+/// HTTP/1.1 as the client asks (curl and the CLI verify the certificate against the
+/// test's CA); a renewed certificate in the same files is served without a restart; a
+/// non-loopback address without TLS is refused unless `--insecure-plain-http` says so.
+#[test]
+fn serve_speaks_tls_over_http2_and_http1_and_serves_a_renewed_certificate_without_a_restart() {
+    if Command::new("curl").arg("--version").output().is_err() {
+        panic!("curl is needed (Debian package curl)");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let (ca, cert, key) = certificates("Cairn test CA one");
+    std::fs::write(path("ca1.pem"), ca).unwrap();
+    std::fs::write(path("cert.pem"), cert).unwrap();
+    std::fs::write(path("key.pem"), key).unwrap();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--no-schedules", "--token", "t0ken", "--db"])
+        .arg(path("cairn.db"))
+        .args(["--addr", &format!("127.0.0.1:{port}"), "--tls-cert"])
+        .arg(path("cert.pem"))
+        .arg("--tls-key")
+        .arg(path("key.pem"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let _server = Server(child);
+    let healthz = format!("https://localhost:{port}/healthz");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while curl(&path("ca1.pem"), "--http1.1", &healthz).is_none() {
+        assert!(Instant::now() < deadline, "the TLS server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        curl(&path("ca1.pem"), "--http2", &healthz),
+        Some(("2".to_owned(), "200".to_owned())),
+        "HTTP/2 by ALPN"
+    );
+    assert_eq!(
+        curl(&path("ca1.pem"), "--http1.1", &healthz),
+        Some(("1.1".to_owned(), "200".to_owned()))
+    );
+    assert_ne!(
+        http(port, "GET", "/healthz", "").map(|r| r.0),
+        Some(200),
+        "no plain HTTP on the TLS port"
+    );
+    // The CLI verifies the certificate: with the CA it works, without it it refuses.
+    let url = format!("https://localhost:{port}");
+    let cli = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["workflows", "list", "--url", &url, "--token", "t0ken"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let trusted = cli(&["--ca-cert", path("ca1.pem").to_str().unwrap()]);
+    assert!(
+        trusted.status.success() && String::from_utf8_lossy(&trusted.stdout).contains("greet"),
+        "{trusted:?}"
+    );
+    let untrusted = cli(&[]);
+    assert!(!untrusted.status.success(), "{untrusted:?}");
+
+    // Renewal: another CA's certificate written over the same files.
+    let (ca, cert, key) = certificates("Cairn test CA two");
+    std::fs::write(path("ca2.pem"), ca).unwrap();
+    for (name, text) in [("key.pem", key), ("cert.pem", cert)] {
+        std::fs::write(path(&format!("{name}.next")), text).unwrap();
+        std::fs::rename(path(&format!("{name}.next")), path(name)).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while curl(&path("ca2.pem"), "--http2", &healthz).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the renewed certificate was never served"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        curl(&path("ca1.pem"), "--http2", &healthz),
+        None,
+        "the old one is gone"
+    );
+    // The dashboard's session cookie, set over TLS, is `Secure`.
+    let login = Command::new("curl")
+        .args(["-s", "-D", "-", "-o", "/dev/null", "--cacert"])
+        .arg(path("ca2.pem"))
+        .args(["-d", "token=t0ken&next=%2F"])
+        .arg(format!("https://localhost:{port}/login"))
+        .output()
+        .unwrap();
+    let headers = String::from_utf8_lossy(&login.stdout).to_lowercase();
+    let cookie = headers
+        .lines()
+        .find(|l| l.starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie: {headers}"));
+    assert!(
+        cookie.contains("; secure") && cookie.contains("httponly"),
+        "{cookie}"
+    );
+
+    // Plain HTTP on a public address is refused before anything is bound.
+    let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--addr", "0.0.0.0:0", "--token", "t", "--db"])
+        .arg(path("other.db"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("refusing to serve plain HTTP on 0.0.0.0:0")
+            && stderr.contains("--insecure-plain-http"),
+        "{stderr}"
+    );
+    assert!(
+        !path("other.db").exists(),
+        "refused before opening the database"
+    );
+}

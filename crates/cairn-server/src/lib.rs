@@ -24,6 +24,7 @@ mod routes;
 mod schedules;
 mod serve;
 mod stream;
+mod tls;
 mod workers;
 
 use std::future::Future;
@@ -34,6 +35,7 @@ pub use auth::{Scope, Token, Tokens};
 pub use error::ApiError;
 pub use prometheus::Metrics;
 pub use serve::{Limits, raise_fd_limit};
+pub use tls::Tls;
 
 /// The largest request body accepted: 1 MiB of payload, as base64 when it is bytes (which
 /// count as their bytes against the payload limit), plus room for the envelope.
@@ -233,7 +235,7 @@ pub async fn serve_router(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve::serve(listener, router, &Limits::default(), shutdown).await
+    serve::serve(listener, router, &Limits::default(), None, shutdown).await
 }
 
 /// [`serve_router`] with `limits`' header timeout.
@@ -246,7 +248,23 @@ pub async fn serve_router_with(
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve::serve(listener, router, &limits, shutdown).await
+    serve::serve(listener, router, &limits, None, shutdown).await
+}
+
+/// [`serve_router_with`] over TLS: HTTP/2 or HTTP/1.1 as the client's ALPN asks, the
+/// handshake within the header timeout. `tls` may be watched ([`Tls::watch`]) for a
+/// renewed certificate.
+///
+/// # Errors
+/// When the listener fails.
+pub async fn serve_router_tls(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Tls,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve::serve(listener, router, &limits, Some(tls), shutdown).await
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.

@@ -17,7 +17,7 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::{Semaphore, watch};
 
@@ -437,12 +437,17 @@ pub(crate) async fn read_body_within(timeout: Duration, request: Request, next: 
         .await
 }
 
+/// Marks a request that came over TLS.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OverTls;
+
 /// Serves `router` on `listener` until `shutdown` resolves, then ends the live streams,
 /// stops accepting, and waits for the requests in progress.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     limits: &Limits,
+    tls: Option<crate::tls::Tls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (closing_tx, closing_rx) = watch::channel(false);
@@ -483,24 +488,64 @@ pub(crate) async fn serve(
             continue;
         };
         let _ = socket.set_nodelay(true);
-        // Handlers that care who is asking (the login's throttle) read the peer's address.
+        // Handlers that care who is asking (the login's throttle) read the peer's address,
+        // and the login whether the connection is TLS (its cookie is `Secure` then).
+        let over_tls = tls.is_some();
         let service = TowerToHyperService::new(tower::ServiceExt::map_request(
             router.clone(),
             move |mut request: hyper::Request<hyper::body::Incoming>| {
                 request
                     .extensions_mut()
                     .insert(axum::extract::ConnectInfo(peer));
+                if over_tls {
+                    request.extensions_mut().insert(OverTls);
+                }
                 request
             },
         ));
+        let mut closing = closing_rx.clone();
+        let alive = alive.clone();
+        if let Some(tls) = &tls {
+            let (acceptor, header_timeout) = (tls.acceptor.clone(), limits.header_timeout);
+            tokio::spawn(async move {
+                // The handshake within the header timeout: a client that opens a
+                // connection and sends nothing does not keep it.
+                let Ok(Ok(stream)) =
+                    tokio::time::timeout(header_timeout, acceptor.accept(socket)).await
+                else {
+                    drop(permit);
+                    return;
+                };
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder
+                    .http1()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(header_timeout);
+                builder.http2().timer(TokioTimer::new());
+                let connection = builder.serve_connection_with_upgrades(
+                    TokioIo::new(JsonRejections::new(stream)),
+                    service,
+                );
+                let mut connection = std::pin::pin!(connection);
+                tokio::select! {
+                    _ = connection.as_mut() => {}
+                    () = async { let _ = closing.wait_for(|closing| *closing).await; } => {
+                        connection.as_mut().graceful_shutdown();
+                        let _ = connection.await;
+                    }
+                }
+                drop(permit);
+                drop(alive);
+            });
+            continue;
+        }
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .serve_connection(TokioIo::new(JsonRejections::new(socket)), service)
             // Workers' WebSockets (`/api/workers`) take the connection over.
             .with_upgrades();
-        let mut closing = closing_rx.clone();
-        let alive = alive.clone();
         tokio::spawn(async move {
             let mut connection = std::pin::pin!(connection);
             tokio::select! {

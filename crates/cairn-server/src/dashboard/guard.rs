@@ -397,6 +397,7 @@ pub(crate) struct LoginForm {
 pub(crate) async fn login(
     Extension(guard): Extension<Arc<Guard>>,
     peer: Option<Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    over_tls: Option<Extension<crate::serve::OverTls>>,
     Form(form): Form<LoginForm>,
 ) -> Response {
     let next = safe_next(form.next.as_deref());
@@ -416,7 +417,9 @@ pub(crate) async fn login(
     guard.login_tried(client, session.is_some());
     match session {
         Some(id) => {
-            let cookie = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict");
+            // Over TLS the browser must never send it over plain HTTP.
+            let secure = if over_tls.is_some() { "; Secure" } else { "" };
+            let cookie = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict{secure}");
             let mut response = Redirect::to(&next).into_response();
             if let Ok(value) = HeaderValue::from_str(&cookie) {
                 response.headers_mut().insert(header::SET_COOKIE, value);
