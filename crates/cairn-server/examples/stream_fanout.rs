@@ -2,7 +2,7 @@
 //! while N idle SSE streams (per instance, on waiting instances; or per workflow) are open
 //! on a real loopback server, and prints instances completed per second.
 //!
-//! `cargo run --release -p cairn-server --example stream_fanout -- [streams] [instance|workflow|other-workflow]`
+//! `cargo run --release -p cairn-engine-server --example stream_fanout -- [streams] [instance|workflow|other-workflow]`
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
