@@ -1712,3 +1712,119 @@ fn serve_speaks_tls_over_http2_and_http1_and_serves_a_renewed_certificate_withou
         "refused before opening the database"
     );
 }
+
+/// The details of one instance over HTTP.
+fn details(port: u16, workflow: &str, id: &str) -> serde_json::Value {
+    let (status, body) = http(
+        port,
+        "GET",
+        &format!("/api/workflows/{workflow}/instances/{id}"),
+        "",
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{workflow}/{id}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Issue 33 §3: a SQLite database written by each earlier schema version — fixtures made
+/// by the build that wrote them (`tools/fixtures/make-sqlite.sh`: a finished greeting, a
+/// nap in its sleep, a report killed in the middle of its first attempt) — opens with
+/// today's build, is migrated, and its instances finish: nothing finished runs again, the
+/// sleep ends, the interrupted attempt is retried once.
+#[test]
+fn an_sqlite_database_of_every_earlier_schema_version_opens_and_its_instances_finish() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut found: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(&fixtures)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let name = path.file_name()?.to_str()?.to_owned();
+            let version = name.strip_prefix("sqlite-schema-")?.strip_suffix(".db")?;
+            Some((version.parse().ok()?, path))
+        })
+        .collect();
+    found.sort();
+    let versions: Vec<u32> = found.iter().map(|(v, _)| *v).collect();
+    assert!(
+        versions.len() >= 6 && versions.last() == Some(&14),
+        "fixtures of the earlier schema versions: {versions:?}"
+    );
+    for (version, fixture) in found {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("cairn.db");
+        std::fs::copy(&fixture, &db).unwrap();
+        let port = free_port();
+        let server = start(&db, port);
+        let greet = details(port, "greet", "g-done");
+        assert_eq!(greet["status"], "complete", "v{version}: {greet}");
+        assert_eq!(greet["output"], "Hello, Fixture!", "v{version}: {greet}");
+        for s in greet["steps"].as_array().unwrap() {
+            assert_eq!(
+                s["attempts"].as_array().unwrap().len(),
+                1,
+                "v{version}: ran again: {s}"
+            );
+        }
+        until_status(port, "nap", "n-sleeping", "complete");
+        until_status(port, "report", "r-running", "complete");
+        let report = details(port, "report", "r-running");
+        assert_eq!(report["output"]["rows"], 42, "v{version}: {report}");
+        let build = &report["steps"][0];
+        assert_eq!(build["name"], "build report", "v{version}: {report}");
+        let attempts = build["attempts"].as_array().unwrap();
+        assert_eq!(
+            attempts.len(),
+            2,
+            "v{version}: interrupted, then retried once: {build}"
+        );
+        drop(server);
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        let now: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert!(
+            now > i64::from(version),
+            "v{version} was migrated (now {now})"
+        );
+    }
+}
+
+/// Issue 33 §3: a database written by a newer build is refused, the message naming both
+/// schema versions, and left as it was.
+#[test]
+fn an_sqlite_database_of_a_newer_schema_version_is_refused_naming_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let port = free_port();
+    drop(start(&db, port));
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let current: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    conn.pragma_update(None, "user_version", current + 1)
+        .unwrap();
+    drop(conn);
+    let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args([
+            "serve",
+            "--no-schedules",
+            "--addr",
+            &format!("127.0.0.1:{}", free_port()),
+            "--db",
+        ])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("schema version {}", current + 1))
+            && stderr.contains(&format!("this build's {current}")),
+        "{stderr}"
+    );
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let after: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(after, current + 1, "left as it was");
+}
