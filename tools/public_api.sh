@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Compares the public API of `cairn` (the package cairn-engine, all features) with the list
+# kept in api/cairn.txt; `--update` rewrites the list instead. A change of the public API
+# is deliberate when the same commit updates the list: review its diff like code.
+#
+# rustdoc's JSON output is unstable: RUSTC_BOOTSTRAP lets the pinned stable toolchain
+# write it, and the list is made by tools/public_api.py with that same toolchain.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="-Z unstable-options --output-format json" \
+    cargo doc -q -p cairn-engine --no-deps --lib --features sqlite,postgres,testing \
+    --target-dir target/public-api
+now=$(mktemp)
+trap 'rm -f "$now"' EXIT
+python3 tools/public_api.py target/public-api/doc/cairn.json >"$now"
+if [ "${1:-}" = "--update" ]; then
+    cp "$now" api/cairn.txt
+    echo "api/cairn.txt: $(wc -l <api/cairn.txt) public items"
+    exit 0
+fi
+if ! diff -u api/cairn.txt "$now"; then
+    echo "The public API of cairn changed (above: - removed, + added). If that is meant," >&2
+    echo "run tools/public_api.sh --update and commit api/cairn.txt with the change." >&2
+    exit 1
+fi
+echo "the public API of cairn matches api/cairn.txt ($(wc -l <"$now") items)"
