@@ -35,8 +35,8 @@ pub(crate) struct File {
     tokens: Vec<TokenEntry>,
 }
 
-/// One `[[tokens]]` table.
-#[derive(Debug, Deserialize)]
+/// One `[[tokens]]` table (its Debug leaves the token out).
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokenEntry {
     name: toml::Spanned<String>,
@@ -46,12 +46,23 @@ struct TokenEntry {
     scope: cairn_server::Scope,
 }
 
+impl std::fmt::Debug for TokenEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenEntry")
+            .field("name", self.name.get_ref())
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A configuration file that was read and checked.
 #[derive(Debug)]
 pub(crate) struct Loaded {
     pub(crate) path: PathBuf,
     pub(crate) file: File,
     pub(crate) tokens: Vec<cairn_server::Token>,
+    /// The bytes it was read from (what a later change is compared with).
+    pub(crate) bytes: Vec<u8>,
 }
 
 /// Reads and checks the file at `path`.
@@ -59,9 +70,13 @@ pub(crate) struct Loaded {
 /// # Errors
 /// A message naming the file, and the line and key where one is at fault.
 pub(crate) fn load(path: &Path) -> Result<Loaded, String> {
-    let text = std::fs::read_to_string(path)
+    let bytes = std::fs::read(path)
         .map_err(|e| format!("read the configuration {}: {e}", path.display()))?;
-    parse(path, &text)
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("{}: the configuration is not UTF-8", path.display()))?;
+    let mut loaded = parse(path, &text)?;
+    loaded.bytes = text.into_bytes();
+    Ok(loaded)
 }
 
 fn parse(path: &Path, text: &str) -> Result<Loaded, String> {
@@ -74,8 +89,17 @@ fn parse(path: &Path, text: &str) -> Result<Loaded, String> {
         }
     })?;
     if file.tls_cert.is_some() != file.tls_key.is_some() {
+        let key = if file.tls_cert.is_some() {
+            "tls_cert"
+        } else {
+            "tls_key"
+        };
+        let line = text
+            .lines()
+            .position(|l| l.trim_start().starts_with(key))
+            .map_or(1, |i| i + 1);
         return Err(format!(
-            "{shown}: tls_cert and tls_key go together: give both or neither"
+            "{shown}:{line}: {key}: tls_cert and tls_key go together: give both or neither"
         ));
     }
     let mut tokens = Vec::with_capacity(file.tokens.len());
@@ -109,6 +133,7 @@ fn parse(path: &Path, text: &str) -> Result<Loaded, String> {
         path: path.to_owned(),
         file,
         tokens,
+        bytes: Vec::new(),
     })
 }
 
@@ -141,23 +166,32 @@ fn scope<'de, D: Deserializer<'de>>(d: D) -> Result<cairn_server::Scope, D::Erro
 }
 
 /// Reads the file's tokens again whenever it changes (checked every `every`) and gives
-/// them, with `fixed` (the `--token` flag's), to `tokens`. A file that no longer checks
-/// keeps the tokens in force and says why.
+/// them, with `fixed` (the `--token` flag's), to `tokens`. `started` is what the server
+/// started from. A change counts once two looks in a row see the same bytes (an editor
+/// that writes in place is not caught half way); a file that no longer checks keeps the
+/// tokens in force and says why.
 pub(crate) fn watch(
     path: PathBuf,
+    started: Vec<u8>,
     tokens: cairn_server::Tokens,
     fixed: Vec<cairn_server::Token>,
     every: Duration,
 ) {
     tokio::spawn(async move {
-        let seen = |path: &Path| std::fs::read(path).ok();
-        let mut last = seen(&path);
+        let mut last = Some(started);
+        let mut pending = None;
         loop {
             tokio::time::sleep(every).await;
-            let now = seen(&path);
+            let now = std::fs::read(&path).ok();
             if now == last {
+                pending = None;
                 continue;
             }
+            if pending.as_ref() != Some(&now) {
+                pending = Some(now);
+                continue;
+            }
+            pending = None;
             last = now;
             match load(&path) {
                 Ok(loaded) => {
@@ -280,7 +314,11 @@ scope = "admin"
                 "64 hex digits",
             ),
             ("x = [\n", "cairn.toml:", ""),
-            ("tls_cert = \"c.pem\"\n", "cairn.toml:", "give both"),
+            (
+                "db = \"x\"\ntls_cert = \"c.pem\"\n",
+                "cairn.toml:2: tls_cert",
+                "give both",
+            ),
         ];
         for (text, at, says) in cases {
             let e = parsed(text).unwrap_err();

@@ -555,8 +555,14 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
                 no_schedules,
                 file.and_then(|f| f.no_schedules),
             );
-            let otlp_endpoint =
-                otlp_endpoint.or_else(|| file.and_then(|f| f.otlp_endpoint.clone()));
+            // The flag, then OTEL_EXPORTER_OTLP_ENDPOINT (read by `logging::install`), then
+            // the file.
+            let otlp_endpoint = otlp_endpoint.or_else(|| {
+                std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT")
+                    .is_none()
+                    .then(|| file.and_then(|f| f.otlp_endpoint.clone()))
+                    .flatten()
+            });
             let account_id = account_id.or_else(|| file.and_then(|f| f.account_id.clone()));
             let insecure_plain_http = flag(
                 "insecure_plain_http",
@@ -582,7 +588,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
                 addr,
                 Access {
                     token: token(cli.token),
-                    config: loaded.map(|l| (l.path, l.tokens)),
+                    config: loaded,
                 },
                 account_id,
                 !no_schedules,
@@ -904,17 +910,19 @@ fn parse_lease_ttl(text: &str) -> Result<std::time::Duration, String> {
 /// the configuration file's tokens, with the file to read them again from.
 struct Access {
     token: Option<String>,
-    config: Option<(PathBuf, Vec<cairn_server::Token>)>,
+    config: Option<config::Loaded>,
 }
+
+/// The configuration file to watch for changes of the tokens: its path, the bytes the
+/// server started from, and the tokens that do not come from it (the flag's).
+type Watch = (PathBuf, Vec<u8>, Vec<cairn_server::Token>);
 
 impl Access {
     /// Every token, and the file to watch for changes of them.
-    fn tokens(
-        self,
-    ) -> (
-        Option<cairn_server::Tokens>,
-        Option<(PathBuf, Vec<cairn_server::Token>)>,
-    ) {
+    ///
+    /// # Errors
+    /// A token in the file named `default` while `--token` gives one (whose name that is).
+    fn tokens(self) -> Result<(Option<cairn_server::Tokens>, Option<Watch>), String> {
         let fixed: Vec<cairn_server::Token> = self
             .token
             .as_deref()
@@ -923,14 +931,20 @@ impl Access {
             .collect();
         let mut all = fixed.clone();
         let mut watch = None;
-        if let Some((path, tokens)) = self.config {
-            all.splice(0..0, tokens);
-            watch = Some((path, fixed));
+        if let Some(loaded) = self.config {
+            if !fixed.is_empty() && loaded.tokens.iter().any(|t| t.name() == "default") {
+                return Err(format!(
+                    "{}: a token is named \"default\", the name of the one --token (or CAIRN_TOKEN) gives: rename it",
+                    loaded.path.display()
+                ));
+            }
+            all.splice(0..0, loaded.tokens);
+            watch = Some((loaded.path, loaded.bytes, fixed));
         }
         if all.is_empty() {
-            return (None, None);
+            return Ok((None, None));
         }
-        (Some(cairn_server::Tokens::new(all)), watch)
+        Ok((Some(cairn_server::Tokens::new(all)), watch))
     }
 }
 
@@ -942,7 +956,7 @@ async fn serve(
     schedules: bool,
     settings: ServeSettings,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let (tokens, watch) = access.tokens();
+    let (tokens, watch) = access.tokens()?;
     if !addr.ip().is_loopback() && tokens.is_none() {
         return Err(format!(
             "refusing to serve on {addr} without a token: pass --token (or CAIRN_TOKEN), give [[tokens]] in --config, or bind a loopback address"
@@ -1029,9 +1043,10 @@ async fn serve(
         let _ = stopping.wait_for(|stop| *stop).await;
     };
     let shutdown = stopped(stopping.clone());
-    if let (Some(tokens), Some((path, fixed))) = (&tokens, watch) {
+    if let (Some(tokens), Some((path, started, fixed))) = (&tokens, watch) {
         config::watch(
             path,
+            started,
             tokens.clone(),
             fixed,
             std::time::Duration::from_secs(2),

@@ -1569,6 +1569,25 @@ fn certificates(name: &str) -> (String, String, String) {
     (ca.pem(), cert.pem(), key.serialize_pem())
 }
 
+/// A TLS client of `127.0.0.1:PORT` trusting `CA` that agrees on `ALPN`, then sends
+/// nothing: prints how many seconds the server kept the connection.
+const IDLE_TLS_CLIENT: &str = r#"
+import socket, ssl, sys, time
+port, ca, alpn = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+context = ssl.create_default_context(cafile=ca)
+context.set_alpn_protocols([alpn])
+sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="localhost")
+assert sock.selected_alpn_protocol() == alpn, sock.selected_alpn_protocol()
+start = time.monotonic()
+sock.settimeout(60)
+try:
+    while sock.recv(4096):
+        pass
+except (ConnectionError, ssl.SSLError):
+    pass
+print(time.monotonic() - start)
+"#;
+
 /// `curl` over TLS trusting `ca`: `(HTTP version, status)`, or `None` when the request
 /// failed (a certificate it does not trust).
 fn curl(ca: &std::path::Path, http: &str, url: &str) -> Option<(String, String)> {
@@ -1625,6 +1644,25 @@ fn serve_speaks_tls_over_http2_and_http1_and_serves_a_renewed_certificate_withou
         assert!(Instant::now() < deadline, "the TLS server did not come up");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Clients that finish the handshake and then send nothing, one per protocol: each
+    // is closed once the header timeout (10 s) passes without a request. They run while
+    // the rest of the test goes on.
+    let idle: Vec<std::process::Child> = ["h2", "http/1.1"]
+        .iter()
+        .map(|alpn| {
+            Command::new("python3")
+                .args([
+                    "-c",
+                    IDLE_TLS_CLIENT,
+                    &port.to_string(),
+                    path("ca1.pem").to_str().unwrap(),
+                    alpn,
+                ])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
     assert_eq!(
         curl(&path("ca1.pem"), "--http2", &healthz),
         Some(("2".to_owned(), "200".to_owned())),
@@ -1693,6 +1731,16 @@ fn serve_speaks_tls_over_http2_and_http1_and_serves_a_renewed_certificate_withou
         cookie.contains("; secure") && cookie.contains("httponly"),
         "{cookie}"
     );
+
+    for client in idle {
+        let output = client.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&output.stdout).into_owned();
+        let seconds: f64 = said.trim().parse().unwrap_or_else(|_| panic!("{said}"));
+        assert!(
+            (8.0..20.0).contains(&seconds),
+            "an idle TLS connection was closed after {seconds} s, not at the header timeout"
+        );
+    }
 
     // Plain HTTP on a public address is refused before anything is bound.
     let output = Command::new(env!("CARGO_BIN_EXE_cairn"))

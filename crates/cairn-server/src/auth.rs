@@ -171,39 +171,77 @@ impl Tokens {
                 found = Some(Caller {
                     name: token.name.clone().into(),
                     scope: token.scope,
+                    sha256: token.sha256,
                 });
             }
         }
         found
     }
 
-    /// Whether a caller is still one of these tokens, with the same scope.
+    /// Whether a caller's token is still one of these, with the same name, value and
+    /// scope (a token given a new value under its old name is another token).
     pub(crate) fn still(&self, caller: &Caller) -> bool {
         self.0
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .any(|t| *t.name == *caller.name && t.scope == caller.scope)
+            .any(|t| {
+                *t.name == *caller.name
+                    && t.scope == caller.scope
+                    && constant_time_eq(&t.sha256, &caller.sha256)
+            })
     }
 }
 
-/// Who a request was let in as: a token's name and scope.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who a request was let in as: a token's name and scope (and its hash, to tell whether
+/// the token is still in force).
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Caller {
     pub(crate) name: Arc<str>,
     pub(crate) scope: Scope,
+    sha256: [u8; 32],
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caller")
+            .field("name", &self.name)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A caller and the tokens it was let in by: whether it is still let in
+/// ([`Grant::in_force`]) is asked by what outlives its request (a live stream, a worker's
+/// connection), so that a token removed from the set ends them too.
+#[derive(Clone, Debug)]
+pub(crate) struct Grant {
+    caller: Caller,
+    tokens: Tokens,
+}
+
+impl Grant {
+    /// Whether the caller's token is still in the set, unchanged.
+    pub(crate) fn in_force(&self) -> bool {
+        self.tokens.still(&self.caller)
+    }
 }
 
 tokio::task_local! {
-    /// The caller of the request being answered, for the handlers' scope checks that depend
-    /// on a body (a bulk delete) and for the audit log.
-    static CALLER: Caller;
+    /// The grant of the request being answered, for the handlers' scope checks that
+    /// depend on a body (a bulk delete), the audit log, and what outlives the request.
+    static GRANT: Grant;
 }
 
 /// The caller of the request being answered; `None` on a server without tokens (loopback
 /// only, where every request may do everything).
 pub(crate) fn caller() -> Option<Caller> {
-    CALLER.try_with(Clone::clone).ok()
+    GRANT.try_with(|g| g.caller.clone()).ok()
+}
+
+/// The grant of the request being answered (`None` without tokens).
+pub(crate) fn grant() -> Option<Grant> {
+    GRANT.try_with(Clone::clone).ok()
 }
 
 /// Whether the request being answered may do what needs `scope`.
@@ -231,30 +269,68 @@ fn forbidden(caller: &Caller, needs: Scope) -> ApiError {
     )
 }
 
-/// Runs `next` as `caller`'s.
-pub(crate) async fn as_caller(caller: Caller, req: Request, next: Next) -> Response {
-    CALLER.scope(caller, next.run(req)).await
+/// Runs `next` as `caller`'s, let in by `tokens`. A live stream it answers with ends once
+/// the caller's token is no longer in force (checked at each event and keep-alive).
+pub(crate) async fn as_caller(
+    caller: Caller,
+    tokens: Tokens,
+    req: Request,
+    next: Next,
+) -> Response {
+    let grant = Grant { caller, tokens };
+    let response = GRANT.scope(grant.clone(), next.run(req)).await;
+    let streams = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streams {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let frames = futures::StreamExt::take_while(body.into_data_stream(), move |_| {
+        std::future::ready(grant.in_force())
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(frames))
 }
 
-/// The scope a request needs, from its method and route. A bulk action's need depends on
-/// its body (delete is `admin`): its handler checks that with [`require`].
+/// The scope a request needs, from its method and route. Reads need `read`; the routes
+/// that act on instances without deleting them need `operate`; every other change needs
+/// `admin`, so a route added later is closed until it is placed here. A bulk action's
+/// need depends on its body (delete is `admin`): its handler checks that with
+/// [`require`].
 pub(crate) fn needs(method: &Method, path: &str) -> Scope {
-    let cloudflare = path.starts_with(crate::cloudflare::PREFIX);
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     // Workers run the code of TypeScript workflows: they read every instance's values and
     // write its results. Their connection is a GET (a WebSocket upgrade).
-    if path == "/api/workers" {
+    if segments == ["api", "workers"] {
         return Scope::Operate;
     }
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return Scope::Read;
     }
-    let admin = *method == Method::DELETE
-        || path.ends_with("/instances/batch/delete")
-        || path.starts_with("/api/schedules")
-        || (cloudflare && path.ends_with("/instances/terminate"))
-        // Cloudflare's `PUT …/workflows/{name}` (wrangler deploy) registers a workflow.
-        || (cloudflare && *method == Method::PUT && !path.contains("/instances"));
-    if admin { Scope::Admin } else { Scope::Operate }
+    // The instance routes under `/api/workflows/{name}` and Cloudflare's
+    // `/client/v4/accounts/{account}/workflows/{name}`.
+    let instance_route = match segments.as_slice() {
+        ["api", "workflows", _, rest @ ..] => Some(rest),
+        ["client", "v4", "accounts", _, "workflows", _, rest @ ..] => Some(rest),
+        _ => None,
+    };
+    let operates = match (method.as_str(), instance_route) {
+        // Create one or a batch.
+        ("POST", Some(["instances"] | ["instances", "batch"])) => true,
+        // Pause, resume, terminate, restart; send an event.
+        ("PATCH", Some(["instances", _, "status"])) => true,
+        ("POST", Some(["instances", _, "events", _])) => true,
+        _ => matches!(
+            (method.as_str(), segments.as_slice()),
+            ("POST", ["api", "instances", "bulk"])
+        ),
+    };
+    if operates {
+        Scope::Operate
+    } else {
+        Scope::Admin
+    }
 }
 
 /// Compares in time that depends only on the lengths, not on where the bytes differ.
@@ -299,7 +375,7 @@ pub(crate) async fn check(
         None => None,
     };
     match caller {
-        Some(caller) if caller.scope >= needs => as_caller(caller, req, next).await,
+        Some(caller) if caller.scope >= needs => as_caller(caller, tokens, req, next).await,
         Some(caller) => forbidden(&caller, needs).into_response(),
         None => ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -318,11 +394,14 @@ pub(crate) async fn local_only(req: Request, next: Next) -> Response {
     if req.uri().path() == "/healthz" {
         return next.run(req).await;
     }
-    // A browser always names the host; a request without one is not a web page's.
+    // A browser always names the host (HTTP/2: in the request's authority); a request
+    // without one is not a web page's.
+    let authority = req.uri().authority().map(|a| a.as_str().to_owned());
     let host = req
         .headers()
         .get(axum::http::header::HOST)
-        .map(|v| v.to_str().unwrap_or("?"));
+        .map(|v| v.to_str().unwrap_or("?"))
+        .or(authority.as_deref());
     if host.is_some_and(|h| !crate::dashboard::loopback_host(h)) {
         return ApiError::new(
             StatusCode::FORBIDDEN,

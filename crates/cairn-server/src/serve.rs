@@ -489,11 +489,15 @@ pub(crate) async fn serve(
         };
         let _ = socket.set_nodelay(true);
         // Handlers that care who is asking (the login's throttle) read the peer's address,
-        // and the login whether the connection is TLS (its cookie is `Secure` then).
+        // and the login whether the connection is TLS (its cookie is `Secure` then). The
+        // flag says a request has come (see the TLS branch).
         let over_tls = tls.is_some();
+        let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = Arc::clone(&asked);
         let service = TowerToHyperService::new(tower::ServiceExt::map_request(
             router.clone(),
             move |mut request: hyper::Request<hyper::body::Incoming>| {
+                seen.store(true, std::sync::atomic::Ordering::Relaxed);
                 request
                     .extensions_mut()
                     .insert(axum::extract::ConnectInfo(peer));
@@ -516,24 +520,47 @@ pub(crate) async fn serve(
                     drop(permit);
                     return;
                 };
-                let mut builder =
-                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                builder
-                    .http1()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(header_timeout);
-                builder.http2().timer(TokioTimer::new());
-                let connection = builder.serve_connection_with_upgrades(
-                    TokioIo::new(JsonRejections::new(stream)),
-                    service,
-                );
-                let mut connection = std::pin::pin!(connection);
-                tokio::select! {
-                    _ = connection.as_mut() => {}
-                    () = async { let _ = closing.wait_for(|closing| *closing).await; } => {
-                        connection.as_mut().graceful_shutdown();
-                        let _ = connection.await;
+                // The protocol is the one ALPN agreed on, never guessed from the first
+                // bytes (a guess waits for them without a deadline). A connection that
+                // has not asked anything within the header timeout is closed: HTTP/2 has
+                // no header timeout of its own.
+                let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+                let first_request = async {
+                    tokio::time::sleep(header_timeout).await;
+                    if asked.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::future::pending::<()>().await;
                     }
+                };
+                macro_rules! drive {
+                    ($connection:expr) => {{
+                        let mut connection = std::pin::pin!($connection);
+                        tokio::select! {
+                            _ = connection.as_mut() => {}
+                            () = first_request => {}
+                            () = async { let _ = closing.wait_for(|closing| *closing).await; } => {
+                                connection.as_mut().graceful_shutdown();
+                                let _ = connection.await;
+                            }
+                        }
+                    }};
+                }
+                if h2 {
+                    drive!(
+                        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .timer(TokioTimer::new())
+                            // A peer that stops answering pings is gone.
+                            .keep_alive_interval(Some(Duration::from_secs(20)))
+                            .keep_alive_timeout(Duration::from_secs(20))
+                            .serve_connection(TokioIo::new(stream), service)
+                    );
+                } else {
+                    drive!(
+                        hyper::server::conn::http1::Builder::new()
+                            .timer(TokioTimer::new())
+                            .header_read_timeout(header_timeout)
+                            .serve_connection(TokioIo::new(JsonRejections::new(stream)), service)
+                            .with_upgrades()
+                    );
                 }
                 drop(permit);
                 drop(alive);

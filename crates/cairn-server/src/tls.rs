@@ -31,7 +31,7 @@ impl std::fmt::Debug for Tls {
 
 /// The certificate served now (replaced when the files change).
 #[derive(Debug)]
-struct Current(RwLock<Arc<CertifiedKey>>);
+struct Current(RwLock<Arc<CertifiedKey>>, std::sync::atomic::AtomicBool);
 
 impl ResolvesServerCert for Current {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
@@ -47,8 +47,17 @@ impl ResolvesServerCert for Current {
 /// The certificate chain at `cert` and the private key at `key` (PEM), checked to belong
 /// together.
 fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("read the certificate {}: {e}", cert.display()))?
+    let chain =
+        std::fs::read(cert).map_err(|e| format!("read the certificate {}: {e}", cert.display()))?;
+    let private =
+        std::fs::read(key).map_err(|e| format!("read the private key {}: {e}", key.display()))?;
+    parse(cert, &chain, key, &private)
+}
+
+/// The PEM certificate chain `chain` (from `cert`) and private key `private` (from
+/// `key`), checked to belong together.
+fn parse(cert: &Path, chain: &[u8], key: &Path, private: &[u8]) -> Result<CertifiedKey, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("read the certificate {}: {e}", cert.display()))?;
     if chain.is_empty() {
@@ -57,7 +66,7 @@ fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
             cert.display()
         ));
     }
-    let private = PrivateKeyDer::from_pem_file(key)
+    let private = PrivateKeyDer::from_pem_slice(private)
         .map_err(|e| format!("read the private key {}: {e}", key.display()))?;
     let provider = rustls::crypto::ring::default_provider();
     let signing = provider
@@ -82,7 +91,10 @@ impl Tls {
     /// A file that cannot be read or parsed, or a key that is not the certificate's.
     pub fn from_files(cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Result<Tls, String> {
         let (cert, key) = (cert.into(), key.into());
-        let current = Arc::new(Current(RwLock::new(Arc::new(certified_key(&cert, &key)?))));
+        let current = Arc::new(Current(
+            RwLock::new(Arc::new(certified_key(&cert, &key)?)),
+            std::sync::atomic::AtomicBool::new(false),
+        ));
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -104,6 +116,14 @@ impl Tls {
     /// renewed before its key, is reported and the one in force stays). Runs until the
     /// runtime ends.
     pub fn watch(&self, every: Duration) {
+        // One watcher per certificate, however often this is called.
+        if self
+            .current
+            .1
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
         let (cert, key, current) = (self.cert.clone(), self.key.clone(), self.current.clone());
         tokio::spawn(async move {
             let read = || (std::fs::read(&cert).ok(), std::fs::read(&key).ok());
@@ -116,8 +136,17 @@ impl Tls {
                 if now == tried {
                     continue;
                 }
+                // The bytes compared are the bytes parsed.
+                let parsed = match &now {
+                    (Some(chain), Some(private)) => parse(&cert, chain, &key, private),
+                    _ => Err(format!(
+                        "read {} and {}: one of them is missing",
+                        cert.display(),
+                        key.display()
+                    )),
+                };
                 tried = now;
-                match certified_key(&cert, &key) {
+                match parsed {
                     Ok(certified) => {
                         *current.0.write().unwrap_or_else(PoisonError::into_inner) =
                             Arc::new(certified);

@@ -76,10 +76,12 @@ async fn connect(
     upgrade
         .max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(move |socket| session(engine, socket))
+        .on_upgrade(move |socket| session(engine, socket, crate::auth::grant()))
 }
 
-async fn session(engine: Engine, mut socket: WebSocket) {
+/// A worker's connection, let in by `grant` (none without tokens): it ends when the grant
+/// does (its token removed from the set), checked at each ping.
+async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::auth::Grant>) {
     let hello = match tokio::time::timeout(HELLO_WITHIN, socket.recv()).await {
         Ok(Some(Ok(Message::Text(text)))) => text,
         Ok(Some(Ok(_))) => {
@@ -150,6 +152,16 @@ async fn session(engine: Engine, mut socket: WebSocket) {
                 }
             }
             _ = ping.tick() => {
+                if grant.as_ref().is_some_and(|g| !g.in_force()) {
+                    tracing::info!(session = connection.session(), "a worker's token was removed; closing its connection");
+                    let _ = socket
+                        .send(Message::Close(Some(CloseFrame {
+                            code: close_code::POLICY,
+                            reason: "its token is no longer accepted".into(),
+                        })))
+                        .await;
+                    break;
+                }
                 if heard.elapsed() > SILENT_FOR {
                     tracing::info!(session = connection.session(), "a worker sent nothing for 30 s; closing its connection");
                     break;

@@ -924,6 +924,10 @@ async fn list_instances(
         options.statuses = status.into_iter().collect();
         options.cursor = cursor.take();
         options.oldest_first = oldest_first;
+        // The store skips what is out of the range (`date_end` is inclusive): an oldest
+        // first walk would otherwise read its way through everything before `date_start`.
+        options.created_from = start;
+        options.created_before = end.map(|e| e.saturating_add(std::time::Duration::from_millis(1)));
         let listed = workflow.list(&options).await?;
         let rows = listed.instances.len();
         for (i, row) in listed.instances.into_iter().enumerate() {

@@ -256,7 +256,10 @@ pub(crate) fn cross_site(headers: &HeaderMap) -> bool {
     match (origin, host) {
         (Some("null"), _) => true,
         (Some(origin), Some(host)) => origin.split_once("://").map(|(_, h)| h) != Some(host),
-        _ => false,
+        // An origin with nothing to compare it with (HTTP/2 names the host in the
+        // request's authority, not a header): not known to be this site.
+        (Some(_), None) => true,
+        (None, _) => false,
     }
 }
 
@@ -295,7 +298,10 @@ pub(crate) async fn require(
         // Everything that runs for a session's request knows its token (`auth::caller`):
         // the pages offer only what its scope allows, the forms check it, the audit log
         // names it.
-        Some((_, Some(caller))) => crate::auth::as_caller(caller, req, next).await,
+        Some((_, Some(caller))) => {
+            let tokens = guard.tokens.clone().unwrap_or_default();
+            crate::auth::as_caller(caller, tokens, req, next).await
+        }
         Some((_, None)) => next.run(req).await,
         None if open => next.run(req).await,
         None if req.method() == Method::GET => {

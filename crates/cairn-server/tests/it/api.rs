@@ -2619,6 +2619,13 @@ async fn cloudflares_direction_asc_lists_oldest_first_and_its_cursor_goes_on_to_
     assert_eq!(ids(&ranged), ["a1", "a2", "a3"]);
     let (_, none) = list("direction=asc&date_end=2000-01-01T00:00:00Z".into()).await;
     assert_eq!(ids(&none), Vec::<String>::new());
+    let newest_cursor = newest["result_info"]["cursor"].as_str().unwrap().to_owned();
+    let (s, mixed) = list(format!("direction=asc&cursor={newest_cursor}")).await;
+    assert_eq!(
+        s,
+        StatusCode::BAD_REQUEST,
+        "a cursor of the other order: {mixed}"
+    );
     let (s, refused) = list("direction=up".into()).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{refused}");
     let message = refused["errors"][0]["message"].as_str().unwrap();
@@ -2872,6 +2879,18 @@ async fn each_token_may_do_what_its_scope_allows_over_the_api_and_in_the_dashboa
     .await;
     assert_eq!(s, StatusCode::OK, "still there");
 
+    // A live stream opened with `ci`'s token, its first frame read.
+    let request = Request::builder()
+        .uri("/api/workflows/approval/instances/i2/stream")
+        .header("authorization", "Bearer o-1")
+        .body(Body::empty())
+        .unwrap();
+    let stream = router().oneshot(request).await.unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut stream = stream.into_body();
+    let first = stream.frame().await.expect("a first frame").unwrap();
+    assert!(first.is_data());
+
     // Rotation: the set without `ci` is in force at once, for its bearer and its session.
     tokens.replace(vec![
         Token::new("viewer", "r-1", Scope::Read).unwrap(),
@@ -2885,4 +2904,19 @@ async fn each_token_may_do_what_its_scope_allows_over_the_api_and_in_the_dashboa
     assert_eq!(s, StatusCode::SEE_OTHER, "back to the login");
     let (s, _) = get_page(viewer).await;
     assert_eq!(s, StatusCode::OK, "a kept token keeps its session");
+    // The stream ends at its next frame (a keep-alive at the latest), not with the
+    // instance.
+    let rest = stream.collect().await.unwrap().to_bytes();
+    assert!(rest.len() < 10_000, "ended");
+    let (_, v) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/approval/instances/i2",
+        None,
+    )
+    .await;
+    assert_ne!(
+        v["status"], "complete",
+        "the instance is still waiting: {v}"
+    );
 }

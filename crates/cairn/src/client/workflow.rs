@@ -44,20 +44,28 @@ pub struct InstanceSummary {
     /// Its place in listings (see [`InstanceSummary::cursor`]).
     #[serde(skip)]
     position: cairn_store::InstanceRef,
+    /// Whether it came from an oldest-first listing (its cursors continue that one).
+    #[serde(skip)]
+    oldest_first: bool,
 }
 
 impl InstanceSummary {
     /// A cursor ([`ListOptions::cursor`]) for the listing that continues right after this
     /// row: for callers that stop within a page (a filter of their own, a smaller page).
     pub fn cursor(&self) -> String {
-        encode_cursor(self.position)
+        encode_cursor(self.position, self.oldest_first)
     }
 
-    /// A cursor for the newest-first listing that starts at this row (it and everything
-    /// older): pins a listing, or an action over it, to the instances that existed when
-    /// this row was read.
+    /// A cursor for the listing that starts at this row (it and everything after it in
+    /// the listing's order): pins a newest-first listing, or an action over it, to the
+    /// instances that existed when this row was read.
     pub fn cursor_including(&self) -> String {
-        encode_cursor(cairn_store::InstanceRef(self.position.0.saturating_add(1)))
+        let position = if self.oldest_first {
+            self.position.0.saturating_sub(1)
+        } else {
+            self.position.0.saturating_add(1)
+        };
+        encode_cursor(cairn_store::InstanceRef(position), self.oldest_first)
     }
 }
 
@@ -142,7 +150,11 @@ impl ListOptions {
             created_from: self.created_from,
             created_before: self.created_before,
             id_prefix: self.id_prefix.clone(),
-            after: self.cursor.as_deref().map(decode_cursor).transpose()?,
+            after: self
+                .cursor
+                .as_deref()
+                .map(|c| decode_cursor(c, self.oldest_first))
+                .transpose()?,
             oldest_first: self.oldest_first,
             limit: self.limit,
         })
@@ -173,16 +185,29 @@ pub struct InstancePage {
 /// The opaque form of a list position: the store's instance reference, which is never
 /// reused and grows with creation order, so a page boundary needs no live instance.
 const CURSOR_PREFIX: &str = "c1.";
+/// An oldest-first listing's cursors: a cursor continues the listing it came from, and
+/// one of the other order is refused rather than read backwards.
+const CURSOR_PREFIX_OLDEST_FIRST: &str = "a1.";
 
-fn encode_cursor(instance: cairn_store::InstanceRef) -> String {
-    format!("{CURSOR_PREFIX}{:x}", instance.0)
+fn encode_cursor(instance: cairn_store::InstanceRef, oldest_first: bool) -> String {
+    let prefix = if oldest_first {
+        CURSOR_PREFIX_OLDEST_FIRST
+    } else {
+        CURSOR_PREFIX
+    };
+    format!("{prefix}{:x}", instance.0)
 }
 
-fn decode_cursor(cursor: &str) -> Result<cairn_store::InstanceRef, Error> {
+fn decode_cursor(cursor: &str, oldest_first: bool) -> Result<cairn_store::InstanceRef, Error> {
+    let prefix = if oldest_first {
+        CURSOR_PREFIX_OLDEST_FIRST
+    } else {
+        CURSOR_PREFIX
+    };
     cursor
-        .strip_prefix(CURSOR_PREFIX)
+        .strip_prefix(prefix)
         .and_then(|hex| i64::from_str_radix(hex, 16).ok())
-        .filter(|n| *n > 0)
+        .filter(|n| *n > 0 || (oldest_first && *n == 0))
         .map(cairn_store::InstanceRef)
         .ok_or_else(|| Error::InvalidCursor(cursor.to_owned()))
 }
@@ -776,7 +801,10 @@ pub(crate) async fn list(
     }
     let rows = engine.inner.env.store.list(query).await?;
     let cursor = (rows.len() == limit && limit > 0)
-        .then(|| rows.last().map(|r| encode_cursor(r.instance)))
+        .then(|| {
+            rows.last()
+                .map(|r| encode_cursor(r.instance, options.oldest_first))
+        })
         .flatten();
     Ok(InstancePage {
         instances: rows
@@ -791,6 +819,7 @@ pub(crate) async fn list(
                 version: r.version,
                 error: r.error,
                 position: r.instance,
+                oldest_first: options.oldest_first,
             })
             .collect(),
         cursor,
