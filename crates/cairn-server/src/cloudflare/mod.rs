@@ -910,10 +910,12 @@ async fn list_instances(
                 "page {page} of {per_page} is past the {MAX_SKIP} rows a page number may skip: follow result_info.cursor instead"
             ))
         })?;
-    // Walk the listing from the cursor: skip `skip` matching rows, keep `per_page`. A
-    // page that fills up ends with the cursor after its last row when more rows may
-    // follow; one that looked at MAX_SCAN rows ends early with the cursor after the last
-    // row it looked at.
+    // Walk the listing from the cursor: skip `skip` rows, keep `per_page`. A page that
+    // fills up ends with the cursor after its last row when more rows may follow; one
+    // that looked at MAX_SCAN rows ends early with the cursor after the last row it looked
+    // at. The store leaves out rows outside the date range (`date_end` is inclusive), so
+    // every row read matches: an oldest-first walk never reads through what comes before
+    // `date_start`.
     let mut skipped = 0;
     let mut matched = Vec::new();
     let mut cursor = q.get("cursor").filter(|c| !c.is_empty()).cloned();
@@ -924,8 +926,6 @@ async fn list_instances(
         options.statuses = status.into_iter().collect();
         options.cursor = cursor.take();
         options.oldest_first = oldest_first;
-        // The store skips what is out of the range (`date_end` is inclusive): an oldest
-        // first walk would otherwise read its way through everything before `date_start`.
         options.created_from = start;
         options.created_before = end.map(|e| e.saturating_add(std::time::Duration::from_millis(1)));
         let listed = workflow.list(&options).await?;
@@ -933,26 +933,15 @@ async fn list_instances(
         for (i, row) in listed.instances.into_iter().enumerate() {
             scanned += 1;
             let more = i + 1 < rows || listed.cursor.is_some();
-            // Newest first, past the start nothing older can match; oldest first, past
-            // the end nothing newer can.
-            let (before_start, after_end) = (
-                start.is_some_and(|s| row.created < s),
-                end.is_some_and(|e| row.created > e),
-            );
-            if (before_start && !oldest_first) || (after_end && oldest_first) {
-                break 'walk;
-            }
-            if !before_start && !after_end {
-                if skipped < skip {
-                    skipped += 1;
-                } else {
-                    matched.push(row);
-                    if matched.len() == per_page {
-                        next = more.then(|| matched[matched.len() - 1].cursor());
-                        break 'walk;
-                    }
-                    continue;
+            if skipped < skip {
+                skipped += 1;
+            } else {
+                matched.push(row);
+                if matched.len() == per_page {
+                    next = more.then(|| matched[matched.len() - 1].cursor());
+                    break 'walk;
                 }
+                continue;
             }
             if scanned >= MAX_SCAN {
                 next = more.then(|| row.cursor());
