@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{free_port, http, wait_up};
+use common::{free_port, http, http_as, wait_up};
 
 struct Server(Child);
 
@@ -1389,24 +1389,6 @@ fn serve_logs_retries_failures_and_who_did_each_control_action() {
     assert_eq!(audit["fields"]["on"], "approval/a-term", "{audit}");
 }
 
-/// One HTTP/1.1 request with a bearer token; returns the status code and the body.
-fn http_as(port: u16, token: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
 /// Issue 33 §1–2: `cairn serve --config cairn.toml` takes its address, database, log
 /// format and named tokens from the file; each token acts within its scope; the audit log
 /// names the token (never its value); a token rotated in the file works without a restart
@@ -1480,39 +1462,62 @@ scope = "admin"
     wait_up(port);
     assert_eq!(http(port, "GET", "/api/workflows", "").unwrap().0, 401);
     assert_eq!(
-        http_as(port, "r-secret", "GET", "/api/workflows", "").0,
+        http_as(port, Some("r-secret"), "GET", "/api/workflows", "")
+            .unwrap()
+            .0,
         200
     );
     let create = "/api/workflows/approval/instances";
-    let (s, body) = http_as(port, "r-secret", "POST", create, r#"{"instance_id": "a1"}"#);
+    let (s, body) = http_as(
+        port,
+        Some("r-secret"),
+        "POST",
+        create,
+        r#"{"instance_id": "a1"}"#,
+    )
+    .unwrap();
     assert_eq!(s, 403, "{body}");
     assert!(body.contains("operate scope"), "{body}");
-    let (s, body) = http_as(port, "o-secret", "POST", create, r#"{"instance_id": "a1"}"#);
+    let (s, body) = http_as(
+        port,
+        Some("o-secret"),
+        "POST",
+        create,
+        r#"{"instance_id": "a1"}"#,
+    )
+    .unwrap();
     assert_eq!(s, 201, "{body}");
     let one = "/api/workflows/approval/instances/a1";
-    let (s, body) = http_as(port, "o-secret", "DELETE", one, "");
+    let (s, body) = http_as(port, Some("o-secret"), "DELETE", one, "").unwrap();
     assert_eq!(s, 403, "{body}");
-    let (s, body) = http_as(port, "a-secret", "DELETE", one, "");
+    let (s, body) = http_as(port, Some("a-secret"), "DELETE", one, "").unwrap();
     assert!((200..300).contains(&s), "{s} {body}");
 
     // Rotation: the file now has another token for `ci`.
     write("o-secret-2");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while http_as(port, "o-secret-2", "GET", "/api/workflows", "").0 != 200 {
+    while http_as(port, Some("o-secret-2"), "GET", "/api/workflows", "")
+        .unwrap()
+        .0
+        != 200
+    {
         assert!(Instant::now() < deadline, "the new token never worked");
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(
-        http_as(port, "o-secret", "GET", "/api/workflows", "").0,
+        http_as(port, Some("o-secret"), "GET", "/api/workflows", "")
+            .unwrap()
+            .0,
         401
     );
     let (s, body) = http_as(
         port,
-        "o-secret-2",
+        Some("o-secret-2"),
         "POST",
         create,
         r#"{"instance_id": "a2"}"#,
-    );
+    )
+    .unwrap();
     assert_eq!(s, 201, "{body}");
 
     // The audit line names the token; no line has a token's value.
@@ -1761,6 +1766,14 @@ fn serve_speaks_tls_over_http2_and_http1_and_serves_a_renewed_certificate_withou
     );
 }
 
+/// The schema version of the SQLite database at `db`.
+fn user_version(db: &std::path::Path) -> i64 {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
 /// The details of one instance over HTTP.
 fn details(port: u16, workflow: &str, id: &str) -> serde_json::Value {
     let (status, body) = http(
@@ -1826,10 +1839,7 @@ fn an_sqlite_database_of_every_earlier_schema_version_opens_and_its_instances_fi
             "v{version}: interrupted, then retried once: {build}"
         );
         drop(server);
-        let conn = rusqlite::Connection::open(&db).unwrap();
-        let now: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap();
+        let now = user_version(&db);
         assert!(
             now > i64::from(version),
             "v{version} was migrated (now {now})"
@@ -1845,10 +1855,8 @@ fn an_sqlite_database_of_a_newer_schema_version_is_refused_naming_both_versions(
     let db = dir.path().join("cairn.db");
     let port = free_port();
     drop(start(&db, port));
+    let current = user_version(&db);
     let conn = rusqlite::Connection::open(&db).unwrap();
-    let current: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
     conn.pragma_update(None, "user_version", current + 1)
         .unwrap();
     drop(conn);
@@ -1870,9 +1878,5 @@ fn an_sqlite_database_of_a_newer_schema_version_is_refused_naming_both_versions(
             && stderr.contains(&format!("this build's {current}")),
         "{stderr}"
     );
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let after: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(after, current + 1, "left as it was");
+    assert_eq!(user_version(&db), current + 1, "left as it was");
 }

@@ -18,9 +18,21 @@ pub(crate) fn free_port() -> u16 {
 
 /// One HTTP/1.1 request; returns the status code and the body.
 pub(crate) fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    http_as(port, None, method, path, body)
+}
+
+/// [`http`] with `Authorization: Bearer <token>` when a token is given.
+pub(crate) fn http_as(
+    port: u16,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).ok()?;
