@@ -1796,7 +1796,7 @@ fn details(port: u16, workflow: &str, id: &str) -> serde_json::Value {
 fn an_sqlite_database_of_every_earlier_schema_version_opens_and_its_instances_finish() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let mut found: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(&fixtures)
-        .unwrap()
+        .unwrap_or_else(|e| panic!("the upgrade fixtures in {}: {e}", fixtures.display()))
         .filter_map(|e| {
             let path = e.unwrap().path();
             let name = path.file_name()?.to_str()?.to_owned();
