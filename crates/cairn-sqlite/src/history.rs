@@ -6,6 +6,9 @@
 //! Rows written before migration 9 hold one record each, with the configuration inside
 //! `meta`; they read back unchanged.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use cairn_core::{InstanceId, LogEntry, LogRecord};
 use cairn_store::packing::{self, StoredRow};
 use cairn_store::{Error, InstanceRef, Result, WorkflowLogPage};
@@ -17,20 +20,98 @@ fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::Corrupt(what.to_string())
 }
 
-/// The id of a configuration's text, stored on first use. Never cached in memory: an id
-/// handed out in a transaction that is later rolled back would point at nothing.
+/// The configuration ids the writer thread has seen (`worker`): most steps of a workflow
+/// share a few configurations, and each step write and `STEP_START` record needs one.
+/// An id learnt in a transaction is only *pending* until that transaction commits: should
+/// it be rolled back (the group, or the job's savepoint), the row it names may be gone, so
+/// the pending ids are forgotten then. Committed ids stay (configurations are never
+/// deleted).
+#[derive(Default)]
+pub(crate) struct ConfigIds {
+    committed: HashMap<String, i64>,
+    pending: HashMap<String, i64>,
+}
+
+/// More distinct configurations than this (generated ones, say): start over.
+const CONFIG_IDS_HELD: usize = 4096;
+
+thread_local! {
+    /// Only the writer thread has one (set by [`ConfigIds::keep_on_this_thread`]): it alone
+    /// is told when its transactions end.
+    static CONFIG_IDS: RefCell<Option<ConfigIds>> = const { RefCell::new(None) };
+}
+
+impl ConfigIds {
+    /// Caches configuration ids on this thread, which reports the end of each of its
+    /// transactions with [`ConfigIds::committed`] or [`ConfigIds::rolled_back`].
+    pub(crate) fn keep_on_this_thread() {
+        CONFIG_IDS.with(|ids| *ids.borrow_mut() = Some(ConfigIds::default()));
+    }
+
+    /// The transaction committed: its ids are durable.
+    pub(crate) fn committed() {
+        CONFIG_IDS.with(|ids| {
+            if let Some(ids) = ids.borrow_mut().as_mut() {
+                if ids.committed.len() + ids.pending.len() > CONFIG_IDS_HELD {
+                    ids.committed.clear();
+                    ids.pending.clear();
+                    return;
+                }
+                let pending = std::mem::take(&mut ids.pending);
+                ids.committed.extend(pending);
+            }
+        });
+    }
+
+    /// The transaction, or part of it, was rolled back: what it learnt may name nothing.
+    pub(crate) fn rolled_back() {
+        CONFIG_IDS.with(|ids| {
+            if let Some(ids) = ids.borrow_mut().as_mut() {
+                ids.pending.clear();
+            }
+        });
+    }
+
+    fn get(config: &str) -> Option<i64> {
+        CONFIG_IDS.with(|ids| {
+            let ids = ids.borrow();
+            let ids = ids.as_ref()?;
+            ids.committed
+                .get(config)
+                .or_else(|| ids.pending.get(config))
+                .copied()
+        })
+    }
+
+    fn learnt(config: &str, id: i64) {
+        CONFIG_IDS.with(|ids| {
+            if let Some(ids) = ids.borrow_mut().as_mut() {
+                ids.pending.insert(config.to_owned(), id);
+            }
+        });
+    }
+}
+
+/// The id of a configuration's text, stored on first use.
 pub(crate) fn config_id(conn: &Connection, config: &str) -> Result<i64> {
+    if let Some(id) = ConfigIds::get(config) {
+        return Ok(id);
+    }
     let found: Option<i64> = conn
         .prepare_cached("SELECT id FROM configs WHERE config = ?1")
         .and_then(|mut st| st.query_row([config], |r| r.get(0)).optional())
         .map_err(map_sqlite)?;
-    if let Some(id) = found {
-        return Ok(id);
-    }
-    conn.prepare_cached("INSERT INTO configs (config) VALUES (?1)")
-        .and_then(|mut st| st.execute([config]))
-        .map_err(map_sqlite)?;
-    Ok(conn.last_insert_rowid())
+    let id = match found {
+        Some(id) => id,
+        None => {
+            conn.prepare_cached("INSERT INTO configs (config) VALUES (?1)")
+                .and_then(|mut st| st.execute([config]))
+                .map_err(map_sqlite)?;
+            conn.last_insert_rowid()
+        }
+    };
+    ConfigIds::learnt(config, id);
+    Ok(id)
 }
 
 /// The id of the next log row: two past the largest ever used (`AUTOINCREMENT` keeps it in

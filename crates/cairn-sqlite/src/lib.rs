@@ -29,7 +29,7 @@ pub use backup::{Backup, backup};
 pub use raw::{RawBound, raw_step_writes, replicate_instances};
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -151,6 +151,17 @@ pub struct SqliteStore {
     writer_thread: Mutex<Option<JoinHandle<()>>>,
     readers: Readers,
     path: PathBuf,
+    counts: Arc<worker::Counts>,
+}
+
+/// What a store's writer has committed since it was opened ([`SqliteStore::writes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Writes {
+    /// Transactions committed that changed the database: with the default durability,
+    /// one fsync each. A group commit of many jobs is one.
+    pub commits: u64,
+    /// Write calls (`Store::commit`, `create`, `claim`, …) in those transactions.
+    pub jobs: u64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -318,19 +329,27 @@ impl SqliteStore {
         }
         let readers =
             Readers::spawn(read_conns, &lock).map_err(|e| err("spawn readers for", &e))?;
-        let (writer, writer_thread) =
-            worker::spawn_writer(conn, lock).map_err(|e| err("spawn writer for", &e))?;
+        let counts = Arc::new(worker::Counts::default());
+        let (writer, writer_thread) = worker::spawn_writer(conn, lock, Arc::clone(&counts))
+            .map_err(|e| err("spawn writer for", &e))?;
         Ok(SqliteStore {
             writer: Mutex::new(Some(writer)),
             writer_thread: Mutex::new(Some(writer_thread)),
             readers,
             path,
+            counts,
         })
     }
 
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What the writer has committed so far: how many transactions, holding how many
+    /// write calls (a benchmark's count of the commits an instance costs).
+    pub fn writes(&self) -> Writes {
+        self.counts.get()
     }
 
     /// Stops the threads after the queued work is done and releases the database's lock.

@@ -367,6 +367,8 @@ pub(crate) fn leased_status(conn: &Connection, lease: Lease) -> Result<InstanceS
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Encoded {
     Log(Vec<cairn_store::packing::StoredRow>),
+    /// A step's row, with its configuration's text.
+    Step(StepRecord, String),
     Write(Write),
 }
 
@@ -385,12 +387,19 @@ pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
         Ok(())
     };
     for write in writes {
-        if let Write::Log(entry) = write {
-            records.push(entry);
-            continue;
-        }
+        let write = match write {
+            Write::Log(entry) => {
+                records.push(entry);
+                continue;
+            }
+            Write::Step(step) => {
+                let config = serde_json::to_string(&step.config).map_err(corrupt)?;
+                Encoded::Step(step, config)
+            }
+            write => Encoded::Write(write),
+        };
         flush(&mut records, &mut out)?;
-        out.push(Encoded::Write(write));
+        out.push(write);
     }
     flush(&mut records, &mut out)?;
     Ok(out)
@@ -405,6 +414,7 @@ pub(crate) fn apply_all(
     for write in writes {
         match write {
             Encoded::Log(rows) => crate::history::insert(conn, instance, &rows)?,
+            Encoded::Step(step, config) => upsert_step(conn, instance, &step, &config)?,
             Encoded::Write(write) => apply(conn, instance, write)?,
         }
     }
@@ -413,7 +423,10 @@ pub(crate) fn apply_all(
 
 fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
     match write {
-        Write::Step(step) => upsert_step(conn, instance, &step),
+        Write::Step(step) => {
+            let config = serde_json::to_string(&step.config).map_err(corrupt)?;
+            upsert_step(conn, instance, &step, &config)
+        }
         Write::Cancel { step, records } => {
             let running: bool = conn
                 .prepare_cached(
@@ -431,7 +444,8 @@ fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
                 })
                 .map_err(map_sqlite)?;
             if running {
-                upsert_step(conn, instance, &step)?;
+                let config = serde_json::to_string(&step.config).map_err(corrupt)?;
+                upsert_step(conn, instance, &step, &config)?;
                 // A cancelled stream step's chunks are no output of anything.
                 crate::streams::drop(conn, instance, &step.key, None)?;
                 crate::history::append(conn, instance, &records.iter().collect::<Vec<_>>())?;
@@ -759,9 +773,14 @@ pub(crate) fn take_event(
     }))
 }
 
-fn upsert_step(conn: &Connection, instance: InstanceRef, s: &StepRecord) -> Result<()> {
-    let config = serde_json::to_string(&s.config).map_err(corrupt)?;
-    let config = crate::history::config_id(conn, &config)?;
+/// Writes a step's row; `config` is the text of `s.config`.
+fn upsert_step(
+    conn: &Connection,
+    instance: InstanceRef,
+    s: &StepRecord,
+    config: &str,
+) -> Result<()> {
+    let config = crate::history::config_id(conn, config)?;
     conn.prepare_cached(
         "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
              in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)

@@ -23,6 +23,8 @@ use std::thread::JoinHandle;
 use cairn_store::{Error, Result};
 use rusqlite::Connection;
 
+use crate::history::ConfigIds;
+
 /// Called once with the outcome of the commit its job was part of.
 pub(crate) type Completion = Box<dyn FnOnce(Result<()>) + Send>;
 /// A write job's work: runs inside the group transaction; `Ok` keeps its writes, `Err`
@@ -69,22 +71,41 @@ pub(crate) fn map_sqlite(e: rusqlite::Error) -> Error {
 /// drop SQLite's record locks on the file while a connection still relies on them.
 pub(crate) type DatabaseLock = Arc<crate::Locks>;
 
+/// What the writer has committed so far (see [`crate::SqliteStore::writes`]).
+#[derive(Default)]
+pub(crate) struct Counts {
+    commits: std::sync::atomic::AtomicU64,
+    jobs: std::sync::atomic::AtomicU64,
+}
+
+impl Counts {
+    pub(crate) fn get(&self) -> crate::Writes {
+        use std::sync::atomic::Ordering::Relaxed;
+        crate::Writes {
+            commits: self.commits.load(Relaxed),
+            jobs: self.jobs.load(Relaxed),
+        }
+    }
+}
+
 pub(crate) fn spawn_writer(
     mut conn: Connection,
     lock: DatabaseLock,
+    counts: Arc<Counts>,
 ) -> std::io::Result<(Sender<WriteJob>, JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::channel::<WriteJob>();
     let handle = std::thread::Builder::new()
         .name("cairn-sqlite-writer".into())
         .spawn(move || {
-            writer_loop(&mut conn, &rx);
+            writer_loop(&mut conn, &rx, &counts);
             drop(conn);
             drop(lock);
         })?;
     Ok((tx, handle))
 }
 
-fn writer_loop(conn: &mut Connection, rx: &Receiver<WriteJob>) {
+fn writer_loop(conn: &mut Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
+    crate::history::ConfigIds::keep_on_this_thread();
     let mut jobs: Vec<WriteJob> = Vec::new();
     while let Some(first) = next_job(rx) {
         jobs.push(first);
@@ -94,7 +115,13 @@ fn writer_loop(conn: &mut Connection, rx: &Receiver<WriteJob>) {
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        run_group(conn, jobs.drain(..));
+        let before = conn.total_changes();
+        let n = jobs.len() as u64;
+        if run_group(conn, jobs.drain(..)) && conn.total_changes() != before {
+            use std::sync::atomic::Ordering::Relaxed;
+            counts.commits.fetch_add(1, Relaxed);
+            counts.jobs.fetch_add(n, Relaxed);
+        }
     }
     // Closed cleanly: fold the WAL into the database and cut it to zero bytes, so a stopped
     // engine leaves no log behind however large a burst made it.
@@ -107,14 +134,15 @@ fn writer_loop(conn: &mut Connection, rx: &Receiver<WriteJob>) {
     }
 }
 
-fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) {
+/// Runs `jobs` in one transaction; whether it committed.
+fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) -> bool {
     let mut completions: Vec<Completion> = Vec::new();
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         // Run nothing. Dropping a job drops its reply channel, which its caller sees as
         // `Error::Unavailable`.
         tracing::error!(error = %e, "sqlite could not begin a write transaction");
         jobs.for_each(drop);
-        return;
+        return false;
     }
     let mut jobs = jobs.into_iter();
     // Set when the group's transaction can no longer be trusted: a savepoint statement
@@ -151,6 +179,7 @@ fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) {
         let end = if kept.is_ok() {
             "RELEASE job"
         } else {
+            ConfigIds::rolled_back();
             "ROLLBACK TO job; RELEASE job"
         };
         if let Err(e) = conn.execute_batch(end) {
@@ -167,6 +196,7 @@ fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) {
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
+            ConfigIds::rolled_back();
             Err(Error::Unavailable(reason))
         }
         None => {
@@ -175,12 +205,18 @@ fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) {
             if outcome.is_err() && !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
+            match outcome {
+                Ok(()) => ConfigIds::committed(),
+                Err(_) => ConfigIds::rolled_back(),
+            }
             outcome
         }
     };
+    let committed = outcome.is_ok();
     for completion in completions {
         completion(outcome.clone());
     }
+    committed
 }
 
 pub(crate) struct Readers {
@@ -431,6 +467,73 @@ mod tests {
             outcomes.iter().all(|(_, r)| r.is_ok()),
             "the commit went through: {outcomes:?}"
         );
+    }
+
+    /// A job whose configuration id was learnt in memory and then undone: the writer
+    /// thread's cache of configuration ids (`history::ConfigIds`) forgets it, whether its
+    /// own savepoint or the whole group was rolled back, so the next use stores the
+    /// configuration again instead of naming a row that is gone. Committed ids are kept.
+    #[test]
+    fn a_configuration_id_learnt_in_a_rolled_back_job_or_group_is_forgotten() {
+        crate::history::ConfigIds::keep_on_this_thread();
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE configs (id INTEGER PRIMARY KEY, config TEXT NOT NULL UNIQUE);
+             CREATE TABLE uses (config INTEGER NOT NULL)",
+        )
+        .unwrap();
+        let using = |config: &'static str, fenced: bool, fail: bool| WriteJob {
+            work: Box::new(move |conn| {
+                let kept = crate::history::config_id(conn, config)
+                    .map_err(|e| e.to_string())
+                    .and_then(|id| {
+                        conn.execute("INSERT INTO uses VALUES (?1)", [id])
+                            .map_err(|e| e.to_string())
+                    })
+                    .and_then(|_| {
+                        if fail {
+                            Err("fails".to_owned())
+                        } else {
+                            Ok(())
+                        }
+                    });
+                (kept, Box::new(|_| {}))
+            }),
+            fenced,
+        };
+        let dangling = |conn: &Connection| -> i64 {
+            conn.query_row(
+                "SELECT COUNT(*) FROM uses WHERE config NOT IN (SELECT id FROM configs)",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        // Learnt in a job undone by its savepoint, then used.
+        assert!(run_group(&conn, vec![using("a", false, true)].into_iter()));
+        assert!(run_group(&conn, vec![using("a", false, false)].into_iter()));
+        assert_eq!(
+            dangling(&conn),
+            0,
+            "the id of a job rolled back to its savepoint"
+        );
+        // Learnt in a group abandoned (a fenced job failed after writing), then used.
+        assert!(!run_group(
+            &conn,
+            vec![using("b", false, false), using("c", true, true)].into_iter()
+        ));
+        assert!(run_group(
+            &conn,
+            vec![using("b", false, false), using("c", false, false)].into_iter()
+        ));
+        assert_eq!(dangling(&conn), 0, "the ids of an abandoned group");
+        // Committed ones are kept: no new row for a configuration seen before.
+        assert!(run_group(&conn, vec![using("a", true, false)].into_iter()));
+        let rows: i64 = conn
+            .query_row("SELECT COUNT(*) FROM configs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 3);
+        assert_eq!(dangling(&conn), 0);
     }
 
     /// A fenced job that fails after it has written cannot be undone alone: the group is

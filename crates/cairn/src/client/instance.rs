@@ -136,7 +136,7 @@ impl<O: DeserializeOwned> Instance<O> {
         // This instance's own status signal (and, on a shared store, other engines'
         // writes to it, from their notices): a waiter is not woken by every other
         // instance's change.
-        let statuses = &self.engine.inner.statuses;
+        let statuses = &self.engine.inner.commits.statuses;
         let mut watched = self.record().await?.instance;
         let mut changes = statuses.subscribe(&watched);
         // A notice can be lost (a listener reconnecting): on a shared store, look again

@@ -69,6 +69,11 @@ pub(crate) struct Commits {
     all: watch::Sender<u64>,
     instances: Topics<InstanceRef>,
     workflows: Topics<WorkflowName>,
+    /// Per instance, what `Instance::wait_for` watches: bumped by the commit that starts
+    /// the instance running (it rides with its first op's commit), and by the driver at the
+    /// end of a lifetime, after it let go of the instance (so a waiter that sees `waiting`
+    /// or `complete` finds it out of memory); not at every commit.
+    pub(crate) statuses: Topics<InstanceRef>,
     /// The workflow of each instance this engine holds a lease on: a commit names only its
     /// lease's instance. Learnt at claim, forgotten when the lease is let go.
     owners: Mutex<HashMap<InstanceRef, WorkflowName>>,
@@ -80,6 +85,7 @@ impl Commits {
             all: watch::channel(0).0,
             instances: Topics::new(),
             workflows: Topics::new(),
+            statuses: Topics::new(),
             owners: Mutex::new(HashMap::new()),
         }
     }
@@ -367,6 +373,11 @@ impl Store for Announcing {
                 _ => None,
             })
             .collect();
+        // The instance's start rides with its first op's commit: status waiters learn it
+        // here. (Its end is told by the driver once it let go of the instance.)
+        let starts = writes.iter().any(
+            |w| matches!(w, Write::Status(change) if change.status == InstanceStatus::Running),
+        );
         let commit = self.store.commit(lease, writes);
         Box::pin(async move {
             let result = commit.await;
@@ -376,6 +387,9 @@ impl Store for Announcing {
                     let released = status.is_terminal()
                         || matches!(status, InstanceStatus::Waiting | InstanceStatus::Paused);
                     self.commits.announce_leased(lease.instance, released);
+                    if starts {
+                        self.commits.statuses.bump(&lease.instance);
+                    }
                     for workflow in &created {
                         self.commits.announce(None, Some(workflow));
                     }

@@ -353,9 +353,22 @@ async fn one_lifetime(
         if record.started_at.is_none() {
             writes.push(state.log(LogKind::WorkflowStart, None, json!({})));
         }
-        let status = state.commit_now(writes).await.map_err(Abort::Store)?;
-        state.observe(status);
-        inner.status_changed(state.lease.instance);
+        if record.status == InstanceStatus::Waiting {
+            // Woken: until it is `running` in the store, an event or a child's end would
+            // make it claimable again (`send_event` wakes what waits), so say so at once.
+            let status = state.commit_now(writes).await.map_err(Abort::Store)?;
+            state.observe(status);
+            inner.status_changed(state.lease.instance);
+        } else {
+            // A first start (or one after a pause): not a commit of its own; the status
+            // rides with the lifetime's first commit (the first op's start, a hibernation,
+            // the end), which comes before any step body runs. A lifetime that dies before
+            // it leaves the instance as it was, to be claimed again. That commit tells
+            // status waiters (`announce.rs`). A pause pending when it was claimed holds
+            // the first op at its gate (SPEC E26).
+            state.defer(writes);
+            state.observe(record.status);
+        }
         if record.started_at.is_none() {
             state.set_started_at(now);
             crate::telemetry::started(
@@ -488,6 +501,12 @@ async fn roll_back_and_finish(
     outcome: Result<serde_json::Value, ErrorInfo>,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Abort> {
+    // The journal is read from the store: what waits for a commit (the success of the
+    // step before the failure) goes there first, so its handler gets its output.
+    if state.has_deferred() {
+        let status = state.commit_now(Vec::new()).await.map_err(Abort::Store)?;
+        state.observe(status);
+    }
     let journal = inner
         .env
         .store
@@ -552,6 +571,10 @@ async fn run_phase<F: Future>(
     loop {
         let next = futures::future::poll_fn(|cx| match phase.as_mut().poll(cx) {
             Poll::Ready(output) => Poll::Ready(Next::Done(output)),
+            // A commit carrying deferred writes is on its way: the driver's own commit would
+            // wait for it (`Lifetime::commit_now`) while its op is not polled. Once it
+            // settles, `control` wakes this loop.
+            Poll::Pending if state.carrying() => Poll::Pending,
             Poll::Pending if state.draining() && state.in_flight() == 0 => {
                 Poll::Ready(Next::Drained)
             }

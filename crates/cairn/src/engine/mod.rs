@@ -594,7 +594,6 @@ impl EngineBuilder {
             owner: format!("engine-{}", uuid::Uuid::new_v4().simple()),
             max_running: self.max_running,
             changes: watch::channel(0).0,
-            statuses: crate::engine::announce::Topics::new(),
             commits,
             shutdown: watch::channel(false).0,
             gauges_refreshed: tokio::sync::Mutex::new(None),

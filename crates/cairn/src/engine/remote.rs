@@ -47,7 +47,7 @@ fn apply(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>, changes: Changes) {
     match changes.instances {
         None => {
             inner.commits.remote(None);
-            inner.statuses.bump_all();
+            inner.commits.statuses.bump_all();
             for lifetime in inner.live.all() {
                 lifetime.events.notify_waiters();
             }
@@ -56,7 +56,7 @@ fn apply(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>, changes: Changes) {
         Some(list) => {
             for changed in list {
                 inner.commits.remote(Some(changed.instance));
-                inner.statuses.bump(&changed.instance);
+                inner.commits.statuses.bump(&changed.instance);
                 let Some(lifetime) = inner.live.get(changed.instance) else {
                     continue;
                 };

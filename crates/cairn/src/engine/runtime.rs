@@ -35,11 +35,6 @@ pub(crate) struct Runtime {
     pub(crate) max_running: usize,
     /// Bumped whenever an instance's status may have changed.
     pub(crate) changes: watch::Sender<u64>,
-    /// The same, per instance: what `Instance::wait_for` watches. Bumped where `changes`
-    /// is: at the start commit, and at the end of a lifetime after the driver let go of it
-    /// (so a waiter that sees `waiting` or `complete` finds the instance out of memory),
-    /// not at every commit.
-    pub(crate) statuses: crate::engine::announce::Topics<cairn_store::InstanceRef>,
     /// Bumped after every successful store write, per instance and workflow (`announce.rs`).
     pub(crate) commits: Arc<crate::engine::announce::Commits>,
     pub(crate) shutdown: watch::Sender<bool>,
@@ -71,13 +66,13 @@ impl Runtime {
 
     /// The status of `instance` may have changed.
     pub(crate) fn status_changed(&self, instance: cairn_store::InstanceRef) {
-        self.statuses.bump(&instance);
+        self.commits.statuses.bump(&instance);
         self.changed();
     }
 
     /// The status of any instance may have changed (a purge, lost notices).
     pub(crate) fn statuses_changed(&self) {
-        self.statuses.bump_all();
+        self.commits.statuses.bump_all();
         self.changed();
     }
 

@@ -56,8 +56,9 @@ pub(crate) struct Lifetime {
     pausing: AtomicBool,
     /// The engine is shutting down (see [`Lifetime::start_draining`]).
     draining: AtomicBool,
-    /// Wakes the driver when the pause state changes.
-    pub(crate) control: Notify,
+    /// Wakes the driver when the pause state changes, or a commit carrying deferred writes
+    /// settles.
+    pub(crate) control: Arc<Notify>,
     /// Wakes ops held at the pause gate when a pause is cancelled.
     resumed: Notify,
     /// Attempts whose outcome is not recorded yet.
@@ -69,6 +70,9 @@ pub(crate) struct Lifetime {
     /// its own): they ride along with this lifetime's next commit, which the driver makes
     /// as soon as the workflow is pending without one.
     deferred: Mutex<Vec<Write>>,
+    /// The last commit that took deferred writes along, until it is known to have landed:
+    /// every later commit reports success only once it has (see [`Lifetime::commit_now`]).
+    carrier: Mutex<Option<Arc<Carrier>>>,
     /// The instance has started children (`invoke`): when it ends, the unfinished ones are
     /// ended with it.
     invoked: AtomicBool,
@@ -166,11 +170,12 @@ impl Lifetime {
             events: Notify::new(),
             pausing: AtomicBool::new(false),
             draining: AtomicBool::new(false),
-            control: Notify::new(),
+            control: Arc::new(Notify::new()),
             resumed: Notify::new(),
             in_flight: AtomicUsize::new(0),
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
             deferred: Mutex::new(Vec::new()),
+            carrier: Mutex::new(None),
             invoked: AtomicBool::new(false),
             checking: AtomicBool::new(false),
             seen: Mutex::new(Seen::default()),
@@ -546,6 +551,15 @@ impl Lifetime {
 
     /// Commits `writes` under the lease, after any deferred writes, and returns the store's
     /// answer: for the driver's own commits, which handle a failure themselves.
+    ///
+    /// Deferred writes (a step's success) are known to code that runs before they are
+    /// committed: the step's output went on to the workflow, which may hand it to a branch
+    /// that starts another op while the commit carrying them is in flight. So a commit
+    /// answers `Ok` only once the last commit that carried deferred writes before it has
+    /// landed too: commits of one lifetime are queued in order, but an earlier one can
+    /// fail alone (its group abandoned, its connection lost) while a later one lands, and
+    /// nothing may go on from a step whose success was lost. A carrying commit whose caller
+    /// went away (an op that lost a `select!`) is still followed to its end.
     pub(crate) async fn commit_now(
         &self,
         mut writes: Vec<Write>,
@@ -556,6 +570,7 @@ impl Lifetime {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
+        let carries = !deferred.is_empty();
         // Attempts the workflow stopped awaiting, counted once their cancel is committed.
         let cancelled: Vec<String> = deferred
             .iter()
@@ -574,8 +589,35 @@ impl Lifetime {
         if !self.holds_lease() {
             return Err(cairn_store::Error::LeaseLost(self.lease.instance));
         }
+        let (carrier, before) = {
+            let mut last = self
+                .carrier
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let before = last.clone();
+            let carrier = carries.then(|| {
+                let carrier = Arc::new(Carrier {
+                    outcome: std::sync::atomic::AtomicU8::new(0),
+                    settled: Notify::new(),
+                    wake: Arc::clone(&self.control),
+                });
+                *last = Some(Arc::clone(&carrier));
+                carrier
+            });
+            (carrier, before)
+        };
         let start = std::time::Instant::now();
-        let committed = self.env.store.commit(self.lease, writes).await;
+        // Queued now, in this poll, so the store sees this lifetime's commits in order.
+        let store = Arc::clone(&self.env.store);
+        let lease = self.lease;
+        let mut landing = Landing {
+            commit: Some(Box::pin(async move {
+                let answer = store.commit(lease, writes).await;
+                after(answer, before).await
+            })),
+            carrier,
+        };
+        let committed = landing.land().await;
         crate::telemetry::committed(start.elapsed());
         if committed.is_ok() {
             // (If the step's own outcome landed first, the store kept it and skipped the
@@ -638,6 +680,17 @@ impl Lifetime {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// Whether a commit that carried deferred writes has not settled yet. The driver makes
+    /// no commit of its own meanwhile: its commit would wait for that one, whose op it could
+    /// not poll while it waits (it is told when it settles, through `control`).
+    pub(crate) fn carrying(&self) -> bool {
+        self.carrier
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|c| c.outcome.load(Ordering::SeqCst) == 0)
     }
 
     /// Whether writes wait for this lifetime's next commit.
@@ -806,6 +859,123 @@ impl Drop for Activity {
                 inner.waits.remove(&id);
             }
             None => inner.active -= 1,
+        }
+    }
+}
+
+/// A commit that carried deferred writes: whether it landed.
+struct Carrier {
+    /// 0 while in flight, then [`LANDED`] or [`FAILED`].
+    outcome: std::sync::atomic::AtomicU8,
+    settled: Notify,
+    /// The driver's: it holds its own commits while one is in flight (see
+    /// [`Lifetime::carrying`]), and looks again when it settles.
+    wake: Arc<Notify>,
+}
+
+const LANDED: u8 = 1;
+const FAILED: u8 = 2;
+
+impl Carrier {
+    fn settle(&self, landed: bool) {
+        let outcome = if landed { LANDED } else { FAILED };
+        if self
+            .outcome
+            .compare_exchange(0, outcome, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.settled.notify_waiters();
+            self.wake.notify_one();
+        }
+    }
+
+    /// Whether it landed, once that is known.
+    async fn landed(&self) -> bool {
+        loop {
+            let settled = self.settled.notified();
+            let mut settled = std::pin::pin!(settled);
+            settled.as_mut().enable();
+            match self.outcome.load(Ordering::SeqCst) {
+                0 => settled.await,
+                outcome => return outcome == LANDED,
+            }
+        }
+    }
+}
+
+/// The store's answer to a commit, made to wait for the carrying commit queued `before`
+/// it: a success only if that one landed too.
+async fn after(
+    answer: Result<InstanceStatus, cairn_store::Error>,
+    before: Option<Arc<Carrier>>,
+) -> Result<InstanceStatus, cairn_store::Error> {
+    let status = answer?;
+    match before {
+        Some(before) if !before.landed().await => Err(cairn_store::Error::Unavailable(
+            "an earlier commit of this run, which carried a step's outcome, did not land".into(),
+        )),
+        _ => Ok(status),
+    }
+}
+
+type Answer = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<InstanceStatus, cairn_store::Error>> + Send>,
+>;
+
+/// A commit on its way, and the carrier it settles.
+struct Landing {
+    commit: Option<Answer>,
+    carrier: Option<Arc<Carrier>>,
+}
+
+impl Landing {
+    async fn land(&mut self) -> Result<InstanceStatus, cairn_store::Error> {
+        let Some(commit) = self.commit.as_mut() else {
+            return Err(cairn_store::Error::Unavailable("committed twice".into()));
+        };
+        let answer = commit.await;
+        self.commit = None;
+        if let Some(carrier) = self.carrier.take() {
+            carrier.settle(answer.is_ok());
+        }
+        answer
+    }
+}
+
+impl Drop for Landing {
+    /// Dropped on its way: a carrying commit is followed to its end on a task of its own,
+    /// so the commits after it learn whether it landed.
+    fn drop(&mut self) {
+        let Some(carrier) = self.carrier.take() else {
+            return;
+        };
+        let Some(commit) = self.commit.take() else {
+            return;
+        };
+        let settle = Settle(Some(carrier));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let mut settle = settle;
+                    let landed = commit.await.is_ok();
+                    if let Some(carrier) = settle.0.take() {
+                        carrier.settle(landed);
+                    }
+                });
+            }
+            // No runtime to finish it on: not known to have landed.
+            Err(_) => drop(settle),
+        }
+    }
+}
+
+/// Settles its carrier as failed if dropped unsettled (the runtime shut down under it).
+struct Settle(Option<Arc<Carrier>>);
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if let Some(carrier) = self.0.take() {
+            carrier.settle(false);
         }
     }
 }

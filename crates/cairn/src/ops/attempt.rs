@@ -377,8 +377,7 @@ impl Execution {
             let ran = Some(began.elapsed());
             match outcome {
                 Outcome::Success(json) => {
-                    self.record_success(&key, &mut record, &config, json.clone())
-                        .await;
+                    self.record_success(&key, &mut record, &config, json.clone());
                     span.record("outcome", "success");
                     self.count_attempt(&key, AttemptOutcome::Success, ran);
                     return decode_json(&key, &json);
@@ -557,7 +556,7 @@ impl Execution {
             .await;
     }
 
-    async fn record_success(
+    fn record_success(
         &self,
         key: &StepKey,
         record: &mut StepRecord,
@@ -594,7 +593,15 @@ impl Execution {
                 keep: Some(record.attempts),
             });
         }
-        state.commit(writes).await;
+        // Not a commit of its own: the success rides with the lifetime's next commit,
+        // which comes before anything the output can lead to. Code that goes on to the
+        // next op (a step's or a retry's start, a sleep, a wait, an invoke) commits it
+        // with that op's start, before the op's body runs; code that returns commits it
+        // with the instance's end; code that awaits anything else is pending, and the
+        // driver commits it then (`Next::Flush`). Until then it is an attempt whose
+        // outcome is not recorded: a crash runs it again, as it would have a moment
+        // earlier (SPEC A.7). One commit per sequential step instead of two.
+        state.defer(writes);
         self.attempt_finish();
     }
 

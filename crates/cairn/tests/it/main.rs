@@ -36,6 +36,8 @@ macro_rules! on_backend {
         mod binding_instances;
         #[path = "children.rs"]
         mod children;
+        #[path = "commits.rs"]
+        mod commits;
         #[path = "concurrency.rs"]
         mod concurrency;
         #[path = "context_retries.rs"]

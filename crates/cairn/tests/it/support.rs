@@ -397,10 +397,10 @@ pub struct Hooked {
 }
 
 /// Store calls a test holds back: [`Gates::arm`] makes the next call of a method wait until
-/// the test releases it, so a test orders a store answer against the engine's other work
+/// the test releases it (armed again, the call after that, and so on), so a test orders a store answer against the engine's other work
 /// (a claim answered after a renewal was sent, say) without waiting for a duration.
 #[derive(Clone, Default)]
-pub struct Gates(Arc<Mutex<std::collections::HashMap<&'static str, Gate>>>);
+pub struct Gates(Arc<Mutex<std::collections::HashMap<&'static str, Vec<Gate>>>>);
 
 /// One held call: [`Gate::arrived`] resolves once the call is waiting, [`Gate::release`]
 /// lets it through, and [`Gate::answered`] (for calls made through `hooked_lazy!`) gives
@@ -409,6 +409,8 @@ pub struct Gates(Arc<Mutex<std::collections::HashMap<&'static str, Gate>>>);
 pub struct Gate(Arc<GateState>);
 
 struct GateState {
+    /// The held call is never made: released, it fails (a write that did not land).
+    fails: bool,
     arrived: tokio::sync::Semaphore,
     release: tokio::sync::Semaphore,
     answer: Mutex<Option<String>>,
@@ -418,18 +420,40 @@ struct GateState {
 impl Gates {
     /// The next call of `method` waits at the returned gate.
     pub fn arm(&self, method: &'static str) -> Gate {
+        self.arm_with(method, false)
+    }
+
+    /// The next call of `method` waits at the returned gate, and once released fails
+    /// without reaching the store.
+    pub fn arm_failing(&self, method: &'static str) -> Gate {
+        self.arm_with(method, true)
+    }
+
+    fn arm_with(&self, method: &'static str, fails: bool) -> Gate {
         let gate = Gate(Arc::new(GateState {
+            fails,
             arrived: tokio::sync::Semaphore::new(0),
             release: tokio::sync::Semaphore::new(0),
             answer: Mutex::new(None),
             answered: tokio::sync::Semaphore::new(0),
         }));
-        self.0.lock().unwrap().insert(method, gate.clone());
+        self.0
+            .lock()
+            .unwrap()
+            .entry(method)
+            .or_default()
+            .push(gate.clone());
         gate
     }
 
     fn take(&self, method: &'static str) -> Option<Gate> {
-        self.0.lock().unwrap().remove(method)
+        let mut gates = self.0.lock().unwrap();
+        let armed = gates.get_mut(method)?;
+        let gate = (!armed.is_empty()).then(|| armed.remove(0));
+        if armed.is_empty() {
+            gates.remove(method);
+        }
+        gate
     }
 }
 
@@ -548,6 +572,13 @@ macro_rules! hooked {
         match ($self.before)($name) {
             Ok(()) => match $self.gates.take($name) {
                 None => $call,
+                // Never made: fails once released, as a write that did not land.
+                Some(gate) if gate.0.fails => Box::pin(async move {
+                    gate.hold().await;
+                    Err(cairn::store::Error::Unavailable(
+                        "a test's gate failed this call".into(),
+                    ))
+                }),
                 Some(gate) => {
                     let call = $call;
                     Box::pin(async move {

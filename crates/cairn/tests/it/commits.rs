@@ -1,0 +1,310 @@
+//! What each commit carries (issue 34): a step's success rides with the lifetime's next
+//! commit instead of one of its own, and the instance's start with its first. These tests
+//! hold the rule that makes that safe, seen from inside the bodies: when a body runs, its
+//! own start is durable, and so is the success of every step the code awaited before it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cairn::prelude::*;
+use cairn::store::Store;
+use cairn::{InstanceId, InstanceStatus, LogKind, StepState, WorkflowName};
+use serde_json::{Value, json};
+
+use super::support::{BACKEND, kinds, raw_store_on, temp_db, wf};
+
+/// What one body saw in the store when it ran: each step's state and whether an attempt
+/// of it was in flight.
+type Seen = Arc<Mutex<HashMap<String, HashMap<String, (StepState, bool)>>>>;
+
+/// The store's view of instance `x`'s steps, by name.
+async fn stored_steps(store: &dyn Store) -> HashMap<String, (StepState, bool)> {
+    let record = store
+        .instance(
+            &WorkflowName::new("test").unwrap(),
+            &InstanceId::new("x").unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .journal(record.instance)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.key.name, (s.state, s.in_flight)))
+        .collect()
+}
+
+/// A body that notes what the store holds when it runs, then returns `n`.
+fn noting(
+    store: &Arc<dyn Store>,
+    seen: &Seen,
+    name: &'static str,
+    n: u64,
+) -> impl FnMut(
+    cairn::StepContext,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64, StepError>> + Send>>
++ Send
++ 'static {
+    let (store, seen) = (Arc::clone(store), Arc::clone(seen));
+    move |_| {
+        let (store, seen) = (Arc::clone(&store), Arc::clone(&seen));
+        Box::pin(async move {
+            let steps = stored_steps(&*store).await;
+            seen.lock().unwrap().insert(name.to_owned(), steps);
+            Ok(n)
+        })
+    }
+}
+
+/// SPEC A.7 with one commit per step: sequential steps, a pair run together, a sleep and
+/// an event wait between them. Each body finds its own attempt durable and in flight, and
+/// every step awaited before it durable as succeeded, although no success was committed
+/// alone; the instance's log still reads in the order things happened.
+#[tokio::test]
+async fn a7_a_steps_success_is_durable_before_the_next_body_runs_and_its_start_before_its_own()
+{
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let seen = Seen::default();
+    let (s, n) = (Arc::clone(&store), Arc::clone(&seen));
+    let engine = cairn::Engine::builder()
+        .store(Arc::clone(&store))
+        .register(wf(move |_, step| {
+            let (s, n) = (Arc::clone(&s), Arc::clone(&n));
+            async move {
+                let a = step.run("a", noting(&s, &n, "a", 1)).await?;
+                let b = step.run("b", noting(&s, &n, "b", 2)).await?;
+                let (c, d) = futures::try_join!(
+                    step.run("c", noting(&s, &n, "c", 3)),
+                    step.run("d", noting(&s, &n, "d", 4)),
+                )?;
+                step.sleep("nap", std::time::Duration::from_millis(1))
+                    .await?;
+                let e = step.run("e", noting(&s, &n, "e", 5)).await?;
+                let event = step
+                    .wait_for_event::<u64>("go", "go")
+                    .timeout("1 hour")
+                    .await?;
+                let f = step.run("f", noting(&s, &n, "f", 6)).await?;
+                Ok(json!(a + b + c + d + e + event.payload + f))
+            }
+        }))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    instance.send_event("go", &100).await.unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(status.output, Some(json!(121)));
+
+    let seen = seen.lock().unwrap().clone();
+    let before: [(&str, &[&str]); 6] = [
+        ("a", &[]),
+        ("b", &["a"]),
+        ("c", &["a", "b"]),
+        ("d", &["a", "b"]),
+        ("e", &["a", "b", "c", "d", "nap"]),
+        ("f", &["a", "b", "c", "d", "nap", "e", "go"]),
+    ];
+    for (body, done) in before {
+        let steps = &seen[body];
+        assert_eq!(
+            steps.get(body),
+            Some(&(StepState::Running, true)),
+            "step {body}'s start is durable, its attempt in flight, when its body runs: {steps:?}"
+        );
+        for earlier in done {
+            assert_eq!(
+                steps.get(*earlier).map(|s| s.0),
+                Some(StepState::Succeeded),
+                "{earlier} was awaited before {body} started: its success is durable when {body}'s body runs: {steps:?}"
+            );
+        }
+    }
+    let log: Vec<LogKind> = kinds(&instance)
+        .await
+        .into_iter()
+        .filter(|k| {
+            matches!(
+                k,
+                LogKind::WorkflowStart
+                    | LogKind::StepStart
+                    | LogKind::StepSuccess
+                    | LogKind::WorkflowSuccess
+            )
+        })
+        .collect();
+    assert_eq!(log.first(), Some(&LogKind::WorkflowStart), "{log:?}");
+    assert_eq!(log.last(), Some(&LogKind::WorkflowSuccess), "{log:?}");
+    assert_eq!(
+        log.iter().filter(|k| **k == LogKind::StepSuccess).count(),
+        6,
+        "{log:?}"
+    );
+    engine.shutdown().await;
+}
+
+/// A step that succeeds and the workflow's failure right after it: the handler of the
+/// step's rollback gets the step's output, although the success was not committed alone
+/// (the rollback reads the journal from the store).
+#[tokio::test]
+async fn r_a_rollback_right_after_a_step_gets_the_output_its_success_had_not_committed_alone() {
+    let got: Arc<Mutex<Option<Option<u64>>>> = Arc::default();
+    let g = Arc::clone(&got);
+    let (engine, _dir) = super::support::engine(move |b| {
+        b.register(wf(move |_, step| {
+            let g = Arc::clone(&g);
+            async move {
+                step.run("pay", |_| async { Ok(42u64) })
+                    .rollback(move |r: cairn::Rollback<u64>| {
+                        let g = Arc::clone(&g);
+                        async move {
+                            *g.lock().unwrap() = Some(r.output);
+                            Ok(())
+                        }
+                    })
+                    .await?;
+                Err::<Value, _>(WorkflowError::new("Error", "then it fails"))
+            }
+        }))
+    })
+    .await;
+    let instance = super::support::run_to_end(&engine, json!({})).await;
+    assert_eq!(
+        instance.status().await.unwrap().status,
+        InstanceStatus::Errored
+    );
+    assert_eq!(*got.lock().unwrap(), Some(Some(42)));
+    engine.shutdown().await;
+}
+
+/// A step's success rides with the next commit; here that commit (step `b`'s start, made
+/// first of the two the pair starts) does not land, while the one after it (step `c`'s
+/// start) does and answers first. `c` was started with `a`'s output, so its body must not
+/// run: the commit of its start answers success only once the commit carrying `a`'s
+/// success is known to have landed. The run stops instead, and a new engine finishes the
+/// instance, running `a` again. Before, `c`'s body ran while `a`'s success was nowhere.
+#[tokio::test]
+async fn a7_no_body_runs_after_the_commit_carrying_an_earlier_success_failed_alone() {
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = super::support::Gates::default();
+    let seen = Seen::default();
+    let started: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    // A third branch the test completes, and hears back from: the workflow has been polled
+    // since (`c`'s op with it, in the same poll).
+    let (poke, poked) = tokio::sync::oneshot::channel::<()>();
+    let (heard, hear) = tokio::sync::oneshot::channel::<()>();
+    let probe = Arc::new(Mutex::new(Some((poked, heard))));
+    let workflow = |store: &Arc<dyn Store>, seen: &Seen| {
+        let (s, n, started, probe) = (
+            Arc::clone(store),
+            Arc::clone(seen),
+            Arc::clone(&started),
+            Arc::clone(&probe),
+        );
+        wf(move |_, step| {
+            let (s, n, started) = (Arc::clone(&s), Arc::clone(&n), Arc::clone(&started));
+            let probe = probe.lock().unwrap().take();
+            async move {
+                let body = |name: &'static str, out: u64| {
+                    let (s, n, started) = (Arc::clone(&s), Arc::clone(&n), Arc::clone(&started));
+                    move |_: cairn::StepContext| {
+                        // Seen at once, in the poll that starts the body.
+                        started.lock().unwrap().push(name);
+                        let (s, n) = (Arc::clone(&s), Arc::clone(&n));
+                        async move {
+                            let steps = stored_steps(&*s).await;
+                            n.lock().unwrap().insert(name.to_owned(), steps);
+                            Ok::<u64, StepError>(out)
+                        }
+                    }
+                };
+                let probe = async move {
+                    if let Some((poked, heard)) = probe {
+                        let _ = poked.await;
+                        let _ = heard.send(());
+                    }
+                    Ok::<(), WorkflowError>(())
+                };
+                // An attempt interrupted by the stop is retried at once.
+                let quick = cairn::Retries::constant(3, std::time::Duration::ZERO);
+                let a = step.run("a", body("a", 1)).retries(quick.clone()).await?;
+                let (b, c, ()) = futures::try_join!(
+                    step.run("b", body("b", a + 1)).retries(quick.clone()),
+                    step.run("c", body("c", a + 2)).retries(quick),
+                    probe,
+                )?;
+                Ok(json!(a + b + c))
+            }
+        })
+    };
+    let first = super::support::gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(workflow(&store, &seen))
+        .start()
+        .await
+        .unwrap();
+    // The first commit (the instance's start with `a`'s) is held until the next two are
+    // armed: `b`'s start, carrying `a`'s success, never lands; `c`'s lands, its answer held.
+    let first_commit = gates.arm("commit");
+    let instance = first
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    first_commit.arrived().await;
+    let carrying = gates.arm_failing("commit");
+    let after_it = gates.arm("commit");
+    first_commit.release();
+    carrying.arrived().await;
+    after_it.arrived().await;
+    while stored_steps(&*store).await.get("c").is_none() {
+        tokio::task::yield_now().await;
+    }
+    // `c`'s start has landed: let its answer through, then hear from the workflow.
+    after_it.release();
+    poke.send(()).unwrap();
+    hear.await.unwrap();
+    assert_eq!(
+        *started.lock().unwrap(),
+        ["a"],
+        "c's body started while the commit carrying a's success had not landed"
+    );
+    carrying.release();
+    first.shutdown().await;
+    drop(instance);
+
+    // A new engine finishes it; every body it runs finds what came before it durable.
+    seen.lock().unwrap().clear();
+    drop(store);
+    let store = raw_store_on(BACKEND, &path).await;
+    let second = cairn::Engine::builder()
+        .store(Arc::clone(&store))
+        .register(workflow(&store, &seen))
+        .start()
+        .await
+        .unwrap();
+    let instance = second
+        .workflow::<super::support::FnWorkflow>()
+        .get("x")
+        .await
+        .unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!(1 + 2 + 3)), "{status:?}");
+    let seen = seen.lock().unwrap().clone();
+    for body in ["b", "c"] {
+        assert_eq!(
+            seen[body].get("a").map(|s| s.0),
+            Some(StepState::Succeeded),
+            "{body}: {seen:?}"
+        );
+    }
+    second.shutdown().await;
+}
