@@ -682,7 +682,7 @@ impl Store for SqliteStore {
     }
 
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, InstanceStatus> {
-        // Steps and log records leave the instance's row alone (the hot path: two commits
+        // Steps and log records leave the instance's row alone (the hot path: a commit
         // per step): its status is the one read with the lease.
         let same = writes
             .iter()

@@ -571,10 +571,10 @@ async fn run_phase<F: Future>(
     loop {
         let next = futures::future::poll_fn(|cx| match phase.as_mut().poll(cx) {
             Poll::Ready(output) => Poll::Ready(Next::Done(output)),
-            // A commit carrying deferred writes is on its way: the driver's own commit would
-            // wait for it (`Lifetime::commit_now`) while its op is not polled. Once it
-            // settles, `control` wakes this loop.
-            Poll::Pending if state.carrying() => Poll::Pending,
+            // An op's commit is on its way: the driver's own commit would wait for it
+            // (`Lifetime::committing`) while the op is not polled. Once it is done,
+            // `control` wakes this loop.
+            Poll::Pending if state.committing() => Poll::Pending,
             Poll::Pending if state.draining() && state.in_flight() == 0 => {
                 Poll::Ready(Next::Drained)
             }

@@ -56,9 +56,10 @@ pub(crate) struct Lifetime {
     pausing: AtomicBool,
     /// The engine is shutting down (see [`Lifetime::start_draining`]).
     draining: AtomicBool,
-    /// Wakes the driver when the pause state changes, or a commit carrying deferred writes
-    /// settles.
+    /// Wakes the driver when the pause state changes, or a commit of an op is done.
     pub(crate) control: Arc<Notify>,
+    /// Commits on their way (see [`Lifetime::committing`]).
+    flights: Arc<Flights>,
     /// Wakes ops held at the pause gate when a pause is cancelled.
     resumed: Notify,
     /// Attempts whose outcome is not recorded yet.
@@ -147,6 +148,7 @@ impl Lifetime {
         instance_id: InstanceId,
         created_at: Timestamp,
     ) -> Self {
+        let control = Arc::new(Notify::new());
         Lifetime {
             lease_from: AtomicI64::new(claimed_at.as_millis()),
             env,
@@ -170,7 +172,11 @@ impl Lifetime {
             events: Notify::new(),
             pausing: AtomicBool::new(false),
             draining: AtomicBool::new(false),
-            control: Arc::new(Notify::new()),
+            control: Arc::clone(&control),
+            flights: Arc::new(Flights {
+                n: AtomicUsize::new(0),
+                wake: control,
+            }),
             resumed: Notify::new(),
             in_flight: AtomicUsize::new(0),
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
@@ -599,7 +605,6 @@ impl Lifetime {
                 let carrier = Arc::new(Carrier {
                     outcome: std::sync::atomic::AtomicU8::new(0),
                     settled: Notify::new(),
-                    wake: Arc::clone(&self.control),
                 });
                 *last = Some(Arc::clone(&carrier));
                 carrier
@@ -616,6 +621,7 @@ impl Lifetime {
                 after(answer, before).await
             })),
             carrier,
+            _ticket: Ticket::new(&self.flights),
         };
         let committed = landing.land().await;
         crate::telemetry::committed(start.elapsed());
@@ -682,15 +688,12 @@ impl Lifetime {
             .clone()
     }
 
-    /// Whether a commit that carried deferred writes has not settled yet. The driver makes
-    /// no commit of its own meanwhile: its commit would wait for that one, whose op it could
-    /// not poll while it waits (it is told when it settles, through `control`).
-    pub(crate) fn carrying(&self) -> bool {
-        self.carrier
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(|c| c.outcome.load(Ordering::SeqCst) == 0)
+    /// Whether a commit of this lifetime is on its way. The driver makes no commit of its
+    /// own meanwhile: it would wait for that one (a carrier, `commit_now`; or a store that
+    /// takes calls strictly in turn), whose op it does not poll while it waits. It is told
+    /// when one is done, through `control`.
+    pub(crate) fn committing(&self) -> bool {
+        self.flights.n.load(Ordering::SeqCst) > 0
     }
 
     /// Whether writes wait for this lifetime's next commit.
@@ -868,9 +871,30 @@ struct Carrier {
     /// 0 while in flight, then [`LANDED`] or [`FAILED`].
     outcome: std::sync::atomic::AtomicU8,
     settled: Notify,
-    /// The driver's: it holds its own commits while one is in flight (see
-    /// [`Lifetime::carrying`]), and looks again when it settles.
+}
+
+/// How many commits of a lifetime are on their way, and the driver's wake-up.
+struct Flights {
+    n: AtomicUsize,
     wake: Arc<Notify>,
+}
+
+/// One commit on its way, counted in [`Flights`] until dropped.
+struct Ticket(Arc<Flights>);
+
+impl Ticket {
+    fn new(flights: &Arc<Flights>) -> Self {
+        flights.n.fetch_add(1, Ordering::SeqCst);
+        Ticket(Arc::clone(flights))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.0.n.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.wake.notify_one();
+        }
+    }
 }
 
 const LANDED: u8 = 1;
@@ -885,7 +909,6 @@ impl Carrier {
             .is_ok()
         {
             self.settled.notify_waiters();
-            self.wake.notify_one();
         }
     }
 
@@ -926,6 +949,8 @@ type Answer = std::pin::Pin<
 struct Landing {
     commit: Option<Answer>,
     carrier: Option<Arc<Carrier>>,
+    /// Given back once the commit is done with (or, a carrier, followed to its end).
+    _ticket: Ticket,
 }
 
 impl Landing {
@@ -953,6 +978,7 @@ impl Drop for Landing {
             return;
         };
         let settle = Settle(Some(carrier));
+        let ticket = Ticket::new(&self._ticket.0);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
@@ -961,10 +987,11 @@ impl Drop for Landing {
                     if let Some(carrier) = settle.0.take() {
                         carrier.settle(landed);
                     }
+                    drop(ticket);
                 });
             }
             // No runtime to finish it on: not known to have landed.
-            Err(_) => drop(settle),
+            Err(_) => drop((settle, ticket)),
         }
     }
 }

@@ -420,7 +420,9 @@ async fn crash_at(fail_at: usize, mode: Mode) {
 #[tokio::test(start_paused = true)]
 async fn every_commit_can_fail_and_a_new_engine_finishes_with_the_same_output() {
     let total = total_commits().await;
-    assert!(total >= 10, "the workflow makes {total} commits");
+    // At least: a's start (with the instance's), b's (with a's success), b's failure, its
+    // retry, c's and d's starts (with b's success), the end (with theirs).
+    assert!(total >= 7, "the workflow makes {total} commits");
     eprintln!("crashing at each of the {total} commits, two ways");
     for mode in [Mode::Lost, Mode::LandedButReportedFailed] {
         for n in 1..=total {
