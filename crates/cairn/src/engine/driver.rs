@@ -530,11 +530,15 @@ enum Next<T> {
     Drained,
     Hibernate(Hibernation),
     Pause,
-    /// Writes wait for a commit (a sleep's completion, a cancelled step) and the phase is
-    /// pending: commit them now, so the log stays live (the ops' own commits, when one
-    /// comes first, take them along).
-    Flush,
+    /// The driver's commit of deferred writes failed (made when writes wait for a commit,
+    /// a step's success, a sleep's completion, a cancelled step, and the phase is pending,
+    /// so the log stays live; the ops' own commits, when one comes first, take them along).
+    Failed(cairn_store::Error),
 }
+
+/// The driver's commit of deferred writes, on its way.
+type Flushing<'a> =
+    Pin<Box<dyn Future<Output = Result<InstanceStatus, cairn_store::Error>> + Send + 'a>>;
 
 /// The handlers a rollback will need: started steps with a handler whose compensation has
 /// not finished yet.
@@ -568,24 +572,50 @@ async fn run_phase<F: Future>(
         // Claimed just before the shutdown began: start no attempt.
         state.start_draining();
     }
+    // The commit of deferred writes the driver makes when the workflow is pending without
+    // one of its own: polled with the phase, not instead of it, since the workflow may be
+    // waiting on a store call of its own (a stream's chunk read) that a store taking calls
+    // in turn answers first.
+    let mut flush: Option<Flushing<'_>> = None;
     loop {
-        let next = futures::future::poll_fn(|cx| match phase.as_mut().poll(cx) {
-            Poll::Ready(output) => Poll::Ready(Next::Done(output)),
-            // An op's commit is on its way: the driver's own commit would wait for it
-            // (`Lifetime::committing`) while the op is not polled. Once it is done,
-            // `control` wakes this loop.
-            Poll::Pending if state.committing() => Poll::Pending,
-            Poll::Pending if state.draining() && state.in_flight() == 0 => {
-                Poll::Ready(Next::Drained)
-            }
-            Poll::Pending if state.pausing() && state.in_flight() == 0 => Poll::Ready(Next::Pause),
-            Poll::Pending => match state.hibernation() {
-                Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
-                    Poll::Ready(Next::Hibernate(h))
+        let next = futures::future::poll_fn(|cx| {
+            if let Some(commit) = flush.as_mut()
+                && let Poll::Ready(answer) = commit.as_mut().poll(cx)
+            {
+                flush = None;
+                match answer {
+                    Ok(status) => state.observe(status),
+                    Err(e) => return Poll::Ready(Next::Failed(e)),
                 }
-                _ if state.has_deferred() => Poll::Ready(Next::Flush),
-                _ => Poll::Pending,
-            },
+            }
+            match phase.as_mut().poll(cx) {
+                Poll::Ready(output) => Poll::Ready(Next::Done(output)),
+                // An op's commit (or the flush) is on its way: the driver's own commit would
+                // wait for it (`Lifetime::committing`) while the op is not polled. Once it
+                // is done, `control` wakes this loop.
+                Poll::Pending if state.committing() => Poll::Pending,
+                Poll::Pending if state.draining() && state.in_flight() == 0 => {
+                    Poll::Ready(Next::Drained)
+                }
+                Poll::Pending if state.pausing() && state.in_flight() == 0 => {
+                    Poll::Ready(Next::Pause)
+                }
+                Poll::Pending => match state.hibernation() {
+                    Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
+                        Poll::Ready(Next::Hibernate(h))
+                    }
+                    _ if state.has_deferred() => {
+                        let mut commit: Flushing<'_> = Box::pin(state.commit_now(Vec::new()));
+                        match commit.as_mut().poll(cx) {
+                            Poll::Ready(Ok(status)) => state.observe(status),
+                            Poll::Ready(Err(e)) => return Poll::Ready(Next::Failed(e)),
+                            Poll::Pending => flush = Some(commit),
+                        }
+                        Poll::Pending
+                    }
+                    _ => Poll::Pending,
+                },
+            }
         });
         tokio::select! {
             next = next => match next {
@@ -602,10 +632,7 @@ async fn run_phase<F: Future>(
                     hibernate(inner, state, h).await?;
                     return Ok(None);
                 }
-                Next::Flush => {
-                    let status = state.commit_now(Vec::new()).await.map_err(Abort::Store)?;
-                    state.observe(status);
-                }
+                Next::Failed(e) => return Err(Abort::Store(e)),
                 Next::Pause => {
                     let writes = vec![Write::Pause {
                         at: state.now(),
