@@ -260,6 +260,12 @@ impl FaultStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// A new engine opens after a crash: an outage of a few calls is over by then (it
+    /// would otherwise fail the new engine's start, which is not a fault of the engine).
+    pub(crate) fn end_outage(&self) {
+        self.plan().outage = 0;
+    }
+
     /// Whether a call may go through now (not dead, no outage).
     fn up(&self) -> Result<(), &'static str> {
         if self.state.load(Ordering::SeqCst) != ALIVE {

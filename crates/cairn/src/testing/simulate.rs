@@ -911,6 +911,7 @@ impl Running {
         } else {
             let _ = self.store.inner.close().await;
         }
+        self.store.end_outage();
         let (engine, store, raw) = self.opener.open().await?;
         let crashed_engine = std::mem::replace(&mut self.engine, engine);
         let crashed_store = std::mem::replace(&mut self.store, store);
