@@ -293,7 +293,7 @@ async fn upsert_step(
     instance: InstanceRef,
     s: &StepRecord,
 ) -> R<()> {
-    let config = serde_json::to_string(&s.config).map_err(corrupt)?;
+    let config = cairn_store::packing::config_text(&s.config)?;
     let config = b.configs.id(tx, &config).await?;
     exec(
         tx,

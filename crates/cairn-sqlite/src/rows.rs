@@ -393,7 +393,7 @@ pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
                 continue;
             }
             Write::Step(step) => {
-                let config = serde_json::to_string(&step.config).map_err(corrupt)?;
+                let config = cairn_store::packing::config_text(&step.config)?;
                 Encoded::Step(step, config)
             }
             write => Encoded::Write(write),

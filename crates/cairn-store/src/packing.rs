@@ -71,14 +71,48 @@ fn split_config(e: &LogEntry) -> Result<(String, Option<String>)> {
     if let Some(object) = e.meta.as_object()
         && let Some(config) = object.get("config")
     {
-        let mut rest = object.clone();
-        rest.remove("config");
-        return Ok((
-            encode(&serde_json::Value::Object(rest))?,
-            Some(encode(config)?),
-        ));
+        let rest = serde_json::to_string(&Without(object, "config"))
+            .map_err(|e| Error::Corrupt(e.to_string()))?;
+        return Ok((rest, Some(config_text(config)?)));
     }
     Ok((encode(&e.meta)?, None))
+}
+
+/// An object as JSON without one of its keys (the rest in order), with no copy of it.
+struct Without<'a>(&'a serde_json::Map<String, serde_json::Value>, &'static str);
+
+impl serde::Serialize for Without<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for (key, value) in self.0.iter().filter(|(key, _)| *key != self.1) {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+/// A step configuration's JSON text. Remembered for the last one on this thread: a
+/// workflow's steps mostly share one, and each is encoded twice, for the step's row and its
+/// `STEP_START` record.
+///
+/// # Errors
+/// When it cannot be encoded (it always can: it is a JSON value).
+pub fn config_text(config: &serde_json::Value) -> Result<String> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(serde_json::Value, String)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let remembered = LAST.with(|last| match &*last.borrow() {
+        Some((value, text)) if value == config => Some(text.clone()),
+        _ => None,
+    });
+    if let Some(text) = remembered {
+        return Ok(text);
+    }
+    let text = encode(config)?;
+    LAST.with(|last| *last.borrow_mut() = Some((config.clone(), text.clone())));
+    Ok(text)
 }
 
 /// A stored row, as read back.
@@ -323,6 +357,10 @@ mod tests {
             rows[1].config.as_deref(),
             Some(r#"{"retries":{"limit":1}}"#)
         );
+        assert_eq!(
+            rows[1].meta, r#"{"hasRollback":false}"#,
+            "the rest, in order"
+        );
         let mut next = 10;
         let mut back = Vec::new();
         for row in rows {
@@ -333,5 +371,23 @@ mod tests {
         assert_eq!(entries, records);
         let ids: Vec<u64> = back.iter().map(|r| r.id).collect();
         assert_eq!(ids, [10, 12, 13, 14, 16, 18]);
+    }
+
+    /// The remembered text is the one of the configuration asked for, never the last one's.
+    #[test]
+    fn each_configuration_gets_its_own_text_when_they_alternate() {
+        let one = serde_json::json!({"retries": {"limit": 1}, "timeout": "1 minute"});
+        let two = serde_json::json!({"retries": {"limit": 2}, "timeout": "1 minute"});
+        for _ in 0..2 {
+            assert_eq!(
+                config_text(&one).unwrap(),
+                r#"{"retries":{"limit":1},"timeout":"1 minute"}"#
+            );
+            assert_eq!(config_text(&one).unwrap(), config_text(&one).unwrap());
+            assert_eq!(
+                config_text(&two).unwrap(),
+                r#"{"retries":{"limit":2},"timeout":"1 minute"}"#
+            );
+        }
     }
 }

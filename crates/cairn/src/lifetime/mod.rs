@@ -621,7 +621,7 @@ impl Lifetime {
                 after(answer, before).await
             })),
             carrier,
-            _ticket: Ticket::new(&self.flights),
+            ticket: Ticket::new(&self.flights),
         };
         let committed = landing.land().await;
         crate::telemetry::committed(start.elapsed());
@@ -950,7 +950,7 @@ struct Landing {
     commit: Option<Answer>,
     carrier: Option<Arc<Carrier>>,
     /// Given back once the commit is done with (or, a carrier, followed to its end).
-    _ticket: Ticket,
+    ticket: Ticket,
 }
 
 impl Landing {
@@ -978,7 +978,7 @@ impl Drop for Landing {
             return;
         };
         let settle = Settle(Some(carrier));
-        let ticket = Ticket::new(&self._ticket.0);
+        let ticket = Ticket::new(&self.ticket.0);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {

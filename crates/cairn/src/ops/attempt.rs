@@ -24,6 +24,34 @@ use crate::ops::handler::Handler;
 use crate::telemetry::AttemptOutcome;
 use tracing::Instrument;
 
+/// The config a first attempt persists for `resolved` (marked as a stream step's when
+/// `stream`), and what reading it back gives (`resolved` should it not read back). A pure
+/// function of its arguments, remembered for the last ones on this thread: a workflow's
+/// steps mostly share one config, and building the JSON and parsing it back was a few per
+/// cent of a no-op step's CPU.
+fn persisted_config(resolved: ResolvedConfig, stream: bool) -> (serde_json::Value, ResolvedConfig) {
+    type Last = Option<(ResolvedConfig, bool, serde_json::Value, ResolvedConfig)>;
+    thread_local! {
+        static LAST: std::cell::RefCell<Last> = const { std::cell::RefCell::new(None) };
+    }
+    let remembered = LAST.with(|last| match &*last.borrow() {
+        Some((r, s, persisted, read)) if *r == resolved && *s == stream => {
+            Some((persisted.clone(), *read))
+        }
+        _ => None,
+    });
+    if let Some(found) = remembered {
+        return found;
+    }
+    let mut persisted = resolved.to_persisted_json();
+    if stream && let Some(map) = persisted.as_object_mut() {
+        map.insert("stream".into(), true.into());
+    }
+    let read = ResolvedConfig::from_persisted_json(&persisted).unwrap_or(resolved);
+    LAST.with(|last| *last.borrow_mut() = Some((resolved, stream, persisted.clone(), read)));
+    (persisted, read)
+}
+
 /// How long a delay function may take.
 const DELAY_FN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -256,16 +284,26 @@ impl Execution {
         };
         let result = async {
             // `loaded`: the record comes from the journal, written by an earlier lifetime.
-            let (record, loaded) = match found {
-                Some(rec) => (rec, true),
-                None => (self.start_first_attempt(&key, &resolved).await, false),
+            // The config persisted at the first execution wins: changing code does not
+            // change a step already in progress. A first attempt obeys what it persists, as
+            // read back, so a replay obeys the same.
+            let (record, loaded, config) = match found {
+                Some(rec) => {
+                    let config =
+                        ResolvedConfig::from_persisted_json(&rec.config).unwrap_or(resolved);
+                    (rec, true, config)
+                }
+                None => {
+                    let (rec, config) = self.start_first_attempt(&key, resolved).await;
+                    (rec, false, config)
+                }
             };
             self.attempts(
                 &key,
                 &mut body,
                 record,
                 loaded,
-                resolved,
+                config,
                 delay_fn,
                 &mut activity,
             )
@@ -308,7 +346,7 @@ impl Execution {
         body: &mut F,
         mut record: StepRecord,
         loaded: bool,
-        resolved: ResolvedConfig,
+        config: ResolvedConfig,
         delay_fn: Option<DelayFn>,
         activity: &mut crate::lifetime::Activity,
     ) -> Result<T, WorkflowError>
@@ -319,9 +357,6 @@ impl Execution {
     {
         let key = key.clone();
         let state = &*self.state;
-        // The config persisted at the first execution wins: changing code does not change a
-        // step already in progress.
-        let config = ResolvedConfig::from_persisted_json(&record.config).unwrap_or(resolved);
         // In progress from here on: dropped by the workflow, it is cancelled.
         self.set_running(Some(&record));
 
@@ -495,19 +530,20 @@ impl Execution {
         (outcome, timed_out)
     }
 
-    async fn start_first_attempt(&self, key: &StepKey, config: &ResolvedConfig) -> StepRecord {
+    /// Starts the step's first attempt: its record, and the config it obeys (what it
+    /// persists, read back).
+    async fn start_first_attempt(
+        &self,
+        key: &StepKey,
+        resolved: ResolvedConfig,
+    ) -> (StepRecord, ResolvedConfig) {
         let kinds = self.kinds;
         let state = &*self.state;
         // No new attempt starts while a pause is pending.
         state.pause_gate().await;
         self.attempt_begin();
         let now = state.now();
-        let mut persisted = config.to_persisted_json();
-        if self.stream
-            && let Some(map) = persisted.as_object_mut()
-        {
-            map.insert("stream".into(), true.into());
-        }
+        let (persisted, config) = persisted_config(resolved, self.stream);
         let record = StepRecord {
             key: key.clone(),
             seq: state.next_seq(),
@@ -533,7 +569,7 @@ impl Execution {
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
-        record
+        (record, config)
     }
 
     async fn start_next_attempt(&self, key: &StepKey, record: &mut StepRecord) {
@@ -853,4 +889,34 @@ fn decode_error(key: &StepKey, e: &serde_json::Error) -> WorkflowError {
             key.target()
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What is remembered is the answer for the arguments asked, never the last ones'.
+    #[test]
+    fn each_config_gets_its_own_persisted_form_when_they_alternate() {
+        let one = ResolvedConfig::default();
+        let mut two = ResolvedConfig::default();
+        two.retries.limit += 3;
+        two.timeout = Duration::from_millis(1_500);
+        let asked = [
+            (one, false),
+            (two, false),
+            (one, true),
+            (two, true),
+            (one, false),
+        ];
+        for (resolved, stream) in asked {
+            let mut expected = resolved.to_persisted_json();
+            if stream && let Some(map) = expected.as_object_mut() {
+                map.insert("stream".into(), true.into());
+            }
+            let (persisted, read) = persisted_config(resolved, stream);
+            assert_eq!(persisted, expected);
+            assert_eq!(read, resolved);
+        }
+    }
 }

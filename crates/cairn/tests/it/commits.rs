@@ -19,18 +19,8 @@ type Seen = Arc<Mutex<HashMap<String, HashMap<String, (StepState, bool)>>>>;
 
 /// The store's view of instance `x`'s steps, by name.
 async fn stored_steps(store: &dyn Store) -> HashMap<String, (StepState, bool)> {
-    let record = store
-        .instance(
-            &WorkflowName::new("test").unwrap(),
-            &InstanceId::new("x").unwrap(),
-        )
+    super::support::journal_of(store, "test", "x")
         .await
-        .unwrap()
-        .unwrap();
-    store
-        .journal(record.instance)
-        .await
-        .unwrap()
         .into_iter()
         .map(|s| (s.key.name, (s.state, s.in_flight)))
         .collect()

@@ -370,15 +370,7 @@ async fn crash_at(fail_at: usize, mode: Mode) {
     first.shutdown().await;
     let committed: Vec<String> = {
         let store = open_store(&path);
-        let rec = store
-            .instance(
-                &WorkflowName::new("test").unwrap(),
-                &InstanceId::new("x").unwrap(),
-            )
-            .await
-            .unwrap()
-            .unwrap();
-        let journal = store.journal(rec.instance).await.unwrap();
+        let journal = crate::support::journal_of(store.as_ref(), "test", "x").await;
         store.close().await.unwrap();
         journal
             .into_iter()

@@ -383,6 +383,19 @@ use cairn::store::{
     ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
 };
 
+/// The journal of instance `id` of `workflow`, read from `store` (which must hold it).
+pub async fn journal_of(store: &dyn Store, workflow: &str, id: &str) -> Vec<cairn::StepRecord> {
+    let record = store
+        .instance(
+            &cairn::WorkflowName::new(workflow).unwrap(),
+            &cairn::InstanceId::new(id).unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no instance {workflow}/{id} in the store"));
+    store.journal(record.instance).await.unwrap()
+}
+
 /// A store that calls `before(method)` ahead of every call it delegates to `inner`: the hook
 /// can panic, count, or fail the call (`Err`) to reproduce what a broken backend or an
 /// engine bug does.
