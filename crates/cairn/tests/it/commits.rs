@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use cairn::prelude::*;
 use cairn::store::Store;
-use cairn::{InstanceId, InstanceStatus, LogKind, StepState, WorkflowName};
+use cairn::{InstanceStatus, LogKind, StepState};
 use serde_json::{Value, json};
 
 use super::support::{BACKEND, kinds, raw_store_on, temp_db, wf};
