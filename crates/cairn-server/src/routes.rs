@@ -185,13 +185,16 @@ async fn settle(
             None => std::future::pending().await,
         }
     };
-    tokio::select! {
-        status = instance.wait() => drop(status?),
-        () = tokio::time::sleep(wait) => {}
-        () = closed => {}
-    };
     // The output as stored: bytes as `{"$bytes": …}`, as clients send them.
-    let status = instance.stored_status().await?;
+    let ended = tokio::select! {
+        status = instance.wait_stored() => Some(status?),
+        () = tokio::time::sleep(wait) => None,
+        () = closed => None,
+    };
+    let status = match ended {
+        Some(status) => status,
+        None => instance.stored_status().await?,
+    };
     let mut answer = json!({
         "id": instance.id().as_str(),
         "status": status.status,

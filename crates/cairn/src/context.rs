@@ -1,5 +1,7 @@
 //! What a step body sees: [`StepContext`] with the step's [`StepId`], attempt and config.
 
+use std::sync::{Arc, OnceLock};
+
 use cairn_core::ResolvedConfig;
 use serde::Serialize;
 
@@ -22,7 +24,10 @@ pub struct StepContext {
     /// The resolved config, defaults merged in. A fresh copy per attempt: changing it
     /// changes nothing.
     pub config: ResolvedConfig,
-    pub(crate) idempotency_key: String,
+    /// The instance's part of the idempotency key (`Lifetime::idempotency_prefix`).
+    pub(crate) instance_key: Arc<str>,
+    /// The whole key, made when first asked for (most bodies never ask).
+    pub(crate) idempotency_key: OnceLock<String>,
 }
 
 impl StepContext {
@@ -30,13 +35,14 @@ impl StepContext {
         step: StepId,
         attempt: u32,
         config: ResolvedConfig,
-        idempotency_key: String,
+        instance_key: Arc<str>,
     ) -> Self {
         StepContext {
             step,
             attempt,
             config,
-            idempotency_key,
+            instance_key,
+            idempotency_key: OnceLock::new(),
         }
     }
 
@@ -44,6 +50,11 @@ impl StepContext {
     /// instance, and differs for every other step and instance: pass it to external APIs
     /// so an effect repeated by a retry happens once.
     pub fn idempotency_key(&self) -> &str {
-        &self.idempotency_key
+        self.idempotency_key.get_or_init(|| {
+            format!(
+                "{}/{}/{}",
+                self.instance_key, self.step.name, self.step.count
+            )
+        })
     }
 }

@@ -7,13 +7,14 @@
 //! [`MAX_STEP_LABELS`] names of a workflow (a workflow that names steps after its data,
 //! `item-{n}`, would otherwise make a series per item), later names count as `"(other)"`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use cairn_core::{InstanceStatus, WorkflowName};
 use metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    SharedString, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge,
+    histogram,
 };
 
 /// Instances created (by `create`, `create_batch`, or the API), by workflow.
@@ -240,10 +241,10 @@ pub(crate) fn attempt(
         }
     });
     let kind = if rollback { "rollback" } else { "step" };
-    let step = step_label(workflow, step);
+    let (workflow, step) = step_labels(workflow, step);
     counter!(
         STEP_ATTEMPTS,
-        "workflow" => label(workflow),
+        "workflow" => workflow.clone(),
         "step" => step.clone(),
         "kind" => kind,
         "outcome" => outcome.as_str()
@@ -252,7 +253,7 @@ pub(crate) fn attempt(
     if let Some(ran) = ran {
         histogram!(
             STEP_ATTEMPT_DURATION,
-            "workflow" => label(workflow),
+            "workflow" => workflow,
             "step" => step,
             "kind" => kind
         )
@@ -320,26 +321,37 @@ pub(crate) fn in_memory(n: usize) {
     gauge!(INSTANCES_IN_MEMORY).set(n as f64);
 }
 
-/// `step` as a label value: itself for the first [`MAX_STEP_LABELS`] names of a workflow
-/// seen by this process, `"(other)"` after that.
-fn step_label(workflow: &WorkflowName, step: &str) -> String {
-    static SEEN: OnceLock<Mutex<HashMap<String, HashSet<String>>>> = OnceLock::new();
+/// The label values of a step attempt: its workflow's, and `step` itself for the first
+/// [`MAX_STEP_LABELS`] names of a workflow seen by this process, `"(other)"` after that.
+/// Shared, not copied: an attempt's two metrics cost no allocation for their labels.
+fn step_labels(workflow: &WorkflowName, step: &str) -> (SharedString, SharedString) {
+    #[derive(Default)]
+    struct Seen {
+        workflow: Option<SharedString>,
+        steps: HashMap<String, SharedString>,
+    }
+    static SEEN: OnceLock<Mutex<HashMap<String, Seen>>> = OnceLock::new();
     let mut seen = SEEN
         .get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    if seen
-        .get(workflow.as_str())
-        .is_some_and(|names| names.contains(step))
+    let shared = |text: &str| SharedString::from_shared(std::sync::Arc::<str>::from(text));
+    if let Some(known) = seen.get(workflow.as_str())
+        && let (Some(w), Some(s)) = (&known.workflow, known.steps.get(step))
     {
-        return step.to_owned();
+        return (w.clone(), s.clone());
     }
-    let names = seen.entry(workflow.as_str().to_owned()).or_default();
-    if names.len() < MAX_STEP_LABELS {
-        names.insert(step.to_owned());
-        return step.to_owned();
+    let known = seen.entry(workflow.as_str().to_owned()).or_default();
+    let w = known
+        .workflow
+        .get_or_insert_with(|| shared(workflow.as_str()))
+        .clone();
+    if known.steps.len() < MAX_STEP_LABELS {
+        let s = shared(step);
+        known.steps.insert(step.to_owned(), s.clone());
+        return (w, s);
     }
-    "(other)".to_owned()
+    (w, SharedString::const_str("(other)"))
 }
 
 /// What one workflow did in one minute, as this engine saw it: the dashboard's charts.
@@ -434,5 +446,27 @@ impl Activity {
             .filter(|m| m.minute >= since)
             .cloned()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A workflow's first [`MAX_STEP_LABELS`] step names label themselves, later ones
+    /// `(other)`; a name seen before keeps its own, and each workflow counts its own.
+    #[test]
+    fn step_labels_are_the_names_up_to_the_cap_then_other() {
+        let workflow = WorkflowName::new("telemetry-step-labels").unwrap();
+        let other = WorkflowName::new("telemetry-step-labels-2").unwrap();
+        for n in 0..MAX_STEP_LABELS {
+            let (w, s) = step_labels(&workflow, &format!("s{n}"));
+            assert_eq!((&*w, &*s), ("telemetry-step-labels", &*format!("s{n}")));
+        }
+        let (w, s) = step_labels(&workflow, "one too many");
+        assert_eq!((&*w, &*s), ("telemetry-step-labels", "(other)"));
+        assert_eq!(&*step_labels(&workflow, "s7").1, "s7", "seen before");
+        let (w, s) = step_labels(&other, "one too many");
+        assert_eq!((&*w, &*s), ("telemetry-step-labels-2", "one too many"));
     }
 }

@@ -129,10 +129,30 @@ impl<O: DeserializeOwned> Instance<O> {
     ///
     /// # Errors
     /// As [`Instance::status`].
-    pub async fn wait_for(
+    pub async fn wait_for(&self, done: impl FnMut(&Status<O>) -> bool) -> Result<Status<O>, Error> {
+        self.wait_decoded(done, cairn_core::binary::from_str).await
+    }
+
+    /// [`Instance::wait`], answering in [`Instance::stored_status`]'s form: what the HTTP
+    /// API's `create?wait` answers, read once (waiting, then reading the stored form, reads
+    /// the instance twice at its end).
+    ///
+    /// # Errors
+    /// As [`Instance::status`].
+    pub async fn wait_stored(&self) -> Result<Status<serde_json::Value>, Error> {
+        self.wait_decoded(
+            |s| s.status.is_terminal(),
+            cairn_core::binary::external_value,
+        )
+        .await
+    }
+
+    /// [`Instance::wait_for`] with the output decoded by `decode`.
+    async fn wait_decoded<T>(
         &self,
-        mut done: impl FnMut(&Status<O>) -> bool,
-    ) -> Result<Status<O>, Error> {
+        mut done: impl FnMut(&Status<T>) -> bool,
+        decode: fn(&str) -> serde_json::Result<T>,
+    ) -> Result<Status<T>, Error> {
         // This instance's own status signal (and, on a shared store, other engines'
         // writes to it, from their notices): a waiter is not woken by every other
         // instance's change.
@@ -153,7 +173,7 @@ impl<O: DeserializeOwned> Instance<O> {
                 changes = statuses.subscribe(&watched);
                 continue;
             }
-            let status = self.status_of(record)?;
+            let status = status_from(&self.id, record, decode)?;
             if done(&status) {
                 return Ok(status);
             }

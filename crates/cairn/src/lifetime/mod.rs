@@ -47,6 +47,8 @@ pub(crate) struct Lifetime {
     pub(crate) created_at: Timestamp,
     /// When the instance first started (set by the driver at the first start).
     started_at: std::sync::OnceLock<Timestamp>,
+    /// See [`Lifetime::idempotency_prefix`].
+    idempotency_prefix: std::sync::OnceLock<Arc<str>>,
     inner: Mutex<Inner>,
     abort: Mutex<Option<Abort>>,
     aborted: Notify,
@@ -157,6 +159,7 @@ impl Lifetime {
             instance_id,
             created_at,
             started_at: std::sync::OnceLock::new(),
+            idempotency_prefix: std::sync::OnceLock::new(),
             inner: Mutex::new(Inner {
                 journal: HashMap::new(),
                 counters: HashMap::new(),
@@ -775,17 +778,19 @@ impl Lifetime {
         }
     }
 
-    /// A key stable across attempts and replays of one step of this instance, distinct from
-    /// any other instance's (also one that reuses this id later).
-    pub(crate) fn idempotency_key(&self, key: &StepKey) -> String {
-        format!(
-            "{}/{}/{}/{}/{}",
-            self.workflow,
-            self.instance_id,
-            self.created_at.as_millis(),
-            key.name,
-            key.count
-        )
+    /// The instance's part of its steps' idempotency keys (`StepContext::idempotency_key`
+    /// adds the step's name and count): stable across attempts and replays, distinct from
+    /// any other instance's (also one that reuses this id later). Made once per lifetime.
+    pub(crate) fn idempotency_prefix(&self) -> Arc<str> {
+        Arc::clone(self.idempotency_prefix.get_or_init(|| {
+            format!(
+                "{}/{}/{}",
+                self.workflow,
+                self.instance_id,
+                self.created_at.as_millis()
+            )
+            .into()
+        }))
     }
 }
 

@@ -385,15 +385,15 @@ impl Execution {
                 self.start_next_attempt(&key, &mut record).await;
                 self.set_running(Some(&record));
             }
-            let ctx = StepContext {
-                step: StepId {
+            let ctx = StepContext::new(
+                StepId {
                     name: key.name.clone(),
                     count: key.count,
                 },
-                attempt: record.attempts,
+                record.attempts,
                 config,
-                idempotency_key: state.idempotency_key(&key),
-            };
+                state.idempotency_prefix(),
+            );
             let began = std::time::Instant::now();
             let span = tracing::info_span!(
                 "step.attempt",
@@ -762,15 +762,15 @@ impl Execution {
             )
         };
         let ctx = DelayContext {
-            ctx: StepContext {
-                step: StepId {
+            ctx: StepContext::new(
+                StepId {
                     name: key.name.clone(),
                     count: key.count,
                 },
-                attempt: record.attempts,
-                config: *config,
-                idempotency_key: state.idempotency_key(key),
-            },
+                record.attempts,
+                *config,
+                state.idempotency_prefix(),
+            ),
             error: error.clone(),
         };
         let call = std::pin::pin!(crate::panic::guarded(|| (function.0)(ctx)));

@@ -147,7 +147,7 @@ fn forward_context(state: &Lifetime, forward: &StepRecord) -> StepContext {
         },
         forward.attempts,
         config,
-        state.idempotency_key(&forward.key),
+        state.idempotency_prefix(),
     )
 }
 
