@@ -412,10 +412,12 @@ impl Execution {
             let ran = Some(began.elapsed());
             match outcome {
                 Outcome::Success(json) => {
-                    self.record_success(&key, &mut record, &config, json.clone());
+                    let decoded = decode_json(&key, &json);
+                    // The record's last use: its success's write takes it.
+                    self.record_success(&key, record, &config, json);
                     span.record("outcome", "success");
                     self.count_attempt(&key, AttemptOutcome::Success, ran);
-                    return decode_json(&key, &json);
+                    return decoded;
                 }
                 Outcome::Failure(error, retryable) => {
                     let outcome = if timed_out {
@@ -595,7 +597,7 @@ impl Execution {
     fn record_success(
         &self,
         key: &StepKey,
-        record: &mut StepRecord,
+        mut record: StepRecord,
         config: &ResolvedConfig,
         json: String,
     ) {
@@ -609,6 +611,7 @@ impl Execution {
         } else {
             cairn_core::binary::view(&json)
         };
+        let attempt = record.attempts;
         record.state = StepState::Succeeded;
         record.in_flight = false;
         record.output = Some(json);
@@ -617,16 +620,16 @@ impl Execution {
             state.log(
                 kinds.attempt_success,
                 Some(key),
-                json!({ "attempt": record.attempts }),
+                json!({ "attempt": attempt }),
             ),
             state.log(kinds.step_success, Some(key), json!({ "result": shown })),
-            cairn_store::Write::Step(record.clone()),
+            cairn_store::Write::Step(record),
         ];
         if self.stream {
             // The output is this attempt's chunks: any other attempt's are garbage.
             writes.push(cairn_store::Write::DropChunks {
                 step: key.clone(),
-                keep: Some(record.attempts),
+                keep: Some(attempt),
             });
         }
         // Not a commit of its own: the success rides with the lifetime's next commit,
