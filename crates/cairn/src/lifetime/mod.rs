@@ -48,7 +48,7 @@ pub(crate) struct Lifetime {
     /// When the instance first started (set by the driver at the first start).
     started_at: std::sync::OnceLock<Timestamp>,
     /// See [`Lifetime::idempotency_prefix`].
-    idempotency_prefix: std::sync::OnceLock<Arc<str>>,
+    idempotency_prefix: std::sync::OnceLock<String>,
     inner: Mutex<Inner>,
     abort: Mutex<Option<Abort>>,
     aborted: Notify,
@@ -781,16 +781,15 @@ impl Lifetime {
     /// The instance's part of its steps' idempotency keys (`StepContext::idempotency_key`
     /// adds the step's name and count): stable across attempts and replays, distinct from
     /// any other instance's (also one that reuses this id later). Made once per lifetime.
-    pub(crate) fn idempotency_prefix(&self) -> Arc<str> {
-        Arc::clone(self.idempotency_prefix.get_or_init(|| {
+    pub(crate) fn idempotency_prefix(&self) -> &str {
+        self.idempotency_prefix.get_or_init(|| {
             format!(
                 "{}/{}/{}",
                 self.workflow,
                 self.instance_id,
                 self.created_at.as_millis()
             )
-            .into()
-        }))
+        })
     }
 }
 
