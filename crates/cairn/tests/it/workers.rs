@@ -525,3 +525,61 @@ async fn the_replay_check_replays_a_workers_instance_on_a_worker_of_its_version(
     assert_eq!(worker.expect("stop").await["type"], "stop");
     engine.shutdown().await;
 }
+
+/// Two workers connecting at once: the first one's read of the registered workflows is
+/// made before the second registers, and its answer comes after the second connected. The
+/// second's workflow must stay known (the TypeScript SDK's tests saw `workflow.not_found`
+/// for a worker that had just connected).
+#[tokio::test]
+async fn workers_connecting_at_once_each_keep_their_workflows_known() {
+    let (_dir, path) = super::support::temp_db();
+    let store = super::support::raw_store_on(super::support::BACKEND, &path).await;
+    let gates = super::support::Gates::default();
+    let engine = super::support::gated_builder_on(std::sync::Arc::clone(&store), gates.clone())
+        .start()
+        .await
+        .unwrap();
+    let hello = |workflow: &str| {
+        json!({
+            "type": "hello", "protocol": 1, "worker": workflow,
+            "workflows": [{ "name": workflow, "version": "v1" }], "concurrency": 1,
+        })
+        .to_string()
+    };
+    let read = gates.arm("workflow_versions");
+    let first = tokio::spawn({
+        let (engine, hello) = (engine.clone(), hello("first"));
+        async move { engine.connect_worker(&hello).await.map(drop) }
+    });
+    read.arrived().await;
+    let second = tokio::spawn({
+        let (engine, hello) = (engine.clone(), hello("second"));
+        async move { engine.connect_worker(&hello).await.map(drop) }
+    });
+    // The second worker's workflow is registered in the store before the first one's read
+    // answers.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !store
+        .workflow_versions()
+        .await
+        .unwrap()
+        .iter()
+        .any(|v| v.workflow.as_str() == "second")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second worker never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    read.release();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    for workflow in ["first", "second"] {
+        assert!(
+            engine.workflow_by_name(workflow).is_ok(),
+            "{workflow} is not known after its worker connected"
+        );
+    }
+    engine.shutdown().await;
+}

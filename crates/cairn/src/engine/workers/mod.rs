@@ -31,6 +31,9 @@ pub(crate) struct Workers {
     placing: Mutex<HashMap<WorkflowName, usize>>,
     /// Notified when a slot frees up or a session comes or goes.
     changed: Arc<Notify>,
+    /// Held by a reload from its read to its load: a load replaces what is known, so one
+    /// whose read came before another worker registered must not land after that worker's.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl Workers {
@@ -41,6 +44,7 @@ impl Workers {
             next_session: AtomicU64::new(0),
             placing: Mutex::default(),
             changed: Arc::new(Notify::new()),
+            reloading: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -237,6 +241,7 @@ impl Workers {
 
     /// Reads the workflows and versions workers registered from the store.
     pub(crate) async fn reload(&self) -> cairn_store::Result<()> {
+        let _turn = self.reloading.lock().await;
         let registered = self.env.store.workflow_versions().await?;
         self.env.remote.load(
             registered
