@@ -61,7 +61,7 @@ fn pairs(first: &LogEntry, second: &LogEntry) -> bool {
     first.step.is_some() && first.step == second.step && first.at == second.at
 }
 
-fn encode(value: &serde_json::Value) -> Result<String> {
+fn encode(value: &(impl serde::Serialize + ?Sized)) -> Result<String> {
     serde_json::to_string(value).map_err(|e| Error::Corrupt(e.to_string()))
 }
 
@@ -71,9 +71,10 @@ fn split_config(e: &LogEntry) -> Result<(String, Option<String>)> {
     if let Some(object) = e.meta.as_object()
         && let Some(config) = object.get("config")
     {
-        let rest = serde_json::to_string(&Without(object, "config"))
-            .map_err(|e| Error::Corrupt(e.to_string()))?;
-        return Ok((rest, Some(config_text(config)?)));
+        return Ok((
+            encode(&Without(object, "config"))?,
+            Some(config_text(config)?),
+        ));
     }
     Ok((encode(&e.meta)?, None))
 }
