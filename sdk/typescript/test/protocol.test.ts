@@ -258,7 +258,8 @@ describe("bad input from a worker", { skip: skipWithoutBin("protocol.test.ts") }
     // The same answer again, and another value for it: stale, and the output stays.
     await worker.refuses({ type: "attemptResult", run, task: attempt.task, ok: "twice" }, "protocol.stale");
     await worker.refuses({ type: "attemptResult", run, task: attempt.task, error: { name: "Error", message: "late", nonRetryable: true } }, "protocol.stale");
-    let details = await server.details("stale-task", "s1");
+    // The success is committed with the run's next commit or the engine's flush: wait for it.
+    let details = await server.detailsWhen("stale-task", "s1", "first succeeded", (d) => d.steps[0]?.success === true);
     assert.equal(details.steps[0].output, "once");
     assert.equal(details.steps[0].attempts.length, 1);
 
@@ -326,7 +327,7 @@ describe("bad input from a worker", { skip: skipWithoutBin("protocol.test.ts") }
     assert.match(answer.error.message, /too large/);
     assert.match(answer.error.message, /1048576|1 ?MiB/);
 
-    const details = await server.details("too-large", "big");
+    const details = await server.detailsWhen("too-large", "big", "large failed", (d) => d.steps.find((s: Details) => s.name === "large")?.success === false);
     const large = details.steps.find((s: Details) => s.name === "large");
     assert.equal(large.success, false);
     assert.equal(large.output, null);
@@ -365,7 +366,10 @@ describe("bad input from a worker", { skip: skipWithoutBin("protocol.test.ts") }
     const attempt = await worker.next("one's attempt", (f) => f.type === "attempt" && f.run === run);
     worker.send({ type: "attemptResult", run, task: attempt.task, ok: 1 });
     await worker.next("one's opResult", (f) => f.type === "opResult" && f.run === run);
-    const before = await server.details("out-of-order", "o1");
+    // A step's success is committed with the run's next commit, or by the engine's own flush
+    // once the run waits: compare against the journal once it holds it, so that only a step
+    // made by the op out of order can tell `after` from `before`.
+    const before = await server.detailsWhen("out-of-order", "o1", "one succeeded", (d) => d.steps[0]?.success === true);
     const error = await worker.refuses({ type: "op", run, seq: 5, op: "do", name: "jumped", config: null, delayFunction: false }, "protocol.sequence");
     assert.equal(error.run, run);
     const stop = await worker.next("the run's stop", (f) => f.type === "stop" && f.run === run);
