@@ -124,6 +124,18 @@ pub fn resident_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// CPU time this process has used so far, every thread's, user and system (Linux
+/// `/proc/self/stat`, in clock ticks of 10 ms), if known. Unlike a rate, it hardly moves
+/// with what else the machine runs: the figure to compare when a change saves work.
+pub fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces: count the fields after its `)`.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let user: u64 = fields.nth(11)?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((user + system) * 10))
+}
+
 fn mib(bytes: Option<u64>) -> f64 {
     bytes.map_or(f64::NAN, |b| b as f64 / (1024.0 * 1024.0))
 }
@@ -204,6 +216,15 @@ pub fn raw_bounds(
     Ok((per_commit, batched))
 }
 
+/// The CPU time of a no-op step in the batched raw bound: `units` written 512 per commit,
+/// measured around the run (one thread).
+fn raw_cpu_per_step(dir: &Path, s: Settings, units: usize) -> Result<Duration, BenchError> {
+    let before = cpu_time().ok_or("no CPU time on this system")?;
+    let bound = raw_step_writes(&dir.join("raw-cpu.db"), s.durability, units, 512)?;
+    let used = cpu_time().ok_or("no CPU time on this system")? - before;
+    Ok(used.div_f64(bound.units as f64 / 2.0))
+}
+
 /// Raw bound rows.
 pub fn raw(dir: &Path, s: Settings, units: usize) -> Result<Vec<Row>, BenchError> {
     let (one, batch) = raw_bounds(dir, s, units)?;
@@ -236,21 +257,32 @@ pub async fn throughput(
     steps: u32,
 ) -> Result<Vec<Row>, BenchError> {
     let (_, raw) = raw_bounds(dir, s, instances * steps as usize * 2)?;
+    let raw_cpu = raw_cpu_per_step(dir, s, instances * steps as usize * 2)?;
     let engine = engine_on(&dir.join("throughput.db"), s, |b| b.register(NoOp)).await?;
+    let cpu_before = cpu_time();
     let start = Instant::now();
     let all = create_all::<NoOp>(&engine, |_| steps, instances, "t").await?;
     for i in &all {
         i.wait().await?;
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu = cpu_time()
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
     let rss = resident_bytes();
     engine.shutdown().await;
-    let steps_per_sec = (instances * steps as usize) as f64 / elapsed;
+    let total = (instances * steps as usize) as f64;
+    let steps_per_sec = total / elapsed;
+    let cpu_per_step = cpu.map_or(f64::NAN, |c| c.as_secs_f64() * 1e6 / total);
     let w = format!("throughput ({} × {steps} steps, {})", instances, label(s));
     Ok(vec![
         Row::new(&w, "durable no-op steps/s", steps_per_sec, "1/s")
             .ratio(steps_per_sec / raw.steps_per_sec()),
         Row::new(&w, "instances/s", instances as f64 / elapsed, "1/s"),
+        // The ratio is the raw bound's CPU per step to the engine's: how much more work a
+        // step is than its rows, whatever else the machine runs.
+        Row::new(&w, "CPU per step, every thread", cpu_per_step, "µs")
+            .ratio(raw_cpu.as_secs_f64() * 1e6 / cpu_per_step),
         Row::new(&w, "resident memory", mib(rss), "MiB"),
     ])
 }

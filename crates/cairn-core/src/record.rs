@@ -194,7 +194,9 @@ pub struct StepRecord {
     /// Where the step is.
     pub state: StepState,
     /// The resolved config, persisted on the first execution (see `ResolvedConfig::to_persisted_json`).
-    pub config: serde_json::Value,
+    /// Shared, not copied: a step's record is cloned for each of its writes, and a
+    /// workflow's steps mostly share one config.
+    pub config: std::sync::Arc<serde_json::Value>,
     /// Attempts started so far.
     pub attempts: u32,
     /// Whether the latest attempt started and has no recorded outcome. Found true on load,

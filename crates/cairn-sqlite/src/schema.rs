@@ -364,7 +364,7 @@ mod tests {
         let journal = crate::rows::journal(&conn, InstanceRef(1)).expect("journal");
         assert_eq!(journal.len(), 1);
         assert_eq!(
-            journal[0].config,
+            *journal[0].config,
             serde_json::from_str::<serde_json::Value>(config).expect("json")
         );
         assert_eq!(journal[0].output.as_deref(), Some("7"));

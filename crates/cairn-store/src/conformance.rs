@@ -65,7 +65,7 @@ fn step(name: &str, count: u32, seq: u32, state: StepState) -> StepRecord {
         },
         seq,
         state,
-        config: serde_json::json!({"retries": {"limit": 5}}),
+        config: serde_json::json!({"retries": {"limit": 5}}).into(),
         attempts: 1,
         in_flight: state == StepState::Running,
         wake_at: None,

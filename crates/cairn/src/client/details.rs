@@ -277,7 +277,7 @@ impl InstanceDetails {
                         StepState::Failed | StepState::Cancelled => Some(false),
                     },
                     cancelled: s.state == StepState::Cancelled,
-                    config: s.config.clone(),
+                    config: (*s.config).clone(),
                     output: s.output.as_deref().map(|json| {
                         if crate::ops::stream_meta::is_stream(&s.config) {
                             crate::ops::stream_meta::stream_view(json, sensitive)

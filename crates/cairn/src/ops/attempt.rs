@@ -28,9 +28,13 @@ use tracing::Instrument;
 /// `stream`), and what reading it back gives (`resolved` should it not read back). A pure
 /// function of its arguments, remembered for the last ones on this thread: a workflow's
 /// steps mostly share one config, and building the JSON and parsing it back was a few per
-/// cent of a no-op step's CPU.
-fn persisted_config(resolved: ResolvedConfig, stream: bool) -> (serde_json::Value, ResolvedConfig) {
-    type Last = Option<(ResolvedConfig, bool, serde_json::Value, ResolvedConfig)>;
+/// cent of a no-op step's CPU. The persisted form is shared, not copied, by every record
+/// that holds it.
+fn persisted_config(
+    resolved: ResolvedConfig,
+    stream: bool,
+) -> (Arc<serde_json::Value>, ResolvedConfig) {
+    type Last = Option<(ResolvedConfig, bool, Arc<serde_json::Value>, ResolvedConfig)>;
     thread_local! {
         static LAST: std::cell::RefCell<Last> = const { std::cell::RefCell::new(None) };
     }
@@ -48,6 +52,7 @@ fn persisted_config(resolved: ResolvedConfig, stream: bool) -> (serde_json::Valu
         map.insert("stream".into(), true.into());
     }
     let read = ResolvedConfig::from_persisted_json(&persisted).unwrap_or(resolved);
+    let persisted = Arc::new(persisted);
     LAST.with(|last| *last.borrow_mut() = Some((resolved, stream, persisted.clone(), read)));
     (persisted, read)
 }
@@ -550,7 +555,7 @@ impl Execution {
             key: key.clone(),
             seq: state.next_seq(),
             state: StepState::Running,
-            config: persisted.clone(),
+            config: Arc::clone(&persisted),
             attempts: 1,
             in_flight: true,
             wake_at: None,
@@ -565,7 +570,11 @@ impl Execution {
                 state.log(
                     kinds.step_start,
                     Some(key),
-                    json!({ "config": persisted, "hasRollback": self.rollback.is_some() }),
+                    // A clone of the map, not `json!`'s serialisation of it.
+                    serde_json::Value::Object(serde_json::Map::from_iter([
+                        ("config".to_owned(), (*persisted).clone()),
+                        ("hasRollback".to_owned(), self.rollback.is_some().into()),
+                    ])),
                 ),
                 state.log(kinds.attempt_start, Some(key), json!({ "attempt": 1 })),
                 cairn_store::Write::Step(record.clone()),
@@ -918,7 +927,7 @@ mod tests {
                 map.insert("stream".into(), true.into());
             }
             let (persisted, read) = persisted_config(resolved, stream);
-            assert_eq!(persisted, expected);
+            assert_eq!(*persisted, expected);
             assert_eq!(read, resolved);
         }
     }

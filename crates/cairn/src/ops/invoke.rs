@@ -363,7 +363,7 @@ async fn start(
         key: key.clone(),
         seq: state.next_seq(),
         state: StepState::Running,
-        config: json!({ "workflow": &child.workflow, "detached": detached }),
+        config: json!({ "workflow": &child.workflow, "detached": detached }).into(),
         attempts: 1,
         in_flight: false,
         wake_at: None,
@@ -398,7 +398,7 @@ async fn start(
     };
     let id = child_id(state, key);
     let run = state.lease.epoch;
-    record.config = config(&workflow, &id, detached, run);
+    record.config = config(&workflow, &id, detached, run).into();
     let params_value = cairn_core::binary::log_view(&params);
     let new = NewInstance {
         workflow: workflow.clone(),

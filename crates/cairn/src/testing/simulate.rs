@@ -1342,7 +1342,7 @@ mod tests {
             key: key(StepKind::Run, name),
             seq,
             state: StepState::Succeeded,
-            config: serde_json::json!({}),
+            config: serde_json::json!({}).into(),
             attempts,
             in_flight: false,
             wake_at: None,
