@@ -258,7 +258,18 @@ pub async fn throughput(
 ) -> Result<Vec<Row>, BenchError> {
     let (_, raw) = raw_bounds(dir, s, instances * steps as usize * 2)?;
     let raw_cpu = raw_cpu_per_step(dir, s, instances * steps as usize * 2)?;
-    let engine = engine_on(&dir.join("throughput.db"), s, |b| b.register(NoOp)).await?;
+    // The store opened here, to count the writer's group commits.
+    let store = std::sync::Arc::new(cairn::sqlite::SqliteStore::open(
+        dir.join("throughput.db"),
+        Options::default().durability(s.durability),
+    )?);
+    let engine = Engine::builder()
+        .store(store.clone())
+        .hibernate_after(Duration::from_millis(100))
+        .register(NoOp)
+        .start()
+        .await?;
+    let writes_before = store.writes();
     let cpu_before = cpu_time();
     let start = Instant::now();
     let all = create_all::<NoOp>(&engine, |_| steps, instances, "t").await?;
@@ -269,6 +280,7 @@ pub async fn throughput(
     let cpu = cpu_time()
         .zip(cpu_before)
         .map(|(after, before)| after - before);
+    let writes = store.writes();
     let rss = resident_bytes();
     engine.shutdown().await;
     let total = (instances * steps as usize) as f64;
@@ -283,6 +295,13 @@ pub async fn throughput(
         // step is than its rows, whatever else the machine runs.
         Row::new(&w, "CPU per step, every thread", cpu_per_step, "µs")
             .ratio(raw_cpu.as_secs_f64() * 1e6 / cpu_per_step),
+        Row::new(
+            &w,
+            "write calls per group commit",
+            (writes.jobs - writes_before.jobs) as f64
+                / (writes.commits - writes_before.commits).max(1) as f64,
+            "",
+        ),
         Row::new(&w, "resident memory", mib(rss), "MiB"),
     ])
 }

@@ -211,7 +211,9 @@ async fn apply(
         } => hibernate(tx, b, instance, *wake_at, event_types, children)
             .await
             .map(Some),
-        Write::Create(new) => create(tx, b, std::slice::from_ref(new)).await.map(|_| None),
+        Write::Create(new) => create(tx, b, std::slice::from_ref(&**new))
+            .await
+            .map(|_| None),
         Write::RollbackTrigger(trigger) => {
             exec(
                 tx,

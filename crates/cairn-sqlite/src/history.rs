@@ -117,9 +117,15 @@ pub(crate) fn config_id(conn: &Connection, config: &str) -> Result<i64> {
 /// The id of the next log row: two past the largest ever used (`AUTOINCREMENT` keeps it in
 /// `sqlite_sequence`, also across deletes; the largest present counts too, as SQLite's own
 /// allocator does, should that row be missing), so a row's second record has an id of its own.
-pub(crate) const NEXT_LOG_ID: &str =
-    "MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'log'), 0),
-         COALESCE((SELECT MAX(id) FROM log), 0)) + 2";
+/// A macro, so statements can `concat!` it: a statement's text is then a constant, not
+/// formatted again for every row on the writer thread.
+macro_rules! next_log_id {
+    () => {
+        "MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'log'), 0),
+             COALESCE((SELECT MAX(id) FROM log), 0)) + 2"
+    };
+}
+pub(crate) use next_log_id;
 
 /// Appends records in order, two to a row where they allow it.
 pub(crate) fn append(
@@ -132,7 +138,7 @@ pub(crate) fn append(
 
 /// Lays `records` out in rows and encodes them (JSON and all). A lifetime's commit does
 /// this on its own thread, so the one writer thread only inserts. The rows' ids are the
-/// insert's (`NEXT_LOG_ID`): 0 until then.
+/// insert's (`next_log_id!`): 0 until then.
 pub(crate) fn encode(records: &[&LogEntry]) -> Result<Vec<StoredRow>> {
     Ok(packing::pack(records)?
         .into_iter()
@@ -150,9 +156,11 @@ pub(crate) fn insert(conn: &Connection, instance: InstanceRef, rows: &[StoredRow
             .transpose()?;
         let (kind2, meta2) = row.second.as_ref().map(|(k, m)| (*k, m.as_str())).unzip();
         let step = row.step.as_ref();
-        conn.prepare_cached(&format!(
+        conn.prepare_cached(concat!(
             "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config, kind2, meta2)
-             VALUES ({NEXT_LOG_ID}, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+             VALUES (",
+            next_log_id!(),
+            ", ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
         ))
         .and_then(|mut st| {
             st.execute(params![

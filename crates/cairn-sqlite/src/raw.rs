@@ -83,10 +83,11 @@ pub fn raw_step_writes(
             .and_then(|mut st| st.execute(params![iid, n, config]))
             .map_err(err)?;
             // Two records of the step in one row, as the engine writes them.
-            tx.prepare_cached(&format!(
+            tx.prepare_cached(concat!(
                 "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, kind2, meta2)
-                 VALUES ({}, ?1, 0, 10, 0, 'step', ?2, '{{\"attempt\":1}}', 11, '{{\"attempt\":1}}')",
-                crate::history::NEXT_LOG_ID
+                 VALUES (",
+                crate::history::next_log_id!(),
+                ", ?1, 0, 10, 0, 'step', ?2, '{\"attempt\":1}', 11, '{\"attempt\":1}')"
             ))
             .and_then(|mut st| st.execute(params![iid, n]))
             .map_err(err)?;

@@ -376,7 +376,7 @@ pub(crate) enum Encoded {
 /// thread, so the one writer thread does not spend its time on JSON. Consecutive records
 /// are encoded together, so two of the same step can share a row.
 pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(writes.len());
     let mut records: Vec<LogEntry> = Vec::new();
     let flush = |records: &mut Vec<LogEntry>, out: &mut Vec<Encoded>| -> Result<()> {
         if !records.is_empty() {

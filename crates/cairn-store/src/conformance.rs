@@ -1363,14 +1363,14 @@ async fn parent_waiting_for_a_child(store: &dyn Store) -> (crate::Lease, crate::
                     started_at: Some(T0),
                     ..StatusChange::to(InstanceStatus::Running)
                 }),
-                Write::Create(child.clone()),
+                Write::Create(Box::new(child.clone())),
             ],
         )
         .await
         .unwrap();
     // Creating it again (a replay) writes nothing.
     store
-        .commit(parent.lease, vec![Write::Create(child)])
+        .commit(parent.lease, vec![Write::Create(Box::new(child))])
         .await
         .unwrap();
     let found = store

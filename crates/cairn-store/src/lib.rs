@@ -378,7 +378,9 @@ pub enum Write {
     /// Create a child instance (with its `WORKFLOW_QUEUED` record) unless an instance of
     /// its workflow with its id exists, in which case nothing is written: the `invoke` step
     /// that starts it then reads the existing one and checks that it is its own child.
-    Create(NewInstance),
+    /// Boxed: it is twice the size of any other write, and a commit of a step's writes
+    /// would otherwise move and allocate room for it in every one of them.
+    Create(Box<NewInstance>),
     /// Record that a rollback has begun and what triggered it (JSON), so that a crash in
     /// the middle of it resumes the rollback.
     RollbackTrigger(RollbackTrigger),

@@ -593,7 +593,11 @@ impl Lifetime {
             })
             .collect();
         if !deferred.is_empty() {
-            writes.splice(0..0, deferred);
+            // The deferred writes first, in one vector of the right size.
+            let mut all = Vec::with_capacity(deferred.len() + writes.len());
+            all.extend(deferred);
+            all.append(&mut writes);
+            writes = all;
         }
         if !self.holds_lease() {
             return Err(cairn_store::Error::LeaseLost(self.lease.instance));
@@ -711,10 +715,16 @@ impl Lifetime {
     /// Queues `writes` for this lifetime's next commit. If the lifetime ends without one
     /// (a crash, shutdown, a lost lease), they are lost with it, as any unrecorded work is.
     pub(crate) fn defer(&self, writes: Vec<Write>) {
-        self.deferred
+        let mut deferred = self
+            .deferred
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend(writes);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if deferred.is_empty() {
+            // The usual case (a step's success): keep the vector, no copy.
+            *deferred = writes;
+        } else {
+            deferred.extend(writes);
+        }
     }
 
     /// Returns whether this call set the reason (the first abort wins).

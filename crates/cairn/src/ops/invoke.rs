@@ -441,7 +441,7 @@ async fn start(
                 json!({ "workflow": workflow, "id": id, "detached": detached }),
             ),
             Write::Step(record.clone()),
-            Write::Create(new),
+            Write::Create(Box::new(new)),
         ])
         .await;
     // The child is claimable now; the scheduler may be asleep with nothing else to do.
