@@ -124,9 +124,10 @@ pub fn resident_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// CPU time this process has used so far, every thread's, user and system (Linux
-/// `/proc/self/stat`, in clock ticks of 10 ms), if known. Unlike a rate, it hardly moves
-/// with what else the machine runs: the figure to compare when a change saves work.
+/// CPU time this process has used so far, every thread's (those that ended too), user and
+/// system (Linux `/proc/self/stat`, in clock ticks of 10 ms: measure a second or more), if
+/// known. Unlike a rate, it hardly moves with what else the machine runs: the figure to
+/// compare when a change saves work.
 pub fn cpu_time() -> Option<Duration> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // The command name (field 2) may hold spaces: count the fields after its `)`.
@@ -216,13 +217,20 @@ pub fn raw_bounds(
     Ok((per_commit, batched))
 }
 
-/// The CPU time of a no-op step in the batched raw bound: `units` written 512 per commit,
-/// measured around the run (one thread).
-fn raw_cpu_per_step(dir: &Path, s: Settings, units: usize) -> Result<Duration, BenchError> {
-    let before = cpu_time().ok_or("no CPU time on this system")?;
+/// The CPU time of a no-op step in the batched raw bound, in µs: `units` written 512 per
+/// commit, measured around the run (one thread). NaN where the system does not tell, or
+/// the run was too short to measure.
+fn raw_cpu_per_step(dir: &Path, s: Settings, units: usize) -> Result<f64, BenchError> {
+    let before = cpu_time();
     let bound = raw_step_writes(&dir.join("raw-cpu.db"), s.durability, units, 512)?;
-    let used = cpu_time().ok_or("no CPU time on this system")? - before;
-    Ok(used.div_f64(bound.units as f64 / 2.0))
+    let used = cpu_time().zip(before).map(|(after, before)| after - before);
+    Ok(per_step_micros(used, bound.units as f64 / 2.0))
+}
+
+/// `used` over `steps`, in µs; NaN if unknown or too short to measure (no tick counted).
+fn per_step_micros(used: Option<Duration>, steps: f64) -> f64 {
+    used.filter(|d| !d.is_zero())
+        .map_or(f64::NAN, |d| d.as_secs_f64() * 1e6 / steps)
 }
 
 /// Raw bound rows.
@@ -285,16 +293,17 @@ pub async fn throughput(
     engine.shutdown().await;
     let total = (instances * steps as usize) as f64;
     let steps_per_sec = total / elapsed;
-    let cpu_per_step = cpu.map_or(f64::NAN, |c| c.as_secs_f64() * 1e6 / total);
+    let cpu_per_step = per_step_micros(cpu, total);
     let w = format!("throughput ({} × {steps} steps, {})", instances, label(s));
     Ok(vec![
         Row::new(&w, "durable no-op steps/s", steps_per_sec, "1/s")
             .ratio(steps_per_sec / raw.steps_per_sec()),
         Row::new(&w, "instances/s", instances as f64 / elapsed, "1/s"),
-        // The ratio is the raw bound's CPU per step to the engine's: how much more work a
-        // step is than its rows, whatever else the machine runs.
+        // The ratio is the raw bound's CPU per step over the engine's, as the steps/s
+        // ratio is the engine's rate over the bound's: the share of a step's CPU its rows
+        // cost, whatever else the machine runs.
         Row::new(&w, "CPU per step, every thread", cpu_per_step, "µs")
-            .ratio(raw_cpu.as_secs_f64() * 1e6 / cpu_per_step),
+            .ratio(raw_cpu / cpu_per_step),
         Row::new(
             &w,
             "write calls per group commit",

@@ -194,7 +194,8 @@ pub(crate) async fn journal(
         &[&instance.0],
     )
     .await?;
-    rows.iter().map(step_record).collect()
+    let mut configs = cairn_store::packing::JournalConfigs::default();
+    rows.iter().map(|r| step_record(r, &mut configs)).collect()
 }
 
 pub(crate) async fn stream_chunk(
@@ -240,12 +241,10 @@ pub(crate) async fn stream_bytes(
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
-fn step_record(r: &Row) -> Result<StepRecord> {
+fn step_record(r: &Row, configs: &mut cairn_store::packing::JournalConfigs) -> Result<StepRecord> {
     let kind: i64 = r.try_get(0).map_err(corrupt)?;
     let state: i64 = r.try_get(4).map_err(corrupt)?;
-    // A step whose configuration is missing is corrupt, never left out: replay would run it
-    // again.
-    let config: Option<String> = r.try_get(5).map_err(corrupt)?;
+    let config = configs.read(r.try_get(5).map_err(corrupt)?)?;
     let int = |i: usize| -> Result<u32> {
         let v: i64 = r.try_get(i).map_err(corrupt)?;
         u32::try_from(v).map_err(corrupt)
@@ -260,10 +259,7 @@ fn step_record(r: &Row) -> Result<StepRecord> {
         seq: int(3)?,
         state: StepState::from_code(state)
             .ok_or_else(|| corrupt(format!("unknown step state {state}")))?,
-        config: serde_json::from_str(
-            &config.ok_or_else(|| corrupt("a step's configuration is missing"))?,
-        )
-        .map_err(corrupt)?,
+        config,
         attempts: int(6)?,
         in_flight: r.try_get(7).map_err(corrupt)?,
         wake_at: ts(r.try_get(8).map_err(corrupt)?),

@@ -945,13 +945,12 @@ pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<St
              FROM steps s LEFT JOIN configs c ON c.id = s.config WHERE s.iid = ?1 ORDER BY s.seq",
         )
         .map_err(map_sqlite)?;
+    let mut configs = cairn_store::packing::JournalConfigs::default();
     let rows = st
         .query_map([instance.0], |r| {
             let kind: i64 = r.get(0)?;
             let state: i64 = r.get(4)?;
-            // A step whose configuration is missing is corrupt, never left out: replay
-            // would run it again.
-            let config: Option<String> = r.get(5)?;
+            let config = configs.read(r.get(5)?);
             Ok((|| {
                 Ok(StepRecord {
                     key: StepKey {
@@ -963,10 +962,7 @@ pub(crate) fn journal(conn: &Connection, instance: InstanceRef) -> Result<Vec<St
                     seq: r.get(3).map_err(map_sqlite)?,
                     state: StepState::from_code(state)
                         .ok_or_else(|| corrupt(format!("unknown step state {state}")))?,
-                    config: serde_json::from_str(
-                        &config.ok_or_else(|| corrupt("a step's configuration is missing"))?,
-                    )
-                    .map_err(corrupt)?,
+                    config: config?,
                     attempts: r.get(6).map_err(map_sqlite)?,
                     in_flight: r.get(7).map_err(map_sqlite)?,
                     wake_at: ts(r.get(8).map_err(map_sqlite)?),

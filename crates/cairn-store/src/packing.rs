@@ -116,6 +116,33 @@ pub fn config_text(config: &serde_json::Value) -> Result<String> {
     Ok(text)
 }
 
+/// Step configurations read back for a journal: consecutive steps mostly share one text,
+/// parsed once and shared by their records (a journal of 10,000 steps is then one parse,
+/// not 10,000).
+#[derive(Debug, Default)]
+pub struct JournalConfigs {
+    last: Option<(String, std::sync::Arc<serde_json::Value>)>,
+}
+
+impl JournalConfigs {
+    /// The configuration stored as `text` (`None`: missing, which is corrupt: a step left
+    /// out of its journal would run again).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] when it is missing or is not JSON.
+    pub fn read(&mut self, text: Option<String>) -> Result<std::sync::Arc<serde_json::Value>> {
+        let text = text.ok_or_else(|| corrupt("a step's configuration is missing"))?;
+        if let Some((last, value)) = &self.last
+            && *last == text
+        {
+            return Ok(std::sync::Arc::clone(value));
+        }
+        let value = std::sync::Arc::new(serde_json::from_str(&text).map_err(corrupt)?);
+        self.last = Some((text, std::sync::Arc::clone(&value)));
+        Ok(value)
+    }
+}
+
 /// A stored row, as read back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredRow {
@@ -390,5 +417,26 @@ mod tests {
                 r#"{"retries":{"limit":2},"timeout":"1 minute"}"#
             );
         }
+    }
+
+    /// Consecutive steps with one text share one parse; another text gets its own, each
+    /// record its own value; a missing or broken one is corrupt, never a default.
+    #[test]
+    fn a_journal_parses_each_run_of_one_configuration_once() {
+        let mut configs = JournalConfigs::default();
+        let one = r#"{"retries":{"limit":2}}"#;
+        let two = r#"{"timeout":"1 minute"}"#;
+        let a = configs.read(Some(one.into())).unwrap();
+        let b = configs.read(Some(one.into())).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&a, &b));
+        let c = configs.read(Some(two.into())).unwrap();
+        assert_eq!(*c, serde_json::json!({"timeout": "1 minute"}));
+        let d = configs.read(Some(one.into())).unwrap();
+        assert_eq!(d, a);
+        assert!(matches!(configs.read(None), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            configs.read(Some("{not json".into())),
+            Err(Error::Corrupt(_))
+        ));
     }
 }
