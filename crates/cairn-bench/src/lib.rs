@@ -149,6 +149,22 @@ pub(crate) async fn engine_on(
     engine_with_clock(path, s, Clock::system(), register).await
 }
 
+/// [`engine_on`], with the store at hand to count its commits (`SqliteStore::writes`).
+async fn counted_engine_on(
+    path: &Path,
+    s: Settings,
+    register: impl FnOnce(cairn::EngineBuilder) -> cairn::EngineBuilder,
+) -> Result<(std::sync::Arc<cairn::sqlite::SqliteStore>, Engine), BenchError> {
+    let store = std::sync::Arc::new(cairn::sqlite::SqliteStore::open(
+        path,
+        Options::default().durability(s.durability),
+    )?);
+    let builder = Engine::builder()
+        .store(store.clone())
+        .hibernate_after(Duration::from_millis(100));
+    Ok((store, register(builder).start().await?))
+}
+
 async fn engine_with_clock(
     path: &Path,
     s: Settings,
@@ -201,30 +217,29 @@ pub(crate) async fn create_all<W: Workflow>(
     Ok(all)
 }
 
-/// Measures the raw storage bound twice: one commit per engine write, and batched.
-pub fn raw_bounds(
-    dir: &Path,
-    s: Settings,
-    units: usize,
-) -> Result<(RawBound, RawBound), BenchError> {
-    let per_commit = raw_step_writes(
+/// The raw storage bound with one commit per engine write (at most 2,000 units).
+pub fn raw_per_commit(dir: &Path, s: Settings, units: usize) -> Result<RawBound, BenchError> {
+    Ok(raw_step_writes(
         &dir.join("raw-commit.db"),
         s.durability,
         units.min(2_000),
         1,
-    )?;
-    let batched = raw_step_writes(&dir.join("raw-batch.db"), s.durability, units, 512)?;
-    Ok((per_commit, batched))
+    )?)
 }
 
-/// The CPU time of a no-op step in the batched raw bound, in µs: `units` written 512 per
-/// commit, measured around the run (one thread). NaN where the system does not tell, or
-/// the run was too short to measure.
-fn raw_cpu_per_step(dir: &Path, s: Settings, units: usize) -> Result<f64, BenchError> {
+/// The raw storage bound batched, 512 units per commit, and the CPU time of one of its
+/// no-op steps in µs (measured around the run, one thread; NaN where the system does not
+/// tell, or the run was too short to measure).
+pub fn raw_batched(dir: &Path, s: Settings, units: usize) -> Result<(RawBound, f64), BenchError> {
     let before = cpu_time();
-    let bound = raw_step_writes(&dir.join("raw-cpu.db"), s.durability, units, 512)?;
-    let used = cpu_time().zip(before).map(|(after, before)| after - before);
-    Ok(per_step_micros(used, bound.units as f64 / 2.0))
+    let bound = raw_step_writes(&dir.join("raw-batch.db"), s.durability, units, 512)?;
+    let cpu = per_step_micros(cpu_since(before), bound.units as f64 / 2.0);
+    Ok((bound, cpu))
+}
+
+/// The CPU time used since `before` (a [`cpu_time`]), if known.
+fn cpu_since(before: Option<Duration>) -> Option<Duration> {
+    cpu_time().zip(before).map(|(after, before)| after - before)
 }
 
 /// `used` over `steps`, in µs; NaN if unknown or too short to measure (no tick counted).
@@ -235,7 +250,8 @@ fn per_step_micros(used: Option<Duration>, steps: f64) -> f64 {
 
 /// Raw bound rows.
 pub fn raw(dir: &Path, s: Settings, units: usize) -> Result<Vec<Row>, BenchError> {
-    let (one, batch) = raw_bounds(dir, s, units)?;
+    let one = raw_per_commit(dir, s, units)?;
+    let (batch, _) = raw_batched(dir, s, units)?;
     let w = format!("raw bound ({})", label(s));
     Ok(vec![
         Row::new(
@@ -264,19 +280,10 @@ pub async fn throughput(
     instances: usize,
     steps: u32,
 ) -> Result<Vec<Row>, BenchError> {
-    let (_, raw) = raw_bounds(dir, s, instances * steps as usize * 2)?;
-    let raw_cpu = raw_cpu_per_step(dir, s, instances * steps as usize * 2)?;
-    // The store opened here, to count the writer's group commits.
-    let store = std::sync::Arc::new(cairn::sqlite::SqliteStore::open(
-        dir.join("throughput.db"),
-        Options::default().durability(s.durability),
-    )?);
-    let engine = Engine::builder()
-        .store(store.clone())
-        .hibernate_after(Duration::from_millis(100))
-        .register(NoOp)
-        .start()
-        .await?;
+    let (raw, raw_cpu) = raw_batched(dir, s, instances * steps as usize * 2)?;
+    // The store at hand, to count the writer's group commits.
+    let (store, engine) =
+        counted_engine_on(&dir.join("throughput.db"), s, |b| b.register(NoOp)).await?;
     let writes_before = store.writes();
     let cpu_before = cpu_time();
     let start = Instant::now();
@@ -285,9 +292,7 @@ pub async fn throughput(
         i.wait().await?;
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu = cpu_time()
-        .zip(cpu_before)
-        .map(|(after, before)| after - before);
+    let cpu = cpu_since(cpu_before);
     let writes = store.writes();
     let rss = resident_bytes();
     engine.shutdown().await;
@@ -463,19 +468,11 @@ pub async fn latency(
     runs: usize,
     steps: u32,
 ) -> Result<Vec<Row>, BenchError> {
-    let (one, _) = raw_bounds(dir, s, 2_000)?;
+    let one = raw_per_commit(dir, s, 2_000)?;
     let commit_ms = 1e3 / one.commits_per_sec();
-    // The store opened here, to count the commits the runs make.
-    let store = std::sync::Arc::new(cairn::sqlite::SqliteStore::open(
-        dir.join("latency.db"),
-        Options::default().durability(s.durability),
-    )?);
-    let engine = Engine::builder()
-        .store(store.clone())
-        .hibernate_after(Duration::from_millis(100))
-        .register(NoOp)
-        .start()
-        .await?;
+    // The store at hand, to count the commits the runs make.
+    let (store, engine) =
+        counted_engine_on(&dir.join("latency.db"), s, |b| b.register(NoOp)).await?;
     let client = engine.workflow::<NoOp>();
     let mut times = Vec::with_capacity(runs);
     let before = store.writes();
