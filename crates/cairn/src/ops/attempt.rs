@@ -206,7 +206,16 @@ impl Execution {
     /// hands its result back (the code after a completed step does not proceed). In a
     /// rollback-registration replay it only registers its handler and returns a stored
     /// outcome; anything else waits forever (the replay is dropped).
-    pub(crate) async fn execute<T, F, Fut>(self, key: StepKey, body: F) -> Result<T, WorkflowError>
+    ///
+    /// `&mut self`, not `self`, here and in [`Execution::execute_with`]: an `async fn`
+    /// keeps a by-value argument twice in its future (as argument and as local), and each
+    /// step's future is one allocation. The caller owns the execution, whose `Drop` records
+    /// a dropped step as cancelled.
+    pub(crate) async fn execute<T, F, Fut>(
+        &mut self,
+        key: StepKey,
+        body: F,
+    ) -> Result<T, WorkflowError>
     where
         F: FnMut(StepContext) -> Fut,
         Fut: Future<Output = Result<T, StepError>>,
@@ -214,19 +223,10 @@ impl Execution {
     {
         let state = Arc::clone(&self.state);
         if state.registering() {
-            return match state.take_record(&key) {
-                Some(rec) if rec.state == StepState::Succeeded => decode(&key, &rec)
-                    .inspect_err(|e| state.note_mismatch(&key, e.message().to_owned())),
-                Some(rec) if rec.state == StepState::Failed => Err(WorkflowError::from_info(
-                    rec.error
-                        .unwrap_or_else(|| ErrorInfo::new(INTERNAL, "step failed")),
-                )),
-                Some(_) => std::future::pending().await,
-                None => {
-                    state.note_new_work(&key);
-                    std::future::pending().await
-                }
-            };
+            if let Some(outcome) = registered_outcome(&state, &key) {
+                return outcome;
+            }
+            return std::future::pending().await;
         }
         state.pause_gate().await;
         let result = self.execute_with(key, body, &RUN_KINDS).await;
@@ -237,7 +237,7 @@ impl Execution {
     /// The attempt loop: look the step up, run attempts with retries and timeouts, and
     /// record each outcome with `kinds`' records.
     pub(crate) async fn execute_with<T, F, Fut>(
-        mut self,
+        &mut self,
         key: StepKey,
         mut body: F,
         kinds: &'static LogKinds,
@@ -263,21 +263,23 @@ impl Execution {
                 )
             })?;
 
+        // `None` for a step that lost a race last time: it never completes, so the race
+        // goes the same way again. (No record is held across that wait.)
         let found = match state.take_record(&key) {
             Some(rec) if rec.state == StepState::Succeeded => return decode(&key, &rec),
-            Some(rec) if rec.state == StepState::Cancelled => {
-                // It lost a race last time: it never completes, so the race goes the same
-                // way again. Parked, it is not activity (the instance may hibernate).
-                drop(activity);
-                return std::future::pending().await;
-            }
+            Some(rec) if rec.state == StepState::Cancelled => None,
             Some(rec) if rec.state == StepState::Failed => {
                 return Err(WorkflowError::from_info(
                     rec.error
                         .unwrap_or_else(|| ErrorInfo::new(INTERNAL, "step failed")),
                 ));
             }
-            found => found,
+            found => Some(found),
+        };
+        let Some(found) = found else {
+            // Parked, it is not activity (the instance may hibernate).
+            drop(activity);
+            return std::future::pending().await;
         };
         // A span for the work this lifetime does on the step, its first commit included; a
         // step answered from the journal (above) has none, so a replay reports no attempt
@@ -371,9 +373,15 @@ impl Execution {
             let error = ErrorInfo::new(INTERNAL, crate::failure::INTERRUPTED);
             // Recording its outcome ends it, like any attempt in flight.
             self.attempt_begin();
-            let failed = self
-                .record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
-                .await;
+            let failed = Box::pin(self.record_failure(
+                &key,
+                &mut record,
+                &config,
+                delay_fn.as_ref(),
+                error,
+                true,
+            ))
+            .await;
             self.count_attempt(&key, AttemptOutcome::Interrupted, None);
             failed?;
             self.set_running(Some(&record));
@@ -430,16 +438,17 @@ impl Execution {
                     } else {
                         AttemptOutcome::Error
                     };
-                    let failed = self
-                        .record_failure(
-                            &key,
-                            &mut record,
-                            &config,
-                            delay_fn.as_ref(),
-                            error,
-                            retryable,
-                        )
-                        .await;
+                    // Boxed: a failure is the rare path, and its future (a delay function's
+                    // call, a commit) would otherwise enlarge every step's.
+                    let failed = Box::pin(self.record_failure(
+                        &key,
+                        &mut record,
+                        &config,
+                        delay_fn.as_ref(),
+                        error,
+                        retryable,
+                    ))
+                    .await;
                     span.record("outcome", outcome.as_str());
                     span.record("otel.status_code", "ERROR");
                     self.count_attempt(&key, outcome, ran);
@@ -879,6 +888,29 @@ fn human_bytes(n: usize) -> String {
         format!("{}KiB", n >> 10)
     } else {
         format!("{n} bytes")
+    }
+}
+
+/// In a rollback-registration replay, the stored outcome of `key`, or `None` for a step
+/// that has none (the replay waits there forever and is dropped). A plain function, so no
+/// record is held across that wait: the step future stays small.
+fn registered_outcome<T: DeserializeOwned>(
+    state: &Lifetime,
+    key: &StepKey,
+) -> Option<Result<T, WorkflowError>> {
+    match state.take_record(key) {
+        Some(rec) if rec.state == StepState::Succeeded => Some(
+            decode(key, &rec).inspect_err(|e| state.note_mismatch(key, e.message().to_owned())),
+        ),
+        Some(rec) if rec.state == StepState::Failed => Some(Err(WorkflowError::from_info(
+            rec.error
+                .unwrap_or_else(|| ErrorInfo::new(INTERNAL, "step failed")),
+        ))),
+        Some(_) => None,
+        None => {
+            state.note_new_work(key);
+            None
+        }
     }
 }
 

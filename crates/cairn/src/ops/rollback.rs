@@ -173,9 +173,8 @@ async fn run_handler(
             step_name: step_name.clone(),
         })
     };
-    Execution::new(Arc::clone(state), handler.config)
-        .execute_with(key, body, &ROLLBACK_KINDS)
-        .await
+    let mut run = Execution::new(Arc::clone(state), handler.config);
+    run.execute_with(key, body, &ROLLBACK_KINDS).await
 }
 
 /// A handler that replay no longer reaches: the rollback of that step fails.
