@@ -692,15 +692,19 @@ impl Store for SqliteStore {
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
         // The lease check is the fence: after it, only a store failure can stop the writes.
-        self.write_fenced(move |conn| {
+        let committed = self.write_fenced(move |conn| {
             let before = rows::leased_status(conn, lease)?;
-            rows::apply_all(conn, lease.instance, writes)?;
-            if same {
-                Ok(before)
+            rows::apply_all(conn, lease.instance, &writes)?;
+            let status = if same {
+                before
             } else {
-                rows::status_of(conn, lease.instance)
-            }
-        })
+                rows::status_of(conn, lease.instance)?
+            };
+            // Handed back, to be freed by the committing task: the one writer thread is
+            // the serial part, and freeing what other threads allocated cost it ~6 %.
+            Ok((status, writes))
+        });
+        Box::pin(async move { committed.await.map(|(status, _written)| status) })
     }
 
     fn control(

@@ -409,23 +409,23 @@ pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
 pub(crate) fn apply_all(
     conn: &Connection,
     instance: InstanceRef,
-    writes: Vec<Encoded>,
+    writes: &[Encoded],
 ) -> Result<()> {
     for write in writes {
         match write {
-            Encoded::Log(rows) => crate::history::insert(conn, instance, &rows)?,
-            Encoded::Step(step, config) => upsert_step(conn, instance, &step, &config)?,
+            Encoded::Log(rows) => crate::history::insert(conn, instance, rows)?,
+            Encoded::Step(step, config) => upsert_step(conn, instance, step, config)?,
             Encoded::Write(write) => apply(conn, instance, write)?,
         }
     }
     Ok(())
 }
 
-fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
+fn apply(conn: &Connection, instance: InstanceRef, write: &Write) -> Result<()> {
     match write {
         Write::Step(step) => {
             let config = serde_json::to_string(&step.config).map_err(corrupt)?;
-            upsert_step(conn, instance, &step, &config)
+            upsert_step(conn, instance, step, &config)
         }
         Write::Cancel { step, records } => {
             let running: bool = conn
@@ -445,24 +445,24 @@ fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
                 .map_err(map_sqlite)?;
             if running {
                 let config = serde_json::to_string(&step.config).map_err(corrupt)?;
-                upsert_step(conn, instance, &step, &config)?;
+                upsert_step(conn, instance, step, &config)?;
                 // A cancelled stream step's chunks are no output of anything.
                 crate::streams::drop(conn, instance, &step.key, None)?;
                 crate::history::append(conn, instance, &records.iter().collect::<Vec<_>>())?;
             }
             Ok(())
         }
-        Write::Log(entry) => append_log(conn, instance, &entry),
-        Write::Status(change) => change_status(conn, instance, &change),
+        Write::Log(entry) => append_log(conn, instance, entry),
+        Write::Status(change) => change_status(conn, instance, change),
         Write::Hibernate {
             wake_at,
             event_types,
             children,
-        } => hibernate(conn, instance, wake_at, &event_types, &children),
-        Write::Create(new) => insert_instance(conn, &new).map(drop),
+        } => hibernate(conn, instance, *wake_at, event_types, children),
+        Write::Create(new) => insert_instance(conn, new).map(drop),
         Write::RollbackTrigger(trigger) => {
             conn.prepare_cached("UPDATE instances SET rollback_trigger = ?2 WHERE iid = ?1")
-                .and_then(|mut st| st.execute(params![instance.0, to_json(&trigger)?]))
+                .and_then(|mut st| st.execute(params![instance.0, to_json(trigger)?]))
                 .map_err(map_sqlite)?;
             Ok(())
         }
@@ -472,8 +472,8 @@ fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
             epoch,
             index,
             data,
-        } => crate::streams::put(conn, instance, &step, attempt, epoch, index, &data),
-        Write::DropChunks { step, keep } => crate::streams::drop(conn, instance, &step, keep),
+        } => crate::streams::put(conn, instance, step, *attempt, *epoch, *index, data),
+        Write::DropChunks { step, keep } => crate::streams::drop(conn, instance, step, *keep),
         Write::Pause { at, record } => {
             let paused = conn
                 .prepare_cached(
@@ -484,7 +484,7 @@ fn apply(conn: &Connection, instance: InstanceRef, write: Write) -> Result<()> {
                 .and_then(|mut st| st.execute(params![instance.0, at.as_millis()]))
                 .map_err(map_sqlite)?;
             if paused == 1 {
-                append_log(conn, instance, &record)?;
+                append_log(conn, instance, record)?;
                 crate::slots::give_back(conn, instance)?;
             }
             Ok(())
