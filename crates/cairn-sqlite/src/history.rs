@@ -127,6 +127,52 @@ macro_rules! next_log_id {
 }
 pub(crate) use next_log_id;
 
+/// The id of the next log row, known on the writer thread while its group's transaction is
+/// open: the first row of a group reads it (`next_log_id!`, two lookups), the next rows
+/// take the one after the last (a row's `id` + [`packing::ROW_ID_STRIDE`]). Within the
+/// transaction no other connection writes, so nothing else can take it; a savepoint rolled
+/// back and the transaction's end forget it (after a savepoint's rollback it would only
+/// leave a gap, which ids may have: forgetting keeps them dense).
+pub(crate) struct LogIds;
+
+thread_local! {
+    /// `None`: not in a writer's transaction. `Some(None)`: in one, the next id not known yet.
+    static NEXT_LOG_ID: std::cell::Cell<Option<Option<i64>>> = const { std::cell::Cell::new(None) };
+}
+
+impl LogIds {
+    /// The writer thread's transaction began.
+    pub(crate) fn began() {
+        NEXT_LOG_ID.with(|next| next.set(Some(None)));
+    }
+
+    /// A savepoint of the transaction was rolled back: what it inserted is gone.
+    pub(crate) fn rolled_back_to_savepoint() {
+        NEXT_LOG_ID.with(|next| {
+            if next.get().is_some() {
+                next.set(Some(None));
+            }
+        });
+    }
+
+    /// The transaction ended (committed or rolled back).
+    pub(crate) fn ended() {
+        NEXT_LOG_ID.with(|next| next.set(None));
+    }
+
+    fn next() -> Option<i64> {
+        NEXT_LOG_ID.with(|next| next.get().flatten())
+    }
+
+    fn inserted(id: i64) {
+        NEXT_LOG_ID.with(|next| {
+            if next.get().is_some() {
+                next.set(Some(id.checked_add(packing::ROW_ID_STRIDE as i64)));
+            }
+        });
+    }
+}
+
 /// Appends records in order, two to a row where they allow it.
 pub(crate) fn append(
     conn: &Connection,
@@ -156,11 +202,12 @@ pub(crate) fn insert(conn: &Connection, instance: InstanceRef, rows: &[StoredRow
             .transpose()?;
         let (kind2, meta2) = row.second.as_ref().map(|(k, m)| (*k, m.as_str())).unzip();
         let step = row.step.as_ref();
+        // `?11`: the id when it is known (`COALESCE` then skips the lookups).
         conn.prepare_cached(concat!(
             "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config, kind2, meta2)
-             VALUES (",
+             VALUES (COALESCE(?11, ",
             next_log_id!(),
-            ", ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            "), ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
         ))
         .and_then(|mut st| {
             st.execute(params![
@@ -174,9 +221,11 @@ pub(crate) fn insert(conn: &Connection, instance: InstanceRef, rows: &[StoredRow
                 config,
                 kind2,
                 meta2,
+                LogIds::next(),
             ])
         })
         .map_err(map_sqlite)?;
+        LogIds::inserted(conn.last_insert_rowid());
     }
     Ok(())
 }
@@ -312,4 +361,81 @@ pub(crate) fn workflow_log(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(packing::workflow_page(rows, after, until, limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::{LogKind, Timestamp};
+
+    fn database() -> Connection {
+        let mut conn = Connection::open_in_memory().expect("open");
+        crate::schema::migrate(&mut conn).expect("migrate");
+        conn
+    }
+
+    /// One row of an instance's own record (no step: it never shares a row).
+    fn one_row(conn: &Connection) -> i64 {
+        let entry = LogEntry {
+            kind: LogKind::WorkflowQueued,
+            at: Timestamp::from_millis(1),
+            step: None,
+            meta: serde_json::json!({}),
+        };
+        append(conn, InstanceRef(1), &[&entry]).expect("append");
+        conn.last_insert_rowid()
+    }
+
+    #[test]
+    fn log_ids_are_known_within_a_transaction_and_forgotten_after_it() {
+        let conn = database();
+        let stride = packing::ROW_ID_STRIDE as i64;
+        conn.execute_batch("BEGIN").unwrap();
+        LogIds::began();
+        let first = one_row(&conn);
+        assert_eq!(LogIds::next(), Some(first + stride));
+        assert_eq!(one_row(&conn), first + stride);
+
+        // A savepoint rolled back takes its row with it: the next id is read again, so
+        // the ids stay dense.
+        conn.execute_batch("SAVEPOINT job").unwrap();
+        let undone = one_row(&conn);
+        conn.execute_batch("ROLLBACK TO job; RELEASE job").unwrap();
+        LogIds::rolled_back_to_savepoint();
+        assert_eq!(LogIds::next(), None);
+        assert_eq!(one_row(&conn), undone);
+        conn.execute_batch("COMMIT").unwrap();
+        LogIds::ended();
+        assert_eq!(
+            LogIds::next(),
+            None,
+            "outside a transaction nothing is known"
+        );
+
+        // Between two transactions another writer may take the next id: the next
+        // transaction reads past it instead of colliding with it.
+        conn.execute(
+            "INSERT INTO log (id, iid, at, kind, meta) VALUES (?1, 1, 1, 0, '{}')",
+            [undone + stride],
+        )
+        .unwrap();
+        conn.execute_batch("BEGIN").unwrap();
+        LogIds::began();
+        assert_eq!(one_row(&conn), undone + 2 * stride);
+        conn.execute_batch("COMMIT").unwrap();
+        LogIds::ended();
+    }
+
+    #[test]
+    fn outside_a_writer_transaction_every_row_reads_its_id() {
+        let conn = database();
+        let first = one_row(&conn);
+        assert_eq!(LogIds::next(), None);
+        conn.execute(
+            "INSERT INTO log (id, iid, at, kind, meta) VALUES (?1, 1, 1, 0, '{}')",
+            [first + 2],
+        )
+        .unwrap();
+        assert_eq!(one_row(&conn), first + 4);
+    }
 }

@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use cairn_store::{Error, Result};
 use rusqlite::Connection;
 
-use crate::history::ConfigIds;
+use crate::history::{ConfigIds, LogIds};
 
 /// Called once with the outcome of the commit its job was part of.
 pub(crate) type Completion = Box<dyn FnOnce(Result<()>) + Send>;
@@ -144,6 +144,7 @@ fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) -> bool {
         jobs.for_each(drop);
         return false;
     }
+    LogIds::began();
     let mut jobs = jobs.into_iter();
     // Set when the group's transaction can no longer be trusted: a savepoint statement
     // failed, or SQLite rolled the whole transaction back by itself (after SQLITE_FULL,
@@ -180,6 +181,7 @@ fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) -> bool {
             "RELEASE job"
         } else {
             ConfigIds::rolled_back();
+            LogIds::rolled_back_to_savepoint();
             "ROLLBACK TO job; RELEASE job"
         };
         if let Err(e) = conn.execute_batch(end) {
@@ -212,6 +214,7 @@ fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) -> bool {
             outcome
         }
     };
+    LogIds::ended();
     let committed = outcome.is_ok();
     for completion in completions {
         completion(outcome.clone());
