@@ -30,6 +30,10 @@ fn corrupt(what: impl std::fmt::Display) -> Error {
 pub(crate) struct ConfigIds {
     committed: HashMap<String, i64>,
     pending: HashMap<String, i64>,
+    /// The last one looked up or learnt, compared before hashing: a workflow's steps mostly
+    /// share one configuration, and hashing its text was ~1.5 % of the writer's work per
+    /// step. Forgotten with the pending ids (it may be one of them).
+    last: Option<(String, i64)>,
 }
 
 /// More distinct configurations than this (generated ones, say): start over.
@@ -55,6 +59,7 @@ impl ConfigIds {
                 if ids.committed.len() + ids.pending.len() > CONFIG_IDS_HELD {
                     ids.committed.clear();
                     ids.pending.clear();
+                    ids.last = None;
                     return;
                 }
                 let pending = std::mem::take(&mut ids.pending);
@@ -68,18 +73,27 @@ impl ConfigIds {
         CONFIG_IDS.with(|ids| {
             if let Some(ids) = ids.borrow_mut().as_mut() {
                 ids.pending.clear();
+                ids.last = None;
             }
         });
     }
 
     fn get(config: &str) -> Option<i64> {
         CONFIG_IDS.with(|ids| {
-            let ids = ids.borrow();
-            let ids = ids.as_ref()?;
-            ids.committed
+            let mut ids = ids.borrow_mut();
+            let ids = ids.as_mut()?;
+            if let Some((text, id)) = &ids.last
+                && text == config
+            {
+                return Some(*id);
+            }
+            let id = ids
+                .committed
                 .get(config)
                 .or_else(|| ids.pending.get(config))
-                .copied()
+                .copied()?;
+            ids.last = Some((config.to_owned(), id));
+            Some(id)
         })
     }
 
@@ -87,6 +101,7 @@ impl ConfigIds {
         CONFIG_IDS.with(|ids| {
             if let Some(ids) = ids.borrow_mut().as_mut() {
                 ids.pending.insert(config.to_owned(), id);
+                ids.last = Some((config.to_owned(), id));
             }
         });
     }
