@@ -10,7 +10,7 @@ use cairn_core::{
     DEFAULT_RETRY_DELAY, ErrorInfo, LogKind, REDACTED, ResolvedConfig, RetryDelay, StepKey,
     StepKind, StepRecord, StepState, parse_duration,
 };
-use futures::future::{Either, select};
+use futures::future::{BoxFuture, Either, select};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -373,15 +373,9 @@ impl Execution {
             let error = ErrorInfo::new(INTERNAL, crate::failure::INTERRUPTED);
             // Recording its outcome ends it, like any attempt in flight.
             self.attempt_begin();
-            let failed = Box::pin(self.record_failure(
-                &key,
-                &mut record,
-                &config,
-                delay_fn.as_ref(),
-                error,
-                true,
-            ))
-            .await;
+            let failed = self
+                .record_failure(&key, &mut record, &config, delay_fn.as_ref(), error, true)
+                .await;
             self.count_attempt(&key, AttemptOutcome::Interrupted, None);
             failed?;
             self.set_running(Some(&record));
@@ -438,17 +432,16 @@ impl Execution {
                     } else {
                         AttemptOutcome::Error
                     };
-                    // Boxed: a failure is the rare path, and its future (a delay function's
-                    // call, a commit) would otherwise enlarge every step's.
-                    let failed = Box::pin(self.record_failure(
-                        &key,
-                        &mut record,
-                        &config,
-                        delay_fn.as_ref(),
-                        error,
-                        retryable,
-                    ))
-                    .await;
+                    let failed = self
+                        .record_failure(
+                            &key,
+                            &mut record,
+                            &config,
+                            delay_fn.as_ref(),
+                            error,
+                            retryable,
+                        )
+                        .await;
                     span.record("outcome", outcome.as_str());
                     span.record("otel.status_code", "ERROR");
                     self.count_attempt(&key, outcome, ran);
@@ -664,99 +657,104 @@ impl Execution {
 
     /// Records a failed attempt. Returns `Ok` when another attempt is scheduled (the record
     /// then holds its wake time) and the step's final error otherwise.
-    async fn record_failure(
-        &self,
-        key: &StepKey,
-        record: &mut StepRecord,
-        config: &ResolvedConfig,
-        delay_fn: Option<&DelayFn>,
+    ///
+    /// Boxed: a failure is the rare path, and its future (a delay function's call, a
+    /// commit) would otherwise enlarge every step's future, which is one allocation.
+    fn record_failure<'a>(
+        &'a self,
+        key: &'a StepKey,
+        record: &'a mut StepRecord,
+        config: &'a ResolvedConfig,
+        delay_fn: Option<&'a DelayFn>,
         error: ErrorInfo,
         retryable: bool,
-    ) -> Result<(), WorkflowError> {
-        let kinds = self.kinds;
-        let state = &*self.state;
-        let attempt = record.attempts;
-        let mut final_error = error.clone();
-        if retryable && config.will_retry(attempt) {
-            let no_delay = state
-                .env
-                .hooks
-                .as_ref()
-                .is_some_and(|h| h.retry_delay_disabled(state.who(), key));
-            let base = if no_delay {
-                Ok(Duration::ZERO)
-            } else {
-                self.base_delay(key, record, config, delay_fn, &error).await
-            };
-            match base {
-                Ok(base) => {
-                    let wait = if no_delay {
-                        Duration::ZERO
-                    } else {
-                        config.retry_wait(base, attempt)
-                    };
-                    record.in_flight = false;
-                    record.wake_at = Some(state.now().saturating_add(wait));
-                    let mut writes = vec![
-                        state.log(
-                            kinds.attempt_failure,
-                            Some(key),
-                            json!({ "attempt": attempt, "error": error, "retryDelayMs": wait.as_millis() as u64 }),
-                        ),
-                        cairn_store::Write::Step(record.clone()),
-                    ];
-                    writes.extend(self.drop_chunks(key));
-                    state.commit(writes).await;
-                    self.attempt_finish();
-                    tracing::info!(
-                        workflow = %state.workflow,
-                        instance = %state.instance_id,
-                        step = %key.name,
-                        count = key.count,
-                        attempt,
-                        error.name = %error.name,
-                        error.message = %error.message,
-                        retry_in_ms = wait.as_millis() as u64,
-                        "attempt failed; retrying"
-                    );
-                    return Ok(());
+    ) -> BoxFuture<'a, Result<(), WorkflowError>> {
+        Box::pin(async move {
+            let kinds = self.kinds;
+            let state = &*self.state;
+            let attempt = record.attempts;
+            let mut final_error = error.clone();
+            if retryable && config.will_retry(attempt) {
+                let no_delay = state
+                    .env
+                    .hooks
+                    .as_ref()
+                    .is_some_and(|h| h.retry_delay_disabled(state.who(), key));
+                let base = if no_delay {
+                    Ok(Duration::ZERO)
+                } else {
+                    self.base_delay(key, record, config, delay_fn, &error).await
+                };
+                match base {
+                    Ok(base) => {
+                        let wait = if no_delay {
+                            Duration::ZERO
+                        } else {
+                            config.retry_wait(base, attempt)
+                        };
+                        record.in_flight = false;
+                        record.wake_at = Some(state.now().saturating_add(wait));
+                        let mut writes = vec![
+                            state.log(
+                                kinds.attempt_failure,
+                                Some(key),
+                                json!({ "attempt": attempt, "error": error, "retryDelayMs": wait.as_millis() as u64 }),
+                            ),
+                            cairn_store::Write::Step(record.clone()),
+                        ];
+                        writes.extend(self.drop_chunks(key));
+                        state.commit(writes).await;
+                        self.attempt_finish();
+                        tracing::info!(
+                            workflow = %state.workflow,
+                            instance = %state.instance_id,
+                            step = %key.name,
+                            count = key.count,
+                            attempt,
+                            error.name = %error.name,
+                            error.message = %error.message,
+                            retry_in_ms = wait.as_millis() as u64,
+                            "attempt failed; retrying"
+                        );
+                        return Ok(());
+                    }
+                    Err(delay_error) => final_error = delay_error,
                 }
-                Err(delay_error) => final_error = delay_error,
             }
-        }
-        record.state = StepState::Failed;
-        record.in_flight = false;
-        record.wake_at = None;
-        record.error = Some(final_error.clone());
-        record.ended_at = Some(state.now());
-        let mut writes = vec![
-            state.log(
-                kinds.attempt_failure,
-                Some(key),
-                json!({ "attempt": attempt, "error": error }),
-            ),
-            state.log(
-                kinds.step_failure,
-                Some(key),
-                json!({ "error": final_error }),
-            ),
-            cairn_store::Write::Step(record.clone()),
-        ];
-        writes.extend(self.drop_chunks(key));
-        state.commit(writes).await;
-        self.attempt_finish();
-        // The workflow may catch it; if not, the instance's failure is logged at warn.
-        tracing::info!(
-            workflow = %state.workflow,
-            instance = %state.instance_id,
-            step = %key.name,
-            count = key.count,
-            attempts = attempt,
-            error.name = %final_error.name,
-            error.message = %final_error.message,
-            "step failed"
-        );
-        Err(WorkflowError::from_info(final_error))
+            record.state = StepState::Failed;
+            record.in_flight = false;
+            record.wake_at = None;
+            record.error = Some(final_error.clone());
+            record.ended_at = Some(state.now());
+            let mut writes = vec![
+                state.log(
+                    kinds.attempt_failure,
+                    Some(key),
+                    json!({ "attempt": attempt, "error": error }),
+                ),
+                state.log(
+                    kinds.step_failure,
+                    Some(key),
+                    json!({ "error": final_error }),
+                ),
+                cairn_store::Write::Step(record.clone()),
+            ];
+            writes.extend(self.drop_chunks(key));
+            state.commit(writes).await;
+            self.attempt_finish();
+            // The workflow may catch it; if not, the instance's failure is logged at warn.
+            tracing::info!(
+                workflow = %state.workflow,
+                instance = %state.instance_id,
+                step = %key.name,
+                count = key.count,
+                attempts = attempt,
+                error.name = %final_error.name,
+                error.message = %final_error.message,
+                "step failed"
+            );
+            Err(WorkflowError::from_info(final_error))
+        })
     }
 
     /// The base of the back-off for the retry after `error`: the fixed delay, or the delay
