@@ -224,6 +224,7 @@ pub fn raw_per_commit(dir: &Path, s: Settings, units: usize) -> Result<RawBound,
         s.durability,
         units.min(2_000),
         1,
+        1,
     )?)
 }
 
@@ -231,8 +232,25 @@ pub fn raw_per_commit(dir: &Path, s: Settings, units: usize) -> Result<RawBound,
 /// no-op steps in µs (measured around the run, one thread; NaN where the system does not
 /// tell, or the run was too short to measure).
 pub fn raw_batched(dir: &Path, s: Settings, units: usize) -> Result<(RawBound, f64), BenchError> {
+    raw_batched_across(dir, s, units, 1)
+}
+
+/// [`raw_batched`] with the steps spread round-robin over `instances` instances, as the
+/// engine's group commits spread them: the rows land all over the tables' indexes instead
+/// of at their ends (see [`raw_step_writes`]).
+pub fn raw_batched_across(
+    dir: &Path,
+    s: Settings,
+    units: usize,
+    instances: usize,
+) -> Result<(RawBound, f64), BenchError> {
+    let file = if instances > 1 {
+        "raw-spread.db"
+    } else {
+        "raw-batch.db"
+    };
     let before = cpu_time();
-    let bound = raw_step_writes(&dir.join("raw-batch.db"), s.durability, units, 512)?;
+    let bound = raw_step_writes(&dir.join(file), s.durability, units, 512, instances)?;
     let cpu = per_step_micros(cpu_since(before), bound.units as f64 / 2.0);
     Ok((bound, cpu))
 }
@@ -281,6 +299,8 @@ pub async fn throughput(
     steps: u32,
 ) -> Result<Vec<Row>, BenchError> {
     let (raw, raw_cpu) = raw_batched(dir, s, instances * steps as usize * 2)?;
+    let (spread, spread_cpu) =
+        raw_batched_across(dir, s, instances * steps as usize * 2, instances)?;
     // The store at hand, to count the writer's group commits.
     let (store, engine) =
         counted_engine_on(&dir.join("throughput.db"), s, |b| b.register(NoOp)).await?;
@@ -303,12 +323,29 @@ pub async fn throughput(
     Ok(vec![
         Row::new(&w, "durable no-op steps/s", steps_per_sec, "1/s")
             .ratio(steps_per_sec / raw.steps_per_sec()),
+        // The same figures against the bound whose rows are spread over as many
+        // instances as the engine's: how much of the gap is where the rows land.
+        Row::new(
+            &w,
+            format!("raw bound spread over {instances} instances, steps/s"),
+            spread.steps_per_sec(),
+            "1/s",
+        ),
+        Row::new(
+            &w,
+            "durable no-op steps/s, to the spread bound",
+            steps_per_sec,
+            "1/s",
+        )
+        .ratio(steps_per_sec / spread.steps_per_sec()),
         Row::new(&w, "instances/s", instances as f64 / elapsed, "1/s"),
         // The ratio is the raw bound's CPU per step over the engine's, as the steps/s
         // ratio is the engine's rate over the bound's: the share of a step's CPU its rows
         // cost, whatever else the machine runs.
         Row::new(&w, "CPU per step, every thread", cpu_per_step, "µs")
             .ratio(raw_cpu / cpu_per_step),
+        Row::new(&w, "CPU per step, to the spread bound", cpu_per_step, "µs")
+            .ratio(spread_cpu / cpu_per_step),
         Row::new(
             &w,
             "write calls per group commit",

@@ -14,6 +14,7 @@ use cairn_store::packing::{self, StoredRow};
 use cairn_store::{Error, InstanceRef, Result, WorkflowLogPage};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use crate::held::{Held, Statements};
 use crate::worker::map_sqlite;
 
 fn corrupt(what: impl std::fmt::Display) -> Error {
@@ -207,8 +208,22 @@ pub(crate) fn encode(records: &[&LogEntry]) -> Result<Vec<StoredRow>> {
         .collect())
 }
 
+/// A log row's insert. `?11` is the row's id when it is known (`COALESCE` then skips the
+/// lookups).
+const INSERT_SQL: &str = concat!(
+    "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config, kind2, meta2)
+     VALUES (COALESCE(?11, ",
+    next_log_id!(),
+    "), ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+);
+
 /// Inserts encoded rows in order (their ids are chosen here).
-pub(crate) fn insert(conn: &Connection, instance: InstanceRef, rows: &[StoredRow]) -> Result<()> {
+pub(crate) fn insert(
+    statements: &(impl Statements + ?Sized),
+    instance: InstanceRef,
+    rows: &[StoredRow],
+) -> Result<()> {
+    let conn = statements.connection();
     for row in rows {
         let config = row
             .config
@@ -217,29 +232,23 @@ pub(crate) fn insert(conn: &Connection, instance: InstanceRef, rows: &[StoredRow
             .transpose()?;
         let (kind2, meta2) = row.second.as_ref().map(|(k, m)| (*k, m.as_str())).unzip();
         let step = row.step.as_ref();
-        // `?11`: the id when it is known (`COALESCE` then skips the lookups).
-        conn.prepare_cached(concat!(
-            "INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config, kind2, meta2)
-             VALUES (COALESCE(?11, ",
-            next_log_id!(),
-            "), ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-        ))
-        .and_then(|mut st| {
-            st.execute(params![
-                instance.0,
-                row.at,
-                row.kind,
-                step.map(|s| s.0),
-                step.map(|s| s.1.as_str()),
-                step.map(|s| s.2),
-                row.meta,
-                config,
-                kind2,
-                meta2,
-                LogIds::next(),
-            ])
-        })
-        .map_err(map_sqlite)?;
+        statements
+            .with_held(Held::LogRow, INSERT_SQL, |st| {
+                st.execute(params![
+                    instance.0,
+                    row.at,
+                    row.kind,
+                    step.map(|s| s.0),
+                    step.map(|s| s.1.as_str()),
+                    step.map(|s| s.2),
+                    row.meta,
+                    config,
+                    kind2,
+                    meta2,
+                    LogIds::next(),
+                ])
+            })
+            .map_err(map_sqlite)?;
         LogIds::inserted(conn.last_insert_rowid());
     }
     Ok(())

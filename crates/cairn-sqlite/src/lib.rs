@@ -15,6 +15,7 @@
 //! ```
 
 mod backup;
+mod held;
 mod history;
 #[cfg(test)]
 mod plans;
@@ -42,6 +43,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use std::sync::mpsc::Sender;
 use tokio::sync::oneshot;
 
+use crate::held::Writer;
 use crate::worker::{ReadJob, Readers, WriteJob, map_sqlite};
 
 /// How durable a commit is (SQLite's `synchronous` pragma).
@@ -388,7 +390,7 @@ impl SqliteStore {
     /// undoes its writes alone.
     fn write<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+        f: impl FnOnce(&Writer<'_>) -> Result<R> + Send + 'static,
     ) -> StoreFuture<'_, R> {
         self.enqueue(f, false)
     }
@@ -398,14 +400,14 @@ impl SqliteStore {
     /// the same, its whole group fails (`worker`).
     fn write_fenced<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+        f: impl FnOnce(&Writer<'_>) -> Result<R> + Send + 'static,
     ) -> StoreFuture<'_, R> {
         self.enqueue(f, true)
     }
 
     fn enqueue<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+        f: impl FnOnce(&Writer<'_>) -> Result<R> + Send + 'static,
         fenced: bool,
     ) -> StoreFuture<'_, R> {
         let (tx, rx) = oneshot::channel::<Result<R>>();

@@ -36,6 +36,11 @@ impl RawBound {
 /// transaction: `per_commit = 1` is one commit per engine write, a large value is the
 /// best case of group commit.
 ///
+/// The steps go round-robin to `instances` instances (at least one), as a group commit
+/// of the engine carries one write of each of many instances: with one instance every
+/// row lands at the end of its table and index, with many they land in as many places
+/// of the `steps` table and of the log's per-instance index, as the engine's do.
+///
 /// # Errors
 /// When the database cannot be created or written.
 pub fn raw_step_writes(
@@ -43,6 +48,7 @@ pub fn raw_step_writes(
     durability: Durability,
     units: usize,
     per_commit: usize,
+    instances: usize,
 ) -> Result<RawBound, OpenError> {
     let err =
         |e: rusqlite::Error| OpenError::other(format!("raw bound on {}: {e}", path.display()));
@@ -55,12 +61,18 @@ pub fn raw_step_writes(
     let mut conn = Connection::open(path).map_err(err)?;
     configure(&conn, &crate::Options::default().durability(durability)).map_err(err)?;
     schema::migrate(&mut conn).map_err(err)?;
-    conn.execute(
-        "INSERT INTO instances (workflow, id, status, params, created_at) VALUES ('raw', 'raw', 1, '{}', 0)",
-        [],
-    )
-    .map_err(err)?;
-    let iid = conn.last_insert_rowid();
+    let instances = instances.max(1);
+    let mut iids = Vec::with_capacity(instances);
+    let tx = conn.transaction().map_err(err)?;
+    for i in 0..instances {
+        tx.execute(
+            "INSERT INTO instances (workflow, id, status, params, created_at) VALUES ('raw', ?1, 1, '{}', 0)",
+            [format!("raw-{i}")],
+        )
+        .map_err(err)?;
+        iids.push(tx.last_insert_rowid());
+    }
+    tx.commit().map_err(err)?;
     conn.execute(
         "INSERT INTO configs (config) VALUES ('{\"retries\":{\"limit\":5}}')",
         [],
@@ -74,7 +86,10 @@ pub fn raw_step_writes(
     while written < units {
         let tx = conn.transaction().map_err(err)?;
         for _ in 0..per_commit.min(units - written) {
-            let n = i64::try_from(written / 2).unwrap_or(i64::MAX);
+            // A step is two units (its start and its outcome) of the same instance.
+            let step = written / 2;
+            let iid = iids[step % instances];
+            let n = i64::try_from(step / instances).unwrap_or(i64::MAX);
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
                      in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)
@@ -198,4 +213,34 @@ pub fn replicate_instances(
         .and_then(|f| f.sync_all())
         .map_err(|e| OpenError::other(format!("sync {}: {e}", path.display())))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_raw_bound_spreads_its_steps_over_the_instances_it_is_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("raw.db");
+        let bound = raw_step_writes(&path, Durability::Normal, 24, 5, 3).unwrap();
+        assert_eq!((bound.units, bound.commits), (24, 5));
+        let conn = Connection::open(&path).unwrap();
+        let per_instance = |sql: &str| -> Vec<(String, i64)> {
+            let mut st = conn.prepare(sql).unwrap();
+            st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        // 12 steps round-robin over 3 instances: 4 steps each, one row per step and two
+        // log rows (its start and its outcome).
+        let steps = "SELECT i.id, COUNT(*) FROM steps s JOIN instances i ON i.iid = s.iid
+                     GROUP BY i.id ORDER BY i.id";
+        let logs = "SELECT i.id, COUNT(*) FROM log l JOIN instances i ON i.iid = l.iid
+                    GROUP BY i.id ORDER BY i.id";
+        let each = |n| (0..3).map(|i| (format!("raw-{i}"), n)).collect::<Vec<_>>();
+        assert_eq!(per_instance(steps), each(4));
+        assert_eq!(per_instance(logs), each(8));
+    }
 }

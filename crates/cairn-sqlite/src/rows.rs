@@ -13,6 +13,7 @@ use cairn_store::{
 };
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
+use crate::held::{Held, Statements, Writer};
 use crate::worker::map_sqlite;
 
 pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked, version";
@@ -331,15 +332,19 @@ pub(crate) fn check_lease(conn: &Connection, lease: Lease) -> Result<()> {
 }
 
 /// Checks that `lease` holds, and answers the instance's status, read in the same query.
-pub(crate) fn leased_status(conn: &Connection, lease: Lease) -> Result<InstanceStatus> {
-    let row: Option<(i64, i64)> = conn
-        .prepare_cached(
+pub(crate) fn leased_status(
+    statements: &(impl Statements + ?Sized),
+    lease: Lease,
+) -> Result<InstanceStatus> {
+    let row: Option<(i64, i64)> = statements
+        .with_held(
+            Held::Lease,
             "SELECT lease_epoch, status FROM instances WHERE iid = ?1 AND lease_owner IS NOT NULL",
+            |st| {
+                st.query_row([lease.instance.0], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            },
         )
-        .and_then(|mut st| {
-            st.query_row([lease.instance.0], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()
-        })
         .map_err(map_sqlite)?;
     match row {
         Some((e, code)) if u64::try_from(e).ok() == Some(lease.epoch) => {
@@ -348,7 +353,8 @@ pub(crate) fn leased_status(conn: &Connection, lease: Lease) -> Result<InstanceS
         }
         Some(_) => Err(Error::LeaseLost(lease.instance)),
         None => {
-            let exists: bool = conn
+            let exists: bool = statements
+                .connection()
                 .prepare_cached("SELECT 1 FROM instances WHERE iid = ?1")
                 .and_then(|mut st| st.exists([lease.instance.0]))
                 .map_err(map_sqlite)?;
@@ -407,7 +413,7 @@ pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
 
 /// Applies a commit's writes, in order.
 pub(crate) fn apply_all(
-    conn: &Connection,
+    conn: &Writer<'_>,
     instance: InstanceRef,
     writes: &[Encoded],
 ) -> Result<()> {
@@ -775,18 +781,18 @@ pub(crate) fn take_event(
 
 /// Writes a step's row; `config` is the text of `s.config`.
 fn upsert_step(
-    conn: &Connection,
+    statements: &(impl Statements + ?Sized),
     instance: InstanceRef,
     s: &StepRecord,
     config: &str,
 ) -> Result<()> {
-    let config = crate::history::config_id(conn, config)?;
-    conn.prepare_cached(
+    let config = crate::history::config_id(statements.connection(), config)?;
+    statements.with_held(
+        Held::StepRow,
         "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
              in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-    )
-    .and_then(|mut st| {
+        |st| {
         st.execute(params![
             instance.0,
             s.key.kind.code(),

@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use cairn_store::{Error, Result};
 use rusqlite::Connection;
 
+use crate::held::Writer;
 use crate::history::{ConfigIds, LogIds};
 
 /// Called once with the outcome of the commit its job was part of.
@@ -30,7 +31,7 @@ pub(crate) type Completion = Box<dyn FnOnce(Result<()>) + Send>;
 /// A write job's work: runs inside the group transaction; `Ok` keeps its writes, `Err`
 /// says why it failed.
 pub(crate) type Work =
-    Box<dyn FnOnce(&Connection) -> (std::result::Result<(), String>, Completion) + Send>;
+    Box<dyn FnOnce(&Writer<'_>) -> (std::result::Result<(), String>, Completion) + Send>;
 
 /// A write job.
 pub(crate) struct WriteJob {
@@ -89,7 +90,7 @@ impl Counts {
 }
 
 pub(crate) fn spawn_writer(
-    mut conn: Connection,
+    conn: Connection,
     lock: DatabaseLock,
     counts: Arc<Counts>,
 ) -> std::io::Result<(Sender<WriteJob>, JoinHandle<()>)> {
@@ -97,15 +98,16 @@ pub(crate) fn spawn_writer(
     let handle = std::thread::Builder::new()
         .name("cairn-sqlite-writer".into())
         .spawn(move || {
-            writer_loop(&mut conn, &rx, &counts);
+            writer_loop(&conn, &rx, &counts);
             drop(conn);
             drop(lock);
         })?;
     Ok((tx, handle))
 }
 
-fn writer_loop(conn: &mut Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
+fn writer_loop(conn: &Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
     crate::history::ConfigIds::keep_on_this_thread();
+    let writer = Writer::new(conn);
     let mut jobs: Vec<WriteJob> = Vec::new();
     while let Some(first) = next_job(rx) {
         jobs.push(first);
@@ -117,7 +119,7 @@ fn writer_loop(conn: &mut Connection, rx: &Receiver<WriteJob>, counts: &Counts) 
         }
         let before = conn.total_changes();
         let n = jobs.len() as u64;
-        if run_group(conn, jobs.drain(..)) && conn.total_changes() != before {
+        if run_group(&writer, jobs.drain(..)) && conn.total_changes() != before {
             use std::sync::atomic::Ordering::Relaxed;
             counts.commits.fetch_add(1, Relaxed);
             counts.jobs.fetch_add(n, Relaxed);
@@ -135,7 +137,7 @@ fn writer_loop(conn: &mut Connection, rx: &Receiver<WriteJob>, counts: &Counts) 
 }
 
 /// Runs `jobs` in one transaction; whether it committed.
-fn run_group(conn: &Connection, jobs: impl Iterator<Item = WriteJob>) -> bool {
+fn run_group(conn: &Writer<'_>, jobs: impl Iterator<Item = WriteJob>) -> bool {
     let mut completions: Vec<Completion> = Vec::new();
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         // Run nothing. Dropping a job drops its reply channel, which its caller sees as
@@ -355,7 +357,7 @@ mod tests {
                 Some(Arc::clone(&third_ran)),
             ),
         ];
-        run_group(&conn, jobs.into_iter());
+        run_group(&Writer::new(&conn), jobs.into_iter());
         assert_eq!(rows(&conn), 0, "nothing of the group may land");
         assert!(
             !third_ran.load(Ordering::SeqCst),
@@ -367,7 +369,7 @@ mod tests {
         // The connection is usable for the next group.
         let next = Outcomes::default();
         run_group(
-            &conn,
+            &Writer::new(&conn),
             vec![job("next", "INSERT INTO t VALUES (4)", &next, None)].into_iter(),
         );
         assert_eq!(rows(&conn), 1);
@@ -408,7 +410,7 @@ mod tests {
                 Some(Arc::clone(&after_ran)),
             ),
         ];
-        run_group(&conn, jobs.into_iter());
+        run_group(&Writer::new(&conn), jobs.into_iter());
         let outcomes = outcomes.lock().unwrap();
         // Whatever SQLite did with the transaction, the callers' view and the data agree.
         if conn
@@ -455,7 +457,7 @@ mod tests {
             ),
             job_with("last", "INSERT INTO t VALUES (3)", &outcomes, None, true),
         ];
-        run_group(&conn, jobs.into_iter());
+        run_group(&Writer::new(&conn), jobs.into_iter());
         let xs: Vec<i64> = conn
             .prepare("SELECT x FROM t ORDER BY x")
             .unwrap()
@@ -513,8 +515,14 @@ mod tests {
             .unwrap()
         };
         // Learnt in a job undone by its savepoint, then used.
-        assert!(run_group(&conn, vec![using("a", false, true)].into_iter()));
-        assert!(run_group(&conn, vec![using("a", false, false)].into_iter()));
+        assert!(run_group(
+            &Writer::new(&conn),
+            vec![using("a", false, true)].into_iter()
+        ));
+        assert!(run_group(
+            &Writer::new(&conn),
+            vec![using("a", false, false)].into_iter()
+        ));
         assert_eq!(
             dangling(&conn),
             0,
@@ -522,16 +530,19 @@ mod tests {
         );
         // Learnt in a group abandoned (a fenced job failed after writing), then used.
         assert!(!run_group(
-            &conn,
+            &Writer::new(&conn),
             vec![using("b", false, false), using("c", true, true)].into_iter()
         ));
         assert!(run_group(
-            &conn,
+            &Writer::new(&conn),
             vec![using("b", false, false), using("c", false, false)].into_iter()
         ));
         assert_eq!(dangling(&conn), 0, "the ids of an abandoned group");
         // Committed ones are kept: no new row for a configuration seen before.
-        assert!(run_group(&conn, vec![using("a", true, false)].into_iter()));
+        assert!(run_group(
+            &Writer::new(&conn),
+            vec![using("a", true, false)].into_iter()
+        ));
         let rows: i64 = conn
             .query_row("SELECT COUNT(*) FROM configs", [], |r| r.get(0))
             .unwrap();
@@ -565,7 +576,7 @@ mod tests {
                 true,
             ),
         ];
-        run_group(&conn, jobs.into_iter());
+        run_group(&Writer::new(&conn), jobs.into_iter());
         assert_eq!(rows(&conn), 0, "nothing of the group may land");
         assert!(!later_ran.load(Ordering::SeqCst));
         let outcomes = outcomes.lock().unwrap();
