@@ -299,8 +299,6 @@ pub async fn throughput(
     steps: u32,
 ) -> Result<Vec<Row>, BenchError> {
     let (raw, raw_cpu) = raw_batched(dir, s, instances * steps as usize * 2)?;
-    let (spread, spread_cpu) =
-        raw_batched_across(dir, s, instances * steps as usize * 2, instances)?;
     // The store at hand, to count the writer's group commits.
     let (store, engine) =
         counted_engine_on(&dir.join("throughput.db"), s, |b| b.register(NoOp)).await?;
@@ -316,6 +314,10 @@ pub async fn throughput(
     let writes = store.writes();
     let rss = resident_bytes();
     engine.shutdown().await;
+    // After the engine's run, so the engine does not run while the kernel writes back
+    // what this bound left behind.
+    let (spread, spread_cpu) =
+        raw_batched_across(dir, s, instances * steps as usize * 2, instances)?;
     let total = (instances * steps as usize) as f64;
     let steps_per_sec = total / elapsed;
     let cpu_per_step = per_step_micros(cpu, total);
