@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 use std::ops::Deref;
 
-use rusqlite::{Connection, Statement};
+use rusqlite::{Connection, PrepFlags, Statement};
 
 /// A statement the writer holds; each is run from one place, with its text.
 #[derive(Debug, Clone, Copy)]
@@ -63,7 +63,8 @@ impl Statements for Connection {
 /// so a write job uses it as one.
 pub(crate) struct Writer<'c> {
     conn: &'c Connection,
-    held: [RefCell<Option<Statement<'c>>>; HELD],
+    /// Each with the text it was prepared from.
+    held: [RefCell<Option<(&'static str, Statement<'c>)>>; HELD],
 }
 
 impl<'c> Writer<'c> {
@@ -98,12 +99,20 @@ impl Statements for Writer<'_> {
             // In use further up the stack (no caller does that): the cached one.
             return self.conn.with_held(held, sql, f);
         };
-        // Prepared at its first use; a failed prepare is not kept, the next use tries again.
-        let st = match slot.take() {
-            Some(st) => st,
-            None => self.conn.prepare(sql)?,
+        // Prepared at its first use (persistent: it lives as long as the connection); a
+        // failed prepare is not kept, the next use tries again.
+        let (text, st) = match slot.take() {
+            Some(held) => held,
+            None => (
+                sql,
+                self.conn
+                    .prepare_with_flags(sql, PrepFlags::SQLITE_PREPARE_PERSISTENT)?,
+            ),
         };
-        f(slot.insert(st))
+        // Two call sites naming one `Held` with different texts would run each other's
+        // statement whenever their parameter counts agree.
+        debug_assert_eq!(text, sql, "{held:?} is held for another statement");
+        f(&mut slot.insert((text, st)).1)
     }
 }
 
@@ -147,6 +156,21 @@ mod tests {
             st.execute([])
         });
         assert_eq!(inserted.unwrap(), 1);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "is held for another statement")]
+    fn one_held_statement_named_for_two_texts_is_caught_in_debug_builds() {
+        let conn = Connection::open_in_memory().unwrap();
+        let writer = Writer::new(&conn);
+        let one = |sql| {
+            writer.with_held(Held::Lease, sql, |st| {
+                st.query_row([], |r| r.get::<_, i64>(0))
+            })
+        };
+        assert_eq!(one("SELECT 1").unwrap(), 1_i64);
+        let _ = one("SELECT 2");
     }
 
     #[test]

@@ -550,6 +550,64 @@ mod tests {
         assert_eq!(dangling(&conn), 0);
     }
 
+    /// The writer's held statements (`held.rs`) outlive its groups: used in a job rolled
+    /// back to its savepoint, in a group abandoned and in groups committed, they write only
+    /// what committed, and none keeps a read open that would stop the checkpoint at close.
+    #[test]
+    fn held_statements_outlive_rolled_back_jobs_and_abandoned_groups() {
+        use crate::held::{Held, Statements};
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("held.db")).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.execute_batch("CREATE TABLE t (x INTEGER)").unwrap();
+        let writer = Writer::new(&conn);
+        let insert = |x: i64, fenced: bool, fail: bool| WriteJob {
+            work: Box::new(move |conn| {
+                let kept = conn
+                    .with_held(Held::LogRow, "INSERT INTO t (x) VALUES (?1)", |st| {
+                        st.execute([x])
+                    })
+                    .and_then(|_| {
+                        // A held query too, as the lease check is.
+                        conn.with_held(Held::Lease, "SELECT COUNT(*) FROM t", |st| {
+                            st.query_row([], |r| r.get::<_, i64>(0))
+                        })
+                    })
+                    .map_err(|e| e.to_string())
+                    .and_then(|_| if fail { Err("fails".into()) } else { Ok(()) });
+                (kept, Box::new(|_| {}))
+            }),
+            fenced,
+        };
+        // 2 is undone by its savepoint; 1 and 3 commit.
+        let group = vec![
+            insert(1, false, false),
+            insert(2, false, true),
+            insert(3, false, false),
+        ];
+        assert!(run_group(&writer, group.into_iter()));
+        // A fenced job fails after writing: its group is abandoned, 4 and 5 do not land.
+        assert!(!run_group(
+            &writer,
+            vec![insert(4, false, false), insert(5, true, true)].into_iter()
+        ));
+        assert!(run_group(&writer, vec![insert(6, true, false)].into_iter()));
+        let kept: Vec<i64> = conn
+            .prepare("SELECT x FROM t ORDER BY x")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(kept, [1, 3, 6]);
+        // Another connection's checkpoint finds no reader holding the log back.
+        let other = Connection::open(dir.path().join("held.db")).unwrap();
+        let busy: i64 = other
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(busy, 0, "a held statement keeps a read open");
+    }
+
     /// A fenced job that fails after it has written cannot be undone alone: the group is
     /// abandoned, nothing of it lands, every job that ran is told, and later jobs never run.
     #[test]
