@@ -427,7 +427,7 @@ pub(crate) fn apply_all(
     Ok(())
 }
 
-fn apply(conn: &Connection, instance: InstanceRef, write: &Write) -> Result<()> {
+fn apply(conn: &Writer<'_>, instance: InstanceRef, write: &Write) -> Result<()> {
     match write {
         Write::Step(step) => {
             let config = serde_json::to_string(&step.config).map_err(corrupt)?;
@@ -779,6 +779,12 @@ pub(crate) fn take_event(
     }))
 }
 
+/// A step's row, written whole.
+const UPSERT_STEP_SQL: &str =
+    "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
+         in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+
 /// Writes a step's row; `config` is the text of `s.config`.
 fn upsert_step(
     statements: &(impl Statements + ?Sized),
@@ -787,32 +793,28 @@ fn upsert_step(
     config: &str,
 ) -> Result<()> {
     let config = crate::history::config_id(statements.connection(), config)?;
-    statements.with_held(
-        Held::StepRow,
-        "INSERT OR REPLACE INTO steps (iid, kind, name, count, seq, state, config, attempts,
-             in_flight, wake_at, output, error_name, error_message, started_at, ended_at, has_rollback)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-        |st| {
-        st.execute(params![
-            instance.0,
-            s.key.kind.code(),
-            s.key.name,
-            s.key.count,
-            s.seq,
-            s.state.code(),
-            config,
-            s.attempts,
-            s.in_flight,
-            s.wake_at.map(Timestamp::as_millis),
-            s.output,
-            s.error.as_ref().map(|e| e.name.as_str()),
-            s.error.as_ref().map(|e| e.message.as_str()),
-            s.started_at.as_millis(),
-            s.ended_at.map(Timestamp::as_millis),
-            s.has_rollback,
-        ])
-    })
-    .map_err(map_sqlite)?;
+    statements
+        .with_held(Held::StepRow, UPSERT_STEP_SQL, |st| {
+            st.execute(params![
+                instance.0,
+                s.key.kind.code(),
+                s.key.name,
+                s.key.count,
+                s.seq,
+                s.state.code(),
+                config,
+                s.attempts,
+                s.in_flight,
+                s.wake_at.map(Timestamp::as_millis),
+                s.output,
+                s.error.as_ref().map(|e| e.name.as_str()),
+                s.error.as_ref().map(|e| e.message.as_str()),
+                s.started_at.as_millis(),
+                s.ended_at.map(Timestamp::as_millis),
+                s.has_rollback,
+            ])
+        })
+        .map_err(map_sqlite)?;
     Ok(())
 }
 
