@@ -150,7 +150,7 @@ pub(crate) async fn engine_on(
 }
 
 /// [`engine_on`], with the store at hand to count its commits (`SqliteStore::writes`).
-async fn counted_engine_on(
+pub(crate) async fn counted_engine_on(
     path: &Path,
     s: Settings,
     register: impl FnOnce(cairn::EngineBuilder) -> cairn::EngineBuilder,
@@ -256,12 +256,12 @@ pub fn raw_batched_across(
 }
 
 /// The CPU time used since `before` (a [`cpu_time`]), if known.
-fn cpu_since(before: Option<Duration>) -> Option<Duration> {
+pub(crate) fn cpu_since(before: Option<Duration>) -> Option<Duration> {
     cpu_time().zip(before).map(|(after, before)| after - before)
 }
 
 /// `used` over `steps`, in µs; NaN if unknown or too short to measure (no tick counted).
-fn per_step_micros(used: Option<Duration>, steps: f64) -> f64 {
+pub(crate) fn per_step_micros(used: Option<Duration>, steps: f64) -> f64 {
     used.filter(|d| !d.is_zero())
         .map_or(f64::NAN, |d| d.as_secs_f64() * 1e6 / steps)
 }

@@ -5,6 +5,10 @@
 //! Each shape runs embedded (`create` + `Instance::wait`) and over HTTP (one request per
 //! instance, `POST …/instances?wait=60s`, on keep-alive connections of a small Rust client,
 //! so the client's own cost stays small) against `cairn_server` on loopback in this process.
+//! Beside each rate: the process's CPU per instance (the client's included) and the
+//! writer's group commits per instance, which show where HTTP's share goes; and the HTTP
+//! floor, `GET /healthz` on as many connections, which costs the same request handling
+//! and transport without an instance.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,7 +19,10 @@ use cairn::prelude::*;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::{BenchError, NoOp, Row, Settings, engine_on, label, median, percentile};
+use crate::{
+    BenchError, NoOp, Row, Settings, cpu_since, cpu_time, label, median, per_step_micros,
+    percentile,
+};
 
 /// One keep-alive HTTP/1.1 connection that posts JSON and reads a `Content-Length` answer.
 pub(crate) struct Conn {
@@ -180,7 +187,9 @@ pub async fn peers(
     shapes: &[(usize, usize)],
 ) -> Result<Vec<Row>, BenchError> {
     const STEPS: u32 = 10;
-    let engine = engine_on(&dir.join("peers.db"), s, |b| b.register(NoOp)).await?;
+    // The store at hand, to count the writer's group commits.
+    let (store, engine) =
+        crate::counted_engine_on(&dir.join("peers.db"), s, |b| b.register(NoOp)).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -191,19 +200,35 @@ pub async fn peers(
     closed_loop(&engine, None, STEPS, 50, 10).await?;
     closed_loop(&engine, Some(port), STEPS, 50, 10).await?;
 
-    // [embedded, HTTP] samples: single first, then one per shape.
+    // [embedded, HTTP] samples: single first, then one per shape; for each shape also
+    // [embedded, HTTP] samples of CPU per instance and of group commits per instance.
     let mut results: Vec<[Vec<f64>; 2]> = vec![Default::default(); shapes.len() + 1];
+    let mut cpus: Vec<[Vec<f64>; 2]> = vec![Default::default(); shapes.len()];
+    let mut commits: Vec<[Vec<f64>; 2]> = vec![Default::default(); shapes.len()];
+    let mut floor = Vec::new();
+    let floor_in_flight = shapes.iter().map(|&(_, n)| n).max().unwrap_or(1);
     for round in 0..rounds.max(1) {
         for http in [round % 2 == 1, round % 2 == 0] {
             let port = http.then_some(port);
             let k = usize::from(http);
             results[0][k].push(single(&engine, port, STEPS, runs).await?.as_secs_f64() * 1e3);
             for (i, &(total, in_flight)) in shapes.iter().enumerate() {
+                let (cpu, writes) = (cpu_time(), store.writes());
                 let rate = closed_loop(&engine, port, STEPS, total, in_flight).await?;
+                let cpu = per_step_micros(cpu_since(cpu), total as f64);
+                let after = store.writes();
+                let made = (after.commits - writes.commits) as f64 / total as f64;
                 if std::env::var_os("CAIRN_BENCH_SAMPLES").is_some() {
-                    eprintln!("{total}@{in_flight} http={http}: {rate:.0} inst/s");
+                    eprintln!(
+                        "{total}@{in_flight} http={http}: {rate:.0} inst/s, {cpu:.0} µs CPU and {made:.2} group commits per instance"
+                    );
                 }
                 results[i + 1][k].push(rate);
+                cpus[i][k].push(cpu);
+                commits[i][k].push(made);
+            }
+            if let Some(port) = port {
+                floor.push(http_floor(port, 20_000, floor_in_flight).await?);
             }
         }
     }
@@ -238,6 +263,54 @@ pub async fn peers(
             http / embedded,
             "×",
         ));
+        for (k, how) in ["embedded", "HTTP"].iter().enumerate() {
+            rows.push(Row::new(
+                &w,
+                format!("{total}@{in_flight}, {how}: CPU per instance (every thread)"),
+                median(&cpus[i][k]),
+                "µs",
+            ));
+            rows.push(Row::new(
+                &w,
+                format!("{total}@{in_flight}, {how}: group commits per instance"),
+                median(&commits[i][k]),
+                "",
+            ));
+        }
     }
+    rows.push(Row::new(
+        &w,
+        format!("HTTP floor: GET /healthz on {floor_in_flight} connections, CPU per request"),
+        median(&floor),
+        "µs",
+    ));
     Ok(rows)
+}
+
+/// The HTTP floor: `requests` answers of `GET /healthz` on `in_flight` keep-alive
+/// connections, closed loop; the process's CPU per request (client and server).
+async fn http_floor(port: u16, requests: usize, in_flight: usize) -> Result<f64, BenchError> {
+    let mut conns = Vec::with_capacity(in_flight);
+    for _ in 0..in_flight {
+        conns.push(Conn::open(port).await?);
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let cpu = cpu_time();
+    let mut workers = tokio::task::JoinSet::new();
+    for mut conn in conns {
+        let next = Arc::clone(&next);
+        workers.spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < requests {
+                let (status, _) = conn.get("/healthz").await?;
+                if status != 200 {
+                    return Err(format!("/healthz answered {status}").into());
+                }
+            }
+            Ok::<(), BenchError>(())
+        });
+    }
+    while let Some(done) = workers.join_next().await {
+        done??;
+    }
+    Ok(per_step_micros(cpu_since(cpu), requests as f64))
 }
