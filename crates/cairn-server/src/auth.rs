@@ -12,7 +12,6 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use axum::extract::Request;
 use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
@@ -269,16 +268,16 @@ fn forbidden(caller: &Caller, needs: Scope) -> ApiError {
     )
 }
 
-/// Runs `next` as `caller`'s, let in by `tokens`. A live stream it answers with ends once
-/// the caller's token is no longer in force (checked at each event and keep-alive).
+/// Runs `inner` (what answers the request) as `caller`'s, let in by `tokens`. A live
+/// stream it answers with ends once the caller's token is no longer in force (checked at
+/// each event and keep-alive).
 pub(crate) async fn as_caller(
     caller: Caller,
     tokens: Tokens,
-    req: Request,
-    next: Next,
+    inner: impl Future<Output = Response>,
 ) -> Response {
     let grant = Grant { caller, tokens };
-    let response = GRANT.scope(grant.clone(), next.run(req)).await;
+    let response = GRANT.scope(grant.clone(), inner).await;
     let streams = response
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
@@ -352,16 +351,16 @@ fn bearer(value: &str) -> Option<&str> {
 /// Lets a request with one of the tokens through when its scope covers the route, and one
 /// of the dashboard's sessions when it only reads (its live streams): a session can never
 /// change anything through the API, so the API needs no CSRF defence.
-pub(crate) async fn check(
+pub(crate) async fn check<F: Future<Output = Response>>(
     tokens: Tokens,
-    guard: std::sync::Arc<crate::dashboard::Guard>,
+    guard: &crate::dashboard::Guard,
     req: Request,
-    next: Next,
+    inner: impl FnOnce(Request) -> F,
 ) -> Response {
     // Load balancers probe `/healthz` without credentials; it reveals nothing else. The
     // dashboard's pages have their own gate (its login form and its sessions' scopes).
     if req.uri().path() == "/healthz" || crate::dashboard::owns(req.uri().path()) {
-        return next.run(req).await;
+        return inner(req).await;
     }
     let needs = needs(req.method(), req.uri().path());
     let given = req
@@ -375,7 +374,7 @@ pub(crate) async fn check(
         None => None,
     };
     match caller {
-        Some(caller) if caller.scope >= needs => as_caller(caller, tokens, req, next).await,
+        Some(caller) if caller.scope >= needs => as_caller(caller, tokens, inner(req)).await,
         Some(caller) => forbidden(&caller, needs).into_response(),
         None => ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -390,9 +389,12 @@ pub(crate) async fn check(
 /// and answers only requests that name a loopback host (a web page cannot reach it through
 /// DNS rebinding) and, when they change something, come from no other site (a browser's
 /// `Sec-Fetch-Site`/`Origin`: any page may send a simple POST to 127.0.0.1).
-pub(crate) async fn local_only(req: Request, next: Next) -> Response {
+pub(crate) async fn local_only<F: Future<Output = Response>>(
+    req: Request,
+    inner: impl FnOnce(Request) -> F,
+) -> Response {
     if req.uri().path() == "/healthz" {
-        return next.run(req).await;
+        return inner(req).await;
     }
     // A browser always names the host (HTTP/2: in the request's authority); a request
     // without one is not a web page's.
@@ -422,7 +424,7 @@ pub(crate) async fn local_only(req: Request, next: Next) -> Response {
         )
         .into_response();
     }
-    next.run(req).await
+    inner(req).await
 }
 
 #[cfg(test)]

@@ -87,16 +87,14 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Turns every error response that is not JSON yet (axum's own: an unknown route, a wrong
-/// method, a path that is not UTF-8 or does not parse) into `{code, message}`, keeping its
-/// status and headers (`Allow` on a 405).
+/// Turns an error response to `method path` that is not JSON yet (axum's own: an unknown
+/// route, a wrong method, a path that is not UTF-8 or does not parse) into
+/// `{code, message}`, keeping its status and headers (`Allow` on a 405).
 pub(crate) async fn json_errors(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
+    method: &axum::http::Method,
+    path: &str,
+    response: Response,
 ) -> Response {
-    let path = req.uri().path().to_owned();
-    let method = req.method().clone();
-    let response = next.run(req).await;
     let status = response.status();
     let is_json = response
         .headers()
@@ -115,7 +113,7 @@ pub(crate) async fn json_errors(
         .await
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
-    let shown = crate::error::clip(&path);
+    let shown = crate::error::clip(path);
     let (code, message) = match status {
         StatusCode::NOT_FOUND => (
             "route.not_found",

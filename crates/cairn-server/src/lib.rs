@@ -169,49 +169,87 @@ pub fn router_with_options(engine: Engine, options: Options) -> Router {
         .merge(cloudflare)
         .merge(dashboard::routes(guard.clone()))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .layer(axum::middleware::from_fn(move |req, next| {
-            serve::read_body_within(body_timeout, req, next)
-        }))
-        .layer(axum::Extension(serve::StreamSlots::new(limits.max_streams)))
         .with_state(engine.clone());
-    let routes = match tokens {
-        Some(tokens) => {
-            let guard = guard.clone();
-            routes.layer(axum::middleware::from_fn(move |req, next| {
-                auth::check(tokens.clone(), guard.clone(), req, next)
-            }))
-        }
+    let gate = match tokens {
+        Some(tokens) => Gate::Tokens(tokens, guard),
         // No token: loopback only, and only from this origin (see `auth::local_only`).
-        None if any_host => routes,
-        None => routes.layer(axum::middleware::from_fn(auth::local_only)),
+        None if any_host => Gate::Open,
+        None => Gate::LocalOnly,
     };
+    let admission = std::sync::Arc::new(Admission {
+        gate,
+        body_timeout,
+        slots: serve::StreamSlots::new(limits.max_streams),
+    });
     // Outermost: also axum's own answers (no route, wrong method) become JSON errors, and
     // every request is logged with its final status.
     routes
-        .layer(axum::middleware::from_fn(error::json_errors))
-        .layer(axum::middleware::from_fn(cloudflare::envelope))
-        .layer(axum::middleware::from_fn(log_request))
+        .layer(axum::middleware::from_fn(move |req, next| {
+            admit(std::sync::Arc::clone(&admission), req, next)
+        }))
+        .layer(axum::middleware::from_fn(answer))
 }
 
-/// One log line per request at info (target `cairn::http`): method, route template, status
-/// and duration. Never the query, the body or the headers (the token is in a header).
-async fn log_request(
+/// What lets a request in ([`admit`]).
+struct Admission {
+    gate: Gate,
+    /// How long its body may take to arrive.
+    body_timeout: std::time::Duration,
+    /// The live streams' and waits' slots, which the handlers find among the request's
+    /// extensions.
+    slots: serve::StreamSlots,
+}
+
+/// Who may come in.
+enum Gate {
+    /// A token whose scope covers the route, or a dashboard session that only reads
+    /// ([`auth::check`]).
+    Tokens(Tokens, std::sync::Arc<dashboard::Guard>),
+    /// No token: loopback only, from no other site ([`auth::local_only`]).
+    LocalOnly,
+    /// No token, any host (`--any-host`): everyone.
+    Open,
+}
+
+/// The gate, then the body read within its timeout ([`serve::read_body_within`]), in one
+/// layer (each layer of its own costs every request a boxed future and a clone of the
+/// service under it). A request the gate refuses has no body read.
+async fn admit(
+    admission: std::sync::Arc<Admission>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    req.extensions_mut().insert(admission.slots.clone());
+    let inner = |req| serve::read_body_within(admission.body_timeout, req, next);
+    match &admission.gate {
+        Gate::Tokens(tokens, guard) => auth::check(tokens.clone(), guard, req, inner).await,
+        Gate::LocalOnly => auth::local_only(req, inner).await,
+        Gate::Open => inner(req).await,
+    }
+}
+
+/// What every answer goes through last, in one layer (each layer of its own costs every
+/// request a boxed future and a clone of the service under it): an error that is not JSON
+/// yet becomes `{code, message}` ([`error::json_errors`]), then Cloudflare's envelope under
+/// its prefix ([`cloudflare::envelope`]); then one log line per request at info (target
+/// `cairn::http`): method, route template, status and duration. Never the query, the body
+/// or the headers (the token is in a header).
+async fn answer(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let method = req.method().clone();
+    // A `Uri`'s clone shares its bytes: no copy of the path for the answers without errors.
+    let uri = req.uri().clone();
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map_or_else(|| "(no route)".to_owned(), |p| p.as_str().to_owned());
     let start = std::time::Instant::now();
     let response = next.run(req).await;
-    prometheus::request(
-        method.as_str(),
-        &route,
-        response.status().as_u16(),
-        start.elapsed(),
-    );
+    let response = error::json_errors(&method, uri.path(), response).await;
+    let response = cloudflare::envelope(uri.path(), response).await;
+    prometheus::request(&method, &route, response.status().as_u16(), start.elapsed());
     tracing::info!(
         target: "cairn::http",
         method = %method,

@@ -194,16 +194,13 @@ pub(crate) fn numeric_code(code: &str, status: StatusCode) -> u32 {
     }
 }
 
-/// Rewrites error answers under [`PREFIX`] (`{code, message}`, whoever made them) into
-/// Cloudflare's envelope; leaves every other answer alone.
-pub(crate) async fn envelope(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    if !req.uri().path().starts_with(PREFIX) {
-        return next.run(req).await;
+/// Rewrites the error answer to a request for `path` into Cloudflare's envelope when the
+/// path is under [`PREFIX`] (`{code, message}`, whoever made it); leaves every other answer
+/// alone.
+pub(crate) async fn envelope(path: &str, response: Response) -> Response {
+    if !path.starts_with(PREFIX) {
+        return response;
     }
-    let response = next.run(req).await;
     let status = response.status();
     if status.as_u16() < 400 {
         return response;

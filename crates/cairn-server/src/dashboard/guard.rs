@@ -300,7 +300,7 @@ pub(crate) async fn require(
         // names it.
         Some((_, Some(caller))) => {
             let tokens = guard.tokens.clone().unwrap_or_default();
-            crate::auth::as_caller(caller, tokens, req, next).await
+            crate::auth::as_caller(caller, tokens, next.run(req)).await
         }
         Some((_, None)) => next.run(req).await,
         None if open => next.run(req).await,
