@@ -451,7 +451,6 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (closing_tx, closing_rx) = watch::channel(false);
-    let router = router.layer(axum::Extension(Closing(closing_rx.clone())));
     // Each connection's task holds a sender: once all are dropped, every connection has
     // ended. (hyper-util's GracefulShutdown does not take a connection that may be
     // upgraded, which a worker's WebSocket is.)
@@ -489,20 +488,23 @@ pub(crate) async fn serve(
         };
         let _ = socket.set_nodelay(true);
         // Handlers that care who is asking (the login's throttle) read the peer's address,
-        // and the login whether the connection is TLS (its cookie is `Secure` then). The
-        // flag says a request has come (see the TLS branch).
+        // and the login whether the connection is TLS (its cookie is `Secure` then); waits
+        // and streams end when the server begins to close. Set here, not by a layer of the
+        // router, which would cost each request a boxed future. The flag says a request
+        // has come (see the TLS branch).
         let over_tls = tls.is_some();
         let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let seen = Arc::clone(&asked);
+        let closes = closing_rx.clone();
         let service = TowerToHyperService::new(tower::ServiceExt::map_request(
             router.clone(),
             move |mut request: hyper::Request<hyper::body::Incoming>| {
                 seen.store(true, std::sync::atomic::Ordering::Relaxed);
-                request
-                    .extensions_mut()
-                    .insert(axum::extract::ConnectInfo(peer));
+                let extensions = request.extensions_mut();
+                extensions.insert(axum::extract::ConnectInfo(peer));
+                extensions.insert(Closing(closes.clone()));
                 if over_tls {
-                    request.extensions_mut().insert(OverTls);
+                    extensions.insert(OverTls);
                 }
                 request
             },
