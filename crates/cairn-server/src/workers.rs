@@ -73,10 +73,13 @@ async fn connect(
     };
     // Room for a frame of the largest value and the JSON around it.
     let limit = MAX_WORKER_FRAME + 64 * 1024;
+    // Read here, in the request's task: axum runs the upgrade's callback in a task of its
+    // own, where the request's grant is not set.
+    let grant = crate::auth::grant();
     upgrade
         .max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(move |socket| session(engine, socket, crate::auth::grant()))
+        .on_upgrade(move |socket| session(engine, socket, grant))
 }
 
 /// A worker's connection, let in by `grant` (none without tokens): it ends when the grant
@@ -144,6 +147,13 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
             },
             message = socket.recv() => {
                 heard = tokio::time::Instant::now();
+                // A removed token's worker is cut at its next frame: nothing it sends
+                // after the removal counts.
+                if revoked(grant.as_ref()) {
+                    tracing::info!(session = connection.session(), "a worker's token was removed; closing its connection");
+                    close_revoked(&mut socket).await;
+                    break;
+                }
                 match message {
                     Some(Ok(Message::Text(text))) => connection.receive(text.as_str()),
                     Some(Ok(Message::Binary(_))) => connection.receive("binary"),
@@ -152,14 +162,9 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
                 }
             }
             _ = ping.tick() => {
-                if grant.as_ref().is_some_and(|g| !g.in_force()) {
+                if revoked(grant.as_ref()) {
                     tracing::info!(session = connection.session(), "a worker's token was removed; closing its connection");
-                    let _ = socket
-                        .send(Message::Close(Some(CloseFrame {
-                            code: close_code::POLICY,
-                            reason: "its token is no longer accepted".into(),
-                        })))
-                        .await;
+                    close_revoked(&mut socket).await;
                     break;
                 }
                 if heard.elapsed() > SILENT_FOR {
@@ -174,6 +179,21 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
     }
     // Dropping the connection is the worker going away: its runs run again elsewhere.
     drop(connection);
+}
+
+/// Whether the token that let a worker in has left the set since (never, without tokens).
+fn revoked(grant: Option<&crate::auth::Grant>) -> bool {
+    grant.is_some_and(|g| !g.in_force())
+}
+
+/// Closes a worker's connection whose token was removed (1008, policy).
+async fn close_revoked(socket: &mut WebSocket) {
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code: close_code::POLICY,
+            reason: "its token is no longer accepted".into(),
+        })))
+        .await;
 }
 
 /// Sends `frame` (an `error`) and closes.

@@ -503,3 +503,103 @@ async fn a_connection_past_the_cap_is_answered_503_at_once() {
     }
     server.engine.shutdown().await;
 }
+
+/// A worker's WebSocket closes (1008, policy) once its token leaves the set: at the next
+/// frame it sends or the next ping, whichever comes first. The defect: the handler read
+/// the request's grant inside axum's upgrade task, where the request's task-local is not
+/// set, so every worker connection ran with no grant and a removed token's worker stayed
+/// connected, running the workflows it had been let in for.
+#[tokio::test]
+async fn a_workers_connection_closes_once_its_token_is_removed() {
+    use cairn_server::{Scope, Token, Tokens};
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+
+    let dir = tempfile::tempdir().unwrap();
+    let engine = cairn::Engine::builder()
+        .sqlite(dir.path().join("cairn.db"))
+        .start()
+        .await
+        .unwrap();
+    let tokens = Tokens::new(vec![
+        Token::new("worker", "w-1", Scope::Operate).unwrap(),
+        Token::new("ops", "a-1", Scope::Admin).unwrap(),
+    ]);
+    let router = cairn_server::router_with_options(
+        engine.clone(),
+        cairn_server::Options {
+            tokens: Some(tokens.clone()),
+            ..Default::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(cairn_server::serve_router(listener, router, async move {
+        let _ = stopped.await;
+    }));
+
+    let mut request = format!("ws://127.0.0.1:{port}/api/workers")
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer w-1".parse().unwrap());
+    let socket = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(request, socket)
+        .await
+        .unwrap();
+    let hello = json!({
+        "type": "hello", "protocol": 1, "worker": "test",
+        "workflows": [{ "name": "remote", "version": "v1" }], "concurrency": 1,
+    });
+    ws.send(Message::text(hello.to_string())).await.unwrap();
+    // The next frame that is not a ping or a pong, within `limit`.
+    async fn next_frame(
+        ws: &mut (
+                 impl futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>>
+                 + Unpin
+             ),
+        limit: Duration,
+    ) -> Message {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match tokio::time::timeout_at(deadline, ws.next()).await {
+                Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+                Ok(Some(Ok(frame))) => return frame,
+                other => panic!("no frame within {limit:?}: {other:?}"),
+            }
+        }
+    }
+    let welcome = next_frame(&mut ws, Duration::from_secs(5)).await;
+    let welcome: Value = serde_json::from_str(welcome.to_text().unwrap()).unwrap();
+    assert_eq!(welcome["type"], "welcome", "{welcome}");
+
+    // While the token is in the set, a frame is just a frame: the ping is answered.
+    ws.send(Message::Ping(b"in force".to_vec().into()))
+        .await
+        .unwrap();
+    let pong = loop {
+        match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+            Ok(Some(Ok(Message::Pong(data)))) => break data,
+            Ok(Some(Ok(Message::Ping(_)))) => {}
+            other => panic!("no pong while the token is in force: {other:?}"),
+        }
+    };
+    assert_eq!(&pong[..], b"in force");
+
+    // The token leaves the set (only the admin's stays); the worker's next frame closes it.
+    tokens.replace(vec![Token::new("ops", "a-1", Scope::Admin).unwrap()]);
+    ws.send(Message::Ping(b"removed".to_vec().into()))
+        .await
+        .unwrap();
+    let Message::Close(Some(close)) = next_frame(&mut ws, Duration::from_secs(5)).await else {
+        panic!("not a close frame with a code");
+    };
+    assert_eq!(u16::from(close.code), 1008, "{close:?}");
+    assert!(close.reason.contains("no longer accepted"), "{close:?}");
+
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
+    engine.shutdown().await;
+}
