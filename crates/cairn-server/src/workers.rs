@@ -150,8 +150,7 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
                 // A removed token's worker is cut at its next frame: nothing it sends
                 // after the removal counts.
                 if revoked(grant.as_ref()) {
-                    tracing::info!(session = connection.session(), "a worker's token was removed; closing its connection");
-                    close_revoked(&mut socket).await;
+                    close_revoked(&mut socket, connection.session()).await;
                     break;
                 }
                 match message {
@@ -163,8 +162,7 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
             }
             _ = ping.tick() => {
                 if revoked(grant.as_ref()) {
-                    tracing::info!(session = connection.session(), "a worker's token was removed; closing its connection");
-                    close_revoked(&mut socket).await;
+                    close_revoked(&mut socket, connection.session()).await;
                     break;
                 }
                 if heard.elapsed() > SILENT_FOR {
@@ -186,8 +184,12 @@ fn revoked(grant: Option<&crate::auth::Grant>) -> bool {
     grant.is_some_and(|g| !g.in_force())
 }
 
-/// Closes a worker's connection whose token was removed (1008, policy).
-async fn close_revoked(socket: &mut WebSocket) {
+/// Closes the connection of `session`, a worker whose token was removed (1008, policy).
+async fn close_revoked(socket: &mut WebSocket, session: u64) {
+    tracing::info!(
+        session,
+        "a worker's token was removed; closing its connection"
+    );
     let _ = socket
         .send(Message::Close(Some(CloseFrame {
             code: close_code::POLICY,

@@ -35,6 +35,15 @@ struct Server {
 }
 
 async fn start(limits: Limits) -> Server {
+    start_with(cairn_server::Options {
+        limits,
+        ..Default::default()
+    })
+    .await
+}
+
+/// [`start`] with every option of the router (tokens, …).
+async fn start_with(options: cairn_server::Options) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let engine = cairn::Engine::builder()
         .sqlite(dir.path().join("cairn.db"))
@@ -44,7 +53,8 @@ async fn start(limits: Limits) -> Server {
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let router = cairn_server::router_with_limits(engine.clone(), None, &limits);
+    let limits = options.limits.clone();
+    let router = cairn_server::router_with_options(engine.clone(), options);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(cairn_server::serve_router_with(
         listener,
@@ -515,29 +525,16 @@ async fn a_workers_connection_closes_once_its_token_is_removed() {
     use futures::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
 
-    let dir = tempfile::tempdir().unwrap();
-    let engine = cairn::Engine::builder()
-        .sqlite(dir.path().join("cairn.db"))
-        .start()
-        .await
-        .unwrap();
     let tokens = Tokens::new(vec![
         Token::new("worker", "w-1", Scope::Operate).unwrap(),
         Token::new("ops", "a-1", Scope::Admin).unwrap(),
     ]);
-    let router = cairn_server::router_with_options(
-        engine.clone(),
-        cairn_server::Options {
-            tokens: Some(tokens.clone()),
-            ..Default::default()
-        },
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(cairn_server::serve_router(listener, router, async move {
-        let _ = stopped.await;
-    }));
+    let server = start_with(cairn_server::Options {
+        tokens: Some(tokens.clone()),
+        ..Default::default()
+    })
+    .await;
+    let port = server.port;
 
     let mut request = format!("ws://127.0.0.1:{port}/api/workers")
         .into_client_request()
@@ -598,8 +595,5 @@ async fn a_workers_connection_closes_once_its_token_is_removed() {
     };
     assert_eq!(u16::from(close.code), 1008, "{close:?}");
     assert!(close.reason.contains("no longer accepted"), "{close:?}");
-
-    let _ = stop.send(());
-    served.await.unwrap().unwrap();
-    engine.shutdown().await;
+    stop(server).await;
 }
