@@ -53,7 +53,7 @@ pub(crate) fn instance(row: &Row<'_>) -> rusqlite::Result<Result<InstanceRecord>
 pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Created> {
     let inserted = conn
         .prepare_cached(
-            "INSERT INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
+            "INSERT OR FAIL INTO instances (workflow, id, status, params, created_at, ready_rank, ready_at,
                  retain_success_ms, retain_error_ms, parent_iid, parent, priority, ckey, version)
              VALUES (?1, ?2, 0, ?3, ?4, 1, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
              ON CONFLICT (workflow, id) DO NOTHING",
@@ -533,7 +533,7 @@ fn hibernate(
     // that never started (let go before it could: no worker of its version) stays queued.
     let after = conn
         .prepare_cached(
-            "UPDATE instances SET
+            "UPDATE OR FAIL instances SET
              status = CASE WHEN status = 6 THEN 2 WHEN status = 0 THEN 0 ELSE 7 END,
              ready_rank = 0,
              ready_at = CASE WHEN status = 6 THEN NULL
@@ -822,10 +822,16 @@ pub(crate) fn append_log(conn: &Connection, instance: InstanceRef, e: &LogEntry)
     crate::history::append(conn, instance, &[e])
 }
 
+/// `OR FAIL` here and on the other hot statements on `instances` (a create, a
+/// hibernation): with the count triggers such a statement writes more than one row, and
+/// without it SQLite copies every page it touches into a statement journal, to undo the
+/// statement alone should it fail half-way. Nothing needs that: a job that fails after
+/// writing is undone whole, by its savepoint or with its group (`worker`). Migration 16
+/// made the triggers mean the same under `OR FAIL`.
 fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> Result<()> {
     let related = conn
         .prepare_cached(
-            "UPDATE instances SET
+            "UPDATE OR FAIL instances SET
              status = CASE WHEN status = 6 AND ?2 IN (1, 7) THEN status ELSE ?2 END,
              started_at = COALESCE(started_at, ?3),
              ended_at = COALESCE(?4, ended_at),

@@ -306,6 +306,29 @@ const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     ALTER TABLE instances ADD COLUMN version TEXT;
     ",
+    // 16: the count triggers without a conflict clause of their own, so that a statement
+    // on `instances` can say `OR FAIL` (which a trigger's statements inherit) and keep its
+    // meaning. `OR FAIL` spares the hot status changes and inserts a statement journal:
+    // with a trigger, SQLite otherwise copies every page such a statement touches into
+    // one, in case it must undo the statement alone (`rows::change_status`).
+    "
+    DROP TRIGGER instances_counted_insert;
+    DROP TRIGGER instances_counted_update;
+    CREATE TRIGGER instances_counted_insert AFTER INSERT ON instances BEGIN
+        INSERT INTO instance_counts (workflow, status, n)
+            SELECT NEW.workflow, NEW.status, 0 WHERE NOT EXISTS
+                (SELECT 1 FROM instance_counts WHERE workflow = NEW.workflow AND status = NEW.status);
+        UPDATE instance_counts SET n = n + 1 WHERE workflow = NEW.workflow AND status = NEW.status;
+    END;
+    CREATE TRIGGER instances_counted_update AFTER UPDATE OF status ON instances
+    WHEN OLD.status <> NEW.status BEGIN
+        UPDATE instance_counts SET n = n - 1 WHERE workflow = OLD.workflow AND status = OLD.status;
+        INSERT INTO instance_counts (workflow, status, n)
+            SELECT NEW.workflow, NEW.status, 0 WHERE NOT EXISTS
+                (SELECT 1 FROM instance_counts WHERE workflow = NEW.workflow AND status = NEW.status);
+        UPDATE instance_counts SET n = n + 1 WHERE workflow = NEW.workflow AND status = NEW.status;
+    END;
+    ",
 ];
 
 /// Brings the schema up to date.
@@ -390,6 +413,54 @@ mod tests {
         let log = crate::history::log(&conn, InstanceRef(1), 3, 10).expect("log");
         assert_eq!(log.len(), 1);
         assert!(log[0].id > 3, "{}", log[0].id);
+    }
+
+    /// The statements on `instances` say `OR FAIL`, which the count triggers inherit: the
+    /// triggers of migration 16 keep the counts through it, whether or not a status has a
+    /// count row yet (before 16, a trigger's `INSERT OR IGNORE` became `OR FAIL` and failed
+    /// on an existing row), and the counts match the rows through inserts, changes and
+    /// deletes.
+    #[test]
+    fn the_count_triggers_keep_their_meaning_under_or_fail() {
+        let changes = [
+            "INSERT OR FAIL INTO instances (workflow, id, status, params, created_at) VALUES ('w', 'a', 0, '{}', 1)",
+            "INSERT OR FAIL INTO instances (workflow, id, status, params, created_at) VALUES ('w', 'b', 0, '{}', 1)",
+            "INSERT OR FAIL INTO instances (workflow, id, status, params, created_at) VALUES ('v', 'a', 0, '{}', 1)",
+            "UPDATE OR FAIL instances SET status = 1 WHERE id = 'a'",
+            "UPDATE OR FAIL instances SET status = 1 WHERE workflow = 'w' AND id = 'b'",
+            "UPDATE OR FAIL instances SET status = 5 WHERE workflow = 'w' AND id = 'a'",
+            "UPDATE OR FAIL instances SET status = 5 WHERE workflow = 'w' AND id = 'a'",
+            "DELETE FROM instances WHERE workflow = 'v'",
+        ];
+        let counts = |conn: &Connection, table: &str| -> Vec<(String, i64, i64)> {
+            let sql = if table == "instance_counts" {
+                "SELECT workflow, status, n FROM instance_counts WHERE n > 0 ORDER BY 1, 2"
+            } else {
+                "SELECT workflow, status, COUNT(*) FROM instances GROUP BY 1, 2 ORDER BY 1, 2"
+            };
+            let mut st = conn.prepare(sql).expect("prepare");
+            st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .expect("query")
+                .collect::<rusqlite::Result<_>>()
+                .expect("rows")
+        };
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrate(&mut conn).expect("migrate");
+        for sql in changes {
+            conn.execute(sql, [])
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            assert_eq!(counts(&conn, "instance_counts"), counts(&conn, "instances"));
+        }
+        assert_eq!(
+            counts(&conn, "instance_counts"),
+            [("w".to_string(), 1, 1), ("w".to_string(), 5, 1)]
+        );
+
+        // The triggers before 16 could not take it: the second insert fails.
+        let mut old = Connection::open_in_memory().expect("open");
+        migrate_to(&mut old, 15).expect("migrate to 15");
+        old.execute(changes[0], []).expect("first insert");
+        assert!(old.execute(changes[1], []).is_err());
     }
 
     /// A step whose configuration row is gone reads as corrupt, never as a journal without
