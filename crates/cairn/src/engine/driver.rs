@@ -502,10 +502,14 @@ async fn roll_back_and_finish(
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Abort> {
     // The journal is read from the store: what waits for a commit (the success of the
-    // step before the failure) goes there first, so its handler gets its output.
+    // step before the failure) goes there first, so its handler gets its output; and so
+    // does a commit that carries it and is still on its way (the driver's flush, dropped
+    // when the workflow returned), which the read must not overtake.
     if state.has_deferred() {
         let status = state.commit_now(Vec::new()).await.map_err(Abort::Store)?;
         state.observe(status);
+    } else {
+        state.carried().await.map_err(Abort::Store)?;
     }
     let journal = inner
         .env

@@ -563,16 +563,24 @@ impl Lifetime {
     ///
     /// Deferred writes (a step's success) are known to code that runs before they are
     /// committed: the step's output went on to the workflow, which may hand it to a branch
-    /// that starts another op while the commit carrying them is in flight. So a commit
-    /// answers `Ok` only once the last commit that carried deferred writes before it has
-    /// landed too: commits of one lifetime are queued in order, but an earlier one can
-    /// fail alone (its group abandoned, its connection lost) while a later one lands, and
-    /// nothing may go on from a step whose success was lost. A carrying commit whose caller
-    /// went away (an op that lost a `select!`) is still followed to its end.
+    /// that starts another op while the commit carrying them is in flight. So a commit is
+    /// sent only once the last commit that carried deferred writes has landed
+    /// ([`Lifetime::carried`]): commits of one lifetime are queued in order, but an earlier
+    /// one can fail alone (its group abandoned, its connection lost) while a later one
+    /// lands, and nothing may be made durable from a step whose success was lost: not a
+    /// child created from its output, not the instance's end, not another op's start (its
+    /// attempt would count as interrupted without its body having run). A carrying commit
+    /// whose caller went away (an op that lost a `select!`) is still followed to its end.
+    ///
+    /// # Cancel safety
+    /// Dropped while it waits for that commit, it has taken and sent nothing.
     pub(crate) async fn commit_now(
         &self,
         mut writes: Vec<Write>,
     ) -> Result<InstanceStatus, cairn_store::Error> {
+        self.carried().await?;
+        // From here on nothing awaits until the commit is queued: no other commit of this
+        // lifetime can become the carrier in between.
         let deferred = std::mem::take(
             &mut *self
                 .deferred
@@ -602,31 +610,23 @@ impl Lifetime {
         if !self.holds_lease() {
             return Err(cairn_store::Error::LeaseLost(self.lease.instance));
         }
-        let (carrier, before) = {
-            let mut last = self
+        let carrier = carries.then(|| {
+            let carrier = Arc::new(Carrier {
+                outcome: std::sync::atomic::AtomicU8::new(0),
+                settled: Notify::new(),
+            });
+            *self
                 .carrier
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let before = last.clone();
-            let carrier = carries.then(|| {
-                let carrier = Arc::new(Carrier {
-                    outcome: std::sync::atomic::AtomicU8::new(0),
-                    settled: Notify::new(),
-                });
-                *last = Some(Arc::clone(&carrier));
-                carrier
-            });
-            (carrier, before)
-        };
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::clone(&carrier));
+            carrier
+        });
         let start = std::time::Instant::now();
         // Queued now, in this poll, so the store sees this lifetime's commits in order.
         let store = Arc::clone(&self.env.store);
         let lease = self.lease;
         let mut landing = Landing {
-            commit: Some(Box::pin(async move {
-                let answer = store.commit(lease, writes).await;
-                after(answer, before).await
-            })),
+            commit: Some(Box::pin(async move { store.commit(lease, writes).await })),
             carrier,
             ticket: Ticket::new(&self.flights),
         };
@@ -703,6 +703,37 @@ impl Lifetime {
         self.flights.n.load(Ordering::SeqCst) > 0
     }
 
+    /// Waits until the last commit that carried deferred writes has landed (at once when
+    /// none is on its way); an error if it did not land. What is sent or read back from the
+    /// store after it then sees those writes.
+    pub(crate) async fn carried(&self) -> Result<(), cairn_store::Error> {
+        loop {
+            let last = self
+                .carrier
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let Some(last) = last else { return Ok(()) };
+            // Settled: it is the last one still (another commit waiting for it could have
+            // become the carrier since, after it landed: look again).
+            if !last.landed().await {
+                return Err(cairn_store::Error::Unavailable(
+                    "an earlier commit of this run, which carried a step's outcome, did not land"
+                        .into(),
+                ));
+            }
+            let still_last = self
+                .carrier
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .as_ref()
+                .is_some_and(|now| Arc::ptr_eq(now, &last));
+            if still_last {
+                return Ok(());
+            }
+        }
+    }
+
     /// Whether writes wait for this lifetime's next commit.
     pub(crate) fn has_deferred(&self) -> bool {
         !self
@@ -767,9 +798,13 @@ impl Lifetime {
         event_type: &EventType,
     ) -> Option<cairn_store::StoredEvent> {
         // Taking an event commits on its own: what waits for a commit goes first, so the
-        // log keeps the order things happened in (a sleep's completion before the wait's).
+        // log keeps the order things happened in (a sleep's completion before the wait's),
+        // and so does a commit that carries it and is still on its way.
         if self.has_deferred() {
             self.commit(Vec::new()).await;
+        } else if let Err(e) = self.carried().await {
+            self.abort(Abort::Store(e));
+            std::future::pending::<()>().await;
         }
         let taken = if self.holds_lease() {
             self.env
@@ -937,21 +972,6 @@ impl Carrier {
                 outcome => return outcome == LANDED,
             }
         }
-    }
-}
-
-/// The store's answer to a commit, made to wait for the carrying commit queued `before`
-/// it: a success only if that one landed too.
-async fn after(
-    answer: Result<InstanceStatus, cairn_store::Error>,
-    before: Option<Arc<Carrier>>,
-) -> Result<InstanceStatus, cairn_store::Error> {
-    let status = answer?;
-    match before {
-        Some(before) if !before.landed().await => Err(cairn_store::Error::Unavailable(
-            "an earlier commit of this run, which carried a step's outcome, did not land".into(),
-        )),
-        _ => Ok(status),
     }
 }
 

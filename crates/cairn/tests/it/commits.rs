@@ -176,11 +176,12 @@ async fn r_a_rollback_right_after_a_step_gets_the_output_its_success_had_not_com
 }
 
 /// A step's success rides with the next commit; here that commit (step `b`'s start, made
-/// first of the two the pair starts) does not land, while the one after it (step `c`'s
-/// start) does and answers first. `c` was started with `a`'s output, so its body must not
-/// run: the commit of its start answers success only once the commit carrying `a`'s
-/// success is known to have landed. The run stops instead, and a new engine finishes the
-/// instance, running `a` again. Before, `c`'s body ran while `a`'s success was nowhere.
+/// first of the two the pair starts) does not land. `c` was started with `a`'s output, so
+/// nothing of it may become durable, nor its body run: its start is sent only once the
+/// commit carrying `a`'s success is known to have landed. The run stops instead, and a
+/// new engine finishes the instance, running `a` again. At first `c`'s body ran while
+/// `a`'s success was nowhere; then its start landed all the same (only its answer waited),
+/// and the next run counted an attempt of `c` as interrupted that had never run.
 #[tokio::test]
 async fn a7_no_body_runs_after_the_commit_carrying_an_earlier_success_failed_alone() {
     let (_dir, path) = temp_db();
@@ -254,19 +255,19 @@ async fn a7_no_body_runs_after_the_commit_carrying_an_earlier_success_failed_alo
     let after_it = gates.arm("commit");
     first_commit.release();
     carrying.arrived().await;
-    after_it.arrived().await;
-    while !stored_steps(&*store).await.contains_key("c") {
-        tokio::task::yield_now().await;
-    }
-    // `c`'s start has landed: let its answer through, then hear from the workflow.
-    after_it.release();
+    // Hear from the workflow: it has been polled since (`c`'s op with it).
     poke.send(()).unwrap();
     hear.await.unwrap();
+    assert!(
+        !after_it.has_arrived(),
+        "c's start was sent while the commit carrying a's success was on its way"
+    );
     assert_eq!(
         *started.lock().unwrap(),
         ["a"],
         "c's body started while the commit carrying a's success had not landed"
     );
+    after_it.release();
     carrying.release();
     first.shutdown().await;
     drop(instance);
@@ -297,4 +298,142 @@ async fn a7_no_body_runs_after_the_commit_carrying_an_earlier_success_failed_alo
         );
     }
     second.shutdown().await;
+}
+
+/// The driver's flush carries `a`'s success (the workflow awaited something that is not
+/// an op) and is still on its way when the workflow invokes a child made from `a`'s output.
+/// The child's creation is sent only once that flush has landed. Here it never lands: the
+/// next run runs `a` again, gets another output, and the child is made from that one.
+/// Before, the child was created at once from the first output, which the failed flush
+/// left in no journal: the parent went on with the second output, the child with the first.
+#[tokio::test]
+async fn a7_a_child_made_from_an_output_is_created_only_once_the_commit_carrying_it_landed() {
+    use super::support::{FnWorkflow, Gates, gated_builder, named};
+    let (_dir, path) = temp_db();
+    let gates = Gates::default();
+    let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (polled, has_polled) = tokio::sync::oneshot::channel::<()>();
+    let polled = Arc::new(Mutex::new(Some(polled)));
+    let parent = named::<0, _, _>(move |_, step| {
+        let (runs, polled) = (Arc::clone(&runs), polled.lock().unwrap().take());
+        async move {
+            let a: u64 = step
+                .run("a", move |_| {
+                    let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    async move { Ok(n) }
+                })
+                .await?;
+            // Not an op: the driver flushes `a`'s success meanwhile.
+            tokio::task::yield_now().await;
+            let mut child = std::pin::pin!(step.invoke::<FnWorkflow<1>>("child", json!({ "a": a })));
+            // Polled once: its commit is sent, or waits for the flush to land.
+            let _ = futures::poll!(child.as_mut());
+            if let Some(polled) = polled {
+                let _ = polled.send(());
+            }
+            let child = child.await?;
+            Ok(json!({ "a": a, "child": child }))
+        }
+    });
+    let child = named::<1, _, _>(|event, _| async move { Ok(event.payload) });
+    let engine = gated_builder(BACKEND, &path, gates.clone())
+        .await
+        .register(parent)
+        .register(child)
+        .start()
+        .await
+        .unwrap();
+    // `a`'s start goes through; the flush after it never lands.
+    let start = gates.arm("commit");
+    let instance = engine
+        .workflow::<FnWorkflow<0>>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    start.arrived().await;
+    let flush = gates.arm_failing("commit");
+    let next = gates.arm("commit");
+    start.release();
+    flush.arrived().await;
+    has_polled.await.unwrap();
+    assert!(
+        !next.has_arrived(),
+        "the child's creation was sent while the commit carrying a's success was on its way"
+    );
+    next.release();
+    flush.release();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(
+        status.output,
+        Some(json!({ "a": 2, "child": { "a": 2 } })),
+        "{status:?}"
+    );
+    engine.shutdown().await;
+}
+
+/// The driver's flush carries `pay`'s success and is still on its way when the workflow
+/// fails right after: the rollback reads the journal (for the handlers' outputs) only
+/// once that commit has landed. Before, the flush was dropped with the workflow and the
+/// read went ahead of it: the handler could find `pay` still running, and no output.
+#[tokio::test]
+async fn r_a_rollback_reads_the_journal_only_once_the_commit_carrying_the_last_success_landed()
+{
+    use super::support::{FnWorkflow, Gates, gated_builder, named};
+    let (_dir, path) = temp_db();
+    let gates = Gates::default();
+    let got: Arc<Mutex<Option<Option<u64>>>> = Arc::default();
+    let (failing, has_failed) = tokio::sync::oneshot::channel::<()>();
+    let failing = Arc::new(Mutex::new(Some(failing)));
+    let g = Arc::clone(&got);
+    let workflow = named::<0, _, _>(move |_, step| {
+        let (g, failing) = (Arc::clone(&g), failing.lock().unwrap().take());
+        async move {
+            step.run("pay", |_| async { Ok(42u64) })
+                .rollback(move |r: cairn::Rollback<u64>| {
+                    let g = Arc::clone(&g);
+                    async move {
+                        *g.lock().unwrap() = Some(r.output);
+                        Ok(())
+                    }
+                })
+                .await?;
+            // Not an op: the driver flushes `pay`'s success meanwhile.
+            tokio::task::yield_now().await;
+            if let Some(failing) = failing {
+                let _ = failing.send(());
+            }
+            Err::<Value, _>(WorkflowError::new("Error", "then it fails"))
+        }
+    });
+    let engine = gated_builder(BACKEND, &path, gates.clone())
+        .await
+        .register(workflow)
+        .start()
+        .await
+        .unwrap();
+    let start = gates.arm("commit");
+    let instance = engine
+        .workflow::<FnWorkflow<0>>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    start.arrived().await;
+    // The flush lands; its answer is held. The journal read is held if it comes.
+    let flush = gates.arm("commit");
+    let journal = gates.arm("journal");
+    start.release();
+    flush.arrived().await;
+    // The workflow has returned its error, and the driver gone on as far as it could in
+    // the same poll (this test's runtime has one thread).
+    has_failed.await.unwrap();
+    assert!(
+        !journal.has_arrived(),
+        "the rollback read the journal while the commit carrying pay's success was on its way"
+    );
+    journal.release();
+    flush.release();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Errored, "{status:?}");
+    assert_eq!(*got.lock().unwrap(), Some(Some(42)));
+    engine.shutdown().await;
 }

@@ -480,6 +480,11 @@ impl Gate {
             .forget();
     }
 
+    /// Whether the held call has arrived yet (it may be released before it does).
+    pub fn has_arrived(&self) -> bool {
+        self.0.arrived.available_permits() > 0
+    }
+
     /// Lets the held call through.
     pub fn release(&self) {
         self.0.release.add_permits(1);
