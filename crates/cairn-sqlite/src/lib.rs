@@ -484,7 +484,13 @@ pub(crate) const PENDING_PAUSES_SQL: &str = "SELECT iid FROM instances WHERE sta
 ///
 /// "At once" is `ready_at = created_at`, not the system time: the engine claims by its own
 /// clock (possibly virtual), and the creation time came from that clock.
+///
+/// One transaction: a take-over that fails half-way (a full disk) changes nothing, and the
+/// next open does it whole. Committed statement by statement, it could leave a pause taken
+/// effect without its record and its concurrency slot, which no later open would look at.
 fn take_over(conn: &Connection) -> Result<()> {
+    let tx = conn.unchecked_transaction().map_err(map_sqlite)?;
+    let conn = &*tx;
     // What the summary line tells an operator: how many instances the dead owner held, and
     // how many of their attempts it left unrecorded (each is recorded as interrupted and
     // retried when the instance runs again). Counted over the leased instances only.
@@ -509,6 +515,8 @@ fn take_over(conn: &Connection) -> Result<()> {
         .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
         .map_err(map_sqlite)?;
     conn.execute(TAKE_OVER_LEASES_SQL, []).map_err(map_sqlite)?;
+    rows::complete_pauses(conn, &pausing)?;
+    tx.commit().map_err(map_sqlite)?;
     for (_, workflow) in &held {
         metrics::counter!(cairn_store::TAKEOVER_METRIC, "workflow" => workflow.clone())
             .increment(1);
@@ -520,7 +528,7 @@ fn take_over(conn: &Connection) -> Result<()> {
             "recovered the instances a previous engine was running; interrupted attempts are recorded and retried"
         );
     }
-    rows::complete_pauses(conn, &pausing)
+    Ok(())
 }
 
 impl Store for SqliteStore {

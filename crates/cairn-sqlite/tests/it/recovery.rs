@@ -117,6 +117,87 @@ async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
     store.close().await;
 }
 
+/// The take-over at open is one transaction: failing half-way (here the pause it completes
+/// cannot be logged), it changes nothing, and the next open does it whole. Before, each of
+/// its statements committed alone: the instance was left paused without its
+/// `WORKFLOW_PAUSED` record (a keyed one holding its slot), and no later open looked at it
+/// again, since it was no longer waiting for its pause.
+#[tokio::test]
+async fn a_take_over_that_fails_half_way_changes_nothing_and_the_next_open_does_it_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let w = WorkflowName::new("w").unwrap();
+    let id = InstanceId::new("i").unwrap();
+    let store = SqliteStore::open(&db, Options::default()).unwrap();
+    store
+        .create(vec![NewInstance {
+            workflow: w.clone(),
+            id: id.clone(),
+            params: "{}".into(),
+            created_at: T0,
+            queued: entry(LogKind::WorkflowQueued, T0),
+            retention: Retention {
+                success: Duration::from_secs(60),
+                error: Duration::from_secs(60),
+            },
+            parent: None,
+            priority: 0,
+            concurrency: None,
+            version: None,
+        }])
+        .await
+        .unwrap();
+    store
+        .claim("dead", std::slice::from_ref(&w), T0, Duration::MAX, 1)
+        .await
+        .unwrap();
+    store
+        .control(&w, &id, ControlRequest::Pause { at: at(10) })
+        .await
+        .unwrap();
+    drop(store); // the engine dies without completing the pause
+    let status = |conn: &rusqlite::Connection| -> i64 {
+        conn.query_row("SELECT status FROM instances", [], |r| r.get(0))
+            .unwrap()
+    };
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let waiting = status(&conn);
+    assert_eq!(waiting, InstanceStatus::WaitingForPause.code());
+    conn.execute_batch(&format!(
+        "CREATE TRIGGER refuse_the_pause BEFORE INSERT ON log WHEN NEW.kind = {}
+         BEGIN SELECT RAISE(ABORT, 'the disk is full'); END;",
+        LogKind::WorkflowPaused.code()
+    ))
+    .unwrap();
+    drop(conn);
+    let refused = SqliteStore::open(&db, Options::default()).err().unwrap();
+    assert!(
+        refused.to_string().contains("the disk is full"),
+        "{refused}"
+    );
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    assert_eq!(
+        status(&conn),
+        waiting,
+        "the failed take-over changed the instance"
+    );
+    conn.execute_batch("DROP TRIGGER refuse_the_pause").unwrap();
+    drop(conn);
+
+    let store = SqliteStore::open(&db, Options::default()).unwrap();
+    let rec = store.instance(&w, &id).await.unwrap().unwrap();
+    assert_eq!(rec.status, InstanceStatus::Paused);
+    let paused = store
+        .log(rec.instance, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.entry.kind == LogKind::WorkflowPaused)
+        .count();
+    assert_eq!(paused, 1, "the pause that took effect is logged");
+    store.close().await;
+}
+
 /// A writer the test can read back: what the log subscriber wrote.
 #[derive(Clone, Default)]
 struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
