@@ -72,10 +72,11 @@ pub(crate) struct Lifetime {
     /// workflow cannot await a commit; a sleep's completion is no effect worth a commit of
     /// its own): they ride along with this lifetime's next commit, which the driver makes
     /// as soon as the workflow is pending without one.
-    deferred: Mutex<Vec<Write>>,
-    /// The last commit that took deferred writes along, until it is known to have landed:
-    /// every later commit reports success only once it has (see [`Lifetime::commit_now`]).
-    carrier: Mutex<Option<Arc<Carrier>>>,
+    deferred: Mutex<Deferred>,
+    /// The commits that took deferred writes along and are not known to have landed (a
+    /// failed one stays): a commit is sent only once those carrying what was deferred
+    /// before it was made have landed (see [`Lifetime::commit_now`]).
+    carriers: Mutex<Vec<Arc<Carrier>>>,
     /// The instance has started children (`invoke`): when it ends, the unfinished ones are
     /// ended with it.
     invoked: AtomicBool,
@@ -183,8 +184,8 @@ impl Lifetime {
             resumed: Notify::new(),
             in_flight: AtomicUsize::new(0),
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
-            deferred: Mutex::new(Vec::new()),
-            carrier: Mutex::new(None),
+            deferred: Mutex::new(Deferred::default()),
+            carriers: Mutex::new(Vec::new()),
             invoked: AtomicBool::new(false),
             checking: AtomicBool::new(false),
             seen: Mutex::new(Seen::default()),
@@ -578,15 +579,13 @@ impl Lifetime {
         &self,
         mut writes: Vec<Write>,
     ) -> Result<InstanceStatus, cairn_store::Error> {
-        self.carried().await?;
-        // From here on nothing awaits until the commit is queued: no other commit of this
-        // lifetime can become the carrier in between.
-        let deferred = std::mem::take(
-            &mut *self
-                .deferred
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        self.carried_through(self.deferred_so_far()).await?;
+        // From here on nothing awaits until the commit is queued.
+        let (deferred, first) = self
+            .deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         let carries = !deferred.is_empty();
         // Attempts the workflow stopped awaiting, counted once their cancel is committed.
         let cancelled: Vec<String> = deferred
@@ -612,13 +611,14 @@ impl Lifetime {
         }
         let carrier = carries.then(|| {
             let carrier = Arc::new(Carrier {
+                first,
                 outcome: std::sync::atomic::AtomicU8::new(0),
                 settled: Notify::new(),
             });
-            *self
-                .carrier
+            self.carriers
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::clone(&carrier));
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(Arc::clone(&carrier));
             carrier
         });
         let start = std::time::Instant::now();
@@ -703,34 +703,50 @@ impl Lifetime {
         self.flights.n.load(Ordering::SeqCst) > 0
     }
 
-    /// Waits until the last commit that carried deferred writes has landed (at once when
-    /// none is on its way); an error if it did not land. What is sent or read back from the
-    /// store after it then sees those writes.
+    /// Waits until every write deferred so far has landed, or is still waiting for a
+    /// commit (which then takes it along); an error if a commit carrying such writes did
+    /// not land. What is sent or read back from the store afterwards sees them.
     pub(crate) async fn carried(&self) -> Result<(), cairn_store::Error> {
+        self.carried_through(self.deferred_so_far()).await
+    }
+
+    /// How many batches of writes have been deferred so far: a commit made now may depend
+    /// on any of them, not on those deferred after it.
+    fn deferred_so_far(&self) -> u64 {
+        self.deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .made
+    }
+
+    /// [`Lifetime::carried`] for the first `made` batches. A commit that carries only
+    /// batches deferred later (another branch's next step) is not waited for, so a branch
+    /// that runs steps back to back cannot hold another one's commit back.
+    async fn carried_through(&self, made: u64) -> Result<(), cairn_store::Error> {
         loop {
-            let last = self
-                .carrier
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone();
-            let Some(last) = last else { return Ok(()) };
-            // Settled: it is the last one still (another commit waiting for it could have
-            // become the carrier since, after it landed: look again).
-            if !last.landed().await {
-                return Err(cairn_store::Error::Unavailable(
-                    "an earlier commit of this run, which carried a step's outcome, did not land"
-                        .into(),
-                ));
-            }
-            let still_last = self
-                .carrier
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .as_ref()
-                .is_some_and(|now| Arc::ptr_eq(now, &last));
-            if still_last {
+            let waiting_for = {
+                let mut carriers = self
+                    .carriers
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                carriers.retain(|c| c.outcome.load(Ordering::SeqCst) != LANDED);
+                if carriers
+                    .iter()
+                    .any(|c| c.outcome.load(Ordering::SeqCst) == FAILED)
+                {
+                    return Err(cairn_store::Error::Unavailable(
+                        "an earlier commit of this run, which carried a step's outcome, did not land"
+                            .into(),
+                    ));
+                }
+                // A batch deferred before this commit was made and taken along by another
+                // commit since (even one that waited with this one) is waited for too.
+                carriers.iter().find(|c| c.first <= made).cloned()
+            };
+            let Some(carrier) = waiting_for else {
                 return Ok(());
-            }
+            };
+            carrier.landed().await;
         }
     }
 
@@ -740,22 +756,17 @@ impl Lifetime {
             .deferred
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .writes
             .is_empty()
     }
 
     /// Queues `writes` for this lifetime's next commit. If the lifetime ends without one
     /// (a crash, shutdown, a lost lease), they are lost with it, as any unrecorded work is.
     pub(crate) fn defer(&self, writes: Vec<Write>) {
-        let mut deferred = self
-            .deferred
+        self.deferred
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if deferred.is_empty() {
-            // The usual case (a step's success): keep the vector, no copy.
-            *deferred = writes;
-        } else {
-            deferred.extend(writes);
-        }
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(writes);
     }
 
     /// Returns whether this call set the reason (the first abort wins).
@@ -915,8 +926,38 @@ impl Drop for Activity {
     }
 }
 
+/// Writes waiting for a lifetime's next commit, numbered by the batch they came in.
+#[derive(Default)]
+struct Deferred {
+    writes: Vec<Write>,
+    /// How many batches have been deferred so far (the number of the last one).
+    made: u64,
+    /// The number of the first batch in `writes`, when there are any.
+    first: u64,
+}
+
+impl Deferred {
+    fn push(&mut self, writes: Vec<Write>) {
+        self.made += 1;
+        if self.writes.is_empty() {
+            self.first = self.made;
+            // The usual case (a step's success): keep the vector, no copy.
+            self.writes = writes;
+        } else {
+            self.writes.extend(writes);
+        }
+    }
+
+    /// The writes, and the number of the first batch among them.
+    fn take(&mut self) -> (Vec<Write>, u64) {
+        (std::mem::take(&mut self.writes), self.first)
+    }
+}
+
 /// A commit that carried deferred writes: whether it landed.
 struct Carrier {
+    /// The number of the first batch of deferred writes it carries (the others are later).
+    first: u64,
     /// 0 while in flight, then [`LANDED`] or [`FAILED`].
     outcome: std::sync::atomic::AtomicU8,
     settled: Notify,

@@ -437,3 +437,51 @@ async fn r_a_rollback_reads_the_journal_only_once_the_commit_carrying_the_last_s
     assert_eq!(*got.lock().unwrap(), Some(Some(42)));
     engine.shutdown().await;
 }
+
+/// Two branches after a step: `a` runs ten steps back to back, `b` one. `b`'s start waits
+/// for the commit carrying the first step's success (it may depend on it), not for the
+/// commits carrying `a`'s later successes, which were deferred after it was made: its
+/// body runs while `a` is still at its first steps. A wait for whichever commit carried
+/// deferred writes last held `b` back until `a` had run all ten.
+#[tokio::test]
+async fn a7_a_branch_running_steps_back_to_back_does_not_hold_another_branchs_commit_back() {
+    let order: Arc<Mutex<Vec<String>>> = Arc::default();
+    let o = Arc::clone(&order);
+    let (engine, _dir) = super::support::engine(move |b| {
+        b.register(wf(move |_, step| {
+            let o = Arc::clone(&o);
+            async move {
+                let body = |name: String| {
+                    let o = Arc::clone(&o);
+                    move |_: cairn::StepContext| {
+                        o.lock().unwrap().push(name.clone());
+                        async { Ok::<u64, StepError>(1) }
+                    }
+                };
+                step.run("first", body("first".into())).await?;
+                let a = async {
+                    for i in 0..10 {
+                        step.run(format!("a{i}"), body(format!("a{i}"))).await?;
+                    }
+                    Ok::<(), WorkflowError>(())
+                };
+                let b = step.run("b", body("b".into()));
+                let (a, b) = futures::join!(a, b);
+                a?;
+                b?;
+                Ok(json!({}))
+            }
+        }))
+    })
+    .await;
+    let instance = super::support::run_to_end(&engine, json!({})).await;
+    assert_eq!(
+        instance.status().await.unwrap().status,
+        InstanceStatus::Complete
+    );
+    let order = order.lock().unwrap().clone();
+    let b = order.iter().position(|s| s == "b").unwrap();
+    let a5 = order.iter().position(|s| s == "a5").unwrap();
+    assert!(b < a5, "b's body waited for a's steps: {order:?}");
+    engine.shutdown().await;
+}
