@@ -24,21 +24,15 @@ fn entry(kind: LogKind, when: Timestamp) -> LogEntry {
     }
 }
 
-/// An engine dies in `waitingForPause`; the next one completes the pause at open. The
-/// instance ran on after the pause was requested (here until 60 s), so on resume its timers
-/// shift by the time since its last record, not since the request (10 s): before, they
-/// shifted 50 s too far.
-#[tokio::test]
-async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("cairn.db");
+/// A store on a new database at `db` with one instance, `w`/`i`, claimed by an engine
+/// that is about to die: the store, and the instance's lease.
+async fn one_claimed_instance(db: &std::path::Path) -> (SqliteStore, cairn_store::Lease) {
     let w = WorkflowName::new("w").unwrap();
-    let id = InstanceId::new("i").unwrap();
-    let store = SqliteStore::open(&db, Options::default()).unwrap();
+    let store = SqliteStore::open(db, Options::default()).unwrap();
     store
         .create(vec![NewInstance {
             workflow: w.clone(),
-            id: id.clone(),
+            id: InstanceId::new("i").unwrap(),
             params: "{}".into(),
             created_at: T0,
             queued: entry(LogKind::WorkflowQueued, T0),
@@ -54,10 +48,26 @@ async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
         .await
         .unwrap();
     let lease = store
-        .claim("dead", std::slice::from_ref(&w), T0, Duration::MAX, 1)
+        .claim("dead", &[w], T0, Duration::MAX, 1)
         .await
         .unwrap()[0]
         .lease;
+    (store, lease)
+}
+
+/// An engine dies in `waitingForPause`; the next one completes the pause at open. The
+/// instance ran on after the pause was requested (here until 60 s), so on resume its timers
+/// shift by the time since its last record, not since the request (10 s): before, they
+/// shifted 50 s too far.
+#[tokio::test]
+async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let (w, id) = (
+        WorkflowName::new("w").unwrap(),
+        InstanceId::new("i").unwrap(),
+    );
+    let (store, lease) = one_claimed_instance(&db).await;
     let key = StepKey {
         kind: StepKind::Sleep,
         name: "nap".into(),
@@ -126,31 +136,11 @@ async fn a_pause_completed_by_recovery_shifts_timers_from_the_last_record() {
 async fn a_take_over_that_fails_half_way_changes_nothing_and_the_next_open_does_it_whole() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("cairn.db");
-    let w = WorkflowName::new("w").unwrap();
-    let id = InstanceId::new("i").unwrap();
-    let store = SqliteStore::open(&db, Options::default()).unwrap();
-    store
-        .create(vec![NewInstance {
-            workflow: w.clone(),
-            id: id.clone(),
-            params: "{}".into(),
-            created_at: T0,
-            queued: entry(LogKind::WorkflowQueued, T0),
-            retention: Retention {
-                success: Duration::from_secs(60),
-                error: Duration::from_secs(60),
-            },
-            parent: None,
-            priority: 0,
-            concurrency: None,
-            version: None,
-        }])
-        .await
-        .unwrap();
-    store
-        .claim("dead", std::slice::from_ref(&w), T0, Duration::MAX, 1)
-        .await
-        .unwrap();
+    let (w, id) = (
+        WorkflowName::new("w").unwrap(),
+        InstanceId::new("i").unwrap(),
+    );
+    let (store, _) = one_claimed_instance(&db).await;
     store
         .control(&w, &id, ControlRequest::Pause { at: at(10) })
         .await

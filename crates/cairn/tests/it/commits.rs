@@ -300,6 +300,27 @@ async fn a7_no_body_runs_after_the_commit_carrying_an_earlier_success_failed_alo
     second.shutdown().await;
 }
 
+/// Starts `builder`'s engine and creates instance `x` of its workflow `FnWorkflow<0>`,
+/// whose first commit (its first step's start) is held at the returned gate.
+async fn started_with_its_first_commit_held(
+    builder: cairn::EngineBuilder,
+    gates: &super::support::Gates,
+) -> (
+    cairn::Engine,
+    cairn::Instance<Value>,
+    super::support::Gate,
+) {
+    let engine = builder.start().await.unwrap();
+    let start = gates.arm("commit");
+    let instance = engine
+        .workflow::<super::support::FnWorkflow<0>>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    start.arrived().await;
+    (engine, instance, start)
+}
+
 /// The driver's flush carries `a`'s success (the workflow awaited something that is not
 /// an op) and is still on its way when the workflow invokes a child made from `a`'s output.
 /// The child's creation is sent only once that flush has landed. Here it never lands: the
@@ -336,21 +357,11 @@ async fn a7_a_child_made_from_an_output_is_created_only_once_the_commit_carrying
         }
     });
     let child = named::<1, _, _>(|event, _| async move { Ok(event.payload) });
-    let engine = gated_builder(BACKEND, &path, gates.clone())
-        .await
-        .register(parent)
-        .register(child)
-        .start()
-        .await
-        .unwrap();
+    let builder = gated_builder(BACKEND, &path, gates.clone()).await;
+    let (engine, instance, start) =
+        started_with_its_first_commit_held(builder.register(parent).register(child), &gates)
+            .await;
     // `a`'s start goes through; the flush after it never lands.
-    let start = gates.arm("commit");
-    let instance = engine
-        .workflow::<FnWorkflow<0>>()
-        .create(CreateOptions::new(json!({})).id("x"))
-        .await
-        .unwrap();
-    start.arrived().await;
     let flush = gates.arm_failing("commit");
     let next = gates.arm("commit");
     start.release();
@@ -405,19 +416,9 @@ async fn r_a_rollback_reads_the_journal_only_once_the_commit_carrying_the_last_s
             Err::<Value, _>(WorkflowError::new("Error", "then it fails"))
         }
     });
-    let engine = gated_builder(BACKEND, &path, gates.clone())
-        .await
-        .register(workflow)
-        .start()
-        .await
-        .unwrap();
-    let start = gates.arm("commit");
-    let instance = engine
-        .workflow::<FnWorkflow<0>>()
-        .create(CreateOptions::new(json!({})).id("x"))
-        .await
-        .unwrap();
-    start.arrived().await;
+    let builder = gated_builder(BACKEND, &path, gates.clone()).await;
+    let (engine, instance, start) =
+        started_with_its_first_commit_held(builder.register(workflow), &gates).await;
     // The flush lands; its answer is held. The journal read is held if it comes.
     let flush = gates.arm("commit");
     let journal = gates.arm("journal");
