@@ -389,7 +389,7 @@ async fn a7_a_child_made_from_an_output_is_created_only_once_the_commit_carrying
 #[tokio::test]
 async fn r_a_rollback_reads_the_journal_only_once_the_commit_carrying_the_last_success_landed()
 {
-    use super::support::{FnWorkflow, Gates, gated_builder, named};
+    use super::support::{Gates, gated_builder, named};
     let (_dir, path) = temp_db();
     let gates = Gates::default();
     let got: Arc<Mutex<Option<Option<u64>>>> = Arc::default();
