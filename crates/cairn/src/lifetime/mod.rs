@@ -565,16 +565,16 @@ impl Lifetime {
     /// Deferred writes (a step's success) are known to code that runs before they are
     /// committed: the step's output went on to the workflow, which may hand it to a branch
     /// that starts another op while the commit carrying them is in flight. So a commit is
-    /// sent only once the last commit that carried deferred writes has landed
-    /// ([`Lifetime::carried`]): commits of one lifetime are queued in order, but an earlier
-    /// one can fail alone (its group abandoned, its connection lost) while a later one
+    /// sent only once the commits carrying what was deferred before it was made have
+    /// landed ([`Lifetime::carried`]): commits of one lifetime are queued in order, but an
+    /// earlier one can fail alone (its group abandoned, its connection lost) while a later one
     /// lands, and nothing may be made durable from a step whose success was lost: not a
     /// child created from its output, not the instance's end, not another op's start (its
     /// attempt would count as interrupted without its body having run). A carrying commit
     /// whose caller went away (an op that lost a `select!`) is still followed to its end.
     ///
     /// # Cancel safety
-    /// Dropped while it waits for that commit, it has taken and sent nothing.
+    /// Dropped while it waits for those commits, it has taken and sent nothing.
     pub(crate) async fn commit_now(
         &self,
         mut writes: Vec<Write>,
