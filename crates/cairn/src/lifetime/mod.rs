@@ -564,22 +564,30 @@ impl Lifetime {
     ///
     /// Deferred writes (a step's success) are known to code that runs before they are
     /// committed: the step's output went on to the workflow, which may hand it to a branch
-    /// that starts another op while the commit carrying them is in flight. So a commit is
-    /// sent only once the commits carrying what was deferred before it was made have
-    /// landed ([`Lifetime::carried`]): commits of one lifetime are queued in order, but an
-    /// earlier one can fail alone (its group abandoned, its connection lost) while a later one
-    /// lands, and nothing may be made durable from a step whose success was lost: not a
-    /// child created from its output, not the instance's end, not another op's start (its
-    /// attempt would count as interrupted without its body having run). A carrying commit
-    /// whose caller went away (an op that lost a `select!`) is still followed to its end.
+    /// that starts another op while the commit carrying them is in flight. Commits of one
+    /// lifetime are queued in order, but an earlier one can fail alone (its group
+    /// abandoned, its connection lost) while a later one lands. So a commit answers `Ok`
+    /// only once the commits carrying what was deferred before it was made have landed
+    /// ([`Lifetime::carried`]): nothing goes on from a step whose success was lost. A
+    /// commit that acts outside the instance (a child's creation, the instance's end) is
+    /// not even sent before then: what it writes would outlive the lost success. Other
+    /// commits are sent at once, so that the next op's start and the flush of the last
+    /// success share the store's round trip; should the flush fail alone, that start has
+    /// landed, and counts as an attempt interrupted as any start whose body did not get
+    /// to finish. A carrying commit whose caller went away (an op that lost a `select!`)
+    /// is still followed to its end.
     ///
     /// # Cancel safety
-    /// Dropped while it waits for those commits, it has taken and sent nothing.
+    /// Dropped while it waits to be sent, it has taken and sent nothing.
     pub(crate) async fn commit_now(
         &self,
         mut writes: Vec<Write>,
     ) -> Result<InstanceStatus, cairn_store::Error> {
-        self.carried_through(self.deferred_so_far()).await?;
+        let made = self.deferred_so_far();
+        let effect = writes.iter().any(acts_outside);
+        if effect {
+            self.carried_through(made).await?;
+        }
         // From here on nothing awaits until the commit is queued.
         let (deferred, first) = self
             .deferred
@@ -630,7 +638,13 @@ impl Lifetime {
             carrier,
             ticket: Ticket::new(&self.flights),
         };
-        let committed = landing.land().await;
+        let mut committed = landing.land().await;
+        if committed.is_ok()
+            && !effect
+            && let Err(e) = self.carried_through(made).await
+        {
+            committed = Err(e);
+        }
         crate::telemetry::committed(start.elapsed());
         if committed.is_ok() {
             // (If the step's own outcome landed first, the store kept it and skipped the
@@ -923,6 +937,17 @@ impl Drop for Activity {
             }
             None => inner.active -= 1,
         }
+    }
+}
+
+/// Whether `write` acts beyond the instance's own records: a child it creates, or the
+/// instance's end (seen by clients and by a parent). Such a commit is sent only once what
+/// it may have been made from is durable.
+fn acts_outside(write: &Write) -> bool {
+    match write {
+        Write::Create(_) => true,
+        Write::Status(change) => change.status.is_terminal(),
+        _ => false,
     }
 }
 

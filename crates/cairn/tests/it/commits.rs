@@ -176,12 +176,11 @@ async fn r_a_rollback_right_after_a_step_gets_the_output_its_success_had_not_com
 }
 
 /// A step's success rides with the next commit; here that commit (step `b`'s start, made
-/// first of the two the pair starts) does not land. `c` was started with `a`'s output, so
-/// nothing of it may become durable, nor its body run: its start is sent only once the
-/// commit carrying `a`'s success is known to have landed. The run stops instead, and a
-/// new engine finishes the instance, running `a` again. At first `c`'s body ran while
-/// `a`'s success was nowhere; then its start landed all the same (only its answer waited),
-/// and the next run counted an attempt of `c` as interrupted that had never run.
+/// first of the two the pair starts) does not land, while the one after it (step `c`'s
+/// start) does and answers first. `c` was started with `a`'s output, so its body must not
+/// run: the commit of its start answers success only once the commit carrying `a`'s
+/// success is known to have landed. The run stops instead, and a new engine finishes the
+/// instance, running `a` again. Before, `c`'s body ran while `a`'s success was nowhere.
 #[tokio::test]
 async fn a7_no_body_runs_after_the_commit_carrying_an_earlier_success_failed_alone() {
     let (_dir, path) = temp_db();
@@ -255,19 +254,19 @@ async fn a7_no_body_runs_after_the_commit_carrying_an_earlier_success_failed_alo
     let after_it = gates.arm("commit");
     first_commit.release();
     carrying.arrived().await;
-    // Hear from the workflow: it has been polled since (`c`'s op with it).
+    after_it.arrived().await;
+    while !stored_steps(&*store).await.contains_key("c") {
+        tokio::task::yield_now().await;
+    }
+    // `c`'s start has landed: let its answer through, then hear from the workflow.
+    after_it.release();
     poke.send(()).unwrap();
     hear.await.unwrap();
-    assert!(
-        !after_it.has_arrived(),
-        "c's start was sent while the commit carrying a's success was on its way"
-    );
     assert_eq!(
         *started.lock().unwrap(),
         ["a"],
         "c's body started while the commit carrying a's success had not landed"
     );
-    after_it.release();
     carrying.release();
     first.shutdown().await;
     drop(instance);
