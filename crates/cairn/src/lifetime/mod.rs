@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use cairn_core::{
     EventType, InstanceId, InstanceStatus, LogEntry, LogKind, StepKey, StepKind, StepName,
-    StepRecord, Timestamp, WorkflowName,
+    StepRecord, StepState, Timestamp, WorkflowName,
 };
 use cairn_store::{Lease, Write};
 use tokio::sync::Notify;
@@ -74,8 +74,9 @@ pub(crate) struct Lifetime {
     /// as soon as the workflow is pending without one.
     deferred: Mutex<Deferred>,
     /// The commits that took deferred writes along and are not known to have landed (a
-    /// failed one stays): a commit is sent only once those carrying what was deferred
-    /// before it was made have landed (see [`Lifetime::commit_now`]).
+    /// failed one stays): a commit answers only once those carrying what was deferred
+    /// before it was made have landed, and is sent only then unless it merely starts an
+    /// attempt (see [`Lifetime::commit_now`]).
     carriers: Mutex<Vec<Arc<Carrier>>>,
     /// The instance has started children (`invoke`): when it ends, the unfinished ones are
     /// ended with it.
@@ -568,14 +569,16 @@ impl Lifetime {
     /// lifetime are queued in order, but an earlier one can fail alone (its group
     /// abandoned, its connection lost) while a later one lands. So a commit answers `Ok`
     /// only once the commits carrying what was deferred before it was made have landed
-    /// ([`Lifetime::carried`]): nothing goes on from a step whose success was lost. A
-    /// commit that acts outside the instance (a child's creation, the instance's end) is
-    /// not even sent before then: what it writes would outlive the lost success. Other
-    /// commits are sent at once, so that the next op's start and the flush of the last
-    /// success share the store's round trip; should the flush fail alone, that start has
-    /// landed, and counts as an attempt interrupted as any start whose body did not get
-    /// to finish. A carrying commit whose caller went away (an op that lost a `select!`)
-    /// is still followed to its end.
+    /// ([`Lifetime::carried`]): nothing goes on from a step whose success was lost. And a
+    /// commit is not even sent before then, unless it only starts an attempt: anything
+    /// else it writes (a child, the end, a sleep's wake-up time, a failed `invoke`, a
+    /// cancel, a pause) may have been made from the lost success and would outlive it. An
+    /// attempt's start is sent at once, so that the next op's start and the flush of the
+    /// last success share the store's round trip (a TypeScript workflow's next step
+    /// otherwise waits a commit for the flush made while its worker computed); should the
+    /// flush fail alone, the run stops there, and the start that landed is an attempt
+    /// interrupted as by a crash right after it (SPEC A.7). A carrying commit whose caller
+    /// went away (an op that lost a `select!`) is still followed to its end.
     ///
     /// # Cancel safety
     /// Dropped while it waits to be sent, it has taken and sent nothing.
@@ -584,11 +587,16 @@ impl Lifetime {
         mut writes: Vec<Write>,
     ) -> Result<InstanceStatus, cairn_store::Error> {
         let made = self.deferred_so_far();
-        let effect = writes.iter().any(acts_outside);
-        if effect {
+        let at_once = writes.iter().all(starts_an_attempt);
+        if !at_once {
             self.carried_through(made).await?;
         }
         // From here on nothing awaits until the commit is queued.
+        // Checked before the deferred writes are taken: refused here, they stay for the
+        // next commit (after a late renewal) instead of being lost with no carrier to say so.
+        if !self.holds_lease() {
+            return Err(cairn_store::Error::LeaseLost(self.lease.instance));
+        }
         let (deferred, first) = self
             .deferred
             .lock()
@@ -614,9 +622,6 @@ impl Lifetime {
             all.append(&mut writes);
             writes = all;
         }
-        if !self.holds_lease() {
-            return Err(cairn_store::Error::LeaseLost(self.lease.instance));
-        }
         let carrier = carries.then(|| {
             let carrier = Arc::new(Carrier {
                 first,
@@ -640,7 +645,7 @@ impl Lifetime {
         };
         let mut committed = landing.land().await;
         if committed.is_ok()
-            && !effect
+            && at_once
             && let Err(e) = self.carried_through(made).await
         {
             committed = Err(e);
@@ -940,13 +945,19 @@ impl Drop for Activity {
     }
 }
 
-/// Whether `write` acts beyond the instance's own records: a child it creates, or the
-/// instance's end (seen by clients and by a parent). Such a commit is sent only once what
-/// it may have been made from is durable.
-fn acts_outside(write: &Write) -> bool {
+/// Whether `write` is part of an attempt's start (a step's or a rollback handler's): a
+/// commit of nothing else is sent without waiting for the commits carrying earlier
+/// successes (see [`Lifetime::commit_now`]); its body runs only once they landed.
+fn starts_an_attempt(write: &Write) -> bool {
     match write {
-        Write::Create(_) => true,
-        Write::Status(change) => change.status.is_terminal(),
+        Write::Log(entry) => matches!(
+            entry.kind,
+            LogKind::StepStart
+                | LogKind::AttemptStart
+                | LogKind::RollbackStepStart
+                | LogKind::RollbackAttemptStart
+        ),
+        Write::Step(record) => record.state == StepState::Running && record.in_flight,
         _ => false,
     }
 }

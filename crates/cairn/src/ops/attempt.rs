@@ -567,6 +567,10 @@ impl Execution {
             ended_at: None,
             has_rollback: self.rollback.is_some(),
         };
+        // In progress from the moment its start is queued (in the commit's first poll): an
+        // op dropped while that start is on its way, or while its answer waits for earlier
+        // commits (`Lifetime::commit_now`), is recorded as cancelled, not left running.
+        self.set_running(Some(&record));
         state
             .commit(vec![
                 state.log(
@@ -648,9 +652,9 @@ impl Execution {
         // next op (a step's or a retry's start, a sleep, a wait, an invoke) commits it
         // with that op's start, before the op's body runs; code that returns commits it
         // with the instance's end; code that awaits anything else is pending, and the
-        // driver commits it then (`Next::Flush`). Until then it is an attempt whose
-        // outcome is not recorded: a crash runs it again, as it would have a moment
-        // earlier (SPEC A.7). One commit per sequential step instead of two.
+        // driver commits it then (its flush, `engine/driver.rs`). Until then it is an
+        // attempt whose outcome is not recorded: a crash runs it again, as it would have
+        // a moment earlier (SPEC A.7). One commit per sequential step instead of two.
         state.defer(writes);
         self.attempt_finish();
     }

@@ -108,7 +108,7 @@ pub(crate) async fn roll_back(
 /// lifetime's next commit, the one that ends the instance: recorded apart, a crash between
 /// the two made the next lifetime run the (finished) rollback again and log its end twice.
 /// The rollback's future returns in the same poll that defers it (keep it so: no await
-/// after this), so the driver's flush of deferred writes (`Next::Flush`, on a pending
+/// after this), so the driver's flush of deferred writes (`engine/driver.rs`, on a pending
 /// phase) cannot commit it apart from the end.
 fn finish(
     state: &Lifetime,

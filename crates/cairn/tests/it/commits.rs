@@ -381,6 +381,173 @@ async fn a7_a_child_made_from_an_output_is_created_only_once_the_commit_carrying
     engine.shutdown().await;
 }
 
+/// As for a child, so for anything else made from an output but an attempt's start: here
+/// a sleep whose length is `a`'s output in hours. The flush carrying `a`'s success is on
+/// its way when the sleep starts; its start (the wake-up time, kept by every replay) is
+/// sent only once that flush has landed. The flush fails: the next run runs `a` again,
+/// gets 2, and sleeps two hours. When only a child's creation and the end waited (5328b58),
+/// the sleep's start landed at once, and the replay kept one hour from an output no
+/// journal held.
+#[tokio::test]
+async fn a7_a_sleep_made_from_an_output_is_started_only_once_the_commit_carrying_it_landed() {
+    use super::support::{Gates, gated_builder_on, journal_of, named};
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (polled, has_polled) = tokio::sync::oneshot::channel::<()>();
+    let polled = Arc::new(Mutex::new(Some(polled)));
+    let workflow = named::<0, _, _>(move |_, step| {
+        let (runs, polled) = (Arc::clone(&runs), polled.lock().unwrap().take());
+        async move {
+            let a: u64 = step
+                .run("a", move |_| {
+                    let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    async move { Ok(n) }
+                })
+                .await?;
+            // Not an op: the driver flushes `a`'s success meanwhile.
+            tokio::task::yield_now().await;
+            let mut nap =
+                std::pin::pin!(step.sleep("nap", std::time::Duration::from_secs(3600 * a)));
+            // Polled once: its start is sent, or waits for the flush to land.
+            let _ = futures::poll!(nap.as_mut());
+            if let Some(polled) = polled {
+                let _ = polled.send(());
+            }
+            nap.await?;
+            Ok(json!(a))
+        }
+    });
+    let builder = gated_builder_on(Arc::clone(&store), gates.clone());
+    let (engine, _instance, start) =
+        started_with_its_first_commit_held(builder.register(workflow), &gates).await;
+    // `a`'s start goes through; the flush after it never lands.
+    let flush = gates.arm_failing("commit");
+    let next = gates.arm("commit");
+    start.release();
+    flush.arrived().await;
+    has_polled.await.unwrap();
+    assert!(
+        !next.has_arrived(),
+        "the sleep's start was sent while the commit carrying a's success was on its way"
+    );
+    next.release();
+    flush.release();
+    let nap = loop {
+        let journal = journal_of(&*store, "test", "x").await;
+        if let Some(nap) = journal.into_iter().find(|s| s.key.name == "nap") {
+            break nap;
+        }
+        tokio::task::yield_now().await;
+    };
+    let hours = (nap.wake_at.unwrap().as_millis() - nap.started_at.as_millis()) / 3_600_000;
+    assert_eq!(hours, 2, "the sleep was made from a's lost output: {nap:?}");
+    engine.shutdown().await;
+}
+
+/// The instance's end, made from an output whose flush is on its way, is sent only once
+/// that flush has landed. It fails: the next run runs `a` again, and the instance ends
+/// with the output `a` gives then, the one its journal holds.
+#[tokio::test]
+async fn a7_the_end_made_from_an_output_is_committed_only_once_the_commit_carrying_it_landed() {
+    use super::support::{Gates, gated_builder, named};
+    let (_dir, path) = temp_db();
+    let gates = Gates::default();
+    let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (returned, has_returned) = tokio::sync::oneshot::channel::<()>();
+    let returned = Arc::new(Mutex::new(Some(returned)));
+    let workflow = named::<0, _, _>(move |_, step| {
+        let (runs, returned) = (Arc::clone(&runs), returned.lock().unwrap().take());
+        async move {
+            let a: u64 = step
+                .run("a", move |_| {
+                    let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    async move { Ok(n) }
+                })
+                .await?;
+            // Not an op: the driver flushes `a`'s success meanwhile.
+            tokio::task::yield_now().await;
+            if let Some(returned) = returned {
+                let _ = returned.send(());
+            }
+            Ok(json!(a))
+        }
+    });
+    let builder = gated_builder(BACKEND, &path, gates.clone()).await;
+    let (engine, instance, start) =
+        started_with_its_first_commit_held(builder.register(workflow), &gates).await;
+    let flush = gates.arm_failing("commit");
+    let end = gates.arm("commit");
+    start.release();
+    flush.arrived().await;
+    // The workflow has returned, and the driver gone on as far as it could in the same
+    // poll (this test's runtime has one thread).
+    has_returned.await.unwrap();
+    tokio::task::yield_now().await;
+    assert!(
+        !end.has_arrived(),
+        "the instance's end was sent while the commit carrying a's success was on its way"
+    );
+    end.release();
+    flush.release();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!(2)), "{status:?}");
+    engine.shutdown().await;
+}
+
+/// An op the workflow drops while its start has landed and its answer waits for the
+/// commit carrying an earlier success is recorded as cancelled (the losing branch of a
+/// `select!`), as one dropped while its attempt ran. Before, it was left running in a
+/// finished instance: its record was marked in progress only once the answer came.
+#[tokio::test]
+async fn an_op_dropped_while_its_start_waits_for_an_earlier_commit_is_recorded_as_cancelled() {
+    use super::support::{Gates, gated_builder_on, journal_of, named};
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let (drop_it, dropped) = tokio::sync::oneshot::channel::<()>();
+    let dropped = Arc::new(Mutex::new(Some(dropped)));
+    let workflow = named::<0, _, _>(move |_, step| {
+        let dropped = dropped.lock().unwrap().take();
+        async move {
+            step.run("a", |_| async { Ok(1u64) }).await?;
+            // Not an op: the driver flushes `a`'s success meanwhile.
+            tokio::task::yield_now().await;
+            let Some(dropped) = dropped else {
+                return Ok(json!("again"));
+            };
+            tokio::select! {
+                biased;
+                _ = dropped => {}
+                x = step.run("x", |_| async { Ok(2u64) }) => { x?; }
+            }
+            Ok(json!("done"))
+        }
+    });
+    let builder = gated_builder_on(Arc::clone(&store), gates.clone());
+    let (engine, instance, start) =
+        started_with_its_first_commit_held(builder.register(workflow), &gates).await;
+    let flush = gates.arm("commit");
+    start.release();
+    flush.arrived().await;
+    // `x`'s start is sent at once and lands; its answer waits for the flush.
+    while !stored_steps(&*store).await.contains_key("x") {
+        tokio::task::yield_now().await;
+    }
+    drop_it.send(()).unwrap();
+    flush.release();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!("done")), "{status:?}");
+    let x = journal_of(&*store, "test", "x")
+        .await
+        .into_iter()
+        .find(|s| s.key.name == "x")
+        .unwrap();
+    assert_eq!(x.state, StepState::Cancelled, "{x:?}");
+    engine.shutdown().await;
+}
+
 /// The driver's flush carries `pay`'s success and is still on its way when the workflow
 /// fails right after: the rollback reads the journal (for the handlers' outputs) only
 /// once that commit has landed. Before, the flush was dropped with the workflow and the
