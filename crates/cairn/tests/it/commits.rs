@@ -320,6 +320,48 @@ async fn started_with_its_first_commit_held(
     (engine, instance, start)
 }
 
+/// Step `a`, whose output counts its runs (1, then 2 once a lost success runs it again),
+/// then an await that is not an op: the driver flushes `a`'s success meanwhile.
+async fn counted_then_flushed(
+    step: &WorkflowStep,
+    runs: &Arc<std::sync::atomic::AtomicU64>,
+) -> Result<u64, WorkflowError> {
+    let runs = Arc::clone(runs);
+    let a = step
+        .run("a", move |_| {
+            let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            async move { Ok(n) }
+        })
+        .await?;
+    tokio::task::yield_now().await;
+    Ok(a)
+}
+
+/// Lets the held first commit (`a`'s start) through, fails the next one (the driver's
+/// flush of `a`'s success), and once the workflow says it got as far as the commit under
+/// test (`reached`), asserts that this commit, `what`, was not sent while the flush was
+/// on its way. This test's runtime has one thread: the driver has gone on as far as it
+/// could in the poll that sent the signal.
+async fn sent_only_after_the_failing_flush(
+    gates: &super::support::Gates,
+    start: super::support::Gate,
+    reached: tokio::sync::oneshot::Receiver<()>,
+    what: &str,
+) {
+    let flush = gates.arm_failing("commit");
+    let next = gates.arm("commit");
+    start.release();
+    flush.arrived().await;
+    reached.await.unwrap();
+    tokio::task::yield_now().await;
+    assert!(
+        !next.has_arrived(),
+        "{what} was sent while the commit carrying a's success was on its way"
+    );
+    next.release();
+    flush.release();
+}
+
 /// The driver's flush carries `a`'s success (the workflow awaited something that is not
 /// an op) and is still on its way when the workflow invokes a child made from `a`'s output.
 /// The child's creation is sent only once that flush has landed. Here it never lands: the
@@ -337,14 +379,7 @@ async fn a7_a_child_made_from_an_output_is_created_only_once_the_commit_carrying
     let parent = named::<0, _, _>(move |_, step| {
         let (runs, polled) = (Arc::clone(&runs), polled.lock().unwrap().take());
         async move {
-            let a: u64 = step
-                .run("a", move |_| {
-                    let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                    async move { Ok(n) }
-                })
-                .await?;
-            // Not an op: the driver flushes `a`'s success meanwhile.
-            tokio::task::yield_now().await;
+            let a = counted_then_flushed(&step, &runs).await?;
             let mut child = std::pin::pin!(step.invoke::<FnWorkflow<1>>("child", json!({ "a": a })));
             // Polled once: its commit is sent, or waits for the flush to land.
             let _ = futures::poll!(child.as_mut());
@@ -360,18 +395,7 @@ async fn a7_a_child_made_from_an_output_is_created_only_once_the_commit_carrying
     let (engine, instance, start) =
         started_with_its_first_commit_held(builder.register(parent).register(child), &gates)
             .await;
-    // `a`'s start goes through; the flush after it never lands.
-    let flush = gates.arm_failing("commit");
-    let next = gates.arm("commit");
-    start.release();
-    flush.arrived().await;
-    has_polled.await.unwrap();
-    assert!(
-        !next.has_arrived(),
-        "the child's creation was sent while the commit carrying a's success was on its way"
-    );
-    next.release();
-    flush.release();
+    sent_only_after_the_failing_flush(&gates, start, has_polled, "the child's creation").await;
     let status = instance.wait().await.unwrap();
     assert_eq!(
         status.output,
@@ -400,14 +424,7 @@ async fn a7_a_sleep_made_from_an_output_is_started_only_once_the_commit_carrying
     let workflow = named::<0, _, _>(move |_, step| {
         let (runs, polled) = (Arc::clone(&runs), polled.lock().unwrap().take());
         async move {
-            let a: u64 = step
-                .run("a", move |_| {
-                    let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                    async move { Ok(n) }
-                })
-                .await?;
-            // Not an op: the driver flushes `a`'s success meanwhile.
-            tokio::task::yield_now().await;
+            let a = counted_then_flushed(&step, &runs).await?;
             let mut nap =
                 std::pin::pin!(step.sleep("nap", std::time::Duration::from_secs(3600 * a)));
             // Polled once: its start is sent, or waits for the flush to land.
@@ -422,18 +439,7 @@ async fn a7_a_sleep_made_from_an_output_is_started_only_once_the_commit_carrying
     let builder = gated_builder_on(Arc::clone(&store), gates.clone());
     let (engine, _instance, start) =
         started_with_its_first_commit_held(builder.register(workflow), &gates).await;
-    // `a`'s start goes through; the flush after it never lands.
-    let flush = gates.arm_failing("commit");
-    let next = gates.arm("commit");
-    start.release();
-    flush.arrived().await;
-    has_polled.await.unwrap();
-    assert!(
-        !next.has_arrived(),
-        "the sleep's start was sent while the commit carrying a's success was on its way"
-    );
-    next.release();
-    flush.release();
+    sent_only_after_the_failing_flush(&gates, start, has_polled, "the sleep's start").await;
     let nap = loop {
         let journal = journal_of(&*store, "test", "x").await;
         if let Some(nap) = journal.into_iter().find(|s| s.key.name == "nap") {
@@ -460,14 +466,7 @@ async fn a7_the_end_made_from_an_output_is_committed_only_once_the_commit_carryi
     let workflow = named::<0, _, _>(move |_, step| {
         let (runs, returned) = (Arc::clone(&runs), returned.lock().unwrap().take());
         async move {
-            let a: u64 = step
-                .run("a", move |_| {
-                    let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                    async move { Ok(n) }
-                })
-                .await?;
-            // Not an op: the driver flushes `a`'s success meanwhile.
-            tokio::task::yield_now().await;
+            let a = counted_then_flushed(&step, &runs).await?;
             if let Some(returned) = returned {
                 let _ = returned.send(());
             }
@@ -477,20 +476,7 @@ async fn a7_the_end_made_from_an_output_is_committed_only_once_the_commit_carryi
     let builder = gated_builder(BACKEND, &path, gates.clone()).await;
     let (engine, instance, start) =
         started_with_its_first_commit_held(builder.register(workflow), &gates).await;
-    let flush = gates.arm_failing("commit");
-    let end = gates.arm("commit");
-    start.release();
-    flush.arrived().await;
-    // The workflow has returned, and the driver gone on as far as it could in the same
-    // poll (this test's runtime has one thread).
-    has_returned.await.unwrap();
-    tokio::task::yield_now().await;
-    assert!(
-        !end.has_arrived(),
-        "the instance's end was sent while the commit carrying a's success was on its way"
-    );
-    end.release();
-    flush.release();
+    sent_only_after_the_failing_flush(&gates, start, has_returned, "the instance's end").await;
     let status = instance.wait().await.unwrap();
     assert_eq!(status.output, Some(json!(2)), "{status:?}");
     engine.shutdown().await;
