@@ -364,8 +364,11 @@ impl Execution {
     {
         let key = key.clone();
         let state = &*self.state;
-        // In progress from here on: dropped by the workflow, it is cancelled.
-        self.set_running(Some(&record));
+        // In progress from here on: dropped by the workflow, it is cancelled. (A record
+        // just started is in progress already, since its start was queued.)
+        if loaded {
+            self.set_running(Some(&record));
+        }
 
         if loaded && record.in_flight {
             // The lifetime that ran this attempt died before recording its outcome: the
