@@ -36,6 +36,7 @@ mod faults;
 mod introspect;
 mod ledger;
 mod simulate;
+mod template;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -211,6 +212,10 @@ async fn open(
     hooks: &Arc<Hooks>,
     register: &Register,
 ) -> Result<Engine, Error> {
+    let new = path.to_path_buf();
+    tokio::task::spawn_blocking(move || template::create(&new))
+        .await
+        .map_err(|e| Error::config(format!("create the test database: {e}")))?;
     let builder = Engine::builder()
         .sqlite(path)
         .sqlite_options(

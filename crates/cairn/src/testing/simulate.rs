@@ -624,12 +624,22 @@ impl Simulation {
         }
 
         let actions = seed.is_some()
-            && (self.faults.clock_jumps || self.faults.duplicate_events || self.faults.pauses);
+            && (self.faults.clock_jumps
+                || (self.faults.duplicate_events && !self.events.is_empty())
+                || self.faults.pauses);
         let stuck = clock.sleep(STUCK_AFTER);
         let mut stuck = std::pin::pin!(stuck);
         let mut resume_at: Option<Timestamp> = None;
         let status = loop {
             let instance = run.instance(&self.workflow).await?;
+            // Once the budget is spent no action is taken: waking up for one anyway would
+            // turn a day's wait into thousands of idle turns (each reading the instance).
+            let acting = actions
+                && plan
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .budget
+                    > 0;
             let next_action = clock.sleep(Duration::from_millis(1 + rng.below(30_000)));
             let resume: futures::future::BoxFuture<'static, ()> = match resume_at {
                 Some(at) => clock.sleep_until(at),
@@ -651,7 +661,7 @@ impl Simulation {
                         resume_at = None;
                     }
                 }
-                () = next_action, if actions => {
+                () = next_action, if acting => {
                     self.act(&mut rng, &plan, &clock, &instance, &mut resume_at).await;
                 }
                 () = &mut stuck => {
@@ -845,6 +855,7 @@ impl Opener {
     ) -> Result<(Engine, Arc<FaultStore>, Arc<cairn_sqlite::SqliteStore>), TestError> {
         let path = self.path.clone();
         let inner = tokio::task::spawn_blocking(move || {
+            super::template::create(&path);
             cairn_sqlite::SqliteStore::open(
                 &path,
                 cairn_sqlite::Options::default().durability(cairn_sqlite::Durability::Normal),

@@ -321,7 +321,9 @@ async fn started_with_its_first_commit_held(
 }
 
 /// Step `a`, whose output counts its runs (1, then 2 once a lost success runs it again),
-/// then an await that is not an op: the driver flushes `a`'s success meanwhile.
+/// then an await that is not an op: the driver flushes `a`'s success meanwhile. The lost
+/// success leaves `a`'s first attempt interrupted, retried at once (the default back-off
+/// would make the test wait 10 s of wall time for the second).
 async fn counted_then_flushed(
     step: &WorkflowStep,
     runs: &Arc<std::sync::atomic::AtomicU64>,
@@ -332,6 +334,7 @@ async fn counted_then_flushed(
             let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
             async move { Ok(n) }
         })
+        .retries(cairn::Retries::constant(3, std::time::Duration::ZERO))
         .await?;
     tokio::task::yield_now().await;
     Ok(a)
