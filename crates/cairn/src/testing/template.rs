@@ -39,3 +39,32 @@ fn migrated() -> Option<Vec<u8>> {
     copied.ok()?;
     std::fs::read(&copy).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The template is made (a failure would only slow every test down, unnoticed) and a
+    /// new database is the schema this build writes: a store opens it without migrating
+    /// (`check_only` refuses any other schema version). A file already there is kept.
+    #[test]
+    fn a_new_test_database_has_this_builds_schema_without_a_migration() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cairn.db");
+        create(&path);
+        assert!(
+            TEMPLATE.get().is_some_and(Option::is_some),
+            "no template was made: every test migrates its own database"
+        );
+        let mut options = cairn_sqlite::Options::default();
+        options.check_only = true;
+        let store = cairn_sqlite::SqliteStore::open(&path, options)
+            .unwrap_or_else(|e| panic!("the copy is not this build's schema: {e}"));
+        drop(store);
+
+        let kept = dir.path().join("kept.db");
+        std::fs::write(&kept, b"not replaced").unwrap();
+        create(&kept);
+        assert_eq!(std::fs::read(&kept).unwrap(), b"not replaced");
+    }
+}
