@@ -3,4 +3,4 @@
 # Set for rustdoc alone, not for cargo: build scripts that look at RUSTC_BOOTSTRAP
 # (proc-macro2's) would otherwise build differently, and with them nearly every dependency
 # again, apart from the builds `cargo doc` and the tests already made.
-RUSTC_BOOTSTRAP=1 exec "${CAIRN_RUSTDOC:-rustdoc}" "$@"
+RUSTC_BOOTSTRAP=1 exec rustdoc "$@"
