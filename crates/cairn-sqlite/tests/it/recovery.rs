@@ -267,6 +267,12 @@ async fn opening_after_a_crash_logs_what_is_recovered() {
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
+    // Another test's thread (no subscriber of its own) may be the first to reach the
+    // recovery log's callsite while this one captures. With a single registered
+    // dispatcher, tracing caches the interest from that thread's default, "never", for
+    // good (one run in four on one core). A second live dispatcher, registered first,
+    // makes the interest the union of all of them, decided per thread at each event.
+    let _union = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
     let reopened = tracing::subscriber::with_default(subscriber, || {
         SqliteStore::open(&db, Options::default()).unwrap()
     });

@@ -86,13 +86,14 @@ where
 async fn spans_of_an_instance_that_retries_hibernates_and_completes_report_each_attempt_once() {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
-    // This test's thread only: the engine's tasks run on it (current-thread runtime).
-    let _guard = tracing::subscriber::set_default(subscriber);
     // With a single registered dispatcher, tracing caches a callsite's interest from the
     // default of whichever thread hits it first: another test's thread (no subscriber)
-    // would switch this test's spans off for good. A second live dispatcher makes the
-    // interest the union of all of them, decided per thread when the span is created.
+    // would switch this test's spans off for good. A second live dispatcher, registered
+    // before this test's own, makes the interest the union of all of them, decided per
+    // thread when the span is created.
     let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+    // This test's thread only: the engine's tasks run on it (current-thread runtime).
+    let _guard = tracing::subscriber::set_default(subscriber);
 
     let (engine, _dir) = engine(|b| {
         b.register(super::support::wf(|_, step| async move {
@@ -213,9 +214,9 @@ async fn spans_of_an_instance_that_retries_hibernates_and_completes_report_each_
 async fn spans_of_an_event_wait_a_failing_step_and_its_rollback() {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
     // See the first test: keeps callsite interest per thread.
     let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+    let _guard = tracing::subscriber::set_default(subscriber);
 
     let (engine, _dir) = engine(|b| {
         b.register(super::support::wf(|_, step| async move {
