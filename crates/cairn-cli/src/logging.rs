@@ -78,9 +78,53 @@ pub(crate) fn install(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<
 #[cfg(feature = "otel")]
 mod otel {
     use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_otlp::WithExportConfig as _;
+    use std::time::Duration;
+
+    use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+    use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
     use opentelemetry_sdk::trace::SdkTracerProvider;
     use tracing_subscriber::{Layer, Registry};
+
+    /// The exporter's HTTP client: a blocking ureq agent, called from the batch
+    /// processor's own thread (as the exporter's blocking reqwest client was).
+    #[derive(Debug)]
+    struct Http(ureq::Agent);
+
+    /// A response body the collector sends back: a status, at most, for a batch.
+    const RESPONSE_LIMIT: u64 = 4 * 1024 * 1024;
+
+    impl Http {
+        /// Every request, the response's body included, ends within the exporter's
+        /// timeout: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` or `OTEL_EXPORTER_OTLP_TIMEOUT`
+        /// (milliseconds), else 10 s, as the exporter's own clients are configured.
+        fn new() -> Self {
+            let timeout = [
+                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ]
+            .iter()
+            .find_map(|var| std::env::var(var).ok()?.trim().parse::<u64>().ok())
+            .map_or(Duration::from_secs(10), Duration::from_millis);
+            let agent = ureq::Agent::config_builder()
+                .timeout_global(Some(timeout))
+                // The exporter reads the status itself (a 4xx is not retried, a 5xx is).
+                .http_status_as_error(false)
+                .build()
+                .new_agent();
+            Self(agent)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl HttpClient for Http {
+        async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+            let (parts, body) = request.into_parts();
+            let response = self.0.run(Request::from_parts(parts, &body[..]))?;
+            let (parts, mut body) = response.into_parts();
+            let body = body.with_config().limit(RESPONSE_LIMIT).read_to_vec()?;
+            Ok(Response::from_parts(parts, body.into()))
+        }
+    }
 
     /// The tracer provider; shut down (flushing its batch) when dropped.
     pub(crate) struct Exporter(SdkTracerProvider);
@@ -115,6 +159,7 @@ mod otel {
         };
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
+            .with_http_client(Http::new())
             .with_endpoint(url)
             .build()
             .map_err(|e| format!("build the OTLP exporter for {endpoint}: {e}"))?;
@@ -133,8 +178,8 @@ mod otel {
                 "opentelemetry",
                 tracing_subscriber::filter::LevelFilter::OFF,
             )
-            .with_target("reqwest", tracing_subscriber::filter::LevelFilter::OFF)
-            .with_target("hyper", tracing_subscriber::filter::LevelFilter::OFF);
+            .with_target("ureq", tracing_subscriber::filter::LevelFilter::OFF)
+            .with_target("ureq_proto", tracing_subscriber::filter::LevelFilter::OFF);
         Ok((
             Box::new(
                 tracing_opentelemetry::layer()
