@@ -202,14 +202,11 @@ impl std::io::Write for Captured {
     }
 }
 
-/// Opening a database a dead engine held logs what it recovers: the instances it ran and
-/// the attempts it left unrecorded (to be recorded as interrupted and retried).
-#[tokio::test]
-async fn opening_after_a_crash_logs_what_is_recovered() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("cairn.db");
+/// Leaves at `db` what an engine that died leaves: two instances claimed, one of them with
+/// an attempt in flight.
+async fn left_by_a_dead_engine(db: &std::path::Path) {
+    let store = SqliteStore::open(db, Options::default()).unwrap();
     let w = WorkflowName::new("w").unwrap();
-    let store = SqliteStore::open(&db, Options::default()).unwrap();
     for id in ["a", "b"] {
         store
             .create(vec![NewInstance {
@@ -261,21 +258,38 @@ async fn opening_after_a_crash_logs_what_is_recovered() {
         .unwrap();
     store.close().await;
     drop(store);
+}
+
+/// Opening a database a dead engine held logs what it recovers: the instances it ran and
+/// the attempts it left unrecorded (to be recorded as interrupted and retried). The log is
+/// captured even when another thread, with no subscriber, reaches its callsite first (as
+/// another test in this binary may): that switched the log off for good once, on CI.
+#[tokio::test]
+async fn opening_after_a_crash_logs_what_is_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let elsewhere = dir.path().join("elsewhere.db");
+    left_by_a_dead_engine(&db).await;
+    left_by_a_dead_engine(&elsewhere).await;
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
-    // Another test's thread (no subscriber of its own) may be the first to reach the
-    // recovery log's callsite while this one captures. With a single registered
-    // dispatcher, tracing caches the interest from that thread's default, "never", for
-    // good (one run in four on one core). A second live dispatcher, registered first,
-    // makes the interest the union of all of them, decided per thread at each event.
+    // With a single registered dispatcher, tracing caches a callsite's interest from the
+    // default of the first thread to reach it: here the thread below, with none ("never",
+    // for good; one run in four on one core when it was another test's). A second live
+    // dispatcher, registered first, makes the interest the union of all of them, decided
+    // per thread at each event.
     let _union = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
-    let reopened = tracing::subscriber::with_default(subscriber, || {
-        SqliteStore::open(&db, Options::default()).unwrap()
-    });
+    let guard = tracing::subscriber::set_default(subscriber);
+    let other = std::thread::spawn(move || SqliteStore::open(&elsewhere, Options::default()))
+        .join()
+        .unwrap()
+        .unwrap();
+    let reopened = SqliteStore::open(&db, Options::default()).unwrap();
+    drop(guard);
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(
         text.contains("recovered the instances a previous engine was running")
@@ -283,6 +297,9 @@ async fn opening_after_a_crash_logs_what_is_recovered() {
             && text.contains("interrupted_attempts=1"),
         "{text}"
     );
+    // Only this thread's open was captured.
+    assert_eq!(text.matches("recovered the instances").count(), 1, "{text}");
+    other.close().await;
     reopened.close().await;
 }
 
