@@ -16,7 +16,14 @@ use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 use crate::held::{Held, Statements, Writer};
 use crate::worker::map_sqlite;
 
-pub(crate) const INSTANCE_COLUMNS: &str = "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked, version";
+/// The columns [`instance`] maps, as a literal for `concat!`.
+macro_rules! instance_columns {
+    () => {
+        "iid, workflow, id, status, params, created_at, started_at, ended_at, output, error_name, error_message, ready_at, rollback_trigger, rollback_outcome, parent_iid, parent, priority, ckey, parked, version"
+    };
+}
+
+pub(crate) const INSTANCE_COLUMNS: &str = instance_columns!();
 
 /// [`INSTANCE_COLUMNS`] for a listing: every column but the params (up to a megabyte each),
 /// which a listing never shows (`"null"` in their place, see `Store::list`).
@@ -239,17 +246,29 @@ pub(crate) fn claim(
     let iids = go;
     let until = now.saturating_add(ttl).as_millis();
     let mut claimed = Vec::with_capacity(iids.len());
-    let mut st = conn
-        .prepare_cached(&format!(
+    // An UPDATE, then the row read by its id: SQLite runs a `RETURNING` through a temporary
+    // table of its own, which costs more than the second lookup of a row the UPDATE has
+    // just brought into the page cache.
+    let mut lease = conn
+        .prepare_cached(
             "UPDATE instances SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_until = ?2,
                  ready_at = NULL, parked = 0
-             WHERE iid = ?3
-             RETURNING lease_epoch, {INSTANCE_COLUMNS}"
+             WHERE iid = ?3",
+        )
+        .map_err(map_sqlite)?;
+    let mut read = conn
+        .prepare_cached(concat!(
+            "SELECT lease_epoch, ",
+            instance_columns!(),
+            " FROM instances WHERE iid = ?1"
         ))
         .map_err(map_sqlite)?;
     for iid in iids {
-        let (epoch, record) = st
-            .query_row(params![owner, until, iid], |row| {
+        lease
+            .execute(params![owner, until, iid])
+            .map_err(map_sqlite)?;
+        let (epoch, record) = read
+            .query_row([iid], |row| {
                 let epoch: i64 = row.get(0)?;
                 Ok((epoch, instance_at(row, 1)?))
             })
@@ -531,7 +550,7 @@ fn hibernate(
     }
     // A pending pause wins: the instance is paused, not waiting, and not claimable. One
     // that never started (let go before it could: no worker of its version) stays queued.
-    let after = conn
+    let changed = conn
         .prepare_cached(
             "UPDATE OR FAIL instances SET
              status = CASE WHEN status = 6 THEN 2 WHEN status = 0 THEN 0 ELSE 7 END,
@@ -539,19 +558,25 @@ fn hibernate(
              ready_at = CASE WHEN status = 6 THEN NULL
                              WHEN ?2 = -9223372036854775808 THEN created_at ELSE ?2 END,
              lease_owner = NULL, lease_until = NULL
-         WHERE iid = ?1
-         RETURNING status = 2, ckey IS NOT NULL",
+         WHERE iid = ?1",
         )
+        .and_then(|mut st| st.execute(params![instance.0, ready]))
+        .map_err(map_sqlite)?;
+    if changed == 0 {
+        return Ok(());
+    }
+    // Read back rather than `RETURNING` (see `claim`).
+    let after = conn
+        .prepare_cached("SELECT status = 2, ckey IS NOT NULL FROM instances WHERE iid = ?1")
         .and_then(|mut st| {
-            st.query_row(params![instance.0, ready], |r| {
+            st.query_row([instance.0], |r| {
                 Ok((r.get::<_, bool>(0)?, r.get::<_, bool>(1)?))
             })
-            .optional()
         })
         .map_err(map_sqlite)?;
     match after {
-        Some((true, true)) => crate::slots::give_back(conn, instance),
-        Some((false, true)) => crate::slots::give_back_to_wait(conn, instance),
+        (true, true) => crate::slots::give_back(conn, instance),
+        (false, true) => crate::slots::give_back_to_wait(conn, instance),
         _ => Ok(()),
     }
 }
@@ -829,7 +854,7 @@ pub(crate) fn append_log(conn: &Connection, instance: InstanceRef, e: &LogEntry)
 /// writing is undone whole, by its savepoint or with its group (`worker`). Migration 16
 /// made the triggers mean the same under `OR FAIL`.
 fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> Result<()> {
-    let related = conn
+    let changed = conn
         .prepare_cached(
             "UPDATE OR FAIL instances SET
              status = CASE WHEN status = 6 AND ?2 IN (1, 7) THEN status ELSE ?2 END,
@@ -846,37 +871,44 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
              purge_at = CASE WHEN ?2 = 5 THEN COALESCE(?4, ended_at) + retain_success_ms
                              WHEN ?2 IN (3, 4) THEN COALESCE(?4, ended_at) + retain_error_ms
                              ELSE purge_at END
-         WHERE iid = ?1
-         RETURNING parent_iid IS NOT NULL, ckey IS NOT NULL",
+         WHERE iid = ?1",
         )
         .and_then(|mut st| {
-            st.query_row(
-                params![
-                    instance.0,
-                    c.status.code(),
-                    c.started_at.map(Timestamp::as_millis),
-                    c.ended_at.map(Timestamp::as_millis),
-                    c.output,
-                    c.error.as_ref().map(|e| e.name.as_str()),
-                    c.error.as_ref().map(|e| e.message.as_str()),
-                    c.ready_at.map(Timestamp::as_millis),
-                    c.release,
-                    c.rollback_outcome.as_ref().map(to_json).transpose()?,
-                ],
-                |r| Ok((r.get::<_, bool>(0)?, r.get::<_, bool>(1)?)),
-            )
-            .optional()
+            st.execute(params![
+                instance.0,
+                c.status.code(),
+                c.started_at.map(Timestamp::as_millis),
+                c.ended_at.map(Timestamp::as_millis),
+                c.output,
+                c.error.as_ref().map(|e| e.name.as_str()),
+                c.error.as_ref().map(|e| e.message.as_str()),
+                c.ready_at.map(Timestamp::as_millis),
+                c.release,
+                c.rollback_outcome.as_ref().map(to_json).transpose()?,
+            ])
         })
         .map_err(map_sqlite)?;
-    // Only a child has a parent to wake, only a keyed instance a slot to give back: the
-    // others (most ends) pay no statement for either.
-    if let (true, Some((child, keyed))) = (c.status.is_terminal(), related) {
-        if child {
-            wake_parent(conn, instance)?;
-        }
-        if keyed {
-            crate::slots::give_back(conn, instance)?;
-        }
+    // Only an end can have a parent to wake or a slot to give back, and only a child or a
+    // keyed instance has either: the other changes pay no second statement, and an end
+    // only a lookup of the row just written (cheaper than a `RETURNING`, see `claim`).
+    if !c.status.is_terminal() || changed == 0 {
+        return Ok(());
+    }
+    let (child, keyed) = conn
+        .prepare_cached(
+            "SELECT parent_iid IS NOT NULL, ckey IS NOT NULL FROM instances WHERE iid = ?1",
+        )
+        .and_then(|mut st| {
+            st.query_row([instance.0], |r| {
+                Ok((r.get::<_, bool>(0)?, r.get::<_, bool>(1)?))
+            })
+        })
+        .map_err(map_sqlite)?;
+    if child {
+        wake_parent(conn, instance)?;
+    }
+    if keyed {
+        crate::slots::give_back(conn, instance)?;
     }
     Ok(())
 }
