@@ -410,20 +410,22 @@ impl SqliteStore {
         f: impl FnOnce(&Writer<'_>) -> Result<R> + Send + 'static,
         fenced: bool,
     ) -> StoreFuture<'_, R> {
+        let answer = self.send_write(f, fenced);
+        Box::pin(answer.get())
+    }
+
+    /// Queues `f` for the writer's next group commit; its answer, to await.
+    fn send_write<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Writer<'_>) -> Result<R> + Send + 'static,
+        fenced: bool,
+    ) -> WriteAnswer<R> {
         let (tx, rx) = oneshot::channel::<Result<R>>();
         let job = WriteJob {
-            work: Box::new(move |conn| {
-                let result = f(conn);
-                let kept = match &result {
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(e.to_string()),
-                };
-                (
-                    kept,
-                    Box::new(move |commit: Result<()>| {
-                        let _ = tx.send(commit.and(result));
-                    }),
-                )
+            work: Box::new(Job {
+                f: Some(f),
+                result: None,
+                tx,
             }),
             fenced,
         };
@@ -433,13 +435,7 @@ impl SqliteStore {
             .ok()
             .and_then(|w| w.as_ref().map(|w| w.send(job).is_ok()))
             .unwrap_or(false);
-        Box::pin(async move {
-            if !sent {
-                return Err(Error::Unavailable("the store is closed".into()));
-            }
-            rx.await
-                .map_err(|_| Error::Unavailable("the sqlite writer dropped the request".into()))?
-        })
+        WriteAnswer { sent, rx }
     }
 
     fn read<R: Send + 'static>(
@@ -456,6 +452,56 @@ impl SqliteStore {
             rx.await
                 .map_err(|_| Error::Unavailable("the sqlite reader dropped the request".into()))?
         })
+    }
+}
+
+/// A write job: its work until it runs, then its result until the commit's outcome is known.
+struct Job<F, R> {
+    f: Option<F>,
+    result: Option<Result<R>>,
+    tx: oneshot::Sender<Result<R>>,
+}
+
+impl<F, R> crate::worker::Work for Job<F, R>
+where
+    F: FnOnce(&Writer<'_>) -> Result<R> + Send,
+    R: Send,
+{
+    fn run(&mut self, conn: &Writer<'_>) -> std::result::Result<(), String> {
+        let result = match self.f.take() {
+            Some(f) => f(conn),
+            None => Err(Error::Unavailable("a write job was run twice".into())),
+        };
+        let kept = match &result {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        };
+        self.result = Some(result);
+        kept
+    }
+
+    fn complete(self: Box<Self>, commit: Result<()>) {
+        let Job { result, tx, .. } = *self;
+        let result =
+            result.unwrap_or_else(|| Err(Error::Unavailable("a write job never ran".into())));
+        let _ = tx.send(commit.and(result));
+    }
+}
+
+/// The answer to a queued write job.
+struct WriteAnswer<R> {
+    sent: bool,
+    rx: oneshot::Receiver<Result<R>>,
+}
+
+impl<R> WriteAnswer<R> {
+    async fn get(self) -> Result<R> {
+        if !self.sent {
+            return Err(Error::Unavailable("the store is closed".into()));
+        }
+        self.rx
+            .await
+            .map_err(|_| Error::Unavailable("the sqlite writer dropped the request".into()))?
     }
 }
 
@@ -702,19 +748,23 @@ impl Store for SqliteStore {
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
         // The lease check is the fence: after it, only a store failure can stop the writes.
-        let committed = self.write_fenced(move |conn| {
-            let before = rows::leased_status(conn, lease)?;
-            rows::apply_all(conn, lease.instance, &writes)?;
-            let status = if same {
-                before
-            } else {
-                rows::status_of(conn, lease.instance)?
-            };
-            // Handed back, to be freed by the committing task: the one writer thread is
-            // the serial part, and freeing what other threads allocated cost it ~6 %.
-            Ok((status, writes))
-        });
-        Box::pin(async move { committed.await.map(|(status, _written)| status) })
+        let committed = self.send_write(
+            move |conn| {
+                let before = rows::leased_status(conn, lease)?;
+                rows::apply_all(conn, lease.instance, &writes)?;
+                let status = if same {
+                    before
+                } else {
+                    rows::status_of(conn, lease.instance)?
+                };
+                // Handed back, to be freed by the committing task: the one writer thread is
+                // the serial part, and freeing what other threads allocated cost it ~6 %.
+                Ok((status, writes))
+            },
+            true,
+        );
+        // One box for the caller's future, not one around another.
+        Box::pin(async move { committed.get().await.map(|(status, _written)| status) })
     }
 
     fn control(

@@ -26,16 +26,19 @@ use rusqlite::Connection;
 use crate::held::Writer;
 use crate::history::{ConfigIds, LogIds};
 
-/// Called once with the outcome of the commit its job was part of.
-pub(crate) type Completion = Box<dyn FnOnce(Result<()>) + Send>;
-/// A write job's work: runs inside the group transaction; `Ok` keeps its writes, `Err`
-/// says why it failed.
-pub(crate) type Work =
-    Box<dyn FnOnce(&Writer<'_>) -> (std::result::Result<(), String>, Completion) + Send>;
+/// A write job's work. One allocation per job, made by the caller: the writer thread, the
+/// serial part, allocates nothing of its own to run a job and answer it.
+pub(crate) trait Work: Send {
+    /// Runs inside the group transaction; `Ok` keeps its writes, `Err` says why it failed.
+    fn run(&mut self, conn: &Writer<'_>) -> std::result::Result<(), String>;
+    /// Called once, after [`Work::run`], with the outcome of the commit the job was part
+    /// of. A job dropped unrun is never called: dropping it tells its caller it failed.
+    fn complete(self: Box<Self>, commit: Result<()>);
+}
 
 /// A write job.
 pub(crate) struct WriteJob {
-    pub(crate) work: Work,
+    pub(crate) work: Box<dyn Work>,
     /// It fails only before its first write (see the module's doc): no savepoint.
     pub(crate) fenced: bool,
 }
@@ -138,7 +141,7 @@ fn writer_loop(conn: &Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
 
 /// Runs `jobs` in one transaction; whether it committed.
 fn run_group(conn: &Writer<'_>, jobs: impl Iterator<Item = WriteJob>) -> bool {
-    let mut completions: Vec<Completion> = Vec::new();
+    let mut completions: Vec<Box<dyn Work>> = Vec::new();
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         // Run nothing. Dropping a job drops its reply channel, which its caller sees as
         // `Error::Unavailable`.
@@ -162,8 +165,9 @@ fn run_group(conn: &Writer<'_>, jobs: impl Iterator<Item = WriteJob>) -> bool {
             break;
         }
         let before = conn.total_changes();
-        let (kept, completion) = (job.work)(conn);
-        completions.push(completion);
+        let mut work = job.work;
+        let kept = work.run(conn);
+        completions.push(work);
         if conn.is_autocommit() {
             broken = Some("sqlite rolled back the group's transaction".into());
             break;
@@ -218,8 +222,8 @@ fn run_group(conn: &Writer<'_>, jobs: impl Iterator<Item = WriteJob>) -> bool {
     };
     LogIds::ended();
     let committed = outcome.is_ok();
-    for completion in completions {
-        completion(outcome.clone());
+    for work in completions {
+        work.complete(outcome.clone());
     }
     committed
 }
@@ -294,6 +298,36 @@ mod tests {
 
     type Outcomes = Arc<Mutex<Vec<(&'static str, Result<()>)>>>;
 
+    /// What a test job answers with, once its group's outcome is known.
+    type Completion = Box<dyn FnOnce(Result<()>) + Send>;
+
+    /// A test job from a closure returning whether it keeps its writes and what it answers.
+    struct Closure<F>(Option<F>, Option<Completion>);
+
+    impl<F> Work for Closure<F>
+    where
+        F: FnOnce(&Writer<'_>) -> (std::result::Result<(), String>, Completion) + Send,
+    {
+        fn run(&mut self, conn: &Writer<'_>) -> std::result::Result<(), String> {
+            let (kept, completion) = (self.0.take().expect("a job runs once"))(conn);
+            self.1 = Some(completion);
+            kept
+        }
+
+        fn complete(self: Box<Self>, commit: Result<()>) {
+            if let Some(completion) = self.1 {
+                completion(commit);
+            }
+        }
+    }
+
+    fn work<F>(f: F) -> Box<dyn Work>
+    where
+        F: FnOnce(&Writer<'_>) -> (std::result::Result<(), String>, Completion) + Send + 'static,
+    {
+        Box::new(Closure(Some(f), None))
+    }
+
     fn job(
         name: &'static str,
         sql: &'static str,
@@ -312,7 +346,7 @@ mod tests {
     ) -> WriteJob {
         let outcomes = Arc::clone(outcomes);
         WriteJob {
-            work: Box::new(move |conn| {
+            work: work(move |conn| {
                 if let Some(ran) = ran {
                     ran.store(true, Ordering::SeqCst);
                 }
@@ -488,7 +522,7 @@ mod tests {
         )
         .unwrap();
         let using = |config: &'static str, fenced: bool, fail: bool| WriteJob {
-            work: Box::new(move |conn| {
+            work: work(move |conn| {
                 let kept = crate::history::config_id(conn, config)
                     .map_err(|e| e.to_string())
                     .and_then(|id| {
@@ -502,7 +536,7 @@ mod tests {
                             Ok(())
                         }
                     });
-                (kept, Box::new(|_| {}))
+                (kept, Box::new(|_: Result<()>| {}))
             }),
             fenced,
         };
@@ -562,7 +596,7 @@ mod tests {
         conn.execute_batch("CREATE TABLE t (x INTEGER)").unwrap();
         let writer = Writer::new(&conn);
         let insert = |x: i64, fenced: bool, fail: bool| WriteJob {
-            work: Box::new(move |conn| {
+            work: work(move |conn| {
                 let kept = conn
                     .with_held(Held::LogRow, "INSERT INTO t (x) VALUES (?1)", |st| {
                         st.execute([x])
@@ -575,7 +609,7 @@ mod tests {
                     })
                     .map_err(|e| e.to_string())
                     .and_then(|_| if fail { Err("fails".into()) } else { Ok(()) });
-                (kept, Box::new(|_| {}))
+                (kept, Box::new(|_: Result<()>| {}))
             }),
             fenced,
         };
