@@ -42,7 +42,18 @@ pub(crate) struct Pending {
 impl Pending {
     /// Appends records of an instance, two to a row where they allow it.
     pub(crate) fn append(&mut self, instance: InstanceRef, records: &[&LogEntry]) -> Result<()> {
-        for row in packing::pack(records)? {
+        self.append_with(instance, records, &[])
+    }
+
+    /// [`Pending::append`] for records committed with step rows (see
+    /// [`packing::pack_with`]).
+    pub(crate) fn append_with(
+        &mut self,
+        instance: InstanceRef,
+        records: &[&LogEntry],
+        steps: &[&cairn_core::StepRecord],
+    ) -> Result<()> {
+        for row in packing::pack_with(records, steps)? {
             let first = row.first;
             self.rows.push(Owned {
                 iid: instance.0,

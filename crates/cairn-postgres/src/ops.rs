@@ -136,19 +136,27 @@ pub(crate) async fn commit(
     // the writes below change it, and each that does returns it.
     let mut now = check_lease(tx, lease).await?;
     let instance = lease.instance;
+    // A `STEP_START` may leave its configuration to its step's row in the same commit.
+    let steps: Vec<&cairn_core::StepRecord> = writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::Step(step) => Some(step),
+            _ => None,
+        })
+        .collect();
     let mut records: Vec<&LogEntry> = Vec::new();
     for write in writes {
         if let Write::Log(entry) = write {
             records.push(entry);
             continue;
         }
-        b.log.append(instance, &records)?;
+        b.log.append_with(instance, &records, &steps)?;
         records.clear();
         if let Some(status) = apply(tx, b, instance, write).await? {
             now = status;
         }
     }
-    b.log.append(instance, &records)?;
+    b.log.append_with(instance, &records, &steps)?;
     b.changed(instance, ChangeKind::Written);
     // A hibernation or a release makes the instance claimable (maybe by another engine).
     b.claimable |= writes.iter().any(|w| {

@@ -202,7 +202,15 @@ pub(crate) fn append(
 /// this on its own thread, so the one writer thread only inserts. The rows' ids are the
 /// insert's (`next_log_id!`): 0 until then.
 pub(crate) fn encode(records: &[&LogEntry]) -> Result<Vec<StoredRow>> {
-    Ok(packing::pack(records)?
+    encode_with(records, &[])
+}
+
+/// [`encode`] for records committed with step rows (see [`packing::pack_with`]).
+pub(crate) fn encode_with(
+    records: &[&LogEntry],
+    steps: &[&cairn_core::StepRecord],
+) -> Result<Vec<StoredRow>> {
+    Ok(packing::pack_with(records, steps)?
         .into_iter()
         .map(|row| row.stored(0))
         .collect())

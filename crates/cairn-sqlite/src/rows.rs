@@ -399,34 +399,59 @@ pub(crate) enum Encoded {
 
 /// Encodes a commit's log records as they will be inserted: on the committing lifetime's
 /// thread, so the one writer thread does not spend its time on JSON. Consecutive records
-/// are encoded together, so two of the same step can share a row.
+/// are encoded together, so two of the same step can share a row; they are encoded before
+/// the writes are taken apart, since a `STEP_START` may leave its configuration to its
+/// step's row in the same commit (`packing::pack_with`).
 pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
-    let mut out = Vec::with_capacity(writes.len());
-    let mut records: Vec<LogEntry> = Vec::new();
-    let flush = |records: &mut Vec<LogEntry>, out: &mut Vec<Encoded>| -> Result<()> {
-        if !records.is_empty() {
-            let rows = crate::history::encode(&records.iter().collect::<Vec<_>>())?;
-            out.push(Encoded::Log(rows));
-            records.clear();
+    let mut runs = Vec::new();
+    {
+        let steps: Vec<&cairn_core::StepRecord> = writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Step(step) => Some(step),
+                _ => None,
+            })
+            .collect();
+        let mut run: Vec<&LogEntry> = Vec::new();
+        for write in &writes {
+            match write {
+                Write::Log(entry) => run.push(entry),
+                _ if run.is_empty() => {}
+                _ => {
+                    runs.push(crate::history::encode_with(&run, &steps)?);
+                    run.clear();
+                }
+            }
         }
-        Ok(())
-    };
+        if !run.is_empty() {
+            runs.push(crate::history::encode_with(&run, &steps)?);
+        }
+    }
+    let mut runs = runs.into_iter();
+    let mut out = Vec::with_capacity(writes.len());
+    let mut in_run = false;
     for write in writes {
-        let write = match write {
-            Write::Log(entry) => {
-                records.push(entry);
-                continue;
+        match write {
+            // A run's records were encoded above, as its rows: they go once, in its place.
+            Write::Log(_) if in_run => {}
+            Write::Log(_) => {
+                in_run = true;
+                let rows = runs
+                    .next()
+                    .ok_or_else(|| corrupt("a commit's log records were not all encoded"))?;
+                out.push(Encoded::Log(rows));
             }
             Write::Step(step) => {
+                in_run = false;
                 let config = cairn_store::packing::config_text(&step.config)?;
-                Encoded::Step(step, config)
+                out.push(Encoded::Step(step, config));
             }
-            write => Encoded::Write(write),
-        };
-        flush(&mut records, &mut out)?;
-        out.push(write);
+            write => {
+                in_run = false;
+                out.push(Encoded::Write(write));
+            }
+        }
     }
-    flush(&mut records, &mut out)?;
     Ok(out)
 }
 

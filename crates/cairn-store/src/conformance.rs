@@ -1000,6 +1000,61 @@ pub async fn control_reports_the_epoch_it_fenced(store: Arc<dyn Store>) {
     assert!(second.epoch > epoch, "a lifetime claimed after it is newer");
 }
 
+/// A `STEP_START` committed with its step's row but without a `config` of its own (as the
+/// engine commits a step's start) reads back with the step's configuration, as if it had
+/// carried it; one whose step is not in its commit reads back without any.
+pub async fn a_step_start_reads_back_with_its_steps_configuration(store: Arc<dyn Store>) {
+    create_one(&*store, "wf", "a").await;
+    let lease = store
+        .claim("o", &[wf("wf")], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0)
+        .lease;
+    let start = |name: &str| LogEntry {
+        kind: LogKind::StepStart,
+        at: T0,
+        step: Some(step(name, 1, 1, StepState::Running).key),
+        meta: serde_json::json!({"hasRollback": false}),
+    };
+    let mut other = step("other", 1, 2, StepState::Running);
+    other.config = serde_json::json!({"timeout": "1 minute"}).into();
+    store
+        .commit(
+            lease,
+            vec![
+                Write::Log(start("s")),
+                Write::Log(log(LogKind::AttemptStart, start("s").step)),
+                Write::Step(other),
+                Write::Step(step("s", 1, 1, StepState::Running)),
+            ],
+        )
+        .await
+        .unwrap();
+    store
+        .commit(lease, vec![Write::Log(start("alone"))])
+        .await
+        .unwrap();
+    let logs = store.log(lease.instance, 0, 100).await.unwrap();
+    let starts: Vec<_> = logs
+        .iter()
+        .filter(|r| r.entry.kind == LogKind::StepStart)
+        .map(|r| r.entry.clone())
+        .collect();
+    assert_eq!(starts.len(), 2, "{logs:#?}");
+    assert_eq!(
+        starts[0].meta,
+        serde_json::json!({"config": {"retries": {"limit": 5}}, "hasRollback": false}),
+        "its own step's configuration, not the other step's"
+    );
+    assert_eq!(starts[0].step, start("s").step);
+    assert_eq!(
+        starts[1].meta,
+        serde_json::json!({"hasRollback": false}),
+        "no step in its commit: none"
+    );
+}
+
 /// Records come back exactly as committed (kind, time, step, every `meta` field, the step's
 /// configuration included), in commit order, with distinct increasing ids, and paging at
 /// any page size, by instance or by workflow, returns each exactly once: however a backend
@@ -2258,6 +2313,7 @@ macro_rules! conformance_tests {
             a_cancel_never_overwrites_an_outcome,
             control_reports_the_epoch_it_fenced,
             records_read_back_exactly_at_every_page_size,
+            a_step_start_reads_back_with_its_steps_configuration,
             an_expired_lease_is_not_renewed_and_is_claimed,
             release_all_frees_only_the_owners_instances,
             renew_keeps_only_the_instances_named,
@@ -2314,6 +2370,7 @@ macro_rules! conformance_tests {
             a_cancel_never_overwrites_an_outcome,
             control_reports_the_epoch_it_fenced,
             records_read_back_exactly_at_every_page_size,
+            a_step_start_reads_back_with_its_steps_configuration,
             an_expired_lease_is_not_renewed_and_is_claimed,
             release_all_frees_only_the_owners_instances,
             renew_keeps_only_the_instances_named,

@@ -357,7 +357,9 @@ impl StatusChange {
 pub enum Write {
     /// Insert or replace the journal entry with this step's key.
     Step(StepRecord),
-    /// Append a lifecycle record.
+    /// Append a lifecycle record. A `STEP_START` committed with its step's
+    /// [`Write::Step`] may leave `config` out of its `meta`: it is stored, and read back,
+    /// with the step's (`packing::pack_with`).
     Log(LogEntry),
     /// Change the instance's status.
     Status(StatusChange),

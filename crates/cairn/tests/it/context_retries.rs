@@ -224,6 +224,38 @@ async fn c8_partial_overrides_merge_with_defaults() {
     engine.shutdown().await;
 }
 
+/// A step's `STEP_START` is committed without its configuration (the step's row beside it
+/// holds it) and reads back with it, each step its own, in the log and in the details.
+#[tokio::test(start_paused = true)]
+async fn each_step_start_reads_back_with_its_own_configuration() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(move |_, step| async move {
+            step.run("first", |_| async { Ok(1u32) })
+                .retries(Retries::linear(3, Duration::from_millis(500)))
+                .await?;
+            step.run("second", |_| async { Ok(2u32) })
+                .timeout(Duration::from_secs(90))
+                .await?;
+            Ok(Value::Null)
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let starts = records(&instance, LogKind::StepStart).await;
+    assert_eq!(starts.len(), 2);
+    assert_eq!(
+        starts[0].entry.meta["config"]["retries"],
+        json!({"limit": 3, "delay": 500, "backoff": "linear"})
+    );
+    assert_eq!(starts[0].entry.meta["hasRollback"], false);
+    assert_eq!(starts[1].entry.meta["config"]["timeout"], "90 seconds");
+    assert_ne!(
+        starts[0].entry.meta["config"], starts[1].entry.meta["config"],
+        "each its own"
+    );
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn c9_mutating_the_context_config_changes_nothing() {
     let calls = Counter::default();
