@@ -303,7 +303,7 @@ async fn upsert_step(
     instance: InstanceRef,
     s: &StepRecord,
 ) -> R<()> {
-    let config = cairn_store::packing::config_text(&s.config)?;
+    let config = cairn_store::packing::shared_config_text(&s.config)?;
     let config = b.configs.id(tx, &config).await?;
     exec(
         tx,

@@ -443,7 +443,7 @@ pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
             }
             Write::Step(step) => {
                 in_run = false;
-                let config = cairn_store::packing::config_text(&step.config)?;
+                let config = cairn_store::packing::shared_config_text(&step.config)?;
                 out.push(Encoded::Step(step, config));
             }
             write => {

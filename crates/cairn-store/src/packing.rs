@@ -99,7 +99,7 @@ fn split_config(e: &LogEntry, steps: &[&StepRecord]) -> Result<(String, Option<S
         (LogKind::StepStart, Some(key)) => steps
             .iter()
             .find(|step| step.key == *key)
-            .map(|step| config_text(&step.config))
+            .map(|step| shared_config_text(&step.config))
             .transpose()?,
         _ => None,
     };
@@ -140,6 +140,30 @@ pub fn config_text(config: &serde_json::Value) -> Result<String> {
     }
     let text = encode(config)?;
     LAST.with(|last| *last.borrow_mut() = Some((config.clone(), text.clone())));
+    Ok(text)
+}
+
+/// [`config_text`] of a step record's configuration. Remembered by the value itself (held,
+/// so no other value can take its address): a step's row and its `STEP_START` share one,
+/// and a workflow's steps mostly share one, so most calls compare two pointers, not two
+/// JSON values.
+///
+/// # Errors
+/// When it cannot be encoded (it always can: it is a JSON value).
+pub fn shared_config_text(config: &std::sync::Arc<serde_json::Value>) -> Result<String> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(std::sync::Arc<serde_json::Value>, String)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let remembered = LAST.with(|last| match &*last.borrow() {
+        Some((value, text)) if std::sync::Arc::ptr_eq(value, config) => Some(text.clone()),
+        _ => None,
+    });
+    if let Some(text) = remembered {
+        return Ok(text);
+    }
+    let text = config_text(config)?;
+    LAST.with(|last| *last.borrow_mut() = Some((std::sync::Arc::clone(config), text.clone())));
     Ok(text)
 }
 
@@ -484,6 +508,27 @@ mod tests {
         // The configuration in the record is the one stored.
         let other = pack_with(&[&carried], &[&step("a", serde_json::json!({}))]).unwrap();
         assert_eq!(other[0].config, with[0].config);
+    }
+
+    /// A shared configuration's remembered text is its own: another value, even an equal
+    /// one or one at an address a dropped one had, gets its own text.
+    #[test]
+    fn a_shared_configuration_gets_its_own_text() {
+        use std::sync::Arc;
+        let one = Arc::new(serde_json::json!({"retries": {"limit": 1}}));
+        let text = |c: &Arc<serde_json::Value>| shared_config_text(c).unwrap();
+        assert_eq!(text(&one), r#"{"retries":{"limit":1}}"#);
+        assert_eq!(text(&one), r#"{"retries":{"limit":1}}"#);
+        assert_eq!(
+            text(&Arc::new(serde_json::json!({"retries": {"limit": 1}}))),
+            text(&one)
+        );
+        for n in 2..20 {
+            // Each dropped at once: the next may be allocated where it was.
+            let other = Arc::new(serde_json::json!({"retries": {"limit": n}}));
+            assert_eq!(text(&other), format!(r#"{{"retries":{{"limit":{n}}}}}"#));
+        }
+        assert_eq!(text(&one), r#"{"retries":{"limit":1}}"#);
     }
 
     /// The remembered text is the one of the configuration asked for, never the last one's.
