@@ -18,6 +18,14 @@
 //! The feature `conformance` exports the `conformance` module, the suite every backend must pass:
 //! `cairn_store::conformance_tests!(factory)` expands one `#[tokio::test]` per case.
 //!
+//! A backend lays log records out with [`packing`], as both of ours do. One rule it must
+//! keep if it does not: the engine commits a step's `STEP_START` without the step's
+//! configuration in its `meta`, next to the step's [`Write::Step`], and the record is
+//! stored (and read back) with that step's configuration ([`packing::pack_with`]). A
+//! backend that stores the record as it comes loses the configuration from the log for
+//! good; the conformance case `a_step_start_reads_back_with_its_steps_configuration`
+//! fails on it.
+//!
 //! ```
 //! use cairn_store::{Write, Lease, InstanceRef};
 //! let lease = Lease { instance: InstanceRef(1), epoch: 3 };
