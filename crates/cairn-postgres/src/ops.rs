@@ -137,13 +137,7 @@ pub(crate) async fn commit(
     let mut now = check_lease(tx, lease).await?;
     let instance = lease.instance;
     // A `STEP_START` may leave its configuration to its step's row in the same commit.
-    let steps: Vec<&cairn_core::StepRecord> = writes
-        .iter()
-        .filter_map(|w| match w {
-            Write::Step(step) => Some(step),
-            _ => None,
-        })
-        .collect();
+    let steps = cairn_store::packing::committed_steps(writes);
     let mut records: Vec<&LogEntry> = Vec::new();
     for write in writes {
         if let Write::Log(entry) = write {

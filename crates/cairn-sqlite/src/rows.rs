@@ -405,13 +405,7 @@ pub(crate) enum Encoded {
 pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
     let mut runs = Vec::new();
     {
-        let steps: Vec<&cairn_core::StepRecord> = writes
-            .iter()
-            .filter_map(|w| match w {
-                Write::Step(step) => Some(step),
-                _ => None,
-            })
-            .collect();
+        let steps = cairn_store::packing::committed_steps(&writes);
         let mut run: Vec<&LogEntry> = Vec::new();
         for write in &writes {
             match write {

@@ -72,6 +72,18 @@ pub fn pack_with<'a>(
     Ok(out)
 }
 
+/// The step records among a commit's writes: what [`pack_with`] takes a `STEP_START`'s
+/// configuration from.
+pub fn committed_steps(writes: &[crate::Write]) -> Vec<&StepRecord> {
+    writes
+        .iter()
+        .filter_map(|w| match w {
+            crate::Write::Step(step) => Some(step),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Two records share a row when they concern the same step at the same time. Records of
 /// no step (the workflow's own, among them the terminal ones that restart-from-step
 /// deletes by kind) never share a row.
