@@ -403,24 +403,21 @@ pub(crate) enum Encoded {
 /// the writes are taken apart, since a `STEP_START` may leave its configuration to its
 /// step's row in the same commit (`packing::pack_with`).
 pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
-    let mut runs = Vec::new();
-    {
-        let steps = cairn_store::packing::committed_steps(&writes);
-        let mut run: Vec<&LogEntry> = Vec::new();
-        for write in &writes {
-            match write {
-                Write::Log(entry) => run.push(entry),
-                _ if run.is_empty() => {}
-                _ => {
-                    runs.push(crate::history::encode_with(&run, &steps)?);
-                    run.clear();
-                }
-            }
-        }
-        if !run.is_empty() {
-            runs.push(crate::history::encode_with(&run, &steps)?);
-        }
-    }
+    let steps = cairn_store::packing::committed_steps(&writes);
+    let runs = writes
+        .split(|w| !matches!(w, Write::Log(_)))
+        .filter(|run| !run.is_empty())
+        .map(|run| {
+            let records: Vec<&LogEntry> = run
+                .iter()
+                .filter_map(|w| match w {
+                    Write::Log(entry) => Some(entry),
+                    _ => None,
+                })
+                .collect();
+            crate::history::encode_with(&records, &steps)
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut runs = runs.into_iter();
     let mut out = Vec::with_capacity(writes.len());
     let mut in_run = false;
@@ -584,15 +581,11 @@ fn hibernate(
     if changed == 0 {
         return Ok(());
     }
-    // Read back rather than `RETURNING` (see `claim`).
-    let after = conn
-        .prepare_cached("SELECT status = 2, ckey IS NOT NULL FROM instances WHERE iid = ?1")
-        .and_then(|mut st| {
-            st.query_row([instance.0], |r| {
-                Ok((r.get::<_, bool>(0)?, r.get::<_, bool>(1)?))
-            })
-        })
-        .map_err(map_sqlite)?;
+    let after = two_facts(
+        conn,
+        "SELECT status = 2, ckey IS NOT NULL FROM instances WHERE iid = ?1",
+        instance,
+    )?;
     match after {
         (true, true) => crate::slots::give_back(conn, instance),
         (false, true) => crate::slots::give_back_to_wait(conn, instance),
@@ -913,16 +906,11 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
     if !c.status.is_terminal() || changed == 0 {
         return Ok(());
     }
-    let (child, keyed) = conn
-        .prepare_cached(
-            "SELECT parent_iid IS NOT NULL, ckey IS NOT NULL FROM instances WHERE iid = ?1",
-        )
-        .and_then(|mut st| {
-            st.query_row([instance.0], |r| {
-                Ok((r.get::<_, bool>(0)?, r.get::<_, bool>(1)?))
-            })
-        })
-        .map_err(map_sqlite)?;
+    let (child, keyed) = two_facts(
+        conn,
+        "SELECT parent_iid IS NOT NULL, ckey IS NOT NULL FROM instances WHERE iid = ?1",
+        instance,
+    )?;
     if child {
         wake_parent(conn, instance)?;
     }
@@ -930,6 +918,14 @@ fn change_status(conn: &Connection, instance: InstanceRef, c: &StatusChange) -> 
         crate::slots::give_back(conn, instance)?;
     }
     Ok(())
+}
+
+/// Two yes-or-no facts about an instance's row (`select` names `?1` for its id), read back
+/// after an update of it rather than `RETURNING`ed (see `claim`).
+fn two_facts(conn: &Connection, select: &str, instance: InstanceRef) -> Result<(bool, bool)> {
+    conn.prepare_cached(select)
+        .and_then(|mut st| st.query_row([instance.0], |r| Ok((r.get(0)?, r.get(1)?))))
+        .map_err(map_sqlite)
 }
 
 /// A child instance has ended (or is being deleted): its parent, if it hibernates, becomes

@@ -77,6 +77,15 @@ fn step(name: &str, count: u32, seq: u32, state: StepState) -> StepRecord {
     }
 }
 
+/// The one claimable instance of `workflow`, claimed by owner `o` at `T0`.
+async fn claim_one(store: &dyn Store, workflow: &str) -> crate::Claimed {
+    store
+        .claim("o", &[wf(workflow)], T0, TTL, 1)
+        .await
+        .unwrap()
+        .remove(0)
+}
+
 async fn create_one(store: &dyn Store, workflow: &str, id: &str) -> crate::InstanceRef {
     match store
         .create(vec![new_instance(workflow, id)])
@@ -293,12 +302,7 @@ pub async fn an_expired_lease_is_not_renewed_and_is_claimed(store: Arc<dyn Store
 
 pub async fn commit_is_atomic(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
-    let lease = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0)
-        .lease;
+    let lease = claim_one(&*store, "wf").await.lease;
     let key = StepKey {
         kind: StepKind::Run,
         name: "s".into(),
@@ -333,12 +337,7 @@ pub async fn commit_is_atomic(store: Arc<dyn Store>) {
 
 pub async fn journal_upserts_by_key_in_start_order(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
-    let lease = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0)
-        .lease;
+    let lease = claim_one(&*store, "wf").await.lease;
     store
         .commit(
             lease,
@@ -412,11 +411,7 @@ pub async fn log_ids_are_monotonic_and_paged(store: Arc<dyn Store>) {
 
 pub async fn release_makes_an_instance_claimable_again(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
-    let first = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0);
+    let first = claim_one(&*store, "wf").await;
     let wake = T0.saturating_add(Duration::from_secs(60));
     store
         .commit(
@@ -450,11 +445,7 @@ pub async fn release_makes_an_instance_claimable_again(store: Arc<dyn Store>) {
 
 pub async fn resuming_instances_are_claimed_before_new_ones(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "old").await;
-    let old = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0);
+    let old = claim_one(&*store, "wf").await;
     create_one(&*store, "wf", "new").await;
     store
         .commit(
@@ -675,12 +666,7 @@ pub async fn commit_to_a_missing_instance_is_not_found(store: Arc<dyn Store>) {
 
 pub async fn finished_instances_are_purged_after_their_retention(store: Arc<dyn Store>) {
     let r = create_one(&*store, "wf", "a").await;
-    let lease = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0)
-        .lease;
+    let lease = claim_one(&*store, "wf").await.lease;
     assert_eq!(
         store.next_purge().await.unwrap(),
         None,
@@ -1005,12 +991,7 @@ pub async fn control_reports_the_epoch_it_fenced(store: Arc<dyn Store>) {
 /// carried it; one whose step is not in its commit reads back without any.
 pub async fn a_step_start_reads_back_with_its_steps_configuration(store: Arc<dyn Store>) {
     create_one(&*store, "wf", "a").await;
-    let lease = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0)
-        .lease;
+    let lease = claim_one(&*store, "wf").await.lease;
     let start = |name: &str| LogEntry {
         kind: LogKind::StepStart,
         at: T0,
@@ -1389,11 +1370,7 @@ pub async fn reclaim_moves_the_epoch_and_fences_the_old_one(store: Arc<dyn Store
 /// lease as claimed, child's reference)`, with the parent hibernated and the child claimable.
 async fn parent_waiting_for_a_child(store: &dyn Store) -> (crate::Lease, crate::InstanceRef) {
     create_one(store, "parent", "p").await;
-    let parent = store
-        .claim("o", &[wf("parent")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0);
+    let parent = claim_one(store, "parent").await;
     let key = StepKey {
         kind: StepKind::Invoke,
         name: "child".into(),
@@ -1558,11 +1535,7 @@ pub async fn a_child_is_adopted_under_its_parents_lease_and_detached_once_it_has
 
 pub async fn a_childs_end_wakes_its_hibernated_parent(store: Arc<dyn Store>) {
     let (parent, child) = parent_waiting_for_a_child(&*store).await;
-    let claimed = store
-        .claim("o", &[wf("child")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0);
+    let claimed = claim_one(&*store, "child").await;
     assert_eq!(claimed.lease.instance, child);
     assert!(
         store
@@ -1591,17 +1564,9 @@ pub async fn a_childs_end_wakes_its_hibernated_parent(store: Arc<dyn Store>) {
 
 pub async fn a_parent_hibernating_after_its_child_ended_stays_claimable(store: Arc<dyn Store>) {
     create_one(&*store, "parent", "p").await;
-    let parent = store
-        .claim("o", &[wf("parent")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0);
+    let parent = claim_one(&*store, "parent").await;
     let child = create_one(&*store, "child", "c").await;
-    let claimed = store
-        .claim("o", &[wf("child")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0);
+    let claimed = claim_one(&*store, "child").await;
     store
         .commit(
             claimed.lease,
@@ -1880,11 +1845,7 @@ pub async fn a_second_terminate_with_rollback_is_a_no_op(store: Arc<dyn Store>) 
         .await
         .unwrap();
     assert!(matches!(first, ControlOutcome::Done { .. }), "{first:?}");
-    let claimed = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0);
+    let claimed = claim_one(&*store, "wf").await;
     let second = store.control(&wf("wf"), &id, request).await.unwrap();
     assert!(matches!(second, ControlOutcome::NoOp(_)), "{second:?}");
     // The rollback under way is not fenced off.
@@ -2037,14 +1998,7 @@ pub async fn stream_chunks_are_fenced_kept_by_attempt_and_dropped_with_their_ste
     store: Arc<dyn Store>,
 ) {
     let iid = create_one(&*store, "wf", "a").await;
-    let claim = |store: Arc<dyn Store>| async move {
-        store
-            .claim("o", &[wf("wf")], T0, TTL, 1)
-            .await
-            .unwrap()
-            .remove(0)
-            .lease
-    };
+    let claim = |store: Arc<dyn Store>| async move { claim_one(&*store, "wf").await.lease };
     let lease = claim(Arc::clone(&store)).await;
     let key = StepKey {
         kind: StepKind::Run,
@@ -2236,11 +2190,7 @@ pub async fn an_instance_hibernating_for_an_event_already_buffered_stays_claimab
     store: Arc<dyn Store>,
 ) {
     create_one(&*store, "wf", "a").await;
-    let running = store
-        .claim("o", &[wf("wf")], T0, TTL, 1)
-        .await
-        .unwrap()
-        .remove(0);
+    let running = claim_one(&*store, "wf").await;
     store
         .commit(
             running.lease,
