@@ -622,24 +622,27 @@ impl Lifetime {
             all.append(&mut writes);
             writes = all;
         }
-        let carrier = carries.then(|| {
+        let start = std::time::Instant::now();
+        // Queued now, in this poll, so the store sees this lifetime's commits in order.
+        let store = Arc::clone(&self.env.store);
+        let lease = self.lease;
+        let commit: Answer = Box::pin(async move { store.commit(lease, writes).await });
+        let (commit, carrier) = if carries {
             let carrier = Arc::new(Carrier {
                 first,
                 outcome: std::sync::atomic::AtomicU8::new(0),
-                settled: Notify::new(),
+                commit: futures::FutureExt::shared(commit),
             });
             self.carriers
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .push(Arc::clone(&carrier));
-            carrier
-        });
-        let start = std::time::Instant::now();
-        // Queued now, in this poll, so the store sees this lifetime's commits in order.
-        let store = Arc::clone(&self.env.store);
-        let lease = self.lease;
+            (None, Some(carrier))
+        } else {
+            (Some(commit), None)
+        };
         let mut landing = Landing {
-            commit: Some(Box::pin(async move { store.commit(lease, writes).await })),
+            commit,
             carrier,
             ticket: Ticket::new(&self.flights),
         };
@@ -765,7 +768,8 @@ impl Lifetime {
             let Some(carrier) = waiting_for else {
                 return Ok(());
             };
-            carrier.landed().await;
+            // Driven from here too: the op that made it may be kept unpolled meanwhile.
+            let _ = carrier.land().await;
         }
     }
 
@@ -990,13 +994,17 @@ impl Deferred {
     }
 }
 
-/// A commit that carried deferred writes: whether it landed.
+/// A commit that carried deferred writes, and whether it landed.
 struct Carrier {
     /// The number of the first batch of deferred writes it carries (the others are later).
     first: u64,
     /// 0 while in flight, then [`LANDED`] or [`FAILED`].
     outcome: std::sync::atomic::AtomicU8,
-    settled: Notify,
+    /// The commit itself, driven by whoever waits for it: the op that made it, or a later
+    /// commit of the lifetime that must know it landed first. The op cannot be the only
+    /// one: workflow code may keep it unpolled after its first poll (a `select!` another
+    /// branch won) while it runs other steps, whose commits would wait for it for ever.
+    commit: futures::future::Shared<Answer>,
 }
 
 /// How many commits of a lifetime are on their way, and the driver's wake-up.
@@ -1027,28 +1035,19 @@ const LANDED: u8 = 1;
 const FAILED: u8 = 2;
 
 impl Carrier {
+    /// The first outcome known is kept.
     fn settle(&self, landed: bool) {
         let outcome = if landed { LANDED } else { FAILED };
-        if self
+        let _ = self
             .outcome
-            .compare_exchange(0, outcome, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            self.settled.notify_waiters();
-        }
+            .compare_exchange(0, outcome, Ordering::SeqCst, Ordering::SeqCst);
     }
 
-    /// Whether it landed, once that is known.
-    async fn landed(&self) -> bool {
-        loop {
-            let settled = self.settled.notified();
-            let mut settled = std::pin::pin!(settled);
-            settled.as_mut().enable();
-            match self.outcome.load(Ordering::SeqCst) {
-                0 => settled.await,
-                outcome => return outcome == LANDED,
-            }
-        }
+    /// Drives the commit to its answer, with whoever else waits for it, and settles.
+    async fn land(&self) -> Result<InstanceStatus, cairn_store::Error> {
+        let answer = self.commit.clone().await;
+        self.settle(answer.is_ok());
+        answer
     }
 }
 
@@ -1056,7 +1055,7 @@ type Answer = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<InstanceStatus, cairn_store::Error>> + Send>,
 >;
 
-/// A commit on its way, and the carrier it settles.
+/// A commit on its way: its own, or, if it carries deferred writes, its carrier's.
 struct Landing {
     commit: Option<Answer>,
     carrier: Option<Arc<Carrier>>,
@@ -1066,39 +1065,38 @@ struct Landing {
 
 impl Landing {
     async fn land(&mut self) -> Result<InstanceStatus, cairn_store::Error> {
-        let Some(commit) = self.commit.as_mut() else {
-            return Err(cairn_store::Error::Unavailable("committed twice".into()));
+        let answer = match (self.commit.as_mut(), self.carrier.as_ref()) {
+            (_, Some(carrier)) => carrier.land().await,
+            (Some(commit), None) => commit.await,
+            (None, None) => return Err(cairn_store::Error::Unavailable("committed twice".into())),
         };
-        let answer = commit.await;
         self.commit = None;
-        if let Some(carrier) = self.carrier.take() {
-            carrier.settle(answer.is_ok());
-        }
+        self.carrier = None;
         answer
     }
 }
 
 impl Drop for Landing {
     /// Dropped on its way: a carrying commit is followed to its end on a task of its own,
-    /// so the commits after it learn whether it landed.
+    /// so the commits after it learn whether it landed without waiting to drive it.
     fn drop(&mut self) {
         let Some(carrier) = self.carrier.take() else {
             return;
         };
-        let Some(commit) = self.commit.take() else {
+        if carrier.outcome.load(Ordering::SeqCst) != 0 {
             return;
-        };
+        }
         let settle = Settle(Some(carrier));
         let ticket = Ticket::new(&self.ticket.0);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    let mut settle = settle;
-                    let landed = commit.await.is_ok();
-                    if let Some(carrier) = settle.0.take() {
-                        carrier.settle(landed);
+                    // Settled by `land`; the guard settles it as failed only if the
+                    // runtime drops this task first.
+                    if let Some(carrier) = &settle.0 {
+                        let _ = carrier.land().await;
                     }
-                    drop(ticket);
+                    drop((settle, ticket));
                 });
             }
             // No runtime to finish it on: not known to have landed.

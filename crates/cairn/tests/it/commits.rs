@@ -641,3 +641,37 @@ async fn a7_a_branch_running_steps_back_to_back_does_not_hold_another_branchs_co
     assert!(b < a5, "b's body waited for a's steps: {order:?}");
     engine.shutdown().await;
 }
+
+/// (defect) A step polled once, its start sent carrying the last step's success, then kept
+/// unpolled while the workflow runs another step (a `select!` that another branch won, a
+/// `futures::poll!`): the other step's commit waited for the kept one's to be known landed,
+/// which only the kept op learnt, when polled again, so the instance hung for good (and again
+/// on every replay). Whoever waits for a carrying commit now drives it.
+#[tokio::test]
+async fn a7_a_step_kept_unpolled_after_its_start_does_not_hold_the_next_steps_back() {
+    let (engine, _dir) = super::support::engine(|b| {
+        b.register(wf(|_, step| async move {
+            let a: u64 = step.run("a", |_| async { Ok(1) }).await?;
+            let mut kept = std::pin::pin!(step.run("kept", |_| async { Ok::<u64, StepError>(2) }));
+            // Polled once: its start is sent, carrying a's success.
+            let _ = futures::poll!(kept.as_mut());
+            let c: u64 = step.run("c", |_| async { Ok(3) }).await?;
+            step.sleep("nap", std::time::Duration::from_millis(1)).await?;
+            let kept = kept.await?;
+            Ok(json!([a, kept, c]))
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<super::support::FnWorkflow<0>>()
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    // A guard, not a wait: the instance completes in milliseconds or never.
+    let status = tokio::time::timeout(std::time::Duration::from_secs(60), instance.wait())
+        .await
+        .expect("the instance hung behind the step kept unpolled")
+        .unwrap();
+    assert_eq!(status.output, Some(json!([1, 2, 3])), "{status:?}");
+    engine.shutdown().await;
+}
