@@ -627,24 +627,29 @@ impl Lifetime {
         let store = Arc::clone(&self.env.store);
         let lease = self.lease;
         let commit: Answer = Box::pin(async move { store.commit(lease, writes).await });
-        let (commit, carrier) = if carries {
+        let ticket = Ticket::new(&self.flights);
+        let mut landing = if carries {
             let carrier = Arc::new(Carrier {
                 first,
                 outcome: std::sync::atomic::AtomicU8::new(0),
                 commit: futures::FutureExt::shared(commit),
+                ticket: Mutex::new(Some(ticket)),
             });
             self.carriers
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .push(Arc::clone(&carrier));
-            (None, Some(carrier))
+            Landing {
+                commit: None,
+                carrier: Some(carrier),
+                ticket: None,
+            }
         } else {
-            (Some(commit), None)
-        };
-        let mut landing = Landing {
-            commit,
-            carrier,
-            ticket: Ticket::new(&self.flights),
+            Landing {
+                commit: Some(commit),
+                carrier: None,
+                ticket: Some(ticket),
+            }
         };
         let mut committed = landing.land().await;
         if committed.is_ok()
@@ -1005,6 +1010,9 @@ struct Carrier {
     /// one: workflow code may keep it unpolled after its first poll (a `select!` another
     /// branch won) while it runs other steps, whose commits would wait for it for ever.
     commit: futures::future::Shared<Answer>,
+    /// Counts it among the lifetime's commits on their way until it is settled, whoever
+    /// drove it: an op kept unpolled does not keep the driver from flushing after it.
+    ticket: Mutex<Option<Ticket>>,
 }
 
 /// How many commits of a lifetime are on their way, and the driver's wake-up.
@@ -1035,12 +1043,19 @@ const LANDED: u8 = 1;
 const FAILED: u8 = 2;
 
 impl Carrier {
-    /// The first outcome known is kept.
+    /// The first outcome known is kept; then the commit is no longer on its way (the
+    /// ticket goes after the outcome, so the driver it wakes finds the outcome stored).
     fn settle(&self, landed: bool) {
         let outcome = if landed { LANDED } else { FAILED };
         let _ = self
             .outcome
             .compare_exchange(0, outcome, Ordering::SeqCst, Ordering::SeqCst);
+        let ticket = self
+            .ticket
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        drop(ticket);
     }
 
     /// Drives the commit to its answer, with whoever else waits for it, and settles.
@@ -1059,8 +1074,9 @@ type Answer = std::pin::Pin<
 struct Landing {
     commit: Option<Answer>,
     carrier: Option<Arc<Carrier>>,
-    /// Given back once the commit is done with (or, a carrier, followed to its end).
-    ticket: Ticket,
+    /// A commit that carries nothing: given back once the commit is done with. (A
+    /// carrier holds its own until settled.)
+    ticket: Option<Ticket>,
 }
 
 impl Landing {
@@ -1072,13 +1088,15 @@ impl Landing {
         };
         self.commit = None;
         self.carrier = None;
+        self.ticket = None;
         answer
     }
 }
 
 impl Drop for Landing {
     /// Dropped on its way: a carrying commit is followed to its end on a task of its own,
-    /// so the commits after it learn whether it landed without waiting to drive it.
+    /// so the commits after it (and the driver, which its ticket holds back) learn whether
+    /// it landed without one of them having to drive it.
     fn drop(&mut self) {
         let Some(carrier) = self.carrier.take() else {
             return;
@@ -1087,7 +1105,6 @@ impl Drop for Landing {
             return;
         }
         let settle = Settle(Some(carrier));
-        let ticket = Ticket::new(&self.ticket.0);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
@@ -1096,11 +1113,11 @@ impl Drop for Landing {
                     if let Some(carrier) = &settle.0 {
                         let _ = carrier.land().await;
                     }
-                    drop((settle, ticket));
+                    drop(settle);
                 });
             }
             // No runtime to finish it on: not known to have landed.
-            Err(_) => drop((settle, ticket)),
+            Err(_) => drop(settle),
         }
     }
 }

@@ -675,3 +675,141 @@ async fn a7_a_step_kept_unpolled_after_its_start_does_not_hold_the_next_steps_ba
     assert_eq!(status.output, Some(json!([1, 2, 3])), "{status:?}");
     engine.shutdown().await;
 }
+
+/// The step kept unpolled carries the last step's success, and its commit fails alone
+/// while the next step's start lands. Nobody but the next step's commit waits for it now:
+/// that commit must learn the failure and stop the run, not run its body on a success
+/// that is nowhere. The engine replays the instance: `a` runs again, and every later body
+/// finds `a`'s success durable when it runs.
+#[tokio::test]
+async fn a7_a_kept_steps_commit_failing_alone_stops_the_next_body() {
+    use super::support::{Gates, gated_builder_on};
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // Each body's name and `a`'s state in the store when it ran.
+    let ran: Arc<Mutex<Vec<(&'static str, Option<StepState>)>>> = Arc::default();
+    let (s, r) = (Arc::clone(&store), Arc::clone(&ran));
+    let workflow = wf(move |_, step| {
+        let (s, r, runs) = (Arc::clone(&s), Arc::clone(&r), Arc::clone(&runs));
+        async move {
+            let noting = |name: &'static str, out: u64| {
+                let (s, r) = (Arc::clone(&s), Arc::clone(&r));
+                move |_: cairn::StepContext| {
+                    let (s, r) = (Arc::clone(&s), Arc::clone(&r));
+                    async move {
+                        let a = stored_steps(&*s).await.get("a").map(|a| a.0);
+                        r.lock().unwrap().push((name, a));
+                        Ok::<u64, StepError>(out)
+                    }
+                }
+            };
+            let quick = cairn::Retries::constant(3, std::time::Duration::ZERO);
+            let a = step
+                .run("a", move |_| {
+                    let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    async move { Ok::<u64, StepError>(n) }
+                })
+                .retries(quick.clone())
+                .await?;
+            let mut kept = std::pin::pin!(step.run("kept", noting("kept", 2)).retries(quick.clone()));
+            // Polled once: its start is sent, carrying a's success.
+            let _ = futures::poll!(kept.as_mut());
+            let c = step.run("c", noting("c", 3)).retries(quick).await?;
+            let kept = kept.await?;
+            Ok(json!({ "a": a, "kept": kept, "c": c }))
+        }
+    });
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(workflow)
+        .start()
+        .await
+        .unwrap();
+    // The first commit (the start with `a`'s) is held until the next two are armed: the
+    // kept step's start, carrying `a`'s success, fails; `c`'s start lands.
+    let first_commit = gates.arm("commit");
+    let instance = engine
+        .workflow::<super::support::FnWorkflow<0>>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    first_commit.arrived().await;
+    let carrying = gates.arm_failing("commit");
+    let after_it = gates.arm("commit");
+    first_commit.release();
+    carrying.arrived().await;
+    after_it.arrived().await;
+    carrying.release();
+    after_it.release();
+    // A guard, not a wait: the instance completes in milliseconds or never.
+    let status = tokio::time::timeout(std::time::Duration::from_secs(60), instance.wait())
+        .await
+        .expect("the instance hung behind the step kept unpolled")
+        .unwrap();
+    assert_eq!(
+        status.output,
+        Some(json!({ "a": 2, "kept": 2, "c": 3 })),
+        "{status:?}"
+    );
+    let ran = ran.lock().unwrap().clone();
+    assert!(ran.iter().any(|(name, _)| *name == "c"), "{ran:?}");
+    for (name, a) in &ran {
+        assert_eq!(
+            *a,
+            Some(StepState::Succeeded),
+            "{name}'s body ran while a's success was not durable: {ran:?}"
+        );
+    }
+    engine.shutdown().await;
+}
+
+/// With a step kept unpolled after its start, the next step's success is still flushed
+/// while the workflow awaits something that is not an op: the kept step's commit, once a
+/// later commit has learnt that it landed, no longer counts as on its way for the driver.
+#[tokio::test]
+async fn a7_a_step_kept_unpolled_does_not_keep_the_next_success_from_being_flushed() {
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let (go, gone) = tokio::sync::oneshot::channel::<()>();
+    let gone = Arc::new(Mutex::new(Some(gone)));
+    let workflow = wf(move |_, step| {
+        let gone = gone.lock().unwrap().take();
+        async move {
+            step.run("a", |_| async { Ok::<u64, StepError>(1) }).await?;
+            let mut kept = std::pin::pin!(step.run("kept", |_| async { Ok::<u64, StepError>(2) }));
+            let _ = futures::poll!(kept.as_mut());
+            step.run("c", |_| async { Ok::<u64, StepError>(3) }).await?;
+            // Not an op: the driver flushes c's success meanwhile, or nobody does.
+            if let Some(gone) = gone {
+                let _ = gone.await;
+            }
+            kept.await?;
+            Ok(json!({}))
+        }
+    });
+    let engine = cairn::Engine::builder()
+        .store(Arc::clone(&store))
+        .register(workflow)
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<super::support::FnWorkflow<0>>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    let flushed = async {
+        while stored_steps(&*store).await.get("c").map(|c| c.0) != Some(StepState::Succeeded) {
+            tokio::task::yield_now().await;
+        }
+    };
+    // A guard, not a wait: the flush comes at once or never.
+    tokio::time::timeout(std::time::Duration::from_secs(60), flushed)
+        .await
+        .expect("c's success was never flushed while the kept step's commit counted as on its way");
+    go.send(()).unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    engine.shutdown().await;
+}
