@@ -15,7 +15,7 @@ use cairn_store::{Error, InstanceRef, Result, WorkflowLogPage};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::held::{Held, Statements};
-use crate::worker::map_sqlite;
+use crate::map_sqlite;
 
 fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::Corrupt(what.to_string())

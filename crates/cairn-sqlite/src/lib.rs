@@ -44,7 +44,7 @@ use std::sync::mpsc::Sender;
 use tokio::sync::oneshot;
 
 use crate::held::Writer;
-use crate::worker::{ReadJob, Readers, WriteJob, map_sqlite};
+use crate::worker::{ReadJob, Readers, WriteJob};
 
 /// How durable a commit is (SQLite's `synchronous` pragma).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -190,6 +190,12 @@ fn configure(conn: &Connection, options: &Options) -> rusqlite::Result<()> {
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.pragma_update(None, "cache_size", -16_000)?;
     stable_plans(conn)
+}
+
+/// A failure of SQLite itself (IO, a full disk, a busy or corrupt file) as the store's
+/// callers see it: the store is unavailable, and the engine tries again later.
+pub(crate) fn map_sqlite(e: rusqlite::Error) -> cairn_store::Error {
+    cairn_store::Error::Unavailable(e.to_string())
 }
 
 /// One plan per statement, whatever values are bound (SQLite's query planner stability

@@ -337,7 +337,7 @@ pub(crate) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
 }
 
 /// Runs the migrations up to and including number `to`.
-fn migrate_to(conn: &mut Connection, to: usize) -> rusqlite::Result<()> {
+pub(crate) fn migrate_to(conn: &mut Connection, to: usize) -> rusqlite::Result<()> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     let version = usize::try_from(version).unwrap_or(0);
     for (i, sql) in MIGRATIONS.iter().enumerate().take(to).skip(version) {
@@ -360,60 +360,7 @@ pub(crate) fn current_version() -> usize {
 
 #[cfg(test)]
 mod tests {
-    use cairn_core::{LogKind, StepKind};
-    use cairn_store::InstanceRef;
-
     use super::*;
-
-    /// A database written before migration 9 (configs inside rows, one record per log row)
-    /// reads back the same after it, and records written after it come later.
-    #[test]
-    fn history_written_before_migration_9_reads_back_unchanged() {
-        let mut conn = Connection::open_in_memory().expect("open");
-        migrate_to(&mut conn, 8).expect("migrate to 8");
-        let config =
-            r#"{"retries":{"backoff":"constant","delay":5,"limit":1},"timeout":"1 minute"}"#;
-        conn.execute_batch(&format!(
-            "INSERT INTO instances (workflow, id, status, params, created_at) VALUES ('w', 'a', 1, '{{}}', 1);
-             INSERT INTO steps VALUES (1, 0, 's', 1, 1, 1, '{config}', 1, 0, NULL, '7', NULL, NULL, 2, 3, 0);
-             INSERT INTO log (iid, at, kind, meta) VALUES (1, 1, 0, '{{\"params\":{{}}}}');
-             INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
-                 VALUES (1, 2, 5, 0, 's', 1, '{{\"config\":{config},\"hasRollback\":false}}');
-             INSERT INTO log (iid, at, kind, step_kind, step_name, step_count, meta)
-                 VALUES (1, 2, 10, 0, 's', 1, '{{\"attempt\":1}}');"
-        ))
-        .expect("v8 rows");
-        migrate(&mut conn).expect("migrate");
-        let journal = crate::rows::journal(&conn, InstanceRef(1)).expect("journal");
-        assert_eq!(journal.len(), 1);
-        assert_eq!(
-            *journal[0].config,
-            serde_json::from_str::<serde_json::Value>(config).expect("json")
-        );
-        assert_eq!(journal[0].output.as_deref(), Some("7"));
-        let log = crate::history::log(&conn, InstanceRef(1), 0, 10).expect("log");
-        let ids: Vec<u64> = log.iter().map(|r| r.id).collect();
-        assert_eq!(ids, [1, 2, 3], "ids are kept");
-        assert_eq!(log[1].entry.kind, LogKind::StepStart);
-        assert_eq!(
-            log[1].entry.meta["config"],
-            serde_json::from_str::<serde_json::Value>(config).expect("json")
-        );
-        assert_eq!(
-            log[1].entry.step.as_ref().map(|k| k.kind),
-            Some(StepKind::Run)
-        );
-        let next = cairn_core::LogEntry {
-            kind: LogKind::WorkflowSuccess,
-            at: cairn_core::Timestamp::from_millis(4),
-            step: None,
-            meta: serde_json::json!({}),
-        };
-        crate::history::append(&conn, InstanceRef(1), &[&next]).expect("append");
-        let log = crate::history::log(&conn, InstanceRef(1), 3, 10).expect("log");
-        assert_eq!(log.len(), 1);
-        assert!(log[0].id > 3, "{}", log[0].id);
-    }
 
     /// The statements on `instances` say `OR FAIL`, which the count triggers inherit: the
     /// triggers of migration 16 keep the counts through it, whether or not a status has a
@@ -461,32 +408,5 @@ mod tests {
         migrate_to(&mut old, 15).expect("migrate to 15");
         old.execute(changes[0], []).expect("first insert");
         assert!(old.execute(changes[1], []).is_err());
-    }
-
-    /// A step whose configuration row is gone reads as corrupt, never as a journal without
-    /// it (replay would run the step again), and so does a record referring to it.
-    #[test]
-    fn a_missing_configuration_is_corrupt_not_left_out() {
-        let mut conn = Connection::open_in_memory().expect("open");
-        migrate(&mut conn).expect("migrate");
-        conn.execute_batch(
-            "INSERT INTO instances (workflow, id, status, params, created_at) VALUES ('w', 'a', 1, '{}', 1);
-             INSERT INTO configs (id, config) VALUES (7, '{}');
-             INSERT INTO steps VALUES (1, 0, 's', 1, 1, 1, 7, 1, 0, NULL, '7', NULL, NULL, 2, 3, 0);
-             INSERT INTO log (id, iid, at, kind, step_kind, step_name, step_count, meta, config)
-                 VALUES (2, 1, 2, 5, 0, 's', 1, '{}', 7);
-             DELETE FROM configs;",
-        )
-        .expect("rows");
-        let journal = crate::rows::journal(&conn, InstanceRef(1));
-        assert!(
-            matches!(journal, Err(cairn_store::Error::Corrupt(_))),
-            "{journal:?}"
-        );
-        let log = crate::history::log(&conn, InstanceRef(1), 0, 10);
-        assert!(
-            matches!(log, Err(cairn_store::Error::Corrupt(_))),
-            "{log:?}"
-        );
     }
 }

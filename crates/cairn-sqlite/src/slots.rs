@@ -7,7 +7,7 @@ use cairn_core::Timestamp;
 use cairn_store::{InstanceRef, Result};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::worker::map_sqlite;
+use crate::map_sqlite;
 
 /// An instance's key (none while it is terminated with rollback), whether it holds or
 /// waits for a slot, and its workflow: a primary-key probe. Most instances have no key and

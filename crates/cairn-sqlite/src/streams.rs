@@ -4,7 +4,7 @@ use cairn_core::StepKey;
 use cairn_store::{InstanceRef, Result};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::worker::map_sqlite;
+use crate::map_sqlite;
 
 /// Stores a chunk, only while the step runs that attempt (a late write of an attempt that
 /// has ended is dropped).

@@ -25,6 +25,7 @@ use rusqlite::Connection;
 
 use crate::held::Writer;
 use crate::history::{ConfigIds, LogIds};
+use crate::map_sqlite;
 
 /// A write job's work. One allocation per job, made by the caller: the writer thread, the
 /// serial part, allocates nothing of its own to run a job and answer it.
@@ -64,10 +65,6 @@ fn next_job(rx: &Receiver<WriteJob>) -> Option<WriteJob> {
             Err(TryRecvError::Empty) => return rx.recv().ok(),
         }
     }
-}
-
-pub(crate) fn map_sqlite(e: rusqlite::Error) -> Error {
-    Error::Unavailable(e.to_string())
 }
 
 /// The database file's lock, shared by every thread that owns a connection. Each thread
