@@ -28,6 +28,7 @@ async fn every_workload_runs_at_a_small_size() {
     let rows = cairn_bench::throughput(p, normal(), 20, 3).await.unwrap();
     assert!(value(&rows, "durable no-op steps/s") > 0.0);
     assert!(rows[0].ratio.unwrap() > 0.0);
+    assert!(value(&rows, "raw bound, steps/s (before the engine's run") > 0.0);
 
     let rows = cairn_bench::keyed(p, normal(), 30, 3).await.unwrap();
     assert!(value(&rows, "durable no-op steps/s, keyed, 20 per key at once") > 0.0);
