@@ -349,19 +349,15 @@ fn bearer(value: &str) -> Option<&str> {
 }
 
 /// Lets a request with one of the tokens through when its scope covers the route, and one
-/// of the dashboard's sessions when it only reads (its live streams): a session can never
-/// change anything through the API, so the API needs no CSRF defence.
+/// of the dashboard's sessions (`session`: the caller of the session its headers carry)
+/// when it only reads (its live streams): a session can never change anything through the
+/// API, so the API needs no CSRF defence.
 pub(crate) async fn check<F: Future<Output = Response>>(
     tokens: Tokens,
-    guard: &crate::dashboard::Guard,
+    session: impl FnOnce(&axum::http::HeaderMap) -> Option<Caller>,
     req: Request,
     inner: impl FnOnce(Request) -> F,
 ) -> Response {
-    // Load balancers probe `/healthz` without credentials; it reveals nothing else. The
-    // dashboard's pages have their own gate (its login form and its sessions' scopes).
-    if req.uri().path() == "/healthz" || crate::dashboard::owns(req.uri().path()) {
-        return inner(req).await;
-    }
     let needs = needs(req.method(), req.uri().path());
     let given = req
         .headers()
@@ -370,7 +366,7 @@ pub(crate) async fn check<F: Future<Output = Response>>(
         .and_then(bearer);
     let caller = match given {
         Some(given) => tokens.find(given),
-        None if needs == Scope::Read => guard.session_caller(req.headers()),
+        None if needs == Scope::Read => session(req.headers()),
         None => None,
     };
     match caller {
@@ -404,7 +400,7 @@ pub(crate) async fn local_only<F: Future<Output = Response>>(
         .get(axum::http::header::HOST)
         .map(|v| v.to_str().unwrap_or("?"))
         .or(authority.as_deref());
-    if host.is_some_and(|h| !crate::dashboard::loopback_host(h)) {
+    if host.is_some_and(|h| !crate::origin::loopback_host(h)) {
         return ApiError::new(
             StatusCode::FORBIDDEN,
             "auth.host",
@@ -416,7 +412,7 @@ pub(crate) async fn local_only<F: Future<Output = Response>>(
         *req.method(),
         axum::http::Method::GET | axum::http::Method::HEAD
     );
-    if !reads && crate::dashboard::cross_site(req.headers()) {
+    if !reads && crate::origin::cross_site(req.headers()) {
         return ApiError::new(
             StatusCode::FORBIDDEN,
             "auth.cross_site",

@@ -19,6 +19,7 @@ mod cloudflare;
 mod dashboard;
 mod error;
 mod openapi;
+mod origin;
 mod prometheus;
 mod routes;
 mod schedules;
@@ -223,7 +224,14 @@ async fn admit(
     req.extensions_mut().insert(admission.slots.clone());
     let inner = |req| serve::read_body_within(admission.body_timeout, req, next);
     match &admission.gate {
-        Gate::Tokens(tokens, guard) => auth::check(tokens.clone(), guard, req, inner).await,
+        // Load balancers probe `/healthz` without credentials; it reveals nothing else. The
+        // dashboard's pages have their own gate (its login form and its sessions' scopes).
+        Gate::Tokens(..) if req.uri().path() == "/healthz" || dashboard::owns(req.uri().path()) => {
+            inner(req).await
+        }
+        Gate::Tokens(tokens, guard) => {
+            auth::check(tokens.clone(), |h| guard.session_caller(h), req, inner).await
+        }
         Gate::LocalOnly => auth::local_only(req, inner).await,
         Gate::Open => inner(req).await,
     }

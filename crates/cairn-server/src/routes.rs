@@ -1,7 +1,7 @@
 //! The routes and their handlers.
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, patch, post};
 use axum::{Extension, Json, Router};
@@ -155,21 +155,6 @@ fn wait_for(value: Option<&str>) -> ApiResult<Option<std::time::Duration>> {
     Ok(Some(wait))
 }
 
-/// A slot for one more wait: waits hold a connection and a task like a live stream, so
-/// they share the streams' cap (`Limits::max_streams`); 503 `stream.too_many` past it.
-fn wait_slot(
-    slots: Option<Extension<crate::serve::StreamSlots>>,
-    peer: Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
-) -> ApiResult<Option<crate::serve::Slot>> {
-    match slots {
-        Some(Extension(slots)) => slots
-            .take(peer.map(|Extension(ConnectInfo(addr))| addr))
-            .map(Some)
-            .map_err(|why| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stream.too_many", why)),
-        None => Ok(None),
-    }
-}
-
 /// Waits up to `wait` (wall clock) for `instance` to finish, or until the server begins
 /// to shut down, and answers its status then: `{id, status, output, error, rollback?}`.
 async fn settle(
@@ -213,14 +198,14 @@ async fn create_instance(
     State(engine): State<Engine>,
     Path(name): Path<String>,
     query: Result<Query<WaitQuery>, QueryRejection>,
-    (slots, closing, peer): StreamExtensions,
+    (slots, closing, peer): crate::stream::StreamExtensions,
     payload: Result<Json<Object<CreateBody>>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
     let wait = wait_for(query.wait.as_deref())?;
     // Refused before anything is created.
     let _slot = match wait {
-        Some(_) => wait_slot(slots, peer)?,
+        Some(_) => crate::stream::wait_slot(slots, peer)?,
         None => None,
     };
     let Object(request) = body(payload)?;
@@ -252,11 +237,11 @@ async fn wait_instance(
     State(engine): State<Engine>,
     Path((name, id)): Path<(String, String)>,
     query: Result<Query<WaitQuery>, QueryRejection>,
-    (slots, closing, peer): StreamExtensions,
+    (slots, closing, peer): crate::stream::StreamExtensions,
 ) -> ApiResult<Json<Value>> {
     let Query(query) = query.map_err(|e| rejected(e.status(), e.body_text()))?;
     let wait = wait_for(query.timeout.as_deref())?.unwrap_or(std::time::Duration::from_secs(30));
-    let _slot = wait_slot(slots, peer)?;
+    let _slot = crate::stream::wait_slot(slots, peer)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
     Ok(Json(settle(&instance, wait, closing).await?))
 }
@@ -696,36 +681,17 @@ struct StreamQuery {
     cursor: Option<u64>,
 }
 
-/// Extensions the server installs: the stream slots (router), the shutdown signal and the
-/// peer's address (`serve`). A router used without `serve` has neither of the last two.
-pub(crate) type StreamExtensions = (
-    Option<Extension<crate::serve::StreamSlots>>,
-    Option<Extension<crate::serve::Closing>>,
-    Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
-);
-
-/// A slot for one more live stream, or 503 `stream.too_many`.
-pub(crate) fn stream_lease(
-    (slots, closing, peer): StreamExtensions,
-) -> ApiResult<crate::stream::Lease> {
-    let slot = wait_slot(slots, peer)?;
-    Ok(crate::stream::Lease::new(
-        slot,
-        closing.map(|Extension(c)| c.0),
-    ))
-}
-
 async fn workflow_stream(
     State(engine): State<Engine>,
     Path(name): Path<String>,
-    streams: StreamExtensions,
+    streams: crate::stream::StreamExtensions,
     headers: axum::http::HeaderMap,
     query: Result<Query<StreamQuery>, QueryRejection>,
 ) -> ApiResult<axum::response::Response> {
     use axum::response::IntoResponse as _;
     let cursor = cursor(&headers, query)?;
     let workflow = workflow(&engine, &name)?;
-    let lease = stream_lease(streams)?;
+    let lease = crate::stream::lease(streams)?;
     let commits = workflow.commits();
     Ok(crate::stream::follow_workflow(workflow, cursor, commits, lease).into_response())
 }
@@ -753,14 +719,14 @@ fn cursor(
 async fn stream(
     State(engine): State<Engine>,
     Path((name, id)): Path<(String, String)>,
-    streams: StreamExtensions,
+    streams: crate::stream::StreamExtensions,
     headers: axum::http::HeaderMap,
     query: Result<Query<StreamQuery>, QueryRejection>,
 ) -> ApiResult<axum::response::Response> {
     use axum::response::IntoResponse as _;
     let cursor = cursor(&headers, query)?;
     let instance = workflow(&engine, &name)?.get(&id).await?;
-    let lease = stream_lease(streams)?;
+    let lease = crate::stream::lease(streams)?;
     let commits = instance.commits().await?;
     Ok(crate::stream::follow(instance, cursor, commits, lease).into_response())
 }

@@ -5,10 +5,15 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::Extension;
+use axum::extract::ConnectInfo;
+use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use cairn::{Instance, LogKind, LogRecord};
 use futures::Stream;
 use tokio::sync::watch;
+
+use crate::error::ApiError;
 
 /// How often a stream that has read everything looks again when nothing woke it. The
 /// engine's commits wake it at once; this catches writes by other processes.
@@ -249,3 +254,32 @@ pub(crate) fn follow_changes(
 
 /// The least time between two `change` events of [`follow_changes`].
 const CHANGE_COALESCE: Duration = Duration::from_millis(250);
+
+/// Extensions the server installs: the stream slots (router), the shutdown signal and the
+/// peer's address (`serve`). A router used without `serve` has neither of the last two.
+pub(crate) type StreamExtensions = (
+    Option<Extension<crate::serve::StreamSlots>>,
+    Option<Extension<crate::serve::Closing>>,
+    Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
+);
+
+/// A slot for one more wait: waits hold a connection and a task like a live stream, so
+/// they share the streams' cap (`Limits::max_streams`); 503 `stream.too_many` past it.
+pub(crate) fn wait_slot(
+    slots: Option<Extension<crate::serve::StreamSlots>>,
+    peer: Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
+) -> Result<Option<crate::serve::Slot>, ApiError> {
+    match slots {
+        Some(Extension(slots)) => slots
+            .take(peer.map(|Extension(ConnectInfo(addr))| addr))
+            .map(Some)
+            .map_err(|why| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stream.too_many", why)),
+        None => Ok(None),
+    }
+}
+
+/// A slot for one more live stream, or 503 `stream.too_many`.
+pub(crate) fn lease((slots, closing, peer): StreamExtensions) -> Result<Lease, ApiError> {
+    let slot = wait_slot(slots, peer)?;
+    Ok(Lease::new(slot, closing.map(|Extension(c)| c.0)))
+}

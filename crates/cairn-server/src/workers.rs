@@ -52,7 +52,7 @@ async fn connect(
 ) -> Response {
     // A web page may open a WebSocket to any host, with the user's cookies: a worker is a
     // program, never a page of another site.
-    if crate::dashboard::cross_site(&headers) {
+    if crate::origin::cross_site(&headers) {
         return ApiError::new(
             StatusCode::FORBIDDEN,
             "auth.cross_site",

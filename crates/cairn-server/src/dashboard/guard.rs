@@ -26,6 +26,7 @@ use serde::Deserialize;
 
 use super::layout;
 use crate::auth::Caller;
+use crate::origin::cross_site;
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "cairn_session";
@@ -244,39 +245,6 @@ fn session_id(headers: &HeaderMap) -> Option<&str> {
         .map(|(_, value)| value)
 }
 
-/// Whether the browser says this request comes from another site.
-pub(crate) fn cross_site(headers: &HeaderMap) -> bool {
-    let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
-    if let Some(site) = fetch_site {
-        return !matches!(site, "same-origin" | "none");
-    }
-    // Older browsers: an Origin that is not this host.
-    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
-    match (origin, host) {
-        (Some("null"), _) => true,
-        (Some(origin), Some(host)) => origin.split_once("://").map(|(_, h)| h) != Some(host),
-        // An origin with nothing to compare it with (HTTP/2 names the host in the
-        // request's authority, not a header): not known to be this site.
-        (Some(_), None) => true,
-        (None, _) => false,
-    }
-}
-
-/// Whether `host` (a `Host` header) names the loopback interface.
-pub(crate) fn loopback_host(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
-    };
-    // Host names are case-insensitive and may end with the root's dot.
-    let name = name.strip_suffix('.').unwrap_or(name);
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.to_canonical().is_loopback())
-}
-
 /// The dashboard's gate: a login (when a token is set) for every page but the login form
 /// and the assets, and same-site posts (each form's CSRF token is compared by its handler,
 /// see [`check_form`]).
@@ -470,30 +438,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_hosts_are_recognised() {
-        for host in [
-            "127.0.0.1:8787",
-            "localhost:8787",
-            "localhost",
-            "[::1]:8787",
-            "127.0.0.1",
-            "localhost.:8787",
-            "LOCALHOST",
-            "[::ffff:127.0.0.1]:8787",
-        ] {
-            assert!(loopback_host(host), "{host}");
-        }
-        for host in [
-            "evil.example:8787",
-            "10.0.0.1:8787",
-            "localhost.evil.example",
-            "",
-        ] {
-            assert!(!loopback_host(host), "{host}");
-        }
-    }
-
-    #[test]
     fn next_stays_on_this_server() {
         assert_eq!(safe_next(Some("/instances?x=1")), "/instances?x=1");
         assert_eq!(safe_next(Some("//evil.example")), "/");
@@ -521,27 +465,5 @@ mod tests {
         assert!(check_form(&guard, &headers, "forged").is_err());
         guard.logout(&headers);
         assert!(guard.csrf(&headers).is_none());
-    }
-
-    #[test]
-    fn a_cross_site_post_is_recognised() {
-        let mut headers = HeaderMap::new();
-        headers.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
-        assert!(cross_site(&headers));
-        let mut headers = HeaderMap::new();
-        headers.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
-        assert!(!cross_site(&headers));
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::ORIGIN,
-            HeaderValue::from_static("http://evil.example"),
-        );
-        headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8787"));
-        assert!(cross_site(&headers));
-        headers.insert(
-            header::ORIGIN,
-            HeaderValue::from_static("http://127.0.0.1:8787"),
-        );
-        assert!(!cross_site(&headers));
     }
 }

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use cairn::Engine;
 
-pub(crate) use guard::{Guard, cross_site, loopback_host};
+pub(crate) use guard::Guard;
 
 /// Whether `path` is one of the dashboard's, behind its own gate rather than the API's.
 pub(crate) fn owns(path: &str) -> bool {
@@ -65,14 +65,14 @@ pub(crate) fn routes(guard: std::sync::Arc<Guard>) -> Router<Engine> {
 /// (Server-Sent Events; the list of every workflow refreshes on it).
 async fn live(
     State(engine): State<Engine>,
-    streams: crate::routes::StreamExtensions,
+    streams: crate::stream::StreamExtensions,
     RawQuery(query): RawQuery,
 ) -> Response {
     let pairs = pairs(query.as_deref());
     let cursor = value(&pairs, "cursor")
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    match crate::routes::stream_lease(streams) {
+    match crate::stream::lease(streams) {
         Ok(lease) => crate::stream::follow_changes(engine, cursor, lease).into_response(),
         Err(e) => e.into_response(),
     }
