@@ -215,7 +215,7 @@ enum Gate {
 /// The gate, then the body read within its timeout ([`serve::read_body_within`]), in one
 /// layer (each layer of its own costs every request a boxed future and a clone of the
 /// service under it). A request the gate refuses has no body read (the dashboard's pages,
-/// which the token check lets through to their own gate, are read first, as before).
+/// which this gate lets through to their own when there are tokens, are read first).
 async fn admit(
     admission: std::sync::Arc<Admission>,
     mut req: axum::extract::Request,
