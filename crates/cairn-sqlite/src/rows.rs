@@ -418,8 +418,15 @@ pub(crate) fn encode_all(writes: Vec<Write>) -> Result<Vec<Encoded>> {
             crate::history::encode_with(&records, &steps)
         })
         .collect::<Result<Vec<_>>>()?;
+    // Sized to what it holds, a run of records being one entry: a step's commit (six
+    // writes of ~200 bytes) then fits glibc's per-thread cache (1 KB), which a vector
+    // sized to the writes overflows, every step (see BENCHMARKS.md).
+    let others = writes
+        .iter()
+        .filter(|w| !matches!(w, Write::Log(_)))
+        .count();
+    let mut out = Vec::with_capacity(runs.len() + others);
     let mut runs = runs.into_iter();
-    let mut out = Vec::with_capacity(writes.len());
     let mut in_run = false;
     for write in writes {
         match write {
