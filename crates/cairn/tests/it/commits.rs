@@ -642,6 +642,18 @@ async fn a7_a_branch_running_steps_back_to_back_does_not_hold_another_branchs_co
     engine.shutdown().await;
 }
 
+/// Each body's name and `a`'s state in the store when it ran.
+type Ran = Arc<Mutex<Vec<(&'static str, Option<StepState>)>>>;
+
+/// `instance`'s status once it has ended; a guard, not a wait: an instance with a step
+/// kept unpolled completes in milliseconds or never.
+async fn ended_despite_the_kept_step(instance: &cairn::Instance<Value>) -> cairn::Status<Value> {
+    tokio::time::timeout(std::time::Duration::from_secs(60), instance.wait())
+        .await
+        .expect("the instance hung behind the step kept unpolled")
+        .unwrap()
+}
+
 /// (defect) A step polled once, its start sent carrying the last step's success, then kept
 /// unpolled while the workflow runs another step (a `select!` that another branch won, a
 /// `futures::poll!`): the other step's commit waited for the kept one's to be known landed,
@@ -667,11 +679,7 @@ async fn a7_a_step_kept_unpolled_after_its_start_does_not_hold_the_next_steps_ba
         .create(cairn::CreateOptions::new(json!({})))
         .await
         .unwrap();
-    // A guard, not a wait: the instance completes in milliseconds or never.
-    let status = tokio::time::timeout(std::time::Duration::from_secs(60), instance.wait())
-        .await
-        .expect("the instance hung behind the step kept unpolled")
-        .unwrap();
+    let status = ended_despite_the_kept_step(&instance).await;
     assert_eq!(status.output, Some(json!([1, 2, 3])), "{status:?}");
     engine.shutdown().await;
 }
@@ -688,8 +696,7 @@ async fn a7_a_kept_steps_commit_failing_alone_stops_the_next_body() {
     let store = raw_store_on(BACKEND, &path).await;
     let gates = Gates::default();
     let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    // Each body's name and `a`'s state in the store when it ran.
-    let ran: Arc<Mutex<Vec<(&'static str, Option<StepState>)>>> = Arc::default();
+    let ran = Ran::default();
     let (s, r) = (Arc::clone(&store), Arc::clone(&ran));
     let workflow = wf(move |_, step| {
         let (s, r, runs) = (Arc::clone(&s), Arc::clone(&r), Arc::clone(&runs));
@@ -742,11 +749,7 @@ async fn a7_a_kept_steps_commit_failing_alone_stops_the_next_body() {
     after_it.arrived().await;
     carrying.release();
     after_it.release();
-    // A guard, not a wait: the instance completes in milliseconds or never.
-    let status = tokio::time::timeout(std::time::Duration::from_secs(60), instance.wait())
-        .await
-        .expect("the instance hung behind the step kept unpolled")
-        .unwrap();
+    let status = ended_despite_the_kept_step(&instance).await;
     assert_eq!(
         status.output,
         Some(json!({ "a": 2, "kept": 2, "c": 3 })),
