@@ -389,9 +389,6 @@ pub(crate) async fn local_only<F: Future<Output = Response>>(
     req: Request,
     inner: impl FnOnce(Request) -> F,
 ) -> Response {
-    if req.uri().path() == "/healthz" {
-        return inner(req).await;
-    }
     // A browser always names the host (HTTP/2: in the request's authority); a request
     // without one is not a web page's.
     let authority = req.uri().authority().map(|a| a.as_str().to_owned());

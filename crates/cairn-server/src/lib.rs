@@ -223,12 +223,14 @@ async fn admit(
 ) -> axum::response::Response {
     req.extensions_mut().insert(admission.slots.clone());
     let inner = |req| serve::read_body_within(admission.body_timeout, req, next);
+    // Load balancers probe `/healthz` without credentials, under any host name; it reveals
+    // nothing else.
+    if req.uri().path() == "/healthz" {
+        return inner(req).await;
+    }
     match &admission.gate {
-        // Load balancers probe `/healthz` without credentials; it reveals nothing else. The
-        // dashboard's pages have their own gate (its login form and its sessions' scopes).
-        Gate::Tokens(..) if req.uri().path() == "/healthz" || dashboard::owns(req.uri().path()) => {
-            inner(req).await
-        }
+        // The dashboard's pages have their own gate (its login form and its sessions' scopes).
+        Gate::Tokens(..) if dashboard::owns(req.uri().path()) => inner(req).await,
         Gate::Tokens(tokens, guard) => {
             auth::check(tokens.clone(), |h| guard.session_caller(h), req, inner).await
         }
