@@ -322,9 +322,12 @@ pub async fn throughput(
     // what this bound left behind.
     let after = raw_batched(dir, s, units)?;
     let (spread, spread_cpu) = raw_batched_across(dir, s, units, instances)?;
-    let raw_steps = (before.0.units + after.0.units) as f64
-        / 2.0
-        / (before.0.elapsed + after.0.elapsed).as_secs_f64();
+    let raw_steps = RawBound {
+        commits: before.0.commits + after.0.commits,
+        units: before.0.units + after.0.units,
+        elapsed: before.0.elapsed + after.0.elapsed,
+    }
+    .steps_per_sec();
     let raw_cpu = f64::midpoint(before.1, after.1);
     let total = (instances * steps as usize) as f64;
     let steps_per_sec = total / elapsed;
