@@ -329,9 +329,17 @@ async fn one_lifetime(
             }
         }
     };
-    let journal = tokio::select! {
-        journal = env.store.journal(record.instance) => journal.map_err(Abort::Store)?,
-        abort = state.aborted() => return Err(abort),
+    let journal = if never_started(record) {
+        // Nothing to read: a step row is only ever written in a commit that also records
+        // the instance's first start (the deferred status change rides with it), and a
+        // restart sets `started_at`. One read and one round trip to a reader thread fewer
+        // per new instance.
+        Vec::new()
+    } else {
+        tokio::select! {
+            journal = env.store.journal(record.instance) => journal.map_err(Abort::Store)?,
+            abort = state.aborted() => return Err(abort),
+        }
     };
     // Only a lifetime that resumes a rollback needs to know which handlers to rebuild.
     let needed = if record.rollback_trigger.is_some() {
@@ -543,6 +551,12 @@ enum Next<T> {
 /// The driver's commit of deferred writes, on its way.
 type Flushing<'a> =
     Pin<Box<dyn Future<Output = Result<InstanceStatus, cairn_store::Error>> + Send + 'a>>;
+
+/// Whether the instance was created and never started: queued, with no first start on
+/// record. Such an instance has no journal (see its one use in `one_lifetime`).
+fn never_started(record: &InstanceRecord) -> bool {
+    record.status == InstanceStatus::Queued && record.started_at.is_none()
+}
 
 /// The handlers a rollback will need: started steps with a handler whose compensation has
 /// not finished yet.

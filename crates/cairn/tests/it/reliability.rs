@@ -188,8 +188,8 @@ async fn error_messages_are_capped_once_per_attempt() {
 }
 
 /// A panic in engine code (here: the store call that loads the journal, made on the
-/// driver's task) releases the instance, recorded in its log, and a later lifetime finishes
-/// it; before, the panic was dropped by the scheduler's `JoinSet` and the instance stayed
+/// driver's task when the instance wakes from its nap; a new instance has none to load)
+/// releases the instance, recorded in its log, and a later lifetime finishes it; before, the panic was dropped by the scheduler's `JoinSet` and the instance stayed
 /// leased with no lifetime forever (leases do not expire on SQLite).
 ///
 /// The system clock: with the virtual clock every store call runs on a blocking thread,
@@ -205,7 +205,9 @@ async fn a_panic_in_engine_code_releases_the_instance() {
         }
         Ok(())
     })
+    .hibernate_after(Duration::ZERO)
     .register(wf(|_, step| async move {
+        step.sleep("nap", "10 milliseconds").await?;
         let n: u32 = step.run("s", |_| async { Ok(7) }).await?;
         Ok(json!(n))
     }))
@@ -229,6 +231,69 @@ async fn a_panic_in_engine_code_releases_the_instance() {
             .iter()
             .any(|r| r.entry.meta["enginePanic"] == "injected engine bug"),
         "{waiting:?}"
+    );
+    engine.shutdown().await;
+}
+
+/// A new instance's first lifetime has no journal to load and reads none: one read, and a
+/// round trip to a reader thread, fewer per instance. A lifetime that resumes an instance,
+/// here after a nap it hibernated through, reads it, and answers the step before the nap
+/// from it instead of running its body again.
+#[tokio::test]
+async fn a_new_instance_loads_no_journal_and_a_woken_one_does() {
+    let (_dir, path) = crate::support::temp_db();
+    let journal_reads = Counter::default();
+    let reads = journal_reads.clone();
+    let before_ran = Counter::default();
+    let ran = before_ran.clone();
+    let engine = crate::support::hooked_builder(&path, move |method| {
+        if method == "journal" {
+            reads.bump();
+        }
+        Ok(())
+    })
+    .hibernate_after(Duration::ZERO)
+    .register(wf(move |_, step| {
+        let ran = ran.clone();
+        async move {
+            let a: u32 = step
+                .run("before", |_| {
+                    ran.bump();
+                    async { Ok(1) }
+                })
+                .await?;
+            step.sleep("nap", "10 milliseconds").await?;
+            let b: u32 = step.run("after", |_| async { Ok(2) }).await?;
+            Ok(json!(a + b))
+        }
+    }))
+    .start()
+    .await
+    .unwrap();
+    let instance = engine
+        .workflow::<crate::support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), instance.wait())
+        .await
+        .expect("the instance finished")
+        .unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(status.output, Some(json!(3)));
+    assert!(
+        records(&instance, LogKind::WorkflowWaiting).await.len() == 1,
+        "it hibernated through its nap once"
+    );
+    assert_eq!(
+        journal_reads.get(),
+        1,
+        "read once: by the lifetime that woke it"
+    );
+    assert_eq!(
+        before_ran.get(),
+        1,
+        "the woken lifetime replayed `before` from the journal"
     );
     engine.shutdown().await;
 }
