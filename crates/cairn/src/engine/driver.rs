@@ -597,6 +597,7 @@ async fn run_phase<F: Future>(
     let mut flush: Option<Flushing<'_>> = None;
     loop {
         let next = futures::future::poll_fn(|cx| {
+            state.polling();
             if let Some(commit) = flush.as_mut()
                 && let Poll::Ready(answer) = commit.as_mut().poll(cx)
             {

@@ -4,6 +4,7 @@
 //! Identity is `(kind, name, count)`, claimed synchronously when an op is *created*, so
 //! concurrent ops replay deterministically whatever order they are polled in.
 
+mod answer;
 mod current;
 
 pub(crate) use current::{CURRENT, is_current};
@@ -21,6 +22,7 @@ use tokio::sync::Notify;
 
 use crate::env::Env;
 use crate::failure::WorkflowError;
+use answer::{Answer, SharedAnswer};
 
 /// Why a run lifetime must stop: its writes can no longer land.
 #[derive(Debug, Clone)]
@@ -180,6 +182,7 @@ impl Lifetime {
             control: Arc::clone(&control),
             flights: Arc::new(Flights {
                 n: AtomicUsize::new(0),
+                watched: AtomicBool::new(false),
                 wake: control,
             }),
             resumed: Notify::new(),
@@ -379,6 +382,11 @@ impl Lifetime {
     /// Holds an op at a step boundary while a pause is pending; returns when it is
     /// cancelled. (If the pause takes effect, the lifetime is dropped while waiting here.)
     pub(crate) async fn pause_gate(&self) {
+        // No pause pending (the common case): no waiter to register and take back, which
+        // cost two locks of `resumed` at each of a step's three gates.
+        if !self.pausing() && !self.draining() {
+            return;
+        }
         loop {
             let resumed = self.resumed.notified();
             let mut resumed = std::pin::pin!(resumed);
@@ -528,6 +536,18 @@ impl Lifetime {
         Write::Log(self.log_entry(kind, step, meta))
     }
 
+    /// [`Lifetime::log`] at `at`: for the records of one moment (a step's start, its
+    /// success), which then read the clock once between them.
+    pub(crate) fn log_at(
+        &self,
+        kind: LogKind,
+        step: Option<&StepKey>,
+        meta: serde_json::Value,
+        at: Timestamp,
+    ) -> Write {
+        Write::Log(Self::entry_at(kind, step, meta, at))
+    }
+
     /// The record [`Lifetime::log`] writes, for writes that carry their own record.
     pub(crate) fn log_entry(
         &self,
@@ -535,9 +555,18 @@ impl Lifetime {
         step: Option<&StepKey>,
         meta: serde_json::Value,
     ) -> LogEntry {
+        Self::entry_at(kind, step, meta, self.now())
+    }
+
+    fn entry_at(
+        kind: LogKind,
+        step: Option<&StepKey>,
+        meta: serde_json::Value,
+        at: Timestamp,
+    ) -> LogEntry {
         LogEntry {
             kind,
-            at: self.now(),
+            at,
             step: step.cloned(),
             meta,
         }
@@ -632,7 +661,7 @@ impl Lifetime {
             let carrier = Arc::new(Carrier {
                 first,
                 outcome: std::sync::atomic::AtomicU8::new(0),
-                commit: futures::FutureExt::shared(commit),
+                commit: SharedAnswer::new(commit),
                 ticket: Mutex::new(Some(ticket)),
             });
             self.carriers
@@ -722,12 +751,26 @@ impl Lifetime {
             .clone()
     }
 
-    /// Whether a commit of this lifetime is on its way. The driver makes no commit of its
-    /// own meanwhile: it would wait for that one (a carrier, `commit_now`; or a store that
-    /// takes calls strictly in turn), whose op it does not poll while it waits. It is told
-    /// when one is done, through `control`.
+    /// Whether a commit of this lifetime is on its way, for the driver about to wait: it
+    /// makes no commit of its own meanwhile, since it would wait for that one (a carrier,
+    /// `commit_now`; or a store that takes calls strictly in turn), whose op it does not
+    /// poll while it waits. When this says `true`, the driver is told through `control`
+    /// once the last one is done.
+    ///
+    /// The watch is set before the count is read, and a commit done clears it after
+    /// counting itself out: either the driver reads the count without it, or the commit
+    /// sees the watch and wakes the driver. Nothing is lost between the two.
     pub(crate) fn committing(&self) -> bool {
+        self.flights.watched.store(true, Ordering::SeqCst);
         self.flights.n.load(Ordering::SeqCst) > 0
+    }
+
+    /// The driver is polling: it reads [`Lifetime::committing`] again before it waits, so
+    /// a commit done meanwhile need not wake it. (Each step's commit is done while the
+    /// driver polls the op that awaits it: waking the driver then cost each step a second
+    /// poll of the whole lifetime, and a turn of its loop.)
+    pub(crate) fn polling(&self) {
+        self.flights.watched.store(false, Ordering::SeqCst);
     }
 
     /// Waits until every write deferred so far has landed, or is still waiting for a
@@ -1009,7 +1052,7 @@ struct Carrier {
     /// commit of the lifetime that must know it landed first. The op cannot be the only
     /// one: workflow code may keep it unpolled after its first poll (a `select!` another
     /// branch won) while it runs other steps, whose commits would wait for it for ever.
-    commit: futures::future::Shared<Answer>,
+    commit: SharedAnswer,
     /// Counts it among the lifetime's commits on their way until it is settled, whoever
     /// drove it: an op kept unpolled does not keep the driver from flushing after it.
     ticket: Mutex<Option<Ticket>>,
@@ -1018,6 +1061,8 @@ struct Carrier {
 /// How many commits of a lifetime are on their way, and the driver's wake-up.
 struct Flights {
     n: AtomicUsize,
+    /// Whether the driver waits to be told that none is (`Lifetime::committing`).
+    watched: AtomicBool,
     wake: Arc<Notify>,
 }
 
@@ -1033,7 +1078,9 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if self.0.n.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if self.0.n.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.0.watched.swap(false, Ordering::SeqCst)
+        {
             self.0.wake.notify_one();
         }
     }
@@ -1060,15 +1107,11 @@ impl Carrier {
 
     /// Drives the commit to its answer, with whoever else waits for it, and settles.
     async fn land(&self) -> Result<InstanceStatus, cairn_store::Error> {
-        let answer = self.commit.clone().await;
+        let answer = std::future::poll_fn(|cx| self.commit.poll(cx)).await;
         self.settle(answer.is_ok());
         answer
     }
 }
-
-type Answer = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<InstanceStatus, cairn_store::Error>> + Send>,
->;
 
 /// A commit on its way: its own, or, if it carries deferred writes, its carrier's.
 struct Landing {

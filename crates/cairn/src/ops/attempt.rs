@@ -607,8 +607,13 @@ impl Execution {
         self.set_running(Some(&record));
         state
             .commit(vec![
-                state.log(kinds.step_start, Some(key), self.start_meta(&persisted)),
-                state.log(kinds.attempt_start, Some(key), json!({ "attempt": 1 })),
+                state.log_at(
+                    kinds.step_start,
+                    Some(key),
+                    self.start_meta(&persisted),
+                    now,
+                ),
+                state.log_at(kinds.attempt_start, Some(key), json!({ "attempt": 1 }), now),
                 cairn_store::Write::Step(record.clone()),
             ])
             .await;
@@ -658,12 +663,18 @@ impl Execution {
         record.output = Some(json);
         record.ended_at = Some(now);
         let mut writes = vec![
-            state.log(
+            state.log_at(
                 kinds.attempt_success,
                 Some(key),
                 json!({ "attempt": attempt }),
+                now,
             ),
-            state.log(kinds.step_success, Some(key), json!({ "result": shown })),
+            state.log_at(
+                kinds.step_success,
+                Some(key),
+                json!({ "result": shown }),
+                now,
+            ),
             cairn_store::Write::Step(record),
         ];
         if self.stream {
