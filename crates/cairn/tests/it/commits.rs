@@ -537,6 +537,63 @@ async fn an_op_dropped_while_its_start_waits_for_an_earlier_commit_is_recorded_a
     engine.shutdown().await;
 }
 
+/// A step dropped while its start, carrying the step before's success, is on its way (the
+/// losing branch of a `select!`), and then an await that is not an op: the driver, which
+/// makes no commit while one is on its way, is woken once that start has landed and
+/// commits the dropped step's cancel, while the workflow still waits. Nothing else would
+/// wake it: the start is followed to its end on a task of its own.
+#[tokio::test]
+async fn a7_the_driver_waiting_for_a_dropped_steps_start_is_woken_once_it_landed() {
+    use super::support::{Gates, gated_builder_on, named};
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let (drop_it, dropped) = tokio::sync::oneshot::channel::<()>();
+    let (go_on, proceed) = tokio::sync::oneshot::channel::<()>();
+    let held = Arc::new(Mutex::new(Some((dropped, proceed))));
+    let workflow = named::<0, _, _>(move |_, step| {
+        let held = held.lock().unwrap().take();
+        async move {
+            step.run("a", |_| async { Ok(1u64) }).await?;
+            let Some((dropped, proceed)) = held else {
+                return Ok(json!("again"));
+            };
+            tokio::select! {
+                biased;
+                _ = dropped => {}
+                x = step.run("x", |_| async { Ok(2u64) }) => { x?; }
+            }
+            // Not an op, and nothing the engine wakes.
+            let _ = proceed.await;
+            Ok(json!("done"))
+        }
+    });
+    let builder = gated_builder_on(Arc::clone(&store), gates.clone());
+    let (engine, instance, start) =
+        started_with_its_first_commit_held(builder.register(workflow), &gates).await;
+    // `x`'s start, which carries `a`'s success, is held on its way.
+    let x_start = gates.arm("commit");
+    start.release();
+    x_start.arrived().await;
+    drop_it.send(()).unwrap();
+    x_start.release();
+    let cancelled = async {
+        while stored_steps(&*store).await.get("x").map(|(state, _)| *state)
+            != Some(StepState::Cancelled)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), cancelled)
+        .await
+        .expect("the driver commits the dropped step's cancel while the workflow waits");
+    go_on.send(()).unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!("done")), "{status:?}");
+    assert_eq!(stored_steps(&*store).await["a"].0, StepState::Succeeded);
+    engine.shutdown().await;
+}
+
 /// The driver's flush carries `pay`'s success and is still on its way when the workflow
 /// fails right after: the rollback reads the journal (for the handlers' outputs) only
 /// once that commit has landed. Before, the flush was dropped with the workflow and the
