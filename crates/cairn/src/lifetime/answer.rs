@@ -63,28 +63,47 @@ impl SharedAnswer {
         };
         *state = State::Done(outcome.clone());
         drop(state);
-        self.waiters.wake_all_but(cx.waker());
+        self.waiters.wake_all_but(Some(cx.waker()));
         Poll::Ready(outcome)
     }
 }
 
 /// The wakers of the futures waiting for a commit; the waker the commit's future is polled
-/// with wakes them all.
+/// with wakes them all. Mostly one (the op that made the commit), kept without allocating.
 #[derive(Default)]
-struct Waiters(Mutex<Vec<Waker>>);
+struct Waiters(Mutex<Wakers>);
+
+#[derive(Default)]
+struct Wakers {
+    first: Option<Waker>,
+    more: Vec<Waker>,
+}
+
+impl Wakers {
+    fn iter(&self) -> impl Iterator<Item = &Waker> {
+        self.first.iter().chain(&self.more)
+    }
+}
 
 impl Waiters {
     fn register(&self, waker: &Waker) {
         let mut wakers = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if !wakers.iter().any(|w| w.will_wake(waker)) {
-            wakers.push(waker.clone());
+        if wakers.iter().any(|w| w.will_wake(waker)) {
+            return;
+        }
+        match &wakers.first {
+            None => wakers.first = Some(waker.clone()),
+            Some(_) => wakers.more.push(waker.clone()),
         }
     }
 
-    fn wake_all_but(&self, current: &Waker) {
+    /// Wakes every waiter but `current` (`None`: every one). Taken out first: a waiter
+    /// woken registers again when it polls again.
+    fn wake_all_but(&self, current: Option<&Waker>) {
         let wakers = std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner));
-        for waker in wakers {
-            if !waker.will_wake(current) {
+        let Wakers { first, more } = wakers;
+        for waker in first.into_iter().chain(more) {
+            if !current.is_some_and(|current| waker.will_wake(current)) {
                 waker.wake();
             }
         }
@@ -97,11 +116,7 @@ impl Wake for Waiters {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        // Taken out first: a waiter woken re-registers when it polls again.
-        let wakers = std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner));
-        for waker in wakers {
-            waker.wake();
-        }
+        self.wake_all_but(None);
     }
 }
 
