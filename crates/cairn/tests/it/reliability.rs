@@ -188,8 +188,9 @@ async fn error_messages_are_capped_once_per_attempt() {
 }
 
 /// A panic in engine code (here: the store call that loads the journal, made on the
-/// driver's task when the instance wakes from its nap; a new instance has none to load)
-/// releases the instance, recorded in its log, and a later lifetime finishes it; before, the panic was dropped by the scheduler's `JoinSet` and the instance stayed
+/// driver's task when the instance wakes from its wait for an event; a new instance has
+/// none to load) releases the instance, recorded in its log, and a later lifetime finishes
+/// it; before, the panic was dropped by the scheduler's `JoinSet` and the instance stayed
 /// leased with no lifetime forever (leases do not expire on SQLite).
 ///
 /// The system clock: with the virtual clock every store call runs on a blocking thread,
@@ -207,7 +208,7 @@ async fn a_panic_in_engine_code_releases_the_instance() {
     })
     .hibernate_after(Duration::ZERO)
     .register(wf(|_, step| async move {
-        step.sleep("nap", "10 milliseconds").await?;
+        step.wait_for_event::<Value>("wait", "go").await?;
         let n: u32 = step.run("s", |_| async { Ok(7) }).await?;
         Ok(json!(n))
     }))
@@ -219,6 +220,8 @@ async fn a_panic_in_engine_code_releases_the_instance() {
         .create(cairn::CreateOptions::new(json!({})))
         .await
         .unwrap();
+    hibernated(&instance).await;
+    instance.send_event("go", &json!({})).await.unwrap();
     let status = tokio::time::timeout(Duration::from_secs(30), instance.wait())
         .await
         .expect("the instance was released and finished")
@@ -235,10 +238,23 @@ async fn a_panic_in_engine_code_releases_the_instance() {
     engine.shutdown().await;
 }
 
+/// Waits until `instance` has let go of its lifetime to wait (its `WORKFLOW_WAITING`
+/// record is committed with its hibernation): an event sent now wakes it in a new one.
+async fn hibernated(instance: &cairn::Instance<Value>) {
+    let waiting = async {
+        while records(instance, LogKind::WorkflowWaiting).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the instance hibernated");
+}
+
 /// A new instance's first lifetime has no journal to load and reads none: one read, and a
 /// round trip to a reader thread, fewer per instance. A lifetime that resumes an instance,
-/// here after a nap it hibernated through, reads it, and answers the step before the nap
-/// from it instead of running its body again.
+/// here woken from a wait it hibernated through, reads it, and answers the step before the
+/// wait from it instead of running its body again.
 #[tokio::test]
 async fn a_new_instance_loads_no_journal_and_a_woken_one_does() {
     let (_dir, path) = crate::support::temp_db();
@@ -262,7 +278,7 @@ async fn a_new_instance_loads_no_journal_and_a_woken_one_does() {
                     async { Ok(1) }
                 })
                 .await?;
-            step.sleep("nap", "10 milliseconds").await?;
+            step.wait_for_event::<Value>("wait", "go").await?;
             let b: u32 = step.run("after", |_| async { Ok(2) }).await?;
             Ok(json!(a + b))
         }
@@ -275,6 +291,8 @@ async fn a_new_instance_loads_no_journal_and_a_woken_one_does() {
         .create(cairn::CreateOptions::new(json!({})))
         .await
         .unwrap();
+    hibernated(&instance).await;
+    instance.send_event("go", &json!({})).await.unwrap();
     let status = tokio::time::timeout(Duration::from_secs(30), instance.wait())
         .await
         .expect("the instance finished")
@@ -283,7 +301,7 @@ async fn a_new_instance_loads_no_journal_and_a_woken_one_does() {
     assert_eq!(status.output, Some(json!(3)));
     assert!(
         records(&instance, LogKind::WorkflowWaiting).await.len() == 1,
-        "it hibernated through its nap once"
+        "it hibernated through its wait once"
     );
     assert_eq!(
         journal_reads.get(),
