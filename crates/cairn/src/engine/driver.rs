@@ -330,10 +330,9 @@ async fn one_lifetime(
         }
     };
     let journal = if never_started(record) {
-        // Nothing to read: a step row is only ever written in a commit that also records
-        // the instance's first start (the deferred status change rides with it), and a
-        // restart sets `started_at`. One read and one round trip to a reader thread fewer
-        // per new instance.
+        // Nothing to read: no step's start lands before the instance's first start has
+        // (`Lifetime::defer_first_start`), and a restart sets `started_at`. One read and
+        // one round trip to a reader thread fewer per new instance.
         Vec::new()
     } else {
         tokio::select! {
@@ -374,7 +373,7 @@ async fn one_lifetime(
             // it leaves the instance as it was, to be claimed again. That commit tells
             // status waiters (`announce.rs`). A pause pending when it was claimed holds
             // the first op at its gate (SPEC E26).
-            state.defer(writes);
+            state.defer_first_start(writes);
             state.observe(record.status);
         }
         if record.started_at.is_none() {

@@ -20,7 +20,8 @@ pub(super) type Answer = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 ///
 /// Unlike `futures::future::Shared`, the waiter whose poll sees the commit complete is not
 /// woken for it: it has the outcome already. (`Shared` wakes every waiter then, that one
-/// too, which cost every step of a workflow a second poll of its whole lifetime.)
+/// too, which cost every step of a workflow a second poll of its whole lifetime.) Other
+/// waiters are, even those of the same task: each waiter has a slot of its own.
 pub(super) struct SharedAnswer {
     state: Mutex<State>,
     /// The waiters to wake when the commit's future makes progress.
@@ -32,6 +33,9 @@ enum State {
     Done(Outcome),
 }
 
+/// A waiter's slot among a [`SharedAnswer`]'s: `None` until it first waits.
+pub(super) type Slot = Option<u64>;
+
 impl SharedAnswer {
     pub(super) fn new(commit: Answer) -> Self {
         SharedAnswer {
@@ -40,11 +44,11 @@ impl SharedAnswer {
         }
     }
 
-    /// Polls the commit for the waiter of `cx`, driving it if it is still on its way.
-    pub(super) fn poll(&self, cx: &mut Context<'_>) -> Poll<Outcome> {
+    /// Polls the commit for the waiter in `slot`, driving it if it is still on its way.
+    pub(super) fn poll(&self, slot: &mut Slot, cx: &mut Context<'_>) -> Poll<Outcome> {
         // A panic of the commit's future (a store's bug) poisons the lock: the panicking
-        // waiter unwinds with it, and the others learn that the commit is not known to
-        // have landed.
+        // waiter unwinds with it, waking the others, which learn that the commit is not
+        // known to have landed.
         let Ok(mut state) = self.state.lock() else {
             return Poll::Ready(Err(cairn_store::Error::Unavailable(
                 "a commit panicked in the store".into(),
@@ -56,54 +60,80 @@ impl SharedAnswer {
         };
         // Registered before the poll: a completion on another thread right after it
         // wakes this waiter.
-        self.waiters.register(cx.waker());
+        let key = self.waiters.register(slot, cx.waker());
         let waker = Waker::from(Arc::clone(&self.waiters));
-        let Poll::Ready(outcome) = commit.as_mut().poll(&mut Context::from_waker(&waker)) else {
+        let unwinding = WakeOnUnwind(&self.waiters);
+        let polled = commit.as_mut().poll(&mut Context::from_waker(&waker));
+        std::mem::forget(unwinding);
+        let Poll::Ready(outcome) = polled else {
             return Poll::Pending;
         };
         *state = State::Done(outcome.clone());
         drop(state);
-        self.waiters.wake_all_but(Some(cx.waker()));
+        self.waiters.wake_all_but(Some(key));
         Poll::Ready(outcome)
     }
 }
 
-/// The wakers of the futures waiting for a commit; the waker the commit's future is polled
-/// with wakes them all. Mostly one (the op that made the commit), kept without allocating.
+/// Wakes every waiter if the commit's future panics while polled.
+struct WakeOnUnwind<'a>(&'a Waiters);
+
+impl Drop for WakeOnUnwind<'_> {
+    fn drop(&mut self) {
+        self.0.wake_all_but(None);
+    }
+}
+
+/// The wakers of the futures waiting for a commit, each in its slot; the waker the
+/// commit's future is polled with wakes them all. Mostly one (the op that made the
+/// commit), kept without allocating.
 #[derive(Default)]
 struct Waiters(Mutex<Wakers>);
 
 #[derive(Default)]
 struct Wakers {
-    first: Option<Waker>,
-    more: Vec<Waker>,
-}
-
-impl Wakers {
-    fn iter(&self) -> impl Iterator<Item = &Waker> {
-        self.first.iter().chain(&self.more)
-    }
+    first: Option<(u64, Waker)>,
+    more: Vec<(u64, Waker)>,
+    /// The slot the next new waiter gets.
+    next: u64,
 }
 
 impl Waiters {
-    fn register(&self, waker: &Waker) {
+    /// Keeps `waker` in the waiter's slot (a new one if it has none, or if its slot was
+    /// emptied by a wake-up since), and returns the slot.
+    fn register(&self, slot: &mut Slot, waker: &Waker) -> u64 {
         let mut wakers = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if wakers.iter().any(|w| w.will_wake(waker)) {
-            return;
+        let Wakers { first, more, next } = &mut *wakers;
+        if let Some(key) = *slot
+            && let Some((_, kept)) = first
+                .iter_mut()
+                .chain(more.iter_mut())
+                .find(|(k, _)| *k == key)
+        {
+            if !kept.will_wake(waker) {
+                kept.clone_from(waker);
+            }
+            return key;
         }
-        match &wakers.first {
-            None => wakers.first = Some(waker.clone()),
-            Some(_) => wakers.more.push(waker.clone()),
+        let key = *next;
+        *next += 1;
+        *slot = Some(key);
+        match first {
+            None => *first = Some((key, waker.clone())),
+            Some(_) => more.push((key, waker.clone())),
         }
+        key
     }
 
-    /// Wakes every waiter but `current` (`None`: every one). Taken out first: a waiter
-    /// woken registers again when it polls again.
-    fn wake_all_but(&self, current: Option<&Waker>) {
-        let wakers = std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner));
-        let Wakers { first, more } = wakers;
-        for waker in first.into_iter().chain(more) {
-            if !current.is_some_and(|current| waker.will_wake(current)) {
+    /// Wakes the waiter of every slot but `current`'s (`None`: every one), and empties
+    /// them: a waiter woken registers again when it polls again.
+    fn wake_all_but(&self, current: Option<u64>) {
+        let mut wakers = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = wakers.first.take();
+        let more = std::mem::take(&mut wakers.more);
+        drop(wakers);
+        for (key, waker) in first.into_iter().chain(more) {
+            if Some(key) != current {
                 waker.wake();
             }
         }
@@ -122,7 +152,7 @@ impl Wake for Waiters {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use super::*;
 
@@ -136,9 +166,40 @@ mod tests {
         }
     }
 
-    fn counted() -> (Arc<Counted>, Waker) {
-        let counted = Arc::new(Counted::default());
-        (Arc::clone(&counted), Waker::from(counted))
+    /// A waiter: its waker, how often that was woken, and its slot.
+    struct Waiter {
+        woken: Arc<Counted>,
+        waker: Waker,
+        slot: Slot,
+    }
+
+    impl Waiter {
+        fn new() -> Self {
+            let woken = Arc::new(Counted::default());
+            let waker = Waker::from(Arc::clone(&woken));
+            Waiter {
+                woken,
+                waker,
+                slot: None,
+            }
+        }
+
+        /// Another waiter of the same task: the same waker, a slot of its own.
+        fn beside(&self) -> Self {
+            Waiter {
+                woken: Arc::clone(&self.woken),
+                waker: self.waker.clone(),
+                slot: None,
+            }
+        }
+
+        fn poll(&mut self, answer: &SharedAnswer) -> Poll<Outcome> {
+            answer.poll(&mut self.slot, &mut Context::from_waker(&self.waker))
+        }
+
+        fn woken(&self) -> usize {
+            self.woken.0.load(Ordering::SeqCst)
+        }
     }
 
     /// A commit answered by a oneshot channel, as the stores answer.
@@ -151,9 +212,10 @@ mod tests {
         (tx, answer)
     }
 
-    /// A commit that completes when its gate opens, waking nobody itself.
-    fn gated() -> (Arc<std::sync::atomic::AtomicBool>, SharedAnswer) {
-        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    /// A commit that completes when its gate opens, waking nobody itself (as a channel
+    /// answered, whose wake-up has not come yet).
+    fn gated() -> (Arc<AtomicBool>, SharedAnswer) {
+        let open = Arc::new(AtomicBool::new(false));
         let gate = Arc::clone(&open);
         let answer = SharedAnswer::new(Box::pin(std::future::poll_fn(move |_| {
             if gate.load(Ordering::SeqCst) {
@@ -165,65 +227,73 @@ mod tests {
         (open, answer)
     }
 
+    const DONE: Poll<Outcome> = Poll::Ready(Ok(InstanceStatus::Complete));
+
     /// The waiter whose poll sees the commit complete is not woken for it (it has the
     /// outcome); the others are, and learn the same outcome, as does a later poll.
     #[test]
     fn the_waiter_that_sees_the_commit_complete_is_not_woken_and_the_others_are() {
         let (open, answer) = gated();
-        let (a_count, a) = counted();
-        let (b_count, b) = counted();
-        assert!(answer.poll(&mut Context::from_waker(&a)).is_pending());
-        assert!(answer.poll(&mut Context::from_waker(&b)).is_pending());
+        let (mut a, mut b) = (Waiter::new(), Waiter::new());
+        assert!(a.poll(&answer).is_pending());
+        assert!(b.poll(&answer).is_pending());
         open.store(true, Ordering::SeqCst);
-        let done = Poll::Ready(Ok(InstanceStatus::Complete));
-        assert_eq!(answer.poll(&mut Context::from_waker(&b)), done);
-        assert_eq!(
-            b_count.0.load(Ordering::SeqCst),
-            0,
-            "the waiter that saw it"
-        );
-        assert_eq!(a_count.0.load(Ordering::SeqCst), 1, "the other waiter");
-        assert_eq!(answer.poll(&mut Context::from_waker(&a)), done);
-        let (c_count, c) = counted();
-        assert_eq!(answer.poll(&mut Context::from_waker(&c)), done);
-        assert_eq!(
-            c_count.0.load(Ordering::SeqCst),
-            0,
-            "an answer known wakes nobody"
-        );
-        assert_eq!(a_count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(b.poll(&answer), DONE);
+        assert_eq!(b.woken(), 0, "the waiter that saw it");
+        assert_eq!(a.woken(), 1, "the other waiter");
+        assert_eq!(a.poll(&answer), DONE);
+        let mut c = Waiter::new();
+        assert_eq!(c.poll(&answer), DONE);
+        assert_eq!(c.woken(), 0, "an answer known wakes nobody");
+        assert_eq!(a.woken(), 1);
+    }
+
+    /// Two waiters of one task (an op, and a later op's wait for it): the one that sees
+    /// the commit complete wakes the task for the other, which would otherwise wait for a
+    /// wake-up already spent.
+    #[test]
+    fn a_waiter_of_the_same_task_is_woken_by_the_one_that_saw_the_commit_complete() {
+        let (open, answer) = gated();
+        let mut op = Waiter::new();
+        let mut later = op.beside();
+        assert!(op.poll(&answer).is_pending());
+        open.store(true, Ordering::SeqCst);
+        assert_eq!(later.poll(&answer), DONE);
+        assert_eq!(op.woken(), 1, "the task is polled again, for the op");
+        assert_eq!(op.poll(&answer), DONE);
     }
 
     /// The store's answer wakes every waiter, each once however often it polled.
     #[test]
     fn the_stores_answer_wakes_every_waiter_once() {
         let (tx, answer) = commit();
-        let (a_count, a) = counted();
-        let (b_count, b) = counted();
-        assert!(answer.poll(&mut Context::from_waker(&a)).is_pending());
-        assert!(answer.poll(&mut Context::from_waker(&b)).is_pending());
-        assert!(answer.poll(&mut Context::from_waker(&a)).is_pending());
+        let (mut a, mut b) = (Waiter::new(), Waiter::new());
+        assert!(a.poll(&answer).is_pending());
+        assert!(b.poll(&answer).is_pending());
+        assert!(a.poll(&answer).is_pending());
         tx.send(Ok(InstanceStatus::Running)).unwrap();
-        assert_eq!(a_count.0.load(Ordering::SeqCst), 1);
-        assert_eq!(b_count.0.load(Ordering::SeqCst), 1);
+        assert_eq!((a.woken(), b.woken()), (1, 1));
         let done = Poll::Ready(Ok(InstanceStatus::Running));
-        assert_eq!(answer.poll(&mut Context::from_waker(&a)), done);
-        assert_eq!(answer.poll(&mut Context::from_waker(&b)), done);
+        assert_eq!(a.poll(&answer), done);
+        assert_eq!(b.poll(&answer), done);
     }
 
-    /// A commit's future that panics: the waiter polling it unwinds, and the others learn
-    /// that it is not known to have landed.
+    /// A commit's future that panics: the waiter polling it unwinds and wakes the others,
+    /// which learn that it is not known to have landed.
     #[test]
-    fn a_panicking_commit_fails_the_other_waiters() {
+    fn a_panicking_commit_wakes_and_fails_the_other_waiters() {
         let answer = SharedAnswer::new(Box::pin(async { panic!("a store's bug") }));
-        let (_, a) = counted();
-        let (_, b) = counted();
+        let (mut a, mut b) = (Waiter::new(), Waiter::new());
+        // `b` registered first, by a poll that found the commit on its way: a future that
+        // panics at once cannot give it one, so its slot is taken by hand.
+        answer.waiters.register(&mut b.slot, &b.waker.clone());
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _ = answer.poll(&mut Context::from_waker(&a));
+            let _ = a.poll(&answer);
         }));
         assert!(unwound.is_err());
+        assert_eq!(b.woken(), 1, "woken by the unwinding waiter");
         assert!(matches!(
-            answer.poll(&mut Context::from_waker(&b)),
+            b.poll(&answer),
             Poll::Ready(Err(cairn_store::Error::Unavailable(_)))
         ));
     }

@@ -10,7 +10,7 @@ mod current;
 pub(crate) use current::{CURRENT, is_current};
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cairn_core::{
@@ -75,6 +75,9 @@ pub(crate) struct Lifetime {
     /// its own): they ride along with this lifetime's next commit, which the driver makes
     /// as soon as the workflow is pending without one.
     deferred: Mutex<Deferred>,
+    /// The batch of deferred writes that records the instance's first start, until a
+    /// commit carrying it has landed (0: none waits).
+    first_start: AtomicU64,
     /// The commits that took deferred writes along and are not known to have landed (a
     /// failed one stays): a commit answers only once those carrying what was deferred
     /// before it was made have landed, and is sent only then unless it merely starts an
@@ -189,6 +192,7 @@ impl Lifetime {
             in_flight: AtomicUsize::new(0),
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
             deferred: Mutex::new(Deferred::default()),
+            first_start: AtomicU64::new(0),
             carriers: Mutex::new(Vec::new()),
             invoked: AtomicBool::new(false),
             checking: AtomicBool::new(false),
@@ -617,8 +621,16 @@ impl Lifetime {
     ) -> Result<InstanceStatus, cairn_store::Error> {
         let made = self.deferred_so_far();
         let at_once = writes.iter().all(starts_an_attempt);
+        let first_start = self.first_start.load(Ordering::SeqCst);
         if !at_once {
             self.carried_through(made).await?;
+        } else if first_start != 0 {
+            // Not even an attempt's start lands before the instance's first start has: a
+            // step row stored for an instance never started would be taken for none by
+            // its next lifetime, which reads no journal for such an instance
+            // (`engine/driver.rs`). Only a step started beside the first (a `join!`)
+            // waits, for the commit carrying the start; the first step's start carries it.
+            self.carried_through(first_start).await?;
         }
         // From here on nothing awaits until the commit is queued.
         // Checked before the deferred writes are taken: refused here, they stay for the
@@ -632,6 +644,8 @@ impl Lifetime {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         let carries = !deferred.is_empty();
+        // This commit carries the first start: once it has landed, no later one waits.
+        let carries_first_start = carries && first_start != 0 && first <= first_start;
         // Attempts the workflow stopped awaiting, counted once their cancel is committed.
         let cancelled: Vec<String> = deferred
             .iter()
@@ -681,6 +695,9 @@ impl Lifetime {
             }
         };
         let mut committed = landing.land().await;
+        if committed.is_ok() && carries_first_start {
+            self.first_start.store(0, Ordering::SeqCst);
+        }
         if committed.is_ok()
             && at_once
             && let Err(e) = self.carried_through(made).await
@@ -838,6 +855,17 @@ impl Lifetime {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(writes);
+    }
+
+    /// [`Lifetime::defer`] for the writes that record the instance's first start: no
+    /// step's start lands before they have ([`Lifetime::commit_now`]).
+    pub(crate) fn defer_first_start(&self, writes: Vec<Write>) {
+        let mut deferred = self
+            .deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        deferred.push(writes);
+        self.first_start.store(deferred.made, Ordering::SeqCst);
     }
 
     /// Returns whether this call set the reason (the first abort wins).
@@ -1107,7 +1135,8 @@ impl Carrier {
 
     /// Drives the commit to its answer, with whoever else waits for it, and settles.
     async fn land(&self) -> Result<InstanceStatus, cairn_store::Error> {
-        let answer = std::future::poll_fn(|cx| self.commit.poll(cx)).await;
+        let mut slot = None;
+        let answer = std::future::poll_fn(|cx| self.commit.poll(&mut slot, cx)).await;
         self.settle(answer.is_ok());
         answer
     }

@@ -529,10 +529,11 @@ impl Execution {
     {
         let state = &*self.state;
         // A panic while the body builds its future is an attempt failure too.
-        let deadline = state.env.clock.now().saturating_add(config.timeout);
         let mut attempt = std::pin::pin!(
             crate::panic::guarded(|| span.in_scope(|| body(ctx))).instrument(span.clone())
         );
+        // Counted from once the body has built its future, as always.
+        let deadline = state.env.clock.now().saturating_add(config.timeout);
         // The timeout's timer is set only once the body is pending: a body that is done
         // in its first poll (most are, or are waiting on I/O by then) costs no timer, whose
         // setting and cancelling on the runtime's timer wheel was ~2 % of a no-op step. It

@@ -537,6 +537,74 @@ async fn an_op_dropped_while_its_start_waits_for_an_earlier_commit_is_recorded_a
     engine.shutdown().await;
 }
 
+/// Two steps started side by side as a new instance's first ops: the first's start
+/// carries the instance's first start; the second's is not sent before that has landed.
+/// Here that commit fails alone: nothing of the run is stored, and the next lifetime,
+/// which reads no journal for an instance never started, runs both afresh, each started
+/// once. Before, the second start was sent at once and could land alone: the next
+/// lifetime, taking the instance for a new one, started that step a second time (a second
+/// `STEP_START`, and its interrupted attempt not counted).
+#[tokio::test]
+async fn a7_no_step_start_lands_before_the_instances_first_start() {
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = super::support::Gates::default();
+    let workflow = || {
+        wf(|_, step| async move {
+            let (a, b) = futures::try_join!(
+                step.run("a", |_| async { Ok(1u64) }),
+                step.run("b", |_| async { Ok(2u64) }),
+            )?;
+            Ok(json!(a + b))
+        })
+    };
+    let first = super::support::gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    let carrying = gates.arm_failing("commit");
+    let beside = gates.arm("commit");
+    let instance = first
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    carrying.arrived().await;
+    // The lifetime's poll that sent `a`'s start is over (this runtime has one thread).
+    assert!(
+        !beside.has_arrived(),
+        "b's start was sent while the commit carrying the instance's first start was on its way"
+    );
+    carrying.release();
+    first.shutdown().await;
+    beside.release();
+    drop(instance);
+    drop(store);
+    let store = raw_store_on(BACKEND, &path).await;
+    assert!(stored_steps(&*store).await.is_empty());
+    let second = cairn::Engine::builder()
+        .store(Arc::clone(&store))
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    let instance = second
+        .workflow::<super::support::FnWorkflow>()
+        .get("x")
+        .await
+        .unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!(3)), "{status:?}");
+    let starts: Vec<String> = super::support::records(&instance, LogKind::StepStart)
+        .await
+        .into_iter()
+        .filter_map(|r| r.entry.step.map(|k| k.name))
+        .collect();
+    assert_eq!(starts.len(), 2, "each step started once: {starts:?}");
+    second.shutdown().await;
+}
+
 /// A step dropped while its start, carrying the step before's success, is on its way (the
 /// losing branch of a `select!`), and then an await that is not an op: the driver, which
 /// makes no commit while one is on its way, is woken once that start has landed and
