@@ -215,17 +215,7 @@ async fn a_panic_in_engine_code_releases_the_instance() {
     .start()
     .await
     .unwrap();
-    let instance = engine
-        .workflow::<crate::support::FnWorkflow>()
-        .create(cairn::CreateOptions::new(json!({})))
-        .await
-        .unwrap();
-    hibernated(&instance).await;
-    instance.send_event("go", &json!({})).await.unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), instance.wait())
-        .await
-        .expect("the instance was released and finished")
-        .unwrap();
+    let (instance, status) = woken_to_its_end(&engine).await;
     assert_eq!(status.status, InstanceStatus::Complete);
     assert_eq!(status.output, Some(json!(7)));
     let waiting = records(&instance, LogKind::WorkflowWaiting).await;
@@ -238,17 +228,34 @@ async fn a_panic_in_engine_code_releases_the_instance() {
     engine.shutdown().await;
 }
 
-/// Waits until `instance` has let go of its lifetime to wait (its `WORKFLOW_WAITING`
-/// record is committed with its hibernation): an event sent now wakes it in a new one.
-async fn hibernated(instance: &cairn::Instance<Value>) {
+/// Creates an instance of the workflow that waits for a `go` event; once it has let go of
+/// its lifetime to wait (its `WORKFLOW_WAITING` record is committed with its
+/// hibernation), sends the event, which wakes it in a new lifetime; waits for its end.
+async fn woken_to_its_end(
+    engine: &cairn::Engine,
+) -> (cairn::Instance<Value>, cairn::Status<Value>) {
+    let instance = engine
+        .workflow::<crate::support::FnWorkflow>()
+        .create(cairn::CreateOptions::new(json!({})))
+        .await
+        .unwrap();
     let waiting = async {
-        while records(instance, LogKind::WorkflowWaiting).await.is_empty() {
+        while records(&instance, LogKind::WorkflowWaiting)
+            .await
+            .is_empty()
+        {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     };
     tokio::time::timeout(Duration::from_secs(30), waiting)
         .await
         .expect("the instance hibernated");
+    instance.send_event("go", &json!({})).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), instance.wait())
+        .await
+        .expect("the instance finished")
+        .unwrap();
+    (instance, status)
 }
 
 /// A new instance's first lifetime has no journal to load and reads none: one read, and a
@@ -286,17 +293,7 @@ async fn a_new_instance_loads_no_journal_and_a_woken_one_does() {
     .start()
     .await
     .unwrap();
-    let instance = engine
-        .workflow::<crate::support::FnWorkflow>()
-        .create(cairn::CreateOptions::new(json!({})))
-        .await
-        .unwrap();
-    hibernated(&instance).await;
-    instance.send_event("go", &json!({})).await.unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), instance.wait())
-        .await
-        .expect("the instance finished")
-        .unwrap();
+    let (instance, status) = woken_to_its_end(&engine).await;
     assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
     assert_eq!(status.output, Some(json!(3)));
     assert!(
