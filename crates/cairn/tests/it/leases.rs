@@ -61,10 +61,13 @@ async fn a_lease_renewal_does_not_stop_a_lifetime_claimed_while_it_was_in_flight
         Arc::new(Semaphore::new(0)),
         Arc::new(Semaphore::new(0)),
     );
-    // Long enough that no lease runs out while the test holds a call on a loaded machine.
+    // Long enough that no lease runs out while the test holds a call on a loaded machine:
+    // `a`'s renewal is held from its tick (a third of the TTL) until `b`'s body has
+    // started, and must land within the TTL of `a`'s claim. 6 s left ~4 s for that, which
+    // a full CI run on PostgreSQL once overran (`a` lost its lease, and its attempt).
     let engine = gated_builder(BACKEND, &path, gates.clone())
         .await
-        .lease_ttl(Duration::from_secs(6))
+        .lease_ttl(Duration::from_secs(12))
         .register(held(
             runs.clone(),
             started.clone(),
