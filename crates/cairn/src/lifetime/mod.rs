@@ -857,6 +857,23 @@ impl Lifetime {
             .push(writes);
     }
 
+    /// Waits until the instance's first start has landed, if a commit carries it (or
+    /// is yet to: then nothing to wait for, the next commit takes it along). An attempt's
+    /// start waits here before it counts as in progress, so that one dropped while it
+    /// waits has started nothing, and [`Lifetime::commit_now`] waits no more. Like
+    /// [`Lifetime::commit`], never resolves if that commit failed: the lifetime is
+    /// aborted.
+    pub(crate) async fn first_start_landed(&self) {
+        let first_start = self.first_start.load(Ordering::SeqCst);
+        if first_start == 0 {
+            return;
+        }
+        if let Err(e) = self.carried_through(first_start).await {
+            self.abort(Abort::Store(e));
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// [`Lifetime::defer`] for the writes that record the instance's first start: no
     /// step's start lands before they have ([`Lifetime::commit_now`]).
     pub(crate) fn defer_first_start(&self, writes: Vec<Write>) {

@@ -583,14 +583,20 @@ impl Execution {
     ) -> (StepRecord, ResolvedConfig) {
         let kinds = self.kinds;
         let state = &*self.state;
-        // No new attempt starts while a pause is pending.
+        // No new attempt starts while a pause is pending, nor before the instance's first
+        // start has landed (a step started beside the first one waits for it here, before
+        // it counts as in progress: dropped meanwhile, it has started nothing to cancel).
         state.pause_gate().await;
+        // Its place in the start order is taken before that wait, in the order the code
+        // started its steps (the waiting ones may go on in any order).
+        let seq = state.next_seq();
+        state.first_start_landed().await;
         self.attempt_begin();
         let now = state.now();
         let (persisted, config) = persisted_config(resolved, self.stream);
         let record = StepRecord {
             key: key.clone(),
-            seq: state.next_seq(),
+            seq,
             state: StepState::Running,
             config: Arc::clone(&persisted),
             attempts: 1,
