@@ -621,17 +621,14 @@ impl Lifetime {
     ) -> Result<InstanceStatus, cairn_store::Error> {
         let made = self.deferred_so_far();
         let at_once = writes.iter().all(starts_an_attempt);
-        let first_start = self.first_start.load(Ordering::SeqCst);
-        if !at_once {
+        if at_once {
+            // Not even an attempt's start lands before the instance's first start has
+            // (an attempt's start has waited already, `Lifetime::first_start_landed`).
+            self.first_start_carried().await?;
+        } else {
             self.carried_through(made).await?;
-        } else if first_start != 0 {
-            // Not even an attempt's start lands before the instance's first start has: a
-            // step row stored for an instance never started would be taken for none by
-            // its next lifetime, which reads no journal for such an instance
-            // (`engine/driver.rs`). Only a step started beside the first (a `join!`)
-            // waits, for the commit carrying the start; the first step's start carries it.
-            self.carried_through(first_start).await?;
         }
+        let first_start = self.first_start.load(Ordering::SeqCst);
         // From here on nothing awaits until the commit is queued.
         // Checked before the deferred writes are taken: refused here, they stay for the
         // next commit (after a late renewal) instead of being lost with no carrier to say so.
@@ -864,13 +861,21 @@ impl Lifetime {
     /// [`Lifetime::commit`], never resolves if that commit failed: the lifetime is
     /// aborted.
     pub(crate) async fn first_start_landed(&self) {
-        let first_start = self.first_start.load(Ordering::SeqCst);
-        if first_start == 0 {
-            return;
-        }
-        if let Err(e) = self.carried_through(first_start).await {
+        if let Err(e) = self.first_start_carried().await {
             self.abort(Abort::Store(e));
             std::future::pending::<()>().await;
+        }
+    }
+
+    /// Waits until the commit carrying the instance's first start has landed, if one
+    /// does; an error if it did not land. A step row stored for an instance never started
+    /// would be taken for none by its next lifetime, which reads no journal for such an
+    /// instance (`engine/driver.rs`). Only a step started beside the first (a `join!`)
+    /// waits: the first step's start carries it.
+    async fn first_start_carried(&self) -> Result<(), cairn_store::Error> {
+        match self.first_start.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            first_start => self.carried_through(first_start).await,
         }
     }
 
