@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 
 use cairn_core::{ErrorInfo, InstanceId, InstanceStatus, LogRecord, WorkflowName};
-use cairn_store::{ControlOutcome, ControlRequest, InstanceRecord};
+use cairn_store::{ControlOutcome, ControlRequest, InstanceRecord, InstanceRef};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -42,6 +42,11 @@ pub struct Instance<O = serde_json::Value> {
     pub(crate) engine: Engine,
     pub(crate) workflow: WorkflowName,
     pub(crate) id: InstanceId,
+    /// The row this handle's `create` wrote, when it was created through it: a wait then
+    /// watches that row's status before its first read, instead of reading once to learn
+    /// which row to watch. A hint: deleted and created again, the id names another row,
+    /// which the wait finds and watches instead.
+    pub(crate) created_as: Option<InstanceRef>,
     pub(crate) _output: PhantomData<fn() -> O>,
 }
 
@@ -51,6 +56,7 @@ impl<O> Clone for Instance<O> {
             engine: self.engine.clone(),
             workflow: self.workflow.clone(),
             id: self.id.clone(),
+            created_as: self.created_as,
             _output: PhantomData,
         }
     }
@@ -71,6 +77,7 @@ impl Instance<serde_json::Value> {
             engine: self.engine,
             workflow: self.workflow,
             id: self.id,
+            created_as: self.created_as,
             _output: PhantomData,
         }
     }
@@ -157,7 +164,11 @@ impl<O: DeserializeOwned> Instance<O> {
         // writes to it, from their notices): a waiter is not woken by every other
         // instance's change.
         let statuses = &self.engine.inner.commits.statuses;
-        let mut watched = self.record().await?.instance;
+        // Watched before the read that checks it, so no change falls between the two.
+        let mut watched = match self.created_as {
+            Some(row) => row,
+            None => self.record().await?.instance,
+        };
         let mut changes = statuses.subscribe(&watched);
         // A notice can be lost (a listener reconnecting): on a shared store, look again
         // each second anyway. Not on SQLite, where no other process writes (and a virtual

@@ -4,7 +4,7 @@
 use std::marker::PhantomData;
 
 use cairn_core::{IdError, InstanceId, InstanceStatus, LogEntry, LogKind, MAX_BATCH, WorkflowName};
-use cairn_store::{Created, NewInstance};
+use cairn_store::{Created, InstanceRef, NewInstance};
 use serde::Serialize;
 use serde_json::json;
 
@@ -435,15 +435,27 @@ impl UntypedWorkflow {
         })
     }
 
-    async fn insert(&self, prepared: Vec<Prepared>) -> Result<Vec<(Prepared, Created)>, Error> {
-        let news = prepared.iter().map(|p| p.new.clone()).collect();
+    /// Writes the prepared instances; each comes back as its index in the batch, its id
+    /// and what the store did.
+    async fn insert(
+        &self,
+        prepared: Vec<Prepared>,
+    ) -> Result<Vec<(usize, InstanceId, Created)>, Error> {
+        let (names, news): (Vec<_>, Vec<_>) = prepared
+            .into_iter()
+            .map(|p| ((p.index, p.id), p.new))
+            .unzip();
         let created = self.engine.inner.env.store.create(news).await?;
         let new = created
             .iter()
             .filter(|c| matches!(c, Created::New(_)))
             .count();
         self.created(new);
-        Ok(prepared.into_iter().zip(created).collect())
+        Ok(names
+            .into_iter()
+            .zip(created)
+            .map(|((index, id), created)| (index, id, created))
+            .collect())
     }
 
     /// `new` instances were created: counted, and the scheduler and the live views woken.
@@ -488,10 +500,16 @@ impl UntypedWorkflow {
     }
 
     fn instance(&self, id: InstanceId) -> Instance {
+        self.instance_of(id, None)
+    }
+
+    /// A handle to the instance `id`, which this client's create wrote as `row`.
+    fn instance_of(&self, id: InstanceId, row: Option<InstanceRef>) -> Instance {
         Instance {
             engine: self.engine.clone(),
             workflow: self.name.clone(),
             id,
+            created_as: row,
             _output: PhantomData,
         }
     }
@@ -527,7 +545,7 @@ impl UntypedWorkflow {
         let prepared = self.prepare(0, options).map_err(|(_, e)| e)?;
         let id = prepared.id.clone();
         match self.insert(vec![prepared]).await?[..] {
-            [(_, Created::New(_))] => Ok(self.instance(id)),
+            [(_, _, Created::New(row))] => Ok(self.instance_of(id, Some(row))),
             _ => Err(Error::AlreadyExists {
                 workflow: self.name.to_string(),
                 id: id.to_string(),
@@ -579,8 +597,10 @@ impl UntypedWorkflow {
             .insert(prepared)
             .await?
             .into_iter()
-            .filter(|(_, c)| matches!(c, Created::New(_)))
-            .map(|(p, _)| self.instance(p.id))
+            .filter_map(|(_, id, created)| match created {
+                Created::New(row) => Some(self.instance_of(id, Some(row))),
+                Created::AlreadyExists => None,
+            })
             .collect())
     }
 
@@ -642,16 +662,16 @@ impl UntypedWorkflow {
         }
         let mut created = Vec::new();
         if !prepared.is_empty() {
-            for (p, outcome) in self.insert(prepared).await? {
+            for (index, id, outcome) in self.insert(prepared).await? {
                 match outcome {
-                    Created::New(_) => created.push(self.instance(p.id)),
+                    Created::New(row) => created.push(self.instance_of(id, Some(row))),
                     Created::AlreadyExists => errors.push(BatchError {
-                        index: p.index,
-                        id: Some(p.id.to_string()),
+                        index,
+                        id: Some(id.to_string()),
                         code: "instance.already_exists".into(),
                         message: Error::AlreadyExists {
                             workflow: self.name.to_string(),
-                            id: p.id.to_string(),
+                            id: id.to_string(),
                         }
                         .to_string(),
                     }),

@@ -26,15 +26,29 @@ fn bump(counter: &watch::Sender<u64>) {
     counter.send_modify(|n| *n = n.wrapping_add(1));
 }
 
-/// Counters keyed by what a write touched; a key has a counter only while someone watches.
-pub(crate) struct Topics<K>(Mutex<HashMap<K, watch::Sender<u64>>>);
+/// Counters keyed by what a write touched; a key has a counter only while someone watches
+/// (give or take the counters not swept yet).
+pub(crate) struct Topics<K>(Mutex<Counters<K>>);
+
+struct Counters<K> {
+    by_key: HashMap<K, watch::Sender<u64>>,
+    /// How many counters the last sweep kept: the next sweeps once there are twice as many.
+    /// A sweep on every subscription would make many open waits quadratic.
+    kept: usize,
+}
+
+/// Counters are swept from this many on.
+const SWEEP_FROM: usize = 64;
 
 impl<K: Eq + Hash + Clone> Topics<K> {
     pub(crate) fn new() -> Self {
-        Topics(Mutex::new(HashMap::new()))
+        Topics(Mutex::new(Counters {
+            by_key: HashMap::new(),
+            kept: 0,
+        }))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, watch::Sender<u64>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counters<K>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -43,23 +57,35 @@ impl<K: Eq + Hash + Clone> Topics<K> {
     pub(crate) fn subscribe(&self, key: &K) -> watch::Receiver<u64> {
         let mut topics = self.lock();
         // Forget counters nobody watches any more, so the map follows the open views.
-        topics.retain(|_, sender| sender.receiver_count() > 0);
+        if topics.by_key.len() >= (2 * topics.kept).max(SWEEP_FROM) {
+            topics
+                .by_key
+                .retain(|_, sender| sender.receiver_count() > 0);
+            topics.kept = topics.by_key.len();
+        }
         topics
+            .by_key
             .entry(key.clone())
             .or_insert_with(|| watch::channel(0).0)
             .subscribe()
     }
 
     pub(crate) fn bump(&self, key: &K) {
-        if let Some(sender) = self.lock().get(key) {
+        if let Some(sender) = self.lock().by_key.get(key) {
             bump(sender);
         }
     }
 
     pub(crate) fn bump_all(&self) {
-        for sender in self.lock().values() {
+        for sender in self.lock().by_key.values() {
             bump(sender);
         }
+    }
+
+    /// How many counters are held, swept or not (for tests).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.lock().by_key.len()
     }
 }
 
@@ -506,5 +532,39 @@ impl Store for Announcing {
 
     fn close(&self) -> StoreFuture<'_, ()> {
         self.store.close()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SWEEP_FROM, Topics};
+
+    #[test]
+    fn counters_nobody_watches_are_swept_and_watched_ones_kept() {
+        let topics = Topics::<u64>::new();
+        let mut live = topics.subscribe(&0);
+        // Many waits come and go, one at a time.
+        for key in 1..10_000 {
+            drop(topics.subscribe(&key));
+            assert!(
+                topics.held() <= SWEEP_FROM,
+                "{} counters held after {key} waits",
+                topics.held()
+            );
+        }
+        // The watched counter survived every sweep: it is still the one bumped.
+        topics.bump(&0);
+        assert!(live.has_changed().expect("the counter is alive"));
+        live.borrow_and_update();
+        // Many waits open at once: the map grows with them and no further.
+        let open: Vec<_> = (1..1_000).map(|key| topics.subscribe(&key)).collect();
+        assert!(topics.held() <= 2 * open.len() + 1, "{}", topics.held());
+        drop(open);
+        for key in 1_000..1_000 + 4 * SWEEP_FROM as u64 {
+            drop(topics.subscribe(&key));
+        }
+        assert!(topics.held() < 1_000, "{} held", topics.held());
+        topics.bump_all();
+        assert!(live.has_changed().expect("the counter is alive"));
     }
 }

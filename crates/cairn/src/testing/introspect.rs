@@ -422,6 +422,7 @@ impl InstanceIntrospector {
             engine: self.engine.get(),
             workflow: self.workflow.clone(),
             id: self.id.clone(),
+            created_as: None,
             _output: std::marker::PhantomData,
         }
     }

@@ -657,6 +657,28 @@ async fn b7_m5_m8_delete_removes_the_instance_and_frees_its_id() {
     engine.shutdown().await;
 }
 
+/// A handle from `create` watches the row it wrote; once that row is deleted and the id
+/// created again, a wait on the old handle follows the id to the new row.
+#[tokio::test(start_paused = true)]
+async fn m8_a_wait_on_a_created_handle_follows_its_id_deleted_and_created_again() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            step.sleep("s", "1 day").await?;
+            Ok(json!("done"))
+        }))
+    })
+    .await;
+    let first = create(&engine, "d").await;
+    until_status(&first, InstanceStatus::Waiting).await;
+    first.delete().await.unwrap();
+    let again = create(&engine, "d").await;
+    until_status(&again, InstanceStatus::Waiting).await;
+    let status = first.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete);
+    assert_eq!(status.output, Some(json!("done")));
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn deleting_a_running_instance_stops_it() {
     let gate = Arc::new(Semaphore::new(0));
