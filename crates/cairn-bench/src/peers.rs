@@ -263,6 +263,20 @@ pub async fn peers(
             http / embedded,
             "×",
         ));
+        // The same ratio taken within each round, where both sides ran minutes apart at
+        // most: the machine's speed drifts by a third within a sitting, which the medians
+        // of each side, taken apart, do not cancel.
+        let paired: Vec<f64> = results[i + 1][0]
+            .iter()
+            .zip(&results[i + 1][1])
+            .map(|(embedded, http)| http / embedded)
+            .collect();
+        rows.push(Row::new(
+            &w,
+            format!("{total}@{in_flight}: HTTP / embedded, median of each round's ratio"),
+            median(&paired),
+            "×",
+        ));
         for (k, how) in ["embedded", "HTTP"].iter().enumerate() {
             rows.push(Row::new(
                 &w,

@@ -37,6 +37,26 @@ pub enum Delivery {
     Duplicate,
 }
 
+/// What a wait waits for.
+enum Until<F> {
+    /// The instance's end (complete, errored or terminated).
+    Ended,
+    /// A status the predicate accepts.
+    Satisfied(F),
+}
+
+impl<F> Until<F> {
+    fn done<T>(&mut self, status: &Status<T>) -> bool
+    where
+        F: FnMut(&Status<T>) -> bool,
+    {
+        match self {
+            Until::Ended => status.status.is_terminal(),
+            Until::Satisfied(done) => done(status),
+        }
+    }
+}
+
 /// A handle to one instance. Its output decodes as `O`.
 pub struct Instance<O = serde_json::Value> {
     pub(crate) engine: Engine,
@@ -137,7 +157,8 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// As [`Instance::status`].
     pub async fn wait_for(&self, done: impl FnMut(&Status<O>) -> bool) -> Result<Status<O>, Error> {
-        self.wait_decoded(done, cairn_core::binary::from_str).await
+        self.wait_decoded(Until::Satisfied(done), cairn_core::binary::from_str)
+            .await
     }
 
     /// [`Instance::wait`], answering in [`Instance::stored_status`]'s form: what the HTTP
@@ -148,7 +169,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// As [`Instance::status`].
     pub async fn wait_stored(&self) -> Result<Status<serde_json::Value>, Error> {
         self.wait_decoded(
-            |s| s.status.is_terminal(),
+            Until::<fn(&_) -> bool>::Ended,
             cairn_core::binary::external_value,
         )
         .await
@@ -157,7 +178,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// [`Instance::wait_for`] with the output decoded by `decode`.
     async fn wait_decoded<T>(
         &self,
-        mut done: impl FnMut(&Status<T>) -> bool,
+        mut until: Until<impl FnMut(&Status<T>) -> bool>,
         decode: fn(&str) -> serde_json::Result<T>,
     ) -> Result<Status<T>, Error> {
         // This instance's own status signal (and, on a shared store, other engines'
@@ -185,17 +206,28 @@ impl<O: DeserializeOwned> Instance<O> {
                 continue;
             }
             let status = status_from(&self.id, record, decode)?;
-            if done(&status) {
+            if until.done(&status) {
                 return Ok(status);
             }
-            if shared {
-                if let Ok(Err(_)) =
-                    tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed()).await
-                {
+            loop {
+                if shared {
+                    if let Ok(Err(_)) =
+                        tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed())
+                            .await
+                    {
+                        return Ok(status);
+                    }
+                } else if changes.changed().await.is_err() {
                     return Ok(status);
                 }
-            } else if changes.changed().await.is_err() {
-                return Ok(status);
+                // The latest news is the instance's start: it is running, so a wait for its
+                // end has nothing to read yet. (Every later change is told again.)
+                if !(matches!(until, Until::Ended)
+                    && crate::engine::announce::only_started(&changes))
+                {
+                    break;
+                }
+                changes.borrow_and_update();
             }
         }
     }
@@ -205,7 +237,8 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// As [`Instance::status`].
     pub async fn wait(&self) -> Result<Status<O>, Error> {
-        self.wait_for(|s| s.status.is_terminal()).await
+        self.wait_decoded(Until::<fn(&_) -> bool>::Ended, cairn_core::binary::from_str)
+            .await
     }
 
     /// [`Instance::wait`] for at most `timeout` (on the engine's clock): `None` when the

@@ -21,9 +21,15 @@ use cairn_store::{
 };
 use tokio::sync::watch;
 
-/// Tells every receiver of `counter` that something new was written.
+/// Tells every receiver of `counter` that something new was written. The new value is
+/// even: odd ones say the news is an instance's start ([`Topics::bump_start`]).
 fn bump(counter: &watch::Sender<u64>) {
-    counter.send_modify(|n| *n = n.wrapping_add(1));
+    counter.send_modify(|n| *n = (*n | 1).wrapping_add(1));
+}
+
+/// Whether the latest news on a status counter is only the instance's start: it is running.
+pub(crate) fn only_started(counter: &watch::Receiver<u64>) -> bool {
+    *counter.borrow() & 1 == 1
 }
 
 /// Counters keyed by what a write touched; a key has a counter only while someone watches
@@ -73,6 +79,14 @@ impl<K: Eq + Hash + Clone> Topics<K> {
     pub(crate) fn bump(&self, key: &K) {
         if let Some(sender) = self.lock().by_key.get(key) {
             bump(sender);
+        }
+    }
+
+    /// [`Topics::bump`] saying the news is the start of what `key` names, and nothing else
+    /// ([`only_started`]): a wait for the end need not read it.
+    pub(crate) fn bump_start(&self, key: &K) {
+        if let Some(sender) = self.lock().by_key.get(key) {
+            sender.send_modify(|n| *n = (*n | 1).wrapping_add(2));
         }
     }
 
@@ -413,7 +427,9 @@ impl Store for Announcing {
                     let released = status.is_terminal()
                         || matches!(status, InstanceStatus::Waiting | InstanceStatus::Paused);
                     self.commits.announce_leased(lease.instance, released);
-                    if starts {
+                    if starts && *status == InstanceStatus::Running {
+                        self.commits.statuses.bump_start(&lease.instance);
+                    } else if starts {
                         self.commits.statuses.bump(&lease.instance);
                     }
                     for workflow in &created {
@@ -537,7 +553,33 @@ impl Store for Announcing {
 
 #[cfg(test)]
 mod tests {
-    use super::{SWEEP_FROM, Topics};
+    use super::{SWEEP_FROM, Topics, only_started};
+
+    #[test]
+    fn a_start_is_told_apart_from_any_other_news_until_the_next() {
+        let topics = Topics::<u64>::new();
+        let mut rx = topics.subscribe(&7);
+        assert!(!only_started(&rx), "nothing told yet");
+        for (news, started) in [
+            (Topics::bump_start as fn(&Topics<u64>, &u64), true),
+            (Topics::bump, false),
+            (Topics::bump, false),
+            (Topics::bump_start, true),
+            (Topics::bump_start, true),
+            (Topics::bump, false),
+        ] {
+            news(&topics, &7);
+            assert!(rx.has_changed().unwrap(), "every news is a change");
+            assert_eq!(only_started(&rx), started);
+            rx.borrow_and_update();
+        }
+        topics.bump_start(&7);
+        topics.bump_all();
+        assert!(
+            !only_started(&rx),
+            "a start followed by other news is not only a start"
+        );
+    }
 
     #[test]
     fn counters_nobody_watches_are_swept_and_watched_ones_kept() {
