@@ -196,7 +196,7 @@ impl<O: DeserializeOwned> Instance<O> {
         // clock would turn the poll into a spin through a test's 30-day sleep).
         let shared = self.engine.inner.env.leases.expire();
         loop {
-            changes.borrow_and_update();
+            let mut seen = *changes.borrow_and_update();
             let record = self.record().await?;
             if record.instance != watched {
                 // Deleted and created again under the same id: a new row, with its own
@@ -211,23 +211,28 @@ impl<O: DeserializeOwned> Instance<O> {
             }
             loop {
                 if shared {
-                    if let Ok(Err(_)) =
-                        tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed())
-                            .await
+                    match tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed())
+                        .await
                     {
-                        return Ok(status);
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return Ok(status),
+                        // Nothing heard for a second: read again anyway.
+                        Err(_) => break,
                     }
                 } else if changes.changed().await.is_err() {
                     return Ok(status);
                 }
-                // The latest news is the instance's start: it is running, so a wait for its
-                // end has nothing to read yet. (Every later change is told again.)
+                // The one news since the read is the instance's start: it is running, so a
+                // wait for its end has nothing to read yet. Any other news, or more than
+                // one, is read (a start that lands after the instance was terminated, from
+                // a commit settled after its lifetime, must not hide the terminate).
+                let now = *changes.borrow_and_update();
                 if !(matches!(until, Until::Ended)
-                    && crate::engine::announce::only_started(&changes))
+                    && crate::engine::announce::only_a_start_since(seen, now))
                 {
                     break;
                 }
-                changes.borrow_and_update();
+                seen = now;
             }
         }
     }

@@ -21,15 +21,25 @@ use cairn_store::{
 };
 use tokio::sync::watch;
 
-/// Tells every receiver of `counter` that something new was written. The new value is
-/// even: odd ones say the news is an instance's start ([`Topics::bump_start`]).
+/// Tells every receiver of `counter` that something new was written.
 fn bump(counter: &watch::Sender<u64>) {
-    counter.send_modify(|n| *n = (*n | 1).wrapping_add(1));
+    counter.send_modify(|n| *n = after_news(*n));
 }
 
-/// Whether the latest news on a status counter is only the instance's start: it is running.
-pub(crate) fn only_started(counter: &watch::Receiver<u64>) -> bool {
-    *counter.borrow() & 1 == 1
+/// A counter's value after news: even. After a start ([`Topics::bump_start`]) it is odd,
+/// and a different value than after any other news or several.
+fn after_news(n: u64) -> u64 {
+    (n | 1).wrapping_add(1)
+}
+
+fn after_start(n: u64) -> u64 {
+    (n | 1).wrapping_add(2)
+}
+
+/// Whether a status counter seen at `seen` and now at `now` has had exactly one news
+/// since, an instance's start: it is running, and nothing else was told.
+pub(crate) fn only_a_start_since(seen: u64, now: u64) -> bool {
+    now == after_start(seen)
 }
 
 /// Counters keyed by what a write touched; a key has a counter only while someone watches
@@ -83,10 +93,10 @@ impl<K: Eq + Hash + Clone> Topics<K> {
     }
 
     /// [`Topics::bump`] saying the news is the start of what `key` names, and nothing else
-    /// ([`only_started`]): a wait for the end need not read it.
+    /// ([`only_a_start_since`]): a wait for the end need not read it.
     pub(crate) fn bump_start(&self, key: &K) {
         if let Some(sender) = self.lock().by_key.get(key) {
-            sender.send_modify(|n| *n = (*n | 1).wrapping_add(2));
+            sender.send_modify(|n| *n = after_start(*n));
         }
     }
 
@@ -553,32 +563,60 @@ impl Store for Announcing {
 
 #[cfg(test)]
 mod tests {
-    use super::{SWEEP_FROM, Topics, only_started};
+    use super::{SWEEP_FROM, Topics, only_a_start_since};
+
+    /// News told to `topics` on key 7, in order: a start (`true`) or any other.
+    fn tell(topics: &Topics<u64>, news: &[bool]) {
+        for &start in news {
+            if start {
+                topics.bump_start(&7);
+            } else {
+                topics.bump(&7);
+            }
+        }
+    }
 
     #[test]
-    fn a_start_is_told_apart_from_any_other_news_until_the_next() {
-        let topics = Topics::<u64>::new();
-        let mut rx = topics.subscribe(&7);
-        assert!(!only_started(&rx), "nothing told yet");
-        for (news, started) in [
-            (Topics::bump_start as fn(&Topics<u64>, &u64), true),
-            (Topics::bump, false),
-            (Topics::bump, false),
-            (Topics::bump_start, true),
-            (Topics::bump_start, true),
-            (Topics::bump, false),
-        ] {
-            news(&topics, &7);
+    fn only_a_single_start_since_a_waiters_read_spares_its_next_read() {
+        // (news before the waiter's read, news after it, whether it may skip reading)
+        let cases: &[(&[bool], &[bool], bool)] = &[
+            (&[], &[true], true),
+            (&[false], &[true], true),
+            (&[true], &[true], true),
+            (&[false, true], &[true], true),
+            (&[], &[false], false),
+            (&[true], &[false], false),
+            // The end, then a start from a commit settled after the lifetime was aborted:
+            // the end must be read.
+            (&[], &[false, true], false),
+            (&[true], &[false, true], false),
+            (&[], &[true, false], false),
+            (&[], &[true, true], false),
+            (&[], &[false, false], false),
+        ];
+        for &(before, after, skips) in cases {
+            let topics = Topics::<u64>::new();
+            let mut rx = topics.subscribe(&7);
+            tell(&topics, before);
+            let seen = *rx.borrow_and_update();
+            tell(&topics, after);
             assert!(rx.has_changed().unwrap(), "every news is a change");
-            assert_eq!(only_started(&rx), started);
-            rx.borrow_and_update();
+            let now = *rx.borrow_and_update();
+            assert_eq!(
+                only_a_start_since(seen, now),
+                skips,
+                "{before:?} then {after:?}"
+            );
         }
-        topics.bump_start(&7);
-        topics.bump_all();
-        assert!(
-            !only_started(&rx),
-            "a start followed by other news is not only a start"
-        );
+        // Near the counter's end it wraps and still tells a start apart.
+        for seen in [u64::MAX, u64::MAX - 1, u64::MAX - 2] {
+            assert!(only_a_start_since(seen, super::after_start(seen)));
+            assert!(!only_a_start_since(seen, super::after_news(seen)));
+            assert!(!only_a_start_since(
+                seen,
+                super::after_start(super::after_news(seen))
+            ));
+        }
     }
 
     #[test]
