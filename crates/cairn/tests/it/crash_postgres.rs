@@ -124,13 +124,24 @@ fn pg_kill_child_entry() {
         .unwrap_or(INSTANCES);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        // Few slots: the run lasts long enough for every kill to land mid-work.
-        let engine = builder(&dir)
-            .register(mixed(dir.clone()))
-            .max_running(40)
-            .start()
-            .await
-            .unwrap();
+        // Few slots: the run lasts long enough for every kill to land mid-work. A start
+        // whose connection is cut fails (an engine starts on a store it can reach, or says
+        // why it cannot): on a loaded machine the first cut can land while it starts, so
+        // this test's process starts it again, as a supervisor would.
+        let engine = loop {
+            match builder(&dir)
+                .register(mixed(dir.clone()))
+                .max_running(40)
+                .start()
+                .await
+            {
+                Ok(engine) => break engine,
+                Err(e) => {
+                    eprintln!("starting the engine failed ({e}); starting it again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
         let client = engine.workflow::<FnWorkflow>();
         // The calls of this test client retry while the connections are being cut (the
         // engine itself needs no help).
@@ -211,7 +222,8 @@ fn spawn_child_on(dir: &Path, test: &str, role: &str, instances: usize, url: &st
         .env("CAIRN_CRASH_CHILD", dir)
         .env("CAIRN_PG_CHILD", role)
         .env("CAIRN_PG_INSTANCES", instances.to_string())
-        .stdout(Stdio::null())
+        // Its test harness's report (why it failed) goes with the parent's output.
+        .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap()
