@@ -168,11 +168,16 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// As [`Instance::status`].
     pub async fn wait_stored(&self) -> Result<Status<serde_json::Value>, Error> {
-        self.wait_decoded(
-            Until::<fn(&_) -> bool>::Ended,
-            cairn_core::binary::external_value,
-        )
-        .await
+        self.wait_ended(cairn_core::binary::external_value).await
+    }
+
+    /// Waits until the instance has ended, its output decoded by `decode`.
+    async fn wait_ended<T>(
+        &self,
+        decode: fn(&str) -> serde_json::Result<T>,
+    ) -> Result<Status<T>, Error> {
+        self.wait_decoded(Until::<fn(&Status<T>) -> bool>::Ended, decode)
+            .await
     }
 
     /// [`Instance::wait_for`] with the output decoded by `decode`.
@@ -242,8 +247,7 @@ impl<O: DeserializeOwned> Instance<O> {
     /// # Errors
     /// As [`Instance::status`].
     pub async fn wait(&self) -> Result<Status<O>, Error> {
-        self.wait_decoded(Until::<fn(&_) -> bool>::Ended, cairn_core::binary::from_str)
-            .await
+        self.wait_ended(cairn_core::binary::from_str).await
     }
 
     /// [`Instance::wait`] for at most `timeout` (on the engine's clock): `None` when the

@@ -87,16 +87,19 @@ impl<K: Eq + Hash + Clone> Topics<K> {
     }
 
     pub(crate) fn bump(&self, key: &K) {
-        if let Some(sender) = self.lock().by_key.get(key) {
-            bump(sender);
-        }
+        self.tell(key, after_news);
     }
 
     /// [`Topics::bump`] saying the news is the start of what `key` names, and nothing else
     /// ([`only_a_start_since`]): a wait for the end need not read it.
     pub(crate) fn bump_start(&self, key: &K) {
+        self.tell(key, after_start);
+    }
+
+    /// Moves `key`'s counter, if someone watches it, to `after` its value.
+    fn tell(&self, key: &K, after: fn(u64) -> u64) {
         if let Some(sender) = self.lock().by_key.get(key) {
-            sender.send_modify(|n| *n = after_start(*n));
+            sender.send_modify(|n| *n = after(*n));
         }
     }
 
@@ -437,10 +440,14 @@ impl Store for Announcing {
                     let released = status.is_terminal()
                         || matches!(status, InstanceStatus::Waiting | InstanceStatus::Paused);
                     self.commits.announce_leased(lease.instance, released);
-                    if starts && *status == InstanceStatus::Running {
-                        self.commits.statuses.bump_start(&lease.instance);
-                    } else if starts {
-                        self.commits.statuses.bump(&lease.instance);
+                    if starts {
+                        // Only a start, if the instance is running now; a commit that
+                        // also ended, hibernated or paused it is other news.
+                        if *status == InstanceStatus::Running {
+                            self.commits.statuses.bump_start(&lease.instance);
+                        } else {
+                            self.commits.statuses.bump(&lease.instance);
+                        }
                     }
                     for workflow in &created {
                         self.commits.announce(None, Some(workflow));

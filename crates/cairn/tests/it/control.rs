@@ -626,15 +626,17 @@ async fn f7_restarted_instance_completes_after_a_new_event() {
     engine.shutdown().await;
 }
 
+/// Sleeps a day (hibernating), then returns `"done"`.
+fn sleeps_a_day() -> FnWorkflow {
+    wf(|_, step| async move {
+        step.sleep("s", "1 day").await?;
+        Ok(json!("done"))
+    })
+}
+
 #[tokio::test(start_paused = true)]
 async fn b7_m5_m8_delete_removes_the_instance_and_frees_its_id() {
-    let (engine, _dir) = engine(|b| {
-        b.register(wf(|_, step| async move {
-            step.sleep("s", "1 day").await?;
-            Ok(json!("done"))
-        }))
-    })
-    .await;
+    let (engine, _dir) = engine(|b| b.register(sleeps_a_day())).await;
     let instance = create(&engine, "d").await;
     until_status(&instance, InstanceStatus::Waiting).await;
     instance.delete().await.unwrap();
@@ -661,13 +663,7 @@ async fn b7_m5_m8_delete_removes_the_instance_and_frees_its_id() {
 /// created again, a wait on the old handle follows the id to the new row.
 #[tokio::test(start_paused = true)]
 async fn m8_a_wait_on_a_created_handle_follows_its_id_deleted_and_created_again() {
-    let (engine, _dir) = engine(|b| {
-        b.register(wf(|_, step| async move {
-            step.sleep("s", "1 day").await?;
-            Ok(json!("done"))
-        }))
-    })
-    .await;
+    let (engine, _dir) = engine(|b| b.register(sleeps_a_day())).await;
     let first = create(&engine, "d").await;
     until_status(&first, InstanceStatus::Waiting).await;
     first.delete().await.unwrap();
