@@ -26,6 +26,27 @@ async fn stored_steps(store: &dyn Store) -> HashMap<String, (StepState, bool)> {
         .collect()
 }
 
+/// A second engine on `store`, running `workflow`, takes instance `x` over: the engine, the
+/// instance and how it ended.
+async fn x_run_to_its_end_again(
+    store: &Arc<dyn Store>,
+    workflow: super::support::FnWorkflow,
+) -> (cairn::Engine, cairn::Instance<Value>, cairn::Status<Value>) {
+    let engine = cairn::Engine::builder()
+        .store(Arc::clone(store))
+        .register(workflow)
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<super::support::FnWorkflow>()
+        .get("x")
+        .await
+        .unwrap();
+    let status = instance.wait().await.unwrap();
+    (engine, instance, status)
+}
+
 /// A body that notes what the store holds when it runs, then returns `n`.
 fn noting(
     store: &Arc<dyn Store>,
@@ -275,18 +296,7 @@ async fn a7_no_body_runs_after_the_commit_carrying_an_earlier_success_failed_alo
     seen.lock().unwrap().clear();
     drop(store);
     let store = raw_store_on(BACKEND, &path).await;
-    let second = cairn::Engine::builder()
-        .store(Arc::clone(&store))
-        .register(workflow(&store, &seen))
-        .start()
-        .await
-        .unwrap();
-    let instance = second
-        .workflow::<super::support::FnWorkflow>()
-        .get("x")
-        .await
-        .unwrap();
-    let status = instance.wait().await.unwrap();
+    let (second, _, status) = x_run_to_its_end_again(&store, workflow(&store, &seen)).await;
     assert_eq!(status.output, Some(json!(1 + 2 + 3)), "{status:?}");
     let seen = seen.lock().unwrap().clone();
     for body in ["b", "c"] {
@@ -583,18 +593,7 @@ async fn a7_no_step_start_lands_before_the_instances_first_start() {
     drop(store);
     let store = raw_store_on(BACKEND, &path).await;
     assert!(stored_steps(&*store).await.is_empty());
-    let second = cairn::Engine::builder()
-        .store(Arc::clone(&store))
-        .register(workflow())
-        .start()
-        .await
-        .unwrap();
-    let instance = second
-        .workflow::<super::support::FnWorkflow>()
-        .get("x")
-        .await
-        .unwrap();
-    let status = instance.wait().await.unwrap();
+    let (second, instance, status) = x_run_to_its_end_again(&store, workflow()).await;
     assert_eq!(status.output, Some(json!(3)), "{status:?}");
     let starts: Vec<String> = super::support::records(&instance, LogKind::StepStart)
         .await
