@@ -137,6 +137,23 @@ pub fn cpu_time() -> Option<Duration> {
     Some(Duration::from_millis((user + system) * 10))
 }
 
+/// CPU time the thread of this process whose name starts with `name` has used so far
+/// (Linux `/proc/self/task/*/schedstat`, in nanoseconds), if there is one.
+pub fn thread_cpu_time(name: &str) -> Option<Duration> {
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.starts_with(name) {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            let nanos: u64 = stat.split_whitespace().next()?.parse().ok()?;
+            return Some(Duration::from_nanos(nanos));
+        }
+    }
+    None
+}
+
+/// The SQLite writer thread's name, as the kernel keeps it (15 bytes).
+const WRITER_THREAD: &str = "cairn-sqlite-wr";
+
 fn mib(bytes: Option<u64>) -> f64 {
     bytes.map_or(f64::NAN, |b| b as f64 / (1024.0 * 1024.0))
 }
@@ -308,6 +325,7 @@ pub async fn throughput(
         counted_engine_on(&dir.join("throughput.db"), s, |b| b.register(NoOp)).await?;
     let writes_before = store.writes();
     let cpu_before = cpu_time();
+    let writer_before = thread_cpu_time(WRITER_THREAD);
     let start = Instant::now();
     let all = create_all::<NoOp>(&engine, |_| steps, instances, "t").await?;
     for i in &all {
@@ -315,6 +333,9 @@ pub async fn throughput(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = cpu_since(cpu_before);
+    let writer_cpu = thread_cpu_time(WRITER_THREAD)
+        .zip(writer_before)
+        .map(|(after, before)| after - before);
     let writes = store.writes();
     let rss = resident_bytes();
     engine.shutdown().await;
@@ -369,6 +390,27 @@ pub async fn throughput(
             .ratio(raw_cpu / cpu_per_step),
         Row::new(&w, "CPU per step, to the spread bound", cpu_per_step, "µs")
             .ratio(spread_cpu / cpu_per_step),
+        // The serial part: the SQLite writer thread alone, against the bound's CPU per
+        // step (one thread too), and how much of the run it was on a core.
+        Row::new(
+            &w,
+            "SQLite writer thread's CPU per step",
+            per_step_micros(writer_cpu, total),
+            "µs",
+        )
+        .ratio(raw_cpu / per_step_micros(writer_cpu, total)),
+        Row::new(
+            &w,
+            "SQLite writer thread busy",
+            writer_cpu.map_or(f64::NAN, |c| 100.0 * c.as_secs_f64() / elapsed),
+            "%",
+        ),
+        Row::new(
+            &w,
+            "SQLite writer's time in COMMIT (the WAL)",
+            100.0 * (writes.commit_time - writes_before.commit_time).as_secs_f64() / elapsed,
+            "%",
+        ),
         Row::new(
             &w,
             "write calls per group commit",

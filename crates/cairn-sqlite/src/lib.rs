@@ -164,6 +164,10 @@ pub struct Writes {
     pub commits: u64,
     /// Write calls (`Store::commit`, `create`, `claim`, …) in those transactions.
     pub jobs: u64,
+    /// Time the writer thread spent in those transactions' `COMMIT`s (writing the WAL,
+    /// syncing it with the default durability, checkpoints): how much of the serial part
+    /// is the log rather than the statements.
+    pub commit_time: Duration,
 }
 
 impl std::fmt::Debug for SqliteStore {

@@ -438,7 +438,10 @@ mod tests {
             upgraded
                 .execute(sql, [])
                 .unwrap_or_else(|e| panic!("{sql}: {e}"));
-            assert_eq!(counts(&upgraded, "instance_counts"), counts(&upgraded, "instances"));
+            assert_eq!(
+                counts(&upgraded, "instance_counts"),
+                counts(&upgraded, "instances")
+            );
         }
 
         // The triggers before 16 could not take it: the second insert fails.

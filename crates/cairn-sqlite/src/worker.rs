@@ -77,6 +77,8 @@ pub(crate) type DatabaseLock = Arc<crate::Locks>;
 pub(crate) struct Counts {
     commits: std::sync::atomic::AtomicU64,
     jobs: std::sync::atomic::AtomicU64,
+    /// Nanoseconds in `COMMIT`.
+    commit_nanos: std::sync::atomic::AtomicU64,
 }
 
 impl Counts {
@@ -85,6 +87,7 @@ impl Counts {
         crate::Writes {
             commits: self.commits.load(Relaxed),
             jobs: self.jobs.load(Relaxed),
+            commit_time: std::time::Duration::from_nanos(self.commit_nanos.load(Relaxed)),
         }
     }
 }
@@ -119,10 +122,13 @@ fn writer_loop(conn: &Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
         }
         let before = conn.total_changes();
         let n = jobs.len() as u64;
-        if run_group(&writer, jobs.drain(..)) && conn.total_changes() != before {
+        let mut committing = std::time::Duration::ZERO;
+        if run_group(&writer, jobs.drain(..), &mut committing) && conn.total_changes() != before {
             use std::sync::atomic::Ordering::Relaxed;
             counts.commits.fetch_add(1, Relaxed);
             counts.jobs.fetch_add(n, Relaxed);
+            let nanos = u64::try_from(committing.as_nanos()).unwrap_or(u64::MAX);
+            counts.commit_nanos.fetch_add(nanos, Relaxed);
         }
     }
     // Closed cleanly: fold the WAL into the database and cut it to zero bytes, so a stopped
@@ -136,8 +142,13 @@ fn writer_loop(conn: &Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
     }
 }
 
-/// Runs `jobs` in one transaction; whether it committed.
-fn run_group(conn: &Writer<'_>, jobs: impl Iterator<Item = WriteJob>) -> bool {
+/// Runs `jobs` in one transaction; whether it committed. Adds the time its `COMMIT` took
+/// to `committing`.
+fn run_group(
+    conn: &Writer<'_>,
+    jobs: impl Iterator<Item = WriteJob>,
+    committing: &mut std::time::Duration,
+) -> bool {
     let mut completions: Vec<Box<dyn Work>> = Vec::new();
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         // Run nothing. Dropping a job drops its reply channel, which its caller sees as
@@ -206,7 +217,9 @@ fn run_group(conn: &Writer<'_>, jobs: impl Iterator<Item = WriteJob>) -> bool {
         }
         None => {
             metrics::histogram!(cairn_store::BATCH_METRIC).record(completions.len() as f64);
+            let began = std::time::Instant::now();
             let outcome = conn.execute_batch("COMMIT").map_err(map_sqlite);
+            *committing += began.elapsed();
             if outcome.is_err() && !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
@@ -294,6 +307,12 @@ mod tests {
     use super::*;
 
     type Outcomes = Arc<Mutex<Vec<(&'static str, Result<()>)>>>;
+
+    /// [`super::run_group`], its `COMMIT`'s time left uncounted.
+    fn run_group(conn: &Writer<'_>, jobs: impl Iterator<Item = WriteJob>) -> bool {
+        let mut uncounted = std::time::Duration::ZERO;
+        super::run_group(conn, jobs, &mut uncounted)
+    }
 
     /// What a test job answers with, once its group's outcome is known.
     type Completion = Box<dyn FnOnce(Result<()>) + Send>;
