@@ -168,6 +168,10 @@ pub struct Writes {
     /// syncing it with the default durability, checkpoints): how much of the serial part
     /// is the log rather than the statements.
     pub commit_time: Duration,
+    /// Checkpoints run beside the writer (each copies the WAL's pages into the database;
+    /// with [`Durability::Normal`] only: with `Full`, SQLite checkpoints in the writer's
+    /// `COMMIT`).
+    pub checkpoints: u64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -341,9 +345,19 @@ impl SqliteStore {
         }
         let readers =
             Readers::spawn(read_conns, &lock).map_err(|e| err("spawn readers for", &e))?;
+        // With `NORMAL`, checkpoints run beside the writer (`worker::spawn_writer`).
+        let checkpoints = match options.durability {
+            Durability::Normal => {
+                let c = Connection::open(&path).map_err(|e| err("open checkpointer for", &e))?;
+                configure(&c, &options).map_err(|e| err("configure checkpointer for", &e))?;
+                Some(c)
+            }
+            Durability::Full => None,
+        };
         let counts = Arc::new(worker::Counts::default());
-        let (writer, writer_thread) = worker::spawn_writer(conn, lock, Arc::clone(&counts))
-            .map_err(|e| err("spawn writer for", &e))?;
+        let (writer, writer_thread) =
+            worker::spawn_writer(conn, checkpoints, lock, Arc::clone(&counts))
+                .map_err(|e| err("spawn writer for", &e))?;
         Ok(SqliteStore {
             writer: Mutex::new(Some(writer)),
             writer_thread: Mutex::new(Some(writer_thread)),
@@ -930,4 +944,104 @@ mod tests {
     }
 
     cairn_store::conformance_tests!(factory);
+
+    /// Creates `n` instances, each with about 40 KiB of params (ten pages), on `store`.
+    async fn fill(store: &crate::SqliteStore, n: usize, from: usize) {
+        use cairn_store::Store;
+        let params = format!("\"{}\"", "x".repeat(40 * 1024));
+        for i in from..from + n {
+            let at = cairn_core::Timestamp::from_millis(1_700_000_000_000);
+            store
+                .create(vec![cairn_store::NewInstance {
+                    workflow: cairn_core::WorkflowName::new("w").unwrap(),
+                    id: cairn_core::InstanceId::new(format!("i{i}")).unwrap(),
+                    params: params.clone(),
+                    created_at: at,
+                    queued: cairn_core::LogEntry {
+                        kind: cairn_core::LogKind::WorkflowQueued,
+                        at,
+                        step: None,
+                        meta: serde_json::json!({}),
+                    },
+                    retention: cairn_store::Retention {
+                        success: Duration::from_secs(60),
+                        error: Duration::from_secs(60),
+                    },
+                    parent: None,
+                    priority: 0,
+                    concurrency: None,
+                    version: None,
+                }])
+                .await
+                .expect("create");
+        }
+    }
+
+    /// The instances a copy of the database file alone holds, without its WAL: what
+    /// checkpoints have copied into it. `None` while a checkpoint is writing into it (a copy
+    /// then may be torn, which the WAL beside it makes whole).
+    fn in_the_database_file(path: &std::path::Path, dir: &std::path::Path) -> Option<i64> {
+        let copy = dir.join("copy.db");
+        std::fs::copy(path, &copy).expect("copy");
+        let n = rusqlite::Connection::open(&copy)
+            .and_then(|c| c.query_row("SELECT COUNT(*) FROM instances", [], |r| r.get(0)))
+            .ok();
+        std::fs::remove_file(&copy).expect("remove");
+        n
+    }
+
+    use super::Duration;
+
+    /// With `NORMAL`, the WAL reaches the database file by the checkpointer thread's
+    /// checkpoints, not the writer's: once more than `CHECKPOINT_PAGES` pages were written,
+    /// one runs, and the database file alone holds the rows. Writing goes on meanwhile, and
+    /// a later checkpoint copies the later rows too.
+    #[tokio::test]
+    async fn a_normal_store_checkpoints_beside_its_writer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("checkpointed.db");
+        let store = crate::SqliteStore::open(
+            &path,
+            crate::Options::default().durability(crate::Durability::Normal),
+        )
+        .expect("open");
+        let pages_per_instance = 10;
+        let n = usize::try_from(crate::worker::CHECKPOINT_PAGES).unwrap() / pages_per_instance;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut written = 0;
+        for round in 1..=2 {
+            fill(&store, 2 * n, written).await;
+            written += 2 * n;
+            // Waits for what it asserts: a checkpoint that copied every row written so far.
+            while store.writes().checkpoints < round
+                || in_the_database_file(&path, dir.path())
+                    .is_none_or(|n| n < i64::try_from(written).unwrap())
+            {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "round {round}: {} checkpoints, {:?} of {written} instances in the database file",
+                    store.writes().checkpoints,
+                    in_the_database_file(&path, dir.path())
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        store.close().await;
+    }
+
+    /// With `FULL`, SQLite checkpoints inside the writer's commits: no checkpointer.
+    #[tokio::test]
+    async fn a_full_store_checkpoints_in_its_writer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("full.db");
+        let store = crate::SqliteStore::open(&path, crate::Options::default()).expect("open");
+        let n = usize::try_from(crate::worker::CHECKPOINT_PAGES).unwrap() / 10;
+        fill(&store, 2 * n, 0).await;
+        assert_eq!(store.writes().checkpoints, 0);
+        assert!(
+            in_the_database_file(&path, dir.path()).is_some_and(|n| n > 0),
+            "checkpointed in COMMIT"
+        );
+        store.close().await;
+    }
 }

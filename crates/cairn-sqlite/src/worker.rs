@@ -79,6 +79,8 @@ pub(crate) struct Counts {
     jobs: std::sync::atomic::AtomicU64,
     /// Nanoseconds in `COMMIT`.
     commit_nanos: std::sync::atomic::AtomicU64,
+    /// Checkpoints the checkpointer ran.
+    checkpoints: std::sync::atomic::AtomicU64,
 }
 
 impl Counts {
@@ -88,24 +90,105 @@ impl Counts {
             commits: self.commits.load(Relaxed),
             jobs: self.jobs.load(Relaxed),
             commit_time: std::time::Duration::from_nanos(self.commit_nanos.load(Relaxed)),
+            checkpoints: self.checkpoints.load(Relaxed),
         }
     }
 }
 
+/// The WAL pages a commit may leave before the checkpointer is asked to copy them into the
+/// database (SQLite's own automatic checkpoint starts at the same size).
+pub(crate) const CHECKPOINT_PAGES: i32 = 1000;
+
+/// Starts the writer thread on `conn`; with `checkpoints` (a connection of its own that
+/// can write), the checkpointer thread beside it.
+///
+/// Without a checkpointer, SQLite checkpoints by itself: inside the `COMMIT` that left the
+/// WAL over its size, it copies the WAL into the database and syncs both files while every
+/// job queued behind it waits. With `synchronous = NORMAL` that is most of the writer's time
+/// in `COMMIT` (in `cairn-bench throughput`, about a fifth of its time), so there a commit
+/// that leaves [`CHECKPOINT_PAGES`] or more asks the checkpointer instead, which runs a
+/// `PASSIVE` checkpoint beside the writer's next groups. SQLite runs it as it would its
+/// own: frames are copied only once the WAL is synced, and the database is synced before
+/// the log can start over, which the writer does at its next transaction once everything
+/// was copied. A request made while one runs is one more run. (With `FULL`, every commit
+/// syncs the WAL anyway, and a checkpoint's syncs beside it only slowed those down: measured,
+/// not kept; BENCHMARKS.md.)
 pub(crate) fn spawn_writer(
-    conn: Connection,
+    mut conn: Connection,
+    checkpoints: Option<Connection>,
     lock: DatabaseLock,
     counts: Arc<Counts>,
 ) -> std::io::Result<(Sender<WriteJob>, JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::channel::<WriteJob>();
+    let checkpointer = match checkpoints {
+        Some(checkpoints) => Some(spawn_checkpointer(
+            &mut conn,
+            checkpoints,
+            Arc::clone(&lock),
+            Arc::clone(&counts),
+        )?),
+        None => None,
+    };
     let handle = std::thread::Builder::new()
         .name("cairn-sqlite-writer".into())
         .spawn(move || {
             writer_loop(&conn, &rx, &counts);
+            if let Some(checkpointer) = checkpointer {
+                // Dropping the hook drops the checkpointer's only sender: it ends.
+                let _ = conn.wal_hook(None::<WalHook>);
+                let _ = checkpointer.join();
+            }
+            close(&conn);
             drop(conn);
             drop(lock);
         })?;
     Ok((tx, handle))
+}
+
+type WalHook = fn(&mut rusqlite::hooks::Wal, std::ffi::c_int) -> rusqlite::Result<()>;
+
+/// The checkpointer thread on `checkpoints`, asked by a WAL hook on `writer` (which replaces
+/// SQLite's automatic checkpoint, itself a WAL hook).
+fn spawn_checkpointer(
+    writer: &mut Connection,
+    checkpoints: Connection,
+    lock: DatabaseLock,
+    counts: Arc<Counts>,
+) -> std::io::Result<JoinHandle<()>> {
+    let (ask, asked) = std::sync::mpsc::sync_channel::<()>(1);
+    writer
+        .wal_hook(Some(
+            move |_: &mut rusqlite::hooks::Wal, pages: std::ffi::c_int| {
+                if pages >= CHECKPOINT_PAGES {
+                    // Full: one is asked for already, and covers these pages too.
+                    let _ = ask.try_send(());
+                }
+                Ok(())
+            },
+        ))
+        .map_err(|e| std::io::Error::other(format!("sqlite WAL hook: {e}")))?;
+    std::thread::Builder::new()
+        .name("cairn-sqlite-checkpointer".into())
+        .spawn(move || {
+            while asked.recv().is_ok() {
+                checkpoint(&checkpoints, &counts);
+            }
+            drop(checkpoints);
+            drop(lock);
+        })
+}
+
+/// One `PASSIVE` checkpoint: as much of the WAL as no reader still needs goes into the
+/// database, without waiting for anyone.
+fn checkpoint(conn: &Connection, counts: &Counts) {
+    match conn.wal_checkpoint_v2(Some("main"), rusqlite::wal::CheckpointMode::PASSIVE) {
+        Ok(_) => {
+            counts
+                .checkpoints
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Err(e) => tracing::warn!(error = %e, "sqlite could not checkpoint the WAL"),
+    }
 }
 
 fn writer_loop(conn: &Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
@@ -131,8 +214,11 @@ fn writer_loop(conn: &Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
             counts.commit_nanos.fetch_add(nanos, Relaxed);
         }
     }
-    // Closed cleanly: fold the WAL into the database and cut it to zero bytes, so a stopped
-    // engine leaves no log behind however large a burst made it.
+}
+
+/// Closed cleanly: fold the WAL into the database and cut it to zero bytes, so a stopped
+/// engine leaves no log behind however large a burst made it.
+fn close(conn: &Connection) {
     match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
         r.get::<_, i64>(0)
     }) {
