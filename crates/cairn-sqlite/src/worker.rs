@@ -99,6 +99,14 @@ impl Counts {
 /// database (SQLite's own automatic checkpoint starts at the same size).
 pub(crate) const CHECKPOINT_PAGES: i32 = 1000;
 
+/// The WAL pages past which the writer checkpoints itself, as SQLite would. The log starts
+/// over only at a transaction that finds all of it copied, and a checkpoint beside the
+/// writer copies what was there when it began while the writer goes on adding: under a
+/// steady load only the writer's own checkpoint, between two of its transactions, lets it
+/// start over, and so bounds the WAL (also should the checkpointer be gone). What the
+/// checkpointer has copied by then is not copied again.
+pub(crate) const WRITER_CHECKPOINT_PAGES: i32 = 4 * CHECKPOINT_PAGES;
+
 /// Starts the writer thread on `conn`; with `checkpoints` (a connection of its own that
 /// can write), the checkpointer thread beside it.
 ///
@@ -107,12 +115,13 @@ pub(crate) const CHECKPOINT_PAGES: i32 = 1000;
 /// job queued behind it waits. With `synchronous = NORMAL` that is most of the writer's time
 /// in `COMMIT` (in `cairn-bench throughput`, about a fifth of its time), so there a commit
 /// that leaves [`CHECKPOINT_PAGES`] or more asks the checkpointer instead, which runs a
-/// `PASSIVE` checkpoint beside the writer's next groups. SQLite runs it as it would its
-/// own: frames are copied only once the WAL is synced, and the database is synced before
-/// the log can start over, which the writer does at its next transaction once everything
-/// was copied. A request made while one runs is one more run. (With `FULL`, every commit
+/// `PASSIVE` checkpoint beside the writer's next groups, and only past
+/// [`WRITER_CHECKPOINT_PAGES`] does the writer checkpoint itself. SQLite runs either as it
+/// would its own: frames are copied only once the WAL is synced, and the database is synced
+/// before the log can start over, which the writer does at its next transaction once
+/// everything was copied. A request made while one runs is one more run. (With `FULL`, every commit
 /// syncs the WAL anyway, and a checkpoint's syncs beside it only slowed those down: measured,
-/// not kept; BENCHMARKS.md.)
+/// not kept; BENCHMARKS.md, round 3.)
 pub(crate) fn spawn_writer(
     mut conn: Connection,
     checkpoints: Option<Connection>,
@@ -156,10 +165,22 @@ fn spawn_checkpointer(
     counts: Arc<Counts>,
 ) -> std::io::Result<JoinHandle<()>> {
     let (ask, asked) = std::sync::mpsc::sync_channel::<()>(1);
+    // Held by whoever checkpoints: SQLite refuses a second checkpoint while one runs, and
+    // the writer's must not be refused (the checkpointer, asked again and again, would
+    // otherwise be at it nearly whenever the writer tries).
+    let checkpointing = Arc::new(Mutex::new(()));
+    let held = Arc::clone(&checkpointing);
     writer
         .wal_hook(Some(
-            move |_: &mut rusqlite::hooks::Wal, pages: std::ffi::c_int| {
-                if pages >= CHECKPOINT_PAGES {
+            move |wal: &mut rusqlite::hooks::Wal, pages: std::ffi::c_int| {
+                if pages >= WRITER_CHECKPOINT_PAGES {
+                    let _turn = held
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if let Err(e) = wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
+                        tracing::warn!(error = %e, "sqlite could not checkpoint the WAL");
+                    }
+                } else if pages >= CHECKPOINT_PAGES {
                     // Full: one is asked for already, and covers these pages too.
                     let _ = ask.try_send(());
                 }
@@ -171,6 +192,9 @@ fn spawn_checkpointer(
         .name("cairn-sqlite-checkpointer".into())
         .spawn(move || {
             while asked.recv().is_ok() {
+                let _turn = checkpointing
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 checkpoint(&checkpoints, &counts);
             }
             drop(checkpoints);
