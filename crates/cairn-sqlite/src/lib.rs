@@ -168,7 +168,8 @@ pub struct Writes {
     /// syncing it with the default durability, the checkpoints the writer runs itself): how
     /// much of the serial part is the log rather than the statements.
     pub commit_time: Duration,
-    /// Checkpoints run beside the writer (each copies the WAL's pages into the database;
+    /// Checkpoints run beside the writer (runs, each copying what the WAL holds that no
+    /// reader still needs into the database, possibly nothing;
     /// with [`Durability::Normal`] only: with `Full`, SQLite checkpoints in the writer's
     /// `COMMIT`).
     pub checkpoints: u64,

@@ -143,9 +143,14 @@ pub(crate) fn spawn_writer(
         .spawn(move || {
             writer_loop(&conn, &rx, &counts);
             if let Some(checkpointer) = checkpointer {
-                // Dropping the hook drops the checkpointer's only sender: it ends.
-                let _ = conn.wal_hook(None::<WalHook>);
-                let _ = checkpointer.join();
+                // Dropping the hook drops the checkpointer's only sender: it ends. (Should
+                // that fail, it would wait for ever: it is left to end with the process.)
+                match conn.wal_hook(None::<WalHook>) {
+                    Ok(()) => {
+                        let _ = checkpointer.join();
+                    }
+                    Err(e) => tracing::warn!(error = %e, "sqlite WAL hook not removed at close"),
+                }
             }
             close(&conn);
             drop(conn);
@@ -167,7 +172,10 @@ fn spawn_checkpointer(
     let (ask, asked) = std::sync::mpsc::sync_channel::<()>(1);
     // Held by whoever checkpoints: SQLite refuses a second checkpoint while one runs, and
     // the writer's must not be refused (the checkpointer, asked again and again, would
-    // otherwise be at it nearly whenever the writer tries).
+    // otherwise be at it nearly whenever the writer tries). The writer waits for the run in
+    // progress: the commit past the mark stalls for it and its own, about once per
+    // `WRITER_CHECKPOINT_PAGES`, where SQLite's own checkpoint stalled one commit in four
+    // as many pages; the wait is what bounds the WAL.
     let checkpointing = Arc::new(Mutex::new(()));
     let held = Arc::clone(&checkpointing);
     writer
