@@ -168,10 +168,9 @@ pub struct Writes {
     /// syncing it with the default durability, the checkpoints the writer runs itself): how
     /// much of the serial part is the log rather than the statements.
     pub commit_time: Duration,
-    /// Checkpoints run beside the writer (runs, each copying what the WAL holds that no
-    /// reader still needs into the database, possibly nothing;
-    /// with [`Durability::Normal`] only: with `Full`, SQLite checkpoints in the writer's
-    /// `COMMIT`).
+    /// Checkpoints run beside the writer: runs, each copying into the database what of the
+    /// WAL no reader still needs, possibly nothing. With [`Durability::Normal`] only: with
+    /// `Full`, SQLite checkpoints in the writer's `COMMIT`.
     pub checkpoints: u64,
 }
 
@@ -946,8 +945,10 @@ mod tests {
 
     cairn_store::conformance_tests!(factory);
 
-    /// Creates `n` instances, each with about 40 KiB of params (ten pages), on `store`, one
-    /// after the other.
+    /// The pages one of [`big_instance`]'s instances takes, about.
+    const PAGES_PER_INSTANCE: usize = 10;
+
+    /// Creates `n` instances of [`big_instance`] on `store`, one after the other.
     async fn fill(store: &crate::SqliteStore, n: usize, from: usize) {
         use cairn_store::Store;
         for i in from..from + n {
@@ -955,29 +956,11 @@ mod tests {
         }
     }
 
-    /// An instance with about 40 KiB of params: ten pages.
+    /// An instance with about 40 KiB of params: [`PAGES_PER_INSTANCE`] pages.
     fn big_instance(i: usize) -> cairn_store::NewInstance {
-        let params = format!("\"{}\"", "x".repeat(40 * 1024));
-        let at = cairn_core::Timestamp::from_millis(1_700_000_000_000);
         cairn_store::NewInstance {
-            workflow: cairn_core::WorkflowName::new("w").unwrap(),
-            id: cairn_core::InstanceId::new(format!("i{i}")).unwrap(),
-            params,
-            created_at: at,
-            queued: cairn_core::LogEntry {
-                kind: cairn_core::LogKind::WorkflowQueued,
-                at,
-                step: None,
-                meta: serde_json::json!({}),
-            },
-            retention: cairn_store::Retention {
-                success: Duration::from_secs(60),
-                error: Duration::from_secs(60),
-            },
-            parent: None,
-            priority: 0,
-            concurrency: None,
-            version: None,
+            params: format!("\"{}\"", "x".repeat(40 * 1024)),
+            ..cairn_store::conformance::new_instance("w", &format!("i{i}"))
         }
     }
 
@@ -1009,8 +992,7 @@ mod tests {
             crate::Options::default().durability(crate::Durability::Normal),
         )
         .expect("open");
-        let pages_per_instance = 10;
-        let n = usize::try_from(crate::worker::CHECKPOINT_PAGES).unwrap() / pages_per_instance;
+        let n = usize::try_from(crate::worker::CHECKPOINT_PAGES).unwrap() / PAGES_PER_INSTANCE;
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let mut written = 0;
         for round in 1..=2 {
@@ -1081,7 +1063,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("full.db");
         let store = crate::SqliteStore::open(&path, crate::Options::default()).expect("open");
-        let n = usize::try_from(crate::worker::CHECKPOINT_PAGES).unwrap() / 10;
+        let n = usize::try_from(crate::worker::CHECKPOINT_PAGES).unwrap() / PAGES_PER_INSTANCE;
         fill(&store, 2 * n, 0).await;
         assert_eq!(store.writes().checkpoints, 0);
         assert!(

@@ -388,10 +388,10 @@ mod tests {
     use super::*;
 
     /// The statements on `instances` say `OR FAIL`, which the count triggers inherit: the
-    /// triggers of migrations 16 and 17 keep the counts through it, whether or not a status has a
-    /// count row yet (before 16, a trigger's `INSERT OR IGNORE` became `OR FAIL` and failed
-    /// on an existing row), and the counts match the rows through inserts, changes and
-    /// deletes.
+    /// triggers of migrations 16 and 17 keep the counts through it, whether or not a status
+    /// has a count row yet (before 16, a trigger's `INSERT OR IGNORE` became `OR FAIL` and
+    /// failed on an existing row), and the counts match the rows through inserts, changes
+    /// and deletes.
     #[test]
     fn the_count_triggers_keep_their_meaning_under_or_fail() {
         let changes = [

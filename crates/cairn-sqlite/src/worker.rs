@@ -113,15 +113,15 @@ pub(crate) const WRITER_CHECKPOINT_PAGES: i32 = 4 * CHECKPOINT_PAGES;
 /// Without a checkpointer, SQLite checkpoints by itself: inside the `COMMIT` that left the
 /// WAL over its size, it copies the WAL into the database and syncs both files while every
 /// job queued behind it waits. With `synchronous = NORMAL` that is most of the writer's time
-/// in `COMMIT` (in `cairn-bench throughput`, about a fifth of its time), so there a commit
-/// that leaves [`CHECKPOINT_PAGES`] or more asks the checkpointer instead, which runs a
-/// `PASSIVE` checkpoint beside the writer's next groups, and only past
+/// in `COMMIT` (in `cairn-bench throughput`, about a quarter of all its time), so there a
+/// commit that leaves [`CHECKPOINT_PAGES`] or more asks the checkpointer instead, which runs
+/// a `PASSIVE` checkpoint beside the writer's next groups, and only past
 /// [`WRITER_CHECKPOINT_PAGES`] does the writer checkpoint itself. SQLite runs either as it
 /// would its own: frames are copied only once the WAL is synced, and the database is synced
 /// before the log can start over, which the writer does at its next transaction once
-/// everything was copied. A request made while one runs is one more run. (With `FULL`, every commit
-/// syncs the WAL anyway, and a checkpoint's syncs beside it only slowed those down: measured,
-/// not kept; BENCHMARKS.md, round 3.)
+/// everything was copied. A request made while one runs is one more run. (With `FULL`,
+/// every commit syncs the WAL anyway, and a checkpoint's syncs beside it only slowed those
+/// down: measured, not kept; BENCHMARKS.md, round 3.)
 pub(crate) fn spawn_writer(
     mut conn: Connection,
     checkpoints: Option<Connection>,

@@ -29,7 +29,9 @@ fn wf(name: &str) -> WorkflowName {
     WorkflowName::new(name).unwrap()
 }
 
-fn new_instance(workflow: &str, id: &str) -> NewInstance {
+/// A new instance `id` of `workflow` with small params, created at a fixed time, as every
+/// case makes them (and a backend's own tests, from its `..` defaults).
+pub fn new_instance(workflow: &str, id: &str) -> NewInstance {
     NewInstance {
         workflow: wf(workflow),
         id: InstanceId::new(id).unwrap(),
