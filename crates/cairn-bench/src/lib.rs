@@ -137,15 +137,40 @@ pub fn cpu_time() -> Option<Duration> {
     Some(Duration::from_millis((user + system) * 10))
 }
 
-/// CPU time the thread of this process whose name starts with `name` has used so far
-/// (Linux `/proc/self/task/*/schedstat`, in nanoseconds), if there is one.
-pub fn thread_cpu_time(name: &str) -> Option<Duration> {
+/// What the scheduler recorded of one thread: its time on a core, and its time runnable
+/// but waiting for one (Linux `/proc/self/task/*/schedstat`, in nanoseconds).
+#[derive(Debug, Clone, Copy)]
+pub struct ThreadTimes {
+    /// Time on a core.
+    pub on_cpu: Duration,
+    /// Time ready to run, waiting for a core (woken, or preempted).
+    pub waiting: Duration,
+}
+
+impl ThreadTimes {
+    /// The times since `before`, a reading of the same thread.
+    fn since(self, before: ThreadTimes) -> Option<ThreadTimes> {
+        Some(ThreadTimes {
+            on_cpu: self.on_cpu.checked_sub(before.on_cpu)?,
+            waiting: self.waiting.checked_sub(before.waiting)?,
+        })
+    }
+}
+
+/// The scheduler's times for the thread of this process whose name starts with `name`, if
+/// there is one.
+pub fn thread_times(name: &str) -> Option<ThreadTimes> {
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
         if comm.starts_with(name) {
             let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
-            let nanos: u64 = stat.split_whitespace().next()?.parse().ok()?;
-            return Some(Duration::from_nanos(nanos));
+            let mut fields = stat.split_whitespace().map(str::parse::<u64>);
+            let on_cpu = fields.next()?.ok()?;
+            let waiting = fields.next()?.ok()?;
+            return Some(ThreadTimes {
+                on_cpu: Duration::from_nanos(on_cpu),
+                waiting: Duration::from_nanos(waiting),
+            });
         }
     }
     None
@@ -325,7 +350,7 @@ pub async fn throughput(
         counted_engine_on(&dir.join("throughput.db"), s, |b| b.register(NoOp)).await?;
     let writes_before = store.writes();
     let cpu_before = cpu_time();
-    let writer_before = thread_cpu_time(WRITER_THREAD);
+    let writer_before = thread_times(WRITER_THREAD);
     let start = Instant::now();
     let all = create_all::<NoOp>(&engine, |_| steps, instances, "t").await?;
     for i in &all {
@@ -333,9 +358,10 @@ pub async fn throughput(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = cpu_since(cpu_before);
-    let writer_cpu = thread_cpu_time(WRITER_THREAD)
+    let writer = thread_times(WRITER_THREAD)
         .zip(writer_before)
-        .and_then(|(after, before)| after.checked_sub(before));
+        .and_then(|(after, before)| after.since(before));
+    let writer_cpu = writer.map(|w| w.on_cpu);
     let writes = store.writes();
     let rss = resident_bytes();
     engine.shutdown().await;
@@ -404,6 +430,14 @@ pub async fn throughput(
             &w,
             "SQLite writer thread busy",
             writer_cpu.map_or(f64::NAN, |c| 100.0 * c.as_secs_f64() / elapsed),
+            "%",
+        ),
+        // The rest of its time is this, or asleep: waiting for jobs, or for the disk (in
+        // `COMMIT`'s sync at NORMAL's checkpoints; at FULL the syncer thread waits for it).
+        Row::new(
+            &w,
+            "SQLite writer thread ready, waiting for a core",
+            writer.map_or(f64::NAN, |t| 100.0 * t.waiting.as_secs_f64() / elapsed),
             "%",
         ),
         Row::new(

@@ -24,6 +24,7 @@ mod rows;
 mod schema;
 mod slots;
 mod streams;
+mod syncer;
 mod worker;
 
 pub use backup::{Backup, backup};
@@ -154,6 +155,8 @@ pub struct SqliteStore {
     readers: Readers,
     path: PathBuf,
     counts: Arc<worker::Counts>,
+    /// With `FULL`: which commits are synced, which reads wait for (`syncer.rs`).
+    durable: Option<Arc<syncer::Durable>>,
 }
 
 /// What a store's writer has committed since it was opened ([`SqliteStore::writes`]).
@@ -354,9 +357,26 @@ impl SqliteStore {
             }
             Durability::Full => None,
         };
+        // With `FULL`, the writer's commits are synced by the syncer thread (`syncer.rs`):
+        // its connection no longer syncs in `COMMIT`. (Migrations and the take-over above
+        // were synced there.)
+        let syncer = match options.durability {
+            Durability::Full => {
+                let mut wal = conn
+                    .path()
+                    .map(std::ffi::OsString::from)
+                    .ok_or_else(|| OpenError::other(format!("{} has no file", path.display())))?;
+                wal.push("-wal");
+                conn.pragma_update(None, "synchronous", "NORMAL")
+                    .map_err(|e| err("configure writer for", &e))?;
+                Some(syncer::spawn(Path::new(&wal)).map_err(|e| err("spawn syncer for", &e))?)
+            }
+            Durability::Normal => None,
+        };
+        let durable = syncer.as_ref().map(|(s, _)| Arc::clone(&s.durable));
         let counts = Arc::new(worker::Counts::default());
         let (writer, writer_thread) =
-            worker::spawn_writer(conn, checkpoints, lock, Arc::clone(&counts))
+            worker::spawn_writer(conn, checkpoints, syncer, lock, Arc::clone(&counts))
                 .map_err(|e| err("spawn writer for", &e))?;
         Ok(SqliteStore {
             writer: Mutex::new(Some(writer)),
@@ -364,6 +384,7 @@ impl SqliteStore {
             readers,
             path,
             counts,
+            durable,
         })
     }
 
@@ -462,19 +483,30 @@ impl SqliteStore {
         WriteAnswer { sent, rx }
     }
 
+    /// Runs `f` on a reader thread. With `FULL`, its answer waits until every commit it
+    /// could have seen is synced (`syncer.rs`): nothing power loss could take back is read.
     fn read<R: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
     ) -> StoreFuture<'_, R> {
-        let (tx, rx) = oneshot::channel::<Result<R>>();
+        let (tx, rx) = oneshot::channel::<(Result<R>, u64)>();
+        let durable = self.durable.clone();
         let job: ReadJob = Box::new(move |conn| {
-            let _ = tx.send(f(conn));
+            let read = f(conn);
+            // After the query: at least the number of any commit it saw.
+            let seen = durable.as_ref().map_or(0, |d| d.begun());
+            let _ = tx.send((read, seen));
         });
         let sent = self.readers.send(job);
         Box::pin(async move {
             sent?;
-            rx.await
-                .map_err(|_| Error::Unavailable("the sqlite reader dropped the request".into()))?
+            let (read, seen) = rx
+                .await
+                .map_err(|_| Error::Unavailable("the sqlite reader dropped the request".into()))?;
+            if let Some(durable) = &self.durable {
+                durable.wait(seen).await?;
+            }
+            read
         })
     }
 }
@@ -1070,6 +1102,98 @@ mod tests {
             in_the_database_file(&path, dir.path()).is_some_and(|n| n > 0),
             "checkpointed in COMMIT"
         );
+        store.close().await;
+    }
+
+    /// Waits (polling, yielding) until `condition` holds; fails the test after 30 s.
+    async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !condition() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// With `FULL`, a write is answered only once the WAL holding its commit is synced, and
+    /// a read that could see it answers only then too: held at the syncer, the commit is
+    /// made (the writer goes on) but neither its writer nor its reader hears of it.
+    #[tokio::test]
+    async fn a_full_store_answers_writes_and_reads_only_once_the_wal_is_synced() {
+        use cairn_store::Store;
+        use futures::FutureExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            crate::SqliteStore::open(dir.path().join("synced.db"), crate::Options::default())
+                .expect("open");
+        let durable = std::sync::Arc::clone(store.durable.as_ref().expect("a syncer at FULL"));
+        let held = durable.hold.lock().expect("hold");
+        let commits = store.writes().commits;
+        let mut create = store.create(vec![cairn_store::conformance::new_instance("w", "a")]);
+        // Polled once, so the job is queued; then committed by the writer.
+        assert!((&mut create).now_or_never().is_none());
+        until("the create is committed", || store.writes().commits > commits).await;
+        assert!(
+            (&mut create).now_or_never().is_none(),
+            "answered before its commit was synced"
+        );
+        let (workflow, id) = ("w".parse().expect("name"), "a".parse().expect("id"));
+        let mut read = store.instance(&workflow, &id);
+        // The reader sees the commit; its answer waits for the sync.
+        until("the read waits for the sync", || {
+            assert!(
+                (&mut read).now_or_never().is_none(),
+                "a read answered before the commit it could see was synced"
+            );
+            durable.gated.load(std::sync::atomic::Ordering::SeqCst) > 0
+        })
+        .await;
+        drop(held);
+        assert_eq!(create.await.expect("create").len(), 1);
+        let record = read.await.expect("read").expect("the instance");
+        assert_eq!(record.id.as_str(), "a");
+        store.close().await;
+    }
+
+    /// A failed sync of the WAL cannot be taken back (the commit is in the log, and Linux
+    /// may call the next sync a success with the pages lost): the write is answered as
+    /// failed, and so is every later write and read, until the store is opened again,
+    /// where SQLite recovers what reached the file.
+    #[tokio::test]
+    async fn a_full_store_whose_wal_sync_fails_accepts_nothing_more_until_reopened() {
+        use cairn_store::Store;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("failed-sync.db");
+        let store = crate::SqliteStore::open(&path, crate::Options::default()).expect("open");
+        let new = |id: &str| vec![cairn_store::conformance::new_instance("w", id)];
+        store.create(new("before")).await.expect("create");
+        let durable = std::sync::Arc::clone(store.durable.as_ref().expect("a syncer at FULL"));
+        durable
+            .fail_next
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let unavailable = |r: cairn_store::Result<Vec<cairn_store::Created>>, what: &str| {
+            assert!(
+                matches!(&r, Err(cairn_store::Error::Unavailable(m)) if m.contains("synced")),
+                "{what}: {r:?}"
+            );
+        };
+        unavailable(store.create(new("failed")).await, "the write whose sync failed");
+        unavailable(store.create(new("after")).await, "a later write");
+        let (workflow, id) = ("w".parse().expect("name"), "before".parse().expect("id"));
+        let read = store.instance(&workflow, &id).await;
+        assert!(
+            matches!(&read, Err(cairn_store::Error::Unavailable(_))),
+            "a read after the failure: {read:?}"
+        );
+        store.close().await;
+        let store = crate::SqliteStore::open(&path, crate::Options::default()).expect("reopen");
+        assert!(store.instance(&workflow, &id).await.expect("read").is_some());
+        let after = "after".parse().expect("id");
+        assert!(
+            store.instance(&workflow, &after).await.expect("read").is_none(),
+            "a write refused after the failure was not made"
+        );
+        store.create(new("again")).await.expect("writes again once reopened");
         store.close().await;
     }
 }

@@ -26,6 +26,7 @@ use rusqlite::Connection;
 use crate::held::Writer;
 use crate::history::{ConfigIds, LogIds};
 use crate::map_sqlite;
+use crate::syncer::{Committed, Durable, Syncer};
 
 /// A write job's work. One allocation per job, made by the caller: the writer thread, the
 /// serial part, allocates nothing of its own to run a job and answer it.
@@ -125,6 +126,7 @@ pub(crate) const WRITER_CHECKPOINT_PAGES: i32 = 4 * CHECKPOINT_PAGES;
 pub(crate) fn spawn_writer(
     mut conn: Connection,
     checkpoints: Option<Connection>,
+    syncer: Option<(Syncer, JoinHandle<()>)>,
     lock: DatabaseLock,
     counts: Arc<Counts>,
 ) -> std::io::Result<(Sender<WriteJob>, JoinHandle<()>)> {
@@ -141,7 +143,13 @@ pub(crate) fn spawn_writer(
     let handle = std::thread::Builder::new()
         .name("cairn-sqlite-writer".into())
         .spawn(move || {
-            writer_loop(&conn, &rx, &counts);
+            let (syncer, syncer_thread) = syncer.unzip();
+            writer_loop(&conn, &rx, &counts, syncer.as_ref());
+            // The syncer answers what it was handed, then ends.
+            drop(syncer);
+            if let Some(syncer_thread) = syncer_thread {
+                let _ = syncer_thread.join();
+            }
             if let Some(checkpointer) = checkpointer {
                 // Dropping the hook drops the checkpointer's only sender: it ends. (Should
                 // that fail, it would wait for ever: it is left to end with the process.)
@@ -223,9 +231,15 @@ fn checkpoint(conn: &Connection, counts: &Counts) {
     }
 }
 
-fn writer_loop(conn: &Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
+fn writer_loop(
+    conn: &Connection,
+    rx: &Receiver<WriteJob>,
+    counts: &Counts,
+    syncer: Option<&Syncer>,
+) {
     crate::history::ConfigIds::keep_on_this_thread();
     let writer = Writer::new(conn);
+    let durable = syncer.map(|s| &*s.durable);
     let mut jobs: Vec<WriteJob> = Vec::new();
     while let Some(first) = next_job(rx) {
         jobs.push(first);
@@ -235,10 +249,33 @@ fn writer_loop(conn: &Connection, rx: &Receiver<WriteJob>, counts: &Counts) {
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
+        if let Some(failure) = durable.and_then(Durable::failure) {
+            // A sync failed: nothing more is written (`syncer`'s doc).
+            for job in jobs.drain(..) {
+                job.work.complete(Err(failure.clone()));
+            }
+            continue;
+        }
         let before = conn.total_changes();
         let n = jobs.len() as u64;
         let mut committing = std::time::Duration::ZERO;
-        if run_group(&writer, jobs.drain(..), &mut committing) && conn.total_changes() != before {
+        let group = run_group(&writer, jobs.drain(..), &mut committing, durable);
+        let changed = conn.total_changes() != before;
+        let committed = group.outcome.is_ok();
+        match (syncer, group.seq) {
+            (Some(syncer), Some(seq)) => syncer.send(Committed {
+                seq,
+                changed,
+                outcome: group.outcome,
+                jobs: group.jobs,
+            }),
+            _ => {
+                for work in group.jobs {
+                    work.complete(group.outcome.clone());
+                }
+            }
+        }
+        if committed && changed {
             use std::sync::atomic::Ordering::Relaxed;
             counts.commits.fetch_add(1, Relaxed);
             counts.jobs.fetch_add(n, Relaxed);
@@ -260,20 +297,33 @@ fn close(conn: &Connection) {
     }
 }
 
-/// Runs `jobs` in one transaction; whether it committed. Adds the time its `COMMIT` took
-/// to `committing`.
+/// A group's jobs once run, to answer with the outcome of its transaction.
+struct Group {
+    /// The number [`Durable::begin`] gave its `COMMIT`, if it got that far with a syncer.
+    seq: Option<u64>,
+    outcome: Result<()>,
+    jobs: Vec<Box<dyn Work>>,
+}
+
+/// Runs `jobs` in one transaction, numbering its `COMMIT` with `durable` if there is one.
+/// Adds the time its `COMMIT` took to `committing`.
 fn run_group(
     conn: &Writer<'_>,
     jobs: impl Iterator<Item = WriteJob>,
     committing: &mut std::time::Duration,
-) -> bool {
+    durable: Option<&Durable>,
+) -> Group {
     let mut completions: Vec<Box<dyn Work>> = Vec::new();
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         // Run nothing. Dropping a job drops its reply channel, which its caller sees as
         // `Error::Unavailable`.
         tracing::error!(error = %e, "sqlite could not begin a write transaction");
         jobs.for_each(drop);
-        return false;
+        return Group {
+            seq: None,
+            outcome: Err(map_sqlite(e)),
+            jobs: Vec::new(),
+        };
     }
     LogIds::began();
     let mut jobs = jobs.into_iter();
@@ -321,6 +371,7 @@ fn run_group(
             break;
         }
     }
+    let mut seq = None;
     let outcome = match broken {
         Some(reason) => {
             // Jobs not yet run are dropped unrun; every job that ran is undone with the
@@ -335,6 +386,8 @@ fn run_group(
         }
         None => {
             metrics::histogram!(cairn_store::BATCH_METRIC).record(completions.len() as f64);
+            // Numbered before it runs: a reader that sees it reads its number after.
+            seq = durable.map(Durable::begin);
             let began = std::time::Instant::now();
             let outcome = conn.execute_batch("COMMIT").map_err(map_sqlite);
             *committing += began.elapsed();
@@ -349,11 +402,11 @@ fn run_group(
         }
     };
     LogIds::ended();
-    let committed = outcome.is_ok();
-    for work in completions {
-        work.complete(outcome.clone());
+    Group {
+        seq,
+        outcome,
+        jobs: completions,
     }
-    committed
 }
 
 pub(crate) struct Readers {
@@ -429,7 +482,12 @@ mod tests {
     /// [`super::run_group`], its `COMMIT`'s time left uncounted.
     fn run_group(conn: &Writer<'_>, jobs: impl Iterator<Item = WriteJob>) -> bool {
         let mut uncounted = std::time::Duration::ZERO;
-        super::run_group(conn, jobs, &mut uncounted)
+        let group = super::run_group(conn, jobs, &mut uncounted, None);
+        let committed = group.outcome.is_ok();
+        for work in group.jobs {
+            work.complete(group.outcome.clone());
+        }
+        committed
     }
 
     /// What a test job answers with, once its group's outcome is known.

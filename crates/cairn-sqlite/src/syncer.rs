@@ -1,0 +1,191 @@
+//! With [`crate::Durability::Full`], the sync of the WAL, on a thread of its own.
+//!
+//! SQLite's `synchronous = FULL` syncs the WAL inside every `COMMIT`: the writer thread
+//! sleeps on the disk (a fifth of its time in `cairn-bench throughput`) while the jobs of
+//! the next group wait. Instead, the writer commits with `synchronous = NORMAL` (SQLite
+//! writes the WAL, and syncs it before any checkpoint copies it and at every restart of the
+//! log, but not at a commit) and hands the group to this thread, which syncs the WAL file and
+//! only then answers the group's callers. Meanwhile the writer runs the next group. A
+//! caller is answered after its write is durable, exactly as with SQLite's own sync; one
+//! sync covers every group committed before it began.
+//!
+//! What a reader may see in between is gated too ([`Durable::wait`]): a read answers only
+//! once every commit it could have seen is synced, so nothing that power loss could still
+//! take back leaves the store.
+//!
+//! A failed sync cannot be taken back: the commits are in the WAL, later groups may build
+//! on them, and after a failed `fsync` Linux may report the next one as successful with the
+//! pages lost. So the store stops there: the groups not yet answered, every later write and
+//! every read waiting on them fail with [`Error::Unavailable`], until the engine is restarted
+//! and SQLite recovers the database from what did reach the disk.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use cairn_store::{Error, Result};
+
+use crate::worker::Work;
+
+/// Which commits are durable, shared by the writer, the syncer and the readers.
+pub(crate) struct Durable {
+    /// The last commit begun: the writer numbers each `COMMIT` (from 1) before it runs it,
+    /// so a reader that read this after its query knows every commit it could have seen.
+    begun: AtomicU64,
+    /// Every commit up to this one is synced (or has failed and was answered so).
+    synced: tokio::sync::watch::Sender<u64>,
+    /// A sync failed: see the module's doc.
+    failed: AtomicBool,
+    /// Held by the syncer around each sync: a test holds it to keep commits unsynced.
+    #[cfg(test)]
+    pub(crate) hold: std::sync::Mutex<()>,
+    /// The next sync fails (a test's disk error).
+    #[cfg(test)]
+    pub(crate) fail_next: AtomicBool,
+    /// Reads that had to wait for a sync.
+    #[cfg(test)]
+    pub(crate) gated: AtomicU64,
+}
+
+impl Durable {
+    fn new() -> Self {
+        Durable {
+            begun: AtomicU64::new(0),
+            synced: tokio::sync::watch::Sender::new(0),
+            failed: AtomicBool::new(false),
+            #[cfg(test)]
+            hold: std::sync::Mutex::new(()),
+            #[cfg(test)]
+            fail_next: AtomicBool::new(false),
+            #[cfg(test)]
+            gated: AtomicU64::new(0),
+        }
+    }
+
+    /// Numbers the commit the writer is about to run.
+    pub(crate) fn begin(&self) -> u64 {
+        self.begun.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The last commit begun; read by a reader after its query.
+    pub(crate) fn begun(&self) -> u64 {
+        self.begun.load(Ordering::SeqCst)
+    }
+
+    /// The error every write and gated read gets once a sync has failed.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        self.failed.load(Ordering::SeqCst).then(|| {
+            Error::Unavailable(
+                "the SQLite WAL could not be synced to disk: the store accepts nothing more until the engine restarts".into(),
+            )
+        })
+    }
+
+    /// Returns once commit `seen` and every one before it is durable (at once if it is
+    /// already); an error if a sync failed first.
+    pub(crate) async fn wait(&self, seen: u64) -> Result<()> {
+        if *self.synced.borrow() < seen {
+            #[cfg(test)]
+            self.gated.fetch_add(1, Ordering::SeqCst);
+            let mut synced = self.synced.subscribe();
+            // The sender lives as long as `self`: the wait ends by a sync or a failure.
+            let _ = synced
+                .wait_for(|&synced| synced >= seen || self.failed.load(Ordering::SeqCst))
+                .await;
+        }
+        match self.failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A committed (or failed) group, waiting for the sync that covers it.
+pub(crate) struct Committed {
+    /// Its commit's number ([`Durable::begin`]).
+    pub(crate) seq: u64,
+    /// Whether the commit wrote anything (a group of empty claims did not: no sync).
+    pub(crate) changed: bool,
+    /// The commit's outcome, as the writer saw it.
+    pub(crate) outcome: Result<()>,
+    /// Its jobs, to answer.
+    pub(crate) jobs: Vec<Box<dyn Work>>,
+}
+
+/// The writer's end of the syncer.
+pub(crate) struct Syncer {
+    pub(crate) durable: Arc<Durable>,
+    tx: Sender<Committed>,
+}
+
+impl Syncer {
+    /// Hands a group over; answered by the syncer, or failed here if it is gone.
+    pub(crate) fn send(&self, group: Committed) {
+        if let Err(std::sync::mpsc::SendError(group)) = self.tx.send(group) {
+            let gone = Error::Unavailable("the SQLite syncer thread is gone".into());
+            for job in group.jobs {
+                job.complete(Err(gone.clone()));
+            }
+        }
+    }
+}
+
+/// Starts the syncer thread for the WAL file `wal`, which exists (the schema's migration
+/// wrote it). Dropping the [`Syncer`] ends it once every group handed over is answered.
+pub(crate) fn spawn(wal: &std::path::Path) -> std::io::Result<(Syncer, JoinHandle<()>)> {
+    // Any descriptor of the file syncs its data: this one is only ever synced.
+    let file = std::fs::File::open(wal)?;
+    let durable = Arc::new(Durable::new());
+    let (tx, rx) = std::sync::mpsc::channel::<Committed>();
+    let shared = Arc::clone(&durable);
+    let handle = std::thread::Builder::new()
+        .name("cairn-sqlite-syncer".into())
+        .spawn(move || sync_loop(&file, &rx, &shared))?;
+    Ok((Syncer { durable, tx }, handle))
+}
+
+fn sync_loop(file: &std::fs::File, rx: &Receiver<Committed>, durable: &Durable) {
+    let mut groups: Vec<Committed> = Vec::new();
+    while let Ok(first) = rx.recv() {
+        groups.push(first);
+        groups.extend(rx.try_iter());
+        let synced = if groups.iter().any(|g| g.changed) {
+            sync(file, durable)
+        } else {
+            Ok(())
+        };
+        let last = groups.last().map_or(0, |g| g.seq);
+        if let Err(e) = &synced {
+            tracing::error!(error = %e, "sqlite could not sync the WAL: the store stops accepting writes");
+            durable.failed.store(true, Ordering::SeqCst);
+        }
+        let failure = durable.failure();
+        // Published before the callers are answered: a caller that reads next sees its
+        // own write at once.
+        durable.synced.send_replace(last);
+        for group in groups.drain(..) {
+            let outcome = match &failure {
+                Some(e) => Err(e.clone()),
+                None => group.outcome,
+            };
+            for job in group.jobs {
+                job.complete(outcome.clone());
+            }
+        }
+    }
+}
+
+fn sync(file: &std::fs::File, durable: &Durable) -> std::io::Result<()> {
+    #[cfg(test)]
+    let _held = durable
+        .hold
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    #[cfg(test)]
+    if durable.fail_next.swap(false, Ordering::SeqCst) {
+        return Err(std::io::Error::other("injected sync failure"));
+    }
+    let _ = durable;
+    file.sync_data()
+}
