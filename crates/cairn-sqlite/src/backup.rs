@@ -3,6 +3,11 @@
 //! so the copy is the database as of one commit. In WAL mode writers go on meanwhile; a
 //! backup taken page by page across several steps would restart at every write of another
 //! connection and might never finish under load.
+//!
+//! An engine at `Durability::Full` answers a commit once its syncer thread has synced the
+//! WAL, a moment after the commit is visible: the copy may hold commits not yet synced. So
+//! once copied, the live WAL is synced here too, and the copy holds nothing that power loss
+//! could still take from the live database.
 
 use std::path::Path;
 
@@ -66,7 +71,23 @@ fn copy(from: &Path, to: &Path) -> Result<u64, String> {
         other => return Err(format!("the copy did not finish ({other:?}); try again")),
     }
     let pages = backup.progress().pagecount;
+    sync_wal(from)?;
     Ok(u64::try_from(pages).unwrap_or(0))
+}
+
+/// Syncs the live database's WAL, if there is one (the module's doc).
+fn sync_wal(db: &Path) -> Result<(), String> {
+    let db = std::fs::canonicalize(db).map_err(|e| format!("resolve {}: {e}", db.display()))?;
+    let mut wal = db.into_os_string();
+    wal.push("-wal");
+    match std::fs::File::open(&wal) {
+        Ok(file) => file
+            .sync_data()
+            .map_err(|e| format!("sync the live database's log: {e}")),
+        // No connection has the database open (the last one to close deletes the WAL).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("open the live database's log: {e}")),
+    }
 }
 
 fn check(path: &Path) -> Result<(), String> {

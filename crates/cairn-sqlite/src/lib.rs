@@ -163,13 +163,15 @@ pub struct SqliteStore {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Writes {
     /// Transactions committed that changed the database: with the default durability,
-    /// one fsync each. A group commit of many jobs is one.
+    /// one fsync each (by the syncer thread, which may cover several at once). A group
+    /// commit of many jobs is one.
     pub commits: u64,
     /// Write calls (`Store::commit`, `create`, `claim`, …) in those transactions.
     pub jobs: u64,
-    /// Time the writer thread spent in those transactions' `COMMIT`s (writing the WAL,
-    /// syncing it with the default durability, the checkpoints the writer runs itself): how
-    /// much of the serial part is the log rather than the statements.
+    /// Time the writer thread spent in those transactions' `COMMIT`s (writing the WAL, the
+    /// checkpoints the writer runs itself; not the sync of the default durability, which
+    /// the syncer thread does beside it): how much of the serial part is the log rather
+    /// than the statements.
     pub commit_time: Duration,
     /// Checkpoints run beside the writer: runs, each copying into the database what of the
     /// WAL no reader still needs, possibly nothing. With [`Durability::Normal`] only: with
@@ -362,10 +364,14 @@ impl SqliteStore {
         // were synced there.)
         let syncer = match options.durability {
             Durability::Full => {
-                let mut wal = conn
-                    .path()
-                    .map(std::ffi::OsString::from)
-                    .ok_or_else(|| OpenError::other(format!("{} has no file", path.display())))?;
+                // SQLite's own name for it: the database's full path (links resolved), and
+                // `-wal`. `path()` has it unless it is not UTF-8.
+                let mut wal = match conn.path() {
+                    Some(db) => std::ffi::OsString::from(db),
+                    None => std::fs::canonicalize(&path)
+                        .map_err(|e| err("resolve the path of", &e))?
+                        .into_os_string(),
+                };
                 wal.push("-wal");
                 conn.pragma_update(None, "synchronous", "NORMAL")
                     .map_err(|e| err("configure writer for", &e))?;
@@ -1119,6 +1125,10 @@ mod tests {
     /// a read that could see it answers only then too: held at the syncer, the commit is
     /// made (the writer goes on) but neither its writer nor its reader hears of it.
     #[tokio::test]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the lock holds the syncer thread, not a task"
+    )]
     async fn a_full_store_answers_writes_and_reads_only_once_the_wal_is_synced() {
         use cairn_store::Store;
         use futures::FutureExt;
@@ -1127,12 +1137,23 @@ mod tests {
             crate::SqliteStore::open(dir.path().join("synced.db"), crate::Options::default())
                 .expect("open");
         let durable = std::sync::Arc::clone(store.durable.as_ref().expect("a syncer at FULL"));
+        // It syncs SQLite's WAL, not another file.
+        let wal = std::fs::metadata(dir.path().join("synced.db-wal")).expect("the WAL");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            (durable.file.dev(), durable.file.ino()),
+            (wal.dev(), wal.ino()),
+            "the syncer's file is not the WAL"
+        );
         let held = durable.hold.lock().expect("hold");
         let commits = store.writes().commits;
         let mut create = store.create(vec![cairn_store::conformance::new_instance("w", "a")]);
         // Polled once, so the job is queued; then committed by the writer.
         assert!((&mut create).now_or_never().is_none());
-        until("the create is committed", || store.writes().commits > commits).await;
+        until("the create is committed", || {
+            store.writes().commits > commits
+        })
+        .await;
         assert!(
             (&mut create).now_or_never().is_none(),
             "answered before its commit was synced"
@@ -1152,6 +1173,45 @@ mod tests {
         assert_eq!(create.await.expect("create").len(), 1);
         let record = read.await.expect("read").expect("the instance");
         assert_eq!(record.id.as_str(), "a");
+        store.close().await;
+    }
+
+    /// Should the syncer die (a panic), the commits it was handed are never synced: the
+    /// store stops as after a failed sync, and neither a caller nor a reader waits for ever.
+    #[tokio::test]
+    async fn a_full_store_whose_syncer_dies_stops_and_leaves_no_one_waiting() {
+        use cairn_store::Store;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            crate::SqliteStore::open(dir.path().join("dead-syncer.db"), crate::Options::default())
+                .expect("open");
+        let new = |id: &str| vec![cairn_store::conformance::new_instance("w", id)];
+        store.create(new("before")).await.expect("create");
+        let durable = std::sync::Arc::clone(store.durable.as_ref().expect("a syncer at FULL"));
+        durable
+            .panic_next
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let (workflow, id) = ("w".parse().expect("name"), "dying".parse().expect("id"));
+        let (created, read) = tokio::join!(store.create(new("dying")), async {
+            // A read that may see the commit the syncer dies on.
+            store.instance(&workflow, &id).await
+        });
+        assert!(created.is_err(), "answered by a dead syncer: {created:?}");
+        assert!(
+            matches!(&read, Ok(None) | Err(cairn_store::Error::Unavailable(_))),
+            "a read of an unsynced commit: {read:?}"
+        );
+        let after = store.create(new("after")).await;
+        assert!(
+            matches!(&after, Err(cairn_store::Error::Unavailable(_))),
+            "a write after the syncer died: {after:?}"
+        );
+        let before = "before".parse().expect("id");
+        let read = store.instance(&workflow, &before).await;
+        assert!(
+            matches!(&read, Err(cairn_store::Error::Unavailable(_))),
+            "a read after the syncer died: {read:?}"
+        );
         store.close().await;
     }
 
@@ -1177,7 +1237,10 @@ mod tests {
                 "{what}: {r:?}"
             );
         };
-        unavailable(store.create(new("failed")).await, "the write whose sync failed");
+        unavailable(
+            store.create(new("failed")).await,
+            "the write whose sync failed",
+        );
         unavailable(store.create(new("after")).await, "a later write");
         let (workflow, id) = ("w".parse().expect("name"), "before".parse().expect("id"));
         let read = store.instance(&workflow, &id).await;
@@ -1186,14 +1249,33 @@ mod tests {
             "a read after the failure: {read:?}"
         );
         store.close().await;
+        // Closed without a checkpoint: the WAL is left whole, for the next open to recover.
+        let wal = dir.path().join("failed-sync.db-wal");
+        assert!(
+            std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0),
+            "the WAL was checkpointed at close after a failed sync"
+        );
         let store = crate::SqliteStore::open(&path, crate::Options::default()).expect("reopen");
-        assert!(store.instance(&workflow, &id).await.expect("read").is_some());
+        assert!(
+            store
+                .instance(&workflow, &id)
+                .await
+                .expect("read")
+                .is_some()
+        );
         let after = "after".parse().expect("id");
         assert!(
-            store.instance(&workflow, &after).await.expect("read").is_none(),
+            store
+                .instance(&workflow, &after)
+                .await
+                .expect("read")
+                .is_none(),
             "a write refused after the failure was not made"
         );
-        store.create(new("again")).await.expect("writes again once reopened");
+        store
+            .create(new("again"))
+            .await
+            .expect("writes again once reopened");
         store.close().await;
     }
 }

@@ -16,12 +16,17 @@
 //! A failed sync cannot be taken back: the commits are in the WAL, later groups may build
 //! on them, and after a failed `fsync` Linux may report the next one as successful with the
 //! pages lost. So the store stops there: the groups not yet answered, every later write and
-//! every read waiting on them fail with [`Error::Unavailable`], until the engine is restarted
-//! and SQLite recovers the database from what did reach the disk.
+//! every read waiting on them fail with [`Error::Unavailable`] (whether those commits stay
+//! is unknown, as for a commit whose answer is lost), and the writer checkpoints no more,
+//! not even at close: a checkpoint would copy into the database whatever the page cache
+//! holds of frames whose write-back failed. The next open recovers the database from the
+//! WAL as it reached the file, frames checked by their checksums. The same happens if this
+//! thread dies, or the writer between numbering a commit and handing it over: readers
+//! waiting on those commits would otherwise wait for ever.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use cairn_store::{Error, Result};
@@ -43,14 +48,22 @@ pub(crate) struct Durable {
     /// The next sync fails (a test's disk error).
     #[cfg(test)]
     pub(crate) fail_next: AtomicBool,
+    /// The next sync panics (a bug in this thread).
+    #[cfg(test)]
+    pub(crate) panic_next: AtomicBool,
     /// Reads that had to wait for a sync.
     #[cfg(test)]
     pub(crate) gated: AtomicU64,
+    /// The file synced, to check it is SQLite's WAL.
+    #[cfg(test)]
+    pub(crate) file: std::fs::Metadata,
 }
 
 impl Durable {
-    fn new() -> Self {
-        Durable {
+    fn new(file: &std::fs::File) -> std::io::Result<Self> {
+        #[cfg(not(test))]
+        let _ = file;
+        Ok(Durable {
             begun: AtomicU64::new(0),
             synced: tokio::sync::watch::Sender::new(0),
             failed: AtomicBool::new(false),
@@ -59,8 +72,12 @@ impl Durable {
             #[cfg(test)]
             fail_next: AtomicBool::new(false),
             #[cfg(test)]
+            panic_next: AtomicBool::new(false),
+            #[cfg(test)]
             gated: AtomicU64::new(0),
-        }
+            #[cfg(test)]
+            file: file.metadata()?,
+        })
     }
 
     /// Numbers the commit the writer is about to run.
@@ -136,7 +153,7 @@ impl Syncer {
 pub(crate) fn spawn(wal: &std::path::Path) -> std::io::Result<(Syncer, JoinHandle<()>)> {
     // Any descriptor of the file syncs its data: this one is only ever synced.
     let file = std::fs::File::open(wal)?;
-    let durable = Arc::new(Durable::new());
+    let durable = Arc::new(Durable::new(&file)?);
     let (tx, rx) = std::sync::mpsc::channel::<Committed>();
     let shared = Arc::clone(&durable);
     let handle = std::thread::Builder::new()
@@ -146,6 +163,7 @@ pub(crate) fn spawn(wal: &std::path::Path) -> std::io::Result<(Syncer, JoinHandl
 }
 
 fn sync_loop(file: &std::fs::File, rx: &Receiver<Committed>, durable: &Durable) {
+    let _ended = Ended(durable);
     let mut groups: Vec<Committed> = Vec::new();
     while let Ok(first) = rx.recv() {
         groups.push(first);
@@ -176,6 +194,26 @@ fn sync_loop(file: &std::fs::File, rx: &Receiver<Committed>, durable: &Durable) 
     }
 }
 
+/// Dropped when the syncer ends. It ends cleanly once the writer is gone, having handed over
+/// every commit it numbered, each answered; else (a panic here, or in the writer between
+/// [`Durable::begin`] and the hand-over) commits are left that no sync will cover, and the
+/// store stops as after a failed sync, waking the readers waiting on them.
+struct Ended<'a>(&'a Durable);
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        let durable = self.0;
+        if std::thread::panicking() || durable.begun() > *durable.synced.borrow() {
+            tracing::error!(
+                "the sqlite syncer ended with commits not synced: the store stops accepting writes"
+            );
+            durable.failed.store(true, Ordering::SeqCst);
+            // Wakes every waiter, to see the failure.
+            durable.synced.send_modify(|_| {});
+        }
+    }
+}
+
 fn sync(file: &std::fs::File, durable: &Durable) -> std::io::Result<()> {
     #[cfg(test)]
     let _held = durable
@@ -186,6 +224,11 @@ fn sync(file: &std::fs::File, durable: &Durable) -> std::io::Result<()> {
     if durable.fail_next.swap(false, Ordering::SeqCst) {
         return Err(std::io::Error::other("injected sync failure"));
     }
+    #[cfg(test)]
+    assert!(
+        !durable.panic_next.swap(false, Ordering::SeqCst),
+        "injected syncer panic"
+    );
     let _ = durable;
     file.sync_data()
 }

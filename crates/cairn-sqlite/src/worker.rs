@@ -2,8 +2,10 @@
 //!
 //! One writer thread owns the only write connection. It takes every queued job, runs them
 //! in one `BEGIN IMMEDIATE` transaction and commits once: many engine writes, one fsync
-//! (group commit). Replies are sent only after the commit, so a caller never sees a write
-//! that is not durable.
+//! (group commit). Replies are sent only once the commit is durable, so a caller never sees
+//! a write that power loss could take back: with `NORMAL` after the `COMMIT` (durable up to
+//! the last checkpoint, as that level promises), with `FULL` by the syncer thread once it
+//! has synced the WAL (`syncer.rs`), while the writer already runs the next group.
 //!
 //! A job that may fail after it has written runs inside its own savepoint, so its failure
 //! is undone alone. A *fenced* job (a lifetime's commit, taking an event) fails
@@ -120,9 +122,10 @@ pub(crate) const WRITER_CHECKPOINT_PAGES: i32 = 4 * CHECKPOINT_PAGES;
 /// [`WRITER_CHECKPOINT_PAGES`] does the writer checkpoint itself. SQLite runs either as it
 /// would its own: frames are copied only once the WAL is synced, and the database is synced
 /// before the log can start over, which the writer does at its next transaction once
-/// everything was copied. A request made while one runs is one more run. (With `FULL`,
-/// every commit syncs the WAL anyway, and a checkpoint's syncs beside it only slowed those
-/// down: measured, not kept; BENCHMARKS.md, round 3.)
+/// everything was copied. A request made while one runs is one more run. (With `FULL`, the
+/// syncer thread syncs the WAL after every group, and a checkpointer's syncs beside it only
+/// slowed those down: measured, not kept; BENCHMARKS.md, round 3. SQLite's own checkpoint
+/// in the writer's `COMMIT` stays.)
 pub(crate) fn spawn_writer(
     mut conn: Connection,
     checkpoints: Option<Connection>,
@@ -144,12 +147,14 @@ pub(crate) fn spawn_writer(
         .name("cairn-sqlite-writer".into())
         .spawn(move || {
             let (syncer, syncer_thread) = syncer.unzip();
+            let durable = syncer.as_ref().map(|s| Arc::clone(&s.durable));
             writer_loop(&conn, &rx, &counts, syncer.as_ref());
             // The syncer answers what it was handed, then ends.
             drop(syncer);
             if let Some(syncer_thread) = syncer_thread {
                 let _ = syncer_thread.join();
             }
+            let failed = durable.is_some_and(|d| d.failure().is_some());
             if let Some(checkpointer) = checkpointer {
                 // Dropping the hook drops the checkpointer's only sender: it ends. (Should
                 // that fail, it would wait for ever: it is left to end with the process.)
@@ -160,7 +165,11 @@ pub(crate) fn spawn_writer(
                     Err(e) => tracing::warn!(error = %e, "sqlite WAL hook not removed at close"),
                 }
             }
-            close(&conn);
+            if failed {
+                stop_checkpoints(&conn);
+            } else {
+                close(&conn);
+            }
             drop(conn);
             drop(lock);
         })?;
@@ -241,6 +250,7 @@ fn writer_loop(
     let writer = Writer::new(conn);
     let durable = syncer.map(|s| &*s.durable);
     let mut jobs: Vec<WriteJob> = Vec::new();
+    let mut stopped = false;
     while let Some(first) = next_job(rx) {
         jobs.push(first);
         while jobs.len() < MAX_GROUP {
@@ -250,7 +260,11 @@ fn writer_loop(
             }
         }
         if let Some(failure) = durable.and_then(Durable::failure) {
-            // A sync failed: nothing more is written (`syncer`'s doc).
+            // A sync failed: nothing more is written, nor checkpointed (`syncer`'s doc).
+            if !stopped {
+                stop_checkpoints(conn);
+                stopped = true;
+            }
             for job in jobs.drain(..) {
                 job.work.complete(Err(failure.clone()));
             }
@@ -282,6 +296,22 @@ fn writer_loop(
             let nanos = u64::try_from(committing.as_nanos()).unwrap_or(u64::MAX);
             counts.commit_nanos.fetch_add(nanos, Relaxed);
         }
+    }
+}
+
+/// After a failed sync of the WAL: no checkpoint more, automatic or at close, copies into
+/// the database frames whose write-back failed (`syncer`'s doc).
+fn stop_checkpoints(conn: &Connection) {
+    let stopped = conn
+        .pragma_update(None, "wal_autocheckpoint", 0)
+        .and_then(|()| {
+            conn.set_db_config(
+                rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                true,
+            )
+        });
+    if let Err(e) = stopped {
+        tracing::error!(error = %e, "sqlite could not turn its checkpoints off after a failed sync");
     }
 }
 

@@ -60,7 +60,10 @@ pub enum Error {
     /// The instance does not exist (any more).
     #[error("instance {0:?} not found")]
     NotFound(InstanceRef),
-    /// The store cannot be reached or failed to commit; nothing was written. Retry later.
+    /// The store cannot be reached or failed to commit. Retry later. Nothing was written,
+    /// unless the failure came after the commit (its answer lost; a SQLite store whose sync
+    /// of the log failed): then the outcome is unknown, as after a crash, and a retry meets
+    /// the fences and idempotency keys that make it safe.
     #[error("store unavailable: {0}")]
     Unavailable(String),
     /// Stored data could not be decoded.
