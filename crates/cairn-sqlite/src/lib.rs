@@ -1122,16 +1122,28 @@ mod tests {
     }
 
     /// With `FULL`, a write is answered only once the WAL holding its commit is synced, and
-    /// a read that could see it answers only then too: held at the syncer, the commit is
-    /// made (the writer goes on) but neither its writer nor its reader hears of it.
+    /// a read that could see it answers only then too: held at the syncer thread, the
+    /// commit is made (the writer goes on) but neither its writer nor its reader hears of
+    /// it.
     #[tokio::test]
+    async fn a_full_store_answers_writes_and_reads_only_once_the_wal_is_synced() {
+        answers_only_once_synced(true).await;
+    }
+
+    /// The same when the writer syncs the group itself, having nothing queued behind it.
+    #[tokio::test]
+    async fn a_full_store_whose_writer_syncs_itself_answers_only_once_synced() {
+        answers_only_once_synced(false).await;
+    }
+
     #[expect(
         clippy::await_holding_lock,
-        reason = "the lock holds the syncer thread, not a task"
+        reason = "the lock holds the thread that syncs, not a task"
     )]
-    async fn a_full_store_answers_writes_and_reads_only_once_the_wal_is_synced() {
+    async fn answers_only_once_synced(hand_over: bool) {
         use cairn_store::Store;
         use futures::FutureExt;
+        use std::sync::atomic::Ordering::SeqCst;
         let dir = tempfile::tempdir().expect("tempdir");
         let store =
             crate::SqliteStore::open(dir.path().join("synced.db"), crate::Options::default())
@@ -1145,6 +1157,7 @@ mod tests {
             (wal.dev(), wal.ino()),
             "the syncer's file is not the WAL"
         );
+        durable.always_hand_over.store(hand_over, SeqCst);
         let held = durable.hold.lock().expect("hold");
         let commits = store.writes().commits;
         let mut create = store.create(vec![cairn_store::conformance::new_instance("w", "a")]);
@@ -1152,6 +1165,10 @@ mod tests {
         assert!((&mut create).now_or_never().is_none());
         until("the create is committed", || {
             store.writes().commits > commits
+        })
+        .await;
+        until("the sync is under way", || {
+            durable.handed_over.load(SeqCst) == usize::from(hand_over)
         })
         .await;
         assert!(
@@ -1166,7 +1183,7 @@ mod tests {
                 (&mut read).now_or_never().is_none(),
                 "a read answered before the commit it could see was synced"
             );
-            durable.gated.load(std::sync::atomic::Ordering::SeqCst) > 0
+            durable.gated.load(SeqCst) > 0
         })
         .await;
         drop(held);
@@ -1188,6 +1205,10 @@ mod tests {
         let new = |id: &str| vec![cairn_store::conformance::new_instance("w", id)];
         store.create(new("before")).await.expect("create");
         let durable = std::sync::Arc::clone(store.durable.as_ref().expect("a syncer at FULL"));
+        // On the syncer thread: the writer, with nothing queued, would sync itself.
+        durable
+            .always_hand_over
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         durable
             .panic_next
             .store(true, std::sync::atomic::Ordering::SeqCst);

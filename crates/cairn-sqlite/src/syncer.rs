@@ -7,7 +7,10 @@
 //! log, but not at a commit) and hands the group to this thread, which syncs the WAL file and
 //! only then answers the group's callers. Meanwhile the writer runs the next group. A
 //! caller is answered after its write is durable, exactly as with SQLite's own sync; one
-//! sync covers every group committed before it began.
+//! sync covers every group committed before it began. When no job is queued behind the
+//! group and none handed over is unanswered, the writer syncs and answers it itself
+//! ([`Syncer::settle`]): there is nothing to overlap, and one instance's steps, committed
+//! one after the other, would otherwise pay a thread's wake-up on every commit.
 //!
 //! What a reader may see in between is gated too ([`Durable::wait`]): a read answers only
 //! once every commit it could have seen is synced, so nothing that power loss could still
@@ -25,7 +28,7 @@
 //! waiting on those commits would otherwise wait for ever.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::thread::JoinHandle;
 
@@ -42,6 +45,11 @@ pub(crate) struct Durable {
     synced: tokio::sync::watch::Sender<u64>,
     /// A sync failed: see the module's doc.
     failed: AtomicBool,
+    /// Groups handed over to the syncer thread and not yet answered.
+    pub(crate) handed_over: AtomicUsize,
+    /// Every group is handed over to the syncer thread (a test of that path).
+    #[cfg(test)]
+    pub(crate) always_hand_over: AtomicBool,
     /// Held by the syncer around each sync: a test holds it to keep commits unsynced.
     #[cfg(test)]
     pub(crate) hold: std::sync::Mutex<()>,
@@ -67,6 +75,9 @@ impl Durable {
             begun: AtomicU64::new(0),
             synced: tokio::sync::watch::Sender::new(0),
             failed: AtomicBool::new(false),
+            handed_over: AtomicUsize::new(0),
+            #[cfg(test)]
+            always_hand_over: AtomicBool::new(false),
             #[cfg(test)]
             hold: std::sync::Mutex::new(()),
             #[cfg(test)]
@@ -133,13 +144,28 @@ pub(crate) struct Committed {
 /// The writer's end of the syncer.
 pub(crate) struct Syncer {
     pub(crate) durable: Arc<Durable>,
+    /// The WAL, synced here too when the writer settles a group itself.
+    file: Arc<std::fs::File>,
     tx: Sender<Committed>,
 }
 
 impl Syncer {
-    /// Hands a group over; answered by the syncer, or failed here if it is gone.
-    pub(crate) fn send(&self, group: Committed) {
+    /// Settles a group the writer has committed: handed over to the syncer thread when the
+    /// writer has more to run (`more`), so the sync overlaps the next group; else synced
+    /// and answered on the calling thread, which has nothing better to do, and a lone
+    /// caller (one instance's steps, one after the other) does not pay the hand-over's
+    /// wake-up on every commit. Only when no group handed over is still unanswered, so
+    /// groups are answered in the order they committed.
+    pub(crate) fn settle(&self, group: Committed, more: bool) {
+        #[cfg(test)]
+        let more = more || self.durable.always_hand_over.load(Ordering::SeqCst);
+        if !more && self.durable.handed_over.load(Ordering::SeqCst) == 0 {
+            settle(&self.file, &self.durable, &mut vec![group]);
+            return;
+        }
+        self.durable.handed_over.fetch_add(1, Ordering::SeqCst);
         if let Err(std::sync::mpsc::SendError(group)) = self.tx.send(group) {
+            self.durable.handed_over.fetch_sub(1, Ordering::SeqCst);
             let gone = Error::Unavailable("the SQLite syncer thread is gone".into());
             for job in group.jobs {
                 job.complete(Err(gone.clone()));
@@ -152,14 +178,14 @@ impl Syncer {
 /// wrote it). Dropping the [`Syncer`] ends it once every group handed over is answered.
 pub(crate) fn spawn(wal: &std::path::Path) -> std::io::Result<(Syncer, JoinHandle<()>)> {
     // Any descriptor of the file syncs its data: this one is only ever synced.
-    let file = std::fs::File::open(wal)?;
+    let file = Arc::new(std::fs::File::open(wal)?);
     let durable = Arc::new(Durable::new(&file)?);
     let (tx, rx) = std::sync::mpsc::channel::<Committed>();
-    let shared = Arc::clone(&durable);
+    let (shared, synced) = (Arc::clone(&durable), Arc::clone(&file));
     let handle = std::thread::Builder::new()
         .name("cairn-sqlite-syncer".into())
-        .spawn(move || sync_loop(&file, &rx, &shared))?;
-    Ok((Syncer { durable, tx }, handle))
+        .spawn(move || sync_loop(&synced, &rx, &shared))?;
+    Ok((Syncer { durable, file, tx }, handle))
 }
 
 fn sync_loop(file: &std::fs::File, rx: &Receiver<Committed>, durable: &Durable) {
@@ -168,28 +194,38 @@ fn sync_loop(file: &std::fs::File, rx: &Receiver<Committed>, durable: &Durable) 
     while let Ok(first) = rx.recv() {
         groups.push(first);
         groups.extend(rx.try_iter());
-        let synced = if groups.iter().any(|g| g.changed) {
-            sync(file, durable)
-        } else {
-            Ok(())
+        let n = groups.len();
+        settle(file, durable, &mut groups);
+        // Only once they are answered: the writer settles a group itself only when none
+        // is left here.
+        durable.handed_over.fetch_sub(n, Ordering::SeqCst);
+    }
+}
+
+/// Syncs the WAL once for `groups` (if any of them wrote), publishes them synced, and
+/// answers their callers.
+fn settle(file: &std::fs::File, durable: &Durable, groups: &mut Vec<Committed>) {
+    let synced = if groups.iter().any(|g| g.changed) {
+        sync(file, durable)
+    } else {
+        Ok(())
+    };
+    let last = groups.last().map_or(0, |g| g.seq);
+    if let Err(e) = &synced {
+        tracing::error!(error = %e, "sqlite could not sync the WAL: the store stops accepting writes");
+        durable.failed.store(true, Ordering::SeqCst);
+    }
+    let failure = durable.failure();
+    // Published before the callers are answered: a caller that reads next sees its own
+    // write at once.
+    durable.synced.send_replace(last);
+    for group in groups.drain(..) {
+        let outcome = match &failure {
+            Some(e) => Err(e.clone()),
+            None => group.outcome,
         };
-        let last = groups.last().map_or(0, |g| g.seq);
-        if let Err(e) = &synced {
-            tracing::error!(error = %e, "sqlite could not sync the WAL: the store stops accepting writes");
-            durable.failed.store(true, Ordering::SeqCst);
-        }
-        let failure = durable.failure();
-        // Published before the callers are answered: a caller that reads next sees its
-        // own write at once.
-        durable.synced.send_replace(last);
-        for group in groups.drain(..) {
-            let outcome = match &failure {
-                Some(e) => Err(e.clone()),
-                None => group.outcome,
-            };
-            for job in group.jobs {
-                job.complete(outcome.clone());
-            }
+        for job in group.jobs {
+            job.complete(outcome.clone());
         }
     }
 }

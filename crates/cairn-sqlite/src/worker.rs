@@ -251,7 +251,9 @@ fn writer_loop(
     let durable = syncer.map(|s| &*s.durable);
     let mut jobs: Vec<WriteJob> = Vec::new();
     let mut stopped = false;
-    while let Some(first) = next_job(rx) {
+    // The next group's first job, when it was already queued as the last one committed.
+    let mut queued: Option<WriteJob> = None;
+    while let Some(first) = queued.take().or_else(|| next_job(rx)) {
         jobs.push(first);
         while jobs.len() < MAX_GROUP {
             match rx.try_recv() {
@@ -275,26 +277,29 @@ fn writer_loop(
         let mut committing = std::time::Duration::ZERO;
         let group = run_group(&writer, jobs.drain(..), &mut committing, durable);
         let changed = conn.total_changes() != before;
-        let committed = group.outcome.is_ok();
-        match (syncer, group.seq) {
-            (Some(syncer), Some(seq)) => syncer.send(Committed {
-                seq,
-                changed,
-                outcome: group.outcome,
-                jobs: group.jobs,
-            }),
-            _ => {
-                for work in group.jobs {
-                    work.complete(group.outcome.clone());
-                }
-            }
-        }
-        if committed && changed {
+        if group.outcome.is_ok() && changed {
             use std::sync::atomic::Ordering::Relaxed;
             counts.commits.fetch_add(1, Relaxed);
             counts.jobs.fetch_add(n, Relaxed);
             let nanos = u64::try_from(committing.as_nanos()).unwrap_or(u64::MAX);
             counts.commit_nanos.fetch_add(nanos, Relaxed);
+        }
+        match (syncer, group.seq) {
+            (Some(syncer), Some(seq)) => {
+                queued = rx.try_recv().ok();
+                let group = Committed {
+                    seq,
+                    changed,
+                    outcome: group.outcome,
+                    jobs: group.jobs,
+                };
+                syncer.settle(group, queued.is_some());
+            }
+            _ => {
+                for work in group.jobs {
+                    work.complete(group.outcome.clone());
+                }
+            }
         }
     }
 }
