@@ -17,6 +17,7 @@
 mod backup;
 mod held;
 mod history;
+mod job;
 #[cfg(test)]
 mod plans;
 mod raw;
@@ -45,7 +46,8 @@ use std::sync::mpsc::Sender;
 use tokio::sync::oneshot;
 
 use crate::held::Writer;
-use crate::worker::{ReadJob, Readers, WriteJob};
+use crate::job::WriteJob;
+use crate::worker::{ReadJob, Readers};
 
 /// How durable a commit is (SQLite's `synchronous` pragma).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -524,7 +526,7 @@ struct Job<F, R> {
     tx: oneshot::Sender<Result<R>>,
 }
 
-impl<F, R> crate::worker::Work for Job<F, R>
+impl<F, R> crate::job::Work for Job<F, R>
 where
     F: FnOnce(&Writer<'_>) -> Result<R> + Send,
     R: Send,

@@ -34,7 +34,7 @@ use std::thread::JoinHandle;
 
 use cairn_store::{Error, Result};
 
-use crate::worker::Work;
+use crate::job::Work;
 
 /// Which commits are durable, shared by the writer, the syncer and the readers.
 pub(crate) struct Durable {
