@@ -165,15 +165,15 @@ pub struct SqliteStore {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Writes {
     /// Transactions committed that changed the database: with the default durability,
-    /// one fsync each (by the syncer thread, which may cover several at once). A group
-    /// commit of many jobs is one.
+    /// one fsync each (one may cover several, made while the one before was under way). A
+    /// group commit of many jobs is one.
     pub commits: u64,
     /// Write calls (`Store::commit`, `create`, `claim`, …) in those transactions.
     pub jobs: u64,
     /// Time the writer thread spent in those transactions' `COMMIT`s (writing the WAL, the
     /// checkpoints the writer runs itself; not the sync of the default durability, which
-    /// the syncer thread does beside it): how much of the serial part is the log rather
-    /// than the statements.
+    /// comes after the `COMMIT`): how much of the serial part is the log rather than the
+    /// statements.
     pub commit_time: Duration,
     /// Checkpoints run beside the writer: runs, each copying into the database what of the
     /// WAL no reader still needs, possibly nothing. With [`Durability::Normal`] only: with
@@ -1190,8 +1190,57 @@ mod tests {
         .await;
         drop(held);
         assert_eq!(create.await.expect("create").len(), 1);
+        assert_eq!(
+            durable.settled_by_writer.load(SeqCst) > 0,
+            !hand_over,
+            "synced on the wrong thread"
+        );
         let record = read.await.expect("read").expect("the instance");
         assert_eq!(record.id.as_str(), "a");
+        store.close().await;
+    }
+
+    /// Groups are answered in the order they committed: while one handed to the syncer
+    /// thread is unanswered, the writer hands the next over too rather than syncing and
+    /// answering it first, even with nothing queued behind it.
+    #[tokio::test]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the lock holds the thread that syncs, not a task"
+    )]
+    async fn a_full_store_answers_its_groups_in_commit_order() {
+        use cairn_store::Store;
+        use futures::FutureExt;
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            crate::SqliteStore::open(dir.path().join("order.db"), crate::Options::default())
+                .expect("open");
+        let durable = std::sync::Arc::clone(store.durable.as_ref().expect("a syncer at FULL"));
+        let new = |id: &str| vec![cairn_store::conformance::new_instance("w", id)];
+        durable.always_hand_over.store(true, SeqCst);
+        let held = durable.hold.lock().expect("hold");
+        let mut first = store.create(new("first"));
+        assert!((&mut first).now_or_never().is_none());
+        until("the first group is handed over", || {
+            durable.handed_over.load(SeqCst) == 1
+        })
+        .await;
+        durable.always_hand_over.store(false, SeqCst);
+        let mut second = store.create(new("second"));
+        assert!((&mut second).now_or_never().is_none());
+        until("the second group is handed over too", || {
+            durable.handed_over.load(SeqCst) == 2
+        })
+        .await;
+        assert!(
+            (&mut second).now_or_never().is_none(),
+            "answered before the group committed before it"
+        );
+        drop(held);
+        assert_eq!(first.await.expect("first").len(), 1);
+        assert_eq!(second.await.expect("second").len(), 1);
+        assert_eq!(durable.settled_by_writer.load(SeqCst), 0);
         store.close().await;
     }
 
@@ -1244,6 +1293,16 @@ mod tests {
     /// where SQLite recovers what reached the file.
     #[tokio::test]
     async fn a_full_store_whose_wal_sync_fails_accepts_nothing_more_until_reopened() {
+        fails_at_a_failed_sync(true).await;
+    }
+
+    /// The same when the writer syncs the group itself.
+    #[tokio::test]
+    async fn a_full_store_whose_writer_fails_to_sync_accepts_nothing_more_until_reopened() {
+        fails_at_a_failed_sync(false).await;
+    }
+
+    async fn fails_at_a_failed_sync(hand_over: bool) {
         use cairn_store::Store;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("failed-sync.db");
@@ -1251,6 +1310,9 @@ mod tests {
         let new = |id: &str| vec![cairn_store::conformance::new_instance("w", id)];
         store.create(new("before")).await.expect("create");
         let durable = std::sync::Arc::clone(store.durable.as_ref().expect("a syncer at FULL"));
+        durable
+            .always_hand_over
+            .store(hand_over, std::sync::atomic::Ordering::SeqCst);
         durable
             .fail_next
             .store(true, std::sync::atomic::Ordering::SeqCst);

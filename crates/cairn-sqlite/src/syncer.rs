@@ -22,7 +22,10 @@
 //! every read waiting on them fail with [`Error::Unavailable`] (whether those commits stay
 //! is unknown, as for a commit whose answer is lost), and the writer checkpoints no more,
 //! not even at close: a checkpoint would copy into the database whatever the page cache
-//! holds of frames whose write-back failed. The next open recovers the database from the
+//! holds of frames whose write-back failed. (SQLite's own checkpoint, in a `COMMIT` the
+//! writer made before it saw the failure, syncs the WAL first on its own descriptor, and
+//! Linux reports the failed write-back to every descriptor open then: that sync fails
+//! too, and so does the checkpoint.) The next open recovers the database from the
 //! WAL as it reached the file, frames checked by their checksums. The same happens if this
 //! thread dies, or the writer between numbering a commit and handing it over: readers
 //! waiting on those commits would otherwise wait for ever.
@@ -59,6 +62,9 @@ pub(crate) struct Durable {
     /// The next sync panics (a bug in this thread).
     #[cfg(test)]
     pub(crate) panic_next: AtomicBool,
+    /// Groups the writer synced and answered itself.
+    #[cfg(test)]
+    pub(crate) settled_by_writer: AtomicU64,
     /// Reads that had to wait for a sync.
     #[cfg(test)]
     pub(crate) gated: AtomicU64,
@@ -84,6 +90,8 @@ impl Durable {
             fail_next: AtomicBool::new(false),
             #[cfg(test)]
             panic_next: AtomicBool::new(false),
+            #[cfg(test)]
+            settled_by_writer: AtomicU64::new(0),
             #[cfg(test)]
             gated: AtomicU64::new(0),
             #[cfg(test)]
@@ -160,6 +168,10 @@ impl Syncer {
         #[cfg(test)]
         let more = more || self.durable.always_hand_over.load(Ordering::SeqCst);
         if !more && self.durable.handed_over.load(Ordering::SeqCst) == 0 {
+            #[cfg(test)]
+            self.durable
+                .settled_by_writer
+                .fetch_add(1, Ordering::SeqCst);
             settle(&self.file, &self.durable, &mut vec![group]);
             return;
         }
@@ -205,20 +217,27 @@ fn sync_loop(file: &std::fs::File, rx: &Receiver<Committed>, durable: &Durable) 
 /// Syncs the WAL once for `groups` (if any of them wrote), publishes them synced, and
 /// answers their callers.
 fn settle(file: &std::fs::File, durable: &Durable, groups: &mut Vec<Committed>) {
-    let synced = if groups.iter().any(|g| g.changed) {
+    // After a failure nothing more is synced: every group is answered with it.
+    let synced = if groups.iter().any(|g| g.changed) && durable.failure().is_none() {
         sync(file, durable)
     } else {
         Ok(())
     };
-    let last = groups.last().map_or(0, |g| g.seq);
+    let Some(last) = groups.last().map(|g| g.seq) else {
+        return;
+    };
     if let Err(e) = &synced {
         tracing::error!(error = %e, "sqlite could not sync the WAL: the store stops accepting writes");
         durable.failed.store(true, Ordering::SeqCst);
     }
     let failure = durable.failure();
     // Published before the callers are answered: a caller that reads next sees its own
-    // write at once.
-    durable.synced.send_replace(last);
+    // write at once. Never backwards (the groups come in order, and the writer settles
+    // one itself only when none is handed over; a sync covers every commit before it
+    // anyway); always notified, so that a failure wakes every waiter.
+    durable
+        .synced
+        .send_modify(|synced| *synced = (*synced).max(last));
     for group in groups.drain(..) {
         let outcome = match &failure {
             Some(e) => Err(e.clone()),

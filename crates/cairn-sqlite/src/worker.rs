@@ -4,8 +4,9 @@
 //! in one `BEGIN IMMEDIATE` transaction and commits once: many engine writes, one fsync
 //! (group commit). Replies are sent only once the commit is durable, so a caller never sees
 //! a write that power loss could take back: with `NORMAL` after the `COMMIT` (durable up to
-//! the last checkpoint, as that level promises), with `FULL` by the syncer thread once it
-//! has synced the WAL (`syncer.rs`), while the writer already runs the next group.
+//! the last checkpoint, as that level promises), with `FULL` once the WAL is synced: by the
+//! syncer thread while the writer already runs the next group, or by the writer itself when
+//! no job waits (`syncer.rs`).
 //!
 //! A job that may fail after it has written runs inside its own savepoint, so its failure
 //! is undone alone. A *fenced* job (a lifetime's commit, taking an event) fails
