@@ -7,7 +7,8 @@ use cairn_core::{
     Timestamp, WorkflowName,
 };
 use cairn_sqlite::{Options, SqliteStore};
-use cairn_store::{ControlRequest, NewInstance, Retention, Store, Write};
+use cairn_store::conformance::new_instance;
+use cairn_store::{ControlRequest, Store, Write};
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 
@@ -29,24 +30,7 @@ fn entry(kind: LogKind, when: Timestamp) -> LogEntry {
 async fn one_claimed_instance(db: &std::path::Path) -> (SqliteStore, cairn_store::Lease) {
     let w = WorkflowName::new("w").unwrap();
     let store = SqliteStore::open(db, Options::default()).unwrap();
-    store
-        .create(vec![NewInstance {
-            workflow: w.clone(),
-            id: InstanceId::new("i").unwrap(),
-            params: "{}".into(),
-            created_at: T0,
-            queued: entry(LogKind::WorkflowQueued, T0),
-            retention: Retention {
-                success: Duration::from_secs(60),
-                error: Duration::from_secs(60),
-            },
-            parent: None,
-            priority: 0,
-            concurrency: None,
-            version: None,
-        }])
-        .await
-        .unwrap();
+    store.create(vec![new_instance("w", "i")]).await.unwrap();
     let lease = store
         .claim("dead", &[w], T0, Duration::MAX, 1)
         .await
@@ -208,24 +192,7 @@ async fn left_by_a_dead_engine(db: &std::path::Path) {
     let store = SqliteStore::open(db, Options::default()).unwrap();
     let w = WorkflowName::new("w").unwrap();
     for id in ["a", "b"] {
-        store
-            .create(vec![NewInstance {
-                workflow: w.clone(),
-                id: InstanceId::new(id).unwrap(),
-                params: "{}".into(),
-                created_at: T0,
-                queued: entry(LogKind::WorkflowQueued, T0),
-                retention: Retention {
-                    success: Duration::from_secs(60),
-                    error: Duration::from_secs(60),
-                },
-                parent: None,
-                priority: 0,
-                concurrency: None,
-                version: None,
-            }])
-            .await
-            .unwrap();
+        store.create(vec![new_instance("w", id)]).await.unwrap();
     }
     let claimed = store
         .claim("dead", std::slice::from_ref(&w), T0, Duration::MAX, 2)

@@ -1,11 +1,10 @@
 //! The write-ahead log stays bounded: cut back after a burst, empty after a clean close.
 
 use std::path::Path;
-use std::time::Duration;
 
-use cairn_core::{InstanceId, LogEntry, LogKind, Timestamp, WorkflowName};
+use cairn_core::WorkflowName;
 use cairn_sqlite::{Options, SqliteStore};
-use cairn_store::{NewInstance, Retention, Store};
+use cairn_store::{NewInstance, Store};
 
 fn wal_len(db: &Path) -> u64 {
     let mut wal = db.as_os_str().to_owned();
@@ -15,24 +14,8 @@ fn wal_len(db: &Path) -> u64 {
 
 fn instance(n: usize, params_len: usize) -> NewInstance {
     NewInstance {
-        workflow: WorkflowName::new("w").unwrap(),
-        id: InstanceId::new(format!("i{n}")).unwrap(),
         params: format!("\"{}\"", "x".repeat(params_len)),
-        created_at: Timestamp::from_millis(1_700_000_000_000),
-        queued: LogEntry {
-            kind: LogKind::WorkflowQueued,
-            at: Timestamp::from_millis(1_700_000_000_000),
-            step: None,
-            meta: serde_json::Value::Null,
-        },
-        retention: Retention {
-            success: Duration::from_secs(60),
-            error: Duration::from_secs(60),
-        },
-        parent: None,
-        priority: 0,
-        concurrency: None,
-        version: None,
+        ..cairn_store::conformance::new_instance("w", &format!("i{n}"))
     }
 }
 
