@@ -77,9 +77,7 @@ fn copy(from: &Path, to: &Path) -> Result<u64, String> {
 
 /// Syncs the live database's WAL, if there is one (the module's doc).
 fn sync_wal(db: &Path) -> Result<(), String> {
-    let db = std::fs::canonicalize(db).map_err(|e| format!("resolve {}: {e}", db.display()))?;
-    let mut wal = db.into_os_string();
-    wal.push("-wal");
+    let wal = crate::syncer::wal_of(db).map_err(|e| format!("resolve {}: {e}", db.display()))?;
     match std::fs::File::open(&wal) {
         Ok(file) => file
             .sync_data()

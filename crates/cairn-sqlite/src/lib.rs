@@ -366,18 +366,12 @@ impl SqliteStore {
         // were synced there.)
         let syncer = match options.durability {
             Durability::Full => {
-                // SQLite's own name for it: the database's full path (links resolved), and
-                // `-wal`. `path()` has it unless it is not UTF-8.
-                let mut wal = match conn.path() {
-                    Some(db) => std::ffi::OsString::from(db),
-                    None => std::fs::canonicalize(&path)
-                        .map_err(|e| err("resolve the path of", &e))?
-                        .into_os_string(),
-                };
-                wal.push("-wal");
+                // From SQLite's own name for the database (`path()`, unless it is not UTF-8).
+                let db = conn.path().map_or(path.as_path(), Path::new);
+                let wal = syncer::wal_of(db).map_err(|e| err("resolve the path of", &e))?;
                 conn.pragma_update(None, "synchronous", "NORMAL")
                     .map_err(|e| err("configure writer for", &e))?;
-                Some(syncer::spawn(Path::new(&wal)).map_err(|e| err("spawn syncer for", &e))?)
+                Some(syncer::spawn(&wal).map_err(|e| err("spawn syncer for", &e))?)
             }
             Durability::Normal => None,
         };

@@ -109,9 +109,14 @@ impl Durable {
         self.begun.load(Ordering::SeqCst)
     }
 
+    /// Whether a sync has failed (or the syncer died): see the module's doc.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
     /// The error every write and gated read gets once a sync has failed.
     pub(crate) fn failure(&self) -> Option<Error> {
-        self.failed.load(Ordering::SeqCst).then(|| {
+        self.has_failed().then(|| {
             Error::Unavailable(
                 "the SQLite WAL could not be synced to disk: the store accepts nothing more until the engine restarts".into(),
             )
@@ -127,7 +132,7 @@ impl Durable {
             let mut synced = self.synced.subscribe();
             // The sender lives as long as `self`: the wait ends by a sync or a failure.
             let _ = synced
-                .wait_for(|&synced| synced >= seen || self.failed.load(Ordering::SeqCst))
+                .wait_for(|&synced| synced >= seen || self.has_failed())
                 .await;
         }
         match self.failure() {
@@ -186,6 +191,14 @@ impl Syncer {
     }
 }
 
+/// The WAL of the database at `db`, as SQLite names it: the database's full path, links
+/// resolved, and `-wal`.
+pub(crate) fn wal_of(db: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    let mut wal = std::fs::canonicalize(db)?.into_os_string();
+    wal.push("-wal");
+    Ok(wal.into())
+}
+
 /// Starts the syncer thread for the WAL file `wal`, which exists (the schema's migration
 /// wrote it). Dropping the [`Syncer`] ends it once every group handed over is answered.
 pub(crate) fn spawn(wal: &std::path::Path) -> std::io::Result<(Syncer, JoinHandle<()>)> {
@@ -218,7 +231,7 @@ fn sync_loop(file: &std::fs::File, rx: &Receiver<Committed>, durable: &Durable) 
 /// answers their callers.
 fn settle(file: &std::fs::File, durable: &Durable, groups: &mut Vec<Committed>) {
     // After a failure nothing more is synced: every group is answered with it.
-    let synced = if groups.iter().any(|g| g.changed) && durable.failure().is_none() {
+    let synced = if groups.iter().any(|g| g.changed) && !durable.has_failed() {
         sync(file, durable)
     } else {
         Ok(())

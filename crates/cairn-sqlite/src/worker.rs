@@ -140,7 +140,7 @@ pub(crate) fn spawn_writer(
             if let Some(syncer_thread) = syncer_thread {
                 let _ = syncer_thread.join();
             }
-            let failed = durable.is_some_and(|d| d.failure().is_some());
+            let failed = durable.is_some_and(|d| d.has_failed());
             if let Some(checkpointer) = checkpointer {
                 // Dropping the hook drops the checkpointer's only sender: it ends. (Should
                 // that fail, it would wait for ever: it is left to end with the process.)
