@@ -66,6 +66,11 @@ pub(crate) struct Lifetime {
     flights: Arc<Flights>,
     /// Wakes ops held at the pause gate when a pause is cancelled.
     resumed: Notify,
+    /// First attempts waiting to queue their start, by start-order number; see
+    /// [`Lifetime::start_in_turn`].
+    starting: Mutex<std::collections::BTreeSet<u32>>,
+    /// Wakes them when one of them has queued its start (or was dropped).
+    turn: Notify,
     /// Attempts whose outcome is not recorded yet.
     in_flight: AtomicUsize,
     /// Forward, rollback-registration replay, or rollback.
@@ -189,6 +194,8 @@ impl Lifetime {
                 wake: control,
             }),
             resumed: Notify::new(),
+            starting: Mutex::default(),
+            turn: Notify::new(),
             in_flight: AtomicUsize::new(0),
             phase: std::sync::atomic::AtomicU8::new(FORWARD),
             deferred: Mutex::new(Deferred::default()),
@@ -879,6 +886,45 @@ impl Lifetime {
         }
     }
 
+    /// Waits until the instance's first start has landed ([`Lifetime::first_start_landed`])
+    /// and then until no first attempt started before this one (numbered lower than `seq`)
+    /// still waits to queue its start. Steps started together (two `step.do` calls before
+    /// either is awaited, a `join!`) all wait for the first start; when it lands, whichever
+    /// is polled first would otherwise queue its start first, and its body would run first:
+    /// a worker's op made later, polled first by its `FuturesUnordered`, did. Cloudflare's
+    /// rule is that a step starts when it is called. The returned turn is dropped once the
+    /// start is queued, letting the next one go.
+    ///
+    /// A first attempt polled once and then held unpolled by the workflow while it awaits a
+    /// later step would hold that later step here: code that interleaves steps polls each
+    /// (`join!`, `select!`, a worker's ops), so none does that.
+    pub(crate) async fn start_in_turn(&self, seq: u32) -> StartTurn<'_> {
+        let turn = StartTurn {
+            lifetime: self,
+            seq,
+        };
+        self.starting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(seq);
+        self.first_start_landed().await;
+        loop {
+            let notified = self.turn.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let first = self
+                .starting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .first()
+                .copied();
+            if first.is_none_or(|first| first >= seq) {
+                return turn;
+            }
+            notified.await;
+        }
+    }
+
     /// [`Lifetime::defer`] for the writes that record the instance's first start: no
     /// step's start lands before they have ([`Lifetime::commit_now`]).
     pub(crate) fn defer_first_start(&self, writes: Vec<Write>) {
@@ -967,6 +1013,24 @@ impl Lifetime {
                 self.created_at.as_millis()
             )
         })
+    }
+}
+
+/// A first attempt's turn to queue its start ([`Lifetime::start_in_turn`]): dropped, the
+/// next one goes.
+pub(crate) struct StartTurn<'a> {
+    lifetime: &'a Lifetime,
+    seq: u32,
+}
+
+impl Drop for StartTurn<'_> {
+    fn drop(&mut self) {
+        self.lifetime
+            .starting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.seq);
+        self.lifetime.turn.notify_waiters();
     }
 }
 

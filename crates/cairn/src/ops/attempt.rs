@@ -590,7 +590,7 @@ impl Execution {
         // Its place in the start order is taken before that wait, in the order the code
         // started its steps (the waiting ones may go on in any order).
         let seq = state.next_seq();
-        state.first_start_landed().await;
+        let turn = state.start_in_turn(seq).await;
         self.attempt_begin();
         let now = state.now();
         let (persisted, config) = persisted_config(resolved, self.stream);
@@ -612,18 +612,23 @@ impl Execution {
         // op dropped while that start is on its way, or while its answer waits for earlier
         // commits (`Lifetime::commit_now`), is recorded as cancelled, not left running.
         self.set_running(Some(&record));
-        state
-            .commit(vec![
-                state.log_at(
-                    kinds.step_start,
-                    Some(key),
-                    self.start_meta(&persisted),
-                    now,
-                ),
-                state.log_at(kinds.attempt_start, Some(key), json!({ "attempt": 1 }), now),
-                cairn_store::Write::Step(record.clone()),
-            ])
-            .await;
+        let mut commit = std::pin::pin!(state.commit(vec![
+            state.log_at(
+                kinds.step_start,
+                Some(key),
+                self.start_meta(&persisted),
+                now,
+            ),
+            state.log_at(kinds.attempt_start, Some(key), json!({ "attempt": 1 }), now),
+            cairn_store::Write::Step(record.clone()),
+        ]));
+        // Its first poll queues the start (the first start has landed): the next step
+        // started beside this one may queue its own from then on, after it.
+        let queued = futures::poll!(commit.as_mut());
+        drop(turn);
+        if queued.is_pending() {
+            commit.await;
+        }
         (record, config)
     }
 
