@@ -899,14 +899,26 @@ impl Lifetime {
     /// later step would hold that later step here: code that interleaves steps polls each
     /// (`join!`, `select!`, a worker's ops), so none does that.
     pub(crate) async fn start_in_turn(&self, seq: u32) -> StartTurn<'_> {
+        {
+            let mut starting = self
+                .starting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The usual case, a step started after the first start landed with none
+            // waiting: its start is queued in this poll, before any later one can be.
+            // Nothing to wait for or to wake, and no node of the set to allocate.
+            if starting.is_empty() && self.first_start.load(Ordering::SeqCst) == 0 {
+                return StartTurn {
+                    lifetime: self,
+                    seq: None,
+                };
+            }
+            starting.insert(seq);
+        }
         let turn = StartTurn {
             lifetime: self,
-            seq,
+            seq: Some(seq),
         };
-        self.starting
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(seq);
         self.first_start_landed().await;
         loop {
             let notified = self.turn.notified();
@@ -1020,16 +1032,18 @@ impl Lifetime {
 /// next one goes.
 pub(crate) struct StartTurn<'a> {
     lifetime: &'a Lifetime,
-    seq: u32,
+    /// `None`: the start never waited in turn (nobody else did either).
+    seq: Option<u32>,
 }
 
 impl Drop for StartTurn<'_> {
     fn drop(&mut self) {
+        let Some(seq) = self.seq else { return };
         self.lifetime
             .starting
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&self.seq);
+            .remove(&seq);
         self.lifetime.turn.notify_waiters();
     }
 }
