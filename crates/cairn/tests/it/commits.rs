@@ -940,3 +940,74 @@ async fn a7_a_step_kept_unpolled_does_not_keep_the_next_success_from_being_flush
     assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
     engine.shutdown().await;
 }
+
+/// (defect) Three steps started together as a new instance's first ops: `a`'s start
+/// carries the instance's first start, `b` and `c` wait for it to land. The workflow then
+/// polls them in reverse (`c` before `b`): whichever was polled first queued its start
+/// first, so `c` started before `b` (the TypeScript worker's ops, polled by a
+/// `FuturesUnordered`, did so one run in fifteen). A step starts in the order it was called,
+/// which the rollback order (reverse start order) follows too.
+#[tokio::test]
+async fn r2_steps_started_together_start_in_the_order_they_were_called_whatever_polls_first() {
+    let (engine, _dir) = super::support::engine(|b| {
+        b.register(wf(|_, step| async move {
+            let body = |n: u64| move |_: cairn::StepContext| async move { Ok::<u64, StepError>(n) };
+            let mut a = std::pin::pin!(step.run("a", body(1)));
+            let mut b = std::pin::pin!(step.run("b", body(2)));
+            let mut c = std::pin::pin!(step.run("c", body(3)));
+            let (mut out_a, mut out_b, mut out_c) = (None, None, None);
+            // Called in order a, b, c: each polled once in that order.
+            let mut called = false;
+            std::future::poll_fn(|cx| {
+                use std::task::Poll;
+                let mut poll = |name: char| match name {
+                    'a' if out_a.is_none() => {
+                        if let Poll::Ready(r) = a.as_mut().poll(cx) {
+                            out_a = Some(r);
+                        }
+                    }
+                    'b' if out_b.is_none() => {
+                        if let Poll::Ready(r) = b.as_mut().poll(cx) {
+                            out_b = Some(r);
+                        }
+                    }
+                    'c' if out_c.is_none() => {
+                        if let Poll::Ready(r) = c.as_mut().poll(cx) {
+                            out_c = Some(r);
+                        }
+                    }
+                    _ => {}
+                };
+                // Then always in reverse: the later step is polled first.
+                let order: &[char] = if called { &['c', 'b', 'a'] } else { &['a', 'b', 'c'] };
+                called = true;
+                for &name in order {
+                    poll(name);
+                }
+                if out_a.is_some() && out_b.is_some() && out_c.is_some() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            let sum = out_a.unwrap()? + out_b.unwrap()? + out_c.unwrap()?;
+            Ok(json!(sum))
+        }))
+    })
+    .await;
+    let instance = super::support::run_to_end(&engine, json!({})).await;
+    assert_eq!(
+        instance.status().await.unwrap().output,
+        Some(json!(6)),
+        "{:?}",
+        instance.status().await
+    );
+    let starts: Vec<String> = super::support::records(&instance, LogKind::StepStart)
+        .await
+        .into_iter()
+        .filter_map(|r| r.entry.step.map(|k| k.name))
+        .collect();
+    assert_eq!(starts, ["a", "b", "c"], "the steps' starts, in the log's order");
+    engine.shutdown().await;
+}
