@@ -128,6 +128,31 @@ impl Env {
     pub(crate) fn seen(&self) -> crate::telemetry::Seen<'_> {
         (&self.activity, self.clock.now())
     }
+
+    /// For a unit test: a SQLite store in `dir`, the system clock, small limits, leases
+    /// that never expire, and no workflows.
+    #[cfg(test)]
+    pub(crate) fn for_tests(dir: &std::path::Path) -> Arc<Env> {
+        let store = cairn_sqlite::SqliteStore::open(dir.join("db"), Default::default()).unwrap();
+        Arc::new(Env {
+            store: Arc::new(store),
+            clock: Clock::system(),
+            limits: Limits {
+                step_limit: 10,
+                payload_limit: 1024,
+                stream_storage: 1 << 20,
+            },
+            leases: Leases::new(UNBOUNDED_LEASE),
+            activity: crate::telemetry::Activity::default(),
+            retention: HashMap::new(),
+            wake: tokio::sync::Notify::new(),
+            hooks: None,
+            remote: RemoteWorkflows::new(Retention {
+                success: Duration::MAX,
+                error: Duration::MAX,
+            }),
+        })
+    }
 }
 
 /// How long this engine's leases hold: for the TTL from a lease's claim or its last

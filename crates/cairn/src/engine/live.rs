@@ -96,25 +96,12 @@ impl Drop for LiveEntry<'_> {
 mod tests {
     use std::time::Duration;
 
-    use cairn_core::{InstanceId, Timestamp, WorkflowName};
-    use cairn_store::Lease;
-
     use super::*;
-    use crate::env::{Env, Limits};
+    use crate::env::Env;
     use crate::lifetime::Abort;
 
     fn lifetime(env: &Arc<Env>, epoch: u64) -> Arc<Lifetime> {
-        Arc::new(Lifetime::new(
-            Arc::clone(env),
-            Lease {
-                instance: InstanceRef(7),
-                epoch,
-            },
-            Timestamp::from_millis(0),
-            WorkflowName::new("w").unwrap(),
-            InstanceId::new("i").unwrap(),
-            Timestamp::from_millis(0),
-        ))
+        Arc::new(Lifetime::for_tests(env, epoch))
     }
 
     /// A newer lease of the same instance stops the older lifetime at once (it is fenced
@@ -122,26 +109,7 @@ mod tests {
     #[tokio::test]
     async fn a_newer_lifetime_stops_the_older_one_and_is_never_displaced() {
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            cairn_sqlite::SqliteStore::open(dir.path().join("db"), Default::default()).unwrap();
-        let env = Arc::new(Env {
-            store: Arc::new(store),
-            clock: crate::clock::Clock::system(),
-            limits: Limits {
-                step_limit: 10,
-                payload_limit: 1024,
-                stream_storage: 1 << 20,
-            },
-            leases: crate::env::Leases::new(crate::env::UNBOUNDED_LEASE),
-            activity: crate::telemetry::Activity::default(),
-            retention: std::collections::HashMap::new(),
-            wake: tokio::sync::Notify::new(),
-            hooks: None,
-            remote: crate::env::RemoteWorkflows::new(cairn_store::Retention {
-                success: Duration::MAX,
-                error: Duration::MAX,
-            }),
-        });
+        let env = Env::for_tests(dir.path());
         let live = Live::default();
         let (older, newer) = (lifetime(&env, 1), lifetime(&env, 2));
         let _older_entry = live.enter(&older);

@@ -66,6 +66,9 @@ pub(crate) struct Lifetime {
     flights: Arc<Flights>,
     /// Wakes ops held at the pause gate when a pause is cancelled.
     resumed: Notify,
+    /// Whether steps started together queue their starts in start order (a run on a
+    /// worker; see [`Lifetime::start_in_call_order`]).
+    in_call_order: AtomicBool,
     /// First attempts waiting to queue their start, by start-order number; see
     /// [`Lifetime::start_in_turn`].
     starting: Mutex<std::collections::BTreeSet<u32>>,
@@ -194,6 +197,7 @@ impl Lifetime {
                 wake: control,
             }),
             resumed: Notify::new(),
+            in_call_order: AtomicBool::new(false),
             starting: Mutex::default(),
             turn: Notify::new(),
             in_flight: AtomicUsize::new(0),
@@ -209,6 +213,22 @@ impl Lifetime {
             reads: AtomicUsize::new(0),
             finished: AtomicBool::new(false),
         }
+    }
+
+    /// For a unit test: a lifetime of instance `w/i` (row 7) under lease `epoch`.
+    #[cfg(test)]
+    pub(crate) fn for_tests(env: &Arc<Env>, epoch: u64) -> Self {
+        Lifetime::new(
+            Arc::clone(env),
+            Lease {
+                instance: cairn_store::InstanceRef(7),
+                epoch,
+            },
+            Timestamp::from_millis(0),
+            WorkflowName::new("w").unwrap(),
+            InstanceId::new("i").unwrap(),
+            Timestamp::from_millis(0),
+        )
     }
 
     /// The instance's end is committed (the driver's last write).
@@ -886,19 +906,37 @@ impl Lifetime {
         }
     }
 
-    /// Waits until the instance's first start has landed ([`Lifetime::first_start_landed`])
-    /// and then until no first attempt started before this one (numbered lower than `seq`)
-    /// still waits to queue its start. Steps started together (two `step.do` calls before
-    /// either is awaited, a `join!`) all wait for the first start; when it lands, whichever
-    /// is polled first would otherwise queue its start first, and its body would run first:
-    /// a worker's op made later, polled first by its `FuturesUnordered`, did. Cloudflare's
-    /// rule is that a step starts when it is called. The returned turn is dropped once the
-    /// start is queued, letting the next one go.
+    /// Steps started together queue their starts in the order they were started (their
+    /// start-order numbers), whichever is polled first: this lifetime runs on a worker,
+    /// whose ops are numbered in the order its code made them, and where Cloudflare's rule
+    /// is that a step starts when it is called. Set before the first op is made.
+    pub(crate) fn start_in_call_order(&self) {
+        self.in_call_order.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until the instance's first start has landed ([`Lifetime::first_start_landed`]);
+    /// then, in a lifetime that starts steps in call order ([`Lifetime::start_in_call_order`]),
+    /// until no first attempt started before this one (numbered lower than `seq`) still
+    /// waits to queue its start. Steps started together (two `step.do` calls before either is
+    /// awaited) all wait for the first start; when it lands, whichever is polled first would
+    /// otherwise queue its start first, and its body would run first: a worker's op made
+    /// later, polled first by its `FuturesUnordered`, did. The returned turn is dropped once
+    /// the start is queued, letting the next one go.
     ///
-    /// A first attempt polled once and then held unpolled by the workflow while it awaits a
-    /// later step would hold that later step here: code that interleaves steps polls each
-    /// (`join!`, `select!`, a worker's ops), so none does that.
+    /// Only a worker's run waits in turn, because it polls every op whenever it is woken
+    /// until the run ends. A Rust workflow need not: a `select!` that another step won
+    /// keeps the loser, polled once and left waiting here, unpolled while the code runs a
+    /// later step, which would wait for it for ever. There, steps started together start in
+    /// the order they are polled once the first start has landed (their start-order
+    /// numbers, which the rollback order follows, are still the order they were started).
     pub(crate) async fn start_in_turn(&self, seq: u32) -> StartTurn<'_> {
+        if !self.in_call_order.load(Ordering::SeqCst) {
+            self.first_start_landed().await;
+            return StartTurn {
+                lifetime: self,
+                seq: None,
+            };
+        }
         {
             let mut starting = self
                 .starting
@@ -1302,5 +1340,53 @@ impl Drop for Settle {
         if let Some(carrier) = self.0.take() {
             carrier.settle(false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Lifetime;
+    use crate::env::Env;
+
+    /// A lifetime whose first start waits for a commit to take it along, as a new
+    /// instance's does until its first op.
+    fn new_instances(dir: &std::path::Path) -> Arc<Lifetime> {
+        let lifetime = Arc::new(Lifetime::for_tests(&Env::for_tests(dir), 1));
+        lifetime.defer_first_start(Vec::new());
+        lifetime
+    }
+
+    /// On a worker, a step started after another queues its start only once the earlier
+    /// one has queued its own (its turn dropped), even when it is polled first.
+    #[tokio::test]
+    async fn on_a_worker_a_step_queues_its_start_only_after_the_steps_started_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let lifetime = new_instances(dir.path());
+        lifetime.start_in_call_order();
+        let first = lifetime.start_in_turn(0).await;
+        let mut second = std::pin::pin!(lifetime.start_in_turn(1));
+        assert!(
+            futures::poll!(second.as_mut()).is_pending(),
+            "the second start went while the first had not queued its own"
+        );
+        drop(first);
+        drop(second.await);
+        assert!(
+            lifetime.starting.lock().unwrap().is_empty(),
+            "a dropped turn leaves the set"
+        );
+    }
+
+    /// In a Rust workflow, a step polled once and left waiting by the code (a `select!`'s
+    /// loser) holds no later step back: the later one takes no turn.
+    #[tokio::test]
+    async fn in_rust_a_step_left_waiting_holds_no_later_step_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let lifetime = new_instances(dir.path());
+        let _left_waiting = lifetime.start_in_turn(0).await;
+        let mut later = std::pin::pin!(lifetime.start_in_turn(1));
+        assert!(futures::poll!(later.as_mut()).is_ready());
     }
 }

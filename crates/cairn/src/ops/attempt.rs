@@ -588,7 +588,7 @@ impl Execution {
         // it counts as in progress: dropped meanwhile, it has started nothing to cancel).
         state.pause_gate().await;
         // Its place in the start order is taken before that wait, in the order the code
-        // started its steps, and the waiting ones queue their starts in that order.
+        // started its steps; on a worker, the waiting ones queue their starts in that order.
         let seq = state.next_seq();
         let turn = state.start_in_turn(seq).await;
         self.attempt_begin();

@@ -941,73 +941,37 @@ async fn a7_a_step_kept_unpolled_does_not_keep_the_next_success_from_being_flush
     engine.shutdown().await;
 }
 
-/// (defect) Three steps started together as a new instance's first ops: `a`'s start
-/// carries the instance's first start, `b` and `c` wait for it to land. The workflow then
-/// polls them in reverse (`c` before `b`): whichever was polled first queued its start
-/// first, so `c` started before `b` (the TypeScript worker's ops, polled by a
-/// `FuturesUnordered`, did so one run in fifteen). A step starts in the order it was called,
-/// which the rollback order (reverse start order) follows too.
+/// (defect, found by an outside review) Two steps started together as a new instance's
+/// first ops, raced by a `select`: `a`'s start carries the instance's first start, `b`
+/// waits for it to land. `a` wins, and `b`, kept by the workflow, is not polled again until
+/// `c` has run. `c` waited for its turn behind `b`, which only `b`'s next poll would give
+/// up: the instance hung for good. A step now waits for the steps started before it only on
+/// a worker, whose ops are all polled whenever they are woken.
 #[tokio::test]
-async fn r2_steps_started_together_start_in_the_order_they_were_called_whatever_polls_first() {
+async fn a7_a_step_a_select_left_waiting_for_the_first_start_does_not_hold_the_next_step_back()
+{
     let (engine, _dir) = super::support::engine(|b| {
         b.register(wf(|_, step| async move {
-            let body = |n: u64| move |_: cairn::StepContext| async move { Ok::<u64, StepError>(n) };
-            let mut a = std::pin::pin!(step.run("a", body(1)));
-            let mut b = std::pin::pin!(step.run("b", body(2)));
-            let mut c = std::pin::pin!(step.run("c", body(3)));
-            let (mut out_a, mut out_b, mut out_c) = (None, None, None);
-            // Called in order a, b, c: each polled once in that order.
-            let mut called = false;
-            std::future::poll_fn(|cx| {
-                use std::task::Poll;
-                let mut poll = |name: char| match name {
-                    'a' if out_a.is_none() => {
-                        if let Poll::Ready(r) = a.as_mut().poll(cx) {
-                            out_a = Some(r);
-                        }
-                    }
-                    'b' if out_b.is_none() => {
-                        if let Poll::Ready(r) = b.as_mut().poll(cx) {
-                            out_b = Some(r);
-                        }
-                    }
-                    'c' if out_c.is_none() => {
-                        if let Poll::Ready(r) = c.as_mut().poll(cx) {
-                            out_c = Some(r);
-                        }
-                    }
-                    _ => {}
-                };
-                // Then always in reverse: the later step is polled first.
-                let order: &[char] = if called { &['c', 'b', 'a'] } else { &['a', 'b', 'c'] };
-                called = true;
-                for &name in order {
-                    poll(name);
+            let a = std::pin::pin!(step.run("a", |_| async { Ok::<u64, StepError>(1) }));
+            let b = std::pin::pin!(step.run("b", |_| async { Ok::<u64, StepError>(2) }));
+            let (first, kept) = match futures::future::select(a, b).await {
+                futures::future::Either::Left((a, b)) => (a?, b),
+                futures::future::Either::Right(_) => {
+                    return Err(WorkflowError::new("test.order", "b won the race"));
                 }
-                if out_a.is_some() && out_b.is_some() && out_c.is_some() {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            })
-            .await;
-            let sum = out_a.unwrap()? + out_b.unwrap()? + out_c.unwrap()?;
-            Ok(json!(sum))
+            };
+            let c: u64 = step.run("c", |_| async { Ok(3) }).await?;
+            let b = kept.await?;
+            Ok(json!([first, b, c]))
         }))
     })
     .await;
-    let instance = super::support::run_to_end(&engine, json!({})).await;
-    assert_eq!(
-        instance.status().await.unwrap().output,
-        Some(json!(6)),
-        "{:?}",
-        instance.status().await
-    );
-    let starts: Vec<String> = super::support::records(&instance, LogKind::StepStart)
+    let instance = engine
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
         .await
-        .into_iter()
-        .filter_map(|r| r.entry.step.map(|k| k.name))
-        .collect();
-    assert_eq!(starts, ["a", "b", "c"], "the steps' starts, in the log's order");
+        .unwrap();
+    let status = ended_despite_the_kept_step(&instance).await;
+    assert_eq!(status.output, Some(json!([1, 2, 3])), "{status:?}");
     engine.shutdown().await;
 }

@@ -117,6 +117,9 @@ impl ErasedWorkflow for RemoteRun {
             // says it waits on ops only), the instance is busy: it does not hibernate, as a
             // Rust workflow does not while its future is being polled.
             let mut busy = Some(step.lifetime.activity());
+            // The worker's code numbers its ops as it makes them, and this loop polls every
+            // op whenever it is woken: steps made together start in that order.
+            step.lifetime.start_in_call_order();
             let mut ops = FuturesUnordered::new();
             let mut made = 0u64;
             loop {
