@@ -7,7 +7,11 @@
 //! An engine at `Durability::Full` answers a commit once its syncer thread has synced the
 //! WAL, a moment after the commit is visible: the copy may hold commits not yet synced. So
 //! once copied, the live WAL is synced here too, and the copy holds nothing that power loss
-//! could still take from the live database.
+//! could still take from the live database. One case this sync cannot see: after the
+//! engine's own sync failed (its store then stops, and says so in its log), Linux may
+//! report this later sync as successful for pages whose write-back failed, and the copy
+//! may hold commits the engine answered with an error. Take backups from an engine
+//! whose store has not stopped.
 
 use std::path::Path;
 

@@ -25,8 +25,12 @@
 //! holds of frames whose write-back failed. (SQLite's own checkpoint, in a `COMMIT` the
 //! writer made before it saw the failure, syncs the WAL first on its own descriptor, and
 //! Linux reports the failed write-back to every descriptor open then: that sync fails
-//! too, and so does the checkpoint.) The next open recovers the database from the
-//! WAL as it reached the file, frames checked by their checksums. The same happens if this
+//! too, and so does the checkpoint.) The next open recovers the database from the WAL
+//! as SQLite reads it then, frames checked by their checksums: after a reboot, what reached
+//! the disk; without one, the page cache may still hold frames whose write-back failed, and
+//! serve them. Either way the commits answered with an error may stay or not, as for a
+//! commit whose answer is lost: a step whose success was among them runs again if it did
+//! not stay. The same happens if this
 //! thread dies, or the writer between numbering a commit and handing it over: readers
 //! waiting on those commits would otherwise wait for ever.
 
