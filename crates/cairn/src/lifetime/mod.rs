@@ -60,6 +60,11 @@ pub(crate) struct Lifetime {
     pausing: AtomicBool,
     /// The engine is shutting down (see [`Lifetime::start_draining`]).
     draining: AtomicBool,
+    /// Commits queued so far by [`Lifetime::commit_now`], each numbered by this count.
+    commits_sent: AtomicU64,
+    /// How many commits had been queued when a pending pause was last learnt: a commit
+    /// queued by then may answer the status from before the pause ([`Lifetime::commit_now`]).
+    pausing_since: AtomicU64,
     /// Wakes the driver when the pause state changes, or a commit of an op is done.
     pub(crate) control: Arc<Notify>,
     /// Commits on their way (see [`Lifetime::committing`]).
@@ -190,6 +195,8 @@ impl Lifetime {
             events: Notify::new(),
             pausing: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            commits_sent: AtomicU64::new(0),
+            pausing_since: AtomicU64::new(0),
             control: Arc::clone(&control),
             flights: Arc::new(Flights {
                 n: AtomicUsize::new(0),
@@ -375,6 +382,10 @@ impl Lifetime {
     }
 
     pub(crate) fn set_pausing(&self, pausing: bool) {
+        if pausing {
+            self.pausing_since
+                .store(self.commits_sent.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
         self.pausing.store(pausing, Ordering::SeqCst);
         if !pausing {
             self.resumed.notify_waiters();
@@ -690,6 +701,7 @@ impl Lifetime {
             writes = all;
         }
         let start = std::time::Instant::now();
+        let sent = self.commits_sent.fetch_add(1, Ordering::SeqCst) + 1;
         // Queued now, in this poll, so the store sees this lifetime's commits in order.
         let store = Arc::clone(&self.env.store);
         let lease = self.lease;
@@ -743,6 +755,16 @@ impl Lifetime {
                     None,
                 );
             }
+        }
+        // A pause learnt since this commit was queued (from the pause's own answer, which
+        // can come first) is newer than the `running` this commit may have read before the
+        // pause was made: told as it is, that stale status would cancel the pause here, and
+        // the next step would start under it.
+        if matches!(committed, Ok(InstanceStatus::Running))
+            && self.pausing()
+            && sent <= self.pausing_since.load(Ordering::SeqCst)
+        {
+            return Ok(InstanceStatus::WaitingForPause);
         }
         committed
     }

@@ -975,3 +975,108 @@ async fn a7_a_step_a_select_left_waiting_for_the_first_start_does_not_hold_the_n
     assert_eq!(status.output, Some(json!([1, 2, 3])), "{status:?}");
     engine.shutdown().await;
 }
+
+/// (defect, found by an outside review) A pause requested while a step started beside a
+/// new instance's first one waits for the commit carrying the first start: once that
+/// commit had landed, the waiting step started its attempt all the same, under the pending
+/// pause, and the pause waited for its body too. It waits at the pause gate now: the pause
+/// takes effect once the step in flight is done, and the other starts after the resume.
+#[tokio::test]
+async fn e21_h10_a_step_waiting_for_the_first_start_starts_no_attempt_under_a_pending_pause() {
+    use super::support::{Counter, Gates, gated_builder_on, until_status};
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let ran_b = Counter::default();
+    let counted = ran_b.clone();
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(wf(move |_, step| {
+            let counted = counted.clone();
+            async move {
+                let (a, b) = futures::try_join!(
+                    step.run("a", |_| async { Ok(1u64) }),
+                    step.run("b", move |_| {
+                        counted.bump();
+                        async { Ok(2u64) }
+                    }),
+                )?;
+                Ok(json!(a + b))
+            }
+        }))
+        .start()
+        .await
+        .unwrap();
+    let carrying = gates.arm("commit");
+    let instance = engine
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    carrying.arrived().await;
+    instance.pause().await.unwrap();
+    carrying.release();
+    until_status(&instance, InstanceStatus::Paused).await;
+    assert_eq!(ran_b.get(), 0, "b's body ran under the pending pause");
+    let starts: Vec<String> = super::support::records(&instance, LogKind::StepStart)
+        .await
+        .into_iter()
+        .filter_map(|r| r.entry.step.map(|k| k.name))
+        .collect();
+    assert_eq!(starts, ["a"], "only the step in flight started");
+    instance.resume().await.unwrap();
+    assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
+    assert_eq!(ran_b.get(), 1, "b ran once, after the resume");
+    engine.shutdown().await;
+}
+
+/// (defect) A commit's answer read before a pause was made, heard after the pause's own
+/// answer had told the lifetime: the stale `running` cancelled the pending pause in memory,
+/// and the next step started under it (the pause took effect a step late). Here the first
+/// step's start has landed (a `running` instance) when the pause is made, and its answer
+/// is held until after.
+#[tokio::test]
+async fn e21_h10_a_commits_answer_from_before_a_pause_does_not_cancel_it() {
+    use super::support::{Counter, Gates, gated_builder_on, until_status};
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let ran_second = Counter::default();
+    let counted = ran_second.clone();
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(wf(move |_, step| {
+            let counted = counted.clone();
+            async move {
+                let a: u64 = step.run("first", |_| async { Ok(1) }).await?;
+                let b: u64 = step
+                    .run("second", move |_| {
+                        counted.bump();
+                        async { Ok(2) }
+                    })
+                    .await?;
+                Ok(json!(a + b))
+            }
+        }))
+        .start()
+        .await
+        .unwrap();
+    // The first commit (the first step's start) is made at once; its answer is held.
+    let answer = gates.arm("commit");
+    let instance = engine
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    answer.arrived().await;
+    // Sent at once: the store applies it (a running instance), the lifetime has not heard.
+    while super::support::status_of(&instance).await != InstanceStatus::Running {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    instance.pause().await.unwrap();
+    answer.release();
+    until_status(&instance, InstanceStatus::Paused).await;
+    assert_eq!(ran_second.get(), 0, "the second step ran under the pending pause");
+    instance.resume().await.unwrap();
+    assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
+    assert_eq!(ran_second.get(), 1);
+    engine.shutdown().await;
+}
