@@ -89,11 +89,13 @@ fn observe_later(inner: &Arc<Runtime>, lifetime: &Arc<crate::lifetime::Lifetime>
 }
 
 async fn observe(store: &dyn cairn_store::Store, lifetime: &crate::lifetime::Lifetime) {
+    // A pause learnt while this read is on its way is newer than a `running` it answers.
+    let learnt = lifetime.pauses_learnt();
     if let Ok(Some(record)) = store
         .instance(&lifetime.workflow, &lifetime.instance_id)
         .await
     {
-        lifetime.observe(record.status);
+        lifetime.observe_read(record.status, learnt);
     }
 }
 

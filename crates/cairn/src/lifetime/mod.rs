@@ -60,11 +60,10 @@ pub(crate) struct Lifetime {
     pausing: AtomicBool,
     /// The engine is shutting down (see [`Lifetime::start_draining`]).
     draining: AtomicBool,
-    /// Commits queued so far by [`Lifetime::commit_now`], each numbered by this count.
-    commits_sent: AtomicU64,
-    /// How many commits had been queued when a pending pause was last learnt: a commit
-    /// queued by then may answer the status from before the pause ([`Lifetime::commit_now`]).
-    pausing_since: AtomicU64,
+    /// How many times a pending pause was learnt: a status read (a commit's answer, a
+    /// read of the instance) begun before the last one may be from before that pause
+    /// ([`Lifetime::pauses_learnt`]).
+    pauses_learnt: AtomicU64,
     /// Wakes the driver when the pause state changes, or a commit of an op is done.
     pub(crate) control: Arc<Notify>,
     /// Commits on their way (see [`Lifetime::committing`]).
@@ -195,8 +194,7 @@ impl Lifetime {
             events: Notify::new(),
             pausing: AtomicBool::new(false),
             draining: AtomicBool::new(false),
-            commits_sent: AtomicU64::new(0),
-            pausing_since: AtomicU64::new(0),
+            pauses_learnt: AtomicU64::new(0),
             control: Arc::clone(&control),
             flights: Arc::new(Flights {
                 n: AtomicUsize::new(0),
@@ -381,10 +379,31 @@ impl Lifetime {
         }
     }
 
+    /// [`Lifetime::observe`] for a status read that began when [`Lifetime::pauses_learnt`]
+    /// was `learnt`: a `running` read before a pause learnt since (whose own answer came
+    /// first) is older than that pause, and does not cancel it.
+    pub(crate) fn observe_read(&self, status: InstanceStatus, learnt: u64) {
+        if !self.stale_running(status, learnt) {
+            self.observe(status);
+        }
+    }
+
+    /// How many times a pending pause was learnt so far: taken when a status read begins,
+    /// to tell its answer's age ([`Lifetime::observe_read`]).
+    pub(crate) fn pauses_learnt(&self) -> u64 {
+        self.pauses_learnt.load(Ordering::SeqCst)
+    }
+
+    /// Whether `status`, read by a read that began when [`Lifetime::pauses_learnt`] was
+    /// `learnt`, is a `running` from before the pending pause learnt since.
+    fn stale_running(&self, status: InstanceStatus, learnt: u64) -> bool {
+        status == InstanceStatus::Running && self.pausing() && self.pauses_learnt() != learnt
+    }
+
     pub(crate) fn set_pausing(&self, pausing: bool) {
-        if pausing {
-            self.pausing_since
-                .store(self.commits_sent.load(Ordering::SeqCst), Ordering::SeqCst);
+        // Counted before it shows: a read that sees the pause pending sees it counted.
+        if pausing && !self.pausing() {
+            self.pauses_learnt.fetch_add(1, Ordering::SeqCst);
         }
         self.pausing.store(pausing, Ordering::SeqCst);
         if !pausing {
@@ -701,7 +720,7 @@ impl Lifetime {
             writes = all;
         }
         let start = std::time::Instant::now();
-        let sent = self.commits_sent.fetch_add(1, Ordering::SeqCst) + 1;
+        let learnt = self.pauses_learnt();
         // Queued now, in this poll, so the store sees this lifetime's commits in order.
         let store = Arc::clone(&self.env.store);
         let lease = self.lease;
@@ -760,13 +779,10 @@ impl Lifetime {
         // can come first) is newer than the `running` this commit may have read before the
         // pause was made: told as it is, that stale status would cancel the pause here, and
         // the next step would start under it.
-        if matches!(committed, Ok(InstanceStatus::Running))
-            && self.pausing()
-            && sent <= self.pausing_since.load(Ordering::SeqCst)
-        {
-            return Ok(InstanceStatus::WaitingForPause);
+        match committed {
+            Ok(status) if self.stale_running(status, learnt) => Ok(InstanceStatus::WaitingForPause),
+            committed => committed,
         }
-        committed
     }
 
     /// When the instance first started, once known.
@@ -1398,6 +1414,25 @@ mod tests {
         assert!(
             lifetime.starting.lock().unwrap().is_empty(),
             "a dropped turn leaves the set"
+        );
+    }
+
+    /// A status read begun before a pause was learnt, answering `running` after the pause's
+    /// own answer, leaves the pause pending; one begun after it tells a resume.
+    #[tokio::test]
+    async fn a_running_read_before_a_pause_learnt_since_does_not_cancel_it() {
+        use cairn_core::InstanceStatus;
+        let dir = tempfile::tempdir().unwrap();
+        let lifetime = new_instances(dir.path());
+        let older = lifetime.pauses_learnt();
+        lifetime.observe(InstanceStatus::WaitingForPause);
+        lifetime.observe_read(InstanceStatus::Running, older);
+        assert!(lifetime.pausing(), "a stale running cancelled the pause");
+        let newer = lifetime.pauses_learnt();
+        lifetime.observe_read(InstanceStatus::Running, newer);
+        assert!(
+            !lifetime.pausing(),
+            "a resume read after the pause was not told"
         );
     }
 

@@ -590,16 +590,11 @@ impl Execution {
         // Its place in the start order is taken before that wait, in the order the code
         // started its steps; on a worker, the waiting ones queue their starts in that order.
         let seq = state.next_seq();
+        let turn = state.start_in_turn(seq).await;
         // A pause learnt (or a shutdown begun) while it waited for the first start, or for
-        // its turn, holds it at the gate too: no new attempt starts under a pause.
-        let turn = loop {
-            let turn = state.start_in_turn(seq).await;
-            if !state.pausing() && !state.draining() {
-                break turn;
-            }
-            drop(turn);
-            state.pause_gate().await;
-        };
+        // its turn, holds it at the gate too: no new attempt starts under a pause. It keeps
+        // its turn meanwhile, so that on a worker the later ones still start after it.
+        state.pause_gate().await;
         self.attempt_begin();
         let now = state.now();
         let (persisted, config) = persisted_config(resolved, self.stream);

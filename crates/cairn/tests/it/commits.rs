@@ -393,13 +393,16 @@ async fn a7_a_child_made_from_an_output_is_created_only_once_the_commit_carrying
         let (runs, polled) = (Arc::clone(&runs), polled.lock().unwrap().take());
         async move {
             let a = counted_then_flushed(&step, &runs).await?;
-            let mut child = std::pin::pin!(step.invoke::<FnWorkflow<1>>("child", json!({ "a": a })));
+            let mut child = std::pin::pin!(futures::future::maybe_done(
+                step.invoke::<FnWorkflow<1>>("child", json!({ "a": a }))
+            ));
             // Polled once: its commit is sent, or waits for the flush to land.
             let _ = futures::poll!(child.as_mut());
             if let Some(polled) = polled {
                 let _ = polled.send(());
             }
-            let child = child.await?;
+            child.as_mut().await;
+            let child = child.as_mut().take_output().unwrap()?;
             Ok(json!({ "a": a, "child": child }))
         }
     });
@@ -438,14 +441,16 @@ async fn a7_a_sleep_made_from_an_output_is_started_only_once_the_commit_carrying
         let (runs, polled) = (Arc::clone(&runs), polled.lock().unwrap().take());
         async move {
             let a = counted_then_flushed(&step, &runs).await?;
-            let mut nap =
-                std::pin::pin!(step.sleep("nap", std::time::Duration::from_secs(3600 * a)));
+            let mut nap = std::pin::pin!(futures::future::maybe_done(
+                step.sleep("nap", std::time::Duration::from_secs(3600 * a))
+            ));
             // Polled once: its start is sent, or waits for the flush to land.
             let _ = futures::poll!(nap.as_mut());
             if let Some(polled) = polled {
                 let _ = polled.send(());
             }
-            nap.await?;
+            nap.as_mut().await;
+            nap.as_mut().take_output().unwrap()?;
             Ok(json!(a))
         }
     });
@@ -788,12 +793,15 @@ async fn a7_a_step_kept_unpolled_after_its_start_does_not_hold_the_next_steps_ba
     let (engine, _dir) = super::support::engine(|b| {
         b.register(wf(|_, step| async move {
             let a: u64 = step.run("a", |_| async { Ok(1) }).await?;
-            let mut kept = std::pin::pin!(step.run("kept", |_| async { Ok::<u64, StepError>(2) }));
-            // Polled once: its start is sent, carrying a's success.
+            let mut kept = std::pin::pin!(futures::future::maybe_done(
+                step.run("kept", |_| async { Ok::<u64, StepError>(2) })
+            ));
+            // Polled once: its start is sent, carrying a's success (it may even be done).
             let _ = futures::poll!(kept.as_mut());
             let c: u64 = step.run("c", |_| async { Ok(3) }).await?;
             step.sleep("nap", std::time::Duration::from_millis(1)).await?;
-            let kept = kept.await?;
+            kept.as_mut().await;
+            let kept = kept.as_mut().take_output().unwrap()?;
             Ok(json!([a, kept, c]))
         }))
     })
@@ -844,11 +852,14 @@ async fn a7_a_kept_steps_commit_failing_alone_stops_the_next_body() {
                 })
                 .retries(quick.clone())
                 .await?;
-            let mut kept = std::pin::pin!(step.run("kept", noting("kept", 2)).retries(quick.clone()));
+            let mut kept = std::pin::pin!(futures::future::maybe_done(
+                step.run("kept", noting("kept", 2)).retries(quick.clone())
+            ));
             // Polled once: its start is sent, carrying a's success.
             let _ = futures::poll!(kept.as_mut());
             let c = step.run("c", noting("c", 3)).retries(quick).await?;
-            let kept = kept.await?;
+            kept.as_mut().await;
+            let kept = kept.as_mut().take_output().unwrap()?;
             Ok(json!({ "a": a, "kept": kept, "c": c }))
         }
     });
@@ -904,14 +915,17 @@ async fn a7_a_step_kept_unpolled_does_not_keep_the_next_success_from_being_flush
         let gone = gone.lock().unwrap().take();
         async move {
             step.run("a", |_| async { Ok::<u64, StepError>(1) }).await?;
-            let mut kept = std::pin::pin!(step.run("kept", |_| async { Ok::<u64, StepError>(2) }));
+            let mut kept = std::pin::pin!(futures::future::maybe_done(
+                step.run("kept", |_| async { Ok::<u64, StepError>(2) })
+            ));
             let _ = futures::poll!(kept.as_mut());
             step.run("c", |_| async { Ok::<u64, StepError>(3) }).await?;
             // Not an op: the driver flushes c's success meanwhile, or nobody does.
             if let Some(gone) = gone {
                 let _ = gone.await;
             }
-            kept.await?;
+            kept.as_mut().await;
+            kept.as_mut().take_output().unwrap()?;
             Ok(json!({}))
         }
     });
