@@ -363,8 +363,8 @@ async fn one_lifetime(
         if record.status == InstanceStatus::Waiting {
             // Woken: until it is `running` in the store, an event or a child's end would
             // make it claimable again (`send_event` wakes what waits), so say so at once.
-            let status = state.commit_now(writes).await.map_err(Abort::Store)?;
-            state.observe(status);
+            // Its status is learnt by the commit (`Lifetime::observe_read`).
+            state.commit_now(writes).await.map_err(Abort::Store)?;
             inner.status_changed(state.lease.instance);
         } else {
             // A first start (or one after a pause): not a commit of its own; the status
@@ -513,8 +513,7 @@ async fn roll_back_and_finish(
     // does a commit that carries it and is still on its way (the driver's flush, dropped
     // when the workflow returned), which the read must not overtake.
     if state.has_deferred() {
-        let status = state.commit_now(Vec::new()).await.map_err(Abort::Store)?;
-        state.observe(status);
+        state.commit_now(Vec::new()).await.map_err(Abort::Store)?;
     } else {
         state.carried().await.map_err(Abort::Store)?;
     }
@@ -602,7 +601,7 @@ async fn run_phase<F: Future>(
             {
                 flush = None;
                 match answer {
-                    Ok(status) => state.observe(status),
+                    Ok(_) => {}
                     Err(e) => return Poll::Ready(Next::Failed(e)),
                 }
             }
@@ -625,7 +624,7 @@ async fn run_phase<F: Future>(
                     _ if state.has_deferred() => {
                         let mut commit: Flushing<'_> = Box::pin(state.commit_now(Vec::new()));
                         match commit.as_mut().poll(cx) {
-                            Poll::Ready(Ok(status)) => state.observe(status),
+                            Poll::Ready(Ok(_)) => {}
                             Poll::Ready(Err(e)) => return Poll::Ready(Next::Failed(e)),
                             Poll::Pending => flush = Some(commit),
                         }
@@ -661,8 +660,7 @@ async fn run_phase<F: Future>(
                         tracing::debug!(workflow = %state.workflow, instance = %state.instance_id, "paused");
                         return Ok(None);
                     }
-                    // Resumed meanwhile: carry on.
-                    state.observe(status);
+                    // Resumed meanwhile (learnt by the commit): carry on.
                 }
             },
             () = state.control.notified() => {}

@@ -95,7 +95,7 @@ async fn observe(store: &dyn cairn_store::Store, lifetime: &crate::lifetime::Lif
         .instance(&lifetime.workflow, &lifetime.instance_id)
         .await
     {
-        lifetime.observe_read(record.status, learnt);
+        let _ = lifetime.observe_read(record.status, learnt);
     }
 }
 

@@ -56,14 +56,13 @@ pub(crate) struct Lifetime {
     aborted: Notify,
     /// Notified when an event is sent to this instance.
     pub(crate) events: Notify,
-    /// A pause is pending: no new attempts start, and completed ops do not return.
-    pausing: AtomicBool,
+    /// Whether a pause is pending (bit 0: no new attempts start, and completed ops do not
+    /// return), and how many times one was learnt (the bits above): one value, so that a
+    /// late answer's clearing and a pause learnt meanwhile cannot interleave
+    /// ([`Lifetime::observe_read`]).
+    pause: AtomicU64,
     /// The engine is shutting down (see [`Lifetime::start_draining`]).
     draining: AtomicBool,
-    /// How many times a pending pause was learnt: a status read (a commit's answer, a
-    /// read of the instance) begun before the last one may be from before that pause
-    /// ([`Lifetime::pauses_learnt`]).
-    pauses_learnt: AtomicU64,
     /// Wakes the driver when the pause state changes, or a commit of an op is done.
     pub(crate) control: Arc<Notify>,
     /// Commits on their way (see [`Lifetime::committing`]).
@@ -192,9 +191,8 @@ impl Lifetime {
             abort: Mutex::new(None),
             aborted: Notify::new(),
             events: Notify::new(),
-            pausing: AtomicBool::new(false),
+            pause: AtomicU64::new(0),
             draining: AtomicBool::new(false),
-            pauses_learnt: AtomicU64::new(0),
             control: Arc::clone(&control),
             flights: Arc::new(Flights {
                 n: AtomicUsize::new(0),
@@ -369,8 +367,9 @@ impl Lifetime {
         self.inner().active == 0
     }
 
-    /// Learns the instance's status from a commit: a pending pause starts pausing; a pause
-    /// cancelled meanwhile stops it.
+    /// Learns the instance's status from an answer newer than anything learnt before (a
+    /// pause's or resume's own, the claim's): a pending pause starts pausing; a pause
+    /// cancelled meanwhile stops it. Commits' answers go through [`Lifetime::observe_read`].
     pub(crate) fn observe(&self, status: InstanceStatus) {
         match status {
             InstanceStatus::WaitingForPause => self.set_pausing(true),
@@ -379,41 +378,54 @@ impl Lifetime {
         }
     }
 
-    /// [`Lifetime::observe`] for a status read that began when [`Lifetime::pauses_learnt`]
-    /// was `learnt`: a `running` read before a pause learnt since (whose own answer came
-    /// first) is older than that pause, and does not cancel it.
-    pub(crate) fn observe_read(&self, status: InstanceStatus, learnt: u64) {
-        if !self.stale_running(status, learnt) {
+    /// [`Lifetime::observe`] for a status read (a commit's answer, a read of the instance)
+    /// that began when [`Lifetime::pauses_learnt`] was `learnt`, and the status as told: a
+    /// `running` read before a pause learnt since (whose own answer came first) is older
+    /// than that pause, and is told as `waitingForPause`; it cancels no pause.
+    pub(crate) fn observe_read(&self, status: InstanceStatus, learnt: u64) -> InstanceStatus {
+        if status != InstanceStatus::Running {
             self.observe(status);
+            return status;
+        }
+        // Cleared only if the pause pending is still the one known when the read began.
+        let pending = (learnt << 1) | 1;
+        match self
+            .pause
+            .compare_exchange(pending, learnt << 1, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => {
+                self.resumed.notify_waiters();
+                self.control.notify_one();
+                status
+            }
+            Err(now) if now & 1 == 1 => InstanceStatus::WaitingForPause,
+            Err(_) => status,
         }
     }
 
     /// How many times a pending pause was learnt so far: taken when a status read begins,
     /// to tell its answer's age ([`Lifetime::observe_read`]).
     pub(crate) fn pauses_learnt(&self) -> u64 {
-        self.pauses_learnt.load(Ordering::SeqCst)
-    }
-
-    /// Whether `status`, read by a read that began when [`Lifetime::pauses_learnt`] was
-    /// `learnt`, is a `running` from before the pending pause learnt since.
-    fn stale_running(&self, status: InstanceStatus, learnt: u64) -> bool {
-        status == InstanceStatus::Running && self.pausing() && self.pauses_learnt() != learnt
+        self.pause.load(Ordering::SeqCst) >> 1
     }
 
     pub(crate) fn set_pausing(&self, pausing: bool) {
-        // Counted before it shows: a read that sees the pause pending sees it counted.
-        if pausing && !self.pausing() {
-            self.pauses_learnt.fetch_add(1, Ordering::SeqCst);
-        }
-        self.pausing.store(pausing, Ordering::SeqCst);
-        if !pausing {
+        if pausing {
+            // Counted as it is learnt; learnt again while pending, it is the same pause.
+            let _ = self
+                .pause
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                    (v & 1 == 0).then_some((((v >> 1) + 1) << 1) | 1)
+                });
+        } else {
+            self.pause.fetch_and(!1, Ordering::SeqCst);
             self.resumed.notify_waiters();
         }
         self.control.notify_one();
     }
 
     pub(crate) fn pausing(&self) -> bool {
-        self.pausing.load(Ordering::SeqCst)
+        self.pause.load(Ordering::SeqCst) & 1 == 1
     }
 
     /// The engine is shutting down: the pause gate closes for good, attempts in flight
@@ -641,7 +653,8 @@ impl Lifetime {
     /// Dropping the future may or may not let the commit land, never half of it.
     pub(crate) async fn commit(&self, writes: Vec<Write>) {
         match self.commit_now(writes).await {
-            Ok(status) => self.observe(status),
+            // Its status is learnt already.
+            Ok(_) => {}
             Err(e) => {
                 tracing::debug!(instance = %self.instance_id, error = %e, "commit failed; stopping this run");
                 self.abort(Abort::Store(e));
@@ -775,14 +788,11 @@ impl Lifetime {
                 );
             }
         }
-        // A pause learnt since this commit was queued (from the pause's own answer, which
-        // can come first) is newer than the `running` this commit may have read before the
-        // pause was made: told as it is, that stale status would cancel the pause here, and
-        // the next step would start under it.
-        match committed {
-            Ok(status) if self.stale_running(status, learnt) => Ok(InstanceStatus::WaitingForPause),
-            committed => committed,
-        }
+        // Learnt here, against what was known when it was queued: a pause learnt since
+        // (from the pause's own answer, which can come first) is newer than the `running`
+        // this commit may have read before the pause was made; told as it is, that stale
+        // status would cancel the pause, and the next step would start under it.
+        committed.map(|status| self.observe_read(status, learnt))
     }
 
     /// When the instance first started, once known.
@@ -1426,10 +1436,18 @@ mod tests {
         let lifetime = new_instances(dir.path());
         let older = lifetime.pauses_learnt();
         lifetime.observe(InstanceStatus::WaitingForPause);
-        lifetime.observe_read(InstanceStatus::Running, older);
+        assert_eq!(
+            lifetime.observe_read(InstanceStatus::Running, older),
+            InstanceStatus::WaitingForPause
+        );
         assert!(lifetime.pausing(), "a stale running cancelled the pause");
         let newer = lifetime.pauses_learnt();
-        lifetime.observe_read(InstanceStatus::Running, newer);
+        // The same pause, told again by a commit's answer: not a newer one.
+        lifetime.observe(InstanceStatus::WaitingForPause);
+        assert_eq!(
+            lifetime.observe_read(InstanceStatus::Running, newer),
+            InstanceStatus::Running
+        );
         assert!(
             !lifetime.pausing(),
             "a resume read after the pause was not told"
