@@ -1003,8 +1003,8 @@ async fn e21_h10_a_step_waiting_for_the_first_start_starts_no_attempt_under_a_pe
     let gates = Gates::default();
     let ran_b = Counter::default();
     let counted = ran_b.clone();
-    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
-        .register(wf(move |_, step| {
+    let builder = gated_builder_on(Arc::clone(&store), gates.clone()).register(wf(
+        move |_, step| {
             let counted = counted.clone();
             async move {
                 let (a, b) = futures::try_join!(
@@ -1016,17 +1016,9 @@ async fn e21_h10_a_step_waiting_for_the_first_start_starts_no_attempt_under_a_pe
                 )?;
                 Ok(json!(a + b))
             }
-        }))
-        .start()
-        .await
-        .unwrap();
-    let carrying = gates.arm("commit");
-    let instance = engine
-        .workflow::<super::support::FnWorkflow>()
-        .create(CreateOptions::new(json!({})).id("x"))
-        .await
-        .unwrap();
-    carrying.arrived().await;
+        },
+    ));
+    let (engine, instance, carrying) = started_with_its_first_commit_held(builder, &gates).await;
     instance.pause().await.unwrap();
     carrying.release();
     until_status(&instance, InstanceStatus::Paused).await;
@@ -1056,8 +1048,8 @@ async fn e21_h10_a_commits_answer_from_before_a_pause_does_not_cancel_it() {
     let gates = Gates::default();
     let ran_second = Counter::default();
     let counted = ran_second.clone();
-    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
-        .register(wf(move |_, step| {
+    let builder = gated_builder_on(Arc::clone(&store), gates.clone()).register(wf(
+        move |_, step| {
             let counted = counted.clone();
             async move {
                 let a: u64 = step.run("first", |_| async { Ok(1) }).await?;
@@ -1069,18 +1061,10 @@ async fn e21_h10_a_commits_answer_from_before_a_pause_does_not_cancel_it() {
                     .await?;
                 Ok(json!(a + b))
             }
-        }))
-        .start()
-        .await
-        .unwrap();
+        },
+    ));
     // The first commit (the first step's start) is made at once; its answer is held.
-    let answer = gates.arm("commit");
-    let instance = engine
-        .workflow::<super::support::FnWorkflow>()
-        .create(CreateOptions::new(json!({})).id("x"))
-        .await
-        .unwrap();
-    answer.arrived().await;
+    let (engine, instance, answer) = started_with_its_first_commit_held(builder, &gates).await;
     // Sent at once: the store applies it (a running instance), the lifetime has not heard.
     while super::support::status_of(&instance).await != InstanceStatus::Running {
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
