@@ -387,6 +387,11 @@ impl Lifetime {
             self.observe(status);
             return status;
         }
+        // Nothing pending (every step's answer, as a rule): nothing to clear, and no locked
+        // instruction on the hot path. A pause learnt after this look is left alone.
+        if !self.pausing() {
+            return status;
+        }
         // Cleared only if the pause pending is still the one known when the read began.
         let pending = (learnt << 1) | 1;
         match self
