@@ -35,11 +35,26 @@ pub(crate) fn control<'a>(
             request,
             ControlRequest::Terminate { .. } | ControlRequest::Delete
         );
-        let before = if reaches_children {
+        let pause_or_resume = matches!(
+            request,
+            ControlRequest::Pause { .. } | ControlRequest::Resume { .. }
+        );
+        let before = if reaches_children || pause_or_resume {
             store.instance(workflow, id).await?
         } else {
             None
         };
+        // The lifetime in memory and the pauses it was told before this write: a pause
+        // told after it (another caller's, landed after this resume) is newer than this
+        // answer's `running`, which must not cancel it.
+        let told_before = before
+            .as_ref()
+            .filter(|_| pause_or_resume)
+            .and_then(|r| inner.live.get(r.instance))
+            .map(|lifetime| {
+                let learnt = lifetime.pauses_learnt();
+                (lifetime, learnt)
+            });
         let outcome = store.control(workflow, id, request.clone()).await?;
         let ControlOutcome::Done {
             instance,
@@ -56,7 +71,13 @@ pub(crate) fn control<'a>(
         match request {
             ControlRequest::Pause { .. } | ControlRequest::Resume { .. } => {
                 if let Some(state) = live {
-                    state.observe(to);
+                    // A lifetime claimed since the read above was told nothing before
+                    // this write that it could be ordered against: every pause counts.
+                    let learnt = match &told_before {
+                        Some((lifetime, learnt)) if Arc::ptr_eq(lifetime, &state) => *learnt,
+                        _ => 0,
+                    };
+                    state.observe_read(to, learnt);
                 }
             }
             ControlRequest::Terminate { .. }

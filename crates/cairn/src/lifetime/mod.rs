@@ -57,7 +57,7 @@ pub(crate) struct Lifetime {
     /// Notified when an event is sent to this instance.
     pub(crate) events: Notify,
     /// Whether a pause is pending (bit 0: no new attempts start, and completed ops do not
-    /// return), and how many times one was learnt (the bits above): one value, so that a
+    /// return), and how many times one was told (the bits above): one value, so that a
     /// late answer's clearing and a pause learnt meanwhile cannot interleave
     /// ([`Lifetime::observe_read`]).
     pause: AtomicU64,
@@ -368,8 +368,9 @@ impl Lifetime {
     }
 
     /// Learns the instance's status from an answer newer than anything learnt before (a
-    /// pause's or resume's own, the claim's): a pending pause starts pausing; a pause
-    /// cancelled meanwhile stops it. Commits' answers go through [`Lifetime::observe_read`].
+    /// pause's own, the claim's): a pending pause starts pausing; a pause cancelled
+    /// meanwhile stops it. Commits' and resumes' answers go through
+    /// [`Lifetime::observe_read`].
     pub(crate) fn observe(&self, status: InstanceStatus) {
         match status {
             InstanceStatus::WaitingForPause => self.set_pausing(true),
@@ -408,7 +409,7 @@ impl Lifetime {
         }
     }
 
-    /// How many times a pending pause was learnt so far: taken when a status read begins,
+    /// How many times a pending pause was told so far: taken when a status read begins,
     /// to tell its answer's age ([`Lifetime::observe_read`]).
     pub(crate) fn pauses_learnt(&self) -> u64 {
         self.pause.load(Ordering::SeqCst) >> 1
@@ -416,12 +417,14 @@ impl Lifetime {
 
     pub(crate) fn set_pausing(&self, pausing: bool) {
         if pausing {
-            // Counted as it is learnt; learnt again while pending, it is the same pause.
+            // Counted every time it is told, pending or not: a pause told again while
+            // pending may be a newer one (another caller's, made after a resume whose
+            // answer is still on its way), and a read begun before it cannot be ordered
+            // against it. Such a read's `running` then cancels nothing, and the driver's
+            // own conditional pause (`Write::Pause`) finds out which came last.
             let _ = self
                 .pause
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
-                    (v & 1 == 0).then_some((((v >> 1) + 1) << 1) | 1)
-                });
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some((v + 2) | 1));
         } else {
             self.pause.fetch_and(!1, Ordering::SeqCst);
             self.resumed.notify_waiters();
@@ -1432,8 +1435,9 @@ mod tests {
         );
     }
 
-    /// A status read begun before a pause was learnt, answering `running` after the pause's
-    /// own answer, leaves the pause pending; one begun after it tells a resume.
+    /// A status read begun before a pause was learnt (or told again), answering `running`
+    /// after the pause's own answer, leaves the pause pending; one begun after it tells a
+    /// resume.
     #[tokio::test]
     async fn a_running_read_before_a_pause_learnt_since_does_not_cancel_it() {
         use cairn_core::InstanceStatus;
@@ -1446,9 +1450,15 @@ mod tests {
             InstanceStatus::WaitingForPause
         );
         assert!(lifetime.pausing(), "a stale running cancelled the pause");
-        let newer = lifetime.pauses_learnt();
-        // The same pause, told again by a commit's answer: not a newer one.
+        // Told again (another caller's pause, or a commit's answer): a read begun before
+        // that telling cannot be ordered against it, so it cancels nothing either.
+        let before_telling = lifetime.pauses_learnt();
         lifetime.observe(InstanceStatus::WaitingForPause);
+        assert_eq!(
+            lifetime.observe_read(InstanceStatus::Running, before_telling),
+            InstanceStatus::WaitingForPause
+        );
+        let newer = lifetime.pauses_learnt();
         assert_eq!(
             lifetime.observe_read(InstanceStatus::Running, newer),
             InstanceStatus::Running

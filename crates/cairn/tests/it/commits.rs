@@ -1078,3 +1078,81 @@ async fn e21_h10_a_commits_answer_from_before_a_pause_does_not_cancel_it() {
     assert_eq!(ran_second.get(), 1);
     engine.shutdown().await;
 }
+
+/// E21/H10, a defect a review found: a resume's own answer told the lifetime `running`
+/// after a pause from another caller had been learnt (a pause made once the resume had
+/// landed), so the resume cancelled that later pause in memory and the next step started
+/// under it. Here the first step is in flight when the instance is paused, resumed (its
+/// answer held) and paused again; the resume's answer comes last.
+#[tokio::test]
+async fn e21_h10_a_resumes_answer_does_not_cancel_a_pause_made_after_it_landed() {
+    use super::support::{Counter, Gates, gated_builder_on};
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let (running, go) = (
+        Arc::new(tokio::sync::Semaphore::new(0)),
+        Arc::new(tokio::sync::Semaphore::new(0)),
+    );
+    let ran_second = Counter::default();
+    let (body_running, body_go, counted) = (running.clone(), go.clone(), ran_second.clone());
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(wf(move |_, step| {
+            let (running, go, counted) = (body_running.clone(), body_go.clone(), counted.clone());
+            async move {
+                let a: u64 = step
+                    .run("first", move |_| {
+                        let (running, go) = (running.clone(), go.clone());
+                        async move {
+                            running.add_permits(1);
+                            go.acquire().await.unwrap().forget();
+                            Ok(1)
+                        }
+                    })
+                    .await?;
+                let b: u64 = step
+                    .run("second", move |_| {
+                        counted.bump();
+                        async { Ok(2) }
+                    })
+                    .await?;
+                Ok(json!(a + b))
+            }
+        }))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    running.acquire().await.unwrap().forget();
+    instance.pause().await.unwrap();
+    // The resume lands at once; its answer is held.
+    let held = gates.arm("control");
+    let resuming = tokio::spawn({
+        let instance = instance.clone();
+        async move { instance.resume().await }
+    });
+    held.arrived().await;
+    while super::support::status_of(&instance).await != InstanceStatus::Running {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    // Another caller pauses it again, after the resume landed: the last word is a pause.
+    instance.pause().await.unwrap();
+    held.release();
+    resuming.await.unwrap().unwrap();
+    go.add_permits(1);
+    let status = instance
+        .wait_for(|s| s.status == InstanceStatus::Paused || s.status.is_terminal())
+        .await
+        .unwrap()
+        .status;
+    assert_eq!(ran_second.get(), 0, "the second step ran under the last pause");
+    assert_eq!(status, InstanceStatus::Paused);
+    instance.resume().await.unwrap();
+    assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
+    assert_eq!(ran_second.get(), 1);
+    engine.shutdown().await;
+}
