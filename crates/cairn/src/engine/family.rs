@@ -35,26 +35,11 @@ pub(crate) fn control<'a>(
             request,
             ControlRequest::Terminate { .. } | ControlRequest::Delete
         );
-        let pause_or_resume = matches!(
-            request,
-            ControlRequest::Pause { .. } | ControlRequest::Resume { .. }
-        );
-        let before = if reaches_children || pause_or_resume {
+        let before = if reaches_children {
             store.instance(workflow, id).await?
         } else {
             None
         };
-        // The lifetime in memory and the pauses it was told before this write: a pause
-        // told after it (another caller's, landed after this resume) is newer than this
-        // answer's `running`, which must not cancel it.
-        let told_before = before
-            .as_ref()
-            .filter(|_| pause_or_resume)
-            .and_then(|r| inner.live.get(r.instance))
-            .map(|lifetime| {
-                let learnt = lifetime.pauses_learnt();
-                (lifetime, learnt)
-            });
         let outcome = store.control(workflow, id, request.clone()).await?;
         let ControlOutcome::Done {
             instance,
@@ -70,14 +55,13 @@ pub(crate) fn control<'a>(
         let live = inner.live.fenced_by(instance, epoch);
         match request {
             ControlRequest::Pause { .. } | ControlRequest::Resume { .. } => {
-                if let Some(state) = live {
-                    // A lifetime claimed since the read above was told nothing before
-                    // this write that it could be ordered against: every pause counts.
-                    let learnt = match &told_before {
-                        Some((lifetime, learnt)) if Arc::ptr_eq(lifetime, &state) => *learnt,
-                        _ => 0,
-                    };
-                    state.observe_read(to, learnt);
+                // Not from this answer: another caller's pause or resume, landed just
+                // before or after this one, may be told first or last. A read begun once
+                // this one is told (`learn_stored_status`) is newer than both.
+                if let Some(state) = live
+                    && let Err(e) = state.learn_stored_status(true).await
+                {
+                    tracing::warn!(%workflow, instance = %id, error = %e, "a paused or resumed instance's status could not be read; its next commit tells it");
                 }
             }
             ControlRequest::Terminate { .. }

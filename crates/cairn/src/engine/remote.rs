@@ -67,7 +67,7 @@ fn apply(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>, changes: Changes) {
                             fenced.abort(Abort::Stopped);
                         }
                     }
-                    ChangeKind::Controlled => observe_later(inner, &lifetime),
+                    ChangeKind::Controlled => observe_later(&lifetime),
                 }
             }
         }
@@ -80,23 +80,12 @@ fn apply(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>, changes: Changes) {
 
 /// Reads the instance's status and hands it to its lifetime (a pause requested elsewhere
 /// closes its gate now, not at its next commit).
-fn observe_later(inner: &Arc<Runtime>, lifetime: &Arc<crate::lifetime::Lifetime>) {
-    let store = Arc::clone(&inner.env.store);
+fn observe_later(lifetime: &Arc<crate::lifetime::Lifetime>) {
     let lifetime = Arc::clone(lifetime);
     tokio::spawn(async move {
-        observe(&*store, &lifetime).await;
+        // A failed read leaves the status to the lifetime's next commit.
+        let _ = lifetime.learn_stored_status(true).await;
     });
-}
-
-async fn observe(store: &dyn cairn_store::Store, lifetime: &crate::lifetime::Lifetime) {
-    // A pause learnt while this read is on its way is newer than a `running` it answers.
-    let learnt = lifetime.pauses_learnt();
-    if let Ok(Some(record)) = store
-        .instance(&lifetime.workflow, &lifetime.instance_id)
-        .await
-    {
-        let _ = lifetime.observe_read(record.status, learnt);
-    }
 }
 
 /// Every lifetime here reads its status again, in the one sweep that runs (see the module).
@@ -114,7 +103,7 @@ fn observe_all(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>) {
     tokio::spawn(async move {
         loop {
             for lifetime in inner.live.all() {
-                observe(&*inner.env.store, &lifetime).await;
+                let _ = lifetime.learn_stored_status(true).await;
             }
             if sweep
                 .compare_exchange(SWEEPING, IDLE, Ordering::SeqCst, Ordering::SeqCst)

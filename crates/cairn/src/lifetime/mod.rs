@@ -57,9 +57,9 @@ pub(crate) struct Lifetime {
     /// Notified when an event is sent to this instance.
     pub(crate) events: Notify,
     /// Whether a pause is pending (bit 0: no new attempts start, and completed ops do not
-    /// return), and how many times one was told (the bits above): one value, so that a
-    /// late answer's clearing and a pause learnt meanwhile cannot interleave
-    /// ([`Lifetime::observe_read`]).
+    /// return), and how many times it changed or a pause or resume was told (the bits
+    /// above): one value, so that a late answer's change and a telling meanwhile cannot
+    /// interleave ([`Lifetime::observe_read`]).
     pause: AtomicU64,
     /// The engine is shutting down (see [`Lifetime::start_draining`]).
     draining: AtomicBool,
@@ -367,10 +367,8 @@ impl Lifetime {
         self.inner().active == 0
     }
 
-    /// Learns the instance's status from an answer newer than anything learnt before (a
-    /// pause's own, the claim's): a pending pause starts pausing; a pause cancelled
-    /// meanwhile stops it. Commits' and resumes' answers go through
-    /// [`Lifetime::observe_read`].
+    /// Learns the instance's status when nothing else can have been told yet (the claim's
+    /// read, on a new lifetime): a pending pause starts pausing; none stops it.
     pub(crate) fn observe(&self, status: InstanceStatus) {
         match status {
             InstanceStatus::WaitingForPause => self.set_pausing(true),
@@ -379,54 +377,52 @@ impl Lifetime {
         }
     }
 
-    /// [`Lifetime::observe`] for a status read (a commit's answer, a read of the instance)
-    /// that began when [`Lifetime::pauses_learnt`] was `learnt`, and the status as told: a
-    /// `running` read before a pause learnt since (whose own answer came first) is older
-    /// than that pause, and is told as `waitingForPause`; it cancels no pause.
-    pub(crate) fn observe_read(&self, status: InstanceStatus, learnt: u64) -> InstanceStatus {
-        if status != InstanceStatus::Running {
-            self.observe(status);
-            return status;
+    /// Learns a status read (a commit's answer, a read of the instance) that began when
+    /// [`Lifetime::tellings`] was `told`. A read that agrees with what the lifetime knows
+    /// changes nothing (every step's answer, as a rule: a plain load on the hot path). One
+    /// that would change it (a `running` that cancels the pending pause, a
+    /// `waitingForPause` that starts one) is taken only if nothing was told since it
+    /// began: told after, a pause or a resume may be newer than it, or older, and no one
+    /// can say which. `None` then: a read begun now decides
+    /// ([`Lifetime::learn_stored_status`]). Otherwise the status as learnt.
+    pub(crate) fn observe_read(&self, status: InstanceStatus, told: u64) -> Option<InstanceStatus> {
+        let pausing = match status {
+            InstanceStatus::WaitingForPause => true,
+            InstanceStatus::Running => false,
+            _ => return Some(status),
+        };
+        let now = self.pause.load(Ordering::SeqCst);
+        if (now & 1 == 1) == pausing {
+            return Some(status);
         }
-        // Nothing pending (every step's answer, as a rule): nothing to clear, and no locked
-        // instruction on the hot path. A pause learnt after this look is left alone.
-        if !self.pausing() {
-            return status;
+        if now >> 1 != told {
+            return None;
         }
-        // Cleared only if the pause pending is still the one known when the read began.
-        let pending = (learnt << 1) | 1;
-        match self
-            .pause
-            .compare_exchange(pending, learnt << 1, Ordering::SeqCst, Ordering::SeqCst)
-        {
-            Ok(_) => {
-                self.resumed.notify_waiters();
-                self.control.notify_one();
-                status
-            }
-            Err(now) if now & 1 == 1 => InstanceStatus::WaitingForPause,
-            Err(_) => status,
+        let to = ((told + 1) << 1) | u64::from(pausing);
+        self.pause
+            .compare_exchange(now, to, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()?;
+        if !pausing {
+            self.resumed.notify_waiters();
         }
+        self.control.notify_one();
+        Some(status)
     }
 
-    /// How many times a pending pause was told so far: taken when a status read begins,
-    /// to tell its answer's age ([`Lifetime::observe_read`]).
-    pub(crate) fn pauses_learnt(&self) -> u64 {
+    /// How many times the pause state changed, or a pause or resume was told, so far:
+    /// taken when a status read begins, to tell its answer's age
+    /// ([`Lifetime::observe_read`]).
+    pub(crate) fn tellings(&self) -> u64 {
         self.pause.load(Ordering::SeqCst) >> 1
     }
 
     pub(crate) fn set_pausing(&self, pausing: bool) {
-        if pausing {
-            // Counted every time it is told, pending or not: a pause told again while
-            // pending may be a newer one (another caller's, made after a resume whose
-            // answer is still on its way), and a read begun before it cannot be ordered
-            // against it. Such a read's `running` then cancels nothing, and the driver's
-            // own conditional pause (`Write::Pause`) finds out which came last.
-            let _ = self
-                .pause
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some((v + 2) | 1));
-        } else {
-            self.pause.fetch_and(!1, Ordering::SeqCst);
+        let _ = self
+            .pause
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                Some(((v >> 1) + 1) << 1 | u64::from(pausing))
+            });
+        if !pausing {
             self.resumed.notify_waiters();
         }
         self.control.notify_one();
@@ -741,7 +737,7 @@ impl Lifetime {
             writes = all;
         }
         let start = std::time::Instant::now();
-        let learnt = self.pauses_learnt();
+        let told = self.tellings();
         // Queued now, in this poll, so the store sees this lifetime's commits in order.
         let store = Arc::clone(&self.env.store);
         let lease = self.lease;
@@ -796,11 +792,52 @@ impl Lifetime {
                 );
             }
         }
-        // Learnt here, against what was known when it was queued: a pause learnt since
-        // (from the pause's own answer, which can come first) is newer than the `running`
-        // this commit may have read before the pause was made; told as it is, that stale
-        // status would cancel the pause, and the next step would start under it.
-        committed.map(|status| self.observe_read(status, learnt))
+        // Learnt here, against what was told when it was queued: a pause told since (from
+        // the pause's own answer, which can come first) may be newer than the `running`
+        // this commit read; taken as it is, that status would cancel the pause, and the
+        // next step would start under it. A resume told since, likewise, for a
+        // `waitingForPause` that would close the gate again.
+        let status = committed?;
+        if let Some(learnt) = self.observe_read(status, told) {
+            return Ok(learnt);
+        }
+        // Read before a pause or resume told since: which came last, a read begun now says
+        // (only around a pause of this instance; the hot path never comes here).
+        let reread = self.learn_stored_status(false).await.ok().flatten();
+        Ok(reread.unwrap_or(if self.pausing() {
+            InstanceStatus::WaitingForPause
+        } else {
+            status
+        }))
+    }
+
+    /// Reads the instance's status and learns it ([`Lifetime::observe_read`]), again while
+    /// something told during the read leaves it undecided. `control`: a pause or resume
+    /// has just landed (this engine's, or another's notice): told first, so a read still
+    /// on its way from before it cannot change the state on its own answer. Rounds end:
+    /// each needs a telling during its read, and only control and a change of the state
+    /// tell. Answers the status as learnt (`None`: the instance is gone).
+    pub(crate) async fn learn_stored_status(
+        &self,
+        control: bool,
+    ) -> Result<Option<InstanceStatus>, cairn_store::Error> {
+        if control {
+            self.pause.fetch_add(2, Ordering::SeqCst);
+        }
+        loop {
+            let told = self.tellings();
+            let Some(record) = self
+                .env
+                .store
+                .instance(&self.workflow, &self.instance_id)
+                .await?
+            else {
+                return Ok(None);
+            };
+            if let Some(learnt) = self.observe_read(record.status, told) {
+                return Ok(Some(learnt));
+            }
+        }
     }
 
     /// When the instance first started, once known.
@@ -1435,38 +1472,91 @@ mod tests {
         );
     }
 
-    /// A status read begun before a pause was learnt (or told again), answering `running`
-    /// after the pause's own answer, leaves the pause pending; one begun after it tells a
-    /// resume.
+    /// A status read begun before a pause was told, answering `running` after the pause's
+    /// own answer, leaves the pause pending and asks for a newer read; one begun after it
+    /// tells a resume.
     #[tokio::test]
     async fn a_running_read_before_a_pause_learnt_since_does_not_cancel_it() {
         use cairn_core::InstanceStatus;
         let dir = tempfile::tempdir().unwrap();
         let lifetime = new_instances(dir.path());
-        let older = lifetime.pauses_learnt();
+        let older = lifetime.tellings();
         lifetime.observe(InstanceStatus::WaitingForPause);
-        assert_eq!(
-            lifetime.observe_read(InstanceStatus::Running, older),
-            InstanceStatus::WaitingForPause
-        );
+        assert_eq!(lifetime.observe_read(InstanceStatus::Running, older), None);
         assert!(lifetime.pausing(), "a stale running cancelled the pause");
-        // Told again (another caller's pause, or a commit's answer): a read begun before
-        // that telling cannot be ordered against it, so it cancels nothing either.
-        let before_telling = lifetime.pauses_learnt();
-        lifetime.observe(InstanceStatus::WaitingForPause);
+        // Told again (another caller's pause, or this engine's after a resume): a read
+        // begun before that telling cannot be ordered against it either.
+        let before_telling = lifetime.tellings();
+        lifetime
+            .pause
+            .fetch_add(2, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(
             lifetime.observe_read(InstanceStatus::Running, before_telling),
-            InstanceStatus::WaitingForPause
+            None
         );
-        let newer = lifetime.pauses_learnt();
+        let newer = lifetime.tellings();
         assert_eq!(
             lifetime.observe_read(InstanceStatus::Running, newer),
-            InstanceStatus::Running
+            Some(InstanceStatus::Running)
         );
         assert!(
             !lifetime.pausing(),
             "a resume read after the pause was not told"
         );
+    }
+
+    /// The other way round: a `waitingForPause` read before a resume was learnt does not
+    /// close the gate again once it is open; a read that agrees with what is known is
+    /// taken whatever its age (every step's commit answer: `running`, nothing pending).
+    #[tokio::test]
+    async fn a_pause_read_before_a_resume_learnt_since_does_not_close_the_gate_again() {
+        use cairn_core::InstanceStatus;
+        let dir = tempfile::tempdir().unwrap();
+        let lifetime = new_instances(dir.path());
+        lifetime.observe(InstanceStatus::WaitingForPause);
+        let older = lifetime.tellings();
+        assert_eq!(
+            lifetime.observe_read(InstanceStatus::Running, older),
+            Some(InstanceStatus::Running)
+        );
+        assert!(!lifetime.pausing());
+        assert_eq!(
+            lifetime.observe_read(InstanceStatus::WaitingForPause, older),
+            None
+        );
+        assert!(!lifetime.pausing(), "a stale pause closed the gate again");
+        assert_eq!(
+            lifetime.observe_read(InstanceStatus::Running, 0),
+            Some(InstanceStatus::Running)
+        );
+        let newer = lifetime.tellings();
+        assert_eq!(
+            lifetime.observe_read(InstanceStatus::WaitingForPause, newer),
+            Some(InstanceStatus::WaitingForPause)
+        );
+        assert!(
+            lifetime.pausing(),
+            "a pause read after the resume was not told"
+        );
+    }
+
+    /// A pause or resume that has just landed is told before its lifetime reads the
+    /// instance again: a read still on its way from before it, whose answer would change
+    /// the pause state, is left undecided (its caller reads again), even when the new read
+    /// finds nothing to change.
+    #[tokio::test]
+    async fn a_pause_or_resume_told_leaves_a_read_from_before_it_undecided() {
+        use cairn_core::InstanceStatus;
+        let dir = tempfile::tempdir().unwrap();
+        let lifetime = new_instances(dir.path());
+        let before = lifetime.tellings();
+        // This lifetime's instance is not in the store: the read finds nothing to learn.
+        assert_eq!(lifetime.learn_stored_status(true).await.unwrap(), None);
+        assert_eq!(
+            lifetime.observe_read(InstanceStatus::WaitingForPause, before),
+            None
+        );
+        assert!(!lifetime.pausing());
     }
 
     /// In a Rust workflow, a step polled once and left waiting by the code (a `select!`'s

@@ -1156,3 +1156,89 @@ async fn e21_h10_a_resumes_answer_does_not_cancel_a_pause_made_after_it_landed()
     assert_eq!(ran_second.get(), 1);
     engine.shutdown().await;
 }
+
+/// E21/H10, the other way round: a commit's answer read before a resume landed says
+/// `waitingForPause`; heard after the resume, it closed the gate again, and no new step
+/// started until every attempt in flight had ended (here one that never ends on its own).
+/// Branch `a` runs a long step; branch `b`'s first step ends during the pause, and the
+/// answer to the commit of its success is held until after the resume.
+#[tokio::test]
+async fn e21_h10_a_commits_answer_from_before_a_resume_does_not_close_the_gate_again() {
+    use super::support::{Gates, gated_builder_on, journal_of};
+    use tokio::sync::Semaphore;
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let [long_running, long_go, first_running, first_go, second_started] =
+        std::array::from_fn(|_| Arc::new(Semaphore::new(0)));
+    let body = {
+        let (long_running, long_go) = (long_running.clone(), long_go.clone());
+        let (first_running, first_go) = (first_running.clone(), first_go.clone());
+        let second_started = second_started.clone();
+        move |_: WorkflowEvent<Value>, step: WorkflowStep| {
+            let held = |running: &Arc<Semaphore>, go: &Arc<Semaphore>| {
+                let (running, go) = (running.clone(), go.clone());
+                move |_| {
+                    let (running, go) = (running.clone(), go.clone());
+                    async move {
+                        running.add_permits(1);
+                        go.acquire().await.unwrap().forget();
+                        Ok(1u64)
+                    }
+                }
+            };
+            let long = held(&long_running, &long_go);
+            let first = held(&first_running, &first_go);
+            let second_started = second_started.clone();
+            async move {
+                let a = async { step.run("long", long).await };
+                let b = async {
+                    let one: u64 = step.run("first", first).await?;
+                    step.run("second", move |_| {
+                        second_started.add_permits(1);
+                        async move { Ok(one + 1) }
+                    })
+                    .await
+                };
+                let (a, b): (u64, u64) = futures::try_join!(a, b)?;
+                Ok(json!(a + b))
+            }
+        }
+    };
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(wf(body))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("i"))
+        .await
+        .unwrap();
+    long_running.acquire().await.unwrap().forget();
+    first_running.acquire().await.unwrap().forget();
+    instance.pause().await.unwrap();
+    // The commit of `first`'s success lands during the pause; its answer is held.
+    let held = gates.arm("commit");
+    first_go.add_permits(1);
+    held.arrived().await;
+    while !journal_of(store.as_ref(), "test", "i")
+        .await
+        .iter()
+        .any(|s| s.key.name == "first" && s.state == StepState::Succeeded)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    instance.resume().await.unwrap();
+    held.release();
+    // `long` is still running: only a gate left closed by the stale answer holds
+    // `second` back.
+    tokio::time::timeout(std::time::Duration::from_secs(60), second_started.acquire())
+        .await
+        .expect("the second step never started after the resume")
+        .unwrap()
+        .forget();
+    long_go.add_permits(1);
+    assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
+    engine.shutdown().await;
+}
