@@ -61,6 +61,12 @@ pub(crate) fn control<'a>(
                 if let Some(state) = live
                     && let Err(e) = state.learn_stored_status(true).await
                 {
+                    // Not known: the safe side. A pause closes the gate (the driver's
+                    // conditional pause opens it again if a resume came last); a resume
+                    // leaves it as it is, for the next commit's answer to tell.
+                    if to == InstanceStatus::WaitingForPause {
+                        state.set_pausing(true);
+                    }
                     tracing::warn!(%workflow, instance = %id, error = %e, "a paused or resumed instance's status could not be read; its next commit tells it");
                 }
             }

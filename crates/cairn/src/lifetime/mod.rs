@@ -802,13 +802,27 @@ impl Lifetime {
             return Ok(learnt);
         }
         // Read before a pause or resume told since: which came last, a read begun now says
-        // (only around a pause of this instance; the hot path never comes here).
-        let reread = self.learn_stored_status(false).await.ok().flatten();
-        Ok(reread.unwrap_or(if self.pausing() {
+        // (only around a pause of this instance; the hot path never comes here). Counted
+        // as a commit on its way meanwhile, as the one it follows was: the driver neither
+        // pauses nor hibernates while this read is not polled (the simulator's store
+        // takes one call at a time, and a driver's commit would wait behind it).
+        let reread = {
+            let _reading = Ticket::new(&self.flights);
+            self.learn_stored_status(false).await
+        };
+        if let Ok(Some(learnt)) = reread {
+            return Ok(learnt);
+        }
+        // Not known: the safe side, a gate closed; the driver's conditional pause, once no
+        // attempt is in flight, finds the instance running if it is and opens it again.
+        if status == InstanceStatus::WaitingForPause {
+            self.set_pausing(true);
+        }
+        Ok(if self.pausing() {
             InstanceStatus::WaitingForPause
         } else {
             status
-        }))
+        })
     }
 
     /// Reads the instance's status and learns it ([`Lifetime::observe_read`]), again while

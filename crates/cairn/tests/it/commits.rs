@@ -1242,3 +1242,69 @@ async fn e21_h10_a_commits_answer_from_before_a_resume_does_not_close_the_gate_a
     assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
     engine.shutdown().await;
 }
+
+/// E21/H10, a defect a review found: a pause learns its instance's status from a read
+/// begun once it has landed; when that read failed, the lifetime was told nothing, and
+/// the next step started under the pause (its start rode with the first step's success,
+/// before any commit's answer could tell it). Not knowing, the gate now closes: the
+/// driver's conditional pause opens it again if a resume came last.
+#[tokio::test]
+async fn e21_h10_a_pause_whose_status_read_fails_still_closes_the_gate() {
+    use super::support::{Counter, Gates, gated_builder_on};
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let (running, go) = (
+        Arc::new(tokio::sync::Semaphore::new(0)),
+        Arc::new(tokio::sync::Semaphore::new(0)),
+    );
+    let ran_second = Counter::default();
+    let (body_running, body_go, counted) = (running.clone(), go.clone(), ran_second.clone());
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(wf(move |_, step| {
+            let (running, go, counted) = (body_running.clone(), body_go.clone(), counted.clone());
+            async move {
+                let a: u64 = step
+                    .run("first", move |_| {
+                        let (running, go) = (running.clone(), go.clone());
+                        async move {
+                            running.add_permits(1);
+                            go.acquire().await.unwrap().forget();
+                            Ok(1)
+                        }
+                    })
+                    .await?;
+                let b: u64 = step
+                    .run("second", move |_| {
+                        counted.bump();
+                        async { Ok(2) }
+                    })
+                    .await?;
+                Ok(json!(a + b))
+            }
+        }))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    running.acquire().await.unwrap().forget();
+    // The pause's own read of the instance, once it has landed, fails.
+    let read = gates.arm_failing("instance");
+    read.release();
+    instance.pause().await.unwrap();
+    go.add_permits(1);
+    let status = instance
+        .wait_for(|s| s.status == InstanceStatus::Paused || s.status.is_terminal())
+        .await
+        .unwrap()
+        .status;
+    assert_eq!(ran_second.get(), 0, "the second step ran under the pause");
+    assert_eq!(status, InstanceStatus::Paused);
+    instance.resume().await.unwrap();
+    assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
+    engine.shutdown().await;
+}
