@@ -248,15 +248,17 @@ async fn a_renewal_answered_after_its_deadline_extends_no_lease_and_the_instance
     permit(&started).await;
     let renewal = gates.arm("renew");
     renewal.arrived().await;
+    // No claim goes through from here on: only this engine's taking back of the lease it
+    // lost (`Store::reclaim`, at once) can run the instance again, not a claim made once
+    // the lease ran out in the store. (A bound on the wall time between the two failed
+    // under a loaded CI: 5 s against 3.)
+    let claims = gates.arm("claim");
     let held_since = std::time::Instant::now();
     // The renewal is held past the lease: the lifetime is stopped and the instance taken
-    // back (its interrupted attempt recorded), well before another lease would run out.
+    // back (its interrupted attempt recorded).
     permit(&started).await;
-    let back_after = held_since.elapsed();
-    assert!(
-        back_after < ttl * 2,
-        "the instance ran again only after {back_after:?}"
-    );
+    eprintln!("the instance ran again {:?} after the renewal was held", held_since.elapsed());
+    claims.release();
     renewal.release();
     let kept = renewal.answered().await;
     assert_eq!(kept, "Ok([])", "the stale renewal extended a lease");
