@@ -549,6 +549,8 @@ enum Next<T> {
 /// The driver's commit of deferred writes, on its way.
 type Flushing<'a> =
     Pin<Box<dyn Future<Output = Result<InstanceStatus, cairn_store::Error>> + Send + 'a>>;
+type Rereading<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<InstanceStatus>, cairn_store::Error>> + Send + 'a>>;
 
 /// Whether the instance was created and never started: queued, with no first start on
 /// record. Such an instance has no journal (see its one use in `one_lifetime`).
@@ -593,9 +595,24 @@ async fn run_phase<F: Future>(
     // waiting on a store call of its own (a stream's chunk read) that a store taking calls
     // in turn answers first.
     let mut flush: Option<Flushing<'_>> = None;
+    // The read that decides a commit's answer left undecided by a pause or resume told
+    // while it was on its way (`Lifetime::take_undecided`): polled with the phase, and,
+    // like the flush, nothing pauses, hibernates or drains before it is done.
+    let mut reread: Option<Rereading<'_>> = None;
     loop {
         let next = futures::future::poll_fn(|cx| {
             state.polling();
+            if reread.is_none() && state.take_undecided() {
+                reread = Some(Box::pin(state.learn_stored_status(false)));
+            }
+            if let Some(read) = reread.as_mut()
+                && let Poll::Ready(answer) = read.as_mut().poll(cx)
+            {
+                reread = None;
+                if let Err(e) = answer {
+                    tracing::warn!(workflow = %state.workflow, instance = %state.instance_id, error = %e, "the instance's status could not be read again; its gate stays as it is until the next commit's answer");
+                }
+            }
             if let Some(commit) = flush.as_mut()
                 && let Poll::Ready(answer) = commit.as_mut().poll(cx)
             {
@@ -610,7 +627,7 @@ async fn run_phase<F: Future>(
                 // An op's commit (or the flush) is on its way: the driver's own commit would
                 // wait for it (`Lifetime::committing`) while the op is not polled. Once it
                 // is done, `control` wakes this loop.
-                Poll::Pending if state.committing() => Poll::Pending,
+                Poll::Pending if state.committing() || reread.is_some() => Poll::Pending,
                 Poll::Pending if state.draining() && state.in_flight() == 0 => {
                     Poll::Ready(Next::Drained)
                 }

@@ -57,17 +57,13 @@ pub(crate) fn control<'a>(
             ControlRequest::Pause { .. } | ControlRequest::Resume { .. } => {
                 // Not from this answer: another caller's pause or resume, landed just
                 // before or after this one, may be told first or last. A read begun once
-                // this one is told (`learn_stored_status`) is newer than both.
-                if let Some(state) = live
-                    && let Err(e) = state.learn_stored_status(true).await
-                {
-                    // Not known: the safe side. A pause closes the gate (the driver's
-                    // conditional pause opens it again if a resume came last); a resume
-                    // leaves it as it is, for the next commit's answer to tell.
-                    if to == InstanceStatus::WaitingForPause {
-                        state.set_pausing(true);
-                    }
-                    tracing::warn!(%workflow, instance = %id, error = %e, "a paused or resumed instance's status could not be read; its next commit tells it");
+                // this one is told (`Lifetime::learn_control`) is newer than both. On a
+                // task of its own: told even if this request's caller stops waiting.
+                if let Some(state) = live {
+                    let pause = matches!(request, ControlRequest::Pause { .. });
+                    let telling =
+                        tokio::spawn(async move { state.learn_control(Some(pause)).await });
+                    let _ = telling.await;
                 }
             }
             ControlRequest::Terminate { .. }

@@ -82,10 +82,7 @@ fn apply(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>, changes: Changes) {
 /// closes its gate now, not at its next commit).
 fn observe_later(lifetime: &Arc<crate::lifetime::Lifetime>) {
     let lifetime = Arc::clone(lifetime);
-    tokio::spawn(async move {
-        // A failed read leaves the status to the lifetime's next commit.
-        let _ = lifetime.learn_stored_status(true).await;
-    });
+    tokio::spawn(async move { lifetime.learn_control(None).await });
 }
 
 /// Every lifetime here reads its status again, in the one sweep that runs (see the module).
@@ -103,7 +100,7 @@ fn observe_all(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>) {
     tokio::spawn(async move {
         loop {
             for lifetime in inner.live.all() {
-                let _ = lifetime.learn_stored_status(true).await;
+                lifetime.learn_control(None).await;
             }
             if sweep
                 .compare_exchange(SWEEPING, IDLE, Ordering::SeqCst, Ordering::SeqCst)

@@ -110,6 +110,9 @@ pub(crate) struct Lifetime {
     reads: AtomicUsize,
     /// The instance's end is committed.
     finished: AtomicBool,
+    /// A commit's answer was left undecided by a pause or resume told while it was on its
+    /// way: the driver reads the status again ([`Lifetime::take_undecided`]).
+    undecided: AtomicBool,
 }
 
 /// What a replay in registration mode saw of the journal: the records it took, in order;
@@ -215,6 +218,7 @@ impl Lifetime {
             stream_written: std::sync::atomic::AtomicU64::new(0),
             reads: AtomicUsize::new(0),
             finished: AtomicBool::new(false),
+            undecided: AtomicBool::new(false),
         }
     }
 
@@ -802,27 +806,42 @@ impl Lifetime {
             return Ok(learnt);
         }
         // Read before a pause or resume told since: which came last, a read begun now says
-        // (only around a pause of this instance; the hot path never comes here). Counted
-        // as a commit on its way meanwhile, as the one it follows was: the driver neither
-        // pauses nor hibernates while this read is not polled (the simulator's store
-        // takes one call at a time, and a driver's commit would wait behind it).
-        let reread = {
-            let _reading = Ticket::new(&self.flights);
-            self.learn_stored_status(false).await
-        };
-        if let Ok(Some(learnt)) = reread {
-            return Ok(learnt);
-        }
-        // Not known: the safe side, a gate closed; the driver's conditional pause, once no
-        // attempt is in flight, finds the instance running if it is and opens it again.
+        // (only around a pause of this instance; the hot path never comes here). The
+        // driver makes that read, polled beside the workflow: made here, in the op's own
+        // future, it would hang on an op the workflow stopped polling (a `select!`'s
+        // loser), and with it the driver's pause. Meanwhile, the safe side: a gate closed,
+        // which the read opens again if a resume came last.
         if status == InstanceStatus::WaitingForPause {
             self.set_pausing(true);
         }
+        self.undecided.store(true, Ordering::SeqCst);
+        self.control.notify_one();
         Ok(if self.pausing() {
             InstanceStatus::WaitingForPause
         } else {
             status
         })
+    }
+
+    /// Whether a commit's answer was left undecided since the last call: the driver then
+    /// reads the status again ([`Lifetime::learn_stored_status`]).
+    pub(crate) fn take_undecided(&self) -> bool {
+        self.undecided.swap(false, Ordering::SeqCst)
+    }
+
+    /// A pause or resume has landed (`Some(true)`: a pause, `Some(false)`: a resume, made
+    /// here; `None`: another engine's, from its notice): told, then the status read
+    /// ([`Lifetime::learn_stored_status`]). A read that fails takes the safe side for a
+    /// pause, or a request not known: the gate closes (the driver's conditional pause
+    /// opens it again if a resume came last); after a resume it stays as it is, for the
+    /// next commit's answer to tell.
+    pub(crate) async fn learn_control(&self, pause: Option<bool>) {
+        if let Err(e) = self.learn_stored_status(true).await {
+            if pause != Some(false) {
+                self.set_pausing(true);
+            }
+            tracing::warn!(workflow = %self.workflow, instance = %self.instance_id, error = %e, "a paused or resumed instance's status could not be read; its next commit's answer tells it");
+        }
     }
 
     /// Reads the instance's status and learns it ([`Lifetime::observe_read`]), again while

@@ -1308,3 +1308,62 @@ async fn e21_h10_a_pause_whose_status_read_fails_still_closes_the_gate() {
     assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
     engine.shutdown().await;
 }
+
+/// E21/H10: a pause whose caller stops waiting once it has landed (an HTTP client that
+/// hung up) still tells the lifetime: before, the read that tells it was dropped with the
+/// request, and an instance whose code awaits something other than an op (no commit to
+/// tell it) stayed `waitingForPause` for good.
+#[tokio::test]
+async fn e21_h10_a_pause_whose_caller_stops_waiting_still_takes_effect() {
+    use super::support::{Gates, gated_builder_on};
+    let (_dir, path) = temp_db();
+    let store = raw_store_on(BACKEND, &path).await;
+    let gates = Gates::default();
+    let (reached, go) = (
+        Arc::new(tokio::sync::Semaphore::new(0)),
+        Arc::new(tokio::sync::Semaphore::new(0)),
+    );
+    let (body_reached, body_go) = (reached.clone(), go.clone());
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(wf(move |_, step| {
+            let (reached, go) = (body_reached.clone(), body_go.clone());
+            async move {
+                let a: u64 = step.run("first", |_| async { Ok(1) }).await?;
+                // Not an op: nothing commits while the code waits here.
+                reached.add_permits(1);
+                go.acquire().await.unwrap().forget();
+                Ok(json!(a))
+            }
+        }))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    reached.acquire().await.unwrap().forget();
+    // The pause lands; its caller stops waiting while the read that tells the lifetime
+    // is on its way.
+    let read = gates.arm("instance");
+    let pausing = tokio::spawn({
+        let instance = instance.clone();
+        async move { instance.pause().await }
+    });
+    read.arrived().await;
+    pausing.abort();
+    let _ = pausing.await;
+    read.release();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        instance.wait_for(|s| s.status == InstanceStatus::Paused),
+    )
+    .await
+    .expect("the pause never took effect")
+    .unwrap();
+    instance.resume().await.unwrap();
+    go.add_permits(1);
+    assert_eq!(instance.wait().await.unwrap().output, Some(json!(1)));
+    engine.shutdown().await;
+}
