@@ -1158,8 +1158,10 @@ async fn e21_h10_a_resumes_answer_does_not_cancel_a_pause_made_after_it_landed()
 }
 
 /// E21/H10, the other way round: a commit's answer read before a resume landed says
-/// `waitingForPause`; heard after the resume, it closed the gate again, and no new step
-/// started until every attempt in flight had ended (here one that never ends on its own).
+/// `waitingForPause`; heard after the resume, it must not keep the gate closed until every
+/// attempt in flight has ended (here one that never ends on its own). (The driver's next
+/// commit would also reopen it here; the unit test
+/// `a_pause_read_before_a_resume_learnt_since_does_not_close_the_gate_again` pins the rule.)
 /// Branch `a` runs a long step; branch `b`'s first step ends during the pause, and the
 /// answer to the commit of its success is held until after the resume.
 #[tokio::test]
