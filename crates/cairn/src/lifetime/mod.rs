@@ -826,7 +826,8 @@ impl Lifetime {
     /// Whether a commit's answer was left undecided since the last call: the driver then
     /// reads the status again ([`Lifetime::learn_stored_status`]).
     pub(crate) fn take_undecided(&self) -> bool {
-        self.undecided.swap(false, Ordering::SeqCst)
+        // A plain load first: the driver asks at every poll, and the answer is no.
+        self.undecided.load(Ordering::SeqCst) && self.undecided.swap(false, Ordering::SeqCst)
     }
 
     /// A pause or resume has landed (`Some(true)`: a pause, `Some(false)`: a resume, made
