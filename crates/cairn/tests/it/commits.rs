@@ -1079,17 +1079,21 @@ async fn e21_h10_a_commits_answer_from_before_a_pause_does_not_cancel_it() {
     engine.shutdown().await;
 }
 
-/// E21/H10, a defect a review found: a resume's own answer told the lifetime `running`
-/// after a pause from another caller had been learnt (a pause made once the resume had
-/// landed), so the resume cancelled that later pause in memory and the next step started
-/// under it. Here the first step is in flight when the instance is paused, resumed (its
-/// answer held) and paused again; the resume's answer comes last.
-#[tokio::test]
-async fn e21_h10_a_resumes_answer_does_not_cancel_a_pause_made_after_it_landed() {
-    use super::support::{Counter, Gates, gated_builder_on};
-    let (_dir, path) = temp_db();
+/// An instance whose step `first` is running, held until its release, and whose step
+/// `second` counts its runs: for the pause tests.
+struct FirstStepHeld {
+    engine: cairn::Engine,
+    instance: cairn::Instance<Value>,
+    go: Arc<tokio::sync::Semaphore>,
+    ran_second: super::support::Counter,
+    /// The database's directory, removed last.
+    _dir: tempfile::TempDir,
+}
+
+async fn first_step_held(gates: &super::support::Gates) -> FirstStepHeld {
+    use super::support::{Counter, gated_builder_on};
+    let (dir, path) = temp_db();
     let store = raw_store_on(BACKEND, &path).await;
-    let gates = Gates::default();
     let (running, go) = (
         Arc::new(tokio::sync::Semaphore::new(0)),
         Arc::new(tokio::sync::Semaphore::new(0)),
@@ -1128,33 +1132,62 @@ async fn e21_h10_a_resumes_answer_does_not_cancel_a_pause_made_after_it_landed()
         .await
         .unwrap();
     running.acquire().await.unwrap().forget();
+    FirstStepHeld {
+        engine,
+        instance,
+        go,
+        ran_second,
+        _dir: dir,
+    }
+}
+
+impl FirstStepHeld {
+    /// Lets `first` end under the pause made meanwhile: the instance pauses before
+    /// `second` runs (`ran`: the message if it did), then finishes once resumed.
+    async fn pauses_before_the_second_step(self, ran: &str) {
+        let instance = &self.instance;
+        self.go.add_permits(1);
+        let status = instance
+            .wait_for(|s| s.status == InstanceStatus::Paused || s.status.is_terminal())
+            .await
+            .unwrap()
+            .status;
+        assert_eq!(self.ran_second.get(), 0, "{ran}");
+        assert_eq!(status, InstanceStatus::Paused);
+        instance.resume().await.unwrap();
+        assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
+        assert_eq!(self.ran_second.get(), 1);
+        self.engine.shutdown().await;
+    }
+}
+
+/// E21/H10, a defect a review found: a resume's own answer told the lifetime `running`
+/// after a pause from another caller had been learnt (a pause made once the resume had
+/// landed), so the resume cancelled that later pause in memory and the next step started
+/// under it. Here the first step is in flight when the instance is paused, resumed (its
+/// answer held) and paused again; the resume's answer comes last.
+#[tokio::test]
+async fn e21_h10_a_resumes_answer_does_not_cancel_a_pause_made_after_it_landed() {
+    let gates = super::support::Gates::default();
+    let held = first_step_held(&gates).await;
+    let instance = &held.instance;
     instance.pause().await.unwrap();
     // The resume lands at once; its answer is held.
-    let held = gates.arm("control");
+    let answer = gates.arm("control");
     let resuming = tokio::spawn({
         let instance = instance.clone();
         async move { instance.resume().await }
     });
-    held.arrived().await;
-    while super::support::status_of(&instance).await != InstanceStatus::Running {
+    answer.arrived().await;
+    while super::support::status_of(instance).await != InstanceStatus::Running {
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
     // Another caller pauses it again, after the resume landed: the last word is a pause.
     instance.pause().await.unwrap();
-    held.release();
+    answer.release();
     resuming.await.unwrap().unwrap();
-    go.add_permits(1);
-    let status = instance
-        .wait_for(|s| s.status == InstanceStatus::Paused || s.status.is_terminal())
-        .await
-        .unwrap()
-        .status;
-    assert_eq!(ran_second.get(), 0, "the second step ran under the last pause");
-    assert_eq!(status, InstanceStatus::Paused);
-    instance.resume().await.unwrap();
-    assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
-    assert_eq!(ran_second.get(), 1);
-    engine.shutdown().await;
+    held.pauses_before_the_second_step("the second step ran under the last pause")
+        .await;
 }
 
 /// E21/H10, the other way round: a commit's answer read before a resume landed says
@@ -1252,63 +1285,15 @@ async fn e21_h10_a_commits_answer_from_before_a_resume_does_not_close_the_gate_a
 /// driver's conditional pause opens it again if a resume came last.
 #[tokio::test]
 async fn e21_h10_a_pause_whose_status_read_fails_still_closes_the_gate() {
-    use super::support::{Counter, Gates, gated_builder_on};
-    let (_dir, path) = temp_db();
-    let store = raw_store_on(BACKEND, &path).await;
-    let gates = Gates::default();
-    let (running, go) = (
-        Arc::new(tokio::sync::Semaphore::new(0)),
-        Arc::new(tokio::sync::Semaphore::new(0)),
-    );
-    let ran_second = Counter::default();
-    let (body_running, body_go, counted) = (running.clone(), go.clone(), ran_second.clone());
-    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
-        .register(wf(move |_, step| {
-            let (running, go, counted) = (body_running.clone(), body_go.clone(), counted.clone());
-            async move {
-                let a: u64 = step
-                    .run("first", move |_| {
-                        let (running, go) = (running.clone(), go.clone());
-                        async move {
-                            running.add_permits(1);
-                            go.acquire().await.unwrap().forget();
-                            Ok(1)
-                        }
-                    })
-                    .await?;
-                let b: u64 = step
-                    .run("second", move |_| {
-                        counted.bump();
-                        async { Ok(2) }
-                    })
-                    .await?;
-                Ok(json!(a + b))
-            }
-        }))
-        .start()
-        .await
-        .unwrap();
-    let instance = engine
-        .workflow::<super::support::FnWorkflow>()
-        .create(CreateOptions::new(json!({})))
-        .await
-        .unwrap();
-    running.acquire().await.unwrap().forget();
+    let gates = super::support::Gates::default();
+    let held = first_step_held(&gates).await;
+    let instance = &held.instance;
     // The pause's own read of the instance, once it has landed, fails.
     let read = gates.arm_failing("instance");
     read.release();
     instance.pause().await.unwrap();
-    go.add_permits(1);
-    let status = instance
-        .wait_for(|s| s.status == InstanceStatus::Paused || s.status.is_terminal())
-        .await
-        .unwrap()
-        .status;
-    assert_eq!(ran_second.get(), 0, "the second step ran under the pause");
-    assert_eq!(status, InstanceStatus::Paused);
-    instance.resume().await.unwrap();
-    assert_eq!(instance.wait().await.unwrap().output, Some(json!(3)));
-    engine.shutdown().await;
+    held.pauses_before_the_second_step("the second step ran under the pause")
+        .await;
 }
 
 /// E21/H10: a pause whose caller stops waiting once it has landed (an HTTP client that
