@@ -406,10 +406,7 @@ impl Lifetime {
         self.pause
             .compare_exchange(now, to, Ordering::SeqCst, Ordering::SeqCst)
             .ok()?;
-        if !pausing {
-            self.resumed.notify_waiters();
-        }
-        self.control.notify_one();
+        self.pause_state_changed(pausing);
         Some(status)
     }
 
@@ -426,6 +423,12 @@ impl Lifetime {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
                 Some(((v >> 1) + 1) << 1 | u64::from(pausing))
             });
+        self.pause_state_changed(pausing);
+    }
+
+    /// Wakes what waits on the pause state: the ops held at the gate once it opens, and
+    /// the driver.
+    fn pause_state_changed(&self, pausing: bool) {
         if !pausing {
             self.resumed.notify_waiters();
         }
