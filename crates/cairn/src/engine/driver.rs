@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -544,6 +545,33 @@ enum Next<T> {
     /// a step's success, a sleep's completion, a cancelled step, and the phase is pending,
     /// so the log stays live; the ops' own commits, when one comes first, take them along).
     Failed(cairn_store::Error),
+    /// The worker went away, and what its answers settled before it went is committed.
+    WorkerLost,
+}
+
+/// Starts the driver's commit of deferred writes, if any wait and none is on its way:
+/// `Ready(Ok)` once nothing waits for a commit.
+fn flush_deferred<'a>(
+    state: &'a Lifetime,
+    flush: &mut Option<Flushing<'a>>,
+    cx: &mut std::task::Context<'_>,
+) -> Poll<Result<(), cairn_store::Error>> {
+    if flush.is_some() {
+        return Poll::Pending;
+    }
+    if !state.has_deferred() {
+        return Poll::Ready(Ok(()));
+    }
+    let mut commit: Flushing<'a> = Box::pin(state.commit_now(Vec::new()));
+    match commit.as_mut().poll(cx) {
+        Poll::Ready(Ok(_)) if state.has_deferred() => Poll::Pending,
+        Poll::Ready(Ok(_)) => Poll::Ready(Ok(())),
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => {
+            *flush = Some(commit);
+            Poll::Pending
+        }
+    }
 }
 
 /// The driver's commit of deferred writes, on its way.
@@ -599,6 +627,8 @@ async fn run_phase<F: Future>(
     // while it was on its way (`Lifetime::take_undecided`): polled with the phase, and,
     // like the flush, nothing pauses, hibernates or drains before it is done.
     let mut reread: Option<Rereading<'_>> = None;
+    // Set once the worker running the code has gone (`Abort::WorkerLost`).
+    let lost = std::sync::atomic::AtomicBool::new(false);
     loop {
         let next = futures::future::poll_fn(|cx| {
             state.polling();
@@ -628,6 +658,15 @@ async fn run_phase<F: Future>(
                 // wait for it (`Lifetime::committing`) while the op is not polled. Once it
                 // is done, `control` wakes this loop.
                 Poll::Pending if state.committing() || reread.is_some() => Poll::Pending,
+                // The worker went away: what its answers settled before it went (a step's
+                // success is only deferred) is committed, then the run stops.
+                Poll::Pending if lost.load(Ordering::Relaxed) => {
+                    match flush_deferred(state, &mut flush, cx) {
+                        Poll::Ready(Ok(())) => Poll::Ready(Next::WorkerLost),
+                        Poll::Ready(Err(e)) => Poll::Ready(Next::Failed(e)),
+                        Poll::Pending => Poll::Pending,
+                    }
+                }
                 Poll::Pending if state.draining() && state.in_flight() == 0 => {
                     Poll::Ready(Next::Drained)
                 }
@@ -638,16 +677,10 @@ async fn run_phase<F: Future>(
                     Some(h) if h.wake_at > state.now().saturating_add(threshold) => {
                         Poll::Ready(Next::Hibernate(h))
                     }
-                    _ if state.has_deferred() => {
-                        let mut commit: Flushing<'_> = Box::pin(state.commit_now(Vec::new()));
-                        match commit.as_mut().poll(cx) {
-                            Poll::Ready(Ok(_)) => {}
-                            Poll::Ready(Err(e)) => return Poll::Ready(Next::Failed(e)),
-                            Poll::Pending => flush = Some(commit),
-                        }
-                        Poll::Pending
-                    }
-                    _ => Poll::Pending,
+                    _ => match flush_deferred(state, &mut flush, cx) {
+                        Poll::Ready(Err(e)) => Poll::Ready(Next::Failed(e)),
+                        _ => Poll::Pending,
+                    },
                 },
             }
         });
@@ -667,6 +700,7 @@ async fn run_phase<F: Future>(
                     return Ok(None);
                 }
                 Next::Failed(e) => return Err(Abort::Store(e)),
+                Next::WorkerLost => return Err(Abort::WorkerLost),
                 Next::Pause => {
                     let writes = vec![Write::Pause {
                         at: state.now(),
@@ -681,7 +715,16 @@ async fn run_phase<F: Future>(
                 }
             },
             () = state.control.notified() => {}
-            abort = state.aborted() => return Err(abort),
+            abort = state.aborted(), if !lost.load(Ordering::Relaxed) => match abort {
+                // Answers the worker sent before it went may wait in the ops, not yet
+                // taken: the phase is polled on (no attempt starts: the gate closes for
+                // good) until they are recorded and committed (`Next::WorkerLost`).
+                Abort::WorkerLost => {
+                    lost.store(true, Ordering::Relaxed);
+                    state.start_draining();
+                }
+                abort => return Err(abort),
+            },
             // Shutdown: no new attempt starts (the pause gate holds them), the ones in flight
             // finish and commit; the engine drops what is left at its drain deadline.
             () = stopped(shutdown), if !state.draining() => state.start_draining(),

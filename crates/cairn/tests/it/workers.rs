@@ -158,6 +158,60 @@ async fn a_worker_lost_mid_attempt_leaves_the_attempt_interrupted_and_another_wo
     engine.shutdown().await;
 }
 
+/// A worker that answers its last attempt and closes at once (`CairnWorker.close()` does,
+/// as soon as nothing runs): the success arrived before the close and must be committed,
+/// not dropped with the run. The driver used to return on the loss before polling the
+/// step half of the time (`select!`'s random order), so the step ran again on the next
+/// worker, or, with no retries left, failed as interrupted. Sixteen instances: before the
+/// fix, all sixteen passing had a chance of 2^-16.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_closes_right_after_its_answer_loses_no_success() {
+    const N: usize = 16;
+    let charge = || json!({ "op": "do", "name": "charge", "config": { "retries": { "limit": 0, "delay": 0 } } });
+    let (engine, _dir) = engine(|b| b).await;
+    let mut first = Worker::hello(&engine, &[("checkout", "v1")], N).await;
+    let mut instances = Vec::new();
+    for i in 0..N {
+        instances.push(create(&engine, "checkout", &format!("order-{i}"), json!({})).await);
+    }
+    let mut attempts = Vec::new();
+    while attempts.len() < N {
+        let frame = first.next().await;
+        match frame["type"].as_str() {
+            Some("start") => first.op(&frame["run"], 0, charge()),
+            Some("attempt") => attempts.push(frame),
+            _ => panic!("unexpected {frame}"),
+        }
+    }
+    for attempt in &attempts {
+        first.answer(attempt, "attemptResult", Ok(json!("ch_1")));
+    }
+    drop(first);
+    let mut second = Worker::hello(&engine, &[("checkout", "v1")], N).await;
+    let mut replayed = 0;
+    while replayed < N {
+        let frame = second.next().await;
+        match frame["type"].as_str() {
+            Some("start") => second.op(&frame["run"], 0, charge()),
+            Some("opResult") => {
+                assert_eq!(frame["ok"], "ch_1", "the success was lost: {frame}");
+                second.returns(&frame["run"], Ok(Value::Null));
+                replayed += 1;
+            }
+            Some("attempt") => panic!("the step ran again: {frame}"),
+            Some("stop") => assert_eq!(frame["reason"], "done", "{frame}"),
+            _ => panic!("unexpected {frame}"),
+        }
+    }
+    for instance in &instances {
+        assert_eq!(
+            instance.wait().await.unwrap().status,
+            InstanceStatus::Complete
+        );
+    }
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_instance_pinned_to_a_version_waits_for_a_worker_of_it_and_new_ones_take_the_newest()
 {

@@ -120,9 +120,10 @@ impl Session {
     }
 
     /// The worker has gone (or the engine is stopping): every run on it stops (its
-    /// lifetime ends without writing; the instance runs again on another worker of its
-    /// version, its attempts in flight recorded as interrupted), no run starts on it again,
-    /// and once the frames queued are sent, the connection ends.
+    /// lifetime ends once what the worker's answers settled before it went is committed,
+    /// starting no attempt; the instance runs again on another worker of its version, its
+    /// attempts in flight recorded as interrupted), no run starts on it again, and once
+    /// the frames queued are sent, the connection ends.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.out
