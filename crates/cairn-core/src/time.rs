@@ -58,10 +58,43 @@ impl Timestamp {
         Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
     }
 
-    /// RFC 3339 in UTC with milliseconds, e.g. `2026-11-30T04:28:19.123Z`.
+    /// RFC 3339 in UTC with milliseconds, e.g. `2026-11-30T04:28:19.123Z`. A year outside
+    /// 0000–9999 is written as JavaScript's `toISOString` writes it, with six digits and a
+    /// sign (`+010000-01-01T00:00:00.000Z`): every timestamp formats (humantime's
+    /// formatter fails past 9999 and panics before 1970).
     pub fn to_rfc3339(self) -> String {
-        humantime::format_rfc3339_millis(self.to_system_time()).to_string()
+        let (secs, millis) = (self.0.div_euclid(1000), self.0.rem_euclid(1000));
+        let (days, second) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+        let (year, month, day) = civil_from_days(days);
+        let (h, m, s) = (second / 3600, second % 3600 / 60, second % 60);
+        let year = match year {
+            0..=9999 => format!("{year:04}"),
+            ..0 => format!("-{:06}", year.unsigned_abs()),
+            _ => format!("+{year:06}"),
+        };
+        format!("{year}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{millis:03}Z")
     }
+}
+
+/// The proleptic Gregorian `(year, month, day)` of a day counted from 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`): whole 400-year eras, then the day within its era, in
+/// years that start on 1 March so that the leap day comes last.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 impl fmt::Display for Timestamp {
@@ -174,6 +207,40 @@ mod tests {
             Timestamp::from_millis(1_729_774_800_123).to_rfc3339(),
             "2024-10-24T13:00:00.123Z"
         );
+    }
+
+    /// Every timestamp formats, as JavaScript's `toISOString` writes years outside
+    /// 0000–9999 (six digits and a sign); none panics.
+    #[test]
+    fn any_timestamp_formats_and_years_outside_four_digits_carry_a_sign() {
+        let cases = [
+            (-1, "1969-12-31T23:59:59.999Z"),
+            (-62_167_219_200_000, "0000-01-01T00:00:00.000Z"),
+            (-62_167_219_200_001, "-000001-12-31T23:59:59.999Z"),
+            (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
+            (253_402_300_800_000, "+010000-01-01T00:00:00.000Z"),
+            (8_640_000_000_000_000, "+275760-09-13T00:00:00.000Z"),
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(Timestamp::from_millis(ms).to_rfc3339(), text, "{ms}");
+        }
+        for ms in [i64::MIN, i64::MAX, i64::MIN + 1, i64::MAX - 1] {
+            assert!(Timestamp::from_millis(ms).to_string().ends_with('Z'));
+        }
+        // Within four-digit years, what humantime writes (a seeded sweep).
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let ms = (x % 253_402_300_800_000) as i64;
+            let t = Timestamp::from_millis(ms);
+            assert_eq!(
+                t.to_rfc3339(),
+                humantime::format_rfc3339_millis(t.to_system_time()).to_string()
+            );
+        }
     }
 
     #[test]

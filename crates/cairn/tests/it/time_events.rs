@@ -36,6 +36,36 @@ async fn sleeps_take_durations_and_strings_and_last_that_long() {
     engine.shutdown().await;
 }
 
+/// A time past the year 9999 is too far away like any other: the error quoting it used
+/// to panic (the formatter had no such year), and the instance went round the engine's
+/// panic back-off for ever instead of failing the step.
+#[tokio::test(start_paused = true)]
+async fn a_sleep_until_past_the_year_9999_is_an_error_not_a_panic() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let far = std::time::SystemTime::UNIX_EPOCH
+                + Duration::from_millis(253_402_300_800_000);
+            let err = step.sleep_until("far", far).await.unwrap_err();
+            Ok(json!(err.message()))
+        }))
+    })
+    .await;
+    // Bounded: before the fix the instance went round the panic back-off for ever.
+    let ended = tokio::time::timeout(
+        Duration::from_secs(24 * 3600),
+        run_to_end(&engine, json!({})),
+    )
+    .await
+    .expect("the instance ends");
+    let out = ended.status().await.unwrap().output.unwrap();
+    assert!(
+        out.as_str().unwrap().contains("+010000-01-01T00:00:00.000Z"),
+        "{out}"
+    );
+    assert!(out.as_str().unwrap().contains("365 days"), "{out}");
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn invalid_sleeps_are_errors_quoting_the_input() {
     let (engine, _dir) = engine(|b| {

@@ -212,6 +212,29 @@ async fn a_worker_that_closes_right_after_its_answer_loses_no_success() {
     engine.shutdown().await;
 }
 
+/// A `sleepUntil` whose time is past what milliseconds in an i64 hold (JavaScript's
+/// `Number.MAX_VALUE`) is a time too far away, answered as the step's error: the frame
+/// used to be refused whole, the run was never told, and it waited for that op for ever.
+#[tokio::test(start_paused = true)]
+async fn a_sleep_until_beyond_any_timestamp_is_answered_as_too_far_away() {
+    let (engine, _dir) = engine(|b| b).await;
+    let mut worker = Worker::hello(&engine, &[("checkout", "v1")], 4).await;
+    let instance = create(&engine, "checkout", "order-1", json!({})).await;
+    let start = worker.expect("start").await;
+    let run = start["run"].clone();
+    worker.op(&run, 0, json!({ "op": "sleepUntil", "name": "never", "until": 1.7976931348623157e308 }));
+    let answered = worker.expect("opResult").await;
+    let message = answered["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("365 days"), "{answered}");
+    worker.returns(&run, Ok(Value::Null));
+    worker.expect("stop").await;
+    assert_eq!(
+        instance.wait().await.unwrap().status,
+        InstanceStatus::Complete
+    );
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_instance_pinned_to_a_version_waits_for_a_worker_of_it_and_new_ones_take_the_newest()
 {

@@ -158,8 +158,21 @@ pub(crate) struct Op {
     pub(crate) detached: bool,
 }
 
+/// RFC 3339 or epoch milliseconds; a number past what an i64 holds (JavaScript's numbers
+/// reach 1.8e308) is taken at the end of the range, where the op refuses it as too far away,
+/// instead of refusing the frame: a frame refused leaves its run waiting for that op.
 fn until<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
-    cairn_core::rfc3339::deserialize(d).map(Some)
+    match Value::deserialize(d)? {
+        Value::Number(n) if n.as_i64().is_none() => {
+            // Saturating: `as` takes a float to the nearest end of the i64 range.
+            #[allow(clippy::cast_possible_truncation)]
+            let ms = n.as_f64().unwrap_or(f64::MAX) as i64;
+            Ok(Some(Timestamp::from_millis(ms)))
+        }
+        other => cairn_core::rfc3339::deserialize(other)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+    }
 }
 
 /// The kinds of op.
