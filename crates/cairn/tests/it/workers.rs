@@ -235,6 +235,45 @@ async fn a_sleep_until_beyond_any_timestamp_is_answered_as_too_far_away() {
     engine.shutdown().await;
 }
 
+/// `Promise.all([step.do("a").then(() => step.do("b")), step.waitForEvent(.., "7 days")])`:
+/// the worker says `idle` after making both ops, and "a" is answered before that `idle`
+/// reaches the engine (at once from the journal on a replay). The `idle` is stale: the
+/// answer makes the code go on to "b". Taken as it was, it let the run hibernate for the
+/// wait's seven days before "b" arrived (then refused as stale), so "b" ran only after
+/// the event or the timeout.
+#[tokio::test(start_paused = true)]
+async fn an_idle_sent_before_an_answer_reached_the_worker_does_not_hibernate_the_run() {
+    let (engine, _dir) = engine(|b| b).await;
+    let mut worker = Worker::hello(&engine, &[("checkout", "v1")], 4).await;
+    let instance = create(&engine, "checkout", "order-1", json!({})).await;
+    let run = worker.expect("start").await["run"].clone();
+    worker.op(&run, 0, json!({ "op": "do", "name": "a", "config": null }));
+    worker.op(
+        &run,
+        1,
+        json!({ "op": "waitForEvent", "name": "approval", "eventType": "approve", "timeout": "7 days" }),
+    );
+    let attempt = worker.expect("attempt").await;
+    worker.answer(&attempt, "attemptResult", Ok(json!(1)));
+    assert_eq!(worker.expect("opResult").await["seq"], 0);
+    // Sent before the answer above reached the worker.
+    worker.send(json!({ "type": "idle", "run": run, "ops": 2, "answers": 0 }));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    worker.op(&run, 2, json!({ "op": "do", "name": "b", "config": null }));
+    let frame = worker.next().await;
+    assert_eq!(frame["type"], "attempt", "{frame}");
+    assert_eq!(frame["step"]["name"], "b");
+    worker.answer(&frame, "attemptResult", Ok(json!(2)));
+    assert_eq!(worker.expect("opResult").await["seq"], 2);
+    worker.returns(&run, Ok(Value::Null));
+    worker.expect("stop").await;
+    assert_eq!(
+        instance.wait().await.unwrap().status,
+        InstanceStatus::Complete
+    );
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_instance_pinned_to_a_version_waits_for_a_worker_of_it_and_new_ones_take_the_newest()
 {

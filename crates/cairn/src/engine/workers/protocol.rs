@@ -212,6 +212,9 @@ pub(crate) enum Incoming {
     Idle {
         run: String,
         ops: u64,
+        /// The op results the worker had received (absent from workers before it was
+        /// added).
+        answers: Option<u64>,
     },
     RunResult {
         run: String,
@@ -302,9 +305,15 @@ impl Incoming {
                 #[derive(Deserialize)]
                 struct Idle {
                     ops: u64,
+                    #[serde(default)]
+                    answers: Option<u64>,
                 }
                 let idle: Idle = serde_json::from_value(value).map_err(breaking)?;
-                Ok(Incoming::Idle { run, ops: idle.ops })
+                Ok(Incoming::Idle {
+                    run,
+                    ops: idle.ops,
+                    answers: idle.answers,
+                })
             }
             "runResult" => {
                 let answer: Answer = serde_json::from_value(value).map_err(breaking)?;

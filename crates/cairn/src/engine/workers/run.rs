@@ -122,6 +122,7 @@ impl ErasedWorkflow for RemoteRun {
             step.lifetime.start_in_call_order();
             let mut ops = FuturesUnordered::new();
             let mut made = 0u64;
+            let mut answered = 0u64;
             loop {
                 tokio::select! {
                     event = events.recv() => match event {
@@ -135,8 +136,11 @@ impl ErasedWorkflow for RemoteRun {
                             made += 1;
                             ops.push(perform(&handle, &step, *op));
                         }
-                        Some(RunEvent::Idle(n)) => {
-                            if n == made {
+                        // Idle only if it is about every op made and every answer sent:
+                        // an idle the worker sent before an answer reached it is stale (the
+                        // answer may make the code go on: it says idle again if not).
+                        Some(RunEvent::Idle { ops: n, answers }) => {
+                            if n == made && answers.is_none_or(|a| a == answered) {
                                 busy = None;
                             }
                         }
@@ -150,6 +154,7 @@ impl ErasedWorkflow for RemoteRun {
                     },
                     Some((seq, result)) = ops.next(), if !ops.is_empty() => {
                         busy.get_or_insert_with(|| step.lifetime.activity());
+                        answered += 1;
                         handle
                             .channel
                             .send(protocol::op_result(&handle.channel.id, seq, result.as_ref()));

@@ -188,7 +188,7 @@ impl Session {
     pub(crate) fn receive(&self, incoming: Incoming) -> Result<(), Refusal> {
         let (run_id, event) = match incoming {
             Incoming::Op { run, op } => (run, RunEvent::Op(op)),
-            Incoming::Idle { run, ops } => (run, RunEvent::Idle(ops)),
+            Incoming::Idle { run, ops, answers } => (run, RunEvent::Idle { ops, answers }),
             Incoming::RunResult { run, outcome } => (run, RunEvent::Returned(outcome)),
             Incoming::TaskResult {
                 run,
@@ -257,8 +257,12 @@ impl Drop for Slot {
 #[derive(Debug)]
 pub(crate) enum RunEvent {
     Op(Box<Op>),
-    /// The run's code waits on ops only, having made this many.
-    Idle(u64),
+    /// The run's code waits on ops only, having made `ops` ops and received `answers` of
+    /// their results.
+    Idle {
+        ops: u64,
+        answers: Option<u64>,
+    },
     Returned(Outcome),
 }
 
