@@ -604,30 +604,6 @@ async fn bad_frames_are_answered_with_codes_and_change_nothing() {
     engine.shutdown().await;
 }
 
-/// An op frame that cannot be read names its run: the worker has used that op's number,
-/// so the run could never go on. It is given up as after an op out of order (nothing
-/// recorded; it comes back later) instead of waiting for that op for ever with its slot.
-#[tokio::test(start_paused = true)]
-async fn a_malformed_op_frame_gives_its_run_up_instead_of_leaving_it_waiting() {
-    let (engine, _dir) = engine(|b| b).await;
-    let mut worker = Worker::hello(&engine, &[("strict", "v1")], 1).await;
-    let instance = create(&engine, "strict", "s", json!({})).await;
-    let run = worker.expect("start").await["run"].clone();
-    worker.op(&run, 0, json!({ "op": "sleepUntil", "name": "s", "until": "not a time" }));
-    let refused = worker.expect("error").await;
-    assert_eq!(refused["code"], "protocol.malformed");
-    assert_eq!(refused["run"], run);
-    // Bounded: before the fix no frame came, the run waiting for ever.
-    let stop = tokio::time::timeout(Duration::from_secs(3600), worker.expect("stop"))
-        .await
-        .expect("the run is given up");
-    assert_eq!(stop["reason"], "lost");
-    let run = worker.expect("start").await["run"].clone();
-    worker.returns(&run, Ok(json!("fine")));
-    assert_eq!(instance.wait().await.unwrap().output, Some(json!("fine")));
-    engine.shutdown().await;
-}
-
 #[tokio::test(start_paused = true)]
 async fn the_replay_check_replays_a_workers_instance_on_a_worker_of_its_version() {
     let (engine, _dir) = engine(|b| b).await;

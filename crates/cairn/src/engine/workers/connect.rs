@@ -52,11 +52,6 @@ impl WorkerConnection {
         if let Err(refusal) = Incoming::parse(frame).and_then(|m| self.session.receive(m)) {
             tracing::debug!(session = self.session.id, code = refusal.code, message = %refusal.message, "refused a worker's frame");
             self.session.send(refusal.frame());
-            if refusal.breaks_run
-                && let Some(run) = &refusal.run
-            {
-                self.session.break_run(run, &refusal.message);
-            }
         }
     }
 

@@ -26,9 +26,6 @@ pub(crate) struct Refusal {
     pub(crate) message: String,
     /// The run the frame named, if any.
     pub(crate) run: Option<String>,
-    /// The frame held the run's next op, its idleness or its end: refused, it leaves the
-    /// run waiting for what the worker believes it sent (`Session::break_run`).
-    pub(crate) breaks_run: bool,
 }
 
 impl Refusal {
@@ -37,13 +34,7 @@ impl Refusal {
             code,
             message: message.into(),
             run: None,
-            breaks_run: false,
         }
-    }
-
-    fn breaking(mut self) -> Self {
-        self.breaks_run = true;
-        self
     }
 
     pub(crate) fn about(mut self, run: &str) -> Self {
@@ -291,11 +282,10 @@ impl Incoming {
         let bad = |e: serde_json::Error| {
             Refusal::new("protocol.malformed", format!("a bad `{kind}` frame: {e}")).about(&run)
         };
-        let breaking = |e: serde_json::Error| bad(e).breaking();
         let value = Value::Object(map);
         match kind.as_str() {
             "op" => {
-                let op: Op = serde_json::from_value(value).map_err(breaking)?;
+                let op: Op = serde_json::from_value(value).map_err(bad)?;
                 Ok(Incoming::Op {
                     run,
                     op: Box::new(op),
@@ -308,7 +298,7 @@ impl Incoming {
                     #[serde(default)]
                     answers: Option<u64>,
                 }
-                let idle: Idle = serde_json::from_value(value).map_err(breaking)?;
+                let idle: Idle = serde_json::from_value(value).map_err(bad)?;
                 Ok(Incoming::Idle {
                     run,
                     ops: idle.ops,
@@ -316,11 +306,10 @@ impl Incoming {
                 })
             }
             "runResult" => {
-                let answer: Answer = serde_json::from_value(value).map_err(breaking)?;
+                let answer: Answer = serde_json::from_value(value).map_err(bad)?;
                 let outcome = answer.outcome().map_err(|e| {
                     Refusal::new("protocol.malformed", format!("a `runResult` with {e}"))
                         .about(&run)
-                        .breaking()
                 })?;
                 Ok(Incoming::RunResult { run, outcome })
             }

@@ -166,19 +166,6 @@ impl Session {
         (run, events)
     }
 
-    /// A frame about `run` that could not be read held its next op, its idleness or its
-    /// end: the worker has moved on past it, so the run could never go on. It is given up
-    /// as a run whose worker broke the protocol is (nothing recorded; the instance runs
-    /// again after a back-off, as after an engine panic).
-    pub(crate) fn break_run(&self, run: &str, message: &str) {
-        if let Some(channel) = self.runs().get(run).cloned() {
-            tracing::warn!(run, worker = %self.worker, "{message}");
-            channel.lifetime.abort(Abort::Panic(format!(
-                "the worker sent a frame about its run that could not be read: {message}"
-            )));
-        }
-    }
-
     /// Forgets a run: later frames about it are stale.
     pub(crate) fn close_run(&self, run: &str) {
         self.runs().remove(run);
