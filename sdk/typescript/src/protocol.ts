@@ -72,11 +72,14 @@ export type RunResult = { type: "runResult"; run: string } & Outcome<ErrorInfo>;
  * The run's code waits on ops only: it has made `ops` ops and runs nothing else until one
  * is answered. The engine hibernates a run only after the worker says so (after the start
  * and after each answer), so ops made together (`Promise.all`) all reach it first.
+ * `answers` counts the `opResult`s received: an idle sent before an answer reached the
+ * worker is stale (that answer may make the code go on), and the engine ignores it.
  */
 export interface Idle {
   type: "idle";
   run: string;
   ops: number;
+  answers: number;
 }
 
 export type ToEngine = Hello | Op | Idle | AttemptResult | DelayResult | RollbackResult | RunResult;

@@ -56,6 +56,8 @@ export class Run implements OpSink {
   #returned = false;
   /** An `idle` is due once the code has run what it can (see #settled). */
   #idleCheck = false;
+  /** The `opResult`s received, told with each `idle`. */
+  #answers = 0;
 
   constructor(id: string, host: RunHost) {
     this.id = id;
@@ -136,7 +138,7 @@ export class Run implements OpSink {
         return;
       }
       if (this.#pending.size === 0) return;
-      this.#host.send({ type: "idle", run: this.id, ops: this.#nextSeq });
+      this.#host.send({ type: "idle", run: this.id, ops: this.#nextSeq, answers: this.#answers });
     });
   }
 
@@ -163,6 +165,8 @@ export class Run implements OpSink {
   }
 
   opResult(message: OpResult): void {
+    // Counted as the engine counts what it sent, waiting or not (see `Idle`).
+    this.#answers += 1;
     const pending = this.#pending.get(message.seq);
     if (pending === undefined) {
       this.#host.logger.warn(`run ${this.id}: an opResult for op #${message.seq}, which is not waiting`);

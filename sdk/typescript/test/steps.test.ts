@@ -28,6 +28,7 @@ describe("ops", () => {
     engine.start("r1", "both");
     const idle = await engine.next({ type: "idle", run: "r1" });
     assert.equal(idle.ops, 2, "both ops of Promise.all come before the idle");
+    assert.equal(idle.answers, 0);
     const sent = engine.received.filter((f) => f.run === "r1").map((f) => f.type);
     assert.deepEqual(sent, ["op", "op", "idle"]);
     engine.send({ type: "opResult", run: "r1", seq: 0, ok: null });
@@ -37,6 +38,7 @@ describe("ops", () => {
     gate.resolve();
     const next = await engine.next({ type: "idle", run: "r1", ops: 3 });
     assert.equal(next.ops, 3);
+    assert.equal(next.answers, 2, "an idle tells the answers it had received");
     engine.send({ type: "stop", run: "r1", reason: "hibernated" });
     await done();
   });
