@@ -33,12 +33,15 @@ pub(crate) enum Take {
     Wait,
 }
 
-/// The key a candidate would take a slot of, if it needs one (for the claim's lock order).
+/// The key a candidate would take a slot of, if it needs one (for the claim's lock order):
+/// none while it is terminated with rollback (a failed instance's own rollback needs one).
 pub(crate) async fn key_of(tx: &Transaction<'_>, iid: i64) -> R<Option<(String, String)>> {
     Ok(query_opt(
         tx,
         "SELECT workflow, ckey FROM instances
-         WHERE iid = $1 AND ckey IS NOT NULL AND NOT slot AND rollback_trigger IS NULL",
+         WHERE iid = $1 AND ckey IS NOT NULL AND NOT slot
+           AND (rollback_trigger IS NULL
+                OR NOT COALESCE((rollback_trigger::jsonb ->> 'terminate')::boolean, false))",
         &[&iid],
     )
     .await?

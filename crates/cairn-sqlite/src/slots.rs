@@ -9,12 +9,14 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::map_sqlite;
 
-/// An instance's key (none while it is terminated with rollback), whether it holds or
-/// waits for a slot, and its workflow: a primary-key probe. Most instances have no key and
+/// An instance's key (none while it is terminated with rollback: a failed instance's own
+/// rollback is its work like any other and needs a slot), whether it holds or waits for a
+/// slot, and its workflow: a primary-key probe. Most instances have no key and
 /// stop here. (Not a join with `ckeys`: SQLite compiled that statement again for every
 /// instance id bound to it, 15 % of the writer thread's time in the throughput profile.)
-pub(crate) const KEY_SQL: &str =
-    "SELECT CASE WHEN rollback_trigger IS NULL THEN ckey END, slot, parked, workflow, ckey
+pub(crate) const KEY_SQL: &str = "SELECT CASE WHEN rollback_trigger IS NULL
+                      OR json_extract(rollback_trigger, '$.terminate') IS NOT 1 THEN ckey END,
+                 slot, parked, workflow, ckey
              FROM instances WHERE iid = ?1";
 
 /// A key's limits, holders and rate window: a primary-key probe.
@@ -54,7 +56,9 @@ pub(crate) enum Take {
 }
 
 /// Takes a slot of `iid`'s key if it needs one and one is free. An instance being
-/// terminated with rollback needs none: its compensation does not wait for a slot.
+/// terminated with rollback needs none: its compensation does not wait for a slot. (One
+/// rolling back because it failed does: it may have let its slot go, hibernating while a
+/// compensation waits to be retried, and another instance taken it.)
 pub(crate) fn take(conn: &Connection, iid: i64, now: Timestamp) -> Result<Take> {
     let Some(key) = key_of(conn, iid)? else {
         return Ok(Take::Go);

@@ -528,3 +528,100 @@ async fn a_waiter_terminated_restarted_deleted_or_paused_leaves_the_line_without
     assert_eq!(most_at_once(&intervals), 1, "one at a time: {intervals:?}");
     engine.shutdown().await;
 }
+
+/// Bodies of a key's instances running now, and the most ever at once.
+#[derive(Clone, Default)]
+struct AtOnce(std::sync::Arc<(std::sync::atomic::AtomicU32, std::sync::atomic::AtomicU32)>);
+
+impl AtOnce {
+    async fn inside<T>(&self, body: impl std::future::Future<Output = T>) -> T {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.0.0.fetch_add(1, SeqCst) + 1;
+        self.0.1.fetch_max(now, SeqCst);
+        let out = body.await;
+        self.0.0.fetch_sub(1, SeqCst);
+        out
+    }
+
+    fn most(&self) -> u32 {
+        self.0.1.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A failed instance's rollback is the instance's work like any other: when it lets its
+/// slot go (it hibernates while a compensation waits to be retried) it takes one again
+/// before it goes on. Only a terminate with rollback compensates without a slot. Before,
+/// any rollback was exempt, so the second compensation attempt ran beside the instance
+/// that had taken the slot meanwhile: two at once under a limit of 1.
+#[tokio::test(start_paused = true)]
+async fn a_failed_instance_rolling_back_after_a_hibernation_waits_for_a_slot_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let at_once = AtOnce::default();
+    let seen = at_once.clone();
+    // Compensation calls, across the instance's lifetimes: the first one fails.
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let engine = builder_at(&dir.path().join("cairn.db"))
+        .register(wf(move |event, step| {
+            let (at_once, calls) = (seen.clone(), calls.clone());
+            async move {
+                if event.payload["fail"] != true {
+                    let busy = at_once.clone();
+                    step.run("work", move |_| {
+                        let busy = busy.clone();
+                        async move {
+                            busy.inside(tokio::time::sleep(Duration::from_secs(8 * 60)))
+                                .await;
+                            Ok(())
+                        }
+                    })
+                    .await?;
+                    return Ok(Value::Null);
+                }
+                let (handler, calls) = (at_once.clone(), calls.clone());
+                step.run("prepare", |_| async { Ok(()) })
+                    .rollback_config(&StepConfig {
+                        retries: Some(Retries::constant(3, Duration::from_secs(5 * 60))),
+                        ..StepConfig::default()
+                    })
+                    .rollback(move |_: Rollback<()>| {
+                        let handler = handler.clone();
+                        let first = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+                        async move {
+                            handler
+                                .inside(async {
+                                    if first {
+                                        Err("not yet".into())
+                                    } else {
+                                        Ok(())
+                                    }
+                                })
+                                .await
+                        }
+                    })
+                    .await?;
+                Err("boom".into())
+            }
+        }))
+        .concurrency("test", Concurrency::limit(1))
+        .hibernate_after(Duration::from_secs(60))
+        .start()
+        .await
+        .unwrap();
+    let client = engine.workflow::<FnWorkflow>();
+    let failing = client
+        .create(CreateOptions::new(json!({ "fail": true })).id("a").concurrency_key("k"))
+        .await
+        .unwrap();
+    let working = client
+        .create(CreateOptions::new(json!({})).id("b").concurrency_key("k"))
+        .await
+        .unwrap();
+    reaches(&working, InstanceStatus::Complete).await;
+    reaches(&failing, InstanceStatus::Errored).await;
+    assert_eq!(
+        failing.status().await.unwrap().rollback.unwrap().outcome,
+        "completed"
+    );
+    assert_eq!(at_once.most(), 1, "a compensation ran beside the slot's holder");
+    engine.shutdown().await;
+}
