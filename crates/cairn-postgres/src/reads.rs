@@ -379,7 +379,17 @@ pub(crate) async fn set_schedule_state(
     name: &str,
     state: &ScheduleState,
 ) -> Result<bool> {
-    let sql = if state.declared {
+    // As in the SQLite store: a new row infers its last tick once (`legacy`), one brought
+    // back from deleted is a new schedule.
+    let sql = if state.declared && state.only_if_not_live {
+        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at, legacy)
+         VALUES ($1, NULL, $2, $3, $4, TRUE) ON CONFLICT (name) DO UPDATE SET
+             paused = EXCLUDED.paused, resumed_at = EXCLUDED.resumed_at,
+             updated_at = EXCLUDED.updated_at, definition = NULL,
+             generation = schedules.generation + 1, last_tick = NULL, last_run = NULL,
+             deleted = FALSE, legacy = FALSE
+         WHERE schedules.deleted"
+    } else if state.declared {
         "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
          VALUES ($1, NULL, $2, $3, $4) ON CONFLICT (name) DO UPDATE SET
              paused = EXCLUDED.paused,

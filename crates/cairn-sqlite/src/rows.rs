@@ -1506,7 +1506,18 @@ pub(crate) fn set_schedule_state(
     name: &str,
     state: &ScheduleState,
 ) -> Result<bool> {
-    let sql = if state.declared {
+    // A new row is `legacy`: its last tick is inferred from the instances once, as it was
+    // for a schedule in code without a row (an engine from before rows were made at start
+    // may have fired it). One brought back from deleted is a new schedule: nothing fired.
+    let sql = if state.declared && state.only_if_not_live {
+        "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at, legacy)
+         VALUES (?1, NULL, ?2, ?3, ?4, 1) ON CONFLICT (name) DO UPDATE SET
+             paused = excluded.paused, resumed_at = excluded.resumed_at,
+             updated_at = excluded.updated_at, definition = NULL,
+             generation = generation + 1, last_tick = NULL, last_run = NULL, deleted = 0,
+             legacy = 0
+         WHERE deleted = 1"
+    } else if state.declared {
         "INSERT INTO schedules (name, definition, paused, resumed_at, updated_at)
          VALUES (?1, NULL, ?2, ?3, ?4) ON CONFLICT (name) DO UPDATE SET
              paused = excluded.paused, resumed_at = COALESCE(excluded.resumed_at, resumed_at),

@@ -1766,6 +1766,7 @@ pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Stor
             resumed_at,
             at: T0,
             declared,
+            only_if_not_live: false,
         };
     assert!(store.schedules().await.unwrap().is_empty());
     assert!(
@@ -1833,6 +1834,37 @@ pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Stor
         "a deleted schedule is not brought back"
     );
     assert_eq!(store.schedules().await.unwrap(), [row("a", None, true)]);
+    // A schedule in code taking its name's row as an engine starts it: a live row (here
+    // paused) is left as it is, a deleted one comes back as a new schedule (the next
+    // generation, nothing fired), a missing one is made (its last tick inferred once).
+    let adopt = |name: &'static str| {
+        let store = Arc::clone(&store);
+        async move {
+            let state = crate::ScheduleState {
+                only_if_not_live: true,
+                ..state(false, None, true)
+            };
+            store.set_schedule_state(name, state).await.unwrap()
+        }
+    };
+    assert!(!adopt("a").await, "a live row is left alone");
+    assert!(adopt("b").await);
+    assert!(adopt("c").await);
+    let rows = store.schedules().await.unwrap();
+    assert_eq!(
+        rows,
+        [
+            row("a", None, true),
+            crate::StoredSchedule {
+                generation: 2,
+                ..row("b", None, false)
+            },
+            crate::StoredSchedule {
+                legacy: true,
+                ..row("c", None, false)
+            },
+        ]
+    );
 }
 
 pub async fn a_second_terminate_with_rollback_is_a_no_op(store: Arc<dyn Store>) {

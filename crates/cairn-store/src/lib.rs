@@ -664,8 +664,9 @@ pub struct StoredSchedule {
     pub last_tick: Option<Timestamp>,
     /// The id of the instance that tick started (what the overlap policy looks at).
     pub last_run: Option<String>,
-    /// Written before ticks were stored: its last tick is to be inferred from its
-    /// instances once.
+    /// Written before ticks were stored, or made for a schedule in code before its first
+    /// tick (`ScheduleState::only_if_not_live`; an older engine may have fired it without a
+    /// row): its last tick is to be inferred from its instances once.
     pub legacy: bool,
 }
 
@@ -712,8 +713,13 @@ pub struct ScheduleState {
     pub resumed_at: Option<Timestamp>,
     /// When the change was made.
     pub at: Timestamp,
-    /// The schedule is declared in code: its state row is created if missing.
+    /// The schedule is declared in code: its state row is created if missing (or brought
+    /// back, new, if deleted: the name is the code's now).
     pub declared: bool,
+    /// With `declared`: only make the row live if it is not (missing or deleted), leaving a
+    /// live one as it is. An engine does this for each declared schedule as it starts
+    /// running it, so that its runner knows the row's generation from its first tick.
+    pub only_if_not_live: bool,
 }
 
 /// The histogram of jobs per write transaction (the group commit's batch size) that both

@@ -169,10 +169,41 @@ impl Engine {
         Ok(all)
     }
 
+    /// Makes a live state row for each schedule declared in code that has none: a new one,
+    /// or one in place of an API schedule of that name deleted before (whose row stays,
+    /// hidden: a runner's ticks found it deleted and gave up, so the declared schedule never
+    /// fired). Its runner then starts with the row's generation. A live row, paused or
+    /// not, is left as it is, also one another engine makes meanwhile.
+    async fn adopt_declared(&self) -> Result<(), Error> {
+        if self.inner.schedules.is_empty() {
+            return Ok(());
+        }
+        let stored = self.inner.env.store.schedules().await?;
+        for schedule in &self.inner.schedules {
+            if stored.iter().any(|r| r.name == schedule.name()) {
+                continue;
+            }
+            let state = cairn_store::ScheduleState {
+                paused: false,
+                resumed_at: None,
+                at: self.clock().now(),
+                declared: true,
+                only_if_not_live: true,
+            };
+            self.inner
+                .env
+                .store
+                .set_schedule_state(schedule.name(), state)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Brings the schedules ticking in line with the code and the store: starts the new and
     /// the resumed, stops the paused and the deleted, restarts the changed.
     async fn sync_schedules(&self) -> Result<(), Error> {
         let _one_at_a_time = self.inner.schedules_sync.lock().await;
+        self.adopt_declared().await?;
         let wanted = self.wanted(true).await?;
         let Ok(mut tasks) = self.inner.schedule_tasks.lock() else {
             return Ok(());
@@ -286,6 +317,7 @@ impl Engine {
             resumed_at: (!paused).then_some(now),
             at: now,
             declared,
+            only_if_not_live: false,
         };
         // Only the state is written: a definition changed or deleted meanwhile (by another
         // engine) is neither overwritten nor brought back.

@@ -693,6 +693,29 @@ async fn a_schedule_created_again_under_its_name_fires_at_its_next_tick_despite_
     engine.shutdown().await;
 }
 
+/// A schedule declared in code under the name of an API schedule deleted before: the
+/// deleted one's row stayed, hidden, and every tick of the declared one found it deleted
+/// and gave up without a word (listed as ticking, it never fired). The name is the code's
+/// now: the declared schedule starts at its next tick.
+#[tokio::test(start_paused = true)]
+async fn a_schedule_declared_under_the_name_of_a_deleted_one_fires() {
+    let (_dir, path) = temp_db();
+    let engine = start_bare(&path, START).await;
+    let made = Schedule::untyped("every5", "*/5 * * * *", "long", json!({})).unwrap();
+    engine.create_schedule(made).await.unwrap();
+    run_until(&engine, T0.saturating_add(6 * MINUTE)).await;
+    assert_eq!(fired(&engine, "long", "every5").await, [5]);
+    engine.delete_schedule("every5").await.unwrap();
+    engine.shutdown().await;
+
+    let engine = start(&path, T0.saturating_add(10 * MINUTE), every_5_minutes()).await;
+    run_until(&engine, T0.saturating_add(16 * MINUTE)).await;
+    assert_eq!(fired(&engine, "tick", "every5").await, [15]);
+    let listed = engine.list_schedules().await.unwrap();
+    assert!(listed[0].in_code && !listed[0].paused, "{listed:?}");
+    engine.shutdown().await;
+}
+
 /// Issue 30 §2: expressions that never fire (a date that does not exist, a year gone by)
 /// and schedules that would fire more often than once a minute are refused, declared or
 /// created over the API, unless the engine allows shorter intervals.
