@@ -464,6 +464,17 @@ pub(crate) async fn fire_tick(
             last_run,
         });
     }
+    if t.passed_over {
+        // The run the overlap policy looks at stays the last one started.
+        exec(
+            tx,
+            b,
+            "UPDATE schedules SET last_tick = $2 WHERE name = $1",
+            &[&t.schedule, &t.tick.as_millis()],
+        )
+        .await?;
+        return Ok(TickFired::PassedOver);
+    }
     let created = create(tx, b, std::slice::from_ref(&t.instance)).await?;
     let run = match created.first() {
         Some(Created::New(_)) => Some(t.instance.id.to_string()),

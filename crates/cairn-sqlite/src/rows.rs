@@ -1611,6 +1611,13 @@ pub(crate) fn fire_tick(conn: &Connection, t: &ScheduleTick) -> Result<TickFired
             last_run,
         });
     }
+    if t.passed_over {
+        // The run the overlap policy looks at stays the last one started.
+        conn.prepare_cached("UPDATE schedules SET last_tick = ?2 WHERE name = ?1")
+            .and_then(|mut st| st.execute(params![t.schedule, t.tick.as_millis()]))
+            .map_err(map_sqlite)?;
+        return Ok(TickFired::PassedOver);
+    }
     let created = insert_instance(conn, &t.instance)?;
     let run = match created {
         Created::New(_) => Some(t.instance.id.to_string()),

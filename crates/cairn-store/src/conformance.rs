@@ -1647,6 +1647,7 @@ pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store
             tick: at(minutes),
             declared,
             instance: new_instance("wf", &id),
+            passed_over: false,
         }
     };
     // Declared in code: its row is made at its first tick.
@@ -1690,6 +1691,33 @@ pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store
         crate::TickFired::Taken
     );
     assert_eq!(store.schedules().await.unwrap()[0].last_tick, Some(at(3)));
+    // Passed over by the overlap policy: recorded as the last tick, nothing created, the
+    // last run (the one the policy looks at) kept; once.
+    let over = crate::ScheduleTick {
+        passed_over: true,
+        ..tick(1, 4, true)
+    };
+    assert_eq!(
+        store.fire_tick(over.clone()).await.unwrap(),
+        crate::TickFired::PassedOver
+    );
+    assert!(matches!(
+        store.fire_tick(over).await.unwrap(),
+        crate::TickFired::AlreadyFired { .. }
+    ));
+    let row = store.schedules().await.unwrap().remove(0);
+    assert_eq!(
+        (row.last_tick, row.last_run.as_deref()),
+        (Some(at(4)), Some("s-1"))
+    );
+    assert!(
+        store
+            .instance(&wf("wf"), &InstanceId::new("s-4").unwrap())
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing created"
+    );
 
     // A stored schedule, deleted and created again: a new generation, fresh state.
     let stored = crate::StoredSchedule {
@@ -1710,6 +1738,7 @@ pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store
         tick: at(minutes),
         declared: false,
         instance: new_instance("wf", &format!("api-{generation}-{minutes}")),
+        passed_over: false,
     };
     assert!(matches!(
         store.fire_tick(api(1, 5)).await.unwrap(),

@@ -683,6 +683,9 @@ pub struct ScheduleTick {
     pub declared: bool,
     /// The instance the tick starts.
     pub instance: NewInstance,
+    /// The overlap policy passes the tick over: it is recorded as the last tick (so that
+    /// no engine takes it for a missed one later), and nothing is created.
+    pub passed_over: bool,
 }
 
 /// What [`Store::fire_tick`] did.
@@ -702,6 +705,8 @@ pub enum TickFired {
     },
     /// The schedule is gone, or is another generation now: nothing was written.
     Stale,
+    /// Recorded a tick passed over ([`ScheduleTick::passed_over`]): nothing was created.
+    PassedOver,
 }
 
 /// A change of a schedule's state ([`Store::set_schedule_state`]).

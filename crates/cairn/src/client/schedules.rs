@@ -512,33 +512,57 @@ async fn run(
             if *shutdown.borrow() {
                 return;
             }
-            if go != Go::Skip {
-                match fire(&engine, &schedule, generation, declared, tick).await {
-                    Ok(TickFired::Fired(_)) => previous = Some(schedule.tick_id(tick)),
-                    Ok(TickFired::Taken) => {
-                        tracing::warn!(schedule = %schedule.name(), instance = %schedule.tick_id(tick), "a tick's instance id is taken by another instance; the tick counts as fired, nothing was started");
-                    }
-                    Ok(TickFired::AlreadyFired {
-                        last_tick,
-                        last_run,
-                    }) => {
-                        // Another engine fired it (or a later one): go on from there.
-                        previous = last_run;
-                        after = after.max(last_tick.min(now));
-                        continue;
-                    }
-                    Ok(TickFired::Stale) => return,
-                    Err(e) => {
-                        tracing::warn!(schedule = %schedule.name(), error = %e, "a tick failed to start; retrying");
-                        failed = true;
-                        break;
-                    }
+            // A tick passed over is recorded too: it is not a missed one to catch up later.
+            match fire(
+                &engine,
+                &schedule,
+                generation,
+                declared,
+                tick,
+                go == Go::Skip,
+            )
+            .await
+            {
+                Ok(TickFired::Fired(_)) => previous = Some(schedule.tick_id(tick)),
+                Ok(TickFired::PassedOver) => {}
+                Ok(TickFired::Taken) => {
+                    tracing::warn!(schedule = %schedule.name(), instance = %schedule.tick_id(tick), "a tick's instance id is taken by another instance; the tick counts as fired, nothing was started");
+                }
+                Ok(TickFired::AlreadyFired {
+                    last_tick,
+                    last_run,
+                }) => {
+                    // Another engine fired it (or a later one): go on from there.
+                    previous = last_run;
+                    after = after.max(last_tick.min(now));
+                    continue;
+                }
+                Ok(TickFired::Stale) => {
+                    tracing::debug!(schedule = %schedule.name(), "the schedule was deleted or created again; its next sync runs it as it is now");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(schedule = %schedule.name(), error = %e, "a tick failed to start; retrying");
+                    failed = true;
+                    break;
                 }
             }
             after = tick;
             if go == Go::Waited {
-                // The one buffered tick ran; those that passed while it waited are dropped.
-                after = after.max(clock.now());
+                // The one buffered tick ran; those that passed while it waited are dropped,
+                // recorded as passed over (the last of them stands for all).
+                let now = clock.now();
+                if let Some(&dropped) = schedule.between(tick, now, usize::MAX).last() {
+                    match fire(&engine, &schedule, generation, declared, dropped, true).await {
+                        Ok(TickFired::Stale) => return,
+                        Ok(_) => {}
+                        Err(e) => {
+                            // Not recorded: a restart may take them for missed ones.
+                            tracing::warn!(schedule = %schedule.name(), error = %e, "the ticks passed over while a run was buffered could not be recorded");
+                        }
+                    }
+                }
+                after = after.max(now);
                 break;
             }
         }
@@ -630,13 +654,21 @@ async fn fire(
     generation: u64,
     declared: bool,
     tick: Timestamp,
+    passed_over: bool,
 ) -> Result<TickFired, Error> {
     let id = schedule.tick_id(tick);
     let workflow = engine.workflow_by_name(schedule.workflow())?;
     let options =
         crate::client::CreateOptions::new(schedule.stored_params().clone()).id(id.clone());
     let fired = workflow
-        .fire_tick(schedule.name(), generation, declared, tick, options)
+        .fire_tick(
+            schedule.name(),
+            generation,
+            declared,
+            tick,
+            options,
+            passed_over,
+        )
         .await?;
     if matches!(fired, TickFired::Fired(_)) {
         tracing::debug!(schedule = %schedule.name(), instance = %id, "tick fired");

@@ -477,6 +477,7 @@ impl UntypedWorkflow {
         declared: bool,
         tick: cairn_core::Timestamp,
         options: CreateOptions<serde_json::Value>,
+        passed_over: bool,
     ) -> Result<cairn_store::TickFired, Error> {
         let prepared = self.prepare(0, options).map_err(|(_, e)| e)?;
         let fired = self
@@ -490,6 +491,7 @@ impl UntypedWorkflow {
                 tick,
                 declared,
                 instance: prepared.new,
+                passed_over,
             })
             .await?;
         self.created(usize::from(matches!(

@@ -252,6 +252,37 @@ async fn an_unfinished_run_makes_the_next_ticks_skip_wait_or_overlap() {
     }
 }
 
+/// Ticks the overlap policy passed over are not "missed" ticks: a restart after the long
+/// run finished does not catch them up. Only the runner had known it passed them over;
+/// the store's last tick stayed at the long run's, so the next engine fired the ticks the
+/// policy had refused (all of them with run-all).
+#[tokio::test(start_paused = true)]
+async fn ticks_the_overlap_policy_passed_over_are_not_caught_up_after_a_restart() {
+    let (_dir, path) = temp_db();
+    let schedule = || {
+        Schedule::new::<Long>("long", "*/5 * * * *", json!({}))
+            .unwrap()
+            .overlap(Overlap::Skip)
+            .catch_up(CatchUp::RunAll(10))
+    };
+    let engine = start(&path, START, schedule()).await;
+    run_until(&engine, T0.saturating_add(21 * MINUTE)).await;
+    assert_eq!(fired(&engine, "long", "long").await, [5]);
+    let first = engine
+        .workflow::<Long>()
+        .get("long-20260301000500")
+        .await
+        .unwrap();
+    first.send_event("done", &json!({})).await.unwrap();
+    first.wait().await.unwrap();
+    engine.shutdown().await;
+    drop(engine);
+    let engine = start(&path, T0.saturating_add(22 * MINUTE), schedule()).await;
+    run_until(&engine, T0.saturating_add(26 * MINUTE)).await;
+    assert_eq!(fired(&engine, "long", "long").await, [5, 25]);
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restart_keeps_skipping_while_the_last_run_is_unfinished() {
     let (_dir, path) = temp_db();
