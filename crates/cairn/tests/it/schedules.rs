@@ -258,29 +258,48 @@ async fn an_unfinished_run_makes_the_next_ticks_skip_wait_or_overlap() {
 /// policy had refused (all of them with run-all).
 #[tokio::test(start_paused = true)]
 async fn ticks_the_overlap_policy_passed_over_are_not_caught_up_after_a_restart() {
-    let (_dir, path) = temp_db();
-    let schedule = || {
-        Schedule::new::<Long>("long", "*/5 * * * *", json!({}))
-            .unwrap()
-            .overlap(Overlap::Skip)
-            .catch_up(CatchUp::RunAll(10))
-    };
-    let engine = start(&path, START, schedule()).await;
-    run_until(&engine, T0.saturating_add(21 * MINUTE)).await;
-    assert_eq!(fired(&engine, "long", "long").await, [5]);
-    let first = engine
-        .workflow::<Long>()
-        .get("long-20260301000500")
-        .await
-        .unwrap();
-    first.send_event("done", &json!({})).await.unwrap();
-    first.wait().await.unwrap();
-    engine.shutdown().await;
-    drop(engine);
-    let engine = start(&path, T0.saturating_add(22 * MINUTE), schedule()).await;
-    run_until(&engine, T0.saturating_add(26 * MINUTE)).await;
-    assert_eq!(fired(&engine, "long", "long").await, [5, 25]);
-    engine.shutdown().await;
+    for overlap in [Overlap::Skip, Overlap::BufferOne] {
+        let (_dir, path) = temp_db();
+        let schedule = || {
+            Schedule::new::<Long>("long", "*/5 * * * *", json!({}))
+                .unwrap()
+                .overlap(overlap)
+                .catch_up(CatchUp::RunAll(10))
+        };
+        let engine = start(&path, START, schedule()).await;
+        run_until(&engine, T0.saturating_add(21 * MINUTE)).await;
+        assert_eq!(fired(&engine, "long", "long").await, [5], "{overlap:?}");
+        // The 00:05 run ends at 00:21 (with BufferOne, the buffered 00:10 tick starts then
+        // and the 00:15 and 00:20 ones are dropped; it ends too).
+        let mut ended = vec!["long-20260301000500"];
+        if overlap == Overlap::BufferOne {
+            ended.push("long-20260301001000");
+        }
+        for id in ended {
+            let run = loop {
+                match engine.workflow::<Long>().get(id).await {
+                    Ok(run) => break run,
+                    Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            };
+            run.send_event("done", &json!({})).await.unwrap();
+            run.wait().await.unwrap();
+        }
+        engine.shutdown().await;
+        drop(engine);
+        let engine = start(&path, T0.saturating_add(22 * MINUTE), schedule()).await;
+        run_until(&engine, T0.saturating_add(26 * MINUTE)).await;
+        let expected: &[i64] = match overlap {
+            Overlap::Skip => &[5, 25],
+            _ => &[5, 10, 25],
+        };
+        assert_eq!(
+            fired(&engine, "long", "long").await,
+            expected,
+            "{overlap:?}"
+        );
+        engine.shutdown().await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
