@@ -58,6 +58,13 @@ pub(crate) async fn create(
         .await?;
         b.wrote = true;
         if let (Some(c), Some(_)) = (&new.concurrency, &row) {
+            let before: Option<i64> = query_opt(
+                tx,
+                "SELECT slot_limit FROM ckeys WHERE workflow = $1 AND ckey = $2",
+                &[&new.workflow.as_str(), &c.key],
+            )
+            .await?
+            .map(|r| r.get(0));
             // The latest limits written for a key are the key's.
             exec(
                 tx,
@@ -77,6 +84,11 @@ pub(crate) async fn create(
                 ],
             )
             .await?;
+            if before.is_some_and(|limit| i64::from(c.limit.max(1)) > limit) {
+                // A higher limit frees slots for the instances already waiting, oldest and
+                // best first, not only for this one.
+                crate::slots::wake(tx, b, new.workflow.as_str(), &c.key).await?;
+            }
         }
         match row {
             None => out.push(Created::AlreadyExists),

@@ -197,10 +197,40 @@ async fn release(
         .await?;
         holders = (holders - 1).max(0);
     }
-    // As many of the key's waiting instances as it has free slots become claimable, best
-    // first. Not `SKIP LOCKED`: a waiting instance whose row another transaction holds (an
-    // event sent to it) is waited for, not passed over and left waiting.
-    let free = (limit - holders).max(0);
+    wake_free(tx, b, &workflow, &key, (limit - holders).max(0)).await
+}
+
+/// Makes as many of the key's waiting instances claimable as it has free slots (its limit
+/// was raised).
+pub(crate) async fn wake(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    workflow: &str,
+    key: &str,
+) -> R<()> {
+    let Some(k) = query_opt(
+        tx,
+        "SELECT slot_limit, holders FROM ckeys WHERE workflow = $1 AND ckey = $2 FOR UPDATE",
+        &[&workflow, &key],
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let (limit, holders): (i64, i64) = (k.get(0), k.get(1));
+    wake_free(tx, b, workflow, key, (limit - holders).max(0)).await
+}
+
+/// As many of the key's waiting instances as `free` become claimable, best first. Not
+/// `SKIP LOCKED`: a waiting instance whose row another transaction holds (an event sent to
+/// it) is waited for, not passed over and left waiting.
+async fn wake_free(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    workflow: &str,
+    key: &str,
+    free: i64,
+) -> R<()> {
     if free > 0 {
         let woken = crate::batch::query(tx, WAKE_SQL, &[&workflow, &key, &free]).await?;
         for row in &woken {

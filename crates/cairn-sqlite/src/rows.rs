@@ -85,6 +85,7 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
         return Ok(Created::AlreadyExists);
     }
     if let Some(c) = &new.concurrency {
+        let before = crate::slots::limit(conn, new.workflow.as_str(), &c.key)?;
         // The latest limits written for a key are the key's.
         conn.prepare_cached(
             "INSERT INTO ckeys (workflow, ckey, slot_limit, hold_waiting, rate_n, rate_ms)
@@ -104,6 +105,11 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
             ])
         })
         .map_err(map_sqlite)?;
+        if before.is_some_and(|limit| i64::from(c.limit.max(1)) > limit) {
+            // A higher limit frees slots for the instances already waiting, oldest and
+            // best first, not only for this one.
+            crate::slots::wake(conn, new.workflow.as_str(), &c.key)?;
+        }
     }
     let instance = InstanceRef(conn.last_insert_rowid());
     append_log(conn, instance, &new.queued)?;

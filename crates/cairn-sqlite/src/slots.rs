@@ -219,11 +219,21 @@ fn release(conn: &Connection, instance: InstanceRef, waiting: bool) -> Result<()
     Ok(())
 }
 
+/// A key's slot limit as stored, if it has a row: a primary-key probe.
+pub(crate) fn limit(conn: &Connection, workflow: &str, key: &str) -> Result<Option<i64>> {
+    conn.prepare_cached("SELECT slot_limit FROM ckeys WHERE workflow = ?1 AND ckey = ?2")
+        .and_then(|mut st| {
+            st.query_row(params![workflow, key], |r| r.get(0))
+                .optional()
+        })
+        .map_err(map_sqlite)
+}
+
 /// Makes as many of the key's waiting instances claimable as it has free slots, best
 /// first (priority, then age). One woken but gone before its claim (paused, terminated,
 /// deleted) costs nothing: the next release wakes again, and one woken too many parks
 /// again at its claim.
-fn wake(conn: &Connection, workflow: &str, key: &str) -> Result<()> {
+pub(crate) fn wake(conn: &Connection, workflow: &str, key: &str) -> Result<()> {
     let free: i64 = conn
         .prepare_cached(
             "SELECT MAX(slot_limit - holders, 0) FROM ckeys WHERE workflow = ?1 AND ckey = ?2",

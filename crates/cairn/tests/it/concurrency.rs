@@ -625,3 +625,34 @@ async fn a_failed_instance_rolling_back_after_a_hibernation_waits_for_a_slot_aga
     assert_eq!(at_once.most(), 1, "a compensation ran beside the slot's holder");
     engine.shutdown().await;
 }
+
+/// A key's limit raised (the engine restarted with a higher one): the instances already
+/// waiting get the new slots, not only the instance whose create wrote the new limit.
+/// Before, they were woken only when a holder let a slot go, so free slots sat unused
+/// while older instances waited, and newer ones went ahead of them.
+#[tokio::test(start_paused = true)]
+async fn a_raised_limit_gives_its_new_slots_to_the_instances_already_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = one_slot(&dir).await;
+    let (holder, waiter) = holder_and_waiter(&engine).await;
+    let second = keyed(&engine, "second", false).await;
+    parked(&second).await;
+    engine.shutdown().await;
+    drop(engine);
+    let engine = builder_at(&dir.path().join("cairn.db"))
+        .register(blocking_on_go())
+        .concurrency("test", Concurrency::limit(3).hold_while_waiting())
+        .start()
+        .await
+        .unwrap();
+    let newer = keyed(&engine, "newer", true).await;
+    let client = engine.workflow::<FnWorkflow>();
+    for earlier in [&waiter, &second] {
+        let earlier = client.get(earlier.id().as_str()).await.unwrap();
+        reaches(&earlier, InstanceStatus::Complete).await;
+    }
+    reaches(&newer, InstanceStatus::Waiting).await;
+    let holder = client.get(holder.id().as_str()).await.unwrap();
+    assert_eq!(holder.status().await.unwrap().status, InstanceStatus::Waiting);
+    engine.shutdown().await;
+}
