@@ -627,8 +627,15 @@ async fn run_phase<F: Future>(
     // while it was on its way (`Lifetime::take_undecided`): polled with the phase, and,
     // like the flush, nothing pauses, hibernates or drains before it is done.
     let mut reread: Option<Rereading<'_>> = None;
-    // Set once the worker running the code has gone (`Abort::WorkerLost`).
-    let lost = std::sync::atomic::AtomicBool::new(false);
+    // Set once the worker running the code has gone (`Abort::WorkerLost`), also when it
+    // went during an earlier phase of this lifetime (the forward run's end came from it,
+    // and the rollback now runs without it): the draining it began is no shutdown's.
+    let lost =
+        std::sync::atomic::AtomicBool::new(matches!(state.abort_reason(), Some(Abort::WorkerLost)));
+    let mut quiet_polls = 0u32;
+    if lost.load(Ordering::Relaxed) {
+        state.start_draining();
+    }
     loop {
         let next = futures::future::poll_fn(|cx| {
             state.polling();
@@ -657,16 +664,30 @@ async fn run_phase<F: Future>(
                 // An op's commit (or the flush) is on its way: the driver's own commit would
                 // wait for it (`Lifetime::committing`) while the op is not polled. Once it
                 // is done, `control` wakes this loop.
-                Poll::Pending if state.committing() || reread.is_some() => Poll::Pending,
                 // The worker went away: what its answers settled before it went (a step's
-                // success is only deferred) is committed, then the run stops.
+                // success is only deferred) is committed, then the run stops. Not held by
+                // an op's own commit on its way: an op the run no longer polls (a worker
+                // that also broke the protocol) would hold it for ever; one that carries
+                // a success is driven by the flush (`Lifetime::commit_now`), and one sent
+                // lands or is fenced like any commit of a lifetime that stops.
                 Poll::Pending if lost.load(Ordering::Relaxed) => {
                     match flush_deferred(state, &mut flush, cx) {
-                        Poll::Ready(Ok(())) => Poll::Ready(Next::WorkerLost),
+                        // Quiet twice, a task poll apart: an answer an op did not take in
+                        // one poll (its task's budget spent) is taken in the next.
+                        Poll::Ready(Ok(())) if quiet_polls > 0 => Poll::Ready(Next::WorkerLost),
+                        Poll::Ready(Ok(())) => {
+                            quiet_polls += 1;
+                            cx.waker().wake_by_ref();
+                            Poll::Pending
+                        }
                         Poll::Ready(Err(e)) => Poll::Ready(Next::Failed(e)),
-                        Poll::Pending => Poll::Pending,
+                        Poll::Pending => {
+                            quiet_polls = 0;
+                            Poll::Pending
+                        }
                     }
                 }
+                Poll::Pending if state.committing() || reread.is_some() => Poll::Pending,
                 Poll::Pending if state.draining() && state.in_flight() == 0 => {
                     Poll::Ready(Next::Drained)
                 }

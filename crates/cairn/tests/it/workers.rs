@@ -274,6 +274,46 @@ async fn an_idle_sent_before_an_answer_reached_the_worker_does_not_hibernate_the
     engine.shutdown().await;
 }
 
+/// A worker that answers an attempt with a retryable error, sends an op out of order and
+/// closes, all at once: the failure's commit is on its way in an op the run stops polling
+/// (the op out of order gives the run up). Settling what the worker's answers left, the
+/// driver used to wait for that commit for ever, so the instance stayed leased with no run.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_fails_an_attempt_breaks_the_protocol_and_closes_leaves_no_instance_stuck() {
+    const N: usize = 16;
+    let charge = || json!({ "op": "do", "name": "charge", "config": { "retries": { "limit": 1, "delay": "1 hour" } } });
+    let (engine, _dir) = engine(|b| b).await;
+    let mut first = Worker::hello(&engine, &[("checkout", "v1")], N).await;
+    for i in 0..N {
+        create(&engine, "checkout", &format!("order-{i}"), json!({})).await;
+    }
+    let mut attempts = Vec::new();
+    while attempts.len() < N {
+        let frame = first.next().await;
+        match frame["type"].as_str() {
+            Some("start") => first.op(&frame["run"], 0, charge()),
+            Some("attempt") => attempts.push(frame),
+            _ => panic!("unexpected {frame}"),
+        }
+    }
+    for attempt in &attempts {
+        first.answer(attempt, "attemptResult", Err(json!({ "name": "Error", "message": "declined" })));
+        first.op(&attempt["run"], 9, charge());
+    }
+    drop(first);
+    let mut second = Worker::hello(&engine, &[("checkout", "v1")], N).await;
+    let mut started = std::collections::HashSet::new();
+    while started.len() < N {
+        let frame = tokio::time::timeout(Duration::from_secs(300), second.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {N} instances ran again", started.len()));
+        if frame["type"] == "start" {
+            started.insert(frame["instance"]["id"].as_str().unwrap().to_owned());
+        }
+    }
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_instance_pinned_to_a_version_waits_for_a_worker_of_it_and_new_ones_take_the_newest()
 {
