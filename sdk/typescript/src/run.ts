@@ -170,6 +170,9 @@ export class Run implements OpSink {
     const pending = this.#pending.get(message.seq);
     if (pending === undefined) {
       this.#host.logger.warn(`run ${this.id}: an opResult for op #${message.seq}, which is not waiting`);
+      // Counted all the same: say idle again with the count, or the engine, holding an
+      // idle with the count before it, would never hear one it takes.
+      this.#settled();
       return;
     }
     this.#pending.delete(message.seq);
