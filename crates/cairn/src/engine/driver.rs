@@ -5,7 +5,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -564,7 +563,11 @@ fn flush_deferred<'a>(
     }
     let mut commit: Flushing<'a> = Box::pin(state.commit_now(Vec::new()));
     match commit.as_mut().poll(cx) {
-        Poll::Ready(Ok(_)) if state.has_deferred() => Poll::Pending,
+        Poll::Ready(Ok(_)) if state.has_deferred() => {
+            // Deferred meanwhile: look again.
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
         Poll::Ready(Ok(_)) => Poll::Ready(Ok(())),
         Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
         Poll::Pending => {
@@ -627,15 +630,8 @@ async fn run_phase<F: Future>(
     // while it was on its way (`Lifetime::take_undecided`): polled with the phase, and,
     // like the flush, nothing pauses, hibernates or drains before it is done.
     let mut reread: Option<Rereading<'_>> = None;
-    // Set once the worker running the code has gone (`Abort::WorkerLost`), also when it
-    // went during an earlier phase of this lifetime (the forward run's end came from it,
-    // and the rollback now runs without it): the draining it began is no shutdown's.
-    let lost =
-        std::sync::atomic::AtomicBool::new(matches!(state.abort_reason(), Some(Abort::WorkerLost)));
+    // Quiet polls in a row once the worker has gone (`Lifetime::worker_lost`).
     let mut quiet_polls = 0u32;
-    if lost.load(Ordering::Relaxed) {
-        state.start_draining();
-    }
     loop {
         let next = futures::future::poll_fn(|cx| {
             state.polling();
@@ -659,7 +655,16 @@ async fn run_phase<F: Future>(
                     Err(e) => return Poll::Ready(Next::Failed(e)),
                 }
             }
-            match phase.as_mut().poll(cx) {
+            let lost = state.worker_lost();
+            let polled = if lost {
+                // Every answer the worker sent before it went is taken in this poll, not
+                // only those the task's budget reaches (many failures first, a success
+                // last, would otherwise look quiet twice).
+                std::pin::Pin::new(&mut tokio::task::unconstrained(phase.as_mut())).poll(cx)
+            } else {
+                phase.as_mut().poll(cx)
+            };
+            match polled {
                 Poll::Ready(output) => Poll::Ready(Next::Done(output)),
                 // An op's commit (or the flush) is on its way: the driver's own commit would
                 // wait for it (`Lifetime::committing`) while the op is not polled. Once it
@@ -670,7 +675,7 @@ async fn run_phase<F: Future>(
                 // that also broke the protocol) would hold it for ever; one that carries
                 // a success is driven by the flush (`Lifetime::commit_now`), and one sent
                 // lands or is fenced like any commit of a lifetime that stops.
-                Poll::Pending if lost.load(Ordering::Relaxed) => {
+                Poll::Pending if lost => {
                     match flush_deferred(state, &mut flush, cx) {
                         // Quiet twice, a task poll apart: an answer an op did not take in
                         // one poll (its task's budget spent) is taken in the next.
@@ -736,14 +741,11 @@ async fn run_phase<F: Future>(
                 }
             },
             () = state.control.notified() => {}
-            abort = state.aborted(), if !lost.load(Ordering::Relaxed) => match abort {
+            abort = state.aborted(), if !state.worker_lost() => match abort {
                 // Answers the worker sent before it went may wait in the ops, not yet
-                // taken: the phase is polled on (no attempt starts: the gate closes for
-                // good) until they are recorded and committed (`Next::WorkerLost`).
-                Abort::WorkerLost => {
-                    lost.store(true, Ordering::Relaxed);
-                    state.start_draining();
-                }
+                // taken: the phase is polled on (no attempt starts: the gate closed with
+                // the loss) until they are recorded and committed (`Next::WorkerLost`).
+                Abort::WorkerLost => {}
                 abort => return Err(abort),
             },
             // Shutdown: no new attempt starts (the pause gate holds them), the ones in flight

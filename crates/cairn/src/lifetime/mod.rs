@@ -63,6 +63,9 @@ pub(crate) struct Lifetime {
     pause: AtomicU64,
     /// The engine is shutting down (see [`Lifetime::start_draining`]).
     draining: AtomicBool,
+    /// The worker running the code went away (`Abort::WorkerLost` was the abort): the gate
+    /// is closed for good from that moment, before the driver notices.
+    worker_lost: AtomicBool,
     /// Wakes the driver when the pause state changes, or a commit of an op is done.
     pub(crate) control: Arc<Notify>,
     /// Commits on their way (see [`Lifetime::committing`]).
@@ -196,6 +199,7 @@ impl Lifetime {
             events: Notify::new(),
             pause: AtomicU64::new(0),
             draining: AtomicBool::new(false),
+            worker_lost: AtomicBool::new(false),
             control: Arc::clone(&control),
             flights: Arc::new(Flights {
                 n: AtomicUsize::new(0),
@@ -450,6 +454,18 @@ impl Lifetime {
         self.draining.load(Ordering::SeqCst)
     }
 
+    /// The worker running the code went away: no attempt starts, and the driver settles
+    /// what the worker's answers left before the instance runs again elsewhere.
+    pub(crate) fn worker_lost(&self) -> bool {
+        self.worker_lost.load(Ordering::SeqCst)
+    }
+
+    /// No attempt may start now: a pause is pending, the engine is draining, or the
+    /// worker has gone.
+    fn gate_closed(&self) -> bool {
+        self.pausing() || self.draining() || self.worker_lost()
+    }
+
     /// Attempts started and not yet recorded.
     pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
@@ -468,14 +484,14 @@ impl Lifetime {
     pub(crate) async fn pause_gate(&self) {
         // No pause pending (the common case): no waiter to register and take back, which
         // cost two locks of `resumed` at each of a step's three gates.
-        if !self.pausing() && !self.draining() {
+        if !self.gate_closed() {
             return;
         }
         loop {
             let resumed = self.resumed.notified();
             let mut resumed = std::pin::pin!(resumed);
             resumed.as_mut().enable();
-            if !self.pausing() && !self.draining() {
+            if !self.gate_closed() {
                 return;
             }
             self.control.notify_one();
@@ -1124,6 +1140,9 @@ impl Lifetime {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let first = slot.is_none();
         if first {
+            if matches!(reason, Abort::WorkerLost) {
+                self.worker_lost.store(true, Ordering::SeqCst);
+            }
             *slot = Some(reason);
         }
         drop(slot);

@@ -314,6 +314,98 @@ async fn a_worker_that_fails_an_attempt_breaks_the_protocol_and_closes_leaves_no
     engine.shutdown().await;
 }
 
+/// A worker that sends an op and closes at once (it crashed right after): the op arrives
+/// with the loss, and no attempt of it may start, since nobody is left to run it. The
+/// gate used to close only once the driver noticed the loss, so half the time the step's
+/// start was committed first, and the next run counted an attempt that never ran as
+/// interrupted (with no retries left, the step failed for good).
+#[tokio::test(start_paused = true)]
+async fn an_op_sent_by_a_worker_that_closes_at_once_starts_no_attempt() {
+    const N: usize = 16;
+    let step = |name: &str| json!({ "op": "do", "name": name, "config": { "retries": { "limit": 0, "delay": 0 } } });
+    let (engine, _dir) = engine(|b| b).await;
+    let mut first = Worker::hello(&engine, &[("checkout", "v1")], N).await;
+    for i in 0..N {
+        create(&engine, "checkout", &format!("order-{i}"), json!({})).await;
+    }
+    let mut runs = Vec::new();
+    while runs.len() < N {
+        let frame = first.next().await;
+        match frame["type"].as_str() {
+            Some("start") => first.op(&frame["run"], 0, step("a")),
+            Some("attempt") => first.answer(&frame, "attemptResult", Ok(json!(1))),
+            Some("opResult") => runs.push(frame["run"].clone()),
+            _ => panic!("unexpected {frame}"),
+        }
+    }
+    // Each run's next op, and the close, before the engine reads any of them.
+    for run in &runs {
+        first.op(run, 1, step("b"));
+    }
+    drop(first);
+    let mut second = Worker::hello(&engine, &[("checkout", "v1")], N).await;
+    let mut attempted = 0;
+    while attempted < N {
+        let frame = second.next().await;
+        match frame["type"].as_str() {
+            Some("start") => {
+                second.op(&frame["run"], 0, step("a"));
+                second.op(&frame["run"], 1, step("b"));
+            }
+            Some("opResult") => assert_eq!(frame["seq"], 0, "{frame}"),
+            Some("attempt") => {
+                assert_eq!(frame["step"]["name"], "b");
+                assert_eq!(frame["attempt"], 1, "an attempt nobody ran was counted: {frame}");
+                attempted += 1;
+            }
+            _ => panic!("unexpected {frame}"),
+        }
+    }
+    engine.shutdown().await;
+}
+
+/// Many answers and then the close: 300 attempts failed (each committing its failure),
+/// then the last one succeeded. Settling took as many answers per poll as the task's
+/// budget allowed, so two polls with nothing deferred came before the success was taken,
+/// and it was lost (the step ran again).
+#[tokio::test(start_paused = true)]
+async fn a_success_behind_many_failures_answered_before_a_worker_closes_is_kept() {
+    const OPS: u64 = 301;
+    let (engine, _dir) = engine(|b| b).await;
+    let mut first = Worker::hello(&engine, &[("checkout", "v1")], 4).await;
+    create(&engine, "checkout", "order-1", json!({})).await;
+    let run = first.expect("start").await["run"].clone();
+    let op = |seq: u64| {
+        let limit = if seq == OPS - 1 { 0 } else { 1 };
+        json!({ "op": "do", "name": format!("s{seq}"), "config": { "retries": { "limit": limit, "delay": "1 hour" } } })
+    };
+    for seq in 0..OPS {
+        first.op(&run, seq, op(seq));
+    }
+    let mut attempts = Vec::new();
+    while attempts.len() < OPS as usize {
+        let frame = first.expect("attempt").await;
+        attempts.push(frame);
+    }
+    attempts.sort_by_key(|a| a["seq"].as_u64());
+    for attempt in &attempts {
+        let outcome = if attempt["seq"] == OPS - 1 {
+            Ok(json!("kept"))
+        } else {
+            Err(json!({ "name": "Error", "message": "declined" }))
+        };
+        first.answer(attempt, "attemptResult", outcome);
+    }
+    drop(first);
+    let mut second = Worker::hello(&engine, &[("checkout", "v1")], 4).await;
+    let run = second.expect("start").await["run"].clone();
+    second.op(&run, 0, op(OPS - 1));
+    let frame = second.next().await;
+    assert_eq!(frame["type"], "opResult", "the success was lost: {frame}");
+    assert_eq!(frame["ok"], "kept", "{frame}");
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_instance_pinned_to_a_version_waits_for_a_worker_of_it_and_new_ones_take_the_newest()
 {
