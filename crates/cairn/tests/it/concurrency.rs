@@ -525,7 +525,12 @@ async fn a_waiter_terminated_restarted_deleted_or_paused_leaves_the_line_without
     for instance in [&holder, restarted, last, paused] {
         intervals.push(interval(instance).await);
     }
-    assert_eq!(most_at_once(&intervals), 1, "one at a time: {intervals:?}");
+    // At most one: on the virtual clock all four may run within one millisecond (seen
+    // under a loaded machine), and intervals that only touch do not overlap.
+    assert!(
+        most_at_once(&intervals) <= 1,
+        "one at a time: {intervals:?}"
+    );
     engine.shutdown().await;
 }
 
