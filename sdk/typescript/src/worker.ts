@@ -99,10 +99,14 @@ export class CairnWorker extends EventEmitter {
       if (typeof options.workflows[name] !== "function") throw new TypeError(`workflow ${name} must be a class`);
     }
     const version = options.version ?? process.env.CAIRN_WORKFLOW_VERSION ?? "1";
-    if (version === "" || [...version].length > 128) throw new TypeError("the version must be 1-128 characters");
+    // The engine's own limits (`MAX_VERSION_LEN`, `MAX_CONCURRENCY` in its protocol.rs): a
+    // value it would refuse at connect is refused here, where the mistake was made.
+    if (version === "" || Buffer.byteLength(version, "utf8") > 100) {
+      throw new TypeError("the version must be 1-100 bytes of UTF-8");
+    }
     const concurrency = options.concurrency ?? 16;
-    if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 100_000) {
-      throw new TypeError(`concurrency must be a whole number from 1 to 100000, not ${describe(concurrency)}`);
+    if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 10_000) {
+      throw new TypeError(`concurrency must be a whole number from 1 to 10000, not ${describe(concurrency)}`);
     }
     this.#url = workersUrl(options.url ?? process.env.CAIRN_URL ?? "http://127.0.0.1:8787");
     this.#token = options.token ?? process.env.CAIRN_TOKEN;

@@ -97,6 +97,10 @@ describe("the handshake", () => {
     assert.throws(() => serve({ workflows: { "no spaces": OneStep } }), /workflow name/);
     assert.throws(() => serve({ workflows: { w: OneStep }, concurrency: 0 }), /concurrency/);
     assert.throws(() => serve({ workflows: { w: OneStep }, url: "ftp://host" }), /http/);
+    // The engine's limits, not looser ones it would refuse at connect.
+    assert.throws(() => serve({ workflows: { w: OneStep }, concurrency: 10_001 }), /1 to 10000/);
+    assert.throws(() => serve({ workflows: { w: OneStep }, version: "v".repeat(101) }), /1-100 bytes/);
+    assert.throws(() => serve({ workflows: { w: OneStep }, version: "é".repeat(51) }), /1-100 bytes/);
   });
 });
 
