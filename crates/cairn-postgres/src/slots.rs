@@ -170,16 +170,9 @@ async fn release(
         return Ok(());
     }
     // The key's row first: holders and the choice of the next instances change together.
-    let Some(k) = query_opt(
-        tx,
-        "SELECT slot_limit, holders FROM ckeys WHERE workflow = $1 AND ckey = $2 FOR UPDATE",
-        &[&workflow, &key],
-    )
-    .await?
-    else {
+    let Some((limit, mut holders)) = locked_key(tx, &workflow, &key).await? else {
         return Ok(());
     };
-    let (limit, mut holders): (i64, i64) = (k.get(0), k.get(1));
     if frees {
         exec(
             tx,
@@ -208,17 +201,21 @@ pub(crate) async fn wake(
     workflow: &str,
     key: &str,
 ) -> R<()> {
-    let Some(k) = query_opt(
+    let Some((limit, holders)) = locked_key(tx, workflow, key).await? else {
+        return Ok(());
+    };
+    wake_free(tx, b, workflow, key, (limit - holders).max(0)).await
+}
+
+/// A key's limit and holders, its row locked until the transaction ends.
+async fn locked_key(tx: &Transaction<'_>, workflow: &str, key: &str) -> R<Option<(i64, i64)>> {
+    Ok(query_opt(
         tx,
         "SELECT slot_limit, holders FROM ckeys WHERE workflow = $1 AND ckey = $2 FOR UPDATE",
         &[&workflow, &key],
     )
     .await?
-    else {
-        return Ok(());
-    };
-    let (limit, holders): (i64, i64) = (k.get(0), k.get(1));
-    wake_free(tx, b, workflow, key, (limit - holders).max(0)).await
+    .map(|k| (k.get(0), k.get(1))))
 }
 
 /// As many of the key's waiting instances as `free` become claimable, best first. Not

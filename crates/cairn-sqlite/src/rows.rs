@@ -85,7 +85,7 @@ pub(crate) fn insert_instance(conn: &Connection, new: &NewInstance) -> Result<Cr
         return Ok(Created::AlreadyExists);
     }
     if let Some(c) = &new.concurrency {
-        let before = crate::slots::limit(conn, new.workflow.as_str(), &c.key)?;
+        let before = crate::slots::limits(conn, new.workflow.as_str(), &c.key)?.map(|l| l.limit);
         // The latest limits written for a key are the key's.
         conn.prepare_cached(
             "INSERT INTO ckeys (workflow, ckey, slot_limit, hold_waiting, rate_n, rate_ms)

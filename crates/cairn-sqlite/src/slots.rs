@@ -156,8 +156,8 @@ fn key_of(conn: &Connection, iid: i64) -> Result<Option<Key>> {
 }
 
 /// A key's row of `ckeys` ([`LIMITS_SQL`]).
-struct Limits {
-    limit: i64,
+pub(crate) struct Limits {
+    pub(crate) limit: i64,
     holders: i64,
     rate_n: Option<i64>,
     rate_ms: Option<i64>,
@@ -166,7 +166,7 @@ struct Limits {
     hold_waiting: bool,
 }
 
-fn limits(conn: &Connection, workflow: &str, key: &str) -> Result<Option<Limits>> {
+pub(crate) fn limits(conn: &Connection, workflow: &str, key: &str) -> Result<Option<Limits>> {
     conn.prepare_cached(LIMITS_SQL)
         .and_then(|mut st| {
             st.query_row(params![workflow, key], |r| {
@@ -217,16 +217,6 @@ fn release(conn: &Connection, instance: InstanceRef, waiting: bool) -> Result<()
         wake(conn, &workflow, &key)?;
     }
     Ok(())
-}
-
-/// A key's slot limit as stored, if it has a row: a primary-key probe.
-pub(crate) fn limit(conn: &Connection, workflow: &str, key: &str) -> Result<Option<i64>> {
-    conn.prepare_cached("SELECT slot_limit FROM ckeys WHERE workflow = ?1 AND ckey = ?2")
-        .and_then(|mut st| {
-            st.query_row(params![workflow, key], |r| r.get(0))
-                .optional()
-        })
-        .map_err(map_sqlite)
 }
 
 /// Makes as many of the key's waiting instances claimable as it has free slots, best

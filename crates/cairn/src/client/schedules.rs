@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cairn_core::Timestamp;
 
-use cairn_store::TickFired;
+use cairn_store::{StoredSchedule, TickFired};
 
 use crate::client::Instance;
 use crate::engine::runtime::Ticking;
@@ -125,6 +125,11 @@ impl Engine {
     /// run (its workflow is registered here).
     async fn wanted(&self, runnable: bool) -> Result<Vec<(String, Wanted)>, Error> {
         let stored = self.inner.env.store.schedules().await?;
+        Ok(self.wanted_in(stored, runnable))
+    }
+
+    /// `wanted`, of the stored schedules read already.
+    fn wanted_in(&self, stored: Vec<StoredSchedule>, runnable: bool) -> Vec<(String, Wanted)> {
         let mut all: Vec<(String, Wanted)> = self
             .inner
             .schedules
@@ -166,7 +171,7 @@ impl Engine {
                 }
             }
         }
-        Ok(all)
+        all
     }
 
     /// Makes a live state row for each schedule declared in code that has none: a new one,
@@ -174,11 +179,9 @@ impl Engine {
     /// hidden: a runner's ticks found it deleted and gave up, so the declared schedule never
     /// fired). Its runner then starts with the row's generation. A live row, paused or
     /// not, is left as it is, also one another engine makes meanwhile.
-    async fn adopt_declared(&self) -> Result<(), Error> {
-        if self.inner.schedules.is_empty() {
-            return Ok(());
-        }
-        let stored = self.inner.env.store.schedules().await?;
+    /// Answers whether it wrote any.
+    async fn adopt_declared(&self, stored: &[StoredSchedule]) -> Result<bool, Error> {
+        let mut wrote = false;
         for schedule in &self.inner.schedules {
             if stored.iter().any(|r| r.name == schedule.name()) {
                 continue;
@@ -195,16 +198,20 @@ impl Engine {
                 .store
                 .set_schedule_state(schedule.name(), state)
                 .await?;
+            wrote = true;
         }
-        Ok(())
+        Ok(wrote)
     }
 
     /// Brings the schedules ticking in line with the code and the store: starts the new and
     /// the resumed, stops the paused and the deleted, restarts the changed.
     async fn sync_schedules(&self) -> Result<(), Error> {
         let _one_at_a_time = self.inner.schedules_sync.lock().await;
-        self.adopt_declared().await?;
-        let wanted = self.wanted(true).await?;
+        let mut stored = self.inner.env.store.schedules().await?;
+        if self.adopt_declared(&stored).await? {
+            stored = self.inner.env.store.schedules().await?;
+        }
+        let wanted = self.wanted_in(stored, true);
         let Ok(mut tasks) = self.inner.schedule_tasks.lock() else {
             return Ok(());
         };

@@ -158,6 +158,30 @@ async fn a_worker_lost_mid_attempt_leaves_the_attempt_interrupted_and_another_wo
     engine.shutdown().await;
 }
 
+/// Creates `n` instances of `checkout` for `worker`, makes op 0 of each run with `op`, and
+/// returns the instances and the attempts the worker was asked for.
+async fn first_attempts(
+    engine: &Engine,
+    worker: &mut Worker,
+    n: usize,
+    op: impl Fn() -> Value,
+) -> (Vec<cairn::Instance>, Vec<Value>) {
+    let mut instances = Vec::new();
+    for i in 0..n {
+        instances.push(create(engine, "checkout", &format!("order-{i}"), json!({})).await);
+    }
+    let mut attempts = Vec::new();
+    while attempts.len() < n {
+        let frame = worker.next().await;
+        match frame["type"].as_str() {
+            Some("start") => worker.op(&frame["run"], 0, op()),
+            Some("attempt") => attempts.push(frame),
+            _ => panic!("unexpected {frame}"),
+        }
+    }
+    (instances, attempts)
+}
+
 /// A worker that answers its last attempt and closes at once (`CairnWorker.close()` does,
 /// as soon as nothing runs): the success arrived before the close and must be committed,
 /// not dropped with the run. The driver used to return on the loss before polling the
@@ -170,19 +194,7 @@ async fn a_worker_that_closes_right_after_its_answer_loses_no_success() {
     let charge = || json!({ "op": "do", "name": "charge", "config": { "retries": { "limit": 0, "delay": 0 } } });
     let (engine, _dir) = engine(|b| b).await;
     let mut first = Worker::hello(&engine, &[("checkout", "v1")], N).await;
-    let mut instances = Vec::new();
-    for i in 0..N {
-        instances.push(create(&engine, "checkout", &format!("order-{i}"), json!({})).await);
-    }
-    let mut attempts = Vec::new();
-    while attempts.len() < N {
-        let frame = first.next().await;
-        match frame["type"].as_str() {
-            Some("start") => first.op(&frame["run"], 0, charge()),
-            Some("attempt") => attempts.push(frame),
-            _ => panic!("unexpected {frame}"),
-        }
-    }
+    let (instances, attempts) = first_attempts(&engine, &mut first, N, charge).await;
     for attempt in &attempts {
         first.answer(attempt, "attemptResult", Ok(json!("ch_1")));
     }
@@ -284,18 +296,7 @@ async fn a_worker_that_fails_an_attempt_breaks_the_protocol_and_closes_leaves_no
     let charge = || json!({ "op": "do", "name": "charge", "config": { "retries": { "limit": 1, "delay": "1 hour" } } });
     let (engine, _dir) = engine(|b| b).await;
     let mut first = Worker::hello(&engine, &[("checkout", "v1")], N).await;
-    for i in 0..N {
-        create(&engine, "checkout", &format!("order-{i}"), json!({})).await;
-    }
-    let mut attempts = Vec::new();
-    while attempts.len() < N {
-        let frame = first.next().await;
-        match frame["type"].as_str() {
-            Some("start") => first.op(&frame["run"], 0, charge()),
-            Some("attempt") => attempts.push(frame),
-            _ => panic!("unexpected {frame}"),
-        }
-    }
+    let (_, attempts) = first_attempts(&engine, &mut first, N, charge).await;
     for attempt in &attempts {
         first.answer(attempt, "attemptResult", Err(json!({ "name": "Error", "message": "declined" })));
         first.op(&attempt["run"], 9, charge());
