@@ -2,6 +2,7 @@
 //! and rollback handlers), `sleep`/`sleep_until`, `wait_for_event` and `invoke` (a child
 //! workflow), and the rollback that compensates them. Ops work on one [`Lifetime`] and know nothing of the engine above.
 
+pub(crate) mod abandoned;
 pub(crate) mod attempt;
 pub(crate) mod handler;
 pub(crate) mod invoke;

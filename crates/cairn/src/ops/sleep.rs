@@ -116,17 +116,24 @@ impl WorkflowStep {
 
 async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(), WorkflowError> {
     if state.registering() {
-        // Replaying only to register rollback handlers: a sleep returns at once. The
-        // replay check stops at one that never started, as at any new work.
-        if state.take_record(&key).is_none() && state.checking() {
-            state.note_new_work(&key);
-            return std::future::pending().await;
-        }
-        return Ok(());
+        // Replaying only to register rollback handlers: a finished sleep returns at once;
+        // one that never finished (still waiting, or cancelled: it lost a `select!`) never
+        // returns, as nothing after it ran. The replay check stops at one that never
+        // started, as at any new work.
+        return match state.take_record(&key) {
+            Some(rec) if rec.state == StepState::Succeeded => Ok(()),
+            Some(_) => std::future::pending().await,
+            None => {
+                state.note_new_work(&key);
+                std::future::pending().await
+            }
+        };
     }
     let mut activity = state.activity();
     let record = match state.take_record(&key) {
         Some(rec) if rec.state == StepState::Succeeded => return Ok(()),
+        // It lost a `select!`: it never finishes, so the race goes the same way again.
+        Some(rec) if rec.state == StepState::Cancelled => return std::future::pending().await,
         Some(rec) => rec,
         None => {
             let now = state.now();
@@ -207,10 +214,12 @@ async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(),
         step.count = key.count,
         wake_at = %wake_at,
     );
+    let waiting = super::abandoned::Waiting::new(&state, &record, LogKind::SleepComplete);
     async {
         activity
             .wait(wake_at, None, std::future::pending::<()>())
             .await;
+        waiting.finished();
         let done = StepRecord {
             state: StepState::Succeeded,
             wake_at: None,

@@ -174,6 +174,8 @@ async fn wait<T: DeserializeOwned>(
                     .unwrap_or_else(|| ErrorInfo::new(TIMEOUT, "wait failed")),
             ));
         }
+        // It lost a `select!`: it never finishes, so the race goes the same way again.
+        Some(rec) if rec.state == StepState::Cancelled => return std::future::pending().await,
         Some(rec) => rec,
         None => {
             let timeout = timeout.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
@@ -234,6 +236,7 @@ async fn wait<T: DeserializeOwned>(
         outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
+    let waiting = super::abandoned::Waiting::new(&state, &record, LogKind::WaitComplete);
     let result = async {
         let deadline = record.wake_at.unwrap_or_else(|| state.now());
         // At the deadline, one last look: an event that landed just before it (its notice late
@@ -291,6 +294,7 @@ async fn wait<T: DeserializeOwned>(
     }
     .instrument(span.clone())
     .await;
+    waiting.finished();
     match &result {
         Ok(_) => span.record("outcome", "received"),
         Err(e) if e.name() == TIMEOUT => span.record("outcome", "timeout"),

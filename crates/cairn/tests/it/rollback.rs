@@ -638,3 +638,74 @@ async fn steps_cannot_run_during_the_rollback_phase() {
     assert_eq!(seen.all(), ["Cannot execute steps during rollback phase"]);
     engine.shutdown().await;
 }
+
+/// A timeout raced against an event that won, then a step with a handler, then a long
+/// sleep: the timeout's sleep keeps its start record (`Running`, never completed).
+fn event_beat_a_timeout(calls: Calls) -> FnWorkflow {
+    wf(move |_, step| {
+        let calls = calls.clone();
+        async move {
+            step.run("reserve", |_| async { Ok(1u32) })
+                .rollback(handler(calls.clone()))
+                .await?;
+            tokio::select! {
+                biased;
+                slept = step.sleep("window", "1 day") => {
+                    slept?;
+                    return Err("the approval window closed".into());
+                }
+                event = step.wait_for_event::<Value>("approval", "approved") => { event?; }
+            }
+            step.run("charge", |_| async { Ok(2u32) })
+                .rollback(handler(calls.clone()))
+                .await?;
+            step.sleep("ship", "30 days").await?;
+            Ok(Value::Null)
+        }
+    })
+}
+
+/// Runs [`event_beat_a_timeout`] up to its 30-day sleep, hibernated.
+async fn past_a_timeout_the_event_beat(engine: &Engine) -> cairn::Instance<Value> {
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    super::support::until_logged(&instance, LogKind::WaitStart, 1).await;
+    instance.send_event("approved", &json!({})).await.unwrap();
+    super::support::until_logged(&instance, LogKind::SleepStart, 2).await;
+    until_status(&instance, InstanceStatus::Waiting).await;
+    instance
+}
+
+/// Review finding: the replay that registers handlers took a `select!`'s sleep that had
+/// lost the race (started, never completed) for finished, so the branch the run never
+/// took returned an error first and `charge`'s handler was never registered: the rollback
+/// stopped at it (`RollbackMissing`, a failed rollback), and `reserve` was never compensated either.
+#[tokio::test(start_paused = true)]
+async fn a_sleep_that_lost_a_select_does_not_end_the_replay_that_registers_handlers() {
+    let calls = Calls::default();
+    let (engine, _dir) = engine(|b| b.register(event_beat_a_timeout(calls.clone()))).await;
+    let instance = past_a_timeout_the_event_beat(&engine).await;
+    instance.terminate_with_rollback().await.unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Terminated);
+    assert_eq!(names(&calls), ["charge-1", "reserve-1"]);
+    assert_eq!(status.rollback.unwrap().outcome, "completed");
+    assert!(records(&instance, LogKind::RollbackFailed).await.is_empty());
+    engine.shutdown().await;
+}
+
+/// The same race on an ordinary replay: woken from the 30-day sleep, long after the
+/// timeout's day, the run must take the branch it took, not the sleep now due.
+#[tokio::test(start_paused = true)]
+async fn a_sleep_that_lost_a_select_does_not_win_it_on_a_replay_after_its_wake_time() {
+    let calls = Calls::default();
+    let (engine, _dir) = engine(|b| b.register(event_beat_a_timeout(calls.clone()))).await;
+    let instance = past_a_timeout_the_event_beat(&engine).await;
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert!(calls.all().is_empty());
+    engine.shutdown().await;
+}

@@ -734,3 +734,52 @@ async fn records_all(instance: &cairn::Instance<Value>) -> Vec<LogKind> {
         .map(|r| r.entry.kind)
         .collect()
 }
+
+/// Review finding: an event wait that lost a `select!` stayed started in the store. On the
+/// next replay it looked for an event again before the race was decided, and its store
+/// call took an event of its type sent meanwhile (buffered: nothing waited for it) after
+/// the wait itself had been dropped: the event was lost to the wait after, and a later
+/// replay would find the lost wait finished and could take its branch.
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_lost_a_select_takes_no_event_sent_after_it_on_a_replay() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            tokio::select! {
+                biased;
+                event = step.wait_for_event::<Value>("approval", "approved").timeout("7 days") => {
+                    event?;
+                    return Err("approved after the window closed".into());
+                }
+                slept = step.sleep("window", "1 day") => { slept?; }
+            }
+            step.wait_for_event::<Value>("go", "go").timeout("30 days").await?;
+            let again: StepEvent<Value> =
+                step.wait_for_event("again", "approved").timeout("30 days").await?;
+            Ok(again.payload)
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    // Past the window: the sleep wins, then the run waits for "go", hibernated.
+    tokio::time::sleep(Duration::from_secs(2 * 86_400)).await;
+    until_logged(&instance, LogKind::WaitStart, 2).await;
+    until_status(&instance, InstanceStatus::Waiting).await;
+    assert_eq!(engine.live_instances(), 0, "hibernated");
+    instance.send_event("approved", &json!({"n": 1})).await.unwrap();
+    instance.send_event("go", &json!("closed")).await.unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(status.output, Some(json!({"n": 1})), "the event went to the wait after");
+    let cancelled = records(&instance, LogKind::WaitComplete).await;
+    assert!(
+        cancelled
+            .iter()
+            .any(|r| r.entry.meta["cancelled"] == json!(true)),
+        "the lost wait is recorded as cancelled: {cancelled:?}"
+    );
+    engine.shutdown().await;
+}
