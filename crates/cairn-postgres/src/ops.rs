@@ -10,7 +10,8 @@
 use std::time::Duration;
 
 use cairn_core::{
-    EventType, InstanceStatus, LogEntry, LogKind, StepKey, StepRecord, StepState, Timestamp,
+    EventType, InstanceStatus, LogEntry, LogKind, StepKey, StepKind, StepRecord, StepState,
+    Timestamp,
 };
 use cairn_store::{
     ChangeKind, Claimed, ControlOutcome, ControlRequest, Created, Error, InstanceRef, Lease,
@@ -1108,8 +1109,6 @@ pub(crate) async fn control(
         ControlRequest::Restart { .. } => (ChangeKind::Stopped { epoch }, true),
         ControlRequest::Delete => (ChangeKind::Stopped { epoch }, false),
     };
-    b.changed(instance, kind);
-    b.claimable |= claimable;
     let done = |to| {
         Ok(ControlOutcome::Done {
             instance,
@@ -1118,7 +1117,11 @@ pub(crate) async fn control(
             epoch,
         })
     };
-    match request {
+    // In a block of its own, so its refusals (`return`) come back here: only a request
+    // that took effect is told (a refused restart from a step that does not exist told
+    // another engine to stop its run, fenced by nothing).
+    let outcome: R<ControlOutcome> = async {
+        match request {
         ControlRequest::Pause { at } => {
             if from.is_terminal() {
                 return Ok(ControlOutcome::Rejected(from));
@@ -1287,6 +1290,25 @@ pub(crate) async fn control(
                         return Ok(ControlOutcome::StepNotFound);
                     };
                     let seq: i64 = row.get(0);
+                    // The first step before it a rollback compensated (or tried to).
+                    if let Some(row) = query_opt(
+                        tx,
+                        "SELECT f.name || '-' || f.count FROM steps r
+                         JOIN steps f ON f.iid = r.iid AND f.kind = $3 AND f.name = r.name
+                             AND f.count = r.count
+                         WHERE r.iid = $1 AND r.kind = $4 AND f.seq < $2
+                         ORDER BY f.seq LIMIT 1",
+                        &[
+                            &iid,
+                            &seq,
+                            &StepKind::Run.code(),
+                            &StepKind::Rollback.code(),
+                        ],
+                    )
+                    .await?
+                    {
+                        return Ok(ControlOutcome::Compensated(row.get(0)));
+                    }
                     // Records of the wiped steps go with them, as do the terminal records.
                     // (This runs in a transaction of its own: no record of it is pending.)
                     exec(
@@ -1342,7 +1364,15 @@ pub(crate) async fn control(
             exec(tx, b, "DELETE FROM instances WHERE iid = $1", &[&iid]).await?;
             done(from)
         }
+        }
     }
+    .await;
+    let outcome = outcome?;
+    if matches!(outcome, ControlOutcome::Done { .. }) {
+        b.changed(instance, kind);
+        b.claimable |= claimable;
+    }
+    Ok(outcome)
 }
 
 /// Finished instances whose retention is over, skipping any another engine is purging.

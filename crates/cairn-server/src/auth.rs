@@ -104,6 +104,17 @@ impl Token {
         for (i, byte) in sha256.iter_mut().enumerate() {
             *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
         }
+        // What `sha256sum` prints for an unset `$TOKEN` (`printf %s`, `echo`, a Windows
+        // `echo`, a stray space or tab): such a token lets in anyone who sends nothing.
+        if ["", "\n", "\r\n", " ", "\t", " \n"]
+            .iter()
+            .any(|blank| <[u8; 32]>::from(Sha256::digest(blank.as_bytes())) == sha256)
+        {
+            return Err(
+                "token_sha256 is the SHA-256 of an empty or blank token (was the variable hashed empty?)"
+                    .into(),
+            );
+        }
         Ok(Token {
             name: name.into(),
             sha256,
@@ -157,6 +168,10 @@ impl Tokens {
 
     /// The caller `given` is the token of, if any.
     pub(crate) fn find(&self, given: &str) -> Option<Caller> {
+        // An empty or blank token is no token, whatever the set holds.
+        if given.trim().is_empty() {
+            return None;
+        }
         let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
         let tokens = self
             .0
@@ -515,6 +530,35 @@ mod tests {
         tokens.replace(vec![Token::new("new", "n3w", Scope::Read).unwrap()]);
         assert!(tokens.find("s3cret").is_none(), "rotated out");
         assert_eq!(tokens.find("n3w").unwrap().scope, Scope::Read);
+    }
+
+    /// Review finding: `printf %s "$TOKEN" | sha256sum` with `$TOKEN` unset gives the hash
+    /// of nothing, and `echo` adds a newline: configured as `token_sha256`, either let in
+    /// anyone who sent an empty token (an empty login form, an empty bearer over HTTP/2).
+    #[test]
+    fn a_token_hashed_from_nothing_is_refused_and_an_empty_token_finds_none() {
+        use super::{Scope, Token, Tokens};
+        use sha2::{Digest, Sha256};
+        for blank in ["", "\n", " ", "\t", "\r\n", " \n"] {
+            let hex: String = Sha256::digest(blank.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let refused = Token::from_sha256("ci", &hex, Scope::Admin);
+            assert!(
+                refused.as_ref().is_err_and(|e| e.contains("empty")),
+                "{blank:?}: {refused:?}"
+            );
+            // Should such a token be in the set anyway, nothing blank is taken for it.
+            let tokens = Tokens::new(vec![Token {
+                name: "ci".into(),
+                sha256: Sha256::digest(blank.as_bytes()).into(),
+                scope: Scope::Admin,
+            }]);
+            for given in ["", " ", "\n", "\t\n", "\r\n"] {
+                assert!(tokens.find(given).is_none(), "{blank:?}, given {given:?}");
+            }
+        }
     }
 
     #[test]

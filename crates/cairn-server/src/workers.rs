@@ -31,13 +31,17 @@ pub(crate) fn routes() -> Router<Engine> {
         .route("/api/workers/connected", get(connected))
 }
 
+/// Any other method: the code and `Allow` header of every wrong method, with a hint.
 async fn list_only() -> Response {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "request.method",
-        "workers connect with a WebSocket: GET /api/workers with Upgrade: websocket",
+    (
+        [(axum::http::header::ALLOW, "GET")],
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method.not_allowed",
+            "workers connect with a WebSocket: GET /api/workers with Upgrade: websocket",
+        ),
     )
-    .into_response()
+        .into_response()
 }
 
 /// The workers connected to this server now.

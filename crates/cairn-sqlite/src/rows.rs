@@ -1297,6 +1297,19 @@ pub(crate) fn control(
                     let Some(seq) = seq else {
                         return Ok(ControlOutcome::StepNotFound);
                     };
+                    let compensated: Option<String> = conn
+                        .prepare_cached(COMPENSATED_BEFORE_SQL)
+                        .and_then(|mut st| {
+                            st.query_row(
+                                params![iid, seq, StepKind::Run.code(), StepKind::Rollback.code()],
+                                |r| r.get(0),
+                            )
+                            .optional()
+                        })
+                        .map_err(map_sqlite)?;
+                    if let Some(step) = compensated {
+                        return Ok(ControlOutcome::Compensated(step));
+                    }
                     // Log records of the wiped steps go with them, as do the terminal records.
                     exec(
                         "DELETE FROM log WHERE iid = ?1 AND (kind IN (2, 3, 4) OR EXISTS (
@@ -1354,6 +1367,14 @@ pub(crate) fn control(
 /// here (not at `i64::MAX`) keeps `ended_at + retain` in SQL an integer: SQLite turns an
 /// overflowing integer sum into a REAL, which then no longer reads back as a timestamp.
 pub(crate) const MAX_RETAIN_MS: i64 = 1 << 62;
+
+/// The first `run` step started before seq `?2` that a rollback compensated (or tried to:
+/// it has a rollback row), as its target `name-count`; `?3` and `?4` are the `run` and
+/// rollback kinds' codes.
+const COMPENSATED_BEFORE_SQL: &str = "SELECT f.name || '-' || f.count FROM steps r
+     JOIN steps f ON f.iid = r.iid AND f.kind = ?3 AND f.name = r.name AND f.count = r.count
+     WHERE r.iid = ?1 AND r.kind = ?4 AND f.seq < ?2
+     ORDER BY f.seq LIMIT 1";
 
 fn retain_ms(d: std::time::Duration) -> i64 {
     millis(d).min(MAX_RETAIN_MS)

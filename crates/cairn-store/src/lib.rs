@@ -502,7 +502,7 @@ pub struct Adopt {
 }
 
 /// What [`Store::control`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControlOutcome {
     /// The transition happened.
     Done {
@@ -525,6 +525,10 @@ pub enum ControlOutcome {
     NotFound,
     /// A restart `from` a step the journal does not have.
     StepNotFound,
+    /// A restart `from` a step that started after one the rollback compensated (named by
+    /// its target, `name-count`, the first such): the run would go on over an undone
+    /// effect, and compensate it twice if it failed again. Nothing was written.
+    Compensated(String),
 }
 
 /// The timers of one workflow at a moment (see [`Store::timers`]).

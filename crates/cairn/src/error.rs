@@ -105,6 +105,17 @@ pub enum Error {
         /// The step name asked for.
         name: String,
     },
+    /// A restart from a step that started after one the rollback compensated: the run
+    /// would go on over an effect undone. Restart from that step, or from the start.
+    #[error(
+        "Cannot restart from step {name:?}: step {compensated} before it was compensated by the instance's rollback; restart from {compensated} or from the beginning"
+    )]
+    RestartAfterRollback {
+        /// The step name asked for.
+        name: String,
+        /// The first step before it the rollback compensated, as `name-count`.
+        compensated: String,
+    },
     /// A step whose output was asked for has none: it does not exist, has not succeeded,
     /// or succeeded at another attempt than the one named.
     #[error("{0}")]
@@ -238,7 +249,9 @@ impl Error {
                 Action::Restart => "instance.cannot_restart",
                 Action::Delete => "instance.cannot_delete",
             },
-            Error::StepNotFound { .. } => "instance.cannot_restart",
+            Error::StepNotFound { .. } | Error::RestartAfterRollback { .. } => {
+                "instance.cannot_restart"
+            }
             Error::NoStepOutput(_) => "step.not_found",
             Error::UnknownWorkflow(_) => "workflow.not_found",
             Error::ScheduleNotFound(_) => "schedule.not_found",

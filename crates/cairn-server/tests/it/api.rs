@@ -1355,6 +1355,33 @@ async fn unknown_routes_wrong_methods_and_bad_paths_answer_json_errors() {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     let body = String::from_utf8(bytes.to_vec()).unwrap();
     assert_eq!(json(&body)["code"], "method.not_allowed", "{body}");
+    // The same for the workers' route, whose answer adds a hint (a review: it had a code
+    // of its own, `request.method`, and no Allow header).
+    let response = router()
+        .oneshot(
+            Request::builder()
+                .method(Method::POST)
+                .uri("/api/workers")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        response.headers().get("allow").map(|v| v.to_str().unwrap()),
+        Some("GET")
+    );
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8(bytes.to_vec()).unwrap();
+    assert_eq!(json(&body)["code"], "method.not_allowed", "{body}");
+    assert!(
+        json(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("WebSocket"),
+        "{body}"
+    );
     // A path segment that is not UTF-8: JSON, not text/plain.
     let (s, body) = raw_call(
         router(),

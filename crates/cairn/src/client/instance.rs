@@ -418,6 +418,15 @@ impl<O: DeserializeOwned> Instance<O> {
                     _ => String::new(),
                 },
             }),
+            ControlOutcome::Compensated(compensated) => Err(Error::RestartAfterRollback {
+                name: match request {
+                    ControlRequest::Restart {
+                        from: Some(key), ..
+                    } => key.target(),
+                    _ => String::new(),
+                },
+                compensated,
+            }),
             ControlOutcome::NoOp(_) | ControlOutcome::Done { .. } => Ok(()),
         }
     }
@@ -503,7 +512,8 @@ impl<O: DeserializeOwned> Instance<O> {
     ///
     /// # Errors
     /// [`Error::InstanceNotFound`]; [`Error::StepNotFound`] (`instance.cannot_restart`) when
-    /// the instance has no such step.
+    /// the instance has no such step; [`Error::RestartAfterRollback`] (the same code) when a
+    /// step started before it was compensated by the instance's rollback.
     pub async fn restart_from(
         &self,
         kind: cairn_core::StepKind,

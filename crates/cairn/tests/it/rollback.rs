@@ -709,3 +709,39 @@ async fn a_sleep_that_lost_a_select_does_not_win_it_on_a_replay_after_its_wake_t
     assert!(calls.all().is_empty());
     engine.shutdown().await;
 }
+
+/// Review finding: a restart from a step wiped every rollback record (they come after
+/// every forward step), also those of steps before it, which stayed done with their
+/// output: the run went on over an effect its rollback had undone, and a second failure
+/// compensated those steps again. Such a restart is refused; one from the first
+/// compensated step (or from the start) runs them again and may compensate them again.
+#[tokio::test(start_paused = true)]
+async fn a_restart_from_a_step_after_a_compensated_one_is_refused() {
+    let calls = Calls::default();
+    let (engine, _dir) = engine(|b| b.register(three_then_fail(calls.clone()))).await;
+    let instance = run_to_end(&engine, json!({})).await;
+    assert_eq!(names(&calls), ["step-3-1", "step-2-1", "step-1-1"]);
+    let refused = instance
+        .restart_from(cairn::StepKind::Run, "step-2", 1)
+        .await;
+    let error = refused.expect_err("step-1 before it was compensated");
+    assert_eq!(error.code(), "instance.cannot_restart");
+    assert!(error.to_string().contains("step-1"), "{error}");
+    assert_eq!(
+        instance.status().await.unwrap().status,
+        InstanceStatus::Errored,
+        "nothing changed"
+    );
+    instance
+        .restart_from(cairn::StepKind::Run, "step-1", 1)
+        .await
+        .unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.rollback.unwrap().outcome, "completed");
+    assert_eq!(
+        names(&calls),
+        ["step-3-1", "step-2-1", "step-1-1", "step-3-1", "step-2-1", "step-1-1"],
+        "each run compensated once"
+    );
+    engine.shutdown().await;
+}

@@ -781,3 +781,80 @@ async fn a_burst_of_notices_naming_no_instance_costs_a_bounded_number_of_reads()
     release.add_permits(RUNNING as usize);
     engine.shutdown().await;
 }
+
+/// Review finding: a restart from a step the instance does not have was refused, but the
+/// engine that refused it had already told the others to stop the instance's run: the
+/// engine running it dropped the step in flight (its success never recorded, so it would
+/// run again) and left the instance leased until its lease ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_restart_from_a_missing_step_leaves_the_run_on_another_engine_alone() {
+    let Some((a, b, _dir)) = two_builders() else {
+        return;
+    };
+    let gate = Arc::new(Semaphore::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let gated = {
+        let (gate, dropped) = (gate.clone(), dropped.clone());
+        move || {
+            let (gate, dropped) = (gate.clone(), dropped.clone());
+            wf(move |_, step| {
+                let (gate, dropped) = (gate.clone(), dropped.clone());
+                async move {
+                    step.run("first", |_| {
+                        let (gate, dropped) = (gate.clone(), dropped.clone());
+                        async move {
+                            struct OnDrop(Arc<AtomicBool>);
+                            impl Drop for OnDrop {
+                                fn drop(&mut self) {
+                                    self.0.store(true, Ordering::SeqCst);
+                                }
+                            }
+                            let guard = OnDrop(dropped);
+                            gate.acquire().await.map_err(|e| e.to_string())?.forget();
+                            std::mem::forget(guard);
+                            Ok(1)
+                        }
+                    })
+                    .await?;
+                    Ok(Value::Null)
+                }
+            })
+        }
+    };
+    let release = Arc::new(Semaphore::new(0));
+    let b = b.register(gated()).start().await.unwrap();
+    let a = busy(a.register(gated()), release.clone()).await;
+    let on_b = b
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("r"))
+        .await
+        .unwrap();
+    until(&on_b, InstanceStatus::Running, Duration::from_secs(10)).await;
+    let through_a = a.workflow::<FnWorkflow>().get("r").await.unwrap();
+    let refused = through_a
+        .restart_from(cairn::StepKind::Run, "frist", 1)
+        .await;
+    assert!(
+        matches!(refused, Err(cairn::Error::StepNotFound { .. })),
+        "{refused:?}"
+    );
+    // Notices reach B in the order they were sent: by the time the pause is heard there,
+    // the refused restart's would have been (the same wait as the pause test above).
+    through_a.pause().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.add_permits(1);
+    until(&through_a, InstanceStatus::Paused, Duration::from_secs(10)).await;
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "the step in flight on B was dropped"
+    );
+    assert!(
+        crate::support::records(&through_a, cairn::LogKind::AttemptFailure)
+            .await
+            .is_empty(),
+        "no attempt was interrupted"
+    );
+    release.add_permits(1);
+    a.shutdown().await;
+    b.shutdown().await;
+}
