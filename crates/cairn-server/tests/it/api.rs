@@ -2947,3 +2947,60 @@ async fn each_token_may_do_what_its_scope_allows_over_the_api_and_in_the_dashboa
         "the instance is still waiting: {v}"
     );
 }
+
+/// Review finding: JSON sent by a client came back with its keys sorted (`serde_json`'s
+/// map was ordered by key), not as sent: a TypeScript workflow's `Object.keys(payload)`,
+/// or a signature over `JSON.stringify(params)`, saw another object than Cloudflare gives.
+/// Params, an event's payload and the output keep their keys in the order written.
+#[tokio::test(start_paused = true)]
+async fn json_keeps_its_keys_in_the_order_sent() {
+    let (engine, _dir) = app().await;
+    let router = || cairn_server::router(engine.clone());
+    let json_body = [("content-type", "application/json")];
+    let (s, body) = raw_call(
+        router(),
+        Method::POST,
+        "/api/workflows/approval/instances",
+        &json_body,
+        r#"{"instance_id": "ordered", "params": {"zeta": 1, "alpha": {"z": 1, "y": 2}}}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    let (s, body) = raw_call(
+        router(),
+        Method::POST,
+        "/api/workflows/approval/instances/ordered/events/approved",
+        &json_body,
+        r#"{"omega": true, "beta": [{"d": 1, "c": 2}]}"#,
+    )
+    .await;
+    assert!(s.is_success(), "{body}");
+    let (s, body) = raw_call(
+        router(),
+        Method::GET,
+        "/api/workflows/approval/instances/ordered/wait?timeout=10s",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert!(
+        body.contains(
+            r#"{"params":{"zeta":1,"alpha":{"z":1,"y":2}},"first":1,"event":{"omega":true,"beta":[{"d":1,"c":2}]}}"#
+        ),
+        "{body}"
+    );
+    let (_, body) = raw_call(
+        router(),
+        Method::GET,
+        "/api/workflows/approval/instances/ordered",
+        &[],
+        "",
+    )
+    .await;
+    assert!(
+        body.contains(r#"{"zeta":1,"alpha":{"z":1,"y":2}}"#),
+        "the params as sent: {body}"
+    );
+    engine.shutdown().await;
+}
