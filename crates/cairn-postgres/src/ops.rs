@@ -201,14 +201,18 @@ async fn apply(
             .is_some();
             if running {
                 upsert_step(tx, b, instance, step).await?;
-                // A cancelled stream step's chunks are no output of anything.
-                exec(
-                    tx,
-                    b,
-                    "DELETE FROM stream_chunks WHERE iid = $1 AND name = $2 AND count = $3",
-                    &[&instance.0, &step.key.name, &i64::from(step.key.count)],
-                )
-                .await?;
+                // A cancelled stream step's chunks are no output of anything. Chunks are
+                // keyed by name and count only: a sleep or wait of the same name and count
+                // as a `run` step has none, and must not drop that step's.
+                if step.key.kind == StepKind::Run {
+                    exec(
+                        tx,
+                        b,
+                        "DELETE FROM stream_chunks WHERE iid = $1 AND name = $2 AND count = $3",
+                        &[&instance.0, &step.key.name, &i64::from(step.key.count)],
+                    )
+                    .await?;
+                }
                 b.log
                     .append(instance, &records.iter().collect::<Vec<_>>())?;
             }
@@ -1311,11 +1315,14 @@ pub(crate) async fn control(
                     }
                     // Records of the wiped steps go with them, as do the terminal records.
                     // (This runs in a transaction of its own: no record of it is pending.)
+                    // Cancelled ops go too, wherever they are (state 3): a race's loser, or
+                    // an op the workflow dropped when it failed, whose new run may await it
+                    // again; kept, it would never finish, and the run would hang on it.
                     exec(
                         tx,
                         b,
                         "DELETE FROM log WHERE iid = $1 AND (kind IN (2, 3, 4) OR EXISTS (
-                             SELECT 1 FROM steps s WHERE s.iid = $1 AND s.seq >= $2 AND s.kind = log.step_kind
+                             SELECT 1 FROM steps s WHERE s.iid = $1 AND (s.seq >= $2 OR s.state = 3) AND s.kind = log.step_kind
                                  AND s.name = log.step_name AND s.count = log.step_count))",
                         &[&iid, &seq],
                     )
@@ -1324,7 +1331,7 @@ pub(crate) async fn control(
                         tx,
                         b,
                         "DELETE FROM stream_chunks WHERE iid = $1 AND EXISTS (
-                             SELECT 1 FROM steps s WHERE s.iid = $1 AND s.seq >= $2 AND s.kind = 0
+                             SELECT 1 FROM steps s WHERE s.iid = $1 AND (s.seq >= $2 OR s.state = 3) AND s.kind = 0
                                  AND s.name = stream_chunks.name AND s.count = stream_chunks.count)",
                         &[&iid, &seq],
                     )
@@ -1332,7 +1339,7 @@ pub(crate) async fn control(
                     exec(
                         tx,
                         b,
-                        "DELETE FROM steps WHERE iid = $1 AND seq >= $2",
+                        "DELETE FROM steps WHERE iid = $1 AND (seq >= $2 OR state = 3)",
                         &[&iid, &seq],
                     )
                     .await?;

@@ -27,7 +27,7 @@ const SILENT_FOR: Duration = Duration::from_secs(30);
 
 pub(crate) fn routes() -> Router<Engine> {
     Router::new()
-        .route("/api/workers", get(connect).post(list_only))
+        .route("/api/workers", get(connect).fallback(list_only))
         .route("/api/workers/connected", get(connected))
 }
 

@@ -500,8 +500,12 @@ fn apply(conn: &Writer<'_>, instance: InstanceRef, write: &Write) -> Result<()> 
             if running {
                 let config = serde_json::to_string(&step.config).map_err(corrupt)?;
                 upsert_step(conn, instance, step, &config)?;
-                // A cancelled stream step's chunks are no output of anything.
-                crate::streams::drop(conn, instance, &step.key, None)?;
+                // A cancelled stream step's chunks are no output of anything. Chunks are
+                // keyed by name and count only: a sleep or wait of the same name and count
+                // as a `run` step has none, and must not drop that step's.
+                if step.key.kind == StepKind::Run {
+                    crate::streams::drop(conn, instance, &step.key, None)?;
+                }
                 crate::history::append(conn, instance, &records.iter().collect::<Vec<_>>())?;
             }
             Ok(())
@@ -1311,20 +1315,23 @@ pub(crate) fn control(
                         return Ok(ControlOutcome::Compensated(step));
                     }
                     // Log records of the wiped steps go with them, as do the terminal records.
+                    // Cancelled ops go too, wherever they are (state 3): a race's loser, or
+                    // an op the workflow dropped when it failed, whose new run may await it
+                    // again; kept, it would never finish, and the run would hang on it.
                     exec(
                         "DELETE FROM log WHERE iid = ?1 AND (kind IN (2, 3, 4) OR EXISTS (
-                             SELECT 1 FROM steps s WHERE s.iid = ?1 AND s.seq >= ?2 AND s.kind = log.step_kind
+                             SELECT 1 FROM steps s WHERE s.iid = ?1 AND (s.seq >= ?2 OR s.state = 3) AND s.kind = log.step_kind
                                  AND s.name = log.step_name AND s.count = log.step_count))",
                         &[&iid, &seq],
                     )?;
                     exec(
                         "DELETE FROM stream_chunks WHERE iid = ?1 AND EXISTS (
-                             SELECT 1 FROM steps s WHERE s.iid = ?1 AND s.seq >= ?2 AND s.kind = 0
+                             SELECT 1 FROM steps s WHERE s.iid = ?1 AND (s.seq >= ?2 OR s.state = 3) AND s.kind = 0
                                  AND s.name = stream_chunks.name AND s.count = stream_chunks.count)",
                         &[&iid, &seq],
                     )?;
                     exec(
-                        "DELETE FROM steps WHERE iid = ?1 AND seq >= ?2",
+                        "DELETE FROM steps WHERE iid = ?1 AND (seq >= ?2 OR state = 3)",
                         &[&iid, &seq],
                     )?;
                     exec("DELETE FROM events WHERE iid = ?1", &[&iid])?;

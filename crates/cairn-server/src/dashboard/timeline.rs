@@ -92,6 +92,13 @@ impl Timeline {
                         t.open("rollback", key, at);
                     }
                 }
+                // A sleep or wait that lost a race ends with its usual record, marked
+                // `cancelled`: not a success.
+                LogKind::SleepComplete | LogKind::WaitComplete
+                    if r.entry.meta.get("cancelled") == Some(&serde_json::Value::Bool(true)) =>
+                {
+                    t.close(step, at, false, r.entry.kind);
+                }
                 LogKind::StepSuccess
                 | LogKind::SleepComplete
                 | LogKind::WaitComplete
@@ -414,5 +421,24 @@ mod tests {
             super::render(&t, Timestamp::from_millis(0), Timestamp::from_millis(220)).into_string();
         assert_eq!(html.matches("class=\"lane\"").count(), 3);
         assert!(html.contains("card timeout"));
+    }
+
+    /// Review finding: a sleep or wait that lost a race (its end record marked
+    /// `cancelled`) was drawn as a success.
+    #[test]
+    fn a_cancelled_sleep_or_wait_is_no_success() {
+        let nap = Some(("nap", StepKind::Sleep));
+        let ack = Some(("ack", StepKind::WaitForEvent));
+        let cancelled =
+            json!({"cancelled": true, "error": {"name": "StepCancelled", "message": "lost"}});
+        let log = vec![
+            rec(1, 0, LogKind::SleepStart, nap, json!({})),
+            rec(2, 0, LogKind::WaitStart, ack, json!({})),
+            rec(3, 10, LogKind::WaitComplete, ack, json!({"type": "ack"})),
+            rec(4, 10, LogKind::SleepComplete, nap, cancelled),
+        ];
+        let t = Timeline::build(&log);
+        let ok: Vec<_> = t.lanes.iter().map(|l| (l.kind, l.ok)).collect();
+        assert_eq!(ok, [("sleep", Some(false)), ("waitForEvent", Some(true))]);
     }
 }

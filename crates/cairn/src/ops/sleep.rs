@@ -130,11 +130,18 @@ async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(),
         };
     }
     let mut activity = state.activity();
-    let record = match state.take_record(&key) {
+    let (record, waiting) = match state.take_record(&key) {
         Some(rec) if rec.state == StepState::Succeeded => return Ok(()),
         // It lost a `select!`: it never finishes, so the race goes the same way again.
-        Some(rec) if rec.state == StepState::Cancelled => return std::future::pending().await,
-        Some(rec) => rec,
+        // Parked, it is not activity (the instance may hibernate).
+        Some(rec) if rec.state == StepState::Cancelled => {
+            drop(activity);
+            return std::future::pending().await;
+        }
+        Some(rec) => {
+            let waiting = super::abandoned::Waiting::new(&state, &rec, LogKind::SleepComplete);
+            (rec, waiting)
+        }
         None => {
             let now = state.now();
             // A test that disabled this sleep (`cairn::testing`): it starts and ends now.
@@ -192,6 +199,9 @@ async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(),
                 ended_at: None,
                 has_rollback: false,
             };
+            // Armed before the start is sent: dropped while it is on its way, the cancel
+            // goes with the next commit (one that lands first finds nothing to cancel).
+            let waiting = super::abandoned::Waiting::new(&state, &record, LogKind::SleepComplete);
             state
                 .commit(vec![
                     state.log(
@@ -202,7 +212,7 @@ async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(),
                     cairn_store::Write::Step(record.clone()),
                 ])
                 .await;
-            record
+            (record, waiting)
         }
     };
     let wake_at = record.wake_at.unwrap_or_else(|| state.now());
@@ -214,7 +224,6 @@ async fn sleep(state: Arc<Lifetime>, key: StepKey, target: Target) -> Result<(),
         step.count = key.count,
         wake_at = %wake_at,
     );
-    let waiting = super::abandoned::Waiting::new(&state, &record, LogKind::SleepComplete);
     async {
         activity
             .wait(wake_at, None, std::future::pending::<()>())

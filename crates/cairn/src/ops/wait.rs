@@ -164,7 +164,7 @@ async fn wait<T: DeserializeOwned>(
         };
     }
     let mut activity = state.activity();
-    let mut record = match state.take_record(&key) {
+    let (mut record, waiting) = match state.take_record(&key) {
         Some(rec) if rec.state == StepState::Succeeded => {
             return decode(&key, rec.output.as_deref().unwrap_or("null"));
         }
@@ -175,8 +175,15 @@ async fn wait<T: DeserializeOwned>(
             ));
         }
         // It lost a `select!`: it never finishes, so the race goes the same way again.
-        Some(rec) if rec.state == StepState::Cancelled => return std::future::pending().await,
-        Some(rec) => rec,
+        // Parked, it is not activity (the instance may hibernate).
+        Some(rec) if rec.state == StepState::Cancelled => {
+            drop(activity);
+            return std::future::pending().await;
+        }
+        Some(rec) => {
+            let waiting = super::abandoned::Waiting::new(&state, &rec, LogKind::WaitComplete);
+            (rec, waiting)
+        }
         None => {
             let timeout = timeout.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
             if !(MIN_EVENT_TIMEOUT..=MAX_SLEEP).contains(&timeout) {
@@ -213,6 +220,9 @@ async fn wait<T: DeserializeOwned>(
                 ended_at: None,
                 has_rollback: false,
             };
+            // Armed before the start is sent: dropped while it is on its way, the cancel
+            // goes with the next commit (one that lands first finds nothing to cancel).
+            let waiting = super::abandoned::Waiting::new(&state, &record, LogKind::WaitComplete);
             state
                 .commit(vec![
                     state.log(
@@ -223,7 +233,7 @@ async fn wait<T: DeserializeOwned>(
                     cairn_store::Write::Step(record.clone()),
                 ])
                 .await;
-            record
+            (record, waiting)
         }
     };
     // A span for the part of the wait this lifetime spends (a hibernated wait has one per
@@ -236,7 +246,6 @@ async fn wait<T: DeserializeOwned>(
         outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    let waiting = super::abandoned::Waiting::new(&state, &record, LogKind::WaitComplete);
     let result = async {
         let deadline = record.wake_at.unwrap_or_else(|| state.now());
         // At the deadline, one last look: an event that landed just before it (its notice late

@@ -910,3 +910,56 @@ async fn a_step_dropped_mid_attempt_does_not_block_a_later_pause() {
     );
     engine.shutdown().await;
 }
+
+/// Review finding: an op the workflow dropped when it failed (a `try_join!` partner) is
+/// recorded as cancelled, and a restart from a later step kept that record: the new run
+/// awaited the op again and it never finished, so the instance hung. A restart from a
+/// step drops cancelled ops wherever they are; the new run makes them again.
+#[tokio::test(start_paused = true)]
+async fn a_restart_from_a_step_makes_again_an_op_the_failed_run_dropped() {
+    let fail = Arc::new(AtomicBool::new(true));
+    let f = fail.clone();
+    let (engine, _dir) = engine(move |b| {
+        b.register(wf(move |_, step| {
+            let f = f.clone();
+            async move {
+                let kyc = step
+                    .run("kyc", move |_| {
+                        let f = f.clone();
+                        async move {
+                            if f.load(Ordering::SeqCst) {
+                                Err::<u32, _>("documents missing".into())
+                            } else {
+                                Ok(1)
+                            }
+                        }
+                    })
+                    .retries(Retries::new(
+                        0,
+                        Delay::sync(|_: &DelayContext| Duration::from_secs(1)),
+                    ));
+                let ((), checked) = tokio::try_join!(step.sleep("cooling off", "1 hour"), kyc)?;
+                Ok(json!(checked))
+            }
+        }))
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    assert_eq!(
+        super::support::status_of(&instance).await,
+        InstanceStatus::Errored
+    );
+    fail.store(false, Ordering::SeqCst);
+    instance
+        .restart_from(StepKind::Run, "kyc", 1)
+        .await
+        .unwrap();
+    let mut waited = 0;
+    while super::support::status_of(&instance).await != InstanceStatus::Complete {
+        assert!(waited < 48, "not complete after {waited} h");
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        waited += 1;
+    }
+    assert_eq!(instance.status().await.unwrap().output, Some(json!(1)));
+    engine.shutdown().await;
+}

@@ -453,3 +453,55 @@ async fn s8_items_of_any_byte_type_come_back_as_the_same_bytes() {
     );
     engine.shutdown().await;
 }
+
+/// Review finding: a sleep that lost a race was cancelled with the chunks of its name and
+/// count, which are a `run` step's when one has the same name: chunks are not kept by
+/// kind. The stream step's output, succeeded and stored, was gone on the next replay.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_sleep_keeps_the_chunks_of_a_stream_step_of_the_same_name() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let stream = step
+                .run_stream("report", |_| async move {
+                    Ok(futures::stream::iter(items(300_000, 100_000)))
+                })
+                .await?;
+            tokio::select! {
+                biased;
+                slept = step.sleep("report", "1 day") => { slept?; }
+                event = step.wait_for_event::<Value>("ack", "ack").timeout("7 days") => { event?; }
+            }
+            step.wait_for_event::<Value>("go", "go")
+                .timeout("30 days")
+                .await?;
+            let mut read = Vec::new();
+            let mut stream = stream;
+            while let Some(chunk) = stream.next().await {
+                read.extend(chunk?);
+            }
+            Ok(json!(read == pattern(300_000)))
+        }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    super::support::until_logged(&instance, LogKind::WaitStart, 1).await;
+    instance.send_event("ack", &json!({})).await.unwrap();
+    super::support::until_logged(&instance, LogKind::WaitStart, 2).await;
+    super::support::until_status(&instance, InstanceStatus::Waiting).await;
+    // Woken by "go", the replay reads the stream back from its chunks.
+    instance.send_event("go", &json!({})).await.unwrap();
+    // Bounded: the replay of a stream whose chunks are gone waits for them.
+    let mut waited = 0;
+    while super::support::status_of(&instance).await != InstanceStatus::Complete {
+        assert!(waited < 48, "not complete after {waited} h: the chunks are gone?");
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        waited += 1;
+    }
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.output, Some(json!(true)), "the stream read back whole");
+    engine.shutdown().await;
+}
