@@ -400,6 +400,11 @@ impl<O: DeserializeOwned> Instance<O> {
             request.clone(),
         )
         .await?;
+        // The step a refused restart named.
+        let from = match request {
+            ControlRequest::Restart { from, .. } => from,
+            _ => None,
+        };
         match outcome {
             ControlOutcome::NotFound => Err(Error::InstanceNotFound {
                 workflow: self.workflow.to_string(),
@@ -411,20 +416,10 @@ impl<O: DeserializeOwned> Instance<O> {
                 status,
             }),
             ControlOutcome::StepNotFound => Err(Error::StepNotFound {
-                name: match request {
-                    ControlRequest::Restart {
-                        from: Some(key), ..
-                    } => key.name,
-                    _ => String::new(),
-                },
+                name: from.map(|key| key.name).unwrap_or_default(),
             }),
             ControlOutcome::Compensated(compensated) => Err(Error::RestartAfterRollback {
-                name: match request {
-                    ControlRequest::Restart {
-                        from: Some(key), ..
-                    } => key.target(),
-                    _ => String::new(),
-                },
+                name: from.map(|key| key.target()).unwrap_or_default(),
                 compensated,
             }),
             ControlOutcome::NoOp(_) | ControlOutcome::Done { .. } => Ok(()),

@@ -954,12 +954,7 @@ async fn a_restart_from_a_step_makes_again_an_op_the_failed_run_dropped() {
         .restart_from(StepKind::Run, "kyc", 1)
         .await
         .unwrap();
-    let mut waited = 0;
-    while super::support::status_of(&instance).await != InstanceStatus::Complete {
-        assert!(waited < 48, "not complete after {waited} h");
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-        waited += 1;
-    }
+    super::support::until_status_within_hours(&instance, InstanceStatus::Complete, 48).await;
     assert_eq!(instance.status().await.unwrap().output, Some(json!(1)));
     engine.shutdown().await;
 }

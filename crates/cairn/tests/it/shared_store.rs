@@ -38,6 +38,16 @@ fn two_builders() -> Option<(
     }
 }
 
+/// Sets its flag when dropped: held by a step body, it tells that the body was dropped
+/// before it finished.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// A workflow (`second`) whose only instance holds the engine's one slot until `release`.
 fn blocker(release: Arc<Semaphore>) -> FnWorkflow<1> {
     named::<1, _, _>(move |_, step| {
@@ -151,13 +161,7 @@ async fn a_pause_and_a_terminate_through_one_engine_reach_the_step_running_on_an
                     step.run("forever", |_| {
                         let dropped = dropped.clone();
                         async move {
-                            struct OnDrop(Arc<AtomicBool>);
-                            impl Drop for OnDrop {
-                                fn drop(&mut self) {
-                                    self.0.store(true, Ordering::SeqCst);
-                                }
-                            }
-                            let _guard = OnDrop(dropped);
+                            let _guard = SetOnDrop(dropped);
                             std::future::pending::<()>().await;
                             Ok(0)
                         }
@@ -803,13 +807,7 @@ async fn a_refused_restart_from_a_missing_step_leaves_the_run_on_another_engine_
                     step.run("first", |_| {
                         let (gate, dropped) = (gate.clone(), dropped.clone());
                         async move {
-                            struct OnDrop(Arc<AtomicBool>);
-                            impl Drop for OnDrop {
-                                fn drop(&mut self) {
-                                    self.0.store(true, Ordering::SeqCst);
-                                }
-                            }
-                            let guard = OnDrop(dropped);
+                            let guard = SetOnDrop(dropped);
                             gate.acquire().await.map_err(|e| e.to_string())?.forget();
                             std::mem::forget(guard);
                             Ok(1)

@@ -495,12 +495,7 @@ async fn a_cancelled_sleep_keeps_the_chunks_of_a_stream_step_of_the_same_name() 
     // Woken by "go", the replay reads the stream back from its chunks.
     instance.send_event("go", &json!({})).await.unwrap();
     // Bounded: the replay of a stream whose chunks are gone waits for them.
-    let mut waited = 0;
-    while super::support::status_of(&instance).await != InstanceStatus::Complete {
-        assert!(waited < 48, "not complete after {waited} h: the chunks are gone?");
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-        waited += 1;
-    }
+    super::support::until_status_within_hours(&instance, InstanceStatus::Complete, 48).await;
     let status = instance.status().await.unwrap();
     assert_eq!(status.output, Some(json!(true)), "the stream read back whole");
     engine.shutdown().await;

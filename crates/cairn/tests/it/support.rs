@@ -239,6 +239,22 @@ pub async fn until_status(instance: &Instance<Value>, status: cairn::InstanceSta
     instance.wait_for(|s| s.status == status).await.unwrap();
 }
 
+/// Waits until the instance has `status`, in virtual time an hour at a time, and fails
+/// after `hours`: for a test whose defect leaves the instance waiting on something no timer
+/// ends, where [`until_status`] would hang.
+pub async fn until_status_within_hours(
+    instance: &Instance<Value>,
+    status: cairn::InstanceStatus,
+    hours: u32,
+) {
+    let mut waited = 0;
+    while status_of(instance).await != status {
+        assert!(waited < hours, "not {status:?} after {waited} h");
+        tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        waited += 1;
+    }
+}
+
 /// Polls (in virtual time, 10 ms at a time) until the instance's log has `n` records of
 /// `kind`. Only for records that are due within moments: a long timer would mean many polls.
 pub async fn until_logged(instance: &Instance<Value>, kind: LogKind, n: usize) {
