@@ -1332,48 +1332,42 @@ async fn unknown_routes_wrong_methods_and_bad_paths_answer_json_errors() {
     let (s, body) = raw_call(router(), Method::GET, "/api/nope", &[], "").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert_eq!(json(&body)["code"], "route.not_found", "{body}");
+    // A wrong method's answer: its status, Allow header and body.
+    let wrong_method = |method: Method, uri: &'static str| {
+        let router = router();
+        async move {
+            let response = router
+                .oneshot(
+                    Request::builder()
+                        .method(method)
+                        .uri(uri)
+                        .body(Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            let status = response.status();
+            let allow = response
+                .headers()
+                .get("allow")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            (status, allow, String::from_utf8(bytes.to_vec()).unwrap())
+        }
+    };
     // A wrong method: a JSON 405 that keeps its Allow header.
-    let response = router()
-        .oneshot(
-            Request::builder()
-                .method(Method::DELETE)
-                .uri("/api/workflows")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
-    let allow = response
-        .headers()
-        .get("allow")
-        .map(|v| v.to_str().unwrap().to_owned());
+    let (status, allow, body) = wrong_method(Method::DELETE, "/api/workflows").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert!(
         allow.as_deref().is_some_and(|a| a.contains("GET")),
         "{allow:?}"
     );
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let body = String::from_utf8(bytes.to_vec()).unwrap();
     assert_eq!(json(&body)["code"], "method.not_allowed", "{body}");
     // The same for the workers' route, whose answer adds a hint (a review: it had a code
     // of its own, `request.method`, and no Allow header).
-    let response = router()
-        .oneshot(
-            Request::builder()
-                .method(Method::POST)
-                .uri("/api/workers")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
-    assert_eq!(
-        response.headers().get("allow").map(|v| v.to_str().unwrap()),
-        Some("GET")
-    );
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let body = String::from_utf8(bytes.to_vec()).unwrap();
+    let (status, allow, body) = wrong_method(Method::POST, "/api/workers").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(allow.as_deref(), Some("GET"));
     assert_eq!(json(&body)["code"], "method.not_allowed", "{body}");
     assert!(
         json(&body)["message"]
