@@ -185,20 +185,32 @@ async fn apply(
     match write {
         Write::Step(step) => upsert_step(tx, b, instance, step).await.map(|()| None),
         Write::Cancel { step, records } => {
-            let running = query_opt(
+            let found = query_opt(
                 tx,
-                "SELECT 1 FROM steps WHERE iid = $1 AND kind = $2 AND name = $3 AND count = $4
-                     AND state = $5",
+                "SELECT state, output FROM steps WHERE iid = $1 AND kind = $2 AND name = $3
+                     AND count = $4",
                 &[
                     &instance.0,
                     &step.key.kind.code(),
                     &step.key.name,
                     &i64::from(step.key.count),
-                    &StepState::Running.code(),
                 ],
             )
             .await?
-            .is_some();
+            .map(|row| (row.get::<_, i64>(0), row.get::<_, Option<String>>(1)));
+            let running = match found {
+                Some((state, _)) if state == StepState::Running.code() => true,
+                // A wait whose take landed while the workflow was dropping it: the
+                // workflow never saw the event, which goes back to the front of its queue.
+                Some((state, Some(output)))
+                    if state == StepState::Succeeded.code()
+                        && step.key.kind == StepKind::WaitForEvent =>
+                {
+                    put_back_event(tx, b, instance, &output).await?;
+                    true
+                }
+                _ => false,
+            };
             if running {
                 upsert_step(tx, b, instance, step).await?;
                 // A cancelled stream step's chunks are no output of anything. Chunks are
@@ -969,6 +981,23 @@ pub(crate) async fn take_event(
     at: Timestamp,
 ) -> R<Option<StoredEvent>> {
     check_lease(tx, lease).await?;
+    // A wait that is no longer waiting takes nothing: the workflow dropped it (it lost a
+    // `select!`) and its cancel landed while this take was on its way.
+    let waiting = query_opt(
+        tx,
+        "SELECT state FROM steps WHERE iid = $1 AND kind = $2 AND name = $3 AND count = $4",
+        &[
+            &lease.instance.0,
+            &step.kind.code(),
+            &step.name,
+            &i64::from(step.count),
+        ],
+    )
+    .await?
+    .map(|row| row.get::<_, i64>(0));
+    if waiting.is_some_and(|state| state != StepState::Running.code()) {
+        return Ok(None);
+    }
     let Some(row) = query_opt(
         tx,
         "SELECT id, payload, at FROM events WHERE iid = $1 AND type = $2 ORDER BY id LIMIT 1",
@@ -1023,6 +1052,33 @@ pub(crate) async fn take_event(
         payload,
         at: Timestamp::from_millis(sent_at),
     }))
+}
+
+/// Buffers again the event a wait's `output` holds (as `take_event` wrote it), ahead of
+/// every event buffered now: it was the oldest of its type when it was taken. Event ids
+/// are not shown anywhere: it takes the next value of their sequence, negated, which is
+/// below every id there is (the sequence's are positive) and every id put back before it,
+/// and unique while several engines put events back at once.
+async fn put_back_event(
+    tx: &Transaction<'_>,
+    b: &mut Batch<'_>,
+    instance: InstanceRef,
+    output: &str,
+) -> R<()> {
+    let taken: serde_json::Value = serde_json::from_str(output).map_err(corrupt)?;
+    let (Some(event_type), Some(at)) = (taken["type"].as_str(), taken["timestamp"].as_i64()) else {
+        return Err(corrupt(format!("a wait's output is no event: {output}")).into());
+    };
+    let payload = serde_json::to_string(&taken["payload"]).map_err(corrupt)?;
+    exec(
+        tx,
+        b,
+        "INSERT INTO events (id, iid, type, payload, at)
+         VALUES (-nextval(pg_get_serial_sequence('events', 'id')), $1, $2, $3, $4)",
+        &[&instance.0, &event_type, &payload, &at],
+    )
+    .await?;
+    Ok(())
 }
 
 fn log_now(

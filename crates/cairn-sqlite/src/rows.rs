@@ -482,21 +482,37 @@ fn apply(conn: &Writer<'_>, instance: InstanceRef, write: &Write) -> Result<()> 
             upsert_step(conn, instance, step, &config)
         }
         Write::Cancel { step, records } => {
-            let running: bool = conn
+            let found: Option<(i64, Option<String>)> = conn
                 .prepare_cached(
-                    "SELECT 1 FROM steps WHERE iid = ?1 AND kind = ?2 AND name = ?3 AND count = ?4
-                         AND state = ?5",
+                    "SELECT state, output FROM steps
+                     WHERE iid = ?1 AND kind = ?2 AND name = ?3 AND count = ?4",
                 )
                 .and_then(|mut st| {
-                    st.exists(params![
-                        instance.0,
-                        step.key.kind.code(),
-                        step.key.name,
-                        step.key.count,
-                        cairn_core::StepState::Running.code()
-                    ])
+                    st.query_row(
+                        params![
+                            instance.0,
+                            step.key.kind.code(),
+                            step.key.name,
+                            step.key.count
+                        ],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()
                 })
                 .map_err(map_sqlite)?;
+            let running = match found {
+                Some((state, _)) if state == StepState::Running.code() => true,
+                // A wait whose take landed while the workflow was dropping it: the
+                // workflow never saw the event, which goes back to the front of its queue.
+                Some((state, Some(output)))
+                    if state == StepState::Succeeded.code()
+                        && step.key.kind == StepKind::WaitForEvent =>
+                {
+                    put_back_event(conn, instance, &output)?;
+                    true
+                }
+                _ => false,
+            };
             if running {
                 let config = serde_json::to_string(&step.config).map_err(corrupt)?;
                 upsert_step(conn, instance, step, &config)?;
@@ -769,6 +785,23 @@ pub(crate) fn take_event(
     at: Timestamp,
 ) -> Result<Option<StoredEvent>> {
     check_lease(conn, lease)?;
+    // A wait that is no longer waiting takes nothing: the workflow dropped it (it lost a
+    // `select!`) and its cancel landed while this take was on its way.
+    let waiting = conn
+        .prepare_cached(
+            "SELECT state FROM steps WHERE iid = ?1 AND kind = ?2 AND name = ?3 AND count = ?4",
+        )
+        .and_then(|mut st| {
+            st.query_row(
+                params![lease.instance.0, step.kind.code(), step.name, step.count],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+        })
+        .map_err(map_sqlite)?;
+    if waiting.is_some_and(|state| state != StepState::Running.code()) {
+        return Ok(None);
+    }
     let found: Option<(i64, String, i64)> = conn
         .prepare_cached(TAKE_EVENT_SQL)
         .and_then(|mut st| {
@@ -831,6 +864,24 @@ pub(crate) fn take_event(
         payload,
         at: Timestamp::from_millis(sent_at),
     }))
+}
+
+/// Buffers again the event a wait's `output` holds (as `take_event` wrote it), ahead of
+/// every event buffered now: it was the oldest of its type when it was taken. Event ids
+/// are not shown anywhere; one below the smallest is never reused (ids only grow).
+fn put_back_event(conn: &Connection, instance: InstanceRef, output: &str) -> Result<()> {
+    let taken: serde_json::Value = serde_json::from_str(output).map_err(corrupt)?;
+    let (Some(event_type), Some(at)) = (taken["type"].as_str(), taken["timestamp"].as_i64()) else {
+        return Err(corrupt(format!("a wait's output is no event: {output}")));
+    };
+    let payload = serde_json::to_string(&taken["payload"]).map_err(corrupt)?;
+    conn.prepare_cached(
+        "INSERT INTO events (id, iid, type, payload, at)
+         VALUES ((SELECT COALESCE(MIN(id), 1) - 1 FROM events), ?1, ?2, ?3, ?4)",
+    )
+    .and_then(|mut st| st.execute(params![instance.0, event_type, payload, at]))
+    .map_err(map_sqlite)?;
+    Ok(())
 }
 
 /// A step's row, written whole.

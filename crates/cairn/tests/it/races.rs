@@ -114,6 +114,139 @@ async fn an_event_sent_between_a_waits_empty_take_and_its_hibernation_wakes_it_o
         .await;
 }
 
+/// Waits for `approve` while a step waits for the test's `go`; whichever wins, a second
+/// wait for `approve` follows. Returns the winner and what the second wait received.
+fn approval_racing_a_step(go: &Arc<tokio::sync::Notify>) -> FnWorkflow {
+    let go = Arc::clone(go);
+    wf(move |_, step| {
+        let go = Arc::clone(&go);
+        async move {
+            let winner = tokio::select! {
+                biased;
+                event = step.wait_for_event::<Value>("approval", "approve").timeout("7 days") => {
+                    event?;
+                    "approval"
+                }
+                other = step.run("other", move |_| {
+                    let go = Arc::clone(&go);
+                    async move {
+                        go.notified().await;
+                        Ok(1u32)
+                    }
+                }) => {
+                    other?;
+                    "other"
+                }
+            };
+            let again = step
+                .wait_for_event::<Value>("again", "approve")
+                .timeout("7 days")
+                .await?;
+            Ok(json!({ "winner": winner, "again": again.payload }))
+        }
+    })
+}
+
+/// A wait loses a `select!` while its store call taking an event is on its way (sent to
+/// the database, not yet answered). The event must not be lost with the dropped wait,
+/// whichever lands first: the take, or the commit carrying the wait's cancel. Before,
+/// a take that landed first consumed the event for a wait nobody awaited any more (the
+/// cancel then found it finished and left it so), and a take that landed after the
+/// cancel took the event all the same, and made the cancelled wait succeed. Either way
+/// the next wait for the same type waited out its timeout.
+async fn a_wait_dropped_while_its_take_is_on_its_way_loses_no_event(
+    backend: Backend,
+    take_lands_first: bool,
+) {
+    let (_dir, path) = temp_db();
+    let gates = Gates::default();
+    let store = raw_store_on(backend, &path).await;
+    let go = Arc::new(tokio::sync::Notify::new());
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+        .clock(Clock::virtual_now())
+        .register(approval_racing_a_step(&go))
+        .start()
+        .await
+        .unwrap();
+    let lost_wait_take = gates.arm("take_event");
+    let next_wait_take = gates.arm("take_event");
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    // The wait's take is on its way, the event is buffered: then the step wins the race.
+    lost_wait_take.arrived().await;
+    instance.send_event("approve", &json!("ada")).await.unwrap();
+    if take_lands_first {
+        let carrying_the_cancel = gates.arm_unsent_commit();
+        go.notify_one();
+        carrying_the_cancel.arrived().await;
+        lost_wait_take.release();
+        let answer = lost_wait_take.answered().await;
+        assert!(
+            answer.starts_with("Ok(Some("),
+            "the take found the event: {answer}"
+        );
+        carrying_the_cancel.release();
+    } else {
+        go.notify_one();
+        while !crate::support::journal_of(&*store, "test", "x")
+            .await
+            .iter()
+            .any(|s| s.key.name == "approval" && s.state == cairn::StepState::Cancelled)
+        {
+            tokio::task::yield_now().await;
+        }
+        lost_wait_take.release();
+        assert_eq!(
+            lost_wait_take.answered().await,
+            "Ok(None)",
+            "a take that landed after its wait's cancel took the event"
+        );
+    }
+    next_wait_take.arrived().await;
+    next_wait_take.release();
+    let status = instance
+        .wait_timeout(Duration::from_secs(30 * 86_400))
+        .await
+        .unwrap()
+        .expect("the instance did not end");
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(
+        status.output,
+        Some(json!({ "winner": "other", "again": "ada" })),
+        "the event went with the dropped wait"
+    );
+    let approval = crate::support::journal_of(&*store, "test", "x")
+        .await
+        .into_iter()
+        .find(|s| s.key.name == "approval")
+        .unwrap();
+    assert_eq!(approval.state, cairn::StepState::Cancelled, "{approval:?}");
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_dropped_while_its_take_is_on_its_way_loses_no_event_take_first_on_sqlite() {
+    a_wait_dropped_while_its_take_is_on_its_way_loses_no_event(Backend::Sqlite, true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_dropped_while_its_take_is_on_its_way_loses_no_event_cancel_first_on_sqlite() {
+    a_wait_dropped_while_its_take_is_on_its_way_loses_no_event(Backend::Sqlite, false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_dropped_while_its_take_is_on_its_way_loses_no_event_take_first_on_postgres() {
+    a_wait_dropped_while_its_take_is_on_its_way_loses_no_event(Backend::Postgres, true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_dropped_while_its_take_is_on_its_way_loses_no_event_cancel_first_on_postgres() {
+    a_wait_dropped_while_its_take_is_on_its_way_loses_no_event(Backend::Postgres, false).await;
+}
+
 /// A SQLite store whose first `take_event` names a wait the journal does not have: the
 /// store deletes the event, then fails on the missing entry. A fenced job (no savepoint)
 /// that fails after it wrote: nothing of its group may land.

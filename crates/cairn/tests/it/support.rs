@@ -440,6 +440,10 @@ pub struct Gate(Arc<GateState>);
 struct GateState {
     /// The held call is never made: released, it fails (a write that did not land).
     fails: bool,
+    /// The held call is made only once released: nothing of it reaches the store before
+    /// (a held call is otherwise made at once, and only its answer held, where the store
+    /// sends it as it is called, as SQLite's does).
+    unsent: bool,
     arrived: tokio::sync::Semaphore,
     release: tokio::sync::Semaphore,
     answer: Mutex<Option<String>>,
@@ -449,18 +453,25 @@ struct GateState {
 impl Gates {
     /// The next call of `method` waits at the returned gate.
     pub fn arm(&self, method: &'static str) -> Gate {
-        self.arm_with(method, false)
+        self.arm_with(method, false, false)
     }
 
     /// The next call of `method` waits at the returned gate, and once released fails
     /// without reaching the store.
     pub fn arm_failing(&self, method: &'static str) -> Gate {
-        self.arm_with(method, true)
+        self.arm_with(method, true, false)
     }
 
-    fn arm_with(&self, method: &'static str, fails: bool) -> Gate {
+    /// The next `commit` waits at the returned gate before it is sent to the store: what
+    /// the engine has the store do meanwhile lands first.
+    pub fn arm_unsent_commit(&self) -> Gate {
+        self.arm_with("commit", false, true)
+    }
+
+    fn arm_with(&self, method: &'static str, fails: bool, unsent: bool) -> Gate {
         let gate = Gate(Arc::new(GateState {
             fails,
+            unsent,
             arrived: tokio::sync::Semaphore::new(0),
             release: tokio::sync::Semaphore::new(0),
             answer: Mutex::new(None),
@@ -473,6 +484,18 @@ impl Gates {
             .or_default()
             .push(gate.clone());
         gate
+    }
+
+    /// The gate armed first for `method`, taken only if it holds its call unsent.
+    fn take_unsent(&self, method: &'static str) -> Option<Gate> {
+        let unsent = self
+            .0
+            .lock()
+            .unwrap()
+            .get(method)
+            .and_then(|armed| armed.first())
+            .is_some_and(|gate| gate.0.unsent);
+        if unsent { self.take(method) } else { None }
     }
 
     fn take(&self, method: &'static str) -> Option<Gate> {
@@ -792,6 +815,13 @@ impl Store for Hooked {
         hooked!(self, "fire_tick", self.inner.fire_tick(t))
     }
     fn commit(&self, lease: Lease, writes: Vec<Write>) -> StoreFuture<'_, cairn::InstanceStatus> {
+        if let Some(gate) = self.gates.take_unsent("commit") {
+            return Box::pin(async move {
+                (self.before)("commit")?;
+                gate.hold().await;
+                self.inner.commit(lease, writes).await
+            });
+        }
         hooked!(self, "commit", self.inner.commit(lease, writes))
     }
     fn control(
@@ -859,11 +889,9 @@ impl Store for Hooked {
         t: cairn::EventType,
         at: cairn::Timestamp,
     ) -> StoreFuture<'_, Option<StoredEvent>> {
-        hooked!(
-            self,
-            "take_event",
-            self.inner.take_event(lease, step, t, at)
-        )
+        // Lazy: a take on its way lands even if the wait that sent it is dropped.
+        hooked_lazy!(self, "take_event", |inner| inner
+            .take_event(lease, step, t, at))
     }
     fn purge(&self, now: cairn::Timestamp, limit: usize) -> StoreFuture<'_, usize> {
         hooked!(self, "purge", self.inner.purge(now, limit))
