@@ -954,6 +954,90 @@ pub async fn a_cancel_never_overwrites_an_outcome(store: Arc<dyn Store>) {
     assert_eq!(failures, 1, "only the cancel that took effect is logged");
 }
 
+/// A wait's cancel that finds it finished by a take (the take landed while the workflow was
+/// dropping the wait, so the workflow never saw the event) puts the event back ahead of
+/// the events of its type sent after it, and the wait is cancelled; a take for a wait that
+/// is no longer waiting takes nothing.
+pub async fn a_cancelled_wait_puts_back_the_event_a_take_gave_it(store: Arc<dyn Store>) {
+    let r = create_one(&*store, "wf", "a").await;
+    let id = InstanceId::new("a").unwrap();
+    let go = cairn_core::EventType::new("go").unwrap();
+    for (payload, at) in [("1", T0), ("2", T0.saturating_add(Duration::from_secs(1)))] {
+        let event = crate::NewEvent {
+            event_type: go.clone(),
+            payload: payload.into(),
+            at,
+            idempotency_key: None,
+        };
+        store.send_event(&wf("wf"), &id, event).await.unwrap();
+    }
+    let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
+    let wait = |n: u32| {
+        let mut wait = step("w", n, n, StepState::Running);
+        wait.key.kind = StepKind::WaitForEvent;
+        wait
+    };
+    store
+        .commit(lease, vec![Write::Step(wait(1))])
+        .await
+        .unwrap();
+    let taken = store
+        .take_event(lease, wait(1).key, go.clone(), T0)
+        .await
+        .unwrap();
+    assert_eq!(taken.map(|e| e.payload).as_deref(), Some("1"));
+    let mut cancelled = wait(1);
+    cancelled.state = StepState::Cancelled;
+    cancelled.error = Some(ErrorInfo::new("StepCancelled", "dropped"));
+    let records = vec![LogEntry {
+        kind: LogKind::WaitComplete,
+        at: T0,
+        step: Some(wait(1).key),
+        meta: serde_json::json!({ "cancelled": true }),
+    }];
+    store
+        .commit(
+            lease,
+            vec![Write::Cancel {
+                step: cancelled,
+                records,
+            }],
+        )
+        .await
+        .unwrap();
+    let journal = store.journal(r).await.unwrap();
+    assert_eq!(journal[0].state, StepState::Cancelled, "{journal:?}");
+    assert_eq!(
+        store
+            .take_event(lease, wait(1).key, go.clone(), T0)
+            .await
+            .unwrap(),
+        None,
+        "a cancelled wait takes nothing"
+    );
+    let mut next = Vec::new();
+    for n in 2..=3 {
+        store
+            .commit(lease, vec![Write::Step(wait(n))])
+            .await
+            .unwrap();
+        let event = store
+            .take_event(lease, wait(n).key, go.clone(), T0)
+            .await
+            .unwrap()
+            .unwrap();
+        next.push((event.payload, event.at));
+    }
+    assert_eq!(
+        next,
+        [
+            ("1".to_owned(), T0),
+            ("2".to_owned(), T0.saturating_add(Duration::from_secs(1)))
+        ],
+        "the event put back comes first, with the time it was sent"
+    );
+}
+
 fn step_key(name: &str) -> StepKey {
     StepKey {
         kind: StepKind::Run,
@@ -2324,6 +2408,7 @@ macro_rules! conformance_tests {
             a_cancelled_pause_logs_no_workflow_paused,
             an_event_sent_twice_with_one_key_is_buffered_once,
             a_cancel_never_overwrites_an_outcome,
+            a_cancelled_wait_puts_back_the_event_a_take_gave_it,
             control_reports_the_epoch_it_fenced,
             records_read_back_exactly_at_every_page_size,
             a_step_start_reads_back_with_its_steps_configuration,
@@ -2381,6 +2466,7 @@ macro_rules! conformance_tests {
             a_cancelled_pause_logs_no_workflow_paused,
             an_event_sent_twice_with_one_key_is_buffered_once,
             a_cancel_never_overwrites_an_outcome,
+            a_cancelled_wait_puts_back_the_event_a_take_gave_it,
             control_reports_the_epoch_it_fenced,
             records_read_back_exactly_at_every_page_size,
             a_step_start_reads_back_with_its_steps_configuration,

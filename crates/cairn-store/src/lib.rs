@@ -409,7 +409,9 @@ pub enum Write {
     /// Cancel a step the workflow stopped awaiting: if its journal entry is still running,
     /// replace it with `step` (state `cancelled`), drop any stream chunks it wrote and append
     /// `records`; if it has reached an outcome meanwhile (its outcome commit landed first),
-    /// change nothing.
+    /// change nothing. Except an event wait finished by a take: the workflow never saw the
+    /// event (it was dropping the wait as the take landed), so it is buffered again, first
+    /// of its type, and the wait cancelled.
     Cancel {
         /// The cancelled entry.
         step: StepRecord,
@@ -915,7 +917,8 @@ pub trait Store: Send + Sync + 'static {
     /// Under `lease`, in one transaction: takes the oldest buffered event of `event_type`,
     /// records it as the output of the wait `step` (state succeeded, ended at `at`) and
     /// appends its `WAIT_COMPLETE` record. `None` (and nothing written) when no event of that
-    /// type is buffered. An event is thereby delivered exactly once.
+    /// type is buffered, or when the wait is no longer running (cancelled while this call
+    /// was on its way). An event is thereby delivered exactly once.
     fn take_event(
         &self,
         lease: Lease,
