@@ -50,20 +50,94 @@ const OPEN: &str = "{\"$bytes\":\"";
 /// How it ends.
 const CLOSE: &str = "\"}";
 
+/// How deep a stored value may nest: arrays and objects inside one another, `[[1]]` being
+/// two deep. serde_json reads no JSON nested 128 deep (its guard against a stack overflow),
+/// and Cairn wraps a value in up to a few more levels of its own (a log record's
+/// `{"result": …}`, a wait's `{"payload": …}`, a worker's frame): a value any deeper would be
+/// stored, then fail to read back. So the writers refuse it, as an HTTP body is.
+pub const MAX_DEPTH: usize = 100;
+
+fn too_deep() -> serde_json::Error {
+    ser::Error::custom(format!(
+        "it nests deeper than {MAX_DEPTH} levels of arrays and objects, the most a stored value may"
+    ))
+}
+
+/// How deep JSON text nests (its arrays and objects), counted up to one past `MAX_DEPTH`.
+fn text_depth(json: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+                if deepest > MAX_DEPTH {
+                    break;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// How deep a JSON value nests, counted up to one past `MAX_DEPTH` (without recursion).
+fn value_depth(value: &Value) -> usize {
+    if !(value.is_array() || value.is_object()) {
+        return 0;
+    }
+    let mut deepest = 0;
+    let mut open = vec![(value, 0usize)];
+    while let Some((value, depth)) = open.pop() {
+        let inner = depth + 1;
+        match value {
+            Value::Array(items) => open.extend(items.iter().map(|item| (item, inner))),
+            Value::Object(fields) => open.extend(fields.values().map(|item| (item, inner))),
+            _ => continue,
+        }
+        deepest = deepest.max(inner);
+        if deepest > MAX_DEPTH {
+            break;
+        }
+    }
+    deepest
+}
+
 /// `value` as compact JSON text, with byte sequences as `{"$bytes":"<base64>"}`.
 ///
 /// # Errors
-/// As `serde_json::to_string`.
+/// As `serde_json::to_string`, and when it nests deeper than [`MAX_DEPTH`].
 pub fn to_string<T: Serialize + ?Sized>(value: &T) -> Result<String, serde_json::Error> {
-    serde_json::to_string(&Compacted(value))
+    let json = serde_json::to_string(&Compacted(value))?;
+    // Nesting past the limit takes more brackets than that.
+    if json.len() > 2 * MAX_DEPTH && text_depth(&json) > MAX_DEPTH {
+        return Err(too_deep());
+    }
+    Ok(json)
 }
 
 /// `value` as a JSON value, with byte sequences as `{"$bytes": "<base64>"}`.
 ///
 /// # Errors
-/// As `serde_json::to_value`.
+/// As `serde_json::to_value`, and when it nests deeper than [`MAX_DEPTH`].
 pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Result<Value, serde_json::Error> {
-    serde_json::to_value(Compacted(value))
+    let value = serde_json::to_value(Compacted(value))?;
+    if value_depth(&value) > MAX_DEPTH {
+        return Err(too_deep());
+    }
+    Ok(value)
 }
 
 /// Decodes JSON text written by [`to_string`] (or by `serde_json`) as a `T`.
@@ -1409,6 +1483,43 @@ impl<'de, A: de::VariantAccess<'de>> de::VariantAccess<'de> for Variant<A> {
 
 #[cfg(test)]
 mod tests {
+    /// Arrays and objects `depth` deep, with a string of brackets (which count for nothing)
+    /// at the bottom.
+    fn nested(depth: usize) -> Value {
+        let mut value = serde_json::json!(["[[{{\\\"", 1]);
+        for level in 1..depth {
+            value = if level % 2 == 0 {
+                serde_json::json!([value])
+            } else {
+                serde_json::json!({ "k": value })
+            };
+        }
+        value
+    }
+
+    #[test]
+    fn a_value_nested_past_the_limit_is_refused_and_one_at_it_reads_back() {
+        for (depth, ok) in [(MAX_DEPTH, true), (MAX_DEPTH + 1, false)] {
+            let value = nested(depth);
+            assert_eq!(value_depth(&value), depth);
+            let text = to_string(&value);
+            assert_eq!(text.is_ok(), ok, "{depth}: {text:?}");
+            assert_eq!(to_value(&value).is_ok(), ok, "{depth}");
+            let text = serde_json::to_string(&value).unwrap();
+            assert_eq!(text_depth(&text), depth);
+            if ok {
+                let back: Value = from_str(&to_string(&value).unwrap()).unwrap();
+                assert_eq!(back, value);
+                // Wrapped in the few levels Cairn adds, it still reads.
+                let wrapped = serde_json::json!({ "a": { "b": { "c": value } } }).to_string();
+                assert!(serde_json::from_str::<Value>(&wrapped).is_ok());
+            } else {
+                let error = to_string(&value).unwrap_err().to_string();
+                assert!(error.contains("deeper than 100 levels"), "{error}");
+            }
+        }
+    }
+
     use super::*;
     use serde::{Deserialize, Serialize};
     use std::collections::{BTreeMap, VecDeque};

@@ -505,3 +505,74 @@ async fn large_params_are_stored_once_and_logged_cut() {
     }
     engine.shutdown().await;
 }
+
+/// Arrays `depth` deep around `1`.
+fn nested(depth: usize) -> Value {
+    (0..depth).fold(json!(1), |value, _| json!([value]))
+}
+
+/// Values nested as deep as a stored value may be (`cairn_core::binary::MAX_DEPTH`) come
+/// back exactly through params, a step's output, an event and the workflow's output, also
+/// in the log; one level deeper is refused where it enters, with an error that says why.
+/// Before, such a value was stored, then did not read back (serde_json reads no JSON 128
+/// deep): params deeper than that failed the instance as it started, and a step's output
+/// failed it after the step had run, its success logged with a `null` result.
+#[tokio::test(start_paused = true)]
+async fn values_nested_to_the_limit_read_back_and_deeper_ones_are_refused_where_they_enter() {
+    const LIMIT: usize = cairn_core::binary::MAX_DEPTH;
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|event, step| async move {
+            let output: Value = step.run("deep", |_| async { Ok(nested(LIMIT)) }).await?;
+            let deeper = step
+                .run("deeper", |_| async { Ok(nested(LIMIT + 1)) })
+                .retries(Retries::none())
+                .await
+                .map_err(|e| e.message().to_owned());
+            let received = step.wait_for_event::<Value>("w", "go").await?;
+            Ok(json!({
+                "params": event.payload == nested(LIMIT),
+                "output": output == nested(LIMIT),
+                "deeper": deeper.err(),
+                "event": received.payload == nested(LIMIT),
+                "value": nested(LIMIT - 1),
+            }))
+        }))
+    })
+    .await;
+    let workflow = engine.workflow::<FnWorkflow>();
+    let refused = workflow
+        .create(CreateOptions::new(nested(LIMIT + 1)))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("deeper than 100 levels"),
+        "{refused}"
+    );
+    let instance = workflow
+        .create(CreateOptions::new(nested(LIMIT)))
+        .await
+        .unwrap();
+    let refused = instance
+        .send_event("go", &nested(LIMIT + 1))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("deeper than 100 levels"),
+        "{refused}"
+    );
+    instance.send_event("go", &nested(LIMIT)).await.unwrap();
+    let status = instance.wait().await.unwrap();
+    let output = status.output.clone().unwrap_or_else(|| panic!("{status:?}"));
+    assert_eq!(output["params"], true);
+    assert_eq!(output["output"], true);
+    assert_eq!(output["event"], true);
+    assert_eq!(output["value"], nested(LIMIT - 1));
+    let deeper = output["deeper"].as_str().unwrap_or_default();
+    assert!(deeper.contains("deeper than 100 levels"), "{output}");
+    // The log reads back whole, each value in its record.
+    let success = records(&instance, LogKind::StepSuccess).await;
+    assert_eq!(success[0].entry.meta["result"], nested(LIMIT), "{success:?}");
+    let received = records(&instance, LogKind::WaitComplete).await;
+    assert_eq!(received[0].entry.meta["payload"], nested(LIMIT));
+    engine.shutdown().await;
+}
