@@ -37,6 +37,9 @@ struct Owned {
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     rows: Vec<Owned>,
+    /// Records to drop from the rows of the operations before this one in the same
+    /// transaction, once this one's are taken in ([`Pending::extend`]).
+    forgotten: Vec<(i64, i64, (i64, String, i64))>,
 }
 
 impl Pending {
@@ -71,9 +74,32 @@ impl Pending {
         Ok(())
     }
 
-    /// Appends another operation's rows after these.
+    /// Appends another operation's rows after these, dropping first the records it forgot.
     pub(crate) fn extend(&mut self, other: Pending) {
+        for (iid, kind, step) in &other.forgotten {
+            self.drop_rows(*iid, *kind, step);
+        }
+        self.forgotten.extend(other.forgotten);
         self.rows.extend(other.rows);
+    }
+
+    /// Forgets an instance's pending records of one kind and step, alone in their rows
+    /// (as a take's `WAIT_COMPLETE` is), here and in the operations before this one.
+    pub(crate) fn forget_record(
+        &mut self,
+        instance: InstanceRef,
+        kind: cairn_core::LogKind,
+        step: &cairn_core::StepKey,
+    ) {
+        let step = (step.kind.code(), step.name.clone(), i64::from(step.count));
+        self.drop_rows(instance.0, kind.code(), &step);
+        self.forgotten.push((instance.0, kind.code(), step));
+    }
+
+    fn drop_rows(&mut self, iid: i64, kind: i64, step: &(i64, String, i64)) {
+        self.rows.retain(|r| {
+            !(r.iid == iid && r.kind == kind && r.second.is_none() && r.step.as_ref() == Some(step))
+        });
     }
 
     /// Forgets an instance's pending rows (it was deleted or restarted in this transaction).

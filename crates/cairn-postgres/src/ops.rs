@@ -206,7 +206,7 @@ async fn apply(
                     if state == StepState::Succeeded.code()
                         && step.key.kind == StepKind::WaitForEvent =>
                 {
-                    put_back_event(tx, b, instance, &output).await?;
+                    put_back_event(tx, b, instance, &step.key, &output).await?;
                     true
                 }
                 _ => false,
@@ -1058,11 +1058,14 @@ pub(crate) async fn take_event(
 /// every event buffered now: it was the oldest of its type when it was taken. Event ids
 /// are not shown anywhere: it takes the next value of their sequence, negated, which is
 /// below every id there is (the sequence's are positive) and every id put back before it,
-/// and unique while several engines put events back at once.
+/// and unique while several engines put events back at once. The take's `WAIT_COMPLETE`
+/// goes, also if it is still pending in this transaction: the log shows the wait cancelled
+/// and the event received once, by the wait that takes it next.
 async fn put_back_event(
     tx: &Transaction<'_>,
     b: &mut Batch<'_>,
     instance: InstanceRef,
+    wait: &StepKey,
     output: &str,
 ) -> R<()> {
     let taken: serde_json::Value = serde_json::from_str(output).map_err(corrupt)?;
@@ -1078,6 +1081,21 @@ async fn put_back_event(
         &[&instance.0, &event_type, &payload, &at],
     )
     .await?;
+    exec(
+        tx,
+        b,
+        "DELETE FROM log WHERE iid = $1 AND kind = $2 AND step_kind = $3 AND step_name = $4
+             AND step_count = $5",
+        &[
+            &instance.0,
+            &LogKind::WaitComplete.code(),
+            &wait.kind.code(),
+            &wait.name,
+            &i64::from(wait.count),
+        ],
+    )
+    .await?;
+    b.log.forget_record(instance, LogKind::WaitComplete, wait);
     Ok(())
 }
 

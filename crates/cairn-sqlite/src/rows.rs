@@ -508,7 +508,7 @@ fn apply(conn: &Writer<'_>, instance: InstanceRef, write: &Write) -> Result<()> 
                     if state == StepState::Succeeded.code()
                         && step.key.kind == StepKind::WaitForEvent =>
                 {
-                    put_back_event(conn, instance, &output)?;
+                    put_back_event(conn, instance, &step.key, &output)?;
                     true
                 }
                 _ => false,
@@ -868,8 +868,15 @@ pub(crate) fn take_event(
 
 /// Buffers again the event a wait's `output` holds (as `take_event` wrote it), ahead of
 /// every event buffered now: it was the oldest of its type when it was taken. Event ids
-/// are not shown anywhere; one below the smallest is never reused (ids only grow).
-fn put_back_event(conn: &Connection, instance: InstanceRef, output: &str) -> Result<()> {
+/// are not shown anywhere; one below the smallest is never reused (ids only grow). The
+/// take's `WAIT_COMPLETE` goes: the log shows the wait cancelled and the event received
+/// once, by the wait that takes it next.
+fn put_back_event(
+    conn: &Connection,
+    instance: InstanceRef,
+    wait: &StepKey,
+    output: &str,
+) -> Result<()> {
     let taken: serde_json::Value = serde_json::from_str(output).map_err(corrupt)?;
     let (Some(event_type), Some(at)) = (taken["type"].as_str(), taken["timestamp"].as_i64()) else {
         return Err(corrupt(format!("a wait's output is no event: {output}")));
@@ -880,6 +887,20 @@ fn put_back_event(conn: &Connection, instance: InstanceRef, output: &str) -> Res
          VALUES ((SELECT COALESCE(MIN(id), 1) - 1 FROM events), ?1, ?2, ?3, ?4)",
     )
     .and_then(|mut st| st.execute(params![instance.0, event_type, payload, at]))
+    .map_err(map_sqlite)?;
+    conn.prepare_cached(
+        "DELETE FROM log WHERE iid = ?1 AND kind = ?2 AND step_kind = ?3 AND step_name = ?4
+             AND step_count = ?5",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            instance.0,
+            LogKind::WaitComplete.code(),
+            wait.kind.code(),
+            wait.name,
+            wait.count
+        ])
+    })
     .map_err(map_sqlite)?;
     Ok(())
 }

@@ -71,5 +71,10 @@ impl Drop for Waiting {
             step: record,
             records,
         }]);
+        if self.ends_with == LogKind::WaitComplete {
+            // A take of this wait's may have landed: its cancel puts the event back. Another
+            // wait for the type looks again, and its take commits the cancel first.
+            state.events.notify_waiters();
+        }
     }
 }

@@ -113,8 +113,23 @@ impl WorkflowStep {
                     let event_type =
                         event_type.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
                     state.pause_gate().await;
-                    let result = wait(Arc::clone(&state), key?, event_type, timeout, ordinal).await;
+                    // Armed from the wait's start until the workflow has its outcome: past
+                    // the pause gate after it too, where a wait that has taken its event
+                    // may still be dropped (a `select!` another branch wins on resume).
+                    let mut armed = None;
+                    let result = wait(
+                        Arc::clone(&state),
+                        key?,
+                        event_type,
+                        timeout,
+                        ordinal,
+                        &mut armed,
+                    )
+                    .await;
                     state.pause_gate().await;
+                    if let Some(armed) = armed {
+                        armed.finished();
+                    }
                     result
                 })
             })),
@@ -143,6 +158,7 @@ async fn wait<T: DeserializeOwned>(
     event_type: EventType,
     timeout: Result<Duration, DurationError>,
     ordinal: usize,
+    armed: &mut Option<super::abandoned::Waiting>,
 ) -> Result<StepEvent<T>, WorkflowError> {
     if state.registering() {
         // Replaying only to register rollback handlers: a finished wait answers from the
@@ -164,7 +180,7 @@ async fn wait<T: DeserializeOwned>(
         };
     }
     let mut activity = state.activity();
-    let (mut record, waiting) = match state.take_record(&key) {
+    let mut record = match state.take_record(&key) {
         Some(rec) if rec.state == StepState::Succeeded => {
             return decode(&key, rec.output.as_deref().unwrap_or("null"));
         }
@@ -181,8 +197,12 @@ async fn wait<T: DeserializeOwned>(
             return std::future::pending().await;
         }
         Some(rec) => {
-            let waiting = super::abandoned::Waiting::new(&state, &rec, LogKind::WaitComplete);
-            (rec, waiting)
+            *armed = Some(super::abandoned::Waiting::new(
+                &state,
+                &rec,
+                LogKind::WaitComplete,
+            ));
+            rec
         }
         None => {
             let timeout = timeout.map_err(|e| WorkflowError::new(ERROR, e.to_string()))?;
@@ -222,7 +242,11 @@ async fn wait<T: DeserializeOwned>(
             };
             // Armed before the start is sent: dropped while it is on its way, the cancel
             // goes with the next commit (one that lands first finds nothing to cancel).
-            let waiting = super::abandoned::Waiting::new(&state, &record, LogKind::WaitComplete);
+            *armed = Some(super::abandoned::Waiting::new(
+                &state,
+                &record,
+                LogKind::WaitComplete,
+            ));
             state
                 .commit(vec![
                     state.log(
@@ -233,7 +257,7 @@ async fn wait<T: DeserializeOwned>(
                     cairn_store::Write::Step(record.clone()),
                 ])
                 .await;
-            (record, waiting)
+            record
         }
     };
     // A span for the part of the wait this lifetime spends (a hibernated wait has one per
@@ -303,7 +327,6 @@ async fn wait<T: DeserializeOwned>(
     }
     .instrument(span.clone())
     .await;
-    waiting.finished();
     match &result {
         Ok(_) => span.record("outcome", "received"),
         Err(e) if e.name() == TIMEOUT => span.record("outcome", "timeout"),

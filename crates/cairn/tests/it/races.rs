@@ -224,7 +224,135 @@ async fn a_wait_dropped_while_its_take_is_on_its_way_loses_no_event(
         .find(|s| s.key.name == "approval")
         .unwrap();
     assert_eq!(approval.state, cairn::StepState::Cancelled, "{approval:?}");
+    assert_each_event_received_once(&instance).await;
     engine.shutdown().await;
+}
+
+/// The log shows the dropped wait cancelled, and the event received once, by the next wait.
+async fn assert_each_event_received_once(instance: &cairn::Instance<Value>) {
+    let completions: Vec<(String, Value)> = records(instance, LogKind::WaitComplete)
+        .await
+        .into_iter()
+        .map(|r| (r.entry.step.unwrap().name, r.entry.meta))
+        .collect();
+    assert_eq!(completions.len(), 2, "{completions:?}");
+    assert_eq!(completions[0].0, "approval", "{completions:?}");
+    assert_eq!(completions[0].1["cancelled"], true, "{completions:?}");
+    assert_eq!(completions[1].0, "again", "{completions:?}");
+    assert_eq!(completions[1].1["payload"], "ada", "{completions:?}");
+}
+
+/// Beside a step that waits for the test's `finish`, a wait for `approve` races the test's
+/// `go` (an await that is no step); a second wait for `approve` follows.
+fn approval_racing_a_signal_beside_a_step(
+    go: &Arc<tokio::sync::Notify>,
+    finish: &Arc<tokio::sync::Notify>,
+) -> FnWorkflow {
+    let (go, finish) = (Arc::clone(go), Arc::clone(finish));
+    wf(move |_, step| {
+        let (go, finish) = (Arc::clone(&go), Arc::clone(&finish));
+        async move {
+            let slow = step.run("slow", move |_| {
+                let finish = Arc::clone(&finish);
+                async move {
+                    finish.notified().await;
+                    Ok(1u32)
+                }
+            });
+            let race = async {
+                tokio::select! {
+                    biased;
+                    event = step.wait_for_event::<Value>("approval", "approve").timeout("7 days") => {
+                        event.map(|_| "approval")
+                    }
+                    () = go.notified() => Ok("other"),
+                }
+            };
+            let (slow, winner) = tokio::join!(slow, race);
+            slow?;
+            let winner = winner?;
+            let again = step
+                .wait_for_event::<Value>("again", "approve")
+                .timeout("7 days")
+                .await?;
+            Ok(json!({ "winner": winner, "again": again.payload }))
+        }
+    })
+}
+
+/// The same race with a pause pending (a step's attempt in flight beside it), and an
+/// await that is no step winning it: the wait's take is answered while the workflow drops
+/// the wait, the pause takes effect once the step ends, and the replay after the resume
+/// must race the same way and find the event for the next wait. (A wait that has its
+/// event stays armed for its cancel also while it waits at the pause gate to hand it over,
+/// where a race may still drop it; no test reaches that point deterministically.)
+async fn a_wait_dropped_under_a_pending_pause_loses_no_event(backend: Backend) {
+    let (_dir, path) = temp_db();
+    let gates = Gates::default();
+    let store = raw_store_on(backend, &path).await;
+    let (go, finish) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+        .clock(Clock::virtual_now())
+        .register(approval_racing_a_signal_beside_a_step(&go, &finish))
+        .start()
+        .await
+        .unwrap();
+    let empty_take = gates.arm("take_event");
+    let the_take = gates.arm("take_event");
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    empty_take.arrived().await;
+    empty_take.release();
+    assert_eq!(empty_take.answered().await, "Ok(None)");
+    // Pending while `slow`'s attempt runs; the event comes, and the wait takes it.
+    instance.pause().await.unwrap();
+    instance.send_event("approve", &json!("ada")).await.unwrap();
+    the_take.arrived().await;
+    the_take.release();
+    let answer = the_take.answered().await;
+    assert!(
+        answer.starts_with("Ok(Some("),
+        "the take found the event: {answer}"
+    );
+    // The race goes the other way while the wait waits at the gate; then `slow` ends,
+    // and the pause takes effect.
+    go.notify_one();
+    finish.notify_one();
+    while instance.status().await.unwrap().status != InstanceStatus::Paused {
+        tokio::task::yield_now().await;
+    }
+    // The replay after the resume races the same way.
+    go.notify_one();
+    instance.resume().await.unwrap();
+    let status = instance
+        .wait_timeout(Duration::from_secs(30 * 86_400))
+        .await
+        .unwrap()
+        .expect("the instance did not end");
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(
+        status.output,
+        Some(json!({ "winner": "other", "again": "ada" })),
+        "the event went with the dropped wait"
+    );
+    assert_each_event_received_once(&instance).await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_dropped_under_a_pending_pause_loses_no_event_on_sqlite() {
+    a_wait_dropped_under_a_pending_pause_loses_no_event(Backend::Sqlite).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_dropped_under_a_pending_pause_loses_no_event_on_postgres() {
+    a_wait_dropped_under_a_pending_pause_loses_no_event(Backend::Postgres).await;
 }
 
 #[tokio::test(start_paused = true)]
