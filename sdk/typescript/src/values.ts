@@ -16,5 +16,39 @@ export function toJsonValue(value: unknown, what: string): unknown {
     const reason = error instanceof Error ? error.message : String(error);
     throw new TypeError(`${what} cannot be sent as JSON: ${reason}`);
   }
+  // Nesting past the limit takes more brackets than that.
+  if (text !== undefined && text.length > 2 * MAX_DEPTH && nestsDeeperThan(text, MAX_DEPTH)) {
+    throw new TypeError(
+      `${what} cannot be sent as JSON: it nests deeper than ${MAX_DEPTH} levels of arrays and objects, the most a stored value may`,
+    );
+  }
   return text === undefined ? null : JSON.parse(text);
+}
+
+/**
+ * How deep a stored value may nest, as the engine counts it (`[[1]]` is two deep): JSON
+ * nested deeper does not read back in the engine, which refuses it where it enters.
+ */
+export const MAX_DEPTH = 100;
+
+/** Whether JSON text nests deeper than `limit` arrays and objects (brackets in strings aside). */
+function nestsDeeperThan(text: string, limit: number): boolean {
+  let depth = 0;
+  let inString = false;
+  let escaped = false;
+  for (let i = 0; i < text.length; i += 1) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (escaped) escaped = false;
+      else if (c === 0x5c) escaped = true;
+      else if (c === 0x22) inString = false;
+      continue;
+    }
+    if (c === 0x22) inString = true;
+    else if (c === 0x5b || c === 0x7b) {
+      depth += 1;
+      if (depth > limit) return true;
+    } else if (c === 0x5d || c === 0x7d) depth -= 1;
+  }
+  return false;
 }

@@ -254,6 +254,12 @@ describe("attempts", () => {
   });
 
   it("send undefined as null, Dates as ISO strings, and fail on what JSON cannot hold", async () => {
+    // Arrays `depth` deep around a string of brackets, which count for nothing.
+    const nested = (depth: number): unknown => {
+      let value: unknown = "[[{{\\\"";
+      for (let level = 0; level < depth; level += 1) value = level % 2 === 0 ? [value] : { k: value };
+      return value;
+    };
     const cycle: Record<string, unknown> = {};
     cycle.self = cycle;
     class Values extends WorkflowEntrypoint {
@@ -265,15 +271,18 @@ describe("attempts", () => {
           step.do("bigint", async () => 10n),
           step.do("cycle", async () => cycle),
           step.do("huge", async () => "x".repeat(3 * 1024 * 1024)),
+          step.do("deep", async () => nested(100)),
+          step.do("too deep", async () => nested(101)),
         ]);
         return undefined;
       }
     }
     const { engine, done } = await setup({ workflows: { values: Values } });
     engine.start("r1", "values");
-    await engine.next({ type: "op", seq: 5 });
-    for (const seq of [0, 1, 2, 3, 4, 5]) engine.send({ type: "attempt", run: "r1", task: `t${seq}`, seq, attempt: 1 });
-    const results = await Promise.all([0, 1, 2, 3, 4, 5].map((seq) => engine.next({ type: "attemptResult", task: `t${seq}` })));
+    await engine.next({ type: "op", seq: 7 });
+    const seqs = [0, 1, 2, 3, 4, 5, 6, 7];
+    for (const seq of seqs) engine.send({ type: "attempt", run: "r1", task: `t${seq}`, seq, attempt: 1 });
+    const results = await Promise.all(seqs.map((seq) => engine.next({ type: "attemptResult", task: `t${seq}` })));
     assert.equal(results[0]!.ok, null);
     assert.ok("ok" in results[0]!, "ok is present, as null");
     assert.equal(results[1]!.ok, "2026-01-02T03:04:05.000Z");
@@ -283,7 +292,12 @@ describe("attempts", () => {
     assert.match(results[4]!.error.message, /the output of step "cycle" cannot be sent as JSON: .*circular/i);
     assert.equal(results[5]!.error.name, "RangeError");
     assert.match(results[5]!.error.message, /2 MiB/);
-    for (const seq of [0, 1, 2, 3, 4, 5]) engine.send({ type: "opResult", run: "r1", seq, ok: null });
+    // As deep as the engine reads back, and one level deeper (JSON nested 128 deep does
+    // not parse there, and a frame wraps the value in a few levels more).
+    assert.deepEqual(results[6]!.ok, nested(100));
+    assert.equal(results[7]!.error.name, "TypeError");
+    assert.match(results[7]!.error.message, /the output of step "too deep" cannot be sent as JSON: it nests deeper than 100 levels/);
+    for (const seq of seqs) engine.send({ type: "opResult", run: "r1", seq, ok: null });
     assert.deepEqual(await engine.next({ type: "runResult" }), { type: "runResult", run: "r1", ok: null });
     await done();
   });
