@@ -1008,15 +1008,8 @@ pub(crate) async fn take_event(
         return Ok(None);
     };
     let (event_id, payload, sent_at): (i64, String, i64) = (row.get(0), row.get(1), row.get(2));
-    let payload_value: serde_json::Value = serde_json::from_str(&payload).map_err(corrupt)?;
-    let mut object = serde_json::json!({
-        "payload": payload_value,
-        "timestamp": sent_at,
-        "type": event_type.as_str(),
-    });
-    let output = object.to_string();
-    // Logs show byte sequences as their size.
-    cairn_core::binary::summarise(&mut object);
+    let (output, object) =
+        cairn_store::taken::wait_output(event_type, &payload, Timestamp::from_millis(sent_at))?;
     exec(tx, b, "DELETE FROM events WHERE id = $1", &[&event_id]).await?;
     let updated = exec(
         tx,
@@ -1068,17 +1061,18 @@ async fn put_back_event(
     wait: &StepKey,
     output: &str,
 ) -> R<()> {
-    let taken: serde_json::Value = serde_json::from_str(output).map_err(corrupt)?;
-    let (Some(event_type), Some(at)) = (taken["type"].as_str(), taken["timestamp"].as_i64()) else {
-        return Err(corrupt(format!("a wait's output is no event: {output}")).into());
-    };
-    let payload = serde_json::to_string(&taken["payload"]).map_err(corrupt)?;
+    let event = cairn_store::taken::taken_event(output)?;
     exec(
         tx,
         b,
         "INSERT INTO events (id, iid, type, payload, at)
          VALUES (-nextval(pg_get_serial_sequence('events', 'id')), $1, $2, $3, $4)",
-        &[&instance.0, &event_type, &payload, &at],
+        &[
+            &instance.0,
+            &event.event_type.as_str(),
+            &event.payload,
+            &event.at.as_millis(),
+        ],
     )
     .await?;
     exec(

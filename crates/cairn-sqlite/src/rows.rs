@@ -814,15 +814,8 @@ pub(crate) fn take_event(
     let Some((event_id, payload, sent_at)) = found else {
         return Ok(None);
     };
-    let payload_value: serde_json::Value = serde_json::from_str(&payload).map_err(corrupt)?;
-    let mut object = serde_json::json!({
-        "payload": payload_value,
-        "timestamp": sent_at,
-        "type": event_type.as_str(),
-    });
-    let output = object.to_string();
-    // Logs show byte sequences as their size.
-    cairn_core::binary::summarise(&mut object);
+    let (output, object) =
+        cairn_store::taken::wait_output(event_type, &payload, Timestamp::from_millis(sent_at))?;
     conn.prepare_cached("DELETE FROM events WHERE id = ?1")
         .and_then(|mut st| st.execute([event_id]))
         .map_err(map_sqlite)?;
@@ -877,16 +870,19 @@ fn put_back_event(
     wait: &StepKey,
     output: &str,
 ) -> Result<()> {
-    let taken: serde_json::Value = serde_json::from_str(output).map_err(corrupt)?;
-    let (Some(event_type), Some(at)) = (taken["type"].as_str(), taken["timestamp"].as_i64()) else {
-        return Err(corrupt(format!("a wait's output is no event: {output}")));
-    };
-    let payload = serde_json::to_string(&taken["payload"]).map_err(corrupt)?;
+    let event = cairn_store::taken::taken_event(output)?;
     conn.prepare_cached(
         "INSERT INTO events (id, iid, type, payload, at)
          VALUES ((SELECT COALESCE(MIN(id), 1) - 1 FROM events), ?1, ?2, ?3, ?4)",
     )
-    .and_then(|mut st| st.execute(params![instance.0, event_type, payload, at]))
+    .and_then(|mut st| {
+        st.execute(params![
+            instance.0,
+            event.event_type.as_str(),
+            event.payload,
+            event.at.as_millis()
+        ])
+    })
     .map_err(map_sqlite)?;
     conn.prepare_cached(
         "DELETE FROM log WHERE iid = ?1 AND kind = ?2 AND step_kind = ?3 AND step_name = ?4

@@ -47,6 +47,7 @@ use futures::stream::BoxStream;
 pub mod conformance;
 mod filter;
 pub mod packing;
+pub mod taken;
 
 pub use filter::{SqlArg, SqlFilter};
 
