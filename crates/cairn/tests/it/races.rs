@@ -12,7 +12,7 @@ use cairn::store::{
     Claimed, ControlOutcome, ControlRequest, Created, InstanceRecord, InstanceRef, Lease,
     ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
 };
-use cairn::{Clock, InstanceStatus, LogKind, LogRecord, StepKey};
+use cairn::{Clock, InstanceStatus, LogKind, LogRecord, StepKey, StepState};
 use serde_json::{Value, json};
 
 use crate::support::{
@@ -158,28 +158,17 @@ async fn a_wait_dropped_while_its_take_is_on_its_way_loses_no_event(
     backend: Backend,
     take_lands_first: bool,
 ) {
-    let (_dir, path) = temp_db();
-    let gates = Gates::default();
-    let store = raw_store_on(backend, &path).await;
     let go = Arc::new(tokio::sync::Notify::new());
-    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
-        .clock(Clock::virtual_now())
-        .register(approval_racing_a_step(&go))
-        .start()
-        .await
-        .unwrap();
-    let lost_wait_take = gates.arm("take_event");
-    let next_wait_take = gates.arm("take_event");
-    let instance = engine
-        .workflow::<FnWorkflow>()
-        .create(CreateOptions::new(json!({})).id("x"))
-        .await
-        .unwrap();
+    let run = RaceRun::start(backend, approval_racing_a_step(&go)).await;
+    let (lost_wait_take, next_wait_take) = (&run.first_take, &run.second_take);
     // The wait's take is on its way, the event is buffered: then the step wins the race.
     lost_wait_take.arrived().await;
-    instance.send_event("approve", &json!("ada")).await.unwrap();
+    run.instance
+        .send_event("approve", &json!("ada"))
+        .await
+        .unwrap();
     if take_lands_first {
-        let carrying_the_cancel = gates.arm_unsent_commit();
+        let carrying_the_cancel = run.gates.arm_unsent_commit();
         go.notify_one();
         carrying_the_cancel.arrived().await;
         lost_wait_take.release();
@@ -191,11 +180,7 @@ async fn a_wait_dropped_while_its_take_is_on_its_way_loses_no_event(
         carrying_the_cancel.release();
     } else {
         go.notify_one();
-        while !crate::support::journal_of(&*store, "test", "x")
-            .await
-            .iter()
-            .any(|s| s.key.name == "approval" && s.state == cairn::StepState::Cancelled)
-        {
+        while run.approval().await.state != StepState::Cancelled {
             tokio::task::yield_now().await;
         }
         lost_wait_take.release();
@@ -207,39 +192,89 @@ async fn a_wait_dropped_while_its_take_is_on_its_way_loses_no_event(
     }
     next_wait_take.arrived().await;
     next_wait_take.release();
-    let status = instance
-        .wait_timeout(Duration::from_secs(30 * 86_400))
-        .await
-        .unwrap()
-        .expect("the instance did not end");
-    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
-    assert_eq!(
-        status.output,
-        Some(json!({ "winner": "other", "again": "ada" })),
-        "the event went with the dropped wait"
-    );
-    let approval = crate::support::journal_of(&*store, "test", "x")
-        .await
-        .into_iter()
-        .find(|s| s.key.name == "approval")
-        .unwrap();
-    assert_eq!(approval.state, cairn::StepState::Cancelled, "{approval:?}");
-    assert_each_event_received_once(&instance).await;
-    engine.shutdown().await;
+    run.assert_the_event_went_to_the_next_wait().await;
 }
 
-/// The log shows the dropped wait cancelled, and the event received once, by the next wait.
-async fn assert_each_event_received_once(instance: &cairn::Instance<Value>) {
-    let completions: Vec<(String, Value)> = records(instance, LogKind::WaitComplete)
-        .await
-        .into_iter()
-        .map(|r| (r.entry.step.unwrap().name, r.entry.meta))
-        .collect();
-    assert_eq!(completions.len(), 2, "{completions:?}");
-    assert_eq!(completions[0].0, "approval", "{completions:?}");
-    assert_eq!(completions[0].1["cancelled"], true, "{completions:?}");
-    assert_eq!(completions[1].0, "again", "{completions:?}");
-    assert_eq!(completions[1].1["payload"], "ada", "{completions:?}");
+/// One run of a workflow racing a wait for `approve` (named `approval`), with its first two
+/// takes held.
+struct RaceRun {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+    gates: Gates,
+    engine: cairn::Engine,
+    instance: cairn::Instance<Value>,
+    first_take: crate::support::Gate,
+    second_take: crate::support::Gate,
+}
+
+impl RaceRun {
+    /// Starts an engine running `workflow` (on the virtual clock) and its instance `x`.
+    async fn start(backend: Backend, workflow: FnWorkflow) -> RaceRun {
+        let (dir, path) = temp_db();
+        let gates = Gates::default();
+        let store = raw_store_on(backend, &path).await;
+        let engine = gated_builder_on(Arc::clone(&store), gates.clone())
+            .clock(Clock::virtual_now())
+            .register(workflow)
+            .start()
+            .await
+            .unwrap();
+        let first_take = gates.arm("take_event");
+        let second_take = gates.arm("take_event");
+        let instance = engine
+            .workflow::<FnWorkflow>()
+            .create(CreateOptions::new(json!({})).id("x"))
+            .await
+            .unwrap();
+        RaceRun {
+            _dir: dir,
+            store,
+            gates,
+            engine,
+            instance,
+            first_take,
+            second_take,
+        }
+    }
+
+    /// The wait that lost the race, as stored.
+    async fn approval(&self) -> cairn::StepRecord {
+        crate::support::journal_of(&*self.store, "test", "x")
+            .await
+            .into_iter()
+            .find(|s| s.key.name == "approval")
+            .unwrap()
+    }
+
+    /// The race went the other way, the wait in it is cancelled, and the event went to the
+    /// next wait: the log shows it received once, by that wait.
+    async fn assert_the_event_went_to_the_next_wait(self) {
+        let status = self
+            .instance
+            .wait_timeout(Duration::from_secs(30 * 86_400))
+            .await
+            .unwrap()
+            .expect("the instance did not end");
+        assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+        assert_eq!(
+            status.output,
+            Some(json!({ "winner": "other", "again": "ada" })),
+            "the event went with the dropped wait"
+        );
+        let approval = self.approval().await;
+        assert_eq!(approval.state, StepState::Cancelled, "{approval:?}");
+        let completions: Vec<(String, Value)> = records(&self.instance, LogKind::WaitComplete)
+            .await
+            .into_iter()
+            .map(|r| (r.entry.step.unwrap().name, r.entry.meta))
+            .collect();
+        assert_eq!(completions.len(), 2, "{completions:?}");
+        assert_eq!(completions[0].0, "approval", "{completions:?}");
+        assert_eq!(completions[0].1["cancelled"], true, "{completions:?}");
+        assert_eq!(completions[1].0, "again", "{completions:?}");
+        assert_eq!(completions[1].1["payload"], "ada", "{completions:?}");
+        self.engine.shutdown().await;
+    }
 }
 
 /// Beside a step that waits for the test's `finish`, a wait for `approve` races the test's
@@ -287,26 +322,16 @@ fn approval_racing_a_signal_beside_a_step(
 /// event stays armed for its cancel also while it waits at the pause gate to hand it over,
 /// where a race may still drop it; no test reaches that point deterministically.)
 async fn a_wait_dropped_under_a_pending_pause_loses_no_event(backend: Backend) {
-    let (_dir, path) = temp_db();
-    let gates = Gates::default();
-    let store = raw_store_on(backend, &path).await;
     let (go, finish) = (
         Arc::new(tokio::sync::Notify::new()),
         Arc::new(tokio::sync::Notify::new()),
     );
-    let engine = gated_builder_on(Arc::clone(&store), gates.clone())
-        .clock(Clock::virtual_now())
-        .register(approval_racing_a_signal_beside_a_step(&go, &finish))
-        .start()
-        .await
-        .unwrap();
-    let empty_take = gates.arm("take_event");
-    let the_take = gates.arm("take_event");
-    let instance = engine
-        .workflow::<FnWorkflow>()
-        .create(CreateOptions::new(json!({})).id("x"))
-        .await
-        .unwrap();
+    let run = RaceRun::start(
+        backend,
+        approval_racing_a_signal_beside_a_step(&go, &finish),
+    )
+    .await;
+    let (empty_take, the_take, instance) = (&run.first_take, &run.second_take, &run.instance);
     empty_take.arrived().await;
     empty_take.release();
     assert_eq!(empty_take.answered().await, "Ok(None)");
@@ -330,19 +355,7 @@ async fn a_wait_dropped_under_a_pending_pause_loses_no_event(backend: Backend) {
     // The replay after the resume races the same way.
     go.notify_one();
     instance.resume().await.unwrap();
-    let status = instance
-        .wait_timeout(Duration::from_secs(30 * 86_400))
-        .await
-        .unwrap()
-        .expect("the instance did not end");
-    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
-    assert_eq!(
-        status.output,
-        Some(json!({ "winner": "other", "again": "ada" })),
-        "the event went with the dropped wait"
-    );
-    assert_each_event_received_once(&instance).await;
-    engine.shutdown().await;
+    run.assert_the_event_went_to_the_next_wait().await;
 }
 
 #[tokio::test(start_paused = true)]
