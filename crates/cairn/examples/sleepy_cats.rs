@@ -55,6 +55,12 @@ pub async fn demo(
         .wait_for(|s| s.status == InstanceStatus::Waiting)
         .await?
         .status;
+    // The hibernation is committed (so the status reads `waiting`) just before the run
+    // leaves memory: give it that moment.
+    let started = std::time::Instant::now();
+    while engine.live_instances() > 0 && started.elapsed() < std::time::Duration::from_secs(30) {
+        tokio::task::yield_now().await;
+    }
     let in_memory = engine.live_instances();
     println!("during the nap: status {sleeping}, instances in memory: {in_memory}");
     let started = engine.clock().now();

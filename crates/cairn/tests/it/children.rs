@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::support::{Counter, FnWorkflow, engine, kinds, named, until_status, wf};
+use super::support::{
+    Counter, FnWorkflow, engine, kinds, named, until_none_live, until_status, wf,
+};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::{Value, json};
@@ -71,14 +73,7 @@ async fn invoke_returns_the_childs_output_and_links_parent_and_child() {
     until_status(&parent, InstanceStatus::Waiting).await;
     let child = only_child(&engine).await;
     until_status(&child, InstanceStatus::Waiting).await;
-    // (A lifetime leaves memory just after its hibernation commits.)
-    for _ in 0..100 {
-        if engine.live_instances() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(engine.live_instances(), 0, "parent and child both hibernate");
+    until_none_live(&engine).await;
 
     let status = parent.wait().await.unwrap();
     assert_eq!(status.status, InstanceStatus::Complete);

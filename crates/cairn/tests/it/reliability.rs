@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use crate::support::{Counter, Seen, engine, records, run_to_end, targets, until_status, wf};
+use crate::support::{
+    Counter, Seen, engine, records, run_to_end, targets, until_none_live, until_status, wf,
+};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::{Value, json};
@@ -402,18 +404,6 @@ fn slow_rollback(ran: Seen<String>, delay: Duration) -> crate::support::FnWorkfl
             Err::<Value, _>("boom".into())
         }
     })
-}
-
-/// Waits (in virtual time, a bounded number of short polls) until no lifetime is in
-/// memory: a lifetime leaves the live set just after its last commit.
-async fn until_none_live(engine: &cairn::Engine) {
-    for _ in 0..1_000 {
-        if engine.live_instances() == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{} lifetimes still live", engine.live_instances());
 }
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::support::{FnWorkflow, Seen, engine, records, run_to_end, targets, until_status, wf};
+use super::support::{
+    FnWorkflow, Seen, engine, records, run_to_end, targets, until_none_live, until_status, wf,
+};
 use cairn::prelude::*;
 use cairn::{ErrorInfo, InstanceStatus, LogKind};
 use serde_json::{Value, json};
@@ -333,11 +335,7 @@ async fn r8_r9_terminate_with_rollback_rebuilds_handlers_by_replay_and_runs_them
         .await
         .unwrap();
     until_status(&instance, InstanceStatus::Waiting).await;
-    assert_eq!(
-        engine.live_instances(),
-        0,
-        "hibernated: no handler in memory"
-    );
+    until_none_live(&engine).await; // hibernated: no handler in memory
     instance.terminate_with_rollback().await.unwrap();
     let status = instance.wait().await.unwrap();
     assert_eq!(status.status, InstanceStatus::Terminated);

@@ -255,6 +255,22 @@ pub async fn until_status_within_hours(
     }
 }
 
+/// Waits until no lifetime is in memory. A lifetime leaves the live set just after its last
+/// commit (a hibernation, a pause, an end), so a status read from the store can show that
+/// commit a moment before. Yields without moving the virtual clock (no timer fires while
+/// it waits); fails after 30 s of real time, which only a lifetime that stays can take.
+pub async fn until_none_live(engine: &cairn::Engine) {
+    let started = std::time::Instant::now();
+    while engine.live_instances() > 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{} lifetimes still in memory",
+            engine.live_instances()
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Polls (in virtual time, 10 ms at a time) until the instance's log has `n` records of
 /// `kind`. Only for records that are due within moments: a long timer would mean many polls.
 pub async fn until_logged(instance: &Instance<Value>, kind: LogKind, n: usize) {

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use super::support::{FnWorkflow, engine, records, run_to_end, until_logged, until_status, wf};
+use super::support::{
+    FnWorkflow, engine, records, run_to_end, until_logged, until_none_live, until_status, wf,
+};
 use cairn::prelude::*;
 use cairn::{InstanceStatus, LogKind};
 use serde_json::{Value, json};
@@ -212,14 +214,7 @@ async fn ten_thousand_sleeping_instances_hold_no_memory() {
     for id in ["s0-0", "s50-50", "s99-98"] {
         until_status(&client.get(id).await.unwrap(), InstanceStatus::Waiting).await;
     }
-    while engine.live_instances() > 0 {
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(
-        engine.live_instances(),
-        0,
-        "hibernated instances are only rows"
-    );
+    until_none_live(&engine).await; // hibernated instances are only rows
     let waiting = client
         .untyped()
         .list(
@@ -320,7 +315,7 @@ async fn e8_an_event_wakes_a_hibernated_instance_and_replay_delivers_it() {
         .await
         .unwrap();
     until_status(&instance, InstanceStatus::Waiting).await;
-    assert_eq!(engine.live_instances(), 0, "hibernated");
+    until_none_live(&engine).await; // hibernated
     instance.send_event("approved", &json!(42)).await.unwrap();
     let out = instance.wait().await.unwrap().output.unwrap();
     assert_eq!(out["payload"], 42);
@@ -768,7 +763,7 @@ async fn a_wait_that_lost_a_select_takes_no_event_sent_after_it_on_a_replay() {
     tokio::time::sleep(Duration::from_secs(2 * 86_400)).await;
     until_logged(&instance, LogKind::WaitStart, 2).await;
     until_status(&instance, InstanceStatus::Waiting).await;
-    assert_eq!(engine.live_instances(), 0, "hibernated");
+    until_none_live(&engine).await; // hibernated
     instance.send_event("approved", &json!({"n": 1})).await.unwrap();
     instance.send_event("go", &json!("closed")).await.unwrap();
     let status = instance.wait().await.unwrap();
