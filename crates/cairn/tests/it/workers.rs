@@ -533,6 +533,46 @@ async fn e21_a_failed_run_rolls_back_the_steps_that_started_on_the_worker() {
     engine.shutdown().await;
 }
 
+/// A step the code did not await, answered in the same burst as the run's end (the
+/// worker sends `attemptResult` then `runResult` without waiting for the `opResult`): the
+/// step's success is kept, and its rollback gets its output. Before, the engine picked
+/// either frame first at random and, picking the end, recorded the step as cancelled: the
+/// charge had happened, and its refund got no output to refund.
+#[tokio::test(start_paused = true)]
+async fn e21_a_success_answered_with_the_runs_end_is_kept_and_rolled_back_with_its_output() {
+    let (engine, _dir) = engine(|b| b).await;
+    let mut worker = Worker::hello(&engine, &[("saga", "v1")], 1).await;
+    // Each try had an even chance to lose the success: 20 of them all keep it only if
+    // the answer is always taken first.
+    for i in 0..20 {
+        let instance = create(&engine, "saga", &format!("s{i}"), json!({})).await;
+        let run = worker.expect("start").await["run"].clone();
+        worker.op(
+            &run,
+            0,
+            json!({ "op": "do", "name": "charge", "config": null, "rollback": { "config": null } }),
+        );
+        let attempt = worker.expect("attempt").await;
+        worker.answer(&attempt, "attemptResult", Ok(json!({ "charge": i })));
+        worker.returns(&run, Err(json!({ "name": "Error", "message": "gave up" })));
+        // The op's result may or may not go out before the run's end is taken.
+        let mut rollback = worker.next().await;
+        if rollback["type"] == "opResult" {
+            rollback = worker.next().await;
+        }
+        assert_eq!(rollback["type"], "rollback", "{rollback}");
+        assert_eq!(rollback["output"], json!({ "charge": i }), "try {i}: {rollback}");
+        worker.answer(&rollback, "rollbackResult", Ok(Value::Null));
+        assert_eq!(worker.expect("stop").await["reason"], "done");
+        let status = instance.wait().await.unwrap();
+        assert_eq!(status.status, InstanceStatus::Errored);
+        let details = instance.details().await.unwrap();
+        assert_eq!(details.steps[0].success, Some(true), "try {i}");
+        assert_eq!(details.steps[0].output, Some(json!({ "charge": i })), "try {i}");
+    }
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_delay_function_runs_on_the_worker_and_a_timed_out_attempt_is_cancelled() {
     let (engine, _dir) = engine(|b| b).await;

@@ -120,11 +120,22 @@ impl ErasedWorkflow for RemoteRun {
             // The worker's code numbers its ops as it makes them, and this loop polls every
             // op whenever it is woken: steps made together start in that order.
             step.lifetime.start_in_call_order();
-            let mut ops = FuturesUnordered::new();
+            let mut ops: FuturesUnordered<Performed> = FuturesUnordered::new();
             let mut made = 0u64;
             let mut answered = 0u64;
             loop {
                 tokio::select! {
+                    // The ops first: an answer the worker sent before its `runResult` (an op
+                    // the code did not await) is taken before the run's end drops that op,
+                    // so a success it reported is recorded, not cancelled.
+                    biased;
+                    Some((seq, result)) = ops.next(), if !ops.is_empty() => {
+                        busy.get_or_insert_with(|| step.lifetime.activity());
+                        answered += 1;
+                        handle
+                            .channel
+                            .send(protocol::op_result(&handle.channel.id, seq, result.as_ref()));
+                    }
                     event = events.recv() => match event {
                         Some(RunEvent::Op(op)) => {
                             if op.seq != made {
@@ -145,20 +156,14 @@ impl ErasedWorkflow for RemoteRun {
                             }
                         }
                         Some(RunEvent::Returned(outcome)) => {
-                            // Ops still pending are dropped with the run, as a Rust
-                            // workflow's are when `run` returns without them.
+                            // Ops still pending (unanswered, or an attempt's failure still
+                            // committing) are dropped with the run, as a Rust workflow's are
+                            // when `run` returns without them.
                             handle.returned.store(true, std::sync::atomic::Ordering::SeqCst);
                             return returned(outcome);
                         }
                         None => return std::future::pending().await,
                     },
-                    Some((seq, result)) = ops.next(), if !ops.is_empty() => {
-                        busy.get_or_insert_with(|| step.lifetime.activity());
-                        answered += 1;
-                        handle
-                            .channel
-                            .send(protocol::op_result(&handle.channel.id, seq, result.as_ref()));
-                    }
                 }
             }
         })
