@@ -473,7 +473,7 @@ pub(crate) async fn fire_tick(
     }
     let Some(row) = query_opt(
         tx,
-        "SELECT generation, last_tick, last_run, deleted FROM schedules WHERE name = $1 FOR UPDATE",
+        "SELECT generation, last_tick, last_run, deleted, paused FROM schedules WHERE name = $1 FOR UPDATE",
         &[&t.schedule],
     )
     .await?
@@ -484,7 +484,8 @@ pub(crate) async fn fire_tick(
     let last_tick: Option<i64> = row.get(1);
     let last_run: Option<String> = row.get(2);
     let deleted: bool = row.get(3);
-    if deleted || u64::try_from(generation).ok() != Some(t.generation) {
+    let paused: bool = row.get(4);
+    if deleted || paused || u64::try_from(generation).ok() != Some(t.generation) {
         return Ok(TickFired::Stale);
     }
     if let Some(last) = last_tick.filter(|last| *last >= t.tick.as_millis()) {

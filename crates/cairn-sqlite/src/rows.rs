@@ -1689,22 +1689,22 @@ pub(crate) fn fire_tick(conn: &Connection, t: &ScheduleTick) -> Result<TickFired
         .and_then(|mut st| st.execute(params![t.schedule, t.tick.as_millis()]))
         .map_err(map_sqlite)?;
     }
-    type Row = (i64, Option<i64>, Option<String>, bool);
+    type Row = (i64, Option<i64>, Option<String>, bool, bool);
     let row: Option<Row> = conn
         .prepare_cached(
-            "SELECT generation, last_tick, last_run, deleted FROM schedules WHERE name = ?1",
+            "SELECT generation, last_tick, last_run, deleted, paused FROM schedules WHERE name = ?1",
         )
         .and_then(|mut st| {
             st.query_row([&t.schedule], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
             })
             .optional()
         })
         .map_err(map_sqlite)?;
-    let Some((generation, last_tick, last_run, deleted)) = row else {
+    let Some((generation, last_tick, last_run, deleted, paused)) = row else {
         return Ok(TickFired::Stale);
     };
-    if deleted || u64::try_from(generation).ok() != Some(t.generation) {
+    if deleted || paused || u64::try_from(generation).ok() != Some(t.generation) {
         return Ok(TickFired::Stale);
     }
     if let Some(last) = last_tick.filter(|last| *last >= t.tick.as_millis()) {

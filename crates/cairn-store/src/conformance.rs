@@ -1720,7 +1720,8 @@ pub async fn terminating_or_deleting_a_child_wakes_its_parent(store: Arc<dyn Sto
 /// Issue 30 §2: a tick fires once, recorded with its instance in one transaction; a later
 /// or equal tick is refused as fired (with what fired), a stale generation changes
 /// nothing, a schedule created again under its name starts afresh as the next generation,
-/// and a tick whose id is taken counts as fired without creating anything.
+/// a paused one fires nothing until resumed, and a tick whose id is taken counts as fired
+/// without creating anything.
 pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store>) {
     let at = |minutes: u64| T0.saturating_add(Duration::from_secs(60 * minutes));
     let tick = |generation: u64, minutes: u64, declared: bool| {
@@ -1850,6 +1851,34 @@ pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store
     );
     assert!(matches!(
         store.fire_tick(api(2, 5)).await.unwrap(),
+        crate::TickFired::Fired(_)
+    ));
+    // Paused (on another engine, whose runner has not heard yet): no tick fires until it
+    // is resumed.
+    let state = |paused: bool| crate::ScheduleState {
+        paused,
+        resumed_at: (!paused).then_some(at(9)),
+        at: at(8),
+        declared: false,
+        only_if_not_live: false,
+    };
+    assert!(store.set_schedule_state("api", state(true)).await.unwrap());
+    assert_eq!(
+        store.fire_tick(api(2, 8)).await.unwrap(),
+        crate::TickFired::Stale,
+        "paused"
+    );
+    assert!(
+        store
+            .instance(&wf("wf"), &InstanceId::new("api-2-8").unwrap())
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing created while paused"
+    );
+    assert!(store.set_schedule_state("api", state(false)).await.unwrap());
+    assert!(matches!(
+        store.fire_tick(api(2, 9)).await.unwrap(),
         crate::TickFired::Fired(_)
     ));
     // Not declared and never stored: nothing is made up.

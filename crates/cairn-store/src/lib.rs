@@ -710,7 +710,8 @@ pub enum TickFired {
         /// Its instance.
         last_run: Option<String>,
     },
-    /// The schedule is gone, or is another generation now: nothing was written.
+    /// The schedule is gone, paused, or is another generation now: nothing was written.
+    /// (A runner that has not yet heard of a pause made on another engine fires nothing.)
     Stale,
     /// Recorded a tick passed over ([`ScheduleTick::passed_over`]): nothing was created.
     PassedOver,
