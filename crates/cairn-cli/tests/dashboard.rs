@@ -19,6 +19,8 @@ use serde_json::{Value, json};
 struct Server {
     child: Child,
     port: u16,
+    /// Its log lines, as JSON (the audit lines among them).
+    log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -37,27 +39,50 @@ fn serve(token: Option<&str>) -> Server {
 fn serve_with(token: Option<&str>, extra: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let port = common::free_port();
+    let log = dir.path().join("serve.log");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
     // The demo schedule would add a greeting at the top of an hour to the counts.
     cmd.arg("serve")
         .args(extra)
-        .arg("--db")
+        .args(["--log-format", "json", "--db"])
         .arg(dir.path().join("cairn.db"))
         .args(["--addr", &format!("127.0.0.1:{port}")])
         .env_remove("RUST_LOG")
         .env_remove("CAIRN_TOKEN")
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(std::fs::File::create(&log).unwrap());
     if let Some(token) = token {
         cmd.args(["--token", token]);
     }
     let server = Server {
         child: cmd.spawn().unwrap(),
         port,
+        log,
         _dir: dir,
     };
     common::wait_up(port);
     server
+}
+
+/// The server's audit line for `action`, once it is written (a line is logged as the action
+/// answers, so it may trail the page by moments).
+fn audit_line(server: &Server, action: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&server.log).unwrap_or_default();
+        if let Some(line) = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["target"] == "cairn::audit" && l["fields"]["action"] == action)
+        {
+            return line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no audit line for {action:?} in {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// One API request with `Authorization` when a token is given; answers status and JSON.
@@ -593,6 +618,12 @@ fn dashboard_lists_filters_times_pauses_sends_events_and_bulk_terminates_in_a_br
             .is_empty()
     });
     browser.assert_no_console_errors("the schedules");
+    // Each of the three is in the audit log, as the API's are.
+    for action in ["trigger schedule", "pause schedule", "resume schedule"] {
+        let line = audit_line(&scheduling, action);
+        assert_eq!(line["fields"]["origin"], "dashboard", "{line}");
+        assert_eq!(line["fields"]["on"], "greet-hourly", "{line}");
+    }
 
     // A phone's width: nothing wider than the screen.
     browser.set_size(390, 844);

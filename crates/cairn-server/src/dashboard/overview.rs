@@ -173,7 +173,14 @@ pub(crate) async fn trigger(
     if let Err(refused) = super::allowed(&guard, "/", crate::auth::Scope::Admin) {
         return refused;
     }
-    match engine.trigger_schedule(&name).await {
+    let triggered = engine.trigger_schedule(&name).await;
+    crate::audit::control(
+        "dashboard",
+        "trigger schedule",
+        &name,
+        &triggered.as_ref().map(drop),
+    );
+    match triggered {
         Ok(instance) => super::back(
             &guard,
             &super::instance_path(instance.workflow().as_str(), instance.id().as_str()),
@@ -202,6 +209,12 @@ pub(crate) async fn pause_or_resume(
         "resume" => engine.resume_schedule(&name).await.map(|()| "Resumed"),
         _ => return super::back(&guard, "/", Err(format!("unknown action {verb:?}"))),
     };
+    crate::audit::control(
+        "dashboard",
+        &format!("{verb} schedule"),
+        &name,
+        &done.as_ref().map(drop),
+    );
     match done {
         Ok(done) => super::back(&guard, "/", Ok(format!("{done} schedule \"{name}\"."))),
         Err(e) => super::back(&guard, "/", Err(e.to_string())),
