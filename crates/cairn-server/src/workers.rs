@@ -125,17 +125,14 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
         tokio::select! {
             frame = connection.next_frame() => match frame {
                 Some(frame) => {
-                    // Every frame queued by now goes out in one write (one flush), not a
-                    // system call each: answers to many runs come in bursts.
-                    let mut sent = socket.feed(Message::Text(frame.into())).await;
-                    let mut more = 0;
-                    while sent.is_ok() && more < 64 {
-                        let Some(frame) = connection.queued_frame() else { break };
-                        sent = socket.feed(Message::Text(frame.into())).await;
-                        more += 1;
-                    }
-                    if sent.is_err() || socket.flush().await.is_err() {
-                        break;
+                    let burst = send_burst(&mut socket, frame, || connection.queued_frame());
+                    match tokio::time::timeout(SILENT_FOR, burst).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => {
+                            tracing::info!(session = connection.session(), "a worker took no frames for 30 s; closing its connection");
+                            break;
+                        }
                     }
                 }
                 // The engine is stopping: the worker reconnects to the next.
@@ -173,7 +170,8 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
                     tracing::info!(session = connection.session(), "a worker sent nothing for 30 s; closing its connection");
                     break;
                 }
-                if socket.send(Message::Ping(Vec::new().into())).await.is_err() {
+                let pinged = socket.send(Message::Ping(Vec::new().into()));
+                if !matches!(tokio::time::timeout(SILENT_FOR, pinged).await, Ok(Ok(()))) {
                     break;
                 }
             }
@@ -181,6 +179,27 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
     }
     // Dropping the connection is the worker going away: its runs run again elsewhere.
     drop(connection);
+}
+
+/// Sends `first` and every frame queued behind it (up to 64 more) in one write, one flush,
+/// not a system call each: answers to many runs come in bursts. The caller bounds it in
+/// time: a worker that stops reading (stopped, or its event loop blocked) fills the
+/// socket's buffers, and this would wait for ever, never getting back to the silence
+/// check, while the worker's runs hold their slots.
+async fn send_burst<S>(
+    socket: &mut S,
+    first: String,
+    mut queued: impl FnMut() -> Option<String>,
+) -> Result<(), S::Error>
+where
+    S: futures::Sink<Message> + Unpin,
+{
+    socket.feed(Message::Text(first.into())).await?;
+    for _ in 0..64 {
+        let Some(frame) = queued() else { break };
+        socket.feed(Message::Text(frame.into())).await?;
+    }
+    socket.flush().await
 }
 
 /// Whether the token that let a worker in has left the set since (never, without tokens).
@@ -211,4 +230,43 @@ async fn refuse(mut socket: WebSocket, frame: String) {
             reason: "refused".into(),
         })))
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use super::*;
+
+    /// A socket whose peer never reads: once its buffer is full, nothing more goes out.
+    struct Full;
+
+    impl futures::Sink<Message> for Full {
+        type Error = std::io::Error;
+        fn poll_ready(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Pending
+        }
+        fn start_send(self: Pin<&mut Self>, _: Message) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Pending
+        }
+        fn poll_close(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Pending
+        }
+    }
+
+    /// The defect: a worker that stopped reading held its connection (and its runs' slots)
+    /// for ever, the pump stuck in a write that never completed. Bounded as the session
+    /// bounds it, the write gives up after `SILENT_FOR`.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_stops_reading_is_let_go_after_the_silence_limit() {
+        let started = tokio::time::Instant::now();
+        let mut socket = Full;
+        let burst = send_burst(&mut socket, "frame".to_owned(), || None);
+        assert!(tokio::time::timeout(SILENT_FOR, burst).await.is_err());
+        assert_eq!(started.elapsed(), SILENT_FOR);
+    }
 }
