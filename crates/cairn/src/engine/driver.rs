@@ -298,12 +298,8 @@ async fn one_lifetime(
     // Live before the first await: a terminate, restart or delete from now on aborts this
     // lifetime in memory, not only through the fence at its next commit.
     let _live = inner.live.enter(&state);
-    if crate::engine::family::orphaned(inner, record).await {
+    if let Some(request) = crate::engine::family::orphaned(inner, record).await {
         // Its parent ended (or is gone) before the cascade reached it: end it now.
-        let request = cairn_store::ControlRequest::Terminate {
-            at: env.clock.now(),
-            rollback: None,
-        };
         tracing::debug!(workflow = %record.workflow, instance = %record.id, "terminating a child whose parent has ended");
         crate::engine::family::control(inner, &record.workflow, &record.id, request)
             .await

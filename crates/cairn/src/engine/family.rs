@@ -164,18 +164,18 @@ pub(crate) async fn ended(
     }
 }
 
-/// Whether `record` is a child (not detached) whose parent has ended or is gone: it must
-/// not run on. A child an operator restarted after its parent ended was detached by that
-/// restart (the store decides it in the restart's transaction, from the parent's row), so
-/// no time written by another engine's clock is compared here. Store errors answer
-/// `false`; the next claim looks again.
-pub(crate) async fn orphaned(inner: &Runtime, record: &InstanceRecord) -> bool {
-    let Some(link) = record.parent.as_ref().filter(|p| !p.detached) else {
-        return false;
-    };
+/// How a child whose parent has ended (or is gone) ends, found as it is claimed: the
+/// cascade from its parent did not reach it (the engine stopped after the parent's end
+/// committed, or the store failed). `None` when it may run on: not a child, detached,
+/// already being compensated, or its parent still running. A child an operator restarted
+/// after its parent ended was detached by that restart (the store decides it in the
+/// restart's transaction, from the parent's row), so no time written by another engine's
+/// clock is compared here. Store errors answer `None`; the next claim looks again.
+pub(crate) async fn orphaned(inner: &Runtime, record: &InstanceRecord) -> Option<ControlRequest> {
+    let link = record.parent.as_ref().filter(|p| !p.detached)?;
     if record.rollback_trigger.is_some() {
         // Being compensated: it ends by itself when its rollback is done.
-        return false;
+        return None;
     }
     // A link stored before runs were recorded may predate that rule: such a child
     // (re)started after its parent ended was restarted on purpose.
@@ -183,14 +183,30 @@ pub(crate) async fn orphaned(inner: &Runtime, record: &InstanceRecord) -> bool {
         .run
         .is_none()
         .then(|| record.started_at.unwrap_or(record.created_at));
-    match inner.env.store.instance(&link.workflow, &link.id).await {
-        Ok(Some(parent)) => {
-            parent.instance != link.instance
-                || parent.status.is_terminal()
-                    && legacy_start
-                        .is_none_or(|started| parent.ended_at.is_none_or(|end| end >= started))
+    let parent = inner
+        .env
+        .store
+        .instance(&link.workflow, &link.id)
+        .await
+        .ok()?;
+    // The same end the cascade gives: with rollback after a parent that failed or was
+    // terminated with rollback (it compensated its own steps: `ended`), plainly after one
+    // that completed, was terminated plainly, or is gone (deleted: `control`).
+    let rollback = match parent {
+        Some(parent) if parent.instance == link.instance => {
+            let ended = parent.status.is_terminal()
+                && legacy_start
+                    .is_none_or(|started| parent.ended_at.is_none_or(|end| end >= started));
+            if !ended {
+                return None;
+            }
+            (parent.status == InstanceStatus::Errored || parent.rollback_trigger.is_some())
+                .then(cairn_core::RollbackTrigger::terminate)
         }
-        Ok(None) => true,
-        Err(_) => false,
-    }
+        _ => None,
+    };
+    Some(ControlRequest::Terminate {
+        at: inner.env.clock.now(),
+        rollback,
+    })
 }

@@ -192,6 +192,11 @@ async fn a_failing_child_fails_the_step_and_the_parents_rollbacks_run() {
 
 /// A child that registers a compensation and then waits for an event that never comes.
 fn compensating_child(compensated: Arc<Counter>) -> Child {
+    compensating_child_waiting(compensated, "30 days")
+}
+
+/// [`compensating_child`] whose wait for an event times out after `timeout`.
+fn compensating_child_waiting(compensated: Arc<Counter>, timeout: &'static str) -> Child {
     named::<1, _, _>(move |_, step| {
         let compensated = Arc::clone(&compensated);
         async move {
@@ -206,7 +211,7 @@ fn compensating_child(compensated: Arc<Counter>) -> Child {
                 .await?;
             let _: StepEvent<Value> = step
                 .wait_for_event("never", "never")
-                .timeout("30 days")
+                .timeout(timeout)
                 .await?;
             Ok(Value::Null)
         }
@@ -534,6 +539,69 @@ async fn a_child_left_running_by_a_failing_parent_is_compensated() {
     let child = only_child(&engine).await;
     assert_eq!(child.wait().await.unwrap().status, InstanceStatus::Terminated);
     assert_eq!(compensated.get(), 1, "the child's compensation ran");
+    engine.shutdown().await;
+}
+
+/// Review finding: when the cascade from a failed parent does not reach its child (here the
+/// store fails the read of the children; an engine stopping after the parent's end
+/// committed does the same), the child ends when it is next claimed, and it must end as the
+/// cascade would have ended it: with rollback, its compensations run. Before, that claim
+/// terminated it plainly and its compensation was lost.
+#[tokio::test(start_paused = true)]
+async fn a_child_the_cascade_missed_is_compensated_when_its_parent_failed() {
+    let compensated = Arc::new(Counter::default());
+    let (_dir, path) = super::support::temp_db();
+    let gates = super::support::Gates::default();
+    let engine = super::support::gated_builder(super::support::BACKEND, &path, gates.clone())
+        .await
+        .clock(cairn::Clock::virtual_now())
+        .register(wf(|_, step| async move {
+            let child = step.invoke::<Child>("child", json!({}));
+            let fail = async {
+                step.sleep("a while", "1 minute").await?;
+                step.run("fail", |_| async {
+                    Err::<(), _>(cairn::NonRetryableError::new("gave up").into())
+                })
+                .await
+            };
+            tokio::select! {
+                out = child => out,
+                failed = fail => failed.map(|()| Value::Null),
+            }
+        }))
+        // Its wait ends within the parent's retention (7 days): a parent purged by then
+        // says nothing of how it ended, and the child ends plainly.
+        .register(compensating_child_waiting(Arc::clone(&compensated), "1 day"))
+        .start()
+        .await
+        .unwrap();
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    // The read of the parent's children, after its end is committed, fails (released at
+    // once: a call held in the store's blocking thread would stop the virtual clock).
+    let missed = gates.arm_failing("children");
+    missed.release();
+    assert_eq!(parent.wait().await.unwrap().status, InstanceStatus::Errored);
+    // (The read comes just after the end's commit.)
+    let started = std::time::Instant::now();
+    while !missed.has_arrived() {
+        assert!(started.elapsed() < Duration::from_secs(30), "the cascade read no children");
+        tokio::task::yield_now().await;
+    }
+    let child = only_child(&engine).await;
+    assert_eq!(
+        child.status().await.unwrap().status,
+        InstanceStatus::Waiting,
+        "the cascade missed it"
+    );
+    // It wakes at its wait's timeout, finds its parent ended, and ends.
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Terminated);
+    assert_eq!(compensated.get(), 1, "the child's compensation ran");
+    assert_eq!(status.rollback.unwrap().outcome, "completed");
     engine.shutdown().await;
 }
 
