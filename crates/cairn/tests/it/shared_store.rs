@@ -856,3 +856,64 @@ async fn a_refused_restart_from_a_missing_step_leaves_the_run_on_another_engine_
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A worker's frames, read and sent by hand (`docs/worker-protocol.md`).
+async fn worker_on(engine: &Engine, version: &str) -> cairn::WorkerConnection {
+    let hello = json!({
+        "type": "hello", "protocol": 1, "worker": version,
+        "workflows": [{ "name": "remote", "version": version }], "concurrency": 1,
+    });
+    let mut conn = engine.connect_worker(&hello.to_string()).await.unwrap();
+    assert_eq!(next_frame(&mut conn).await["type"], "welcome");
+    conn
+}
+
+async fn next_frame(conn: &mut cairn::WorkerConnection) -> Value {
+    let frame = tokio::time::timeout(Duration::from_secs(25), conn.next_frame())
+        .await
+        .expect("a frame within 25 s")
+        .expect("the connection is open");
+    serde_json::from_str(&frame).unwrap()
+}
+
+/// Review finding: engine A, whose only worker runs v2, claimed an instance pinned to v1
+/// (the claim counts workers by workflow, not version) and parked it to wait for a v1
+/// worker; engine B's v1 worker had connected long before (its connection is what wakes
+/// parked instances), so the instance waited for ever. Each engine now wakes, every 10 s,
+/// what waits for the versions its workers run and have room for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_parked_by_an_engine_without_its_version_runs_on_the_engine_with_it() {
+    let Some((a, b, _dir)) = two_builders() else {
+        return;
+    };
+    let b = b.start().await.unwrap();
+    let a = a.start().await.unwrap();
+    let mut v1 = worker_on(&b, "v1").await;
+    // v1's one slot is taken by x; i, pinned to v1 as well, waits for it.
+    let remote = b.workflow_by_name("remote").unwrap();
+    remote
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    let start = next_frame(&mut v1).await;
+    assert_eq!(start["instance"]["id"], "x", "{start}");
+    let i = remote
+        .create(CreateOptions::new(json!({})).id("i"))
+        .await
+        .unwrap();
+    // A v2 worker on A: A claims i and, with no v1 worker of its own, parks it.
+    let _v2 = worker_on(&a, "v2").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while i.details().await.unwrap().waiting_for_worker.is_none() {
+        assert!(Instant::now() < deadline, "i was never parked by A");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // x ends: v1 has room, and i runs there.
+    let done = json!({ "type": "runResult", "run": start["run"], "ok": null });
+    v1.receive(&done.to_string());
+    assert_eq!(next_frame(&mut v1).await["type"], "stop");
+    let start = next_frame(&mut v1).await;
+    assert_eq!(start["instance"]["id"], "i", "{start}");
+    a.shutdown().await;
+    b.shutdown().await;
+}

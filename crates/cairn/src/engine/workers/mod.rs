@@ -212,14 +212,27 @@ impl Workers {
         self.changed.notify_waiters();
         // After the session is listed: an instance parked from now on finds it (the
         // driver looks again after it parks), and one parked before is woken here.
-        for (workflow, version) in &session.offered {
-            if let Err(e) = store.wake_awaiting(workflow, version).await {
-                tracing::warn!(error = %e, workflow = %workflow, "waking the instances waiting for a worker failed; they wake when the next worker of their version connects");
-            }
+        if let Err(e) = self.wake_awaiting(&session).await {
+            // Refused, as when its versions could not be registered: the worker connects
+            // again, and its next connection wakes them. Let in, it could run for hours
+            // while instances parked for it waited (nothing else wakes them on one engine).
+            self.disconnect(&session);
+            return Err(unavailable(e));
         }
+        // Its slots are free: the scheduler claims what is queued for its workflows.
         self.env.wake.notify_one();
         tracing::info!(worker = %session.worker, session = id, workflows = ?session.offered, concurrency = session.concurrency, "a worker connected");
         Ok((session, frames))
+    }
+
+    /// Makes the instances waiting for a worker of a version `session` runs claimable; how
+    /// many.
+    async fn wake_awaiting(&self, session: &Session) -> cairn_store::Result<u64> {
+        let mut woken = 0;
+        for (workflow, version) in &session.offered {
+            woken += self.env.store.wake_awaiting(workflow, version).await?;
+        }
+        Ok(woken)
     }
 
     /// The worker of `session` has gone.
@@ -253,8 +266,9 @@ impl Workers {
     }
 }
 
-/// Where engines share the store, reads what workers of the other engines registered
-/// every 10 s: a create on this engine pins the newest version, wherever it registered.
+/// Where engines share the store, every 10 s: reads what workers of the other engines
+/// registered (a create on this engine pins the newest version, wherever it registered),
+/// and wakes the instances parked for the versions this engine's workers run.
 pub(crate) async fn follow(
     workers: Arc<Workers>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -266,6 +280,26 @@ pub(crate) async fn follow(
         }
         if let Err(e) = workers.reload().await {
             tracing::debug!(error = %e, "reading the workers' workflows failed");
+        }
+        // Another engine, with no worker of an instance's version, may have claimed it and
+        // parked it after this engine's worker of that version connected (its claim counts
+        // workers by workflow, not version): nothing else would wake it while that worker
+        // stays. Wake what waits for the versions this engine's workers run and have room
+        // for; claimed here, it runs on them.
+        let mut woken = 0;
+        for session in workers.connected() {
+            if session.is_closed() || session.free() == 0 {
+                continue;
+            }
+            match workers.wake_awaiting(&session).await {
+                Ok(n) => woken += n,
+                Err(e) => {
+                    tracing::debug!(error = %e, "waking the instances waiting for a worker failed");
+                }
+            }
+        }
+        if woken > 0 {
+            workers.env.wake.notify_one();
         }
     }
 }
