@@ -137,12 +137,11 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
                 }
                 // The engine is stopping: the worker reconnects to the next.
                 None => {
-                    let _ = socket
-                        .send(Message::Close(Some(CloseFrame {
-                            code: close_code::AWAY,
-                            reason: "the server is stopping".into(),
-                        })))
-                        .await;
+                    let close = socket.send(Message::Close(Some(CloseFrame {
+                        code: close_code::AWAY,
+                        reason: "the server is stopping".into(),
+                    })));
+                    let _ = tokio::time::timeout(SILENT_FOR, close).await;
                     break;
                 }
             },
@@ -213,23 +212,27 @@ async fn close_revoked(socket: &mut WebSocket, session: u64) {
         session,
         "a worker's token was removed; closing its connection"
     );
-    let _ = socket
-        .send(Message::Close(Some(CloseFrame {
-            code: close_code::POLICY,
-            reason: "its token is no longer accepted".into(),
-        })))
-        .await;
+    // Bounded like every write: a stopped worker whose token was removed (a likely answer
+    // to a hung worker) must still be let go.
+    let close = socket.send(Message::Close(Some(CloseFrame {
+        code: close_code::POLICY,
+        reason: "its token is no longer accepted".into(),
+    })));
+    let _ = tokio::time::timeout(SILENT_FOR, close).await;
 }
 
 /// Sends `frame` (an `error`) and closes.
 async fn refuse(mut socket: WebSocket, frame: String) {
-    let _ = socket.send(Message::Text(frame.into())).await;
-    let _ = socket
-        .send(Message::Close(Some(CloseFrame {
-            code: close_code::POLICY,
-            reason: "refused".into(),
-        })))
-        .await;
+    let sent = async {
+        socket.send(Message::Text(frame.into())).await?;
+        socket
+            .send(Message::Close(Some(CloseFrame {
+                code: close_code::POLICY,
+                reason: "refused".into(),
+            })))
+            .await
+    };
+    let _ = tokio::time::timeout(SILENT_FOR, sent).await;
 }
 
 #[cfg(test)]

@@ -545,7 +545,7 @@ async fn run(
                     continue;
                 }
                 Ok(TickFired::Stale) => {
-                    tracing::debug!(schedule = %schedule.name(), "the schedule was deleted or created again; its next sync runs it as it is now");
+                    tracing::debug!(schedule = %schedule.name(), "the schedule was paused, deleted or created again; its next sync runs it as it is now");
                     return;
                 }
                 Err(e) => {
