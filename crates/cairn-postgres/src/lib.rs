@@ -723,10 +723,16 @@ impl Store for PostgresStore {
         Box::pin(async move { reads::unfinished_versions(&self.reader().await?, &workflow).await })
     }
 
-    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64> {
+    fn wake_awaiting(
+        &self,
+        workflow: &WorkflowName,
+        version: &str,
+        limit: u64,
+    ) -> StoreFuture<'_, u64> {
         let reply = self.write(Op::WakeAwaiting {
             workflow: workflow.to_string(),
             version: version.to_owned(),
+            limit,
         });
         Box::pin(async move {
             match reply.await? {

@@ -431,18 +431,22 @@ pub(crate) async fn wake_awaiting(
     b: &mut Batch<'_>,
     workflow: &str,
     version: &str,
+    limit: u64,
 ) -> R<u64> {
     let woken = tx
         .execute(
             &tx.prepare_cached(
                 "UPDATE instances SET ready_at = created_at, ready_rank = 0
-                 WHERE workflow = $1 AND ready_at = $3 AND version = $2 AND status IN (0, 7)",
+                 WHERE iid IN (SELECT iid FROM instances
+                     WHERE workflow = $1 AND ready_at = $3 AND version = $2 AND status IN (0, 7)
+                     ORDER BY iid LIMIT $4)",
             )
             .await?,
             &[
                 &workflow,
                 &version,
                 &cairn_store::AWAITING_WORKER.as_millis(),
+                &i64::try_from(limit).unwrap_or(i64::MAX),
             ],
         )
         .await?;

@@ -91,6 +91,7 @@ pub(crate) enum Op {
     WakeAwaiting {
         workflow: String,
         version: String,
+        limit: u64,
     },
 }
 
@@ -177,9 +178,11 @@ async fn run(tx: &Transaction<'_>, b: &mut Batch<'_>, op: &Op) -> Result<Reply, 
         } => Reply::Control(ops::control(tx, b, workflow, id, request).await?),
         Op::Purge { now, limit } => Reply::Purged(ops::purge(tx, b, *now, *limit).await?),
         Op::FireTick(tick) => Reply::Fired(ops::fire_tick(tx, b, tick).await?),
-        Op::WakeAwaiting { workflow, version } => {
-            Reply::Woken(ops::wake_awaiting(tx, b, workflow, version).await?)
-        }
+        Op::WakeAwaiting {
+            workflow,
+            version,
+            limit,
+        } => Reply::Woken(ops::wake_awaiting(tx, b, workflow, version, *limit).await?),
     })
 }
 

@@ -950,9 +950,14 @@ impl Store for SqliteStore {
         self.read(move |conn| rows::unfinished_versions(conn, &workflow))
     }
 
-    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64> {
+    fn wake_awaiting(
+        &self,
+        workflow: &WorkflowName,
+        version: &str,
+        limit: u64,
+    ) -> StoreFuture<'_, u64> {
         let (workflow, version) = (workflow.to_string(), version.to_owned());
-        self.write(move |conn| rows::wake_awaiting(conn, &workflow, &version))
+        self.write(move |conn| rows::wake_awaiting(conn, &workflow, &version, limit))
     }
 
     fn close(&self) -> StoreFuture<'_, ()> {

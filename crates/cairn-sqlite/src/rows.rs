@@ -1800,17 +1800,25 @@ pub(crate) fn unfinished_versions(
 
 /// See `Store::wake_awaiting`: through `instances_next_ready (workflow, ready_at)`, the
 /// awaiting ones at their wake time.
-pub(crate) fn wake_awaiting(conn: &Connection, workflow: &str, version: &str) -> Result<u64> {
+pub(crate) fn wake_awaiting(
+    conn: &Connection,
+    workflow: &str,
+    version: &str,
+    limit: u64,
+) -> Result<u64> {
     let woken = conn
         .prepare_cached(
             "UPDATE instances SET ready_at = created_at, ready_rank = 0
-             WHERE workflow = ?1 AND ready_at = ?3 AND version = ?2 AND status IN (0, 7)",
+             WHERE iid IN (SELECT iid FROM instances
+                 WHERE workflow = ?1 AND ready_at = ?3 AND version = ?2 AND status IN (0, 7)
+                 ORDER BY iid LIMIT ?4)",
         )
         .and_then(|mut st| {
             st.execute(params![
                 workflow,
                 version,
-                cairn_store::AWAITING_WORKER.as_millis()
+                cairn_store::AWAITING_WORKER.as_millis(),
+                i64::try_from(limit).unwrap_or(i64::MAX)
             ])
         })
         .map_err(map_sqlite)?;

@@ -966,8 +966,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreFuture<'_, Vec<(Option<String>, u64)>>;
 
     /// Makes the instances of `workflow` at `version` that wait for a worker
-    /// ([`AWAITING_WORKER`]) claimable; how many.
-    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64>;
+    /// ([`AWAITING_WORKER`]) claimable, at most `limit` of them (oldest first); how many.
+    fn wake_awaiting(
+        &self,
+        workflow: &WorkflowName,
+        version: &str,
+        limit: u64,
+    ) -> StoreFuture<'_, u64>;
 
     /// Fires a tick, in one transaction: unless the schedule's stored generation differs
     /// or a tick as late has fired, creates the tick's instance and records the tick as

@@ -393,10 +393,15 @@ impl Store for Announcing {
         self.store.unfinished_versions(workflow)
     }
 
-    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64> {
+    fn wake_awaiting(
+        &self,
+        workflow: &WorkflowName,
+        version: &str,
+        limit: u64,
+    ) -> StoreFuture<'_, u64> {
         let name = workflow.clone();
         self.write(
-            self.store.wake_awaiting(workflow, version),
+            self.store.wake_awaiting(workflow, version, limit),
             move |commits, woken| {
                 if *woken > 0 {
                     commits.announce(None, Some(&name));

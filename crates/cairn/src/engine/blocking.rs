@@ -201,10 +201,15 @@ impl Store for Blocking {
         })
     }
 
-    fn wake_awaiting(&self, workflow: &WorkflowName, version: &str) -> StoreFuture<'_, u64> {
+    fn wake_awaiting(
+        &self,
+        workflow: &WorkflowName,
+        version: &str,
+        limit: u64,
+    ) -> StoreFuture<'_, u64> {
         let (workflow, version) = (workflow.clone(), version.to_owned());
         blocking(&self.0, move |s| {
-            Box::pin(async move { s.wake_awaiting(&workflow, &version).await })
+            Box::pin(async move { s.wake_awaiting(&workflow, &version, limit).await })
         })
     }
 

@@ -780,7 +780,7 @@ async fn park(inner: &Runtime, state: &Lifetime, record: &InstanceRecord) -> Res
         inner
             .env
             .store
-            .wake_awaiting(&record.workflow, version)
+            .wake_awaiting(&record.workflow, version, u64::MAX)
             .await
             .map_err(Abort::Store)?;
         inner.env.wake.notify_one();

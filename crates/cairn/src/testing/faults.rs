@@ -732,10 +732,11 @@ impl Store for FaultStore {
         &self,
         workflow: &cairn_core::WorkflowName,
         version: &str,
+        limit: u64,
     ) -> StoreFuture<'_, u64> {
         let (workflow, version) = (workflow.clone(), version.to_owned());
         self.read(false, move |s| {
-            Box::pin(async move { s.wake_awaiting(&workflow, &version).await })
+            Box::pin(async move { s.wake_awaiting(&workflow, &version, limit).await })
         })
     }
 

@@ -554,8 +554,8 @@ impl Store for Tampered {
     ) -> StoreFuture<'_, Vec<(Option<String>, u64)>> {
         self.inner.unfinished_versions(w)
     }
-    fn wake_awaiting(&self, w: &cairn::WorkflowName, v: &str) -> StoreFuture<'_, u64> {
-        self.inner.wake_awaiting(w, v)
+    fn wake_awaiting(&self, w: &cairn::WorkflowName, v: &str, n: u64) -> StoreFuture<'_, u64> {
+        self.inner.wake_awaiting(w, v, n)
     }
     fn fire_tick(&self, t: cairn::store::ScheduleTick) -> StoreFuture<'_, cairn::store::TickFired> {
         self.inner.fire_tick(t)

@@ -824,8 +824,8 @@ impl Store for Hooked {
             self.inner.unfinished_versions(w)
         )
     }
-    fn wake_awaiting(&self, w: &cairn::WorkflowName, v: &str) -> StoreFuture<'_, u64> {
-        hooked!(self, "wake_awaiting", self.inner.wake_awaiting(w, v))
+    fn wake_awaiting(&self, w: &cairn::WorkflowName, v: &str, n: u64) -> StoreFuture<'_, u64> {
+        hooked!(self, "wake_awaiting", self.inner.wake_awaiting(w, v, n))
     }
     fn fire_tick(&self, t: cairn::store::ScheduleTick) -> StoreFuture<'_, cairn::store::TickFired> {
         hooked!(self, "fire_tick", self.inner.fire_tick(t))

@@ -212,7 +212,7 @@ impl Workers {
         self.changed.notify_waiters();
         // After the session is listed: an instance parked from now on finds it (the
         // driver looks again after it parks), and one parked before is woken here.
-        if let Err(e) = self.wake_awaiting(&session).await {
+        if let Err(e) = self.wake_awaiting(&session, u64::MAX).await {
             // Refused, as when its versions could not be registered: the worker connects
             // again, and its next connection wakes them. Let in, it could run for hours
             // while instances parked for it waited (nothing else wakes them on one engine).
@@ -225,12 +225,16 @@ impl Workers {
         Ok((session, frames))
     }
 
-    /// Makes the instances waiting for a worker of a version `session` runs claimable; how
-    /// many.
-    async fn wake_awaiting(&self, session: &Session) -> cairn_store::Result<u64> {
+    /// Makes the instances waiting for a worker of a version `session` runs claimable, at
+    /// most `limit` of each; how many.
+    async fn wake_awaiting(&self, session: &Session, limit: u64) -> cairn_store::Result<u64> {
         let mut woken = 0;
         for (workflow, version) in &session.offered {
-            woken += self.env.store.wake_awaiting(workflow, version).await?;
+            woken += self
+                .env
+                .store
+                .wake_awaiting(workflow, version, limit)
+                .await?;
         }
         Ok(woken)
     }
@@ -285,13 +289,15 @@ pub(crate) async fn follow(
         // parked it after this engine's worker of that version connected (its claim counts
         // workers by workflow, not version): nothing else would wake it while that worker
         // stays. Wake what waits for the versions this engine's workers run and have room
-        // for; claimed here, it runs on them.
+        // for, no more than that room: those it cannot run another engine may claim and park
+        // again (a commit and a record each).
         let mut woken = 0;
         for session in workers.connected() {
-            if session.is_closed() || session.free() == 0 {
+            let room = session.free() as u64;
+            if session.is_closed() || room == 0 {
                 continue;
             }
-            match workers.wake_awaiting(&session).await {
+            match workers.wake_awaiting(&session, room).await {
                 Ok(n) => woken += n,
                 Err(e) => {
                     tracing::debug!(error = %e, "waking the instances waiting for a worker failed");
