@@ -902,12 +902,22 @@ async fn an_instance_parked_by_an_engine_without_its_version_runs_on_the_engine_
         .await
         .unwrap();
     // A v2 worker on A: A claims i and, with no v1 worker of its own, parks it.
-    let _v2 = worker_on(&a, "v2").await;
+    let mut v2 = worker_on(&a, "v2").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while i.details().await.unwrap().waiting_for_worker.is_none() {
         assert!(Instant::now() < deadline, "i was never parked by A");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // y (pinned to v2, the newest now) takes v2's one slot: A claims nothing more, so what
+    // B wakes only B claims. (With room on A, A may claim i again and park it again
+    // before B does: claims do not know versions, a limit this does not test.)
+    a.workflow_by_name("remote")
+        .unwrap()
+        .create(CreateOptions::new(json!({})).id("y"))
+        .await
+        .unwrap();
+    let held = next_frame(&mut v2).await;
+    assert_eq!(held["instance"]["id"], "y", "{held}");
     // x ends: v1 has room, and i runs there.
     let done = json!({ "type": "runResult", "run": start["run"], "ok": null });
     v1.receive(&done.to_string());
