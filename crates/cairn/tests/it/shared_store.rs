@@ -749,6 +749,7 @@ async fn a_burst_of_notices_naming_no_instance_costs_a_bounded_number_of_reads()
         .await
         .unwrap()
         .get(0);
+    let sentinel = client.get("b0").await.unwrap();
     let before = reads.load(Ordering::SeqCst);
     // 200 notices in one transaction: delivered together, as a burst (each from another
     // "engine", so PostgreSQL does not fold them into one).
@@ -760,7 +761,6 @@ async fn a_burst_of_notices_naming_no_instance_costs_a_bounded_number_of_reads()
     .await
     .unwrap();
     // A last notice naming one instance: once it has been handled, so have the others.
-    let sentinel = client.get("b0").await.unwrap();
     sentinel.pause().await.unwrap();
     sentinel
         .wait_for(|s| s.status == InstanceStatus::WaitingForPause)
@@ -778,8 +778,11 @@ async fn a_burst_of_notices_naming_no_instance_costs_a_bounded_number_of_reads()
     }
     let made = last - before;
     eprintln!("200 notices over {RUNNING} lifetimes made {made} status reads");
+    // The sentinel's own pause and wait read it too (the wait once more each second it
+    // waits, on a shared store): a few reads, more on a loaded machine (CI saw 64 in all).
+    const SENTINEL: u32 = 10;
     assert!(
-        made <= 3 * RUNNING,
+        made <= 3 * RUNNING + SENTINEL,
         "{made} reads for 200 notices over {RUNNING} lifetimes"
     );
     release.add_permits(RUNNING as usize);
