@@ -507,26 +507,31 @@ async fn a_finished_child_is_kept_until_its_parent_has_taken_its_outcome() {
     engine.shutdown().await;
 }
 
+/// A parent that starts a child, stops waiting for it after a minute and fails.
+fn failing_parent() -> Parent {
+    wf(|_, step| async move {
+        let child = step.invoke::<Child>("child", json!({}));
+        let fail = async {
+            step.sleep("a while", "1 minute").await?;
+            step.run("fail", |_| async {
+                Err::<(), _>(cairn::NonRetryableError::new("gave up").into())
+            })
+            .await
+        };
+        tokio::select! {
+            out = child => out,
+            failed = fail => failed.map(|()| Value::Null),
+        }
+    })
+}
+
 /// Review finding: a parent that fails compensates its own steps, and a child it leaves
 /// running is terminated *with rollback*, so the child's compensations run too.
 #[tokio::test(start_paused = true)]
 async fn a_child_left_running_by_a_failing_parent_is_compensated() {
     let compensated = Arc::new(Counter::default());
     let (engine, _dir) = engine(|b| {
-        b.register(wf(|_, step| async move {
-            let child = step.invoke::<Child>("child", json!({}));
-            let fail = async {
-                step.sleep("a while", "1 minute").await?;
-                step.run("fail", |_| async {
-                    Err::<(), _>(cairn::NonRetryableError::new("gave up").into())
-                })
-                .await
-            };
-            tokio::select! {
-                out = child => out,
-                failed = fail => failed.map(|()| Value::Null),
-            }
-        }))
+        b.register(failing_parent())
         .register(compensating_child(Arc::clone(&compensated)))
     })
     .await;
@@ -555,20 +560,7 @@ async fn a_child_the_cascade_missed_is_compensated_when_its_parent_failed() {
     let engine = super::support::gated_builder(super::support::BACKEND, &path, gates.clone())
         .await
         .clock(cairn::Clock::virtual_now())
-        .register(wf(|_, step| async move {
-            let child = step.invoke::<Child>("child", json!({}));
-            let fail = async {
-                step.sleep("a while", "1 minute").await?;
-                step.run("fail", |_| async {
-                    Err::<(), _>(cairn::NonRetryableError::new("gave up").into())
-                })
-                .await
-            };
-            tokio::select! {
-                out = child => out,
-                failed = fail => failed.map(|()| Value::Null),
-            }
-        }))
+        .register(failing_parent())
         // Its wait ends within the parent's retention (7 days): a parent purged by then
         // says nothing of how it ended, and the child ends plainly.
         .register(compensating_child_waiting(Arc::clone(&compensated), "1 day"))
@@ -586,11 +578,10 @@ async fn a_child_the_cascade_missed_is_compensated_when_its_parent_failed() {
     missed.release();
     assert_eq!(parent.wait().await.unwrap().status, InstanceStatus::Errored);
     // (The read comes just after the end's commit.)
-    let started = std::time::Instant::now();
-    while !missed.has_arrived() {
-        assert!(started.elapsed() < Duration::from_secs(30), "the cascade read no children");
-        tokio::task::yield_now().await;
-    }
+    super::support::yield_until("the cascade's read of the children", || {
+        missed.has_arrived()
+    })
+    .await;
     let child = only_child(&engine).await;
     assert_eq!(
         child.status().await.unwrap().status,

@@ -255,20 +255,28 @@ pub async fn until_status_within_hours(
     }
 }
 
-/// Waits until no lifetime is in memory. A lifetime leaves the live set just after its last
-/// commit (a hibernation, a pause, an end), so a status read from the store can show that
-/// commit a moment before. Yields without moving the virtual clock (no timer fires while
-/// it waits); fails after 30 s of real time, which only a lifetime that stays can take.
-pub async fn until_none_live(engine: &cairn::Engine) {
+/// Waits until `done`, for what the engine does just after a commit a test has seen.
+/// Yields without moving the virtual clock (no timer fires while it waits); fails after
+/// 30 s of real time, saying it waited for `what`.
+pub async fn yield_until(what: &str, mut done: impl FnMut() -> bool) {
     let started = std::time::Instant::now();
-    while engine.live_instances() > 0 {
+    while !done() {
         assert!(
             started.elapsed() < std::time::Duration::from_secs(30),
-            "{} lifetimes still in memory",
-            engine.live_instances()
+            "still waiting for {what}"
         );
         tokio::task::yield_now().await;
     }
+}
+
+/// Waits until no lifetime is in memory. A lifetime leaves the live set just after its last
+/// commit (a hibernation, a pause, an end), so a status read from the store can show that
+/// commit a moment before.
+pub async fn until_none_live(engine: &cairn::Engine) {
+    yield_until("every lifetime to leave memory", || {
+        engine.live_instances() == 0
+    })
+    .await;
 }
 
 /// Polls (in virtual time, 10 ms at a time) until the instance's log has `n` records of
