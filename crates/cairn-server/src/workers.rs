@@ -137,11 +137,7 @@ async fn session(engine: Engine, mut socket: WebSocket, grant: Option<crate::aut
                 }
                 // The engine is stopping: the worker reconnects to the next.
                 None => {
-                    let close = socket.send(Message::Close(Some(CloseFrame {
-                        code: close_code::AWAY,
-                        reason: "the server is stopping".into(),
-                    })));
-                    let _ = tokio::time::timeout(SILENT_FOR, close).await;
+                    close_within(&mut socket, close_code::AWAY, "the server is stopping").await;
                     break;
                 }
             },
@@ -214,9 +210,20 @@ async fn close_revoked(socket: &mut WebSocket, session: u64) {
     );
     // Bounded like every write: a stopped worker whose token was removed (a likely answer
     // to a hung worker) must still be let go.
+    close_within(
+        socket,
+        close_code::POLICY,
+        "its token is no longer accepted",
+    )
+    .await;
+}
+
+/// Sends a close frame with `code` and `reason`, giving up after the silence limit: a
+/// worker that stopped reading would otherwise hold the connection for ever.
+async fn close_within(socket: &mut WebSocket, code: u16, reason: &'static str) {
     let close = socket.send(Message::Close(Some(CloseFrame {
-        code: close_code::POLICY,
-        reason: "its token is no longer accepted".into(),
+        code,
+        reason: reason.into(),
     })));
     let _ = tokio::time::timeout(SILENT_FOR, close).await;
 }
