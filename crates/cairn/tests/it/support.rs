@@ -423,8 +423,31 @@ use cairn::store::{
     ListQuery, NewEvent, NewInstance, Sent, Store, StoreFuture, StoredEvent, Write,
 };
 
-/// The journal of instance `id` of `workflow`, read from `store` (which must hold it).
+/// Runs `work` with tokio's paused clock held still, as the engine makes its own store
+/// calls under a virtual clock. A test reading a store directly (not through the engine)
+/// otherwise lets the clock jump to the next timer while SQLite's thread or PostgreSQL
+/// answers: a loaded machine saw a finished instance's 7-day retention purge it between
+/// two reads of the test. A blocking task in flight keeps auto-advance off; this one only
+/// waits for `work` to end. On the real clock it costs a thread hand-off.
+pub async fn clock_still<T>(work: impl std::future::Future<Output = T>) -> T {
+    let (done, ended) = std::sync::mpsc::channel::<()>();
+    let holder = tokio::task::spawn_blocking(move || {
+        // Returns when `done` is dropped.
+        let _ = ended.recv();
+    });
+    let out = work.await;
+    drop(done);
+    holder.await.unwrap();
+    out
+}
+
+/// The journal of instance `id` of `workflow`, read from `store` (which must hold it),
+/// with the virtual clock still ([`clock_still`]).
 pub async fn journal_of(store: &dyn Store, workflow: &str, id: &str) -> Vec<cairn::StepRecord> {
+    clock_still(journal_now(store, workflow, id)).await
+}
+
+async fn journal_now(store: &dyn Store, workflow: &str, id: &str) -> Vec<cairn::StepRecord> {
     let record = store
         .instance(
             &cairn::WorkflowName::new(workflow).unwrap(),
