@@ -527,15 +527,16 @@ pub(crate) async fn fire_tick(
     })
 }
 
-/// A child being restarted: its link as [`ParentLink::restarted`] decides from its parent's
-/// row, read under a share lock so that a claim of the parent moving its epoch on is either
-/// seen or waits (adopted by the parent's new run, or detached when the parent has ended).
-async fn relink_restarted_child(
+/// A child being restarted: its new link as [`ParentLink::restarted`] decides from its
+/// parent's row, read under a share lock so that a claim of the parent moving its epoch on
+/// is either seen or waits (adopted by the parent's new run, or detached when the parent
+/// has ended); `None` when it stays. Only read: the restart writes it once nothing can
+/// refuse it.
+async fn restarted_link(
     tx: &Transaction<'_>,
-    b: &mut Batch<'_>,
     child: InstanceRef,
     adopt: Option<&cairn_store::Adopt>,
-) -> R<()> {
+) -> R<Option<ParentLink>> {
     let stored = query_opt(
         tx,
         "SELECT parent_iid, parent FROM instances WHERE iid = $1",
@@ -548,7 +549,7 @@ async fn relink_restarted_child(
     else {
         return match adopt {
             Some(adopt) => Err(Failure::Store(Error::LeaseLost(adopt.parent.instance))),
-            None => Ok(()),
+            None => Ok(None),
         };
     };
     let link = ParentLink::decode(InstanceRef(parent_iid), &text)?;
@@ -565,16 +566,7 @@ async fn relink_restarted_child(
         )),
         None => None,
     };
-    if let Some(link) = link.restarted(parent, adopt)? {
-        exec(
-            tx,
-            b,
-            "UPDATE instances SET parent = $2 WHERE iid = $1",
-            &[&child.0, &link.encode()],
-        )
-        .await?;
-    }
-    Ok(())
+    Ok(link.restarted(parent, adopt)?)
 }
 
 pub(crate) async fn wake_parent(
@@ -1331,8 +1323,9 @@ pub(crate) async fn control(
             from: step,
             adopt,
         } => {
-            // First, before anything is written: a refused adoption changes nothing.
-            relink_restarted_child(tx, b, instance, adopt.as_ref()).await?;
+            // Decided first, written last: a refused adoption, or a restart from a step
+            // the journal does not have, changes nothing (the link included).
+            let link = restarted_link(tx, instance, adopt.as_ref()).await?;
             match step {
                 None => {
                     wipe(tx, b, iid).await?;
@@ -1419,6 +1412,15 @@ pub(crate) async fn control(
                     exec(tx, b, "DELETE FROM events WHERE iid = $1", &[&iid]).await?;
                     exec(tx, b, "DELETE FROM event_keys WHERE iid = $1", &[&iid]).await?;
                 }
+            }
+            if let Some(link) = link {
+                exec(
+                    tx,
+                    b,
+                    "UPDATE instances SET parent = $2 WHERE iid = $1",
+                    &[&iid, &link.encode()],
+                )
+                .await?;
             }
             crate::slots::give_back(tx, b, instance).await?;
             exec(

@@ -1025,13 +1025,14 @@ fn wake_parent(conn: &Connection, child: InstanceRef) -> Result<()> {
     Ok(())
 }
 
-/// A child being restarted: its link as [`ParentLink::restarted`] decides from its parent's
-/// row (adopted by the parent's new run, or detached when the parent has ended).
-fn relink_restarted_child(
+/// A child being restarted: its new link as [`ParentLink::restarted`] decides from its
+/// parent's row (adopted by the parent's new run, or detached when the parent has ended),
+/// `None` when it stays. Only read: the restart writes it once nothing can refuse it.
+fn restarted_link(
     conn: &Connection,
     child: InstanceRef,
     adopt: Option<&cairn_store::Adopt>,
-) -> Result<()> {
+) -> Result<Option<ParentLink>> {
     let stored: Option<(Option<i64>, Option<String>)> = conn
         .prepare_cached("SELECT parent_iid, parent FROM instances WHERE iid = ?1")
         .and_then(|mut st| st.query_row([child.0], |r| Ok((r.get(0)?, r.get(1)?))))
@@ -1040,7 +1041,7 @@ fn relink_restarted_child(
     let Some((Some(parent_iid), Some(text))) = stored else {
         return match adopt {
             Some(adopt) => Err(Error::LeaseLost(adopt.parent.instance)),
-            None => Ok(()),
+            None => Ok(None),
         };
     };
     let link = ParentLink::decode(InstanceRef(parent_iid), &text)?;
@@ -1057,12 +1058,7 @@ fn relink_restarted_child(
         )),
         None => None,
     };
-    if let Some(link) = link.restarted(parent, adopt)? {
-        conn.prepare_cached("UPDATE instances SET parent = ?2 WHERE iid = ?1")
-            .and_then(|mut st| st.execute(params![child.0, link.encode()]))
-            .map_err(map_sqlite)?;
-    }
-    Ok(())
+    link.restarted(parent, adopt)
 }
 
 /// A parent's children, through the partial index `instances_children`.
@@ -1321,8 +1317,9 @@ pub(crate) fn control(
             from: step,
             adopt,
         } => {
-            // First, before anything is written: a refused adoption changes nothing.
-            relink_restarted_child(conn, instance, adopt.as_ref())?;
+            // Decided first, written last: a refused adoption, or a restart from a step
+            // the journal does not have, changes nothing (the link included).
+            let link = restarted_link(conn, instance, adopt.as_ref())?;
             match step {
                 None => {
                     for sql in [
@@ -1405,6 +1402,12 @@ pub(crate) fn control(
                     exec("DELETE FROM events WHERE iid = ?1", &[&iid])?;
                     exec("DELETE FROM event_keys WHERE iid = ?1", &[&iid])?;
                 }
+            }
+            if let Some(link) = link {
+                exec(
+                    "UPDATE instances SET parent = ?2 WHERE iid = ?1",
+                    &[&iid, &link.encode()],
+                )?;
             }
             crate::slots::give_back(conn, instance)?;
             exec(

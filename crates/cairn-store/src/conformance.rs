@@ -1610,6 +1610,30 @@ pub async fn a_child_is_adopted_under_its_parents_lease_and_detached_once_it_has
         )
         .await
         .unwrap();
+    // A restart the store refuses (from a step the journal does not have) changes
+    // nothing, the link included: detached, the child would escape its parent's end.
+    let refused = store
+        .control(
+            &wf("child"),
+            &child_id,
+            ControlRequest::Restart {
+                at: T0,
+                from: Some(StepKey {
+                    kind: StepKind::Run,
+                    name: "no such step".into(),
+                    count: 1,
+                }),
+                adopt: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused, ControlOutcome::StepNotFound);
+    assert_eq!(
+        link().await,
+        adopted,
+        "a refused restart left the child detached"
+    );
     restart(None).await.unwrap();
     let freed = link().await;
     assert!(
