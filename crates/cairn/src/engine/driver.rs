@@ -346,7 +346,9 @@ async fn one_lifetime(
     if let Some(at) = record.started_at {
         state.set_started_at(at);
     }
-    if record.status != InstanceStatus::Running {
+    // `running` without a start time: paused and resumed while its first start was still
+    // deferred, by a lifetime that died before that start landed. It starts now.
+    if record.status != InstanceStatus::Running || record.started_at.is_none() {
         let now = env.clock.now();
         let mut writes = vec![Write::Status(StatusChange {
             started_at: Some(now),

@@ -1354,3 +1354,62 @@ async fn e21_h10_a_pause_whose_caller_stops_waiting_still_takes_effect() {
     assert_eq!(instance.wait().await.unwrap().output, Some(json!(1)));
     engine.shutdown().await;
 }
+
+/// Paused and resumed while its first start is deferred (claimed, nothing committed: the
+/// store says `waitingForPause`, then `running`), an instance whose lifetime then dies
+/// before that first commit lands is started by the next lifetime all the same: its start
+/// time is stored and its `WORKFLOW_START` logged. Before, the next claim took the
+/// `running` the resume left for a start already recorded.
+#[tokio::test]
+async fn a_first_start_lost_after_a_pause_and_resume_is_recorded_by_the_next_run() {
+    let (_dir, path) = temp_db();
+    let gates = super::support::Gates::default();
+    let store = raw_store_on(BACKEND, &path).await;
+    let workflow = || {
+        wf(|_, step| async move {
+            step.run("a", |_| async { Ok(1u32) }).await?;
+            Ok(json!("done"))
+        })
+    };
+    let first = super::support::gated_builder_on(Arc::clone(&store), gates.clone())
+        .register(workflow())
+        .start()
+        .await
+        .unwrap();
+    // The first start rides with `a`'s start: that commit never lands.
+    let lost = gates.arm_failing("commit");
+    let instance = first
+        .workflow::<super::support::FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    lost.arrived().await;
+    instance.pause().await.unwrap();
+    assert_eq!(
+        instance.status().await.unwrap().status,
+        InstanceStatus::WaitingForPause
+    );
+    instance.resume().await.unwrap();
+    lost.release();
+    first.shutdown().await;
+    drop(instance);
+    drop(store);
+    let store = raw_store_on(BACKEND, &path).await;
+    let (second, instance, status) = x_run_to_its_end_again(&store, workflow()).await;
+    assert_eq!(status.output, Some(json!("done")), "{status:?}");
+    let record = store
+        .instance(&cairn::WorkflowName::new("test").unwrap(), &cairn::InstanceId::new("x").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(record.started_at.is_some(), "no start time: {record:?}");
+    assert_eq!(
+        super::support::records(&instance, LogKind::WorkflowStart)
+            .await
+            .len(),
+        1,
+        "{:?}",
+        kinds(&instance).await
+    );
+    second.shutdown().await;
+}
