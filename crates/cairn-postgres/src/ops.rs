@@ -1438,6 +1438,23 @@ pub(crate) async fn control(
             done(InstanceStatus::Running)
         }
         ControlRequest::Delete => {
+            let awaited = from.is_terminal()
+                && query_opt(tx, AWAITED_BY_ITS_PARENT_SQL, &[&iid])
+                    .await?
+                    .is_some_and(|r| r.get::<_, bool>(0));
+            if awaited {
+                // Finished, but its parent has not taken its outcome yet: told "deleted",
+                // the parent would lose the child's work. Its retention ends now instead,
+                // and the purge deletes it once the parent has the outcome.
+                exec(
+                    tx,
+                    b,
+                    "UPDATE instances SET purge_at = 0 WHERE iid = $1",
+                    &[&iid],
+                )
+                .await?;
+                return done(from);
+            }
             if !from.is_terminal() {
                 wake_parent(tx, b, instance).await?;
             }
@@ -1457,16 +1474,34 @@ pub(crate) async fn control(
     Ok(outcome)
 }
 
-/// Finished instances whose retention is over, skipping any another engine is purging.
-/// A finished child is held (not purged) while its parent's `invoke` step has not taken
-/// its outcome: the parent reads it from the child's row.
-pub(crate) const DUE_PURGES_SQL: &str = "SELECT iid FROM instances i
-     WHERE purge_at IS NOT NULL AND purge_at <= $1 AND (parent_iid IS NULL OR (
+/// Whether instance row `i` is a child its parent has not taken the outcome of yet: the
+/// parent's `invoke` step that started it still runs, and reads the outcome from the
+/// child's row. Such a finished child is held from purges and deletes.
+macro_rules! awaited_by_its_parent {
+    () => {
+        "(parent_iid IS NOT NULL AND (
          SELECT s.state FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
              AND s.name = (i.parent::jsonb -> 'step' ->> 'name')
              AND s.count = (i.parent::jsonb -> 'step' ->> 'count')::bigint
-     ) IS DISTINCT FROM 0)
-     LIMIT $2 FOR UPDATE SKIP LOCKED";
+     ) IS NOT DISTINCT FROM 0)"
+    };
+}
+pub(crate) use awaited_by_its_parent;
+
+/// Finished instances whose retention is over, skipping any another engine is purging,
+/// held children aside.
+pub(crate) const DUE_PURGES_SQL: &str = concat!(
+    "SELECT iid FROM instances i WHERE purge_at IS NOT NULL AND purge_at <= $1 AND NOT ",
+    awaited_by_its_parent!(),
+    " LIMIT $2 FOR UPDATE SKIP LOCKED"
+);
+
+/// Whether instance `$1` is a child its parent has not taken the outcome of yet.
+const AWAITED_BY_ITS_PARENT_SQL: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM instances i WHERE i.iid = $1 AND ",
+    awaited_by_its_parent!(),
+    ")"
+);
 
 pub(crate) async fn purge(
     tx: &Transaction<'_>,

@@ -328,13 +328,11 @@ pub(crate) async fn timers(
 }
 
 /// Held children aside (see `ops::DUE_PURGES_SQL`).
-pub(crate) const NEXT_PURGE_SQL: &str = "SELECT purge_at FROM instances i
-     WHERE purge_at IS NOT NULL AND (parent_iid IS NULL OR (
-         SELECT s.state FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
-             AND s.name = (i.parent::jsonb -> 'step' ->> 'name')
-             AND s.count = (i.parent::jsonb -> 'step' ->> 'count')::bigint
-     ) IS DISTINCT FROM 0)
-     ORDER BY purge_at LIMIT 1";
+pub(crate) const NEXT_PURGE_SQL: &str = concat!(
+    "SELECT purge_at FROM instances i WHERE purge_at IS NOT NULL AND NOT ",
+    crate::ops::awaited_by_its_parent!(),
+    " ORDER BY purge_at LIMIT 1"
+);
 
 pub(crate) async fn next_purge(client: &impl GenericClient) -> Result<Option<Timestamp>> {
     let rows = query(client, NEXT_PURGE_SQL, &[]).await?;

@@ -644,23 +644,38 @@ pub(crate) fn next_ready(conn: &Connection, workflows: &[String]) -> Result<Opti
 pub(crate) const TAKE_EVENT_SQL: &str =
     "SELECT id, payload, at FROM events WHERE iid = ?1 AND type = ?2 ORDER BY id LIMIT 1";
 
-/// Finished instances whose retention is over.
-/// A finished child is held (not purged) while its parent's `invoke` step has not taken
-/// its outcome: the parent reads it from the child's row.
-pub(crate) const DUE_PURGES_SQL: &str = "SELECT iid FROM instances i
-     WHERE purge_at IS NOT NULL AND purge_at <= ?1 AND NOT (parent_iid IS NOT NULL AND EXISTS (
+/// Whether instance row `i` is a child its parent has not taken the outcome of yet: the
+/// parent's `invoke` step that started it still runs, and reads the outcome from the
+/// child's row. Such a finished child is held from purges and deletes.
+macro_rules! awaited_by_its_parent {
+    () => {
+        "(i.parent_iid IS NOT NULL AND EXISTS (
          SELECT 1 FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
              AND s.name = json_extract(i.parent, '$.step.name')
-             AND s.count = json_extract(i.parent, '$.step.count') AND s.state = 0))
-     LIMIT ?2";
+             AND s.count = json_extract(i.parent, '$.step.count') AND s.state = 0))"
+    };
+}
+
+/// Finished instances whose retention is over, held children aside.
+pub(crate) const DUE_PURGES_SQL: &str = concat!(
+    "SELECT iid FROM instances i WHERE purge_at IS NOT NULL AND purge_at <= ?1 AND NOT ",
+    awaited_by_its_parent!(),
+    " LIMIT ?2"
+);
 
 /// When the next purge is due (held children aside, see [`DUE_PURGES_SQL`]).
-pub(crate) const NEXT_PURGE_SQL: &str = "SELECT purge_at FROM instances i
-     WHERE purge_at IS NOT NULL AND NOT (parent_iid IS NOT NULL AND EXISTS (
-         SELECT 1 FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
-             AND s.name = json_extract(i.parent, '$.step.name')
-             AND s.count = json_extract(i.parent, '$.step.count') AND s.state = 0))
-     ORDER BY purge_at LIMIT 1";
+pub(crate) const NEXT_PURGE_SQL: &str = concat!(
+    "SELECT purge_at FROM instances i WHERE purge_at IS NOT NULL AND NOT ",
+    awaited_by_its_parent!(),
+    " ORDER BY purge_at LIMIT 1"
+);
+
+/// Whether instance `?1` is a child its parent has not taken the outcome of yet.
+const AWAITED_BY_ITS_PARENT_SQL: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM instances i WHERE i.iid = ?1 AND ",
+    awaited_by_its_parent!(),
+    ")"
+);
 
 /// Instances of a workflow in a status: the counter the triggers of migration 8 keep.
 pub(crate) const COUNT_SQL: &str =
@@ -1023,6 +1038,12 @@ fn wake_parent(conn: &Connection, child: InstanceRef) -> Result<()> {
     .and_then(|mut st| st.execute([child.0]))
     .map_err(map_sqlite)?;
     Ok(())
+}
+
+fn awaited_by_its_parent(conn: &Connection, child: InstanceRef) -> Result<bool> {
+    conn.prepare_cached(AWAITED_BY_ITS_PARENT_SQL)
+        .and_then(|mut st| st.query_row([child.0], |r| r.get(0)))
+        .map_err(map_sqlite)
 }
 
 /// A child being restarted: its new link as [`ParentLink::restarted`] decides from its
@@ -1422,6 +1443,13 @@ pub(crate) fn control(
             done(InstanceStatus::Running)
         }
         ControlRequest::Delete => {
+            if from.is_terminal() && awaited_by_its_parent(conn, instance)? {
+                // Finished, but its parent has not taken its outcome yet: told "deleted",
+                // the parent would lose the child's work. Its retention ends now instead,
+                // and the purge deletes it once the parent has the outcome.
+                exec("UPDATE instances SET purge_at = 0 WHERE iid = ?1", &[&iid])?;
+                return done(from);
+            }
             if !from.is_terminal() {
                 wake_parent(conn, instance)?;
             }

@@ -507,6 +507,47 @@ async fn a_finished_child_is_kept_until_its_parent_has_taken_its_outcome() {
     engine.shutdown().await;
 }
 
+/// Review finding: deleting a child that has completed, before its parent has taken its
+/// outcome (here the parent is paused meanwhile; a bulk delete of completed instances does
+/// it), must not fail the parent with `ChildDeletedError` and lose the child's work. The
+/// delete is done once the parent has the outcome, as a purge would be.
+#[tokio::test(start_paused = true)]
+async fn deleting_a_completed_child_before_its_parent_took_its_outcome_keeps_the_outcome() {
+    let (engine, _dir) = engine(|b| {
+        b.register(invoking_parent())
+            .register(named::<1, _, _>(|_, step| async move {
+                let go: StepEvent<Value> = step.wait_for_event("go", "go").await?;
+                Ok(json!({ "doubled": go.payload }))
+            }))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&parent, InstanceStatus::Waiting).await;
+    let child = only_child(&engine).await;
+    until_status(&child, InstanceStatus::Waiting).await;
+    parent.pause().await.unwrap();
+    child.send_event("go", &json!(8)).await.unwrap();
+    child.wait().await.unwrap();
+    child.delete().await.unwrap();
+    parent.resume().await.unwrap();
+    let status = parent.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    assert_eq!(status.output, Some(json!({ "child": { "doubled": 8 } })));
+    // Once the parent has it, the delete is done.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let left = engine
+        .workflow::<Child>()
+        .list(&cairn::ListOptions::default())
+        .await
+        .unwrap();
+    assert!(left.instances.is_empty(), "{:?}", left.instances);
+    engine.shutdown().await;
+}
+
 /// A parent that starts a child, stops waiting for it after a minute and fails.
 fn failing_parent() -> Parent {
     wf(|_, step| async move {
