@@ -106,7 +106,8 @@ pub(crate) fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<Option<Value
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
-        .map(str::trim)
+        .map(|v| v.trim().to_ascii_lowercase())
+        // Media types are case-insensitive (RFC 9110 §8.3.1).
         .is_some_and(|v| v == "application/json" || v.ends_with("+json"));
     if !json {
         return Err(ApiError::new(

@@ -27,7 +27,17 @@ pub(crate) fn routes() -> Router<Engine> {
         .route("/api/workflows/{name}/versions", get(workflow_versions))
         .route("/api/instances", get(list_all_instances))
         .route("/api/instances/bulk", post(bulk))
-        .route("/api/workflows/{name}/instances/batch", post(create_batch))
+        // An instance may be named `batch` (ids allow it): this route reads and deletes it.
+        .route(
+            "/api/workflows/{name}/instances/batch",
+            post(create_batch)
+                .get(|engine, Path(name): Path<String>| {
+                    instance_details(engine, Path((name, "batch".to_owned())))
+                })
+                .delete(|engine, Path(name): Path<String>, headers| {
+                    delete_instance(engine, Path((name, "batch".to_owned())), headers)
+                }),
+        )
         .route(
             "/api/workflows/{name}/instances/batch/delete",
             post(delete_batch),

@@ -119,9 +119,13 @@ pub(crate) fn routes() -> Router<Engine> {
         )
         // wrangler asks for the latest instance with a trailing slash.
         .route(&format!("{base}/{{name}}/instances/"), get(list_instances))
+        // Instances may be named `batch` or `terminate` (ids allow it): these routes read
+        // them too.
         .route(
             &format!("{base}/{{name}}/instances/batch"),
-            post(bulk_create),
+            post(bulk_create).get(|engine, Path((account, name)), q| {
+                get_instance(engine, Path((account, name, "batch".to_owned())), q)
+            }),
         )
         .route(
             &format!("{base}/{{name}}/instances/batch/delete"),
@@ -129,7 +133,9 @@ pub(crate) fn routes() -> Router<Engine> {
         )
         .route(
             &format!("{base}/{{name}}/instances/terminate"),
-            put(terminate_all),
+            put(terminate_all).get(|engine, Path((account, name)), q| {
+                get_instance(engine, Path((account, name, "terminate".to_owned())), q)
+            }),
         )
         .route(
             &format!("{base}/{{name}}/instances/{{id}}"),

@@ -898,6 +898,73 @@ async fn batch_create_delete_and_describe() {
     engine.shutdown().await;
 }
 
+/// Review finding: media types are case-insensitive (RFC 9110 §8.3.1); an event and every
+/// Cloudflare body were refused as `Application/JSON`.
+#[tokio::test(start_paused = true)]
+async fn json_bodies_are_recognised_whatever_the_case_of_their_media_type() {
+    let (engine, _dir) = app().await;
+    for (uri, body) in [
+        (
+            "/api/workflows/approval/instances",
+            r#"{"instance_id": "ct"}"#,
+        ),
+        ("/api/workflows/approval/instances/ct/events/approved", "{}"),
+        ("/client/v4/accounts/a/workflows/approval/instances", "{}"),
+    ] {
+        let (s, body) = raw_call(
+            cairn_server::router(engine.clone()),
+            Method::POST,
+            uri,
+            &[("content-type", "Application/JSON; charset=UTF-8")],
+            body,
+        )
+        .await;
+        assert!(s.is_success(), "{uri}: {s} {body}");
+    }
+    engine.shutdown().await;
+}
+
+/// Review finding: ids may be `batch` or `terminate` (only `latest` is reserved), which are
+/// also the last segment of fixed routes (the batch create and delete, Cloudflare's
+/// terminate of all): such an instance is read and deleted like any other.
+#[tokio::test(start_paused = true)]
+async fn instances_named_like_a_fixed_route_are_read_and_deleted() {
+    let (engine, _dir) = app().await;
+    for id in ["batch", "terminate"] {
+        let (s, v) = call(
+            &engine,
+            Method::POST,
+            "/api/workflows/approval/instances",
+            Some(&format!(r#"{{"instance_id": "{id}"}}"#)),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        let uri = format!("/api/workflows/approval/instances/{id}");
+        let (s, v) = call(&engine, Method::GET, &uri, None).await;
+        assert_eq!(
+            (s, v["id"].clone()),
+            (StatusCode::OK, json!(id)),
+            "{uri}: {v}"
+        );
+        let uri = format!("/client/v4/accounts/a/workflows/approval/instances/{id}");
+        let (s, v) = call(&engine, Method::GET, &uri, None).await;
+        assert_eq!(s, StatusCode::OK, "{uri}: {v}");
+        assert_eq!(v["success"], true, "{uri}: {v}");
+    }
+    for id in ["batch", "terminate"] {
+        let uri = format!("/api/workflows/approval/instances/{id}");
+        let (s, v) = call(&engine, Method::DELETE, &uri, None).await;
+        assert_eq!(s, StatusCode::OK, "{uri}: {v}");
+        let (s, v) = call(&engine, Method::GET, &uri, None).await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (StatusCode::NOT_FOUND, json!("instance.not_found")),
+            "{uri}: {v}"
+        );
+    }
+    engine.shutdown().await;
+}
+
 /// Every (method, path, uri) the OpenAPI document lists, its path filled in with the
 /// `approval` workflow, instance `id` and event type `approved`.
 fn documented_routes(doc: &Value, id: &str) -> Vec<(Method, String, String)> {
