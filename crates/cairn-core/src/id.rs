@@ -27,7 +27,7 @@ pub enum IdError {
     InstanceId(String),
     /// An instance id that a route or the CLI reads as a word of its own (`latest`).
     #[error(
-        "Workflow instance id {0:?} is reserved: `latest` names the newest instance in the CLI and the API; choose another id"
+        "Workflow instance id {0:?} is reserved: `latest` names the newest instance in the CLIs (`cairn` and wrangler); choose another id"
     )]
     ReservedInstanceId(String),
     /// A workflow name that breaks the same pattern or is longer than 64 characters.

@@ -62,6 +62,17 @@ async fn apply(instance: &Instance<Value>, request: StatusChange) -> Result<(), 
             "'from' is only valid when restarting.",
         ));
     }
+    if request
+        .from
+        .as_ref()
+        .is_some_and(|from| from.count == Some(0))
+    {
+        // Counts start at 1 (the first step of that name), as `…/step?count=` and wrangler's
+        // `--from-step-count` do: 0 is a mistake, not the first.
+        return Err(ApiError::bad_request(
+            "'from.count' counts from 1: the first step of that name is 1.",
+        ));
+    }
     match request.status.as_str() {
         "pause" => instance.pause().await?,
         "resume" => instance.resume().await?,

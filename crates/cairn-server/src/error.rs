@@ -54,7 +54,9 @@ pub(crate) fn status_of_code(code: &str) -> StatusCode {
         | "instance.cannot_delete"
         | "instance.finished" => StatusCode::CONFLICT,
         "payload.too_large" => StatusCode::PAYLOAD_TOO_LARGE,
-        "params.invalid" | "instance.cannot_restart" => StatusCode::UNPROCESSABLE_ENTITY,
+        "params.invalid" | "event.invalid_payload" | "instance.cannot_restart" => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
         "store.unavailable" => StatusCode::SERVICE_UNAVAILABLE,
         "internal" | "engine.config" => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::BAD_REQUEST,

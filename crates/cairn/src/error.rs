@@ -131,6 +131,9 @@ pub enum Error {
         /// The decoding error.
         reason: String,
     },
+    /// An event's payload that cannot be stored (nested deeper than a payload may be, say).
+    #[error("the event payload is not serialisable: {0}")]
+    InvalidEventPayload(String),
     /// A payload is larger than the configured limit.
     #[error("{what} is {size} bytes; the limit is {limit} bytes")]
     PayloadTooLarge {
@@ -261,6 +264,7 @@ impl Error {
             Error::InvalidConcurrencyKey(_) => "concurrency.invalid_key",
             Error::NoConcurrencyLimit(_) => "concurrency.not_configured",
             Error::InvalidParams { .. } => "params.invalid",
+            Error::InvalidEventPayload(_) => "event.invalid_payload",
             Error::PayloadTooLarge { .. } => "payload.too_large",
             Error::BatchEmpty(_) => "batch.empty",
             Error::BatchTooLarge { .. } => "batch.too_large",

@@ -924,6 +924,60 @@ async fn json_bodies_are_recognised_whatever_the_case_of_their_media_type() {
     engine.shutdown().await;
 }
 
+/// Review findings: an event payload that cannot be stored is refused as such (it was
+/// `params.invalid`, "params … do not match its Params type"), and a restart from step
+/// count 0 is refused (it was taken as 1); neither changes the instance.
+#[tokio::test(start_paused = true)]
+async fn an_unstorable_event_payload_and_a_step_count_of_zero_get_codes_of_their_own() {
+    let (engine, _dir) = app().await;
+    call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances",
+        Some(r#"{"instance_id": "x"}"#),
+    )
+    .await;
+    until_status(&engine, "x", "waiting").await;
+    let deep = format!("{}{}", "[".repeat(101), "]".repeat(101));
+    let (s, v) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances/x/events/approved",
+        Some(&deep),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!("event.invalid_payload")
+        ),
+        "{v}"
+    );
+    assert!(!v["message"].as_str().unwrap().contains("Params"), "{v}");
+    let (s, v) = call(
+        &engine,
+        Method::PATCH,
+        "/api/workflows/approval/instances/x/status",
+        Some(r#"{"status": "restart", "from": {"name": "first", "count": 0}}"#),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (StatusCode::BAD_REQUEST, json!("request.invalid")),
+        "{v}"
+    );
+    let (_, v) = call(
+        &engine,
+        Method::GET,
+        "/api/workflows/approval/instances/x",
+        None,
+    )
+    .await;
+    assert_eq!(v["status"], "waiting", "{v}");
+    engine.shutdown().await;
+}
+
 /// Review finding: ids may be `batch` or `terminate` (only `latest` is reserved), which are
 /// also the last segment of fixed routes (the batch create and delete, Cloudflare's
 /// terminate of all): such an instance is read and deleted like any other.

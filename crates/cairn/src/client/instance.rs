@@ -347,10 +347,8 @@ impl<O: DeserializeOwned> Instance<O> {
         idempotency_key: Option<String>,
     ) -> Result<Delivery, Error> {
         let event_type = cairn_core::EventType::new(event_type)?;
-        let payload = cairn_core::binary::to_string(payload).map_err(|e| Error::InvalidParams {
-            workflow: self.workflow.to_string(),
-            reason: format!("the event payload is not serialisable: {e}"),
-        })?;
+        let payload = cairn_core::binary::to_string(payload)
+            .map_err(|e| Error::InvalidEventPayload(e.to_string()))?;
         let limit = self.engine.inner.env.limits.payload_limit;
         let size = cairn_core::binary::size(&payload);
         if size > limit {

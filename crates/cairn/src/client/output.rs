@@ -103,7 +103,7 @@ impl<O: DeserializeOwned> Instance<O> {
         let journal = self.engine.inner.env.store.journal(record.instance).await?;
         let Some(found) = journal.into_iter().find(|s| s.key == key) else {
             return Err(Error::NoStepOutput(format!(
-                "instance {:?} has no {} step {}",
+                "instance {:?} has no {} {:?}",
                 self.id.as_str(),
                 key.kind.as_str(),
                 key.target()
