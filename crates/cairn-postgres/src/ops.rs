@@ -1488,11 +1488,28 @@ macro_rules! awaited_by_its_parent {
 }
 pub(crate) use awaited_by_its_parent;
 
+/// Whether instance row `i` is the parent of a child that has not finished and is not
+/// detached: a child the cascade missed (the engine stopped after the parent's end, or the
+/// store failed) reads how to end from its parent's row when it is next claimed
+/// (`family::orphaned`). Such a finished parent is held from purges. A scalar subquery, so
+/// that it is a probe of `instances_children` per row (as `EXISTS`, the planner may turn it
+/// into a join over every child there is).
+macro_rules! parent_of_an_unfinished_child {
+    () => {
+        "(SELECT 1 FROM instances c WHERE c.parent_iid = i.iid
+             AND c.status NOT IN (3, 4, 5)
+             AND (c.parent::jsonb ->> 'detached')::boolean IS NOT TRUE LIMIT 1) IS NOT NULL"
+    };
+}
+pub(crate) use parent_of_an_unfinished_child;
+
 /// Finished instances whose retention is over, skipping any another engine is purging,
-/// held children aside.
+/// held children and parents aside.
 pub(crate) const DUE_PURGES_SQL: &str = concat!(
     "SELECT iid FROM instances i WHERE purge_at IS NOT NULL AND purge_at <= $1 AND NOT ",
     awaited_by_its_parent!(),
+    " AND NOT ",
+    parent_of_an_unfinished_child!(),
     " LIMIT $2 FOR UPDATE SKIP LOCKED"
 );
 

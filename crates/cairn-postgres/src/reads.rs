@@ -327,10 +327,12 @@ pub(crate) async fn timers(
     })
 }
 
-/// Held children aside (see `ops::DUE_PURGES_SQL`).
+/// Held children and parents aside (see `ops::DUE_PURGES_SQL`).
 pub(crate) const NEXT_PURGE_SQL: &str = concat!(
     "SELECT purge_at FROM instances i WHERE purge_at IS NOT NULL AND NOT ",
     crate::ops::awaited_by_its_parent!(),
+    " AND NOT ",
+    crate::ops::parent_of_an_unfinished_child!(),
     " ORDER BY purge_at LIMIT 1"
 );
 

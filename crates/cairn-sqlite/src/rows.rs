@@ -656,17 +656,33 @@ macro_rules! awaited_by_its_parent {
     };
 }
 
-/// Finished instances whose retention is over, held children aside.
+/// Whether instance row `i` is the parent of a child that has not finished and is not
+/// detached: a child the cascade missed (the engine stopped after the parent's end, or the
+/// store failed) reads how to end from its parent's row when it is next claimed
+/// (`family::orphaned`). Such a finished parent is held from purges.
+macro_rules! parent_of_an_unfinished_child {
+    () => {
+        "EXISTS (SELECT 1 FROM instances c WHERE c.parent_iid = i.iid
+             AND c.status NOT IN (3, 4, 5)
+             AND COALESCE(json_extract(c.parent, '$.detached'), 0) = 0)"
+    };
+}
+
+/// Finished instances whose retention is over, held children and parents aside.
 pub(crate) const DUE_PURGES_SQL: &str = concat!(
     "SELECT iid FROM instances i WHERE purge_at IS NOT NULL AND purge_at <= ?1 AND NOT ",
     awaited_by_its_parent!(),
+    " AND NOT ",
+    parent_of_an_unfinished_child!(),
     " LIMIT ?2"
 );
 
-/// When the next purge is due (held children aside, see [`DUE_PURGES_SQL`]).
+/// When the next purge is due (held children and parents aside, see [`DUE_PURGES_SQL`]).
 pub(crate) const NEXT_PURGE_SQL: &str = concat!(
     "SELECT purge_at FROM instances i WHERE purge_at IS NOT NULL AND NOT ",
     awaited_by_its_parent!(),
+    " AND NOT ",
+    parent_of_an_unfinished_child!(),
     " ORDER BY purge_at LIMIT 1"
 );
 

@@ -595,19 +595,40 @@ async fn a_child_left_running_by_a_failing_parent_is_compensated() {
 /// terminated it plainly and its compensation was lost.
 #[tokio::test(start_paused = true)]
 async fn a_child_the_cascade_missed_is_compensated_when_its_parent_failed() {
+    a_child_the_cascade_missed_is_compensated(None).await;
+}
+
+/// Review finding: the same, with the parent's retention over before the child wakes (kept
+/// an hour, the child's wait a day). Before, the parent was purged, nothing said how it
+/// had ended, and the child ended plainly. A parent is now kept while a child of it that
+/// is not detached has not finished.
+#[tokio::test(start_paused = true)]
+async fn a_child_the_cascade_missed_is_compensated_after_its_failed_parents_retention() {
+    a_child_the_cascade_missed_is_compensated(Some(Duration::from_secs(3600))).await;
+}
+
+/// A failing parent whose cascade misses its child (waiting a day), kept `retention` (the
+/// default when `None`): the child, woken, ends with rollback; then the parent is purged
+/// once its retention is over.
+async fn a_child_the_cascade_missed_is_compensated(retention: Option<Duration>) {
     let compensated = Arc::new(Counter::default());
     let (_dir, path) = super::support::temp_db();
     let gates = super::support::Gates::default();
-    let engine = super::support::gated_builder(super::support::BACKEND, &path, gates.clone())
+    let mut builder = super::support::gated_builder(super::support::BACKEND, &path, gates.clone())
         .await
         .clock(cairn::Clock::virtual_now())
         .register(failing_parent())
-        // Its wait ends within the parent's retention (7 days): a parent purged by then
-        // says nothing of how it ended, and the child ends plainly.
-        .register(compensating_child_waiting(Arc::clone(&compensated), "1 day"))
-        .start()
-        .await
-        .unwrap();
+        .register(compensating_child_waiting(Arc::clone(&compensated), "1 day"));
+    if let Some(kept) = retention {
+        builder = builder.workflow_retention(
+            "test",
+            cairn::Retention {
+                success: kept,
+                error: kept,
+            },
+        );
+    }
+    let engine = builder.start().await.unwrap();
     let parent = engine
         .workflow::<Parent>()
         .create(CreateOptions::new(json!({})))
@@ -634,6 +655,16 @@ async fn a_child_the_cascade_missed_is_compensated_when_its_parent_failed() {
     assert_eq!(status.status, InstanceStatus::Terminated);
     assert_eq!(compensated.get(), 1, "the child's compensation ran");
     assert_eq!(status.rollback.unwrap().outcome, "completed");
+    if retention.is_some() {
+        // The child has ended: the parent's retention applies again.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let left = engine
+            .workflow::<Parent>()
+            .list(&cairn::ListOptions::default())
+            .await
+            .unwrap();
+        assert!(left.instances.is_empty(), "{:?}", left.instances);
+    }
     engine.shutdown().await;
 }
 
