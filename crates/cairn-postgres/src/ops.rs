@@ -936,15 +936,6 @@ pub(crate) async fn send_event(
     if st.is_terminal() {
         return Ok(Sent::Finished(st));
     }
-    if let Some(key) = &event.idempotency_key {
-        exec(
-            tx,
-            b,
-            "INSERT INTO event_keys (iid, key, at) VALUES ($1, $2, $3)",
-            &[&iid, key, &event.at.as_millis()],
-        )
-        .await?;
-    }
     exec(
         tx,
         b,
@@ -957,6 +948,17 @@ pub(crate) async fn send_event(
         ],
     )
     .await?;
+    if let Some(key) = &event.idempotency_key {
+        // `currval`: the id this transaction's insert just took.
+        exec(
+            tx,
+            b,
+            "INSERT INTO event_keys (iid, key, at, event)
+             VALUES ($1, $2, $3, currval(pg_get_serial_sequence('events', 'id')))",
+            &[&iid, key, &event.at.as_millis()],
+        )
+        .await?;
+    }
     exec(
         tx,
         b,
@@ -1008,6 +1010,23 @@ pub(crate) async fn take_event(
     let (output, object) =
         cairn_store::taken::wait_output(event_type, &payload, Timestamp::from_millis(sent_at))?;
     exec(tx, b, "DELETE FROM events WHERE id = $1", &[&event_id]).await?;
+    // Its key (if it was sent with one) now belongs to this wait: see the restart from a
+    // step's use.
+    exec(
+        tx,
+        b,
+        "UPDATE event_keys SET taken_by = (SELECT seq FROM steps WHERE iid = $1 AND kind = $2
+             AND name = $3 AND count = $4)
+         WHERE iid = $1 AND event = $5",
+        &[
+            &lease.instance.0,
+            &step.kind.code(),
+            &step.name,
+            &i64::from(step.count),
+            &event_id,
+        ],
+    )
+    .await?;
     let updated = exec(
         tx,
         b,
@@ -1069,6 +1088,21 @@ async fn put_back_event(
             &event.event_type.as_str(),
             &event.payload,
             &event.at.as_millis(),
+        ],
+    )
+    .await?;
+    // Its key (if any) names the event again, taken by no wait.
+    exec(
+        tx,
+        b,
+        "UPDATE event_keys SET event = -currval(pg_get_serial_sequence('events', 'id')), taken_by = NULL
+         WHERE iid = $1 AND taken_by = (SELECT seq FROM steps WHERE iid = $1 AND kind = $2
+             AND name = $3 AND count = $4)",
+        &[
+            &instance.0,
+            &wait.kind.code(),
+            &wait.name,
+            &i64::from(wait.count),
         ],
     )
     .await?;
@@ -1410,7 +1444,16 @@ pub(crate) async fn control(
                     )
                     .await?;
                     exec(tx, b, "DELETE FROM events WHERE iid = $1", &[&iid]).await?;
-                    exec(tx, b, "DELETE FROM event_keys WHERE iid = $1", &[&iid]).await?;
+                    // The keys of the events cleared go (buffered, or taken by a wait wiped
+                    // above); those of events a kept wait took stay: a retried send of one
+                    // is still a duplicate, not a second delivery.
+                    exec(
+                        tx,
+                        b,
+                        "DELETE FROM event_keys WHERE iid = $1 AND (taken_by IS NULL OR taken_by >= $2)",
+                        &[&iid, &seq],
+                    )
+                    .await?;
                 }
             }
             if let Some(link) = link {

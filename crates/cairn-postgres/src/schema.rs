@@ -216,6 +216,12 @@ const MIGRATIONS: &[&str] = &[
     );
     ALTER TABLE instances ADD COLUMN version TEXT;
     ",
+    // 8: which event each idempotency key sent, and which wait took it (as SQLite's
+    // migration 18).
+    "
+    ALTER TABLE event_keys ADD COLUMN event BIGINT;
+    ALTER TABLE event_keys ADD COLUMN taken_by BIGINT;
+    ",
 ];
 
 /// Why the schema could not be brought up to date.

@@ -756,11 +756,6 @@ pub(crate) fn send_event(
     if status.is_terminal() {
         return Ok(Sent::Finished(status));
     }
-    if let Some(key) = &event.idempotency_key {
-        conn.prepare_cached("INSERT INTO event_keys (iid, key, at) VALUES (?1, ?2, ?3)")
-            .and_then(|mut st| st.execute(params![iid, key, event.at.as_millis()]))
-            .map_err(map_sqlite)?;
-    }
     conn.prepare_cached("INSERT INTO events (iid, type, payload, at) VALUES (?1, ?2, ?3, ?4)")
         .and_then(|mut st| {
             st.execute(params![
@@ -771,6 +766,13 @@ pub(crate) fn send_event(
             ])
         })
         .map_err(map_sqlite)?;
+    if let Some(key) = &event.idempotency_key {
+        conn.prepare_cached(
+            "INSERT INTO event_keys (iid, key, at, event) VALUES (?1, ?2, ?3, last_insert_rowid())",
+        )
+        .and_then(|mut st| st.execute(params![iid, key, event.at.as_millis()]))
+        .map_err(map_sqlite)?;
+    }
     // A hibernating instance wakes up to take it.
     conn.prepare_cached(
         "UPDATE instances SET ready_at = created_at, ready_rank = 0 WHERE iid = ?1 AND status = 7",
@@ -850,6 +852,22 @@ pub(crate) fn take_event(
     conn.prepare_cached("DELETE FROM events WHERE id = ?1")
         .and_then(|mut st| st.execute([event_id]))
         .map_err(map_sqlite)?;
+    // Its key (if it was sent with one) now belongs to this wait: see `restart_from`'s use.
+    conn.prepare_cached(
+        "UPDATE event_keys SET taken_by = (SELECT seq FROM steps WHERE iid = ?1 AND kind = ?2
+             AND name = ?3 AND count = ?4)
+         WHERE iid = ?1 AND event = ?5",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            lease.instance.0,
+            step.kind.code(),
+            step.name,
+            step.count,
+            event_id
+        ])
+    })
+    .map_err(map_sqlite)?;
     let updated = conn
         .prepare_cached(
             "UPDATE steps SET state = ?5, output = ?6, ended_at = ?7, in_flight = 0, wake_at = NULL
@@ -914,6 +932,14 @@ fn put_back_event(
             event.at.as_millis()
         ])
     })
+    .map_err(map_sqlite)?;
+    // Its key (if any) names the event again, taken by no wait.
+    conn.prepare_cached(
+        "UPDATE event_keys SET event = last_insert_rowid(), taken_by = NULL
+         WHERE iid = ?1 AND taken_by = (SELECT seq FROM steps WHERE iid = ?1 AND kind = ?2
+             AND name = ?3 AND count = ?4)",
+    )
+    .and_then(|mut st| st.execute(params![instance.0, wait.kind.code(), wait.name, wait.count]))
     .map_err(map_sqlite)?;
     conn.prepare_cached(
         "DELETE FROM log WHERE iid = ?1 AND kind = ?2 AND step_kind = ?3 AND step_name = ?4
@@ -1437,7 +1463,13 @@ pub(crate) fn control(
                         &[&iid, &seq],
                     )?;
                     exec("DELETE FROM events WHERE iid = ?1", &[&iid])?;
-                    exec("DELETE FROM event_keys WHERE iid = ?1", &[&iid])?;
+                    // The keys of the events cleared go (buffered, or taken by a wait wiped
+                    // above); those of events a kept wait took stay: a retried send of one
+                    // is still a duplicate, not a second delivery.
+                    exec(
+                        "DELETE FROM event_keys WHERE iid = ?1 AND (taken_by IS NULL OR taken_by >= ?2)",
+                        &[&iid, &seq],
+                    )?;
                 }
             }
             if let Some(link) = link {

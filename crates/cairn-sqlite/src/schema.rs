@@ -354,6 +354,14 @@ const MIGRATIONS: &[&str] = &[
         UPDATE instance_counts SET n = n + 1 WHERE workflow = NEW.workflow AND status = NEW.status;
     END;
     ",
+    // 18: which event each idempotency key sent, and which wait took it (its step's `seq`):
+    // a restart from a step keeps the keys of the events its kept waits took (a retried send
+    // of one stays a duplicate) and drops the others'. Keys stored before have neither, and
+    // go on such a restart, as all keys went before.
+    "
+    ALTER TABLE event_keys ADD COLUMN event INTEGER;
+    ALTER TABLE event_keys ADD COLUMN taken_by INTEGER;
+    ",
 ];
 
 /// Brings the schema up to date.

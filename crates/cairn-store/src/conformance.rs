@@ -914,6 +914,113 @@ pub async fn an_event_sent_twice_with_one_key_is_buffered_once(store: Arc<dyn St
     );
 }
 
+/// A restart from a step keeps the idempotency keys of the events its kept waits took: a
+/// retried send of one stays a duplicate (buffered again, a later wait of its type would
+/// receive it a second time). The keys of the events it clears go, so those can be sent
+/// again: buffered ones, ones taken by a wait it wipes, and one a cancelled wait put back.
+pub async fn a_restart_from_a_step_keeps_the_keys_of_the_events_its_kept_waits_took(
+    store: Arc<dyn Store>,
+) {
+    let r = create_one(&*store, "wf", "a").await;
+    let id = InstanceId::new("a").unwrap();
+    let go = cairn_core::EventType::new("go").unwrap();
+    let send = |key: &str| {
+        store.send_event(
+            &wf("wf"),
+            &id,
+            crate::NewEvent {
+                event_type: go.clone(),
+                payload: format!("{:?}", key),
+                at: T0,
+                idempotency_key: Some(key.to_owned()),
+            },
+        )
+    };
+    let wait = |name: &str, seq: u32| {
+        let mut wait = step(name, 1, seq, StepState::Running);
+        wait.key.kind = StepKind::WaitForEvent;
+        wait
+    };
+    let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
+    let take = |wait: StepRecord| store.take_event(lease, wait.key, go.clone(), T0);
+    // Kept: `first` (seq 1) takes k1. Wiped: `mid` (seq 2) and what follows.
+    assert_eq!(send("k1").await.unwrap(), crate::Sent::Buffered(r));
+    store
+        .commit(lease, vec![Write::Step(wait("first", 1))])
+        .await
+        .unwrap();
+    assert!(take(wait("first", 1)).await.unwrap().is_some());
+    store
+        .commit(
+            lease,
+            vec![Write::Step(step("mid", 1, 2, StepState::Succeeded))],
+        )
+        .await
+        .unwrap();
+    // `later` (seq 3) takes k2.
+    assert_eq!(send("k2").await.unwrap(), crate::Sent::Buffered(r));
+    store
+        .commit(lease, vec![Write::Step(wait("later", 3))])
+        .await
+        .unwrap();
+    assert!(take(wait("later", 3)).await.unwrap().is_some());
+    // `dropped` (seq 4) takes k4's event, and its cancel puts it back, buffered; k3 is
+    // buffered after it.
+    store
+        .commit(lease, vec![Write::Step(wait("dropped", 4))])
+        .await
+        .unwrap();
+    assert_eq!(send("k4").await.unwrap(), crate::Sent::Buffered(r));
+    let taken = take(wait("dropped", 4)).await.unwrap();
+    assert_eq!(taken.map(|e| e.payload).as_deref(), Some("\"k4\""));
+    let mut cancelled = wait("dropped", 4);
+    cancelled.state = StepState::Cancelled;
+    cancelled.error = Some(ErrorInfo::new("StepCancelled", "dropped"));
+    store
+        .commit(
+            lease,
+            vec![Write::Cancel {
+                step: cancelled,
+                records: Vec::new(),
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(send("k3").await.unwrap(), crate::Sent::Buffered(r));
+    let restarted = store
+        .control(
+            &wf("wf"),
+            &id,
+            ControlRequest::Restart {
+                at: T0,
+                from: Some(StepKey {
+                    kind: StepKind::Run,
+                    name: "mid".into(),
+                    count: 1,
+                }),
+                adopt: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(restarted, ControlOutcome::Done { .. }),
+        "{restarted:?}"
+    );
+    assert_eq!(
+        send("k1").await.unwrap(),
+        crate::Sent::Duplicate(r),
+        "k1's event was taken by a step the restart kept"
+    );
+    for key in ["k2", "k3", "k4"] {
+        assert_eq!(
+            send(key).await.unwrap(),
+            crate::Sent::Buffered(r),
+            "{key}'s event was cleared by the restart"
+        );
+    }
+}
+
 /// A cancel applies only to a step still running: one whose outcome landed first keeps it.
 pub async fn a_cancel_never_overwrites_an_outcome(store: Arc<dyn Store>) {
     let r = create_one(&*store, "wf", "a").await;
@@ -2460,6 +2567,7 @@ macro_rules! conformance_tests {
             keep_forever_retention_does_not_overflow,
             a_cancelled_pause_logs_no_workflow_paused,
             an_event_sent_twice_with_one_key_is_buffered_once,
+            a_restart_from_a_step_keeps_the_keys_of_the_events_its_kept_waits_took,
             a_cancel_never_overwrites_an_outcome,
             a_cancelled_wait_puts_back_the_event_a_take_gave_it,
             control_reports_the_epoch_it_fenced,
@@ -2518,6 +2626,7 @@ macro_rules! conformance_tests {
             keep_forever_retention_does_not_overflow,
             a_cancelled_pause_logs_no_workflow_paused,
             an_event_sent_twice_with_one_key_is_buffered_once,
+            a_restart_from_a_step_keeps_the_keys_of_the_events_its_kept_waits_took,
             a_cancel_never_overwrites_an_outcome,
             a_cancelled_wait_puts_back_the_event_a_take_gave_it,
             control_reports_the_epoch_it_fenced,
