@@ -37,8 +37,16 @@ pub(crate) async fn keep(inner: Arc<Runtime>, mut stop: tokio::sync::oneshot::Re
     let ttl = inner.env.leases.ttl();
     let clock = &inner.env.clock;
     loop {
+        // Between ticks too, each lifetime stops when its own lease runs out: after a
+        // renewal that failed (the store refused it at once), none is on its way to do it,
+        // and the next tick may come up to a third of the TTL too late.
+        let live = inner.live.all();
         tokio::select! {
             () = clock.sleep(ttl / 3) => {}
+            () = async {
+                stop_as_they_run_out(&inner, clock, &live).await;
+                std::future::pending::<()>().await;
+            } => {}
             _ = &mut stop => break,
         }
         let now = clock.now();

@@ -272,3 +272,71 @@ async fn a_renewal_answered_after_its_deadline_extends_no_lease_and_the_instance
     assert_eq!(records(&a, LogKind::AttemptFailure).await.len(), 1);
     engine.shutdown().await;
 }
+
+/// Review finding: renewals that fail at once (the store refuses the connection) left the
+/// lifetime running past its lease until the next tick, up to a third of the TTL more,
+/// while another engine could take the instance and run the same body again. It must stop
+/// when its lease runs out, renewal or no renewal. (SQLite with a TTL; the renewal logic is
+/// the engine's.)
+#[tokio::test(start_paused = true)]
+async fn a_lifetime_whose_renewals_fail_stops_when_its_lease_runs_out() {
+    const TTL: Duration = Duration::from_secs(3);
+    let (_dir, path) = temp_db();
+    let started = Arc::new(std::sync::Mutex::new(None::<tokio::time::Instant>));
+    let stopped = Arc::new(std::sync::Mutex::new(None::<tokio::time::Instant>));
+    /// Notes when the body it lives in is dropped (the lifetime was stopped).
+    struct OnDrop(Arc<std::sync::Mutex<Option<tokio::time::Instant>>>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0
+                .lock()
+                .unwrap()
+                .get_or_insert_with(tokio::time::Instant::now);
+        }
+    }
+    let (s, d) = (started.clone(), stopped.clone());
+    let workflow = wf(move |_, step| {
+        let (s, d) = (s.clone(), d.clone());
+        async move {
+            step.run("work", move |_| {
+                let (s, d) = (s.clone(), d.clone());
+                async move {
+                    s.lock().unwrap().get_or_insert_with(tokio::time::Instant::now);
+                    let _noted = OnDrop(d);
+                    std::future::pending::<()>().await;
+                    Ok(1u32)
+                }
+            })
+            .await?;
+            Ok(json!(null))
+        }
+    });
+    let engine = hooked_builder(&path, |method| match method {
+        "renew" => Err(cairn::store::Error::Unavailable("refused".into())),
+        _ => Ok(()),
+    })
+    .clock(cairn::Clock::virtual_now())
+    .lease_ttl(TTL)
+    .register(workflow)
+    .start()
+    .await
+    .unwrap();
+    // Off the renewal's ticks (a third of the TTL from the start): claimed half a tick in.
+    tokio::time::sleep(TTL / 6).await;
+    engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("a"))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + TTL * 3;
+    while stopped.lock().unwrap().is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "never stopped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ran = stopped.lock().unwrap().unwrap() - started.lock().unwrap().unwrap();
+    assert!(
+        ran <= TTL + Duration::from_millis(50),
+        "the body ran {ran:?} under a lease of {TTL:?}"
+    );
+    engine.shutdown().await;
+}
