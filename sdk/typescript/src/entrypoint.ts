@@ -10,6 +10,8 @@ export interface WorkflowEvent<T> {
   /** When the instance was created. */
   timestamp: Date;
   instanceId: string;
+  /** The workflow's name. */
+  workflowName: string;
 }
 
 /**

@@ -37,6 +37,7 @@ export type {
   BindingOptions,
   InstanceStatus,
   InstanceStatusName,
+  RestartFrom,
   Workflow,
   WorkflowInstanceCreateOptions,
 } from "./binding.js";

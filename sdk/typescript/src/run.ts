@@ -71,18 +71,27 @@ export class Run implements OpSink {
 
   /** Calls the workflow's `run()` and reports how it ended. */
   execute(start: Start, workflow: WorkflowClass<unknown>, env: unknown): void {
-    // The event is immutable, as Cloudflare documents it: each read of `payload` is a fresh
-    // copy of the params and a write is ignored, so a step that changes it changes nothing
-    // a later step sees (on Cloudflare such a change is lost whenever the run replays;
-    // here it is lost always, so the mistake shows at once).
+    // Cloudflare documents the event as immutable ("do not mutate the incoming event"):
+    // assigning `payload` is ignored, so a step that replaces it changes nothing a later
+    // step sees. The payload is one copy of the params per run, read as often as the code
+    // likes (a fresh copy per read made a loop over its items quadratic: a 200 KB payload
+    // read in a loop blocked the worker past its heartbeat, and the run never ended).
+    // A change inside it lasts until the run replays, as on Cloudflare.
     const params = start.instance.params;
+    let payload: unknown;
+    let copied = false;
     const event: WorkflowEvent<unknown> = {
       get payload() {
-        return structuredClone(params) as Readonly<unknown>;
+        if (!copied) {
+          payload = structuredClone(params);
+          copied = true;
+        }
+        return payload as Readonly<unknown>;
       },
       set payload(_ignored) {},
       timestamp: new Date(start.instance.timestamp),
       instanceId: start.instance.id,
+      workflowName: start.workflow,
     };
     const step = new RunStep(this);
     const ctx = executionContext((error) =>

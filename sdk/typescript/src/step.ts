@@ -147,7 +147,7 @@ export class RunStep extends WorkflowStep {
       }
       return this.#ops.submit(body, handlers);
     } catch (error) {
-      return Promise.reject(error);
+      return quiet(Promise.reject(error));
     }
   }
 
@@ -155,9 +155,9 @@ export class RunStep extends WorkflowStep {
     try {
       checkName(name, "step.sleep");
       const body: OpBody = { op: "sleep", name, duration: wireDuration(duration, `the duration of sleep "${name}"`) };
-      return this.#ops.submit(body).then(() => undefined);
+      return quiet(this.#ops.submit(body).then(() => undefined));
     } catch (error) {
-      return Promise.reject(error);
+      return quiet(Promise.reject(error));
     }
   }
 
@@ -168,9 +168,9 @@ export class RunStep extends WorkflowStep {
       if (typeof until !== "number" || !Number.isFinite(until)) {
         throw new TypeError(`sleepUntil "${name}" needs a Date or milliseconds since the epoch, not ${describe(timestamp)}`);
       }
-      return this.#ops.submit({ op: "sleepUntil", name, until: Math.round(until) }).then(() => undefined);
+      return quiet(this.#ops.submit({ op: "sleepUntil", name, until: Math.round(until) }).then(() => undefined));
     } catch (error) {
-      return Promise.reject(error);
+      return quiet(Promise.reject(error));
     }
   }
 
@@ -186,12 +186,14 @@ export class RunStep extends WorkflowStep {
       }
       const body: OpBody = { op: "waitForEvent", name, eventType: type };
       if (options.timeout !== undefined) body.timeout = wireDuration(options.timeout, `the timeout of waitForEvent "${name}"`);
-      return this.#ops.submit(body).then((ok) => {
-        const event = (ok ?? {}) as { payload?: T; timestamp?: string; type?: string };
-        return { payload: event.payload as T, timestamp: new Date(event.timestamp ?? Number.NaN), type: event.type ?? type };
-      });
+      return quiet(
+        this.#ops.submit(body).then((ok) => {
+          const event = (ok ?? {}) as { payload?: T; timestamp?: string; type?: string };
+          return { payload: event.payload as T, timestamp: new Date(event.timestamp ?? Number.NaN), type: event.type ?? type };
+        }),
+      );
     } catch (error) {
-      return Promise.reject(error);
+      return quiet(Promise.reject(error));
     }
   }
 
@@ -216,9 +218,19 @@ export class RunStep extends WorkflowStep {
       };
       return this.#ops.submit(body) as Promise<T>;
     } catch (error) {
-      return Promise.reject(error);
+      return quiet(Promise.reject(error));
     }
   }
+}
+
+/**
+ * `promise`, whose rejection is not unhandled when the code never awaits it: a step the
+ * code starts and drops (bad arguments, a wait that times out) must not end the worker's
+ * process, as Cloudflare swallows it. Code that awaits it still gets the error.
+ */
+function quiet<T>(promise: Promise<T>): Promise<T> {
+  promise.catch(() => {});
+  return promise;
 }
 
 function checkName(name: unknown, call: string): asserts name is string {

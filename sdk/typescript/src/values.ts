@@ -11,7 +11,7 @@
 export function toJsonValue(value: unknown, what: string): unknown {
   let text: string | undefined;
   try {
-    text = JSON.stringify(value);
+    text = JSON.stringify(value, refuseBinary);
   } catch (error) {
     const reason = error instanceof Error ? error.message : String(error);
     throw new TypeError(`${what} cannot be sent as JSON: ${reason}`);
@@ -23,6 +23,20 @@ export function toJsonValue(value: unknown, what: string): unknown {
     );
   }
   return text === undefined ? null : JSON.parse(text);
+}
+
+/**
+ * JSON.stringify's replacer: binary data is refused. JSON would store a `Uint8Array` as an
+ * object of numbered keys and an `ArrayBuffer` as `{}`, which come back as neither: a
+ * silent corruption, where a TypeError says what to do. (A Node `Buffer` has a `toJSON` of
+ * its own, which is what gets here.)
+ */
+function refuseBinary(_key: string, value: unknown): unknown {
+  if (value instanceof ArrayBuffer || ArrayBuffer.isView(value)) {
+    const type = (value as object).constructor?.name ?? "binary data";
+    throw new TypeError(`a ${type} is binary data, which is not stored (encode it, as base64 say)`);
+  }
+  return value;
 }
 
 /**

@@ -74,6 +74,9 @@ describe("the Workflow binding", () => {
     const errored = await binding.get("a/b");
     assert.deepEqual(await errored.status(), { status: "errored", error: { name: "NonRetryableError", message: "declined" } });
     assert.deepEqual(await (await binding.get("done")).status(), { status: "complete", output: { receipt: "r-17" } });
+    // A run that returned nothing: `output: null`, as Cloudflare shows it.
+    answers.set("GET /api/workflows/w/instances/empty", [200, { workflow: "w", id: "empty", status: "complete", error: null, output: null, steps: [] }]);
+    assert.deepEqual(await (await binding.get("empty")).status(), { status: "complete", output: null });
   });
 
   it("changes status and sends events", async () => {
@@ -88,8 +91,15 @@ describe("the Workflow binding", () => {
     await instance.terminate();
     await instance.terminate({ rollback: true });
     await instance.restart();
+    await instance.restart({ from: { name: "charge" } });
+    await instance.restart({ from: { name: "nap", count: 2, type: "sleep" } });
     await instance.sendEvent({ type: "approved", payload: { by: "ada" } });
     await instance.sendEvent({ type: "approved" });
+    answers.set("DELETE /api/workflows/w/instances/i1", [200, { deleted: true }]);
+    await instance.delete();
+    // No type is no event: refused before anything is sent.
+    await assert.rejects(instance.sendEvent({ payload: 1 } as unknown as { type: string }), TypeError);
+    await assert.rejects(instance.sendEvent({ type: "" }), TypeError);
     assert.deepEqual(
       seen.slice(from).map((s) => [s.method, s.url, s.body]),
       [
@@ -98,8 +108,11 @@ describe("the Workflow binding", () => {
         ["PATCH", "/api/workflows/w/instances/i1/status", '{"status":"terminate"}'],
         ["PATCH", "/api/workflows/w/instances/i1/status", '{"status":"terminate","rollback":true}'],
         ["PATCH", "/api/workflows/w/instances/i1/status", '{"status":"restart"}'],
+        ["PATCH", "/api/workflows/w/instances/i1/status", '{"status":"restart","from":{"name":"charge"}}'],
+        ["PATCH", "/api/workflows/w/instances/i1/status", '{"status":"restart","from":{"name":"nap","count":2,"type":"sleep"}}'],
         ["POST", "/api/workflows/w/instances/i1/events/approved", '{"by":"ada"}'],
         ["POST", "/api/workflows/w/instances/i1/events/approved", ""],
+        ["DELETE", "/api/workflows/w/instances/i1", ""],
       ],
     );
   });

@@ -66,7 +66,7 @@ describe("the package", () => {
         return `${total} by ${approval.payload.by}`;
       }
     }
-    const event = { payload: { amount: 21 }, timestamp: new Date(0), instanceId: "i" };
+    const event = { payload: { amount: 21 }, timestamp: new Date(0), instanceId: "i", workflowName: "approval" };
     assert.equal(await new Approval({ waitUntil() {}, passThroughOnException() {} }, {}).run(event, fake), "42 by ada");
     assert.deepEqual(calls, ["total", "approval"]);
   });

@@ -137,6 +137,62 @@ describe("ops", () => {
     await done();
   });
 
+  it("started and never awaited, may fail (bad arguments, a wait's timeout) without an unhandled rejection", async () => {
+    // Review finding: an unawaited `step.sleep("x", -1)` ended the worker's process, and
+    // every worker that took the instance after it: a poison pill.
+    class Careless extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        void step.sleep("bad", -1);
+        void step.do("", async () => 1);
+        void step.waitForEvent("dropped", { type: "t", timeout: "1 second" });
+        return step.do("main", async () => "ok");
+      }
+    }
+    const unhandled: unknown[] = [];
+    const noted = (reason: unknown) => unhandled.push(reason);
+    process.on("unhandledRejection", noted);
+    try {
+      const { engine, done } = await setup({ workflows: { careless: Careless } });
+      engine.start("r1", "careless");
+      await engine.next({ type: "op", seq: 1 });
+      engine.send({ type: "opResult", run: "r1", seq: 0, error: { name: "WorkflowTimeoutError", message: "timed out" } });
+      engine.send({ type: "attempt", run: "r1", task: "t1", seq: 1, attempt: 1 });
+      assert.equal((await engine.next({ type: "attemptResult" })).ok, "ok");
+      engine.send({ type: "opResult", run: "r1", seq: 1, ok: "ok" });
+      assert.deepEqual(await engine.next({ type: "runResult" }), { type: "runResult", run: "r1", ok: "ok" });
+      await new Promise((resolve) => setImmediate(resolve));
+      assert.deepEqual(unhandled, []);
+      await done();
+    } finally {
+      process.off("unhandledRejection", noted);
+    }
+  });
+
+  it("read the event's payload as one copy per run: cheap to read in a loop, and replacing it is ignored", async () => {
+    // Review finding: each read was a fresh deep copy, so a loop over a 200 KB payload's
+    // items took over a minute and the worker lost its connection, again at every replay.
+    class Reader extends WorkflowEntrypoint {
+      async run(event: WorkflowEvent<{ items: { qty: number }[] }>, step: WorkflowStep) {
+        const same = event.payload === event.payload;
+        let total = 0;
+        for (let k = 0; k < event.payload.items.length; k += 1) total += event.payload.items[k]!.qty;
+        (event as { payload: unknown }).payload = { items: [] };
+        return step.do("sum", async () => [same, total, event.payload.items.length, event.workflowName]);
+      }
+    }
+    const items = Array.from({ length: 5000 }, (_, k) => ({ qty: k % 3, sku: `sku-${k}`, tags: ["a", "b"] }));
+    const { engine, done } = await setup({ workflows: { reader: Reader } });
+    const started = Date.now();
+    engine.start("r1", "reader", { items });
+    await engine.next({ type: "op", seq: 0 });
+    engine.send({ type: "attempt", run: "r1", task: "t1", seq: 0, attempt: 1 });
+    const sum = items.reduce((n, item) => n + item.qty, 0);
+    assert.deepEqual((await engine.next({ type: "attemptResult" })).ok, [true, sum, 5000, "reader"]);
+    const took = Date.now() - started;
+    assert.ok(took < 5000, `reading the payload 10,000 times took ${took} ms`);
+    await done();
+  });
+
   it("with bad arguments reject at once and consume no seq", async () => {
     class Careless extends WorkflowEntrypoint {
       async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
@@ -299,6 +355,32 @@ describe("attempts", () => {
     assert.match(results[7]!.error.message, /the output of step "too deep" cannot be sent as JSON: it nests deeper than 100 levels/);
     for (const seq of seqs) engine.send({ type: "opResult", run: "r1", seq, ok: null });
     assert.deepEqual(await engine.next({ type: "runResult" }), { type: "runResult", run: "r1", ok: null });
+    await done();
+  });
+
+  it("fail on binary data, which JSON would store as something else", async () => {
+    // Review finding: a Uint8Array came back as {"0":1,…} and an ArrayBuffer as {}.
+    class Binary extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await Promise.allSettled([
+          step.do("bytes", async () => new Uint8Array([1, 2, 3])),
+          step.do("buffer", async () => new ArrayBuffer(8)),
+          step.do("nested", async () => ({ digest: new Int16Array(2) })),
+        ]);
+        return undefined;
+      }
+    }
+    const { engine, done } = await setup({ workflows: { binary: Binary } });
+    engine.start("r1", "binary");
+    await engine.next({ type: "op", seq: 2 });
+    for (const seq of [0, 1, 2]) engine.send({ type: "attempt", run: "r1", task: `t${seq}`, seq, attempt: 1 });
+    const results = await Promise.all([0, 1, 2].map((seq) => engine.next({ type: "attemptResult", task: `t${seq}` })));
+    for (const [result, type] of [[results[0]!, "Uint8Array"], [results[1]!, "ArrayBuffer"], [results[2]!, "Int16Array"]] as const) {
+      assert.equal(result.error.name, "TypeError");
+      assert.match(result.error.message, new RegExp(`cannot be sent as JSON: a ${type} is binary data`));
+    }
+    for (const seq of [0, 1, 2]) engine.send({ type: "opResult", run: "r1", seq, ok: null });
+    await engine.next({ type: "runResult" });
     await done();
   });
 
