@@ -220,7 +220,14 @@ export class CairnWorkflow<Params = unknown> {
    * skipped and left out of the answer; any other refusal throws.
    */
   async createBatch(batch: WorkflowInstanceCreateOptions<Params>[]): Promise<WorkflowInstance[]> {
-    const answer = (await this.#client.call("POST", `${this.#path}/batch`, batch.map(createBody))) as {
+    // Every entry checked before any is sent: the server creates the good entries of a
+    // batch and refuses the others, and a throw after that would leave instances running
+    // whose handles the caller never got.
+    const bodies = batch.map((options, index) => {
+      checkId(options.id, `batch entry ${index}`);
+      return createBody(options);
+    });
+    const answer = (await this.#client.call("POST", `${this.#path}/batch`, bodies)) as {
       created: string[];
       errors?: { index: number; id?: string | null; code: string; message: string }[];
     };
@@ -244,6 +251,21 @@ export type Workflow<Params = unknown> = CairnWorkflow<Params>;
 /** `env.MY_WORKFLOW = workflowBinding("my-workflow", { url, token })`. */
 export function workflowBinding<Params = unknown>(name: string, options: BindingOptions = {}): CairnWorkflow<Params> {
   return new CairnWorkflow<Params>(name, options);
+}
+
+/**
+ * Refuses an instance id the server would (1 to 100 of `a-z A-Z 0-9 _ -`, not starting
+ * with `-`; `latest` is reserved), with the server's code.
+ */
+function checkId(id: string | undefined, what: string): void {
+  if (id === undefined) return;
+  if (typeof id !== "string" || !/^[a-zA-Z0-9_][a-zA-Z0-9_-]{0,99}$/.test(id) || id === "latest") {
+    throw new CairnApiError(
+      "instance.invalid_id",
+      `${what}: Workflow instance has invalid id: ${JSON.stringify(id)} (1-100 characters of a-z, A-Z, 0-9, '_' and '-', not starting with '-'; not "latest")`,
+      400,
+    );
+  }
 }
 
 function createBody(options: WorkflowInstanceCreateOptions<unknown>): Record<string, unknown> {

@@ -117,6 +117,17 @@ describe("the Workflow binding", () => {
     );
   });
 
+  it("refuses a batch with an invalid id before sending any of it", async () => {
+    // Review finding: the server created the good entries, then the binding threw, and the
+    // caller never got their handles.
+    const from = seen.length;
+    await assert.rejects(
+      workflowBinding("w", { url }).createBatch([{ id: "good" }, { id: "bad id" }]),
+      (error: CairnApiError) => error.code === "instance.invalid_id" && /batch entry 1/.test(error.message),
+    );
+    assert.equal(seen.length, from, "nothing was sent");
+  });
+
   it("throws the server's code and message", async () => {
     answers.set("POST /api/workflows/w/instances", [409, { code: "instance.already_exists", message: "instance i1 already exists" }]);
     answers.set("POST /api/workflows/w/instances/batch", [201, { created: [], errors: [{ index: 3, id: null, code: "instance.invalid_id", message: "bad id" }] }]);
@@ -129,7 +140,8 @@ describe("the Workflow binding", () => {
       return true;
     });
     await assert.rejects(binding.get("nope"), /route.not_found/);
-    await assert.rejects(binding.createBatch([{ id: "bad id!" }]), /instance.invalid_id: batch entry 3: bad id/);
+    // A refusal only the server can make (the mock answers one for an id that looks fine).
+    await assert.rejects(binding.createBatch([{ id: "fine" }]), /instance.invalid_id: batch entry 3: bad id/);
     await assert.rejects(workflowBinding("w", { url: "http://127.0.0.1:1" }).create(), /network: POST/);
   });
 });
