@@ -244,13 +244,26 @@ export class Run implements OpSink {
     this.#tasks.clear();
   }
 
-  /** `ctx`: the engine's resolved config when it sends one (its defaults are the truth). */
+  /**
+   * `ctx`: the engine's resolved config when it sends one (its defaults are the truth),
+   * with the values the code gave shown as given: Cloudflare shows `delay: "5 seconds"`
+   * as written, where the engine sends it resolved (5000).
+   */
   #context(op: DoOp, attempt: number, config?: Record<string, unknown>): WorkflowStepContext {
-    return {
-      step: { name: op.name, count: op.count },
-      attempt,
-      config: (config as WorkflowStepContext["config"] | undefined) ?? resolvedConfig(op.config),
-    };
+    const sent = config as WorkflowStepContext["config"] | undefined;
+    if (sent === undefined) {
+      return { step: { name: op.name, count: op.count }, attempt, config: resolvedConfig(op.config) };
+    }
+    const delay = op.config?.retries?.delay;
+    const timeout = op.config?.timeout;
+    const shown = {
+      ...sent,
+      ...(sent.retries === undefined || delay === undefined || typeof delay === "function"
+        ? {}
+        : { retries: { ...sent.retries, delay } }),
+      ...(timeout === undefined ? {} : { timeout }),
+    } as WorkflowStepContext["config"];
+    return { step: { name: op.name, count: op.count }, attempt, config: shown };
   }
 
   /** Runs user code for a task and answers it, unless it was cancelled or the run stopped. */

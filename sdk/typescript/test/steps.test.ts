@@ -254,6 +254,20 @@ describe("attempts", () => {
         config: { retries: { limit: 2, delay: "1 second", backoff: "constant" }, timeout: "10 minutes" },
       },
     });
+    // The engine's resolved config (as it sends it, delay in ms) shows the code's own
+    // values as given: Cloudflare's ctx.config.retries.delay is "1 second" (SPEC E6).
+    engine.send({
+      type: "attempt",
+      run: "r1",
+      task: "t1b",
+      seq: 0,
+      attempt: 2,
+      config: { retries: { limit: 2, delay: 1000, backoff: "constant" }, timeout: "10 minutes" },
+    });
+    assert.deepEqual((await engine.next({ type: "attemptResult", task: "t1b" })).ok.config, {
+      retries: { limit: 2, delay: "1 second", backoff: "constant" },
+      timeout: "10 minutes",
+    });
     engine.send({ type: "opResult", run: "r1", seq: 0, ok: first.ok });
     await engine.next({ type: "op", seq: 1 });
     engine.send({ type: "attempt", run: "r1", task: "t2", seq: 1, attempt: 3 });
