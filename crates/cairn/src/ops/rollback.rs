@@ -44,6 +44,12 @@ pub(crate) async fn roll_back(
         .filter(|r| r.key.kind == StepKind::Rollback)
         .map(|r| ((r.key.name.clone(), r.key.count), r.clone()))
         .collect();
+    // The first op started and unfinished: a replay stops there (its outcome is unknown).
+    let first_unfinished = journal
+        .iter()
+        .filter(|r| r.key.kind != StepKind::Rollback && r.state == StepState::Running)
+        .map(|r| r.seq)
+        .min();
     let mut eligible: Vec<StepRecord> = journal
         .into_iter()
         .filter(|r| r.key.kind == StepKind::Run && r.has_rollback)
@@ -94,6 +100,11 @@ pub(crate) async fn roll_back(
         }
         let result = match handlers.get(&forward.key) {
             Some(handler) => run_handler(state, trigger, &forward, key, handler).await,
+            None if never_ran(state, &forward, first_unfinished) => {
+                tracing::debug!(step = %forward.key.target(), "nothing to compensate: its start landed, its body never ran");
+                completed += 1;
+                continue;
+            }
             None => missing(state, &forward, key).await,
         };
         match result {
@@ -102,6 +113,19 @@ pub(crate) async fn roll_back(
         }
     }
     Some(finish(state, total, completed, None))
+}
+
+/// Whether `forward`, whose handler the replay did not register, started but never ran its
+/// body: it is unfinished, the replay never reached it, and an op started before it is
+/// unfinished too. That op's success, if it had one, did not land (a commit that failed
+/// alone, while this one's start landed: an attempt's start does not wait), and a step's
+/// body runs only once what came before it has landed. So there is nothing to undo, and
+/// the replay, which stops at the earlier op, cannot reach this one's handler. (A handler
+/// missing for another reason, code that no longer declares it, still fails the rollback.)
+fn never_ran(state: &Lifetime, forward: &StepRecord, first_unfinished: Option<u32>) -> bool {
+    forward.state == StepState::Running
+        && first_unfinished.is_some_and(|seq| seq < forward.seq)
+        && state.unreached(&forward.key)
 }
 
 /// Ends the rollback. Its `ROLLBACK_COMPLETE`/`ROLLBACK_FAILED` record rides with the

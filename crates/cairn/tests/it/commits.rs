@@ -1413,3 +1413,69 @@ async fn a_first_start_lost_after_a_pause_and_resume_is_recorded_by_the_next_run
     );
     second.shutdown().await;
 }
+
+/// Review finding: `a1`'s success rides on the driver's flush (the workflow awaited
+/// something that is not an op), which fails alone, while `a2`'s start (an attempt's start,
+/// sent at once) lands. The journal then holds both started and neither finished; `a1` is
+/// retried in an hour. A terminate with rollback then: its replay, which registers the
+/// handlers, stops at `a1` (unfinished) and never reaches `a2`. Before, `a2`'s missing
+/// handler failed the rollback (`RollbackMissing`) before `a1`'s compensation, though
+/// `a1`'s body had run. `a2`'s body never ran (it waits for `a1`'s success to land), so
+/// nothing of it is undone; `a1`'s handler runs, without an output.
+#[tokio::test]
+async fn a_rollback_compensates_a_step_whose_success_was_lost_when_the_next_ones_start_landed() {
+    use super::support::{Gates, gated_builder};
+    let (_dir, path) = temp_db();
+    let gates = Gates::default();
+    let compensated = Arc::new(Mutex::new(Vec::<(String, Option<u32>)>::new()));
+    let bodies = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (c, b) = (Arc::clone(&compensated), Arc::clone(&bodies));
+    let workflow = wf(move |_, step| {
+        let (c, b) = (Arc::clone(&c), Arc::clone(&b));
+        async move {
+            for name in ["a1", "a2"] {
+                let (c, b) = (Arc::clone(&c), Arc::clone(&b));
+                step.run(name, move |_| {
+                    b.lock().unwrap().push(name.to_owned());
+                    async { Ok(1u32) }
+                })
+                .retries(cairn::Retries::constant(3, std::time::Duration::from_secs(3600)))
+                .rollback(move |undo: cairn::Rollback<u32>| {
+                    let c = Arc::clone(&c);
+                    async move {
+                        c.lock().unwrap().push((undo.step_name, undo.output));
+                        Ok(())
+                    }
+                })
+                .await?;
+                // Not an op: the driver flushes `a1`'s success meanwhile.
+                tokio::task::yield_now().await;
+            }
+            Ok(json!("done"))
+        }
+    });
+    let builder = gated_builder(BACKEND, &path, gates.clone()).await;
+    let (engine, instance, start) =
+        started_with_its_first_commit_held(builder.register(workflow), &gates).await;
+    let flush = gates.arm_failing("commit");
+    let next_start = gates.arm("commit");
+    start.release();
+    flush.arrived().await;
+    next_start.arrived().await;
+    next_start.release();
+    flush.release();
+    // The next run finds `a1` interrupted and retries it in an hour: it waits.
+    super::support::until_status(&instance, InstanceStatus::Waiting).await;
+    assert_eq!(*bodies.lock().unwrap(), ["a1"], "a2's body never ran");
+    instance.terminate_with_rollback().await.unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Terminated, "{status:?}");
+    let rollback = status.rollback.expect("a rollback ran");
+    assert_eq!(rollback.outcome, "completed", "{rollback:?}");
+    assert_eq!(
+        *compensated.lock().unwrap(),
+        [("a1-1".to_owned(), None)],
+        "a1 compensated (its output lost), a2 not (its body never ran)"
+    );
+    engine.shutdown().await;
+}
