@@ -644,6 +644,10 @@ impl Execution {
         record.attempts += 1;
         record.in_flight = true;
         record.wake_at = None;
+        // In progress from the moment its start is queued, as a first attempt is: an op
+        // dropped while this start is on its way is recorded as cancelled at this attempt,
+        // not at the last one (which left this attempt's start without an outcome).
+        self.set_running(Some(record));
         state
             .commit(vec![
                 state.log(

@@ -640,3 +640,67 @@ impl Store for Tampered {
         self.inner.close()
     }
 }
+
+/// Review finding: a step dropped (it lost a `select!`) while the start of its retry is on
+/// its way was recorded as cancelled with the previous attempt's count ("while it waited to
+/// retry after attempt 1"), leaving the retry's `ATTEMPT_START` without an outcome. Every
+/// attempt started must end in the log, and the step's row count it.
+#[tokio::test(start_paused = true)]
+async fn a_step_dropped_while_its_retrys_start_is_on_its_way_records_that_attempt_cancelled() {
+    let (_dir, path) = temp_db();
+    let gates = Gates::default();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let g = Arc::clone(&go);
+    let store = raw_store_on(Backend::Sqlite, &path).await;
+    let engine = gated_builder_on(store, gates.clone())
+        .clock(Clock::virtual_now())
+        .register(wf(move |_, step| {
+            let go = Arc::clone(&g);
+            async move {
+                let won = tokio::select! {
+                    biased;
+                    out = step
+                        .run("flaky", |ctx| async move {
+                            if ctx.attempt == 1 {
+                                Err(cairn::StepError::from("try again"))
+                            } else {
+                                std::future::pending::<Result<u32, StepError>>().await
+                            }
+                        })
+                        .retries(cairn::Retries::constant(3, Duration::from_secs(1))) => {
+                        out?;
+                        "flaky"
+                    }
+                    () = go.notified() => "go",
+                };
+                Ok(json!(won))
+            }
+        }))
+        .start()
+        .await
+        .unwrap();
+    let instance = engine
+        .workflow::<FnWorkflow>()
+        .create(CreateOptions::new(json!({})).id("x"))
+        .await
+        .unwrap();
+    crate::support::until_logged(&instance, LogKind::AttemptFailure, 1).await;
+    // The next commit is the retry's start, after its back-off: its answer is held.
+    let retry_start = gates.arm("commit");
+    retry_start.arrived().await;
+    go.notify_one();
+    retry_start.release();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!("go")), "{status:?}");
+    let starts = records(&instance, LogKind::AttemptStart).await.len();
+    let ends = records(&instance, LogKind::AttemptFailure).await.len()
+        + records(&instance, LogKind::AttemptSuccess).await.len();
+    assert_eq!(starts, 2, "{:?}", crate::support::kinds(&instance).await);
+    assert_eq!(
+        ends,
+        starts,
+        "an attempt started without an outcome: {:?}",
+        crate::support::kinds(&instance).await
+    );
+    engine.shutdown().await;
+}
