@@ -117,6 +117,23 @@ describe("the Workflow binding", () => {
     );
   });
 
+  it("deletes a batch, as Cloudflare's deleteBatch answers it", async () => {
+    answers.set("POST /api/workflows/w/instances/batch/delete", [
+      200,
+      { deleted: ["a", "a"], errors: [{ index: 1, id: "gone", code: "instance.not_found", message: "no instance gone" }] },
+    ]);
+    const from = seen.length;
+    const result = await workflowBinding("w", { url }).deleteBatch(["a", "gone", "a"]);
+    assert.deepEqual(result, {
+      deleted: [{ id: "a" }, { id: "a" }],
+      errors: [{ id: "gone", code: "instance.not_found", message: "no instance gone" }],
+    });
+    assert.deepEqual(
+      seen.slice(from).map((s) => [s.method, s.url, s.body]),
+      [["POST", "/api/workflows/w/instances/batch/delete", '{"instances":["a","gone","a"]}']],
+    );
+  });
+
   it("refuses a batch with an invalid id before sending any of it", async () => {
     // Review finding: the server created the good entries, then the binding threw, and the
     // caller never got their handles.
