@@ -464,47 +464,20 @@ async fn a_child_starts_while_its_parent_stays_busy_in_memory() {
 /// parent, which would then report a completed child as deleted.
 #[tokio::test(start_paused = true)]
 async fn a_finished_child_is_kept_until_its_parent_has_taken_its_outcome() {
-    let (engine, _dir) = engine(|b| {
-        b.register(invoking_parent())
-            .register(named::<1, _, _>(|_, step| async move {
-                let go: StepEvent<Value> = step.wait_for_event("go", "go").await?;
-                Ok(json!({ "doubled": go.payload }))
-            }))
-            .workflow_retention(
+    a_child_finished_while_its_parent_is_paused(
+        |b| {
+            b.workflow_retention(
                 "second",
                 cairn::Retention {
                     success: Duration::ZERO,
                     error: Duration::ZERO,
                 },
             )
-    })
+        },
+        // Past the child's retention.
+        |_| tokio::time::sleep(Duration::from_secs(3600)),
+    )
     .await;
-    let parent = engine
-        .workflow::<Parent>()
-        .create(CreateOptions::new(json!({})))
-        .await
-        .unwrap();
-    until_status(&parent, InstanceStatus::Waiting).await;
-    let child = only_child(&engine).await;
-    until_status(&child, InstanceStatus::Waiting).await;
-    parent.pause().await.unwrap();
-    child.send_event("go", &json!(8)).await.unwrap();
-    child.wait().await.unwrap();
-    // Past the child's retention, with the parent still paused.
-    tokio::time::sleep(Duration::from_secs(3600)).await;
-    parent.resume().await.unwrap();
-    let status = parent.wait().await.unwrap();
-    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
-    assert_eq!(status.output, Some(json!({ "child": { "doubled": 8 } })));
-    // Once the parent has it, the child's retention applies again.
-    tokio::time::sleep(Duration::from_secs(3600)).await;
-    let left = engine
-        .workflow::<Child>()
-        .list(&cairn::ListOptions::default())
-        .await
-        .unwrap();
-    assert!(left.instances.is_empty(), "{:?}", left.instances);
-    engine.shutdown().await;
 }
 
 /// Review finding: deleting a child that has completed, before its parent has taken its
@@ -513,12 +486,28 @@ async fn a_finished_child_is_kept_until_its_parent_has_taken_its_outcome() {
 /// delete is done once the parent has the outcome, as a purge would be.
 #[tokio::test(start_paused = true)]
 async fn deleting_a_completed_child_before_its_parent_took_its_outcome_keeps_the_outcome() {
+    a_child_finished_while_its_parent_is_paused(|b| b, |child| async move {
+        child.delete().await.unwrap();
+    })
+    .await;
+}
+
+/// A parent waits for a child that waits for `go`; the child completes while the parent is
+/// paused, then `meanwhile` runs, then the parent resumes. It must complete with the
+/// child's output, and once it has it, the child goes (its retention applies again, or its
+/// delete is done).
+async fn a_child_finished_while_its_parent_is_paused<F: std::future::Future<Output = ()>>(
+    configure: impl FnOnce(cairn::EngineBuilder) -> cairn::EngineBuilder,
+    meanwhile: impl FnOnce(cairn::Instance<Value>) -> F,
+) {
     let (engine, _dir) = engine(|b| {
-        b.register(invoking_parent())
-            .register(named::<1, _, _>(|_, step| async move {
-                let go: StepEvent<Value> = step.wait_for_event("go", "go").await?;
-                Ok(json!({ "doubled": go.payload }))
-            }))
+        configure(
+            b.register(invoking_parent())
+                .register(named::<1, _, _>(|_, step| async move {
+                    let go: StepEvent<Value> = step.wait_for_event("go", "go").await?;
+                    Ok(json!({ "doubled": go.payload }))
+                })),
+        )
     })
     .await;
     let parent = engine
@@ -532,13 +521,12 @@ async fn deleting_a_completed_child_before_its_parent_took_its_outcome_keeps_the
     parent.pause().await.unwrap();
     child.send_event("go", &json!(8)).await.unwrap();
     child.wait().await.unwrap();
-    child.delete().await.unwrap();
+    meanwhile(child).await;
     parent.resume().await.unwrap();
     let status = parent.wait().await.unwrap();
     assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
     assert_eq!(status.output, Some(json!({ "child": { "doubled": 8 } })));
-    // Once the parent has it, the delete is done.
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
     let left = engine
         .workflow::<Child>()
         .list(&cairn::ListOptions::default())
