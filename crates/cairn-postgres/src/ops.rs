@@ -1017,7 +1017,7 @@ pub(crate) async fn take_event(
         b,
         "UPDATE event_keys SET taken_by = (SELECT seq FROM steps WHERE iid = $1 AND kind = $2
              AND name = $3 AND count = $4)
-         WHERE iid = $1 AND event = $5",
+         WHERE iid = $1 AND event = $5 AND taken_by IS NULL",
         &[
             &lease.instance.0,
             &step.kind.code(),
@@ -1518,15 +1518,17 @@ pub(crate) async fn control(
 }
 
 /// Whether instance row `i` is a child its parent has not taken the outcome of yet: the
-/// parent's `invoke` step that started it still runs, and reads the outcome from the
-/// child's row. Such a finished child is held from purges and deletes.
+/// parent has not ended and its `invoke` step that started the child still runs, and reads
+/// the outcome from the child's row. Such a finished child is held from purges and
+/// deletes. (A parent that ended with that step unfinished never reads it.)
 macro_rules! awaited_by_its_parent {
     () => {
         "(parent_iid IS NOT NULL AND (
          SELECT s.state FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
              AND s.name = (i.parent::jsonb -> 'step' ->> 'name')
              AND s.count = (i.parent::jsonb -> 'step' ->> 'count')::bigint
-     ) IS NOT DISTINCT FROM 0)"
+     ) IS NOT DISTINCT FROM 0
+     AND (SELECT p.status FROM instances p WHERE p.iid = i.parent_iid) NOT IN (3, 4, 5))"
     };
 }
 pub(crate) use awaited_by_its_parent;

@@ -221,6 +221,7 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE event_keys ADD COLUMN event BIGINT;
     ALTER TABLE event_keys ADD COLUMN taken_by BIGINT;
+    CREATE INDEX event_keys_by_event ON event_keys (iid, event);
     ",
 ];
 

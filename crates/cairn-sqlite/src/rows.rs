@@ -645,14 +645,16 @@ pub(crate) const TAKE_EVENT_SQL: &str =
     "SELECT id, payload, at FROM events WHERE iid = ?1 AND type = ?2 ORDER BY id LIMIT 1";
 
 /// Whether instance row `i` is a child its parent has not taken the outcome of yet: the
-/// parent's `invoke` step that started it still runs, and reads the outcome from the
-/// child's row. Such a finished child is held from purges and deletes.
+/// parent has not ended and its `invoke` step that started the child still runs, and reads
+/// the outcome from the child's row. Such a finished child is held from purges and
+/// deletes. (A parent that ended with that step unfinished never reads it.)
 macro_rules! awaited_by_its_parent {
     () => {
         "(i.parent_iid IS NOT NULL AND EXISTS (
          SELECT 1 FROM steps s WHERE s.iid = i.parent_iid AND s.kind = 4
              AND s.name = json_extract(i.parent, '$.step.name')
-             AND s.count = json_extract(i.parent, '$.step.count') AND s.state = 0))"
+             AND s.count = json_extract(i.parent, '$.step.count') AND s.state = 0)
+         AND (SELECT p.status FROM instances p WHERE p.iid = i.parent_iid) NOT IN (3, 4, 5))"
     };
 }
 
@@ -856,7 +858,7 @@ pub(crate) fn take_event(
     conn.prepare_cached(
         "UPDATE event_keys SET taken_by = (SELECT seq FROM steps WHERE iid = ?1 AND kind = ?2
              AND name = ?3 AND count = ?4)
-         WHERE iid = ?1 AND event = ?5",
+         WHERE iid = ?1 AND event = ?5 AND taken_by IS NULL",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -910,7 +912,8 @@ pub(crate) fn take_event(
 
 /// Buffers again the event a wait's `output` holds (as `take_event` wrote it), ahead of
 /// every event buffered now: it was the oldest of its type when it was taken. Event ids
-/// are not shown anywhere; one below the smallest is never reused (ids only grow). The
+/// are not shown anywhere; one below the smallest may be the id of an event taken before
+/// (a key that named it has `taken_by` set, which a take's marking of keys skips). The
 /// take's `WAIT_COMPLETE` goes: the log shows the wait cancelled and the event received
 /// once, by the wait that takes it next.
 fn put_back_event(

@@ -361,6 +361,7 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE event_keys ADD COLUMN event INTEGER;
     ALTER TABLE event_keys ADD COLUMN taken_by INTEGER;
+    CREATE INDEX event_keys_by_event ON event_keys (iid, event);
     ",
 ];
 

@@ -1021,6 +1021,119 @@ pub async fn a_restart_from_a_step_keeps_the_keys_of_the_events_its_kept_waits_t
     }
 }
 
+/// A put-back event may take the id of an event taken before (SQLite puts it back one below
+/// the smallest id there is): the take of the put-back event marks its own key, never the
+/// key of the event that had that id, which a restart from a later step must keep.
+pub async fn a_put_back_event_under_a_reused_id_marks_only_its_own_key(store: Arc<dyn Store>) {
+    let r = create_one(&*store, "wf", "a").await;
+    let id = InstanceId::new("a").unwrap();
+    let event = |ty: &str, key: Option<&str>| crate::NewEvent {
+        event_type: cairn_core::EventType::new(ty).unwrap(),
+        payload: "1".into(),
+        at: T0,
+        idempotency_key: key.map(str::to_owned),
+    };
+    let send = |ty: &'static str, key: Option<&'static str>| {
+        store.send_event(&wf("wf"), &id, event(ty, key))
+    };
+    // Three events in id order: x (k1), z (no key), y (k2).
+    send("x", Some("k1")).await.unwrap();
+    send("z", None).await.unwrap();
+    send("y", Some("k2")).await.unwrap();
+    let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
+    let wait = |name: &str, seq: u32| {
+        let mut wait = step(name, 1, seq, StepState::Running);
+        wait.key.kind = StepKind::WaitForEvent;
+        wait
+    };
+    let ty = |t: &str| cairn_core::EventType::new(t).unwrap();
+    // `w1` (seq 1) takes x; `w2` (seq 2) takes y and is cancelled: y goes back, under the
+    // id x had on SQLite.
+    store
+        .commit(lease, vec![Write::Step(wait("w1", 1))])
+        .await
+        .unwrap();
+    assert!(
+        store
+            .take_event(lease, wait("w1", 1).key, ty("x"), T0)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    store
+        .commit(lease, vec![Write::Step(wait("w2", 2))])
+        .await
+        .unwrap();
+    assert!(
+        store
+            .take_event(lease, wait("w2", 2).key, ty("y"), T0)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let mut cancelled = wait("w2", 2);
+    cancelled.state = StepState::Cancelled;
+    cancelled.error = Some(ErrorInfo::new("StepCancelled", "dropped"));
+    store
+        .commit(
+            lease,
+            vec![Write::Cancel {
+                step: cancelled,
+                records: Vec::new(),
+            }],
+        )
+        .await
+        .unwrap();
+    // `w3` (seq 4) takes y again, after a step at seq 3.
+    store
+        .commit(
+            lease,
+            vec![Write::Step(step("mid", 1, 3, StepState::Succeeded))],
+        )
+        .await
+        .unwrap();
+    store
+        .commit(lease, vec![Write::Step(wait("w3", 4))])
+        .await
+        .unwrap();
+    assert!(
+        store
+            .take_event(lease, wait("w3", 4).key, ty("y"), T0)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let restarted = store
+        .control(
+            &wf("wf"),
+            &id,
+            ControlRequest::Restart {
+                at: T0,
+                from: Some(StepKey {
+                    kind: StepKind::Run,
+                    name: "mid".into(),
+                    count: 1,
+                }),
+                adopt: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(restarted, ControlOutcome::Done { .. }),
+        "{restarted:?}"
+    );
+    assert_eq!(
+        send("x", Some("k1")).await.unwrap(),
+        crate::Sent::Duplicate(r),
+        "k1's event was taken by w1, which the restart kept"
+    );
+    assert_eq!(
+        send("y", Some("k2")).await.unwrap(),
+        crate::Sent::Buffered(r)
+    );
+}
+
 /// A cancel applies only to a step still running: one whose outcome landed first keeps it.
 pub async fn a_cancel_never_overwrites_an_outcome(store: Arc<dyn Store>) {
     let r = create_one(&*store, "wf", "a").await;
@@ -2568,6 +2681,7 @@ macro_rules! conformance_tests {
             a_cancelled_pause_logs_no_workflow_paused,
             an_event_sent_twice_with_one_key_is_buffered_once,
             a_restart_from_a_step_keeps_the_keys_of_the_events_its_kept_waits_took,
+            a_put_back_event_under_a_reused_id_marks_only_its_own_key,
             a_cancel_never_overwrites_an_outcome,
             a_cancelled_wait_puts_back_the_event_a_take_gave_it,
             control_reports_the_epoch_it_fenced,
@@ -2627,6 +2741,7 @@ macro_rules! conformance_tests {
             a_cancelled_pause_logs_no_workflow_paused,
             an_event_sent_twice_with_one_key_is_buffered_once,
             a_restart_from_a_step_keeps_the_keys_of_the_events_its_kept_waits_took,
+            a_put_back_event_under_a_reused_id_marks_only_its_own_key,
             a_cancel_never_overwrites_an_outcome,
             a_cancelled_wait_puts_back_the_event_a_take_gave_it,
             control_reports_the_epoch_it_fenced,

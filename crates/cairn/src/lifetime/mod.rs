@@ -602,14 +602,14 @@ impl Lifetime {
         *n - 1
     }
 
-    /// The stored record for `key`, if this instance has one. Each key is claimed once per
-    /// lifetime, so the record is handed over rather than copied.
     /// Whether `key`'s record is still untaken: no op of this lifetime's run has reached
     /// it (after a registration replay: the replay stopped before it).
     pub(crate) fn unreached(&self, key: &StepKey) -> bool {
         self.inner().journal.contains_key(key)
     }
 
+    /// The stored record for `key`, if this instance has one. Each key is claimed once per
+    /// lifetime, so the record is handed over rather than copied.
     pub(crate) fn take_record(&self, key: &StepKey) -> Option<StepRecord> {
         let record = self.inner().journal.remove(key);
         if let Some(r) = &record

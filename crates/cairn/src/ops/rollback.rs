@@ -44,10 +44,13 @@ pub(crate) async fn roll_back(
         .filter(|r| r.key.kind == StepKind::Rollback)
         .map(|r| ((r.key.name.clone(), r.key.count), r.clone()))
         .collect();
-    // The first op started and unfinished: a replay stops there (its outcome is unknown).
+    // The first op the replay reached and found unfinished: it stopped there (its outcome
+    // is unknown). Unreached ones do not count: ops of parallel branches the run never got
+    // back to may have run their bodies.
     let first_unfinished = journal
         .iter()
         .filter(|r| r.key.kind != StepKind::Rollback && r.state == StepState::Running)
+        .filter(|r| !state.unreached(&r.key))
         .map(|r| r.seq)
         .min();
     let mut eligible: Vec<StepRecord> = journal
@@ -116,8 +119,8 @@ pub(crate) async fn roll_back(
 }
 
 /// Whether `forward`, whose handler the replay did not register, started but never ran its
-/// body: it is unfinished, the replay never reached it, and an op started before it is
-/// unfinished too. That op's success, if it had one, did not land (a commit that failed
+/// body: it is unfinished, the replay never reached it, and stopped at an op started before
+/// it that is unfinished too. That op's success, if it had one, did not land (a commit that failed
 /// alone, while this one's start landed: an attempt's start does not wait), and a step's
 /// body runs only once what came before it has landed. So there is nothing to undo, and
 /// the replay, which stops at the earlier op, cannot reach this one's handler. (A handler

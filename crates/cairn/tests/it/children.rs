@@ -492,6 +492,40 @@ async fn deleting_a_completed_child_before_its_parent_took_its_outcome_keeps_the
     .await;
 }
 
+/// Review finding: the delete of a finished child is held only while its parent may still
+/// take the outcome. A parent terminated with its `invoke` unfinished never will: the child
+/// is deleted at once, and its id can be used again.
+#[tokio::test(start_paused = true)]
+async fn deleting_a_completed_child_of_a_terminated_parent_deletes_it_at_once() {
+    let (engine, _dir) = engine(|b| {
+        b.register(invoking_parent())
+            .register(named::<1, _, _>(|_, step| async move {
+                let go: StepEvent<Value> = step.wait_for_event("go", "go").await?;
+                Ok(json!({ "doubled": go.payload }))
+            }))
+    })
+    .await;
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    until_status(&parent, InstanceStatus::Waiting).await;
+    let child = only_child(&engine).await;
+    until_status(&child, InstanceStatus::Waiting).await;
+    parent.pause().await.unwrap();
+    child.send_event("go", &json!(8)).await.unwrap();
+    child.wait().await.unwrap();
+    parent.terminate().await.unwrap();
+    child.delete().await.unwrap();
+    let gone = child.status().await.unwrap_err();
+    assert!(
+        matches!(gone, cairn::Error::InstanceNotFound { .. }),
+        "{gone:?}"
+    );
+    engine.shutdown().await;
+}
+
 /// A parent waits for a child that waits for `go`; the child completes while the parent is
 /// paused, then `meanwhile` runs, then the parent resumes. It must complete with the
 /// child's output, and once it has it, the child goes (its retention applies again, or its
