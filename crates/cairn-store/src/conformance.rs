@@ -914,6 +914,47 @@ pub async fn an_event_sent_twice_with_one_key_is_buffered_once(store: Arc<dyn St
     );
 }
 
+/// A wait for an event, `name`-1 at start order `seq`, still waiting.
+fn waiting(name: &str, seq: u32) -> StepRecord {
+    let mut wait = step(name, 1, seq, StepState::Running);
+    wait.key.kind = StepKind::WaitForEvent;
+    wait
+}
+
+/// What the engine commits for `wait` when the workflow drops it (it lost a `select!`).
+fn cancelled(mut wait: StepRecord) -> Write {
+    wait.state = StepState::Cancelled;
+    wait.error = Some(ErrorInfo::new("StepCancelled", "dropped"));
+    Write::Cancel {
+        step: wait,
+        records: Vec::new(),
+    }
+}
+
+/// Restarts instance `a` of `wf` from its step `name`-1, which must go ahead.
+async fn restart_from(store: &dyn Store, name: &str) {
+    let restarted = store
+        .control(
+            &wf("wf"),
+            &InstanceId::new("a").unwrap(),
+            ControlRequest::Restart {
+                at: T0,
+                from: Some(StepKey {
+                    kind: StepKind::Run,
+                    name: name.into(),
+                    count: 1,
+                }),
+                adopt: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(restarted, ControlOutcome::Done { .. }),
+        "{restarted:?}"
+    );
+}
+
 /// A restart from a step keeps the idempotency keys of the events its kept waits took: a
 /// retried send of one stays a duplicate (buffered again, a later wait of its type would
 /// receive it a second time). The keys of the events it clears go, so those can be sent
@@ -936,20 +977,15 @@ pub async fn a_restart_from_a_step_keeps_the_keys_of_the_events_its_kept_waits_t
             },
         )
     };
-    let wait = |name: &str, seq: u32| {
-        let mut wait = step(name, 1, seq, StepState::Running);
-        wait.key.kind = StepKind::WaitForEvent;
-        wait
-    };
     let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
     let take = |wait: StepRecord| store.take_event(lease, wait.key, go.clone(), T0);
     // Kept: `first` (seq 1) takes k1. Wiped: `mid` (seq 2) and what follows.
     assert_eq!(send("k1").await.unwrap(), crate::Sent::Buffered(r));
     store
-        .commit(lease, vec![Write::Step(wait("first", 1))])
+        .commit(lease, vec![Write::Step(waiting("first", 1))])
         .await
         .unwrap();
-    assert!(take(wait("first", 1)).await.unwrap().is_some());
+    assert!(take(waiting("first", 1)).await.unwrap().is_some());
     store
         .commit(
             lease,
@@ -960,53 +996,25 @@ pub async fn a_restart_from_a_step_keeps_the_keys_of_the_events_its_kept_waits_t
     // `later` (seq 3) takes k2.
     assert_eq!(send("k2").await.unwrap(), crate::Sent::Buffered(r));
     store
-        .commit(lease, vec![Write::Step(wait("later", 3))])
+        .commit(lease, vec![Write::Step(waiting("later", 3))])
         .await
         .unwrap();
-    assert!(take(wait("later", 3)).await.unwrap().is_some());
+    assert!(take(waiting("later", 3)).await.unwrap().is_some());
     // `dropped` (seq 4) takes k4's event, and its cancel puts it back, buffered; k3 is
     // buffered after it.
     store
-        .commit(lease, vec![Write::Step(wait("dropped", 4))])
+        .commit(lease, vec![Write::Step(waiting("dropped", 4))])
         .await
         .unwrap();
     assert_eq!(send("k4").await.unwrap(), crate::Sent::Buffered(r));
-    let taken = take(wait("dropped", 4)).await.unwrap();
+    let taken = take(waiting("dropped", 4)).await.unwrap();
     assert_eq!(taken.map(|e| e.payload).as_deref(), Some("\"k4\""));
-    let mut cancelled = wait("dropped", 4);
-    cancelled.state = StepState::Cancelled;
-    cancelled.error = Some(ErrorInfo::new("StepCancelled", "dropped"));
     store
-        .commit(
-            lease,
-            vec![Write::Cancel {
-                step: cancelled,
-                records: Vec::new(),
-            }],
-        )
+        .commit(lease, vec![cancelled(waiting("dropped", 4))])
         .await
         .unwrap();
     assert_eq!(send("k3").await.unwrap(), crate::Sent::Buffered(r));
-    let restarted = store
-        .control(
-            &wf("wf"),
-            &id,
-            ControlRequest::Restart {
-                at: T0,
-                from: Some(StepKey {
-                    kind: StepKind::Run,
-                    name: "mid".into(),
-                    count: 1,
-                }),
-                adopt: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert!(
-        matches!(restarted, ControlOutcome::Done { .. }),
-        "{restarted:?}"
-    );
+    restart_from(&*store, "mid").await;
     assert_eq!(
         send("k1").await.unwrap(),
         crate::Sent::Duplicate(r),
@@ -1041,47 +1049,33 @@ pub async fn a_put_back_event_under_a_reused_id_marks_only_its_own_key(store: Ar
     send("z", None).await.unwrap();
     send("y", Some("k2")).await.unwrap();
     let lease = store.claim("o", &[wf("wf")], T0, TTL, 1).await.unwrap()[0].lease;
-    let wait = |name: &str, seq: u32| {
-        let mut wait = step(name, 1, seq, StepState::Running);
-        wait.key.kind = StepKind::WaitForEvent;
-        wait
-    };
     let ty = |t: &str| cairn_core::EventType::new(t).unwrap();
     // `w1` (seq 1) takes x; `w2` (seq 2) takes y and is cancelled: y goes back, under the
     // id x had on SQLite.
     store
-        .commit(lease, vec![Write::Step(wait("w1", 1))])
+        .commit(lease, vec![Write::Step(waiting("w1", 1))])
         .await
         .unwrap();
     assert!(
         store
-            .take_event(lease, wait("w1", 1).key, ty("x"), T0)
+            .take_event(lease, waiting("w1", 1).key, ty("x"), T0)
             .await
             .unwrap()
             .is_some()
     );
     store
-        .commit(lease, vec![Write::Step(wait("w2", 2))])
+        .commit(lease, vec![Write::Step(waiting("w2", 2))])
         .await
         .unwrap();
     assert!(
         store
-            .take_event(lease, wait("w2", 2).key, ty("y"), T0)
+            .take_event(lease, waiting("w2", 2).key, ty("y"), T0)
             .await
             .unwrap()
             .is_some()
     );
-    let mut cancelled = wait("w2", 2);
-    cancelled.state = StepState::Cancelled;
-    cancelled.error = Some(ErrorInfo::new("StepCancelled", "dropped"));
     store
-        .commit(
-            lease,
-            vec![Write::Cancel {
-                step: cancelled,
-                records: Vec::new(),
-            }],
-        )
+        .commit(lease, vec![cancelled(waiting("w2", 2))])
         .await
         .unwrap();
     // `w3` (seq 4) takes y again, after a step at seq 3.
@@ -1093,36 +1087,17 @@ pub async fn a_put_back_event_under_a_reused_id_marks_only_its_own_key(store: Ar
         .await
         .unwrap();
     store
-        .commit(lease, vec![Write::Step(wait("w3", 4))])
+        .commit(lease, vec![Write::Step(waiting("w3", 4))])
         .await
         .unwrap();
     assert!(
         store
-            .take_event(lease, wait("w3", 4).key, ty("y"), T0)
+            .take_event(lease, waiting("w3", 4).key, ty("y"), T0)
             .await
             .unwrap()
             .is_some()
     );
-    let restarted = store
-        .control(
-            &wf("wf"),
-            &id,
-            ControlRequest::Restart {
-                at: T0,
-                from: Some(StepKey {
-                    kind: StepKind::Run,
-                    name: "mid".into(),
-                    count: 1,
-                }),
-                adopt: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert!(
-        matches!(restarted, ControlOutcome::Done { .. }),
-        "{restarted:?}"
-    );
+    restart_from(&*store, "mid").await;
     assert_eq!(
         send("x", Some("k1")).await.unwrap(),
         crate::Sent::Duplicate(r),
