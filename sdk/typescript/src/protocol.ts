@@ -62,7 +62,7 @@ export type Op = { type: "op"; run: string; seq: number } & OpBody;
 
 export type AttemptResult = { type: "attemptResult"; run: string; task: string } & Outcome<Thrown>;
 export type DelayResult = { type: "delayResult"; run: string; task: string } & (
-  | { ok: WireDuration; error?: never }
+  | { ok: WireDuration | null; error?: never }
   | { error: Thrown; ok?: never }
 );
 export type RollbackResult = { type: "rollbackResult"; run: string; task: string } & Outcome<Thrown>;

@@ -5,7 +5,7 @@
 // run loses nothing, and its unsettled calls simply never settle (as a hibernated
 // Cloudflare instance's future is dropped).
 
-import { resolvedConfig, wireDuration, type WorkflowStepContext } from "./config.js";
+import { resolvedConfig, type WorkflowStepContext } from "./config.js";
 import { executionContext, type WorkflowClass, type WorkflowEvent } from "./entrypoint.js";
 import { errorInfo, thrownInfo, toError } from "./errors.js";
 import type { Attempt, Delay, OpBody, OpResult, Rollback, Start, Thrown, ToEngine } from "./protocol.js";
@@ -212,7 +212,9 @@ export class Run implements OpSink {
         throw new Error(`run ${this.id} has no delay function for step #${message.seq}`);
       }
       const value = await delay({ ctx: this.#context(op, message.attempt), error: toError(message.error) });
-      return wireDuration(value, `the value returned by the delay function of step "${op.name}-${op.count}"`);
+      // A value that is no delay goes to the engine as it is (as null when JSON has no
+      // form for it), which fails the step with Cloudflare's "returned an invalid delay value".
+      return typeof value === "string" || (typeof value === "number" && Number.isFinite(value)) ? value : null;
     }, (outcome) => ({ type: "delayResult", run: this.id, task: message.task, ...outcome }) as ToEngine);
   }
 

@@ -47,6 +47,15 @@ class Checkout extends WorkflowEntrypoint<unknown, { amount: number }> {
   }
 }
 
+/** A step whose delay function returns a value that is no delay. */
+class BadDelay extends WorkflowEntrypoint<unknown, unknown> {
+  async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+    await step.do("flaky", { retries: { limit: 1, delay: () => -5 } }, async () => {
+      throw new Error("down");
+    });
+  }
+}
+
 async function freePort(): Promise<number> {
   const server = createServer();
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
@@ -86,7 +95,7 @@ describe("against cairn serve", { skip: bin === undefined ? "set CAIRN_BIN to a 
       if (tries > 300) throw new Error("cairn serve did not start");
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
-    worker = serve({ url, workflows: { "ts-checkout": Checkout }, version: "test-1", token, heartbeatMs: 0, logger: new Lines() });
+    worker = serve({ url, workflows: { "ts-checkout": Checkout, "ts-bad-delay": BadDelay }, version: "test-1", token, heartbeatMs: 0, logger: new Lines() });
     const timeout = setTimeout(() => void worker.close(), 10_000);
     await worker.ready.catch((error: Error) => {
       throw new Error(`${bin} did not welcome the worker within 10 s (does it serve /api/workers?): ${error.message}`);
@@ -118,6 +127,16 @@ describe("against cairn serve", { skip: bin === undefined ? "set CAIRN_BIN to a 
     assert.equal(status.status, "errored");
     assert.deepEqual(status.error, { name: "NonRetryableError", message: "card declined" });
     assert.deepEqual(compensated, ["order-2"]);
+  });
+
+  it("fails a step whose delay function returns a negative number with Cloudflare's message", async () => {
+    const instance = await workflowBinding("ts-bad-delay", { url, token }).create({ id: "bad-delay" });
+    await settled(url, "ts-bad-delay", "bad-delay", ["errored", "complete"]);
+    assert.deepEqual((await instance.status()).error, {
+      name: "NonRetryableDelayError",
+      message:
+        'The delay function for step "flaky-1" returned an invalid delay value (expected a number of ms or a duration string like "30 seconds")',
+    });
   });
 
   it("finishes an instance on a new worker after the first one closed", async () => {

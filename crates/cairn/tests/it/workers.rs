@@ -624,6 +624,35 @@ async fn a_delay_function_runs_on_the_worker_and_a_timed_out_attempt_is_cancelle
     engine.shutdown().await;
 }
 
+/// SPEC B §1.6: a delay function's value that is no delay (a negative number, `null`, an
+/// object) fails the step with Cloudflare's "returned an invalid delay value", not as if
+/// the function had thrown.
+#[tokio::test(start_paused = true)]
+async fn a_delay_value_that_is_no_delay_fails_the_step_as_invalid() {
+    let (engine, _dir) = engine(|b| b).await;
+    let mut worker = Worker::hello(&engine, &[("retry", "v1")], 4).await;
+    for (i, value) in [json!(-5), json!(null), json!({ "ms": 5 }), json!("")].into_iter().enumerate() {
+        let instance = create(&engine, "retry", &format!("r{i}"), json!({})).await;
+        let run = worker.expect("start").await["run"].clone();
+        let op = json!({ "op": "do", "name": "flaky", "delayFunction": true, "config": { "retries": { "limit": 2 } } });
+        worker.op(&run, 0, op);
+        let first = worker.expect("attempt").await;
+        worker.answer(&first, "attemptResult", Err(json!({ "name": "Error", "message": "down" })));
+        let asked = worker.expect("delay").await;
+        worker.answer(&asked, "delayResult", Ok(value.clone()));
+        let failed = worker.expect("opResult").await;
+        let message = failed["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("The delay function for step \"flaky-1\" returned an invalid delay value"),
+            "{value}: {failed}"
+        );
+        worker.returns(&run, Ok(Value::Null));
+        assert_eq!(worker.expect("stop").await["reason"], "done");
+        instance.wait().await.unwrap();
+    }
+    engine.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_terminate_or_a_pause_stops_the_run_and_says_why() {
     let (engine, _dir) = engine(|b| b).await;

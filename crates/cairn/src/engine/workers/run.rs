@@ -345,20 +345,22 @@ impl RunHandle {
         let id = &self.channel.id;
         match self
             .channel
-            .ask(TaskKind::Delay, |task| protocol::delay(id, task, seq, &d.ctx, &d.error))
+            .ask(TaskKind::Delay, |task| {
+                protocol::delay(id, task, seq, &d.ctx, &d.error)
+            })
             .await
         {
             Ok(Value::String(text)) => Ok(DelayValue::Text(text)),
-            Ok(Value::Number(n)) => match n.as_f64() {
-                Some(ms) if ms.is_finite() && ms >= 0.0 => {
-                    Ok(DelayValue::Duration(Duration::from_millis(ms.round() as u64)))
-                }
-                _ => Err(format!("the delay function returned {n}").into()),
-            },
-            Ok(other) => Err(format!(
-                "the delay function returned {other}: a number of milliseconds or a duration string is wanted"
-            )
-            .into()),
+            Ok(Value::Number(n)) if n.as_f64().is_some_and(|ms| ms >= 0.0) => {
+                let ms = n.as_f64().unwrap_or_default();
+                Ok(DelayValue::Duration(Duration::from_millis(
+                    ms.round() as u64
+                )))
+            }
+            // Any other value (a negative number, null, an object) is no delay. As text it
+            // fails the duration grammar, which gives the step Cloudflare's "returned an
+            // invalid delay value" rather than the message of a function that threw.
+            Ok(other) => Ok(DelayValue::Text(other.to_string())),
             Err(e) => Err(e.info().to_string().into()),
         }
     }
