@@ -117,6 +117,11 @@ fn parse(path: &Path, text: &str) -> Result<Loaded, String> {
             return Err(at(format!("name {name:?} is used twice")));
         }
         let token = match (&entry.token, &entry.token_sha256) {
+            (Some(value), None) if value.trim().chars().any(char::is_control) => {
+                return Err(at(format!(
+                    "token of {name:?} has a control character inside (a newline?): no request could send it"
+                )));
+            }
             (Some(value), None) => cairn_server::Token::new(name.as_str(), value, entry.scope)
                 .ok_or_else(|| at(format!("token of {name:?} is empty")))?,
             (None, Some(hex)) => cairn_server::Token::from_sha256(name.as_str(), hex, entry.scope)
@@ -307,6 +312,11 @@ scope = "admin"
                 "[[tokens]]\nname = \"a\"\ntoken = \"  \"\nscope = \"read\"\n",
                 "cairn.toml:2:",
                 "empty",
+            ),
+            (
+                "[[tokens]]\nname = \"a\"\ntoken = \"ab\\ncd\"\nscope = \"read\"\n",
+                "cairn.toml:2:",
+                "control character",
             ),
             (
                 "[[tokens]]\nname = \"a\"\ntoken_sha256 = \"abc\"\nscope = \"read\"\n",

@@ -587,7 +587,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
                 db,
                 addr,
                 Access {
-                    token: token(cli.token),
+                    token: token(cli.token)?,
                     config: loaded,
                 },
                 account_id,
@@ -635,7 +635,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             client: args,
             command,
         } => {
-            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json)?;
+            let (client, json) = connect(args, cli.top_url, token(cli.token)?, cli.top_json)?;
             tokio::task::spawn_blocking(move || workflows(&client, command, json)).await??;
             Ok(())
         }
@@ -643,7 +643,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             client: args,
             command,
         } => {
-            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json)?;
+            let (client, json) = connect(args, cli.top_url, token(cli.token)?, cli.top_json)?;
             tokio::task::spawn_blocking(move || instances(&client, command, json)).await??;
             Ok(())
         }
@@ -651,7 +651,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             client: args,
             command,
         } => {
-            let (client, json) = connect(args, cli.top_url, token(cli.token), cli.top_json)?;
+            let (client, json) = connect(args, cli.top_url, token(cli.token)?, cli.top_json)?;
             tokio::task::spawn_blocking(move || schedules(&client, command, json)).await??;
             Ok(())
         }
@@ -857,13 +857,24 @@ fn is_postgres(db: &str) -> bool {
 
 /// The token given (`--token`, `CAIRN_TOKEN`), unless it is empty or blank: such a token
 /// is no token (it would open everything to anyone who sends nothing).
-fn token(given: Option<String>) -> Option<String> {
-    match given {
-        Some(t) if t.trim().is_empty() => {
+///
+/// Surrounding whitespace is dropped (a token written with `echo` ends in a newline), as an
+/// HTTP header drops it: the server's token and the one a client sends stay the same.
+///
+/// # Errors
+/// A token with a control character inside: no HTTP header can carry it, so no request
+/// could ever match it.
+fn token(given: Option<String>) -> Result<Option<String>, String> {
+    match given.as_deref().map(str::trim) {
+        Some("") => {
             eprintln!("cairn: ignoring an empty token (--token or CAIRN_TOKEN): no token is set");
-            None
+            Ok(None)
         }
-        given => given,
+        Some(t) if t.chars().any(char::is_control) => Err(
+            "the token (--token or CAIRN_TOKEN) has a control character inside (a newline?): no request could send it".into(),
+        ),
+        Some(t) => Ok(Some(t.to_owned())),
+        None => Ok(None),
     }
 }
 
@@ -1644,6 +1655,17 @@ mod tests {
         let ids: Vec<&str> = serve.get_arguments().map(|a| a.get_id().as_str()).collect();
         assert!(!ids.contains(&"url") && !ids.contains(&"json"), "{ids:?}");
         assert!(ids.contains(&"db") && ids.contains(&"token"), "{ids:?}");
+    }
+
+    /// Review finding: `CAIRN_TOKEN=$'abc\n'` (a token written with `echo`) started a server
+    /// no request could open, and a client failed with "failed to parse header value".
+    #[test]
+    fn a_token_is_trimmed_and_one_with_a_control_character_inside_is_refused() {
+        assert_eq!(super::token(Some("abc\n".into())), Ok(Some("abc".into())));
+        assert_eq!(super::token(Some(" \t\n".into())), Ok(None));
+        assert_eq!(super::token(None), Ok(None));
+        let refused = super::token(Some("ab\ncd".into())).unwrap_err();
+        assert!(refused.contains("control character"), "{refused}");
     }
 
     /// Every argument and option of every command says what it is.

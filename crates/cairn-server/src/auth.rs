@@ -83,8 +83,12 @@ impl std::fmt::Debug for Token {
 impl Token {
     /// A token given by its value (kept only as its hash). `None` for an empty or blank
     /// value: such a token would let in anyone who sends nothing.
+    ///
+    /// Surrounding whitespace is dropped, as HTTP drops it from the header a client sends
+    /// the token in: `"abc\n"` (a value written with `echo`) is the token `abc`.
     pub fn new(name: impl Into<String>, value: &str, scope: Scope) -> Option<Token> {
-        (!value.trim().is_empty()).then(|| Token {
+        let value = value.trim();
+        (!value.is_empty()).then(|| Token {
             name: name.into(),
             sha256: Sha256::digest(value.as_bytes()).into(),
             scope,
@@ -168,8 +172,10 @@ impl Tokens {
 
     /// The caller `given` is the token of, if any.
     pub(crate) fn find(&self, given: &str) -> Option<Caller> {
-        // An empty or blank token is no token, whatever the set holds.
-        if given.trim().is_empty() {
+        // An empty or blank token is no token, whatever the set holds. A pasted token's
+        // surrounding whitespace is dropped, as it was from the token set (`Token::new`).
+        let given = given.trim();
+        if given.is_empty() {
             return None;
         }
         let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
@@ -526,6 +532,10 @@ mod tests {
         assert_eq!(&*tokens.find("hunter2").unwrap().name, "ops");
         assert!(tokens.find("nope").is_none());
         assert!(Token::new("blank", "  ", Scope::Admin).is_none());
+        // Review finding: a token written with `echo` could never be sent (a header drops
+        // the newline), which left the API closed to every client.
+        let echoed = Tokens::new(vec![Token::new("echoed", "abc\n", Scope::Admin).unwrap()]);
+        assert_eq!(&*echoed.find("abc").unwrap().name, "echoed");
         assert!(Token::from_sha256("bad", "abc", Scope::Admin).is_err());
         tokens.replace(vec![Token::new("new", "n3w", Scope::Read).unwrap()]);
         assert!(tokens.find("s3cret").is_none(), "rotated out");
