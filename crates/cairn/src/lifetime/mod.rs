@@ -109,6 +109,9 @@ pub(crate) struct Lifetime {
     /// limit counts it (`ops/stream.rs`).
     stream_base: tokio::sync::OnceCell<u64>,
     stream_written: std::sync::atomic::AtomicU64,
+    /// Of `stream_written`, what each stream step took in since its chunks were last
+    /// dropped: what a failed attempt's drop gives back.
+    stream_by_step: Mutex<HashMap<StepKey, u64>>,
     /// Stream chunks read (progress, for the replay check and the rollback registration).
     reads: AtomicUsize,
     /// The instance's end is committed.
@@ -220,6 +223,7 @@ impl Lifetime {
             seen: Mutex::new(Seen::default()),
             stream_base: tokio::sync::OnceCell::new(),
             stream_written: std::sync::atomic::AtomicU64::new(0),
+            stream_by_step: Mutex::new(HashMap::new()),
             reads: AtomicUsize::new(0),
             finished: AtomicBool::new(false),
             undecided: AtomicBool::new(false),
@@ -296,8 +300,9 @@ impl Lifetime {
 
     /// The bytes of the instance's stream chunks, as far as this lifetime knows: what the
     /// store held at its first look, and what its streams took in since, written or still
-    /// buffered (chunks it dropped still count: the limit errs on the safe side until the
-    /// next lifetime looks again). A store
+    /// buffered, less what a failed attempt's drop of its chunks gave back (chunks of an
+    /// earlier lifetime that such a drop removed still count: the limit errs on the safe
+    /// side until the next lifetime looks again). A store
     /// that cannot answer stops the run, as a failed commit does.
     pub(crate) async fn stream_storage_used(&self) -> u64 {
         let store = &self.env.store;
@@ -316,9 +321,27 @@ impl Lifetime {
         base.saturating_add(self.stream_written.load(Ordering::SeqCst))
     }
 
-    /// A stream of this lifetime took in `bytes` more, to be stored in its chunks.
-    pub(crate) fn stream_taken(&self, bytes: u64) {
+    /// The stream of `step` took in `bytes` more, to be stored in its chunks.
+    pub(crate) fn stream_taken(&self, step: &StepKey, bytes: u64) {
         self.stream_written.fetch_add(bytes, Ordering::SeqCst);
+        *self
+            .stream_by_step
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(step.clone())
+            .or_default() += bytes;
+    }
+
+    /// A commit dropping every chunk of `step` (its attempt failed) has landed: what its
+    /// stream took in is no longer stored, and a retry is not charged for it.
+    pub(crate) fn stream_dropped(&self, step: &StepKey) {
+        let given_back = self
+            .stream_by_step
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(step)
+            .unwrap_or_default();
+        self.stream_written.fetch_sub(given_back, Ordering::SeqCst);
     }
 
     /// What the replay check saw, and the journal records of ops it never created.

@@ -480,6 +480,14 @@ impl Execution {
         })
     }
 
+    /// The commit carrying [`Self::drop_chunks`] has landed: the storage limit stops
+    /// counting what the failed attempt's stream took in.
+    fn chunks_dropped(&self, key: &StepKey) {
+        if self.stream {
+            self.state.stream_dropped(key);
+        }
+    }
+
     /// What a test's hooks make this attempt do instead of running the body (never for a
     /// rollback handler).
     fn forced(&self, key: &StepKey, attempt: u32) -> Option<Forced> {
@@ -765,6 +773,7 @@ impl Execution {
                         ];
                         writes.extend(self.drop_chunks(key));
                         state.commit(writes).await;
+                        self.chunks_dropped(key);
                         self.attempt_finish();
                         tracing::info!(
                             workflow = %state.workflow,
@@ -802,6 +811,7 @@ impl Execution {
             ];
             writes.extend(self.drop_chunks(key));
             state.commit(writes).await;
+            self.chunks_dropped(key);
             self.attempt_finish();
             // The workflow may catch it; if not, the instance's failure is logged at warn.
             tracing::info!(

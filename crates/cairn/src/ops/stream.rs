@@ -200,7 +200,7 @@ where
             ))
             .into());
         }
-        state.stream_taken(rest.len() as u64);
+        state.stream_taken(key, rest.len() as u64);
         preview.feed(rest);
         while !rest.is_empty() {
             let take = (STREAM_CHUNK - buffer.len()).min(rest.len());

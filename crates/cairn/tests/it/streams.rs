@@ -244,6 +244,36 @@ async fn a_stream_over_the_instance_storage_limit_fails_the_step_for_good() {
     engine.shutdown().await;
 }
 
+/// Review finding: a retry in the same lifetime counted the bytes of the failed attempt,
+/// whose chunks the failure had dropped, against the limit, and failed the step for good:
+/// two attempts of 768 KiB under a 1 MiB limit, which never stores more than one of them.
+#[tokio::test(start_paused = true)]
+async fn a_retry_is_not_charged_the_storage_of_the_attempt_it_replaces() {
+    let (engine, _dir) = engine(|b| {
+        b.register(wf(|_, step| async move {
+            let stream = step
+                .run_stream("export", |ctx| async move {
+                    let mut parts = items(768 << 10, 64 << 10);
+                    if ctx.attempt == 1 {
+                        parts.push(Err(std::io::Error::other("connection reset")));
+                    }
+                    Ok(futures::stream::iter(parts))
+                })
+                .retries(Retries::constant(2, Duration::from_millis(100)))
+                .await?;
+            Ok(json!(stream.read_to_end().await?.len()))
+        }))
+        .stream_storage_limit(1 << 20)
+    })
+    .await;
+    let instance = run_to_end(&engine, json!({})).await;
+    let status = instance.status().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Complete, "{:?}", status.error);
+    assert_eq!(status.output, Some(json!(768 << 10)));
+    assert_eq!(instance.stream_storage().await.unwrap(), 768 << 10);
+    engine.shutdown().await;
+}
+
 /// Issue 30 §3: the limit counts what a stream has taken in, buffered or written: two items
 /// of 250 KiB under a 300 KiB limit (the second would fill a chunk and leave the rest
 /// buffered) fail the step instead of storing 500 KiB.
