@@ -165,20 +165,29 @@ pub(crate) async fn drive(
                     None => break,
                 }
             }
+            Ok(Err(Abort::Store(cairn_store::Error::Corrupt(e)))) => {
+                // Stored data the lifetime could not read back (a stream chunk missing or
+                // of the wrong size): stopping here would leave the instance leased with
+                // nothing running it (for good on SQLite, whose leases never run out).
+                tracing::error!(instance = %record.id, error = %e, "the instance's stored data is corrupt; releasing it to be tried again later");
+                let message = cairn_store::Error::Corrupt(e).to_string();
+                release_after_fault(&inner, lease, Fault::Corrupt, &message).await;
+                break;
+            }
             Ok(Err(Abort::Store(e))) => {
-                // Lease lost, instance deleted or unreadable: this engine is done with it.
+                // Lease lost, instance deleted or gone: this engine is done with it.
                 tracing::debug!(instance = %record.id, error = %e, "stopped running instance");
                 break;
             }
             Err(panic) => {
                 let message = crate::panic::message(&*panic);
                 tracing::error!(instance = %record.id, panic = %message, "a lifetime panicked in engine code; releasing the instance");
-                release_after_panic(&inner, lease, &message).await;
+                release_after_fault(&inner, lease, Fault::Panic, &message).await;
                 break;
             }
             Ok(Err(Abort::Panic(message))) => {
                 tracing::error!(instance = %record.id, panic = %message, "an op panicked in engine code; releasing the instance");
-                release_after_panic(&inner, lease, &message).await;
+                release_after_fault(&inner, lease, Fault::Panic, &message).await;
                 break;
             }
         }
@@ -230,10 +239,24 @@ async fn reread(inner: &Runtime, lease: Lease, stale: &InstanceRecord) -> Option
     }
 }
 
-/// Records the panic and lets the instance go, claimable again after [`PANIC_RETRY`]
-/// (doubling with each panic in a row, up to [`PANIC_RETRY_MAX`]): the
-/// next lifetime replays it, and an attempt the panic interrupted is recorded as such.
-async fn release_after_panic(inner: &Runtime, lease: Lease, message: &str) {
+/// Why a lifetime stopped in a way no replay at once would mend.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Engine code panicked.
+    Panic,
+    /// The store gave back data that is not what was written (`Error::Corrupt`).
+    Corrupt,
+}
+
+/// Records the fault (`enginePanic` or `storeCorrupt` in a `WORKFLOW_WAITING` record) and
+/// lets the instance go, claimable again after [`PANIC_RETRY`] (doubling with each fault
+/// in a row, up to [`PANIC_RETRY_MAX`]): the next lifetime replays it, and an attempt the
+/// fault interrupted is recorded as such.
+async fn release_after_fault(inner: &Runtime, lease: Lease, fault: Fault, message: &str) {
+    let key = match fault {
+        Fault::Panic => "enginePanic",
+        Fault::Corrupt => "storeCorrupt",
+    };
     let in_a_row = {
         let mut panics = inner.panics();
         let n = panics.entry(lease.instance).or_insert(0);
@@ -253,7 +276,7 @@ async fn release_after_panic(inner: &Runtime, lease: Lease, message: &str) {
                 meta: json!({
                     "wakeAt": wake_at.as_millis(),
                     "events": [],
-                    "enginePanic": cairn_core::cap_message(message),
+                    key: cairn_core::cap_message(message),
                 }),
             }),
             Write::Hibernate {
@@ -267,7 +290,7 @@ async fn release_after_panic(inner: &Runtime, lease: Lease, message: &str) {
     for _ in 0..10 {
         match inner.env.store.commit(lease, writes()).await {
             Err(cairn_store::Error::Unavailable(e)) => {
-                tracing::warn!(error = %e, "store unavailable while releasing a panicked instance");
+                tracing::warn!(error = %e, "store unavailable while releasing an instance");
                 inner.env.clock.sleep(pause.next()).await;
             }
             _ => return,

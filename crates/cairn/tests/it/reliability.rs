@@ -230,6 +230,56 @@ async fn a_panic_in_engine_code_releases_the_instance() {
     engine.shutdown().await;
 }
 
+/// Review finding: a stream chunk the store could not give back whole (missing, or of the
+/// wrong size: `Error::Corrupt`) to workflow code stopped the lifetime and left the
+/// instance leased and `running` with nothing running it, for good on SQLite (whose
+/// leases never run out). It is now released as after an engine panic: recorded, and
+/// claimed again after a back-off, here to find the chunk whole.
+#[tokio::test]
+async fn a_corrupt_stream_read_releases_the_instance_to_be_tried_again() {
+    let (_dir, path) = crate::support::temp_db();
+    let reads = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = std::sync::Arc::clone(&reads);
+    let engine = crate::support::hooked_builder(&path, move |method| {
+        if method == "stream_chunk" && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            return Err(cairn::store::Error::Corrupt("chunk 0 is missing".into()));
+        }
+        Ok(())
+    })
+    .hibernate_after(Duration::ZERO)
+    .register(wf(|_, step| async move {
+        let stream = step
+            .run_stream("export", |_| async {
+                Ok(futures::stream::iter(vec![Ok::<_, std::io::Error>(
+                    vec![7u8; 1000],
+                )]))
+            })
+            .await?;
+        step.wait_for_event::<Value>("wait", "go").await?;
+        Ok(json!(stream.read_to_end().await?.len()))
+    }))
+    .start()
+    .await
+    .unwrap();
+    let (instance, status) = woken_to_its_end(&engine).await;
+    assert_eq!(
+        status.status,
+        InstanceStatus::Complete,
+        "{:?}",
+        status.error
+    );
+    assert_eq!(status.output, Some(json!(1000)));
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let waiting = records(&instance, LogKind::WorkflowWaiting).await;
+    assert!(
+        waiting
+            .iter()
+            .any(|r| r.entry.meta["storeCorrupt"] == "stored data is corrupt: chunk 0 is missing"),
+        "{waiting:?}"
+    );
+    engine.shutdown().await;
+}
+
 /// Creates an instance of the workflow that waits for a `go` event; once it has let go of
 /// its lifetime to wait (its `WORKFLOW_WAITING` record is committed with its
 /// hibernation), sends the event, which wakes it in a new lifetime; waits for its end.
