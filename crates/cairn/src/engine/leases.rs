@@ -32,10 +32,15 @@ use crate::lifetime::{Abort, Lifetime};
 /// The default TTL where leases expire.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 
+/// The least time between two renewals when notices ask for one early.
+const EARLY_RENEWAL_GAP: Duration = Duration::from_secs(1);
+
 /// Renews the engine's leases until `stop` (after the drain at shutdown).
 pub(crate) async fn keep(inner: Arc<Runtime>, mut stop: tokio::sync::oneshot::Receiver<()>) {
     let ttl = inner.env.leases.ttl();
     let clock = &inner.env.clock;
+    // When the last renewal was sent.
+    let mut last = clock.now();
     loop {
         // Between ticks too, each lifetime stops when its own lease runs out: after a
         // renewal that failed (the store refused it at once), none is on its way to do it,
@@ -43,6 +48,13 @@ pub(crate) async fn keep(inner: Arc<Runtime>, mut stop: tokio::sync::oneshot::Re
         let live = inner.live.all();
         tokio::select! {
             () = clock.sleep(ttl / 3) => {}
+            // Notices may have been lost (`remote.rs`): a lease moved on by a stop is found
+            // now, though not more than once a second (a busy deployment's batches too big
+            // to list in a notice come often).
+            () = async {
+                inner.renew_now.notified().await;
+                clock.sleep_until(last.saturating_add(EARLY_RENEWAL_GAP)).await;
+            } => {}
             () = async {
                 stop_as_they_run_out(&inner, clock, &live).await;
                 std::future::pending::<()>().await;
@@ -50,6 +62,7 @@ pub(crate) async fn keep(inner: Arc<Runtime>, mut stop: tokio::sync::oneshot::Re
             _ = &mut stop => break,
         }
         let now = clock.now();
+        last = now;
         let mut sent = Vec::new();
         let mut ran_out = Vec::new();
         for lifetime in inner.live.all() {

@@ -593,6 +593,7 @@ impl EngineBuilder {
             claims: self.claims,
             owner: format!("engine-{}", uuid::Uuid::new_v4().simple()),
             max_running: self.max_running,
+            renew_now: tokio::sync::Notify::new(),
             changes: watch::channel(0).0,
             commits,
             shutdown: watch::channel(false).0,

@@ -6,7 +6,9 @@
 //!
 //! A notice that names no instance ("anything may have changed": a batch too big to list,
 //! or a listener that reconnected) makes every lifetime here read its status again, for a
-//! pause requested elsewhere. Those reads are one sweep at a time, one read after another,
+//! pause requested elsewhere, and renews the leases at once, for a stop: a lifetime whose
+//! lease a terminate, restart or delete moved on stops then, not at the next tick. Those
+//! reads are one sweep at a time, one read after another,
 //! and notices that come during a sweep make one more sweep, not one each: a burst of such
 //! notices costs at most two reads per lifetime, never a read per lifetime per notice.
 
@@ -52,6 +54,9 @@ fn apply(inner: &Arc<Runtime>, sweep: &Arc<AtomicU8>, changes: Changes) {
                 lifetime.events.notify_waiters();
             }
             observe_all(inner, sweep);
+            // A stop (terminate, restart, delete) may have been among the notices lost: a
+            // status read does not tell a restart, a renewal does (its lease moved on).
+            inner.renew_now.notify_one();
         }
         Some(list) => {
             for changed in list {

@@ -33,6 +33,9 @@ pub(crate) struct Runtime {
     pub(crate) claims: bool,
     pub(crate) owner: String,
     pub(crate) max_running: usize,
+    /// Renews the leases now rather than at the next tick (`leases.rs`): notices may have
+    /// been lost, among them a stop of a lifetime running here.
+    pub(crate) renew_now: tokio::sync::Notify,
     /// Bumped whenever an instance's status may have changed.
     pub(crate) changes: watch::Sender<u64>,
     /// Bumped after every successful store write, per instance and workflow (`announce.rs`).

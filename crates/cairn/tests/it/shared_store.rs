@@ -930,3 +930,107 @@ async fn an_instance_parked_by_an_engine_without_its_version_runs_on_the_engine_
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Review finding: a listener that lost its connection misses the notices sent meanwhile,
+/// and its "anything may have changed" notice only made the lifetimes read their statuses,
+/// which tells a pause, not a restart. A run restarted meanwhile through another engine
+/// went on running its step on this one until the next lease renewal (a third of the TTL),
+/// beside the restarted run. Now such a notice renews the leases at once, and a lease the
+/// restart moved on stops its lifetime. Engine A sends no notices at all here, so only the
+/// reconnect can tell B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_that_reconnects_stops_at_once_a_run_restarted_meanwhile() {
+    #[cfg(feature = "postgres")]
+    {
+        let Some(url) = cairn::postgres::test_url() else {
+            return;
+        };
+        let (_dir, path) = temp_db();
+        let schema = crate::support::schema_for(&path);
+        // Renewals every 200 s: only the reconnect's notice can stop B's run in time.
+        let builder = |notify: bool| {
+            cairn::Engine::builder()
+                .postgres_options(
+                    cairn::postgres::Options::new(url.clone())
+                        .schema(schema.clone())
+                        .connections(4)
+                        .notify(notify),
+                )
+                .clock(Clock::system())
+                .lease_ttl(Duration::from_secs(600))
+        };
+        let dropped = Arc::new(AtomicBool::new(false));
+        let forever = || {
+            let dropped = dropped.clone();
+            wf(move |_, step| {
+                let dropped = dropped.clone();
+                async move {
+                    step.run("forever", |_| {
+                        let dropped = dropped.clone();
+                        async move {
+                            let _guard = SetOnDrop(dropped);
+                            std::future::pending::<()>().await;
+                            Ok(0)
+                        }
+                    })
+                    .await?;
+                    Ok(Value::Null)
+                }
+            })
+        };
+        let release = Arc::new(Semaphore::new(0));
+        // B's one slot holds the run, so nothing claims the restarted instance here.
+        let b = builder(true)
+            .register(forever())
+            .max_running(1)
+            .start()
+            .await
+            .unwrap();
+        let a = busy(builder(false).register(forever()), release.clone()).await;
+        let on_b = b
+            .workflow::<FnWorkflow>()
+            .create(CreateOptions::new(json!({})).id("r"))
+            .await
+            .unwrap();
+        while !crate::support::targets(&on_b, cairn::LogKind::StepStart)
+            .await
+            .iter()
+            .any(|t| t.starts_with("forever"))
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        a.workflow::<FnWorkflow>()
+            .get("r")
+            .await
+            .unwrap()
+            .restart()
+            .await
+            .unwrap();
+        let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let killed = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                &[&format!("cairn-listen:{schema}")],
+            )
+            .await
+            .unwrap()
+            .len();
+        assert_eq!(killed, 1, "B's listener");
+        let start = Instant::now();
+        while !dropped.load(Ordering::SeqCst) {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the run restarted through A still runs its step on B"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The restarted run (on B, now its slot is free) would hold B's shutdown.
+        on_b.terminate().await.unwrap();
+        release.add_permits(1);
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
