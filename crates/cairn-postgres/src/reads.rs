@@ -449,7 +449,8 @@ pub(crate) async fn schedules(client: &impl GenericClient) -> Result<Vec<StoredS
 pub(crate) async fn delete_schedule(client: &impl GenericClient, name: &str) -> Result<bool> {
     let st = client
         .prepare_cached(
-            "UPDATE schedules SET deleted = TRUE, definition = NULL WHERE name = $1 AND NOT deleted",
+            "UPDATE schedules SET deleted = TRUE, definition = NULL
+             WHERE name = $1 AND NOT deleted AND definition IS NOT NULL",
         )
         .await
         .map_err(map_pg)?;

@@ -1754,7 +1754,8 @@ pub(crate) fn schedules(conn: &Connection) -> Result<Vec<StoredSchedule>> {
 pub(crate) fn delete_schedule(conn: &Connection, name: &str) -> Result<bool> {
     let deleted = conn
         .prepare_cached(
-            "UPDATE schedules SET deleted = 1, definition = NULL WHERE name = ?1 AND deleted = 0",
+            "UPDATE schedules SET deleted = 1, definition = NULL
+             WHERE name = ?1 AND deleted = 0 AND definition IS NOT NULL",
         )
         .and_then(|mut st| st.execute([name]))
         .map_err(map_sqlite)?;

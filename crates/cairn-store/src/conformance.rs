@@ -2195,6 +2195,9 @@ pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Stor
         "a deleted schedule is not brought back"
     );
     assert_eq!(store.schedules().await.unwrap(), [row("a", None, true)]);
+    // A schedule declared in code keeps its state row: no engine deletes it.
+    assert!(!store.delete_schedule("a").await.unwrap());
+    assert_eq!(store.schedules().await.unwrap(), [row("a", None, true)]);
     // A schedule in code taking its name's row as an engine starts it: a live row (here
     // paused) is left as it is, a deleted one comes back as a new schedule (the next
     // generation, nothing fired), a missing one is made (its last tick inferred once).

@@ -947,8 +947,9 @@ pub trait Store: Send + Sync + 'static {
     /// Every stored schedule, by name.
     fn schedules(&self) -> StoreFuture<'_, Vec<StoredSchedule>>;
 
-    /// Deletes the schedule `name`; whether there was one. (Its name is remembered, so that a
-    /// schedule created under it later is a new generation.)
+    /// Deletes the schedule `name` created over the API; whether there was one. The state
+    /// row of a schedule declared in code (no definition) is kept. (Its name is remembered,
+    /// so that a schedule created under it later is a new generation.)
     fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool>;
 
     /// Records that workers run these workflow versions (once each; the first registration

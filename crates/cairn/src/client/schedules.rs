@@ -346,6 +346,15 @@ impl Engine {
             return Err(Error::ScheduleInCode(name.to_owned()));
         }
         if !self.inner.env.store.delete_schedule(name).await? {
+            // Declared in code by another engine on the store (one without it, or started
+            // with no schedules): its state row is what keeps it paused.
+            let stored = self.inner.env.store.schedules().await?;
+            if stored
+                .iter()
+                .any(|r| r.name == name && r.definition.is_none())
+            {
+                return Err(Error::ScheduleInCode(name.to_owned()));
+            }
             return Err(Error::ScheduleNotFound(name.to_owned()));
         }
         follow(self).await;

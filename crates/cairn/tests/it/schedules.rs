@@ -609,6 +609,38 @@ async fn a_schedule_in_code_can_be_paused_and_resumed_but_not_deleted_or_shadowe
     engine.shutdown().await;
 }
 
+/// Review finding: an engine that does not declare a schedule in code (another server on
+/// the shared store, one started with `--no-schedules`) deleted it, state row and all: the
+/// engine that declares it then made it again, not paused, its last tick forgotten. A
+/// schedule in code is refused (409) by every engine.
+#[tokio::test(start_paused = true)]
+async fn a_schedule_in_code_is_not_deleted_by_an_engine_that_does_not_declare_it() {
+    let (_dir, path) = temp_db();
+    let engine = start(&path, T0, every_5_minutes()).await;
+    engine.pause_schedule("every5").await.unwrap();
+    engine.shutdown().await;
+    let other = Engine::builder()
+        .sqlite(&path)
+        .clock(Clock::virtual_at(T0))
+        .register(Tick)
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(
+        other.delete_schedule("every5").await.unwrap_err().code(),
+        "schedule.declared_in_code"
+    );
+    other.shutdown().await;
+    let engine = start(&path, T0.saturating_add(3 * MINUTE), every_5_minutes()).await;
+    run_until(&engine, T0.saturating_add(11 * MINUTE)).await;
+    assert!(engine.list_schedules().await.unwrap()[0].paused);
+    assert!(
+        fired(&engine, "tick", "every5").await.is_empty(),
+        "still paused"
+    );
+    engine.shutdown().await;
+}
+
 #[test]
 fn policies_parse_from_their_names_and_refuse_others() {
     assert_eq!(Overlap::parse("bufferOne").unwrap(), Overlap::BufferOne);
