@@ -27,14 +27,23 @@ export function toJsonValue(value: unknown, what: string): unknown {
 
 /**
  * JSON.stringify's replacer: binary data is refused. JSON would store a `Uint8Array` as an
- * object of numbered keys and an `ArrayBuffer` as `{}`, which come back as neither: a
- * silent corruption, where a TypeError says what to do. (A Node `Buffer` has a `toJSON` of
+ * object of numbered keys and an `ArrayBuffer` (a `Blob`, a `ReadableStream`, a `Map`, a
+ * `Set`) as `{}`, which come back as neither: a silent corruption, where a TypeError says
+ * what to do. (A Node `Buffer` has a `toJSON` of
  * its own, which is what gets here.)
  */
 function refuseBinary(_key: string, value: unknown): unknown {
-  if (value instanceof ArrayBuffer || ArrayBuffer.isView(value)) {
-    const type = (value as object).constructor?.name ?? "binary data";
+  if (typeof value !== "object" || value === null) return value;
+  const type = value.constructor?.name ?? "object";
+  if (value instanceof ArrayBuffer || ArrayBuffer.isView(value) || (typeof Blob === "function" && value instanceof Blob)) {
     throw new TypeError(`a ${type} is binary data, which is not stored (encode it, as base64 say)`);
+  }
+  // Objects whose contents JSON does not see: each would be stored as {}.
+  if (typeof ReadableStream === "function" && value instanceof ReadableStream) {
+    throw new TypeError(`a ${type} is not stored: stream steps are not supported by this SDK yet (return the bytes encoded, as base64 say)`);
+  }
+  if (value instanceof Map || value instanceof Set) {
+    throw new TypeError(`a ${type} is not stored as JSON (convert it: Object.fromEntries(map), [...set])`);
   }
   return value;
 }

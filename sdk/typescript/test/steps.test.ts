@@ -398,6 +398,35 @@ describe("attempts", () => {
     await done();
   });
 
+  it("fail on a stream, a Blob, a Map or a Set, which JSON would store as {}", async () => {
+    // Review finding: a step returning a ReadableStream (a stream step on Cloudflare)
+    // "succeeded" with {} stored, and the code after it got {}.
+    const values: [string, () => unknown, RegExp][] = [
+      ["stream", () => new ReadableStream({ start: (c) => (c.enqueue(new Uint8Array([1])), c.close()) }), /a ReadableStream is not stored/],
+      ["blob", () => new Blob(["x"]), /a Blob is binary data/],
+      ["map", () => ({ byId: new Map([["a", 1]]) }), /a Map is not stored as JSON/],
+      ["set", () => new Set([1]), /a Set is not stored as JSON/],
+    ];
+    class Unstorable extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await Promise.allSettled(values.map(([name, make]) => step.do(name, async () => make())));
+        return undefined;
+      }
+    }
+    const { engine, done } = await setup({ workflows: { unstorable: Unstorable } });
+    engine.start("r1", "unstorable");
+    await engine.next({ type: "op", seq: values.length - 1 });
+    values.forEach((_, seq) => engine.send({ type: "attempt", run: "r1", task: `t${seq}`, seq, attempt: 1 }));
+    for (const [seq, [name, , says]] of values.entries()) {
+      const result = await engine.next({ type: "attemptResult", task: `t${seq}` });
+      assert.equal(result.error?.name, "TypeError", name);
+      assert.match(result.error.message, says, name);
+    }
+    values.forEach((_, seq) => engine.send({ type: "opResult", run: "r1", seq, ok: null }));
+    await engine.next({ type: "runResult" });
+    await done();
+  });
+
   it("a run whose output JSON cannot hold ends in an error, and the worker goes on", async () => {
     class BigOutput extends WorkflowEntrypoint {
       async run() {
