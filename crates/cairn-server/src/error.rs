@@ -143,6 +143,10 @@ pub(crate) async fn json_errors(
             },
         ),
     };
+    if code == "request.invalid" {
+        // An extractor's 422 (a form missing a field) is the same bad request as any.
+        parts.status = StatusCode::BAD_REQUEST;
+    }
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     parts.headers.insert(
         axum::http::header::CONTENT_TYPE,

@@ -413,11 +413,19 @@ pub(crate) async fn read_body_within(timeout: Duration, request: Request, next: 
     let limit = crate::MAX_BODY + 1;
     let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => bytes,
-        Ok(Err(_)) => {
+        Ok(Err(e)) if too_large(&e) => {
             return ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload.too_large",
                 format!("the request body is larger than {} bytes", crate::MAX_BODY),
+            )
+            .into_response();
+        }
+        Ok(Err(e)) => {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "request.malformed",
+                format!("the request body could not be read: {e}"),
             )
             .into_response();
         }
@@ -435,6 +443,18 @@ pub(crate) async fn read_body_within(timeout: Duration, request: Request, next: 
     };
     next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
         .await
+}
+
+/// Whether reading a body failed for its size (not for a broken chunk or connection).
+fn too_large(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = source {
+        if error.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// Marks a request that came over TLS.

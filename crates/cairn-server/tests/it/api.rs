@@ -676,6 +676,28 @@ async fn login_from(router: axum::Router, peer: [u8; 4], token: &str) -> (Status
     (status, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
+/// Review finding: a form missing a field (`POST /login` without `token`) answered 422
+/// `request.invalid`, where every other `request.invalid` is a 400.
+#[tokio::test(start_paused = true)]
+async fn a_login_form_missing_its_token_is_a_400() {
+    let (engine, _dir) = app().await;
+    let router = cairn_server::router_with(engine.clone(), Some("s3cret".into()));
+    let (s, body) = raw_call(
+        router,
+        Method::POST,
+        "/login",
+        &[
+            ("host", "127.0.0.1:8787"),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ],
+        "next=%2F",
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("\"code\":\"request.invalid\""), "{body}");
+    engine.shutdown().await;
+}
+
 /// Issue 30 §4: the dashboard's login throttles each client on its own: thirty wrong
 /// tokens sent at once from one address hold up nobody else's login (they used to wait in
 /// line, a second each), and that address waits, longer with each wrong token in a row.

@@ -140,6 +140,37 @@ async fn slow_clients_are_timed_out_reading_headers_and_bodies() {
     stop(server).await;
 }
 
+/// Review finding: a body that breaks off (a malformed chunk, a connection closed before
+/// its Content-Length) was answered 413 `payload.too_large`, "larger than 1463637 bytes":
+/// clients and metrics saw a size problem that was not there. It is a 400 now.
+#[tokio::test]
+async fn a_malformed_body_is_a_bad_request_not_one_too_large() {
+    let server = start(Limits::default()).await;
+    let answer = request(
+        server.port,
+        "POST /api/workflows/wait/instances HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("\"code\":\"request.malformed\""),
+        "{answer}"
+    );
+    // One over the limit is still 413.
+    let big = format!(
+        "POST /api/workflows/wait/instances HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+        cairn_server::MAX_BODY + 1,
+        " ".repeat(cairn_server::MAX_BODY + 1)
+    );
+    let answer = request(server.port, &big).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains("\"code\":\"payload.too_large\""),
+        "{answer}"
+    );
+    stop(server).await;
+}
+
 async fn open_stream(port: u16, id: &str) -> (TcpStream, String) {
     let mut socket = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     socket
