@@ -489,6 +489,30 @@ async fn main() {
     }
 }
 
+/// `trigger`'s PARAMS and `--wait`, as meant. `--wait 5s` (a space, not `=`): clap reads
+/// 5s as PARAMS; a duration that is not JSON after a bare `--wait` is the wait.
+///
+/// # Errors
+/// `--wait 30`: a bare number after a bare `--wait` is a wait without its unit as likely
+/// as params, and taken as params it would wait for ever.
+fn params_and_wait(
+    params: Option<String>,
+    wait: Option<String>,
+) -> Result<(Option<String>, Option<String>), String> {
+    match (params, wait) {
+        (Some(p), Some(w)) if w == "forever" => {
+            match serde_json::from_str::<serde_json::Value>(&p) {
+                Ok(serde_json::Value::Number(_)) => Err(format!(
+                    "`--wait {p}` is ambiguous: a wait takes its unit after `=` (--wait={p}s); params that are a bare number need such a wait (--wait=1h)"
+                )),
+                Err(_) if humantime::parse_duration(&p).is_ok() => Ok((None, Some(p))),
+                _ => Ok((Some(p), Some(w))),
+            }
+        }
+        other => Ok(other),
+    }
+}
+
 /// The client of a command's server (its `--url`, else the top-level one, else the
 /// default), and whether to print JSON.
 fn connect(
@@ -1171,18 +1195,7 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
             priority,
             wait,
         } => {
-            // `--wait 5s` (a space, not `=`): clap reads 5s as PARAMS. A duration that is
-            // not JSON after a bare --wait is the wait.
-            let (params, wait) = match (params, wait) {
-                (Some(p), Some(w))
-                    if w == "forever"
-                        && serde_json::from_str::<serde_json::Value>(&p).is_err()
-                        && humantime::parse_duration(&p).is_ok() =>
-                {
-                    (None, Some(p))
-                }
-                other => other,
-            };
+            let (params, wait) = params_and_wait(params, wait)?;
             let params = match params {
                 Some(p) => client::parse_json("PARAMS", &p)?,
                 None => client::empty_object(),
@@ -1666,6 +1679,111 @@ mod tests {
         assert_eq!(super::token(None), Ok(None));
         let refused = super::token(Some("ab\ncd".into())).unwrap_err();
         assert!(refused.contains("control character"), "{refused}");
+    }
+
+    /// Review finding: docs/operating.md gave `cairn --url … --ca-cert ca.pem workflows
+    /// list`, which the CLI refuses. Every `cairn` command in the README and docs/ (inline
+    /// or a line of a code block) names only commands and options that exist; a mention
+    /// without its arguments (`cairn instances describe`) is fine.
+    #[test]
+    fn every_command_in_the_docs_parses() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut files = vec![root.join("README.md")];
+        for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "md") {
+                files.push(path);
+            }
+        }
+        let mut commands = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                let at = format!("{}:{}", file.display(), i + 1);
+                let trimmed = line.trim_start().trim_start_matches("$ ");
+                if trimmed.starts_with("cairn ") && !trimmed.contains(" = {") {
+                    commands.push((at.clone(), trimmed.to_owned()));
+                }
+                for span in line.split('`').skip(1).step_by(2) {
+                    if span.starts_with("cairn ") {
+                        commands.push((at.clone(), span.to_owned()));
+                    }
+                }
+            }
+        }
+        assert!(commands.len() > 20, "{commands:?}");
+        let mut wrong = Vec::new();
+        for (at, command) in commands {
+            // The shell's part: a comment, a pipe, a redirection, a continued line.
+            let command = command.split(" #").next().unwrap_or_default();
+            let command = command
+                .split(['|', '>', '&', '\\'])
+                .next()
+                .unwrap_or_default();
+            let Some(words) = shell_words(command) else {
+                continue;
+            };
+            if words.iter().any(|w| w.contains('|')) {
+                continue;
+            }
+            if let Err(e) = <super::Cli as clap::Parser>::try_parse_from(&words) {
+                use clap::error::ErrorKind;
+                if matches!(
+                    e.kind(),
+                    ErrorKind::UnknownArgument
+                        | ErrorKind::InvalidSubcommand
+                        | ErrorKind::ArgumentConflict
+                ) {
+                    wrong.push(format!("{at}: {command}: {}", e.kind()));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    /// `text` split as a shell splits words (quotes, no expansions); `None` when a quote
+    /// is left open.
+    fn shell_words(text: &str) -> Option<Vec<String>> {
+        let mut words = Vec::new();
+        let mut word: Option<String> = None;
+        let mut quote = None;
+        for c in text.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+                (None, '\'' | '"') => {
+                    quote = Some(c);
+                    word.get_or_insert_with(String::new);
+                }
+                (None, c) if c.is_whitespace() => words.extend(word.take()),
+                (None, c) => word.get_or_insert_with(String::new).push(c),
+            }
+        }
+        words.extend(word);
+        quote.is_none().then_some(words)
+    }
+
+    /// Review finding: `trigger NAME --wait 30` created the instance with params `30` and
+    /// waited for ever.
+    #[test]
+    fn trigger_refuses_a_bare_number_after_a_bare_wait() {
+        let given = |p: &str, w: &str| super::params_and_wait(Some(p.into()), Some(w.into()));
+        let refused = given("30", "forever").unwrap_err();
+        assert!(refused.contains("--wait=30s"), "{refused}");
+        assert_eq!(given("5s", "forever"), Ok((None, Some("5s".into()))));
+        assert_eq!(
+            given("{\"a\":1}", "forever"),
+            Ok((Some("{\"a\":1}".into()), Some("forever".into())))
+        );
+        // Params of 30 with a wait given after `=` are params.
+        assert_eq!(
+            given("30", "5s"),
+            Ok((Some("30".into()), Some("5s".into())))
+        );
+        assert_eq!(
+            super::params_and_wait(Some("30".into()), None),
+            Ok((Some("30".into()), None))
+        );
     }
 
     /// Every argument and option of every command says what it is.
