@@ -789,3 +789,41 @@ fn dashboard_with_a_token_asks_for_it_once_and_checks_every_form() {
     assert_eq!(raw("GET", "/api/workflows", "", ""), 401);
     assert_eq!(raw("GET", "/instances", "", ""), 303);
 }
+
+/// Review finding: a live refresh replaced the list's rows but not its pager, whose
+/// "Older" link kept the first load's cursor: after 5 instances arrived, the 5 rows they
+/// pushed off the page were on neither page.
+#[test]
+#[cfg_attr(
+    not(cairn_test_chromium),
+    ignore = "no chromedriver when built: install the Debian packages chromium and chromium-driver, or set CAIRN_TEST_CHROMEDRIVER"
+)]
+fn dashboard_pages_on_from_the_rows_a_live_refresh_shows() {
+    let Some(driver) = browser::chromedriver() else {
+        return;
+    };
+    let server = serve(None);
+    let port = server.port;
+    let base = format!("http://127.0.0.1:{port}");
+    let browser = Browser::start(&driver, 1280, 1000);
+    for i in 0..55 {
+        create(port, None, "nap", &format!("n-{i:02}"), json!({}));
+    }
+    browser.goto(&format!("{base}/instances?workflow=nap"));
+    assert_eq!(rows(&browser).len(), 50);
+    for i in 55..60 {
+        create(port, None, "nap", &format!("n-{i:02}"), json!({}));
+    }
+    browser.wait(15, "the live refresh", |b| {
+        rows(b).contains(&"nap/n-59".to_owned())
+    });
+    let mut seen = rows(&browser);
+    browser.click_on("nav.pager a[rel=next]");
+    browser.wait(10, "the older page", |b| b.url().contains("cursor="));
+    seen.extend(rows(&browser));
+    seen.sort();
+    seen.dedup();
+    let all: Vec<String> = (0..60).map(|i| format!("nap/n-{i:02}")).collect();
+    assert_eq!(seen, all, "every instance on one of the two pages");
+    browser.assert_no_console_errors("the paged list");
+}

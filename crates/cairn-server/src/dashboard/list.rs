@@ -206,7 +206,8 @@ pub(crate) async fn page(
                     }
                 }
                 }
-                nav.pager aria-label="Pages" {
+                // Live too: after a refresh, "Older" goes on from the rows shown.
+                nav.pager aria-label="Pages" data-live="pager" {
                     @if cursor.is_some() { a href=(format!("/instances?{q}")) { "← Newest" } }
                     @if let Some(next) = &page.cursor {
                         a href=(format!("/instances?{q}{}cursor={next}", if q.is_empty() { "" } else { "&" })) rel="next" { "Older →" }
