@@ -537,7 +537,7 @@ fn schemas() -> Value {
                 "paused": { "type": "boolean" },
                 "lastTick": { "type": "string", "format": "date-time", "nullable": true },
                 "nextTick": { "type": "string", "format": "date-time", "nullable": true },
-                "lastInstanceId": { "type": "string", "nullable": true },
+                "lastInstanceId": { "type": "string", "nullable": true, "description": "The instance the newest tick fired started (a tick the overlap policy passed over starts none)." },
             },
         },
         "NewSchedule": {

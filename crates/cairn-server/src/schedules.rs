@@ -28,6 +28,8 @@ pub(crate) fn routes() -> Router<Engine> {
 async fn render(engine: &Engine, entry: &ScheduleEntry) -> ApiResult<Value> {
     let s = &entry.schedule;
     let (last, next) = engine.ticks_of(s).await?;
+    // Not the last tick's id: a tick the overlap policy passed over started nothing.
+    let last_run = engine.last_run_of(s).await?;
     let catch_up = match s.catch_up_policy() {
         CatchUp::Skip => json!("skip"),
         CatchUp::RunOnce => json!("runOnce"),
@@ -45,7 +47,7 @@ async fn render(engine: &Engine, entry: &ScheduleEntry) -> ApiResult<Value> {
         "paused": entry.paused,
         "lastTick": last.map(|t| t.to_rfc3339()),
         "nextTick": if entry.paused { None } else { next.map(|t| t.to_rfc3339()) },
-        "lastInstanceId": last.map(|t| s.tick_id(t)),
+        "lastInstanceId": last_run,
     }))
 }
 

@@ -385,6 +385,16 @@ impl Engine {
         self.ticks_of(&s).await
     }
 
+    /// The id of the instance the newest tick `schedule` fired started: the newest tick
+    /// may have been passed over (its overlap policy) and started none. `None` before any
+    /// run.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn last_run_of(&self, schedule: &Schedule) -> Result<Option<String>, Error> {
+        Ok(fired_so_far(self, schedule).await?.last_run)
+    }
+
     /// [`Engine::schedule_ticks`] of a schedule at hand (one of [`Engine::list_schedules`]),
     /// without looking it up again.
     ///

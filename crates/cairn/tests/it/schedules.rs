@@ -205,11 +205,20 @@ async fn an_unfinished_run_makes_the_next_ticks_skip_wait_or_overlap() {
         let schedule = Schedule::new::<Long>("long", "*/5 * * * *", json!({}))
             .unwrap()
             .overlap(overlap);
-        let engine = start(&path, START, schedule).await;
+        let engine = start(&path, START, schedule.clone()).await;
         run_until(&engine, T0.saturating_add(21 * MINUTE)).await;
         assert_eq!(
             fired(&engine, "long", "long").await,
             expected_before,
+            "{overlap:?}"
+        );
+        // Review finding: the API showed the last tick's id as the last instance, one a
+        // tick passed over never started.
+        let last_run = engine.last_run_of(&schedule).await.unwrap();
+        let newest = *expected_before.last().unwrap();
+        assert_eq!(
+            last_run,
+            Some(format!("long-2026030100{newest:02}00")),
             "{overlap:?}"
         );
         // The first run finishes at 00:21.
