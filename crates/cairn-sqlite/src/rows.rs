@@ -1790,7 +1790,10 @@ pub(crate) fn fire_tick(conn: &Connection, t: &ScheduleTick) -> Result<TickFired
     if deleted || paused || u64::try_from(generation).ok() != Some(t.generation) {
         return Ok(TickFired::Stale);
     }
-    if let Some(last) = last_tick.filter(|last| *last >= t.tick.as_millis()) {
+    // A last tick stored by a clock ahead of this engine's holds nothing back.
+    if let Some(last) =
+        last_tick.filter(|last| *last >= t.tick.as_millis() && *last <= t.ahead_after.as_millis())
+    {
         return Ok(TickFired::AlreadyFired {
             last_tick: Timestamp::from_millis(last),
             last_run,

@@ -1952,6 +1952,7 @@ pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store
             declared,
             instance: new_instance("wf", &id),
             passed_over: false,
+            ahead_after: at(minutes + 5),
         }
     };
     // Declared in code: its row is made at its first tick.
@@ -2023,6 +2024,22 @@ pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store
         "nothing created"
     );
 
+    // A last tick past the firing engine's now and its margin was stored by a clock ahead:
+    // it holds back no tick up to that now, and the tick fired takes its place.
+    let ahead = store.fire_tick(tick(1, 60, true)).await.unwrap();
+    assert!(matches!(ahead, crate::TickFired::Fired(_)), "{ahead:?}");
+    let on_time = |minutes: u64| crate::ScheduleTick {
+        ahead_after: at(11),
+        ..tick(1, minutes, true)
+    };
+    let fired = store.fire_tick(on_time(5)).await.unwrap();
+    assert!(matches!(fired, crate::TickFired::Fired(_)), "{fired:?}");
+    assert_eq!(store.schedules().await.unwrap()[0].last_tick, Some(at(5)));
+    assert!(matches!(
+        store.fire_tick(on_time(5)).await.unwrap(),
+        crate::TickFired::AlreadyFired { .. }
+    ));
+
     // A stored schedule, deleted and created again: a new generation, fresh state.
     let stored = crate::StoredSchedule {
         name: "api".into(),
@@ -2043,6 +2060,7 @@ pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store
         declared: false,
         instance: new_instance("wf", &format!("api-{generation}-{minutes}")),
         passed_over: false,
+        ahead_after: at(minutes + 5),
     };
     assert!(matches!(
         store.fire_tick(api(1, 5)).await.unwrap(),

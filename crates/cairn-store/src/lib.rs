@@ -693,6 +693,11 @@ pub struct ScheduleTick {
     /// The overlap policy passes the tick over: it is recorded as the last tick (so that
     /// no engine takes it for a missed one later), and nothing is created.
     pub passed_over: bool,
+    /// A last tick after this was stored by a clock ahead of the firing engine's (the
+    /// engine's now plus a margin for the skew between engines): it does not refuse this
+    /// tick, which takes its place as the last one (the tick's instance id still keeps a
+    /// tick from starting twice).
+    pub ahead_after: Timestamp,
 }
 
 /// What [`Store::fire_tick`] did.
@@ -703,7 +708,8 @@ pub enum TickFired {
     /// Recorded the tick, but its instance's id is taken by another instance (a run of
     /// another schedule's generation, or one created by hand): nothing was created.
     Taken,
-    /// This tick or a later one has fired already (another engine): its state.
+    /// This tick or a later one (up to the firing engine's now) has fired already
+    /// (another engine): its state.
     AlreadyFired {
         /// The newest tick fired.
         last_tick: Timestamp,

@@ -41,6 +41,12 @@ impl EngineBuilder {
 /// How often an engine on a shared store looks for schedules other engines changed.
 const SYNC_EVERY: Duration = Duration::from_secs(5);
 
+/// How far past an engine's now a stored last tick must be to have come from a clock ahead
+/// (`ScheduleTick::ahead_after`), not from an engine a little ahead of this one: such a
+/// tick holds back no tick up to now. Within it, an engine's clock that was ahead and set
+/// back holds its ticks back as long as it was ahead.
+pub(crate) const CLOCK_AHEAD: Duration = Duration::from_secs(5 * 60);
+
 /// Syncs the schedules every [`SYNC_EVERY`]: for good (`always`, a shared store), or until
 /// one sync succeeds.
 async fn keep_in_sync(engine: Engine, always: bool) {

@@ -492,6 +492,11 @@ impl UntypedWorkflow {
                 declared,
                 instance: prepared.new,
                 passed_over,
+                ahead_after: self
+                    .engine
+                    .clock()
+                    .now()
+                    .saturating_add(crate::client::schedules::CLOCK_AHEAD),
             })
             .await?;
         self.created(usize::from(matches!(

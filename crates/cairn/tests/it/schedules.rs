@@ -618,6 +618,32 @@ async fn a_schedule_in_code_can_be_paused_and_resumed_but_not_deleted_or_shadowe
     engine.shutdown().await;
 }
 
+/// Review finding: a tick fired by an engine whose clock was ahead (a VM restored, a clock
+/// before NTP) was stored as the last tick, and every tick before it was refused as fired
+/// once the clock was right again: an engine 6 hours ahead, then one on time, fired
+/// nothing for 6 hours, silently. A last tick after the firing engine's clock no longer
+/// holds back the ticks up to its now.
+#[tokio::test(start_paused = true)]
+async fn a_tick_fired_by_a_clock_ahead_does_not_hold_back_the_ticks_before_it() {
+    let (_dir, path) = temp_db();
+    let ahead = start(
+        &path,
+        START.saturating_add(6 * 60 * MINUTE),
+        every_5_minutes(),
+    )
+    .await;
+    run_until(&ahead, T0.saturating_add(6 * 60 * MINUTE + 6 * MINUTE)).await;
+    assert_eq!(fired(&ahead, "tick", "every5").await, [365]);
+    ahead.shutdown().await;
+    let on_time = start(&path, START, every_5_minutes()).await;
+    run_until(&on_time, T0.saturating_add(31 * MINUTE)).await;
+    assert_eq!(
+        fired(&on_time, "tick", "every5").await,
+        [5, 10, 15, 20, 25, 30, 365]
+    );
+    on_time.shutdown().await;
+}
+
 /// Review finding: an engine that does not declare a schedule in code (another server on
 /// the shared store, one started with `--no-schedules`) deleted it, state row and all: the
 /// engine that declares it then made it again, not paused, its last tick forgotten. A
