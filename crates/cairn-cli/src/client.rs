@@ -78,7 +78,7 @@ impl Client {
             .build()
             .into();
         Ok(Client {
-            url: url.trim_end_matches('/').to_owned(),
+            url: base_url(&url),
             token,
             agent,
         })
@@ -286,6 +286,13 @@ impl Client {
             .map(str::to_owned)
             .ok_or_else(|| format!("workflow {workflow:?} has no instances"))
     }
+}
+
+/// The server's base URL as given, without a trailing `/` or `/api`: `cairn serve` prints
+/// its API's address (`http://127.0.0.1:8787/api`), which users pass as `--url`.
+fn base_url(url: &str) -> String {
+    let url = url.trim_end_matches('/');
+    url.strip_suffix("/api").unwrap_or(url).to_owned()
 }
 
 /// Prints rows as an aligned table.
@@ -506,4 +513,22 @@ pub(crate) fn parse_json(what: &str, s: &str) -> Result<Value> {
 
 pub(crate) fn empty_object() -> Value {
     json!({})
+}
+
+#[cfg(test)]
+mod tests {
+    /// Review finding: the URL `cairn serve` printed, given as `--url`, made every request
+    /// go to `/api/api/…`.
+    #[test]
+    fn the_api_address_is_taken_for_the_servers() {
+        for given in [
+            "http://h:1",
+            "http://h:1/",
+            "http://h:1/api",
+            "http://h:1/api/",
+        ] {
+            assert_eq!(super::base_url(given), "http://h:1", "{given}");
+        }
+        assert_eq!(super::base_url("https://h/cairn/"), "https://h/cairn");
+    }
 }

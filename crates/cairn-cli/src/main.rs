@@ -183,7 +183,7 @@ enum Command {
         #[command(subcommand)]
         command: InstancesCommand,
     },
-    /// Cron schedules (declared in the server's code): list, trigger.
+    /// Cron schedules: list, create, pause, resume, trigger, delete.
     Schedules {
         #[command(flatten)]
         client: ClientArgs,
@@ -297,6 +297,12 @@ enum WorkflowsCommand {
         )]
         wait: Option<String>,
     },
+    /// `cairn instances`, under wrangler's path (`wrangler workflows instances list …`).
+    #[command(hide = true)]
+    Instances {
+        #[command(subcommand)]
+        command: InstancesCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -322,8 +328,9 @@ enum InstancesCommand {
         /// Only instances created before this time (RFC 3339).
         #[arg(long)]
         created_before: Option<String>,
-        /// How many instances, at most (1 to 1000); with --all, per page.
-        #[arg(long, default_value_t = 20)]
+        /// How many instances, at most (1 to 1000); with --all, per page. (Also
+        /// --per-page, as wrangler names it.)
+        #[arg(long, alias = "per-page", default_value_t = 20)]
         limit: usize,
         /// Go on after this cursor (a listing with more prints the next one).
         #[arg(long)]
@@ -345,7 +352,8 @@ enum InstancesCommand {
         /// Show outputs whole instead of cut at 60 characters.
         #[arg(long)]
         full_output: bool,
-        /// Follow the instance's event log live until it finishes.
+        /// Follow the instance's event log live until it finishes. With --json, one JSON
+        /// document per line (NDJSON): the details, then each event.
         #[arg(long)]
         watch: bool,
     },
@@ -1046,7 +1054,7 @@ async fn serve(
         "serving"
     );
     out!(
-        "cairn: serving {scheme}://{addr}/api on {shown} (workflows: {})",
+        "cairn: serving {scheme}://{addr} on {shown} (workflows: {})",
         names.join(", ")
     );
     out!("cairn: open the dashboard: {scheme}://{addr}/");
@@ -1159,6 +1167,7 @@ fn rows(value: &Value, cells: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>
 
 fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Result<(), String> {
     match command {
+        WorkflowsCommand::Instances { command } => instances(c, command, json)?,
         WorkflowsCommand::List => {
             let v = c.call("GET", "/api/workflows", None)?;
             print(json, &v, || {
@@ -1393,7 +1402,12 @@ fn instances(c: &client::Client, command: InstancesCommand, json: bool) -> Resul
                 ),
                 None,
             )?;
-            print(json, &v, || client::describe(&v, full_output));
+            if json && watch {
+                // One JSON document per line throughout (NDJSON): the details first.
+                out!("{v}");
+            } else {
+                print(json, &v, || client::describe(&v, full_output));
+            }
             if watch {
                 let path = format!(
                     "/api/workflows/{}/instances/{}/stream",
@@ -1761,6 +1775,25 @@ mod tests {
         }
         words.extend(word);
         quote.is_none().then_some(words)
+    }
+
+    /// Review finding: wrangler's paths and flags were refused (`workflows instances list
+    /// NAME --per-page 5`), so commands copied from Cloudflare's docs did not run.
+    #[test]
+    fn wranglers_instance_commands_parse() {
+        for argv in [
+            "cairn workflows instances list approval --per-page 5",
+            "cairn workflows instances describe approval latest",
+            "cairn workflows instances terminate approval req-1",
+            "cairn workflows instances pause approval req-1",
+            "cairn workflows instances resume approval req-1",
+            "cairn workflows instances send-event approval req-1 --type approved",
+        ] {
+            let words: Vec<&str> = argv.split(' ').collect();
+            if let Err(e) = <super::Cli as clap::Parser>::try_parse_from(&words) {
+                panic!("{argv}: {e}");
+            }
+        }
     }
 
     /// Review finding: `trigger NAME --wait 30` created the instance with params `30` and

@@ -348,6 +348,26 @@ fn describe_watch_follows_the_live_stream_until_the_end() {
         out.trim_end().ends_with("WORKFLOW_SUCCESS"),
         "ends with the terminal record: {out}"
     );
+    // Review finding: with --json the details came pretty-printed over many lines, then
+    // one event per line: neither jq nor an NDJSON reader took the output.
+    let (ok, out, err) = cairn(
+        port,
+        &[
+            "instances",
+            "describe",
+            "approval",
+            "w",
+            "--watch",
+            "--json",
+        ],
+    );
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?} in {out}")))
+        .collect();
+    assert_eq!(lines[0]["status"], "complete", "{out}");
+    assert_eq!(lines.last().unwrap()["event"], "WORKFLOW_SUCCESS", "{out}");
 }
 
 /// SIGTERM stops `cairn serve` like Ctrl-C, even while a client follows a live stream:
