@@ -32,6 +32,8 @@ pub(crate) struct File {
     pub(crate) tls_key: Option<PathBuf>,
     pub(crate) insecure_plain_http: Option<bool>,
     #[serde(default)]
+    pub(crate) trusted_proxies: Vec<std::net::IpAddr>,
+    #[serde(default)]
     tokens: Vec<TokenEntry>,
 }
 
@@ -247,6 +249,7 @@ min_schedule_interval = "5 minutes"
 tls_cert = "/etc/cairn/cert.pem"
 tls_key = "/etc/cairn/key.pem"
 insecure_plain_http = false
+trusted_proxies = ["10.0.0.2"]
 
 [[tokens]]
 name = "ci"
@@ -272,6 +275,10 @@ scope = "admin"
         assert_eq!(f.no_schedules, Some(true));
         assert_eq!(f.tls_key.as_deref(), Some(Path::new("/etc/cairn/key.pem")));
         assert_eq!(f.insecure_plain_http, Some(false));
+        assert_eq!(
+            f.trusted_proxies,
+            ["10.0.0.2".parse::<std::net::IpAddr>().unwrap()]
+        );
         let names: Vec<_> = loaded
             .tokens
             .iter()

@@ -59,11 +59,7 @@ pub(crate) fn install(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<
     }
     #[cfg(not(feature = "otel"))]
     {
-        if otlp_endpoint.is_some() {
-            return Err(
-                "this cairn was built without the `otel` feature, so it cannot export traces: build it with `cargo build -p cairn-cli --features otel`".into(),
-            );
-        }
+        check(otlp_endpoint)?;
         let _ = tracing_subscriber::registry().with(lines).try_init();
         // Often set for every process in a cluster: not a reason to refuse to start.
         if std::env::var_os(OTLP_ENV).is_some() {
@@ -189,4 +185,15 @@ mod otel {
             Exporter(provider),
         ))
     }
+}
+
+/// Whether this build can export traces to `otlp_endpoint` (when one is given).
+///
+/// # Errors
+/// An endpoint given to a build without the `otel` feature.
+pub(crate) fn check(otlp_endpoint: Option<&str>) -> Result<(), String> {
+    if cfg!(feature = "otel") || otlp_endpoint.is_none() {
+        return Ok(());
+    }
+    Err("this cairn was built without the `otel` feature, so it cannot export traces: build it with `cargo build -p cairn-cli --features otel`".into())
 }

@@ -48,6 +48,9 @@ struct Cli {
     command: Command,
 }
 
+/// Where `cairn serve` listens when neither `--addr` nor its configuration file says.
+const DEFAULT_ADDR: &str = "127.0.0.1:8787";
+
 /// Where the client commands go when neither `--url` nor `CAIRN_URL` says.
 const DEFAULT_URL: &str = "http://127.0.0.1:8787";
 
@@ -76,7 +79,7 @@ enum Command {
         #[arg(long, default_value = "cairn.db")]
         db: String,
         /// Where to listen. A non-loopback address requires a token.
-        #[arg(long, default_value = "127.0.0.1:8787")]
+        #[arg(long, default_value = DEFAULT_ADDR)]
         addr: SocketAddr,
         /// The log lines on stderr: `text` or `json` (one object per line). Their level
         /// comes from RUST_LOG (default `info`; e.g. `RUST_LOG=cairn=debug`).
@@ -131,6 +134,12 @@ enum Command {
         /// TLS). Without it, such an address needs --tls-cert and --tls-key.
         #[arg(long, env = "CAIRN_INSECURE_PLAIN_HTTP")]
         insecure_plain_http: bool,
+        /// The address of a reverse proxy in front of the server (repeat for several):
+        /// from it, `X-Forwarded-For` names the client (whom the login's throttle and the
+        /// cap on a client's live streams count) and `X-Forwarded-Proto: https` makes the
+        /// session cookie `Secure`.
+        #[arg(long = "trusted-proxy", value_name = "IP")]
+        trusted_proxies: Vec<std::net::IpAddr>,
         /// A configuration file (TOML): keys named like these flags (`addr`, `db`,
         /// `log_format`, …) and the server's tokens as `[[tokens]]` tables (`name`, `token`
         /// or `token_sha256`, `scope` = read, operate or admin). A flag or its environment
@@ -549,6 +558,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             tls_cert,
             tls_key,
             insecure_plain_http,
+            trusted_proxies,
             config,
         } => {
             let loaded = config.as_deref().map(config::load).transpose()?;
@@ -614,6 +624,11 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
                 min_schedule_interval: min_schedule_interval
                     .or_else(|| file.and_then(|f| f.min_schedule_interval)),
                 cloudflare_any_account,
+                trusted_proxies: if trusted_proxies.is_empty() {
+                    file.map(|f| f.trusted_proxies.clone()).unwrap_or_default()
+                } else {
+                    trusted_proxies
+                },
             };
             serve(
                 db,
@@ -632,6 +647,25 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             command: ConfigCommand::Check { file },
         } => {
             let loaded = config::load(&file)?;
+            // What `serve --config FILE` would refuse with nothing else given.
+            let f = &loaded.file;
+            let at = |e: String| format!("{}: {e}", file.display());
+            logging::check(f.otlp_endpoint.as_deref()).map_err(at)?;
+            let settings = ServeSettings {
+                tls: f.tls_cert.clone().zip(f.tls_key.clone()),
+                insecure_plain_http: f.insecure_plain_http.unwrap_or(false),
+                lease_ttl: f.lease_ttl,
+                min_schedule_interval: f.min_schedule_interval,
+                cloudflare_any_account: f.cloudflare_any_account.unwrap_or(false),
+                trusted_proxies: f.trusted_proxies.clone(),
+            };
+            let addr = match f.addr {
+                Some(addr) => addr,
+                None => DEFAULT_ADDR.parse()?,
+            };
+            settings
+                .check(addr, !loaded.tokens.is_empty())
+                .map_err(at)?;
             let tokens: Vec<String> = loaded
                 .tokens
                 .iter()
@@ -919,9 +953,34 @@ struct ServeSettings {
     lease_ttl: Option<std::time::Duration>,
     min_schedule_interval: Option<std::time::Duration>,
     cloudflare_any_account: bool,
+    /// The reverse proxies in front of the server (`Limits::trusted_proxies`).
+    trusted_proxies: Vec<std::net::IpAddr>,
 }
 
 impl ServeSettings {
+    /// What `cairn serve` refuses before it opens anything (`config check` too): a
+    /// public address without a token or, unless a proxy does TLS, without TLS; a
+    /// certificate and key that do not load (read here, before the address and the
+    /// database: a wrong path fails at once).
+    fn check(&self, addr: SocketAddr, tokens: bool) -> Result<Option<cairn_server::Tls>, String> {
+        if !addr.ip().is_loopback() && !tokens {
+            return Err(format!(
+                "refusing to serve on {addr} without a token: pass --token (or CAIRN_TOKEN), give [[tokens]] in --config, or bind a loopback address"
+            ));
+        }
+        if !addr.ip().is_loopback() && self.tls.is_none() && !self.insecure_plain_http {
+            return Err(format!(
+                "refusing to serve plain HTTP on {addr}: tokens would cross the network in clear. Pass --tls-cert and --tls-key, or --insecure-plain-http behind a proxy that terminates TLS"
+            ));
+        }
+        match &self.tls {
+            Some((cert, key)) => cairn_server::Tls::from_files(cert, key)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
+    }
+
     fn apply(&self, builder: cairn::EngineBuilder, postgres: bool) -> cairn::EngineBuilder {
         let builder = match self.lease_ttl {
             Some(ttl) if postgres => builder.lease_ttl(ttl),
@@ -1000,23 +1059,7 @@ async fn serve(
     settings: ServeSettings,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let (tokens, watch) = access.tokens()?;
-    if !addr.ip().is_loopback() && tokens.is_none() {
-        return Err(format!(
-            "refusing to serve on {addr} without a token: pass --token (or CAIRN_TOKEN), give [[tokens]] in --config, or bind a loopback address"
-        )
-        .into());
-    }
-    if !addr.ip().is_loopback() && settings.tls.is_none() && !settings.insecure_plain_http {
-        return Err(format!(
-            "refusing to serve plain HTTP on {addr}: tokens would cross the network in clear. Pass --tls-cert and --tls-key, or --insecure-plain-http behind a proxy that terminates TLS"
-        )
-        .into());
-    }
-    // The certificate before the address and the database: a wrong path fails at once.
-    let tls = match &settings.tls {
-        Some((cert, key)) => Some(cairn_server::Tls::from_files(cert, key)?),
-        None => None,
-    };
+    let tls = settings.check(addr, tokens.is_some())?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     // The address first: a busy port must not create or open the database (and take over
     // its leases) only to fail afterwards.
@@ -1026,7 +1069,7 @@ async fn serve(
     // As many descriptors as the system allows (the common soft limit of 1,024 would not
     // hold 1,000 live streams), and the caps on connections and streams sized from them.
     let fds = cairn_server::raise_fd_limit();
-    let limits = cairn_server::Limits::default();
+    let limits = cairn_server::Limits::default().trusted_proxies(settings.trusted_proxies.clone());
     tracing::info!(
         file_descriptors = fds,
         max_connections = limits.max_connections,

@@ -1900,3 +1900,51 @@ fn an_sqlite_database_of_a_newer_schema_version_is_refused_naming_both_versions(
     );
     assert_eq!(user_version(&db), current + 1, "left as it was");
 }
+
+/// Review finding: `config check` said `ok` for files `serve --config` refuses (an OTLP
+/// endpoint in a build without tracing, a public address without a token, without TLS,
+/// or with certificate files that are not there), though its help promises it agrees with
+/// `serve`.
+#[test]
+fn config_check_refuses_what_serve_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |text: &str| {
+        let file = dir.path().join("cairn.toml");
+        std::fs::write(&file, text).unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["config", "check"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let token = "[[tokens]]\nname = \"ci\"\ntoken = \"s3cret\"\nscope = \"admin\"\n";
+    let refused = [
+        (
+            "addr = \"0.0.0.0:8787\"\ninsecure_plain_http = true\n".to_owned(),
+            "without a token",
+        ),
+        (format!("addr = \"0.0.0.0:8787\"\n{token}"), "plain HTTP"),
+        (
+            format!(
+                "addr = \"0.0.0.0:8787\"\ntls_cert = \"missing.pem\"\ntls_key = \"missing.key\"\n{token}"
+            ),
+            "missing.pem",
+        ),
+    ];
+    for (text, says) in refused {
+        let (ok, err) = check(&text);
+        assert!(!ok && err.contains(says), "{text}: {err}");
+    }
+    if !cfg!(feature = "otel") {
+        let (ok, err) = check("otlp_endpoint = \"http://127.0.0.1:4318\"\n");
+        assert!(!ok && err.contains("otel"), "{err}");
+    }
+    let (ok, err) = check(&format!(
+        "addr = \"0.0.0.0:8787\"\ninsecure_plain_http = true\ntrusted_proxies = [\"10.0.0.2\"]\n{token}"
+    ));
+    assert!(ok, "{err}");
+}

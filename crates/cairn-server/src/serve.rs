@@ -23,10 +23,18 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::error::ApiError;
 
-/// How the server treats slow clients and live streams.
+/// How the server treats slow clients and live streams, and who its clients are behind a
+/// proxy.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Limits {
+    /// The addresses of reverse proxies in front of the server (none by default). A
+    /// request from one names its client in `X-Forwarded-For` (the last address there that
+    /// is not such a proxy), which the login's throttle and the cap on one client's live
+    /// streams count by, and `X-Forwarded-Proto: https` says the client came over TLS (the
+    /// session cookie is `Secure`). From any other address these headers are ignored: a
+    /// client could write them.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     /// A client must send a request's headers within this time (default 10 s).
     pub header_timeout: Duration,
     /// And its body within this time after the headers (default 30 s): 408
@@ -63,6 +71,7 @@ impl Default for Limits {
             max_streams: 1_000.min(max_connections / 2).max(1),
             max_connections,
             shutdown_grace: Duration::from_secs(10),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -124,6 +133,52 @@ impl Limits {
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = n.max(1);
         self
+    }
+
+    /// Sets [`Limits::trusted_proxies`].
+    pub fn trusted_proxies(mut self, proxies: Vec<std::net::IpAddr>) -> Self {
+        self.trusted_proxies = proxies.into_iter().map(|ip| ip.to_canonical()).collect();
+        self
+    }
+
+    /// Who sent a request that came from `peer`: the peer, or, from a trusted proxy, the
+    /// client `X-Forwarded-For` names; and whether the client's connection is TLS.
+    fn client_of(
+        &self,
+        peer: std::net::SocketAddr,
+        over_tls: bool,
+        headers: &axum::http::HeaderMap,
+    ) -> (std::net::SocketAddr, bool) {
+        let trusted = |ip: &std::net::IpAddr| self.trusted_proxies.contains(&ip.to_canonical());
+        if !trusted(&peer.ip()) {
+            return (peer, over_tls);
+        }
+        // Each proxy appends the address it was reached from: the client is the last one
+        // that is not a proxy of ours (those left of it, the client could have written).
+        let hops: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect();
+        let mut client = peer;
+        for hop in hops.iter().rev() {
+            let Ok(ip) = hop.parse::<std::net::IpAddr>() else {
+                break;
+            };
+            client = std::net::SocketAddr::new(ip.to_canonical(), peer.port());
+            if !trusted(&ip) {
+                break;
+            }
+        }
+        // The scheme the client used is what the proxy it reached says: the first one.
+        let https = headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(',').next())
+            .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"));
+        (client, over_tls || https)
     }
 }
 
@@ -516,12 +571,14 @@ pub(crate) async fn serve(
         let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let seen = Arc::clone(&asked);
         let closes = closing_rx.clone();
+        let who = limits.clone();
         let service = TowerToHyperService::new(tower::ServiceExt::map_request(
             router.clone(),
             move |mut request: hyper::Request<hyper::body::Incoming>| {
                 seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                let (client, over_tls) = who.client_of(peer, over_tls, request.headers());
                 let extensions = request.extensions_mut();
-                extensions.insert(axum::extract::ConnectInfo(peer));
+                extensions.insert(axum::extract::ConnectInfo(client));
                 extensions.insert(Closing(closes.clone()));
                 if over_tls {
                     extensions.insert(OverTls);

@@ -171,6 +171,53 @@ async fn a_malformed_body_is_a_bad_request_not_one_too_large() {
     stop(server).await;
 }
 
+/// A dashboard login over the socket, as sent through a proxy that says `forwarded`.
+async fn login_via(port: u16, forwarded: &str, token: &str) -> String {
+    let body = format!("token={token}&next=%2F");
+    request(
+        port,
+        &format!(
+            "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/x-www-form-urlencoded\r\nX-Forwarded-For: {forwarded}\r\nX-Forwarded-Proto: https\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await
+}
+
+/// Review finding: behind a proxy every login came from the proxy's address, so one wrong
+/// token a minute from anyone kept everyone's right token out (429), and the session
+/// cookie was never `Secure`. From a trusted proxy, `X-Forwarded-For` names the client
+/// and `X-Forwarded-Proto` its scheme; from anyone else they are ignored.
+#[tokio::test]
+async fn behind_a_trusted_proxy_a_wrong_login_throttles_only_its_own_client() {
+    let options = |trusted: Vec<std::net::IpAddr>| cairn_server::Options {
+        token: Some("s3cret".into()),
+        limits: Limits::default().trusted_proxies(trusted),
+        ..Default::default()
+    };
+    let server = start_with(options(vec!["127.0.0.1".parse().unwrap()])).await;
+    let wrong = login_via(server.port, "203.0.113.5", "guess").await;
+    assert!(wrong.starts_with("HTTP/1.1 303"), "{wrong}");
+    // Another client, behind the same proxy: let in, with a Secure cookie.
+    let right = login_via(server.port, "198.51.100.7, 203.0.113.6", "s3cret").await;
+    assert!(right.starts_with("HTTP/1.1 303"), "{right}");
+    let cookie = right
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_default();
+    assert!(cookie.contains("; Secure"), "{right}");
+    // The client that sent the wrong token waits.
+    let again = login_via(server.port, "203.0.113.5", "s3cret").await;
+    assert!(again.starts_with("HTTP/1.1 429"), "{again}");
+    stop(server).await;
+    // Not from a trusted proxy: the headers are the client's own words, and ignored.
+    let server = start_with(options(Vec::new())).await;
+    login_via(server.port, "203.0.113.5", "guess").await;
+    let spoofed = login_via(server.port, "203.0.113.6", "s3cret").await;
+    assert!(spoofed.starts_with("HTTP/1.1 429"), "{spoofed}");
+    stop(server).await;
+}
+
 async fn open_stream(port: u16, id: &str) -> (TcpStream, String) {
     let mut socket = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     socket
