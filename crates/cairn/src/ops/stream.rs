@@ -413,7 +413,7 @@ pub struct StepStream {
     done: bool,
     /// The run reading it, in workflow code (`None` for a client's read).
     lifetime: Option<Arc<Lifetime>>,
-    reading: Option<(ChunkRead, Option<crate::lifetime::Activity>)>,
+    reading: Option<ChunkRead>,
 }
 
 /// A chunk being read from the store.
@@ -530,21 +530,30 @@ impl Stream for StepStream {
                 this.epoch,
                 this.next,
             );
-            // Reading is work in progress: the instance does not hibernate meanwhile.
+            // Reading is work in progress: the instance does not hibernate meanwhile. The
+            // read runs on its own, and lets go of the activity when the store answers: a
+            // read the workflow stops awaiting (its `next()` lost a `select!`) must not
+            // keep the instance from hibernating for as long as it is not polled.
             let activity = this.lifetime.as_ref().map(|state| {
                 state.note_read();
                 state.activity()
             });
-            this.reading = Some((
-                Box::pin(async move {
-                    store
-                        .stream_chunk(instance, key, attempt, epoch, index)
-                        .await
-                }),
-                activity,
-            ));
+            let read = tokio::spawn(async move {
+                let chunk = store
+                    .stream_chunk(instance, key, attempt, epoch, index)
+                    .await;
+                drop(activity);
+                chunk
+            });
+            this.reading = Some(Box::pin(async move {
+                read.await.unwrap_or_else(|e| {
+                    Err(cairn_store::Error::Unavailable(format!(
+                        "reading a stream chunk: {e}"
+                    )))
+                })
+            }));
         }
-        let Some((reading, _)) = this.reading.as_mut() else {
+        let Some(reading) = this.reading.as_mut() else {
             return Poll::Ready(None);
         };
         let read = match reading.as_mut().poll(cx) {

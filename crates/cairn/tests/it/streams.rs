@@ -530,3 +530,44 @@ async fn a_cancelled_sleep_keeps_the_chunks_of_a_stream_step_of_the_same_name() 
     assert_eq!(status.output, Some(json!(true)), "the stream read back whole");
     engine.shutdown().await;
 }
+
+/// Review finding: a chunk read the workflow stopped awaiting (its `next()` lost a
+/// `select!`) held the instance's activity until polled again, so a long sleep after it
+/// never hibernated: the lease and a running slot were held for the whole sleep.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_chunk_read_does_not_keep_the_instance_from_hibernating() {
+    let (engine, _dir) = engine(|b| {
+        b.hibernate_after(Duration::ZERO)
+            .register(wf(|_, step| async move {
+                let mut stream = step
+                    .run_stream("export", |_| async {
+                        Ok(futures::stream::iter(items(600_000, 100_000)))
+                    })
+                    .await?;
+                let read_first = tokio::select! {
+                    biased;
+                    _ = stream.next() => true,
+                    () = tokio::time::sleep(Duration::ZERO) => false,
+                };
+                step.sleep("long", Duration::from_secs(3600)).await?;
+                Ok(json!([read_first, stream.read_to_end().await?.len()]))
+            }))
+    })
+    .await;
+    let instance = engine
+        .workflow::<FnWorkflow<0>>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    // Hibernated (waiting), long before the sleep is over.
+    tokio::time::timeout(
+        Duration::from_secs(600),
+        instance.wait_for(|s| s.status == InstanceStatus::Waiting),
+    )
+    .await
+    .expect("hibernated for the sleep")
+    .unwrap();
+    let status = instance.wait().await.unwrap();
+    assert_eq!(status.output, Some(json!([false, 600_000])), "the timer won");
+    engine.shutdown().await;
+}
