@@ -258,6 +258,10 @@ enum SchedulesCommand {
     Delete {
         /// The schedule's name.
         name: String,
+        /// Forget the stored state (paused, last tick) of a schedule once declared in code
+        /// that no server declares any more, which a delete refuses as declared in code.
+        #[arg(long)]
+        forget: bool,
     },
     /// Start a run of a schedule now, outside its ticks.
     #[command(after_help = "Example:\n  cairn schedules trigger greet-hourly")]
@@ -302,7 +306,7 @@ enum WorkflowsCommand {
             value_name = "DURATION",
             num_args = 0..=1,
             require_equals = true,
-            default_missing_value = "forever"
+            default_missing_value = BARE_WAIT
         )]
         wait: Option<String>,
     },
@@ -506,6 +510,10 @@ async fn main() {
     }
 }
 
+/// `--wait` given without a value (for ever): told apart from an explicit `--wait=forever`,
+/// which leaves PARAMS alone.
+const BARE_WAIT: &str = "";
+
 /// `trigger`'s PARAMS and `--wait`, as meant. `--wait 5s` (a space, not `=`): clap reads
 /// 5s as PARAMS; a duration that is not JSON after a bare `--wait` is the wait.
 ///
@@ -517,10 +525,10 @@ fn params_and_wait(
     wait: Option<String>,
 ) -> Result<(Option<String>, Option<String>), String> {
     match (params, wait) {
-        (Some(p), Some(w)) if w == "forever" => {
+        (Some(p), Some(w)) if w == BARE_WAIT => {
             match serde_json::from_str::<serde_json::Value>(&p) {
                 Ok(serde_json::Value::Number(_)) => Err(format!(
-                    "`--wait {p}` is ambiguous: a wait takes its unit after `=` (--wait={p}s); params that are a bare number need such a wait (--wait=1h)"
+                    "`--wait {p}` is ambiguous: a wait takes its unit after `=` (--wait={p}s); params that are a bare number take --wait=forever"
                 )),
                 Err(_) if humantime::parse_duration(&p).is_ok() => Ok((None, Some(p))),
                 _ => Ok((Some(p), Some(w))),
@@ -647,13 +655,20 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             command: ConfigCommand::Check { file },
         } => {
             let loaded = config::load(&file)?;
-            // What `serve --config FILE` would refuse with nothing else given.
+            // What `serve --config FILE` would refuse, with the token and the plain-HTTP
+            // switch the environment may give it (secrets are often kept out of files).
             let f = &loaded.file;
             let at = |e: String| format!("{}: {e}", file.display());
             logging::check(f.otlp_endpoint.as_deref()).map_err(at)?;
+            let plain_from_env = std::env::var("CAIRN_INSECURE_PLAIN_HTTP").is_ok_and(|v| {
+                !matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "" | "0" | "false" | "no" | "off" | "n" | "f"
+                )
+            });
             let settings = ServeSettings {
                 tls: f.tls_cert.clone().zip(f.tls_key.clone()),
-                insecure_plain_http: f.insecure_plain_http.unwrap_or(false),
+                insecure_plain_http: plain_from_env || f.insecure_plain_http.unwrap_or(false),
                 lease_ttl: f.lease_ttl,
                 min_schedule_interval: f.min_schedule_interval,
                 cloudflare_any_account: f.cloudflare_any_account.unwrap_or(false),
@@ -663,8 +678,9 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
                 Some(addr) => addr,
                 None => DEFAULT_ADDR.parse()?,
             };
+            let token = token(cli.token)?;
             settings
-                .check(addr, !loaded.tokens.is_empty())
+                .check(addr, token.is_some() || !loaded.tokens.is_empty())
                 .map_err(at)?;
             let tokens: Vec<String> = loaded
                 .tokens
@@ -796,10 +812,14 @@ fn schedules(c: &client::Client, command: SchedulesCommand, json: bool) -> Resul
         }
         SchedulesCommand::Pause { name } => pause_or_resume(c, &name, "pause", json)?,
         SchedulesCommand::Resume { name } => pause_or_resume(c, &name, "resume", json)?,
-        SchedulesCommand::Delete { name } => {
+        SchedulesCommand::Delete { name, forget } => {
             let v = c.call(
                 "DELETE",
-                &format!("/api/schedules/{}", client::seg(&name)),
+                &format!(
+                    "/api/schedules/{}{}",
+                    client::seg(&name),
+                    if forget { "?forget=true" } else { "" }
+                ),
                 None,
             )?;
             print(json, &v, || {
@@ -1254,7 +1274,7 @@ fn workflows(c: &client::Client, command: WorkflowsCommand, json: bool) -> Resul
             };
             let deadline = match wait.as_deref() {
                 None => None,
-                Some("forever") => Some(None),
+                Some(BARE_WAIT | "forever") => Some(None),
                 Some(d) => {
                     let wait = humantime::parse_duration(d).map_err(|_| {
                         format!("--wait={d} is not a duration (e.g. --wait=30s, --wait=5m)")
@@ -1844,12 +1864,17 @@ mod tests {
     #[test]
     fn trigger_refuses_a_bare_number_after_a_bare_wait() {
         let given = |p: &str, w: &str| super::params_and_wait(Some(p.into()), Some(w.into()));
-        let refused = given("30", "forever").unwrap_err();
+        let refused = given("30", super::BARE_WAIT).unwrap_err();
         assert!(refused.contains("--wait=30s"), "{refused}");
-        assert_eq!(given("5s", "forever"), Ok((None, Some("5s".into()))));
+        assert_eq!(given("5s", super::BARE_WAIT), Ok((None, Some("5s".into()))));
         assert_eq!(
-            given("{\"a\":1}", "forever"),
-            Ok((Some("{\"a\":1}".into()), Some("forever".into())))
+            given("{\"a\":1}", super::BARE_WAIT),
+            Ok((Some("{\"a\":1}".into()), Some(super::BARE_WAIT.into())))
+        );
+        // An explicit --wait=forever leaves params of 30 alone.
+        assert_eq!(
+            given("30", "forever"),
+            Ok((Some("30".into()), Some("forever".into())))
         );
         // Params of 30 with a wait given after `=` are params.
         assert_eq!(

@@ -1908,12 +1908,15 @@ fn an_sqlite_database_of_a_newer_schema_version_is_refused_naming_both_versions(
 #[test]
 fn config_check_refuses_what_serve_refuses() {
     let dir = tempfile::tempdir().unwrap();
-    let check = |text: &str| {
+    let check_with = |text: &str, env: &[(&str, &str)]| {
         let file = dir.path().join("cairn.toml");
         std::fs::write(&file, text).unwrap();
         let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .args(["config", "check"])
             .arg(&file)
+            .env_remove("CAIRN_TOKEN")
+            .env_remove("CAIRN_INSECURE_PLAIN_HTTP")
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         (
@@ -1921,6 +1924,7 @@ fn config_check_refuses_what_serve_refuses() {
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
     };
+    let check = |text: &str| check_with(text, &[]);
     let token = "[[tokens]]\nname = \"ci\"\ntoken = \"s3cret\"\nscope = \"admin\"\n";
     let refused = [
         (
@@ -1946,5 +1950,14 @@ fn config_check_refuses_what_serve_refuses() {
     let (ok, err) = check(&format!(
         "addr = \"0.0.0.0:8787\"\ninsecure_plain_http = true\ntrusted_proxies = [\"10.0.0.2\"]\n{token}"
     ));
+    assert!(ok, "{err}");
+    // The token and the plain-HTTP switch may come from the environment, as for serve.
+    let (ok, err) = check_with(
+        "addr = \"0.0.0.0:8787\"\n",
+        &[
+            ("CAIRN_TOKEN", "s3cret"),
+            ("CAIRN_INSECURE_PLAIN_HTTP", "true"),
+        ],
+    );
     assert!(ok, "{err}");
 }

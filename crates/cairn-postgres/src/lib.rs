@@ -686,9 +686,11 @@ impl Store for PostgresStore {
         Box::pin(async move { reads::schedules(&self.reader().await?).await })
     }
 
-    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+    fn delete_schedule(&self, name: &str, declared: bool) -> StoreFuture<'_, bool> {
         let name = name.to_owned();
-        Box::pin(async move { reads::delete_schedule(&self.reader().await?, &name).await })
+        Box::pin(
+            async move { reads::delete_schedule(&self.reader().await?, &name, declared).await },
+        )
     }
 
     fn fire_tick(

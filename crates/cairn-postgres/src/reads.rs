@@ -446,15 +446,23 @@ pub(crate) async fn schedules(client: &impl GenericClient) -> Result<Vec<StoredS
         .collect()
 }
 
-pub(crate) async fn delete_schedule(client: &impl GenericClient, name: &str) -> Result<bool> {
+pub(crate) async fn delete_schedule(
+    client: &impl GenericClient,
+    name: &str,
+    declared: bool,
+) -> Result<bool> {
     let st = client
         .prepare_cached(
             "UPDATE schedules SET deleted = TRUE, definition = NULL
-             WHERE name = $1 AND NOT deleted AND definition IS NOT NULL",
+             WHERE name = $1 AND NOT deleted AND (definition IS NOT NULL OR $2)",
         )
         .await
         .map_err(map_pg)?;
-    Ok(client.execute(&st, &[&name]).await.map_err(map_pg)? == 1)
+    Ok(client
+        .execute(&st, &[&name, &declared])
+        .await
+        .map_err(map_pg)?
+        == 1)
 }
 
 /// See `Store::register_versions`. Written outside the writer's batches: no instance, no

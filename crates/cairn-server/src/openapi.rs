@@ -249,7 +249,11 @@ fn operation(method: &str, path: &str) -> (Vec<Value>, Option<Value>, (&'static 
             | "/api/schedules/{schedule}/resume",
         ) => (vec![], None, ("200", schema("Schedule"))),
         ("delete", "/api/schedules/{schedule}") => (
-            vec![],
+            vec![query(
+                "forget",
+                "true: forget the stored state (paused, last tick) of a schedule once declared in code that no engine declares any more",
+                json!({ "type": "boolean" }),
+            )],
             None,
             (
                 "200",

@@ -2,7 +2,7 @@
 //! pause, resume, delete and trigger them.
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -163,12 +163,25 @@ async fn resume(
     one(State(engine), Path(name)).await
 }
 
+/// `?forget=true`: the stored state of a schedule once declared in code
+/// (`Engine::forget_schedule`).
+#[derive(Deserialize)]
+struct DeleteQuery {
+    #[serde(default)]
+    forget: bool,
+}
+
 async fn delete(
     State(engine): State<Engine>,
     Path(name): Path<String>,
+    Query(query): Query<DeleteQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let deleted = engine.delete_schedule(&name).await;
+    let deleted = if query.forget {
+        engine.forget_schedule(&name).await
+    } else {
+        engine.delete_schedule(&name).await
+    };
     crate::audit::request(
         crate::audit::RouteSet::Api,
         &headers,

@@ -142,7 +142,8 @@ impl Limits {
     }
 
     /// Who sent a request that came from `peer`: the peer, or, from a trusted proxy, the
-    /// client `X-Forwarded-For` names; and whether the client's connection is TLS.
+    /// client `X-Forwarded-For` names (the unspecified address when it names none); and
+    /// whether the client's connection is TLS.
     fn client_of(
         &self,
         peer: std::net::SocketAddr,
@@ -154,20 +155,24 @@ impl Limits {
             return (peer, over_tls);
         }
         // Each proxy appends the address it was reached from: the client is the last one
-        // that is not a proxy of ours (those left of it, the client could have written).
-        let hops: Vec<&str> = headers
+        // that is not a proxy of ours (those left of it, the client could have written,
+        // bytes that are not text included: they do not hide the hops after them).
+        let hops: Vec<&[u8]> = headers
             .get_all("x-forwarded-for")
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
             .collect();
-        let mut client = peer;
+        // A client the proxies do not name is no one in particular, never the proxy
+        // itself (a proxy on this host would exempt it from the caps on one client).
+        let unknown =
+            std::net::SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), peer.port());
+        let mut client = unknown;
         for hop in hops.iter().rev() {
-            let Ok(ip) = hop.parse::<std::net::IpAddr>() else {
+            let Some(ip) = hop_address(hop) else {
+                client = unknown;
                 break;
             };
-            client = std::net::SocketAddr::new(ip.to_canonical(), peer.port());
+            client = std::net::SocketAddr::new(ip, peer.port());
             if !trusted(&ip) {
                 break;
             }
@@ -180,6 +185,17 @@ impl Limits {
             .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"));
         (client, over_tls || https)
     }
+}
+
+/// The address of one `X-Forwarded-For` hop: an IP address, or one with a port
+/// (`203.0.113.5:4711`, `[2001:db8::1]:4711`), as some proxies write it.
+fn hop_address(hop: &[u8]) -> Option<std::net::IpAddr> {
+    let hop = std::str::from_utf8(hop).ok()?.trim();
+    let ip = hop
+        .parse::<std::net::IpAddr>()
+        .or_else(|_| hop.parse::<std::net::SocketAddr>().map(|a| a.ip()))
+        .ok()?;
+    Some(ip.to_canonical())
 }
 
 /// A warning that repeats: logged at most every 10 s, with how many times it happened.

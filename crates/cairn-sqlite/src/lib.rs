@@ -919,9 +919,9 @@ impl Store for SqliteStore {
         self.read(rows::schedules)
     }
 
-    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+    fn delete_schedule(&self, name: &str, declared: bool) -> StoreFuture<'_, bool> {
         let name = name.to_owned();
-        self.write(move |conn| rows::delete_schedule(conn, &name))
+        self.write(move |conn| rows::delete_schedule(conn, &name, declared))
     }
 
     fn fire_tick(

@@ -1751,13 +1751,13 @@ pub(crate) fn schedules(conn: &Connection) -> Result<Vec<StoredSchedule>> {
     .map_err(map_sqlite)
 }
 
-pub(crate) fn delete_schedule(conn: &Connection, name: &str) -> Result<bool> {
+pub(crate) fn delete_schedule(conn: &Connection, name: &str, declared: bool) -> Result<bool> {
     let deleted = conn
         .prepare_cached(
             "UPDATE schedules SET deleted = 1, definition = NULL
-             WHERE name = ?1 AND deleted = 0 AND definition IS NOT NULL",
+             WHERE name = ?1 AND deleted = 0 AND (definition IS NOT NULL OR ?2)",
         )
-        .and_then(|mut st| st.execute([name]))
+        .and_then(|mut st| st.execute(params![name, declared]))
         .map_err(map_sqlite)?;
     Ok(deleted == 1)
 }

@@ -2066,7 +2066,7 @@ pub async fn ticks_fire_once_as_stored_state_per_generation(store: Arc<dyn Store
         store.fire_tick(api(1, 5)).await.unwrap(),
         crate::TickFired::Fired(_)
     ));
-    assert!(store.delete_schedule("api").await.unwrap());
+    assert!(store.delete_schedule("api", false).await.unwrap());
     assert_eq!(
         store.fire_tick(api(1, 6)).await.unwrap(),
         crate::TickFired::Stale,
@@ -2203,8 +2203,8 @@ pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Stor
             .await
             .unwrap()
     );
-    assert!(store.delete_schedule("b").await.unwrap());
-    assert!(!store.delete_schedule("b").await.unwrap());
+    assert!(store.delete_schedule("b", false).await.unwrap());
+    assert!(!store.delete_schedule("b", false).await.unwrap());
     assert!(
         !store
             .set_schedule_state("b", state(false, Some(resumed), false))
@@ -2213,8 +2213,8 @@ pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Stor
         "a deleted schedule is not brought back"
     );
     assert_eq!(store.schedules().await.unwrap(), [row("a", None, true)]);
-    // A schedule declared in code keeps its state row: no engine deletes it.
-    assert!(!store.delete_schedule("a").await.unwrap());
+    // A schedule declared in code keeps its state row.
+    assert!(!store.delete_schedule("a", false).await.unwrap());
     assert_eq!(store.schedules().await.unwrap(), [row("a", None, true)]);
     // A schedule in code taking its name's row as an engine starts it: a live row (here
     // paused) is left as it is, a deleted one comes back as a new schedule (the next
@@ -2247,6 +2247,9 @@ pub async fn schedules_are_created_once_replaced_and_deleted(store: Arc<dyn Stor
             },
         ]
     );
+    // Unless the delete says no engine declares it any more.
+    assert!(store.delete_schedule("a", true).await.unwrap());
+    assert_eq!(store.schedules().await.unwrap().len(), 2);
 }
 
 pub async fn a_second_terminate_with_rollback_is_a_no_op(store: Arc<dyn Store>) {

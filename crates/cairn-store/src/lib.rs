@@ -954,9 +954,10 @@ pub trait Store: Send + Sync + 'static {
     fn schedules(&self) -> StoreFuture<'_, Vec<StoredSchedule>>;
 
     /// Deletes the schedule `name` created over the API; whether there was one. The state
-    /// row of a schedule declared in code (no definition) is kept. (Its name is remembered,
-    /// so that a schedule created under it later is a new generation.)
-    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool>;
+    /// row of a schedule declared in code (no definition) is deleted only when `declared`
+    /// says so (no engine declares it any more). (Its name is remembered, so that a
+    /// schedule created under it later is a new generation.)
+    fn delete_schedule(&self, name: &str, declared: bool) -> StoreFuture<'_, bool>;
 
     /// Records that workers run these workflow versions (once each; the first registration
     /// keeps its time).

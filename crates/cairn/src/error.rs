@@ -54,7 +54,7 @@ pub enum Error {
     ScheduleExists(String),
     /// The schedule is declared in code: it can be paused and resumed, not deleted.
     #[error(
-        "schedule {0:?} is declared in the engine's code: pause it, or remove it from the code"
+        "schedule {0:?} is declared in the engine's code: pause it, or remove it from the code (then forget its stored state: `cairn schedules delete --forget`)"
     )]
     ScheduleInCode(String),
     /// A concurrency key that is empty, longer than 100 characters or has a control

@@ -3,6 +3,7 @@
 // `{name, message}`.
 
 import type { ErrorInfo, Thrown } from "./protocol.js";
+import { UnstorableValueError } from "./values.js";
 
 /**
  * Thrown from a step's callback (or a rollback handler), it fails the attempt and stops
@@ -31,9 +32,12 @@ export class CairnApiError extends Error {
   }
 }
 
-/** Whether an error stops retries: Cloudflare matches on the name or the message's start. */
+/**
+ * Whether an error stops retries: Cloudflare matches on the name or the message's start. A
+ * value that cannot be stored stops them too (every attempt would return its like).
+ */
 function isNonRetryable(error: unknown): boolean {
-  if (error instanceof NonRetryableError) return true;
+  if (error instanceof NonRetryableError || error instanceof UnstorableValueError) return true;
   if (!(error instanceof Error)) return false;
   return error.name === "NonRetryableError" || error.message.startsWith("NonRetryableError");
 }

@@ -3,10 +3,23 @@
 // that made it, with a message naming it, instead of throwing inside the connection.
 
 /**
+ * A value that cannot be stored. Thrown for a step's output, it fails the step at once,
+ * without retries: every attempt would return the same kind of value (Cloudflare ends the
+ * step the same way, for a value it cannot serialise).
+ */
+export class UnstorableValueError extends TypeError {
+  constructor(message: string) {
+    super(message);
+    this.name = "TypeError";
+  }
+}
+
+/**
  * `value` as the JSON value the engine will store: `undefined` (and a function or symbol)
  * becomes `null`, a Date its ISO string, anything with `toJSON` what that returns.
  *
- * @throws TypeError naming `what` for a value JSON.stringify refuses (a BigInt, a cycle).
+ * @throws UnstorableValueError (a TypeError) naming `what` for a value JSON.stringify
+ * refuses (a BigInt, a cycle) or would store as something else (binary data, a Map).
  */
 export function toJsonValue(value: unknown, what: string): unknown {
   let text: string | undefined;
@@ -14,11 +27,11 @@ export function toJsonValue(value: unknown, what: string): unknown {
     text = JSON.stringify(value, refuseBinary);
   } catch (error) {
     const reason = error instanceof Error ? error.message : String(error);
-    throw new TypeError(`${what} cannot be sent as JSON: ${reason}`);
+    throw new UnstorableValueError(`${what} cannot be sent as JSON: ${reason}`);
   }
   // Nesting past the limit takes more brackets than that.
   if (text !== undefined && text.length > 2 * MAX_DEPTH && nestsDeeperThan(text, MAX_DEPTH)) {
-    throw new TypeError(
+    throw new UnstorableValueError(
       `${what} cannot be sent as JSON: it nests deeper than ${MAX_DEPTH} levels of arrays and objects, the most a stored value may`,
     );
   }

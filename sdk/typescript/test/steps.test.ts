@@ -421,6 +421,8 @@ describe("attempts", () => {
       const result = await engine.next({ type: "attemptResult", task: `t${seq}` });
       assert.equal(result.error?.name, "TypeError", name);
       assert.match(result.error.message, says, name);
+      // Every attempt would return its like: no retries (Cloudflare's is fatal too).
+      assert.equal(result.error.nonRetryable, true, name);
     }
     values.forEach((_, seq) => engine.send({ type: "opResult", run: "r1", seq, ok: null }));
     await engine.next({ type: "runResult" });

@@ -351,9 +351,10 @@ impl Engine {
         if self.declared(name).is_some() {
             return Err(Error::ScheduleInCode(name.to_owned()));
         }
-        if !self.inner.env.store.delete_schedule(name).await? {
+        if !self.inner.env.store.delete_schedule(name, false).await? {
             // Declared in code by another engine on the store (one without it, or started
-            // with no schedules): its state row is what keeps it paused.
+            // with no schedules): its state row is what keeps it paused. (Or by none any
+            // more: `forget_schedule`.)
             let stored = self.inner.env.store.schedules().await?;
             if stored
                 .iter()
@@ -361,6 +362,25 @@ impl Engine {
             {
                 return Err(Error::ScheduleInCode(name.to_owned()));
             }
+            return Err(Error::ScheduleNotFound(name.to_owned()));
+        }
+        follow(self).await;
+        Ok(())
+    }
+
+    /// Deletes the stored state (paused, last tick) of a schedule once declared in code
+    /// that no engine declares any more: its name is free again (a delete refuses it as
+    /// declared in code). An engine that still declares it starts it afresh at its next
+    /// sync, not paused and with no tick fired.
+    ///
+    /// # Errors
+    /// [`Error::ScheduleInCode`] for one this engine declares, [`Error::ScheduleNotFound`]
+    /// when nothing is stored under the name, or a store failure.
+    pub async fn forget_schedule(&self, name: &str) -> Result<(), Error> {
+        if self.declared(name).is_some() {
+            return Err(Error::ScheduleInCode(name.to_owned()));
+        }
+        if !self.inner.env.store.delete_schedule(name, true).await? {
             return Err(Error::ScheduleNotFound(name.to_owned()));
         }
         follow(self).await;
@@ -558,7 +578,7 @@ async fn run(
                 Ok(TickFired::Fired(_)) => previous = Some(schedule.tick_id(tick)),
                 Ok(TickFired::PassedOver) => {}
                 Ok(TickFired::Taken) => {
-                    tracing::warn!(schedule = %schedule.name(), instance = %schedule.tick_id(tick), "a tick's instance id is taken by another instance; the tick counts as fired, nothing was started");
+                    tracing::warn!(schedule = %schedule.name(), instance = %schedule.tick_id(tick), "a tick's instance id is taken by another instance (one made by hand, or the tick's own run fired by an engine whose clock is ahead); the tick counts as fired, nothing was started");
                 }
                 Ok(TickFired::AlreadyFired {
                     last_tick,

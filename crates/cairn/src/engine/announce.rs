@@ -371,8 +371,8 @@ impl Store for Announcing {
         self.store.schedules()
     }
 
-    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
-        self.store.delete_schedule(name)
+    fn delete_schedule(&self, name: &str, declared: bool) -> StoreFuture<'_, bool> {
+        self.store.delete_schedule(name, declared)
     }
 
     fn register_versions(

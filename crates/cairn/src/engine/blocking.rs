@@ -173,10 +173,10 @@ impl Store for Blocking {
         blocking(&self.0, move |s| s.schedules())
     }
 
-    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+    fn delete_schedule(&self, name: &str, declared: bool) -> StoreFuture<'_, bool> {
         let name = name.to_owned();
         blocking(&self.0, move |s| {
-            Box::pin(async move { s.delete_schedule(&name).await })
+            Box::pin(async move { s.delete_schedule(&name, declared).await })
         })
     }
 

@@ -169,9 +169,15 @@ pub(crate) async fn drive(
                 // Stored data the lifetime could not read back (a stream chunk missing or
                 // of the wrong size): stopping here would leave the instance leased with
                 // nothing running it (for good on SQLite, whose leases never run out).
-                tracing::error!(instance = %record.id, error = %e, "the instance's stored data is corrupt; releasing it to be tried again later");
                 let message = cairn_store::Error::Corrupt(e).to_string();
-                release_after_fault(&inner, lease, Fault::Corrupt, &message).await;
+                if release_after_fault(&inner, lease, Fault::Corrupt, &message).await {
+                    tracing::error!(instance = %record.id, error = %message, "the instance's stored data is corrupt; released it to be tried again later");
+                } else {
+                    // Its lease moved on: a terminate, restart or delete removed what the
+                    // lifetime was reading (a stream's chunks), not a corruption.
+                    inner.panics().remove(&lease.instance);
+                    tracing::debug!(instance = %record.id, error = %message, "stopped running instance");
+                }
                 break;
             }
             Ok(Err(Abort::Store(e))) => {
@@ -182,12 +188,12 @@ pub(crate) async fn drive(
             Err(panic) => {
                 let message = crate::panic::message(&*panic);
                 tracing::error!(instance = %record.id, panic = %message, "a lifetime panicked in engine code; releasing the instance");
-                release_after_fault(&inner, lease, Fault::Panic, &message).await;
+                let _ = release_after_fault(&inner, lease, Fault::Panic, &message).await;
                 break;
             }
             Ok(Err(Abort::Panic(message))) => {
                 tracing::error!(instance = %record.id, panic = %message, "an op panicked in engine code; releasing the instance");
-                release_after_fault(&inner, lease, Fault::Panic, &message).await;
+                let _ = release_after_fault(&inner, lease, Fault::Panic, &message).await;
                 break;
             }
         }
@@ -251,8 +257,9 @@ enum Fault {
 /// Records the fault (`enginePanic` or `storeCorrupt` in a `WORKFLOW_WAITING` record) and
 /// lets the instance go, claimable again after [`PANIC_RETRY`] (doubling with each fault
 /// in a row, up to [`PANIC_RETRY_MAX`]): the next lifetime replays it, and an attempt the
-/// fault interrupted is recorded as such.
-async fn release_after_fault(inner: &Runtime, lease: Lease, fault: Fault, message: &str) {
+/// fault interrupted is recorded as such. Whether the release landed (not when the lease
+/// is no longer this lifetime's).
+async fn release_after_fault(inner: &Runtime, lease: Lease, fault: Fault, message: &str) -> bool {
     let key = match fault {
         Fault::Panic => "enginePanic",
         Fault::Corrupt => "storeCorrupt",
@@ -293,9 +300,10 @@ async fn release_after_fault(inner: &Runtime, lease: Lease, fault: Fault, messag
                 tracing::warn!(error = %e, "store unavailable while releasing an instance");
                 inner.env.clock.sleep(pause.next()).await;
             }
-            _ => return,
+            landed => return landed.is_ok(),
         }
     }
+    false
 }
 
 async fn one_lifetime(

@@ -700,10 +700,10 @@ impl Store for FaultStore {
         self.read(false, |s| s.schedules())
     }
 
-    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
+    fn delete_schedule(&self, name: &str, declared: bool) -> StoreFuture<'_, bool> {
         let name = name.to_owned();
         self.read(false, move |s| {
-            Box::pin(async move { s.delete_schedule(&name).await })
+            Box::pin(async move { s.delete_schedule(&name, declared).await })
         })
     }
 

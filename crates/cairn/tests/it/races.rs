@@ -539,8 +539,8 @@ impl Store for Tampered {
     fn schedules(&self) -> StoreFuture<'_, Vec<cairn::store::StoredSchedule>> {
         self.inner.schedules()
     }
-    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
-        self.inner.delete_schedule(name)
+    fn delete_schedule(&self, name: &str, declared: bool) -> StoreFuture<'_, bool> {
+        self.inner.delete_schedule(name, declared)
     }
     fn register_versions(&self, v: Vec<cairn::store::WorkflowVersion>) -> StoreFuture<'_, ()> {
         self.inner.register_versions(v)

@@ -673,7 +673,30 @@ async fn a_schedule_in_code_is_not_deleted_by_an_engine_that_does_not_declare_it
         fired(&engine, "tick", "every5").await.is_empty(),
         "still paused"
     );
+    // The engine that declares it does not forget it either.
+    assert_eq!(
+        engine.forget_schedule("every5").await.unwrap_err().code(),
+        "schedule.declared_in_code"
+    );
     engine.shutdown().await;
+    // Review finding: once removed from the code, its row could be deleted by no one, and
+    // its name was taken for good. Forgotten, the name is free again.
+    let other = Engine::builder()
+        .sqlite(&path)
+        .clock(Clock::virtual_at(T0))
+        .register(Tick)
+        .start()
+        .await
+        .unwrap();
+    other.forget_schedule("every5").await.unwrap();
+    let again = Schedule::untyped("every5", "*/5 * * * *", "tick", json!({})).unwrap();
+    other.create_schedule(again).await.unwrap();
+    assert!(!other.list_schedules().await.unwrap()[0].paused);
+    assert_eq!(
+        other.forget_schedule("nope").await.unwrap_err().code(),
+        "schedule.not_found"
+    );
+    other.shutdown().await;
 }
 
 #[test]

@@ -836,8 +836,12 @@ impl Store for Hooked {
     fn schedules(&self) -> StoreFuture<'_, Vec<cairn::store::StoredSchedule>> {
         hooked!(self, "schedules", self.inner.schedules())
     }
-    fn delete_schedule(&self, name: &str) -> StoreFuture<'_, bool> {
-        hooked!(self, "delete_schedule", self.inner.delete_schedule(name))
+    fn delete_schedule(&self, name: &str, declared: bool) -> StoreFuture<'_, bool> {
+        hooked!(
+            self,
+            "delete_schedule",
+            self.inner.delete_schedule(name, declared)
+        )
     }
     fn register_versions(&self, v: Vec<cairn::store::WorkflowVersion>) -> StoreFuture<'_, ()> {
         hooked!(self, "register_versions", self.inner.register_versions(v))
