@@ -24,7 +24,7 @@ impl EngineBuilder {
     /// schedule of a workflow not registered, or a store that cannot be opened.
     pub async fn start(self) -> Result<Engine, Error> {
         let engine = self.build().await?;
-        let shared = engine.inner.env.leases.expire() && !engine.inner.env.clock.is_virtual();
+        let shared = syncs_always(&engine);
         if let Err(e) = engine.sync_schedules().await {
             // Unread, the stored state could hold a pause: nothing ticks until a sync has
             // read it, which is tried again every few seconds.
@@ -65,11 +65,22 @@ async fn keep_in_sync(engine: Engine, always: bool) {
     }
 }
 
-/// After a change is stored, the runners follow it; a failure here is not the change's
-/// (the next sync catches up), so it is logged, not returned.
+/// Whether the schedules are synced every few seconds for good: a shared store, where
+/// other engines change them too.
+fn syncs_always(engine: &Engine) -> bool {
+    engine.inner.env.leases.expire() && !engine.inner.env.clock.is_virtual()
+}
+
+/// After a change is stored, the runners follow it; a failure here is not the change's,
+/// so it is logged, not returned, and the sync tried again every few seconds until it
+/// reads (on a shared store that happens anyway; on SQLite no other sync would come
+/// before the next change, and the change's runner would not tick).
 async fn follow(engine: &Engine) {
     if let Err(e) = engine.sync_schedules().await {
-        tracing::warn!(error = %e, "the schedules changed, but reading them back failed; the next sync applies it");
+        tracing::warn!(error = %e, "the schedules changed, but reading them back failed; retrying");
+        if !syncs_always(engine) {
+            tokio::spawn(keep_in_sync(engine.clone(), false));
+        }
     }
 }
 

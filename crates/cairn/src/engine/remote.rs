@@ -10,7 +10,9 @@
 //! lease a terminate, restart or delete moved on stops then, not at the next tick. Those
 //! reads are one sweep at a time, one read after another,
 //! and notices that come during a sweep make one more sweep, not one each: a burst of such
-//! notices costs at most two reads per lifetime, never a read per lifetime per notice.
+//! notices handed over together costs at most two reads per lifetime (one handed over in
+//! pieces, a sweep for each piece after a sweep ended), never a read per lifetime per
+//! notice.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};

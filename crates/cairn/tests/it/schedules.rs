@@ -644,6 +644,49 @@ async fn a_tick_fired_by_a_clock_ahead_does_not_hold_back_the_ticks_before_it() 
     on_time.shutdown().await;
 }
 
+/// Review finding: on SQLite, a schedule created while the read that follows the change
+/// failed had no runner until the next change or a restart: every tick was lost. The
+/// sync is now tried again every few seconds until it reads.
+#[tokio::test(start_paused = true)]
+async fn a_schedule_created_while_reading_schedules_fails_ticks_once_a_read_succeeds() {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    let (_dir, path) = temp_db();
+    // 0: nothing created yet; 1: created, the next read fails; 2: failed once.
+    let phase = std::sync::Arc::new(AtomicU8::new(0));
+    let seen = std::sync::Arc::clone(&phase);
+    let engine = crate::support::hooked_builder(&path, move |method| {
+        match method {
+            "create_schedule" => seen.store(1, Ordering::SeqCst),
+            "schedules"
+                if seen
+                    .compare_exchange(1, 2, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok() =>
+            {
+                return Err(cairn::store::Error::Unavailable(
+                    "a test's failed read".into(),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    })
+    .clock(Clock::virtual_at(START))
+    .register(Tick)
+    .start()
+    .await
+    .unwrap();
+    let made = Schedule::untyped("made", "*/5 * * * *", "tick", json!({})).unwrap();
+    engine.create_schedule(made).await.unwrap();
+    assert_eq!(
+        phase.load(Ordering::SeqCst),
+        2,
+        "the read after the create failed"
+    );
+    run_until(&engine, T0.saturating_add(11 * MINUTE)).await;
+    assert_eq!(fired(&engine, "tick", "made").await, [5, 10]);
+    engine.shutdown().await;
+}
+
 /// Review finding: an engine that does not declare a schedule in code (another server on
 /// the shared store, one started with `--no-schedules`) deleted it, state row and all: the
 /// engine that declares it then made it again, not paused, its last tick forgotten. A

@@ -779,10 +779,12 @@ async fn a_burst_of_notices_naming_no_instance_costs_a_bounded_number_of_reads()
     let made = last - before;
     eprintln!("200 notices over {RUNNING} lifetimes made {made} status reads");
     // The sentinel's own pause and wait read it too (the wait once more each second it
-    // waits, on a shared store): a few reads, more on a loaded machine (CI saw 64 in all).
+    // waits, on a shared store): a few reads. A burst the listener hands over in pieces
+    // (a loaded machine) makes a sweep per piece that comes after a sweep ended: locally
+    // 43 reads in all, CI saw 64 and 83. One read per lifetime per notice would be 4,000.
     const SENTINEL: u32 = 10;
     assert!(
-        made <= 3 * RUNNING + SENTINEL,
+        made <= 5 * RUNNING + SENTINEL,
         "{made} reads for 200 notices over {RUNNING} lifetimes"
     );
     release.add_permits(RUNNING as usize);
