@@ -687,6 +687,18 @@ async fn a_schedule_created_while_reading_schedules_fails_ticks_once_a_read_succ
     engine.shutdown().await;
 }
 
+/// An engine on `path` that declares no schedule (another server on the store, one
+/// started with `--no-schedules`).
+async fn without_schedules(path: &Path) -> Engine {
+    Engine::builder()
+        .sqlite(path)
+        .clock(Clock::virtual_at(T0))
+        .register(Tick)
+        .start()
+        .await
+        .unwrap()
+}
+
 /// Review finding: an engine that does not declare a schedule in code (another server on
 /// the shared store, one started with `--no-schedules`) deleted it, state row and all: the
 /// engine that declares it then made it again, not paused, its last tick forgotten. A
@@ -697,13 +709,7 @@ async fn a_schedule_in_code_is_not_deleted_by_an_engine_that_does_not_declare_it
     let engine = start(&path, T0, every_5_minutes()).await;
     engine.pause_schedule("every5").await.unwrap();
     engine.shutdown().await;
-    let other = Engine::builder()
-        .sqlite(&path)
-        .clock(Clock::virtual_at(T0))
-        .register(Tick)
-        .start()
-        .await
-        .unwrap();
+    let other = without_schedules(&path).await;
     assert_eq!(
         other.delete_schedule("every5").await.unwrap_err().code(),
         "schedule.declared_in_code"
@@ -724,13 +730,7 @@ async fn a_schedule_in_code_is_not_deleted_by_an_engine_that_does_not_declare_it
     engine.shutdown().await;
     // Review finding: once removed from the code, its row could be deleted by no one, and
     // its name was taken for good. Forgotten, the name is free again.
-    let other = Engine::builder()
-        .sqlite(&path)
-        .clock(Clock::virtual_at(T0))
-        .register(Tick)
-        .start()
-        .await
-        .unwrap();
+    let other = without_schedules(&path).await;
     other.forget_schedule("every5").await.unwrap();
     let again = Schedule::untyped("every5", "*/5 * * * *", "tick", json!({})).unwrap();
     other.create_schedule(again).await.unwrap();
