@@ -1045,6 +1045,12 @@ async fn step_output(
     if let Some((step, count)) = found {
         let kind = cairn::StepKind::parse(kind).unwrap_or(cairn::StepKind::Run);
         let selector = cairn::StepSelector::new(step).count(count).kind(kind);
+        // The attempt the details were checked against: a restart landing between the two
+        // reads must not serve another attempt's bytes (it answers step.not_found).
+        let selector = match attempt {
+            Some(a) => selector.attempt(a),
+            None => selector,
+        };
         match instance.step_output(&selector).await? {
             cairn::StepOutput::Stream(stream) => {
                 return Ok(crate::routes::stream_response(stream));
