@@ -208,6 +208,10 @@ enum ConfigCommand {
     Check {
         /// The file to check.
         file: PathBuf,
+        /// As `serve --insecure-plain-http` (or its environment variable), which the
+        /// check takes into account with the file.
+        #[arg(long, env = "CAIRN_INSECURE_PLAIN_HTTP")]
+        insecure_plain_http: bool,
     },
 }
 
@@ -652,7 +656,11 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             .await
         }
         Command::Config {
-            command: ConfigCommand::Check { file },
+            command:
+                ConfigCommand::Check {
+                    file,
+                    insecure_plain_http,
+                },
         } => {
             let loaded = config::load(&file)?;
             // What `serve --config FILE` would refuse, with the token and the plain-HTTP
@@ -660,28 +668,18 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Box<dyn std::er
             let f = &loaded.file;
             let at = |e: String| format!("{}: {e}", file.display());
             logging::check(f.otlp_endpoint.as_deref()).map_err(at)?;
-            let plain_from_env = std::env::var("CAIRN_INSECURE_PLAIN_HTTP").is_ok_and(|v| {
-                !matches!(
-                    v.trim().to_ascii_lowercase().as_str(),
-                    "" | "0" | "false" | "no" | "off" | "n" | "f"
-                )
-            });
-            let settings = ServeSettings {
-                tls: f.tls_cert.clone().zip(f.tls_key.clone()),
-                insecure_plain_http: plain_from_env || f.insecure_plain_http.unwrap_or(false),
-                lease_ttl: f.lease_ttl,
-                min_schedule_interval: f.min_schedule_interval,
-                cloudflare_any_account: f.cloudflare_any_account.unwrap_or(false),
-                trusted_proxies: f.trusted_proxies.clone(),
-            };
             let addr = match f.addr {
                 Some(addr) => addr,
                 None => DEFAULT_ADDR.parse()?,
             };
             let token = token(cli.token)?;
-            settings
-                .check(addr, token.is_some() || !loaded.tokens.is_empty())
-                .map_err(at)?;
+            check_serving(
+                addr,
+                token.is_some() || !loaded.tokens.is_empty(),
+                f.tls_cert.clone().zip(f.tls_key.clone()).as_ref(),
+                insecure_plain_http || f.insecure_plain_http.unwrap_or(false),
+            )
+            .map_err(at)?;
             let tokens: Vec<String> = loaded
                 .tokens
                 .iter()
@@ -977,30 +975,35 @@ struct ServeSettings {
     trusted_proxies: Vec<std::net::IpAddr>,
 }
 
-impl ServeSettings {
-    /// What `cairn serve` refuses before it opens anything (`config check` too): a
-    /// public address without a token or, unless a proxy does TLS, without TLS; a
-    /// certificate and key that do not load (read here, before the address and the
-    /// database: a wrong path fails at once).
-    fn check(&self, addr: SocketAddr, tokens: bool) -> Result<Option<cairn_server::Tls>, String> {
-        if !addr.ip().is_loopback() && !tokens {
-            return Err(format!(
-                "refusing to serve on {addr} without a token: pass --token (or CAIRN_TOKEN), give [[tokens]] in --config, or bind a loopback address"
-            ));
-        }
-        if !addr.ip().is_loopback() && self.tls.is_none() && !self.insecure_plain_http {
-            return Err(format!(
-                "refusing to serve plain HTTP on {addr}: tokens would cross the network in clear. Pass --tls-cert and --tls-key, or --insecure-plain-http behind a proxy that terminates TLS"
-            ));
-        }
-        match &self.tls {
-            Some((cert, key)) => cairn_server::Tls::from_files(cert, key)
-                .map(Some)
-                .map_err(|e| e.to_string()),
-            None => Ok(None),
-        }
+/// What `cairn serve` refuses before it opens anything (`config check` too): a public
+/// address without a token or, unless a proxy does TLS, without TLS; a certificate and key
+/// that do not load (read here, before the address and the database: a wrong path fails
+/// at once).
+fn check_serving(
+    addr: SocketAddr,
+    tokens: bool,
+    tls: Option<&(PathBuf, PathBuf)>,
+    insecure_plain_http: bool,
+) -> Result<Option<cairn_server::Tls>, String> {
+    if !addr.ip().is_loopback() && !tokens {
+        return Err(format!(
+            "refusing to serve on {addr} without a token: pass --token (or CAIRN_TOKEN), give [[tokens]] in --config, or bind a loopback address"
+        ));
     }
+    if !addr.ip().is_loopback() && tls.is_none() && !insecure_plain_http {
+        return Err(format!(
+            "refusing to serve plain HTTP on {addr}: tokens would cross the network in clear. Pass --tls-cert and --tls-key, or --insecure-plain-http behind a proxy that terminates TLS"
+        ));
+    }
+    match tls {
+        Some((cert, key)) => cairn_server::Tls::from_files(cert, key)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        None => Ok(None),
+    }
+}
 
+impl ServeSettings {
     fn apply(&self, builder: cairn::EngineBuilder, postgres: bool) -> cairn::EngineBuilder {
         let builder = match self.lease_ttl {
             Some(ttl) if postgres => builder.lease_ttl(ttl),
@@ -1079,7 +1082,12 @@ async fn serve(
     settings: ServeSettings,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let (tokens, watch) = access.tokens()?;
-    let tls = settings.check(addr, tokens.is_some())?;
+    let tls = check_serving(
+        addr,
+        tokens.is_some(),
+        settings.tls.as_ref(),
+        settings.insecure_plain_http,
+    )?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     // The address first: a busy port must not create or open the database (and take over
     // its leases) only to fail afterwards.

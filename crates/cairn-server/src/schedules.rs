@@ -27,9 +27,10 @@ pub(crate) fn routes() -> Router<Engine> {
 /// A schedule as the API shows it, with its last tick fired and its next one.
 async fn render(engine: &Engine, entry: &ScheduleEntry) -> ApiResult<Value> {
     let s = &entry.schedule;
-    let (last, next) = engine.ticks_of(s).await?;
-    // Not the last tick's id: a tick the overlap policy passed over started nothing.
-    let last_run = engine.last_run_of(s).await?;
+    // The last run is not the last tick's id: a tick the overlap policy passed over
+    // started nothing.
+    let (last, last_run) = engine.last_fired_of(s).await?;
+    let next = s.next_after(engine.clock().now());
     let catch_up = match s.catch_up_policy() {
         CatchUp::Skip => json!("skip"),
         CatchUp::RunOnce => json!("runOnce"),

@@ -422,14 +422,18 @@ impl Engine {
         self.ticks_of(&s).await
     }
 
-    /// The id of the instance the newest tick `schedule` fired started: the newest tick
-    /// may have been passed over (its overlap policy) and started none. `None` before any
-    /// run.
+    /// What `schedule` (one at hand) has fired, in one read: its newest tick, and the id of
+    /// the instance its newest tick that started one started (the newest tick may have
+    /// been passed over by its overlap policy and started none). `None`s before any tick.
     ///
     /// # Errors
     /// A store failure.
-    pub async fn last_run_of(&self, schedule: &Schedule) -> Result<Option<String>, Error> {
-        Ok(fired_so_far(self, schedule).await?.last_run)
+    pub async fn last_fired_of(
+        &self,
+        schedule: &Schedule,
+    ) -> Result<(Option<Timestamp>, Option<String>), Error> {
+        let fired = fired_so_far(self, schedule).await?;
+        Ok((fired.last_tick, fired.last_run))
     }
 
     /// [`Engine::schedule_ticks`] of a schedule at hand (one of [`Engine::list_schedules`]),
@@ -441,8 +445,8 @@ impl Engine {
         &self,
         schedule: &Schedule,
     ) -> Result<(Option<Timestamp>, Option<Timestamp>), Error> {
-        let fired = fired_so_far(self, schedule).await?;
-        Ok((fired.last_tick, schedule.next_after(self.clock().now())))
+        let (last, _) = self.last_fired_of(schedule).await?;
+        Ok((last, schedule.next_after(self.clock().now())))
     }
 
     /// Starts a run of `schedule` now, outside its ticks (`{schedule}-manual-{time}`): it

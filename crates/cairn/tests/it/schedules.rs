@@ -214,7 +214,7 @@ async fn an_unfinished_run_makes_the_next_ticks_skip_wait_or_overlap() {
         );
         // Review finding: the API showed the last tick's id as the last instance, one a
         // tick passed over never started.
-        let last_run = engine.last_run_of(&schedule).await.unwrap();
+        let (_, last_run) = engine.last_fired_of(&schedule).await.unwrap();
         let newest = *expected_before.last().unwrap();
         assert_eq!(
             last_run,

@@ -351,16 +351,16 @@ impl RunHandle {
             .await
         {
             Ok(Value::String(text)) => Ok(DelayValue::Text(text)),
-            Ok(Value::Number(n)) if n.as_f64().is_some_and(|ms| ms >= 0.0) => {
-                let ms = n.as_f64().unwrap_or_default();
-                Ok(DelayValue::Duration(Duration::from_millis(
-                    ms.round() as u64
-                )))
-            }
-            // Any other value (a negative number, null, an object) is no delay. As text it
-            // fails the duration grammar, which gives the step Cloudflare's "returned an
-            // invalid delay value" rather than the message of a function that threw.
-            Ok(other) => Ok(DelayValue::Text(other.to_string())),
+            Ok(value) => Ok(match value.as_f64() {
+                Some(ms) if ms >= 0.0 => {
+                    DelayValue::Duration(Duration::from_millis(ms.round() as u64))
+                }
+                // Any other value (a negative number, null, an object) is no delay. As text
+                // it fails the duration grammar, which gives the step Cloudflare's
+                // "returned an invalid delay value" rather than the message of a function
+                // that threw.
+                _ => DelayValue::Text(value.to_string()),
+            }),
             Err(e) => Err(e.info().to_string().into()),
         }
     }
