@@ -106,6 +106,50 @@ async fn apply(instance: &Instance<Value>, request: StatusChange) -> Result<(), 
     Ok(())
 }
 
+/// A per-instance retention on create (Cloudflare's `retention` of `create`, its REST
+/// API's `instance_retention`): how long the finished instance is kept, by outcome.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Retention {
+    #[serde(alias = "successRetention")]
+    success_retention: Option<Value>,
+    #[serde(alias = "errorRetention")]
+    error_retention: Option<Value>,
+}
+
+impl Retention {
+    /// `options` with these retentions, each milliseconds or a duration (`"30 days"`).
+    pub(crate) fn apply(
+        &self,
+        mut options: cairn::CreateOptions<Value>,
+    ) -> Result<cairn::CreateOptions<Value>, ApiError> {
+        if let Some(d) = retention(self.success_retention.as_ref(), "success_retention")? {
+            options = options.success_retention(d);
+        }
+        if let Some(d) = retention(self.error_retention.as_ref(), "error_retention")? {
+            options = options.error_retention(d);
+        }
+        Ok(options)
+    }
+}
+
+/// A retention: milliseconds or a duration string such as `"30 days"`.
+fn retention(value: Option<&Value>, what: &str) -> Result<Option<std::time::Duration>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(|ms| Some(std::time::Duration::from_millis(ms)))
+            .ok_or_else(|| ApiError::bad_request(format!("{what} must be a whole number of ms"))),
+        Some(Value::String(s)) => cairn::parse_duration(s)
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(format!("{what}: {e}"))),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "{what} must be milliseconds or a duration such as \"30 days\""
+        ))),
+    }
+}
+
 /// A JSON body, or `None` when there is none. A body must be declared JSON: a browser
 /// sends `text/plain` (and form encodings) cross-site without asking, so accepting those
 /// would let any web page act on a server without a token.

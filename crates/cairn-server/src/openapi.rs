@@ -63,7 +63,7 @@ pub(crate) const ROUTES: &[(&str, &str, &str)] = &[
     (
         "post",
         "/api/workflows/{name}/instances",
-        "Create an instance {instance_id?, params?, concurrency_key?, priority?}; with ?wait=30s, answer once it has finished (create and wait in one request)",
+        "Create an instance {instance_id?, params?, concurrency_key?, priority?, retention?}; with ?wait=30s, answer once it has finished (create and wait in one request)",
     ),
     (
         "get",
@@ -376,6 +376,15 @@ fn schemas() -> Value {
                 "params": { "description": "Any JSON (default {})" },
                 "concurrency_key": { "type": "string", "description": "Run under this concurrency key (the workflow needs a limit)" },
                 "priority": { "type": "integer", "description": "Among the instances waiting for a slot of the key, higher first (default 0)" },
+                "retention": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "description": "How long the finished instance is kept, by outcome, over the workflow's retention: milliseconds or a duration (\"30 days\"); successRetention and errorRetention are accepted too, as Cloudflare's binding spells them",
+                    "properties": {
+                        "success_retention": { "type": ["integer", "string"] },
+                        "error_retention": { "type": ["integer", "string"] },
+                    },
+                },
             },
         },
         "Settled": {

@@ -109,15 +109,21 @@ struct CreateBody {
     concurrency_key: Option<String>,
     /// Its priority among the instances waiting for a slot of the key.
     priority: Option<i32>,
+    /// How long it is kept once finished, by outcome (`success_retention`,
+    /// `error_retention`; Cloudflare's binding spells them `successRetention`, …).
+    retention: Option<crate::actions::Retention>,
 }
 
 impl CreateBody {
-    fn into_options(self) -> CreateOptions<Value> {
+    fn into_options(self) -> ApiResult<CreateOptions<Value>> {
         let mut options = CreateOptions::new(self.params.unwrap_or_else(|| json!({})));
         options.id = self.instance_id;
         options.concurrency_key = self.concurrency_key;
         options.priority = self.priority.unwrap_or(0);
-        options
+        match &self.retention {
+            Some(retention) => retention.apply(options),
+            None => Ok(options),
+        }
     }
 }
 
@@ -220,7 +226,7 @@ async fn create_instance(
     };
     let Object(request) = body(payload)?;
     let workflow = workflow(&engine, &name)?;
-    let instance = workflow.create(request.into_options()).await?;
+    let instance = workflow.create(request.into_options()?).await?;
     // Created: the answer is 201 with the id whatever happens next, so a client never
     // creates it again for an error that came after.
     let answer = match wait {
@@ -653,7 +659,7 @@ async fn create_batch(
     let batch = entries
         .into_iter()
         .map(|Object(e)| e.into_options())
-        .collect();
+        .collect::<ApiResult<Vec<_>>>()?;
     let result = workflow.create_batch_detailed(batch).await?;
     let created: Vec<&str> = result.created.iter().map(|i| i.id().as_str()).collect();
     Ok((

@@ -1,6 +1,7 @@
 // The Workflow binding (`env.MY_WORKFLOW`): Cloudflare's `Workflow` and
 // `WorkflowInstance`, over Cairn's HTTP API (`/api/workflows/{name}/instances…`).
 
+import type { WorkflowRetentionDuration } from "./config.js";
 import { CairnApiError } from "./errors.js";
 import { toJsonValue } from "./values.js";
 
@@ -38,10 +39,10 @@ export interface WorkflowInstanceCreateOptions<Params = unknown> {
   id?: string;
   params?: Params;
   /**
-   * Cloudflare's per-instance retention. Not sent: Cairn sets retention per workflow
-   * (`cairn serve`'s configuration).
+   * How long the finished instance is kept, by outcome (milliseconds or a duration such as
+   * `"30 days"`), over the workflow's retention: Cloudflare's per-instance retention.
    */
-  retention?: unknown;
+  retention?: { successRetention?: WorkflowRetentionDuration; errorRetention?: WorkflowRetentionDuration };
 }
 
 /** Where and how the binding reaches the server. */
@@ -129,9 +130,8 @@ export class WorkflowInstance {
     };
     const status: InstanceStatus = { status: details.status ?? "unknown" };
     if (details.error != null) status.error = { name: details.error.name, message: details.error.message };
-    // A run that returned nothing completed with `null`, which Cloudflare shows.
-    if (details.status === "complete") status.output = details.output ?? null;
-    else if (details.output != null) status.output = details.output;
+    // `null` until it completes, and for a run that returned nothing, as Cloudflare shows.
+    status.output = details.output ?? null;
     if (details.rollback != null) status.rollback = details.rollback;
     return status;
   }
@@ -291,5 +291,9 @@ function createBody(options: WorkflowInstanceCreateOptions<unknown>): Record<str
   const body: Record<string, unknown> = {};
   if (options.id !== undefined) body.instance_id = options.id;
   if (options.params !== undefined) body.params = toJsonValue(options.params, "the params");
+  if (options.retention !== undefined) {
+    const { successRetention, errorRetention } = options.retention;
+    body.retention = { success_retention: successRetention, error_retention: errorRetention };
+  }
   return body;
 }

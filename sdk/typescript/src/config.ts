@@ -1,7 +1,7 @@
 // A step's configuration: Cloudflare's types, and the checks and conversions that turn it
 // into the `config` of an op. The engine parses duration strings (one grammar for every
-// language); the SDK only refuses what the protocol's schema would, so a bad config fails
-// the call that passed it rather than the connection.
+// language); the SDK refuses the rest of what Cloudflare's schema would, so a bad config
+// fails the call that passed it, before the step is counted, rather than the connection.
 
 import type { WireDuration, WireStepConfig } from "./protocol.js";
 
@@ -63,51 +63,87 @@ const DEFAULTS = { limit: 5, delay: 10_000, backoff: "exponential", timeout: "10
  * A duration for the wire: a string as it is (the engine parses it), a number as whole
  * milliseconds.
  *
- * @throws TypeError for a negative or non-finite number, an empty string, or anything else.
+ * @throws TypeError (or what `refuse` makes of the reason) for a negative or non-finite
+ * number, an empty string, or anything else.
  */
-export function wireDuration(value: unknown, what: string): WireDuration {
+export function wireDuration(
+  value: unknown,
+  what: string,
+  refuse: (why: string) => Error = (why) => new TypeError(why),
+): WireDuration {
   if (typeof value === "string" && value.trim() !== "") return value;
   if (typeof value === "number" && Number.isFinite(value) && value >= 0) return Math.round(value);
-  throw new TypeError(`${what} must be a duration ("30 seconds") or a number of milliseconds, not ${describe(value)}`);
+  throw refuse(`${what} must be a duration ("30 seconds") or a number of milliseconds, not ${describe(value)}`);
 }
+
+/** The keys Cloudflare's schema allows, at each level (`.strict()` on both, SPEC §1.4). */
+const CONFIG_KEYS = ["retries", "timeout", "sensitive"];
+const RETRIES_KEYS = ["limit", "delay", "backoff"];
 
 /**
  * The op's `config`: the user's config with every duration checked and functions left out.
  * `delayFunction` is true when `retries.delay` is a function: the engine then asks for each
  * delay.
  *
- * @throws TypeError for a config the schema would refuse.
+ * Checked as strictly as Cloudflare's schema: a key it does not know (`backof`,
+ * `timeOut`), `retries` without both `limit` and `delay`, or a `sensitive` other than
+ * `"output"` is refused here, before the step is counted, rather than run with the
+ * defaults in its place.
+ *
+ * @throws TypeError `Step config for "<name>" is in a invalid format: …` (`which` names
+ * another config, a rollback's) for a config the schema would refuse.
  */
 export function wireConfig(
   config: WorkflowStepConfig | undefined,
   step: string,
+  which = "Step config",
 ): { config: WireStepConfig | null; delayFunction: boolean } {
+  const invalid = (why: string) => new TypeError(`${which} for "${step}" is in a invalid format: ${why}`);
   if (config === undefined || config === null) return { config: null, delayFunction: false };
-  if (typeof config !== "object") throw new TypeError(`the config of step "${step}" must be an object`);
+  if (typeof config !== "object" || Array.isArray(config)) throw invalid(`it must be an object, not ${describe(config)}`);
+  unknownKey(config, CONFIG_KEYS, "", invalid);
   const wire: WireStepConfig = {};
   let delayFunction = false;
   if (config.retries !== undefined) {
-    const { limit, delay, backoff } = config.retries;
-    const retries: NonNullable<WireStepConfig["retries"]> = {};
-    if (limit !== undefined) {
-      if (!Number.isInteger(limit) || limit < 0) {
-        throw new TypeError(`retries.limit of step "${step}" must be a whole number from 0, not ${describe(limit)}`);
-      }
-      retries.limit = limit;
+    const given: unknown = config.retries;
+    if (typeof given !== "object" || given === null || Array.isArray(given)) {
+      throw invalid(`retries must be an object, not ${describe(given)}`);
     }
+    unknownKey(given, RETRIES_KEYS, "retries.", invalid);
+    const { limit, delay, backoff } = config.retries;
+    if (limit === undefined || delay === undefined) throw invalid("retries needs both limit and delay");
+    const retries: NonNullable<WireStepConfig["retries"]> = {};
+    if (!Number.isInteger(limit) || limit < 0) {
+      throw invalid(`retries.limit must be a whole number from 0, not ${describe(limit)}`);
+    }
+    retries.limit = limit;
     if (typeof delay === "function") delayFunction = true;
-    else if (delay !== undefined) retries.delay = wireDuration(delay, `retries.delay of step "${step}"`);
+    else retries.delay = wireDuration(delay, "retries.delay", invalid);
     if (backoff !== undefined) {
       if (backoff !== "constant" && backoff !== "linear" && backoff !== "exponential") {
-        throw new TypeError(`retries.backoff of step "${step}" must be constant, linear or exponential, not ${describe(backoff)}`);
+        throw invalid(`retries.backoff must be constant, linear or exponential, not ${describe(backoff)}`);
       }
       retries.backoff = backoff;
     }
     wire.retries = retries;
   }
-  if (config.timeout !== undefined) wire.timeout = wireDuration(config.timeout, `the timeout of step "${step}"`);
-  if (config.sensitive !== undefined) wire.sensitive = config.sensitive;
+  if (config.timeout !== undefined) {
+    if (config.timeout === 0) throw invalid("timeout must be more than 0");
+    wire.timeout = wireDuration(config.timeout, "timeout", invalid);
+  }
+  if (config.sensitive !== undefined) {
+    if (config.sensitive !== "output") throw invalid(`sensitive must be "output", not ${describe(config.sensitive)}`);
+    wire.sensitive = config.sensitive;
+  }
   return { config: wire, delayFunction };
+}
+
+/** Refuses the first key of `object` that is not one of `known`. */
+function unknownKey(object: object, known: string[], prefix: string, invalid: (why: string) => TypeError): void {
+  const key = Object.keys(object).find((k) => !known.includes(k));
+  if (key !== undefined) {
+    throw invalid(`${prefix}${key} is not a key of it (${known.map((k) => prefix + k).join(", ")})`);
+  }
 }
 
 /**

@@ -42,17 +42,30 @@ function isNonRetryable(error: unknown): boolean {
   return error.name === "NonRetryableError" || error.message.startsWith("NonRetryableError");
 }
 
-/** What user code threw, as the protocol reports it. Anything may be thrown, not only Errors. */
+/**
+ * What user code threw, as the protocol reports it. Anything may be thrown, not only Errors.
+ *
+ * A NonRetryableError is recorded as Cloudflare records it (SPEC §1.9): the message
+ * without a leading `"NonRetryableError:"`, and an error recognised by its message alone
+ * (`new Error("NonRetryableError: card declined")`) named `NonRetryableError`, as the
+ * Rust SDK's `NonRetryableError::new` makes it.
+ */
 export function thrownInfo(error: unknown): Thrown {
   if (error instanceof Error) {
-    return {
-      name: typeof error.name === "string" && error.name !== "" ? error.name : "Error",
-      message: typeof error.message === "string" ? error.message : String(error.message),
-      nonRetryable: isNonRetryable(error),
-    };
+    let name = typeof error.name === "string" && error.name !== "" ? error.name : "Error";
+    let message = typeof error.message === "string" ? error.message : String(error.message);
+    const nonRetryable = isNonRetryable(error);
+    if (nonRetryable && message.startsWith("NonRetryableError") && !(error instanceof NonRetryableError)) {
+      name = "NonRetryableError";
+    }
+    if (nonRetryable && message.startsWith(PREFIX)) message = message.slice(PREFIX.length).trimStart();
+    return { name, message, nonRetryable };
   }
   return { name: "Error", message: safeString(error), nonRetryable: false };
 }
+
+/** What Cloudflare strips from a NonRetryableError's message: the name says it already. */
+const PREFIX = "NonRetryableError:";
 
 /** A `runResult` error has no `nonRetryable`. */
 export function errorInfo(error: unknown): ErrorInfo {

@@ -145,6 +145,8 @@ export interface Rollback {
   task: string;
   seq: number;
   attempt: number;
+  /** The forward step's name and count, as the engine numbered it. */
+  step?: { name: string; count: number };
   /** Absent when the step never returned. */
   output?: unknown;
   /** What failed the instance (`Terminated` for a terminate with rollback). */

@@ -199,7 +199,7 @@ export class Run implements OpSink {
       if (op === undefined) throw new Error(`run ${this.id} has no step.do #${message.seq} waiting for an attempt`);
       // Called as a plain function: the callback's `this` is not the SDK's bookkeeping.
       const { callback } = op;
-      const value = await callback(this.#context(op, message.attempt, message.config));
+      const value = await callback(this.#context(op, message.attempt, message.step, message.config));
       return toJsonValue(value, `the output of step "${op.name}"`);
     }, (outcome) => ({ type: "attemptResult", run: this.id, task: message.task, ...outcome }));
   }
@@ -211,7 +211,7 @@ export class Run implements OpSink {
       if (op === undefined || typeof delay !== "function") {
         throw new Error(`run ${this.id} has no delay function for step #${message.seq}`);
       }
-      const value = await delay({ ctx: this.#context(op, message.attempt), error: toError(message.error) });
+      const value = await delay({ ctx: this.#context(op, message.attempt, message.step), error: toError(message.error) });
       // A value that is no delay goes to the engine as it is (as null when JSON has no
       // form for it), which fails the step with Cloudflare's "returned an invalid delay value".
       return typeof value === "string" || (typeof value === "number" && Number.isFinite(value)) ? value : null;
@@ -225,8 +225,8 @@ export class Run implements OpSink {
       await op.rollback.rollback({
         output: "output" in message ? message.output : undefined,
         error: toError(message.error),
-        ctx: this.#context(op, message.attempt),
-        stepName: `${op.name}-${op.count}`,
+        ctx: this.#context(op, message.attempt, message.step),
+        stepName: `${op.name}-${message.step?.count ?? op.count}`,
       });
       // What a handler returns is not kept: a rollback's outcome is done or failed.
       return null;
@@ -247,14 +247,21 @@ export class Run implements OpSink {
   }
 
   /**
-   * `ctx`: the engine's resolved config when it sends one (its defaults are the truth),
-   * with the values the code gave shown as given: Cloudflare shows `delay: "5 seconds"`
-   * as written, where the engine sends it resolved (5000).
+   * `ctx`: the step's name and count as the engine numbered it when it says (the count this
+   * run claimed otherwise), and the engine's resolved config when it sends one (its
+   * defaults are the truth), with the values the code gave shown as given: Cloudflare
+   * shows `delay: "5 seconds"` as written, where the engine sends it resolved (5000).
    */
-  #context(op: DoOp, attempt: number, config?: Record<string, unknown>): WorkflowStepContext {
+  #context(
+    op: DoOp,
+    attempt: number,
+    numbered?: { name: string; count: number },
+    config?: Record<string, unknown>,
+  ): WorkflowStepContext {
+    const step = { name: op.name, count: numbered?.count ?? op.count };
     const sent = config as WorkflowStepContext["config"] | undefined;
     if (sent === undefined) {
-      return { step: { name: op.name, count: op.count }, attempt, config: resolvedConfig(op.config) };
+      return { step, attempt, config: resolvedConfig(op.config) };
     }
     const delay = op.config?.retries?.delay;
     const timeout = op.config?.timeout;
@@ -265,7 +272,7 @@ export class Run implements OpSink {
         : { retries: { ...sent.retries, delay } }),
       ...(timeout === undefined ? {} : { timeout }),
     } as WorkflowStepContext["config"];
-    return { step: { name: op.name, count: op.count }, attempt, config: shown };
+    return { step, attempt, config: shown };
   }
 
   /** Runs user code for a task and answers it, unless it was cancelled or the run stopped. */

@@ -142,7 +142,7 @@ export class RunStep extends WorkflowStep {
       const handlers: DoHandlers = { name, config: stepConfig, callback: callback as WorkflowStepCallback<unknown> };
       if (options !== undefined && options !== null) {
         const rollback = checkRollback(options, name);
-        body.rollback = { config: wireConfig(rollback.rollbackConfig, name).config };
+        body.rollback = { config: wireConfig(rollback.rollbackConfig, name, "The rollbackConfig").config };
         handlers.rollback = rollback;
       }
       return this.#ops.submit(body, handlers);
@@ -234,8 +234,13 @@ function quiet<T>(promise: Promise<T>): Promise<T> {
 }
 
 function checkName(name: unknown, call: string): asserts name is string {
-  if (typeof name !== "string" || name === "" || [...name].length > MAX_NAME) {
+  if (typeof name !== "string" || name === "") {
     throw new TypeError(`${call} needs a name of 1 to ${MAX_NAME} characters, not ${describe(name)}`);
+  }
+  // Cloudflare's rule and message (the engine's too): refused here, before the step is
+  // counted, as the engine refuses it before it counts it.
+  if ([...name].length > MAX_NAME || /[\u0000-\u001f]/.test(name)) {
+    throw new TypeError(`Step name ${JSON.stringify(name)} exceeds max length (${MAX_NAME} chars) or invalid characters found`);
   }
 }
 

@@ -59,6 +59,12 @@ describe("the Workflow binding", () => {
     ]);
     await binding.create();
     assert.equal(seen.at(-1)!.body, "{}");
+    // Review finding: a per-instance retention was dropped on the way.
+    await binding.create({ id: "user1", retention: { successRetention: "1 day", errorRetention: 3_600_000 } });
+    assert.deepEqual(JSON.parse(seen.at(-1)!.body), {
+      instance_id: "user1",
+      retention: { success_retention: "1 day", error_retention: 3_600_000 },
+    });
   });
 
   it("reads an instance's status as Cloudflare's InstanceStatus", async () => {
@@ -72,7 +78,11 @@ describe("the Workflow binding", () => {
     ]);
     const binding = workflowBinding("w", { url });
     const errored = await binding.get("a/b");
-    assert.deepEqual(await errored.status(), { status: "errored", error: { name: "NonRetryableError", message: "declined" } });
+    // `output: null` when not complete (SPEC §2.2, checklist H1/H3), not left out.
+    assert.deepEqual(await errored.status(), { status: "errored", error: { name: "NonRetryableError", message: "declined" }, output: null });
+    answers.set("GET /api/workflows/w/instances/busy", [200, { workflow: "w", id: "busy", status: "running", error: null, steps: [] }]);
+    const busy = await (await binding.get("busy")).status();
+    assert.ok("output" in busy && busy.output === null, "output is present, as null");
     assert.deepEqual(await (await binding.get("done")).status(), { status: "complete", output: { receipt: "r-17" } });
     // A run that returned nothing: `output: null`, as Cloudflare shows it.
     answers.set("GET /api/workflows/w/instances/empty", [200, { workflow: "w", id: "empty", status: "complete", error: null, output: null, steps: [] }]);

@@ -228,6 +228,84 @@ describe("ops", () => {
   });
 });
 
+describe("configs and names Cloudflare's schema refuses", () => {
+  it("a misspelled config key fails the call, and the step's count is not taken", async () => {
+    // Review finding: `backof` and `timeOut` were dropped on the way to the engine, so the
+    // step ran with the defaults in their place; a name the engine refused had taken a
+    // count, so the next step of that name saw count 2 where the engine numbered 1.
+    class Typos extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        const errors: string[] = [];
+        const loose = step as unknown as { do: (...args: unknown[]) => Promise<unknown> };
+        for (const config of [
+          { retries: { limit: 1, delay: 10, backof: "linear" } },
+          { timeOut: "30 seconds" },
+          { retries: { limit: 3 } },
+          { retries: "none" },
+          { timeout: 0 },
+          { sensitive: "input" },
+          [],
+        ]) {
+          await loose.do("x", config, async () => 1).catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
+        }
+        await loose
+          .do("x", async () => 1, { rollback: () => {}, rollbackConfig: { retry: { limit: 1, delay: 1 } } })
+          .catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
+        await step.do("x\nnewline", async () => 1).catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
+        await step.do("y".repeat(257), async () => 1).catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
+        const count = await step.do("x", async (ctx) => ctx.step.count);
+        return { errors, count };
+      }
+    }
+    const { engine, done } = await setup({ workflows: { typos: Typos } });
+    engine.start("r1", "typos");
+    const op = await engine.next({ type: "op" });
+    assert.equal(op.seq, 0, "no refused call consumed a seq");
+    engine.send({ type: "attempt", run: "r1", task: "t1", seq: 0, attempt: 1 });
+    assert.equal((await engine.next({ type: "attemptResult" })).ok, 1, "ctx.step.count of the first real x");
+    engine.send({ type: "opResult", run: "r1", seq: 0, ok: 1 });
+    const { errors } = (await engine.next({ type: "runResult" })).ok as { errors: string[] };
+    assert.deepEqual(errors, [
+      'TypeError: Step config for "x" is in a invalid format: retries.backof is not a key of it (retries.limit, retries.delay, retries.backoff)',
+      'TypeError: Step config for "x" is in a invalid format: timeOut is not a key of it (retries, timeout, sensitive)',
+      'TypeError: Step config for "x" is in a invalid format: retries needs both limit and delay',
+      'TypeError: Step config for "x" is in a invalid format: retries must be an object, not "none"',
+      'TypeError: Step config for "x" is in a invalid format: timeout must be more than 0',
+      'TypeError: Step config for "x" is in a invalid format: sensitive must be "output", not "input"',
+      'TypeError: Step config for "x" is in a invalid format: it must be an object, not an array',
+      'TypeError: The rollbackConfig for "x" is in a invalid format: retry is not a key of it (retries, timeout, sensitive)',
+      'TypeError: Step name "x\\nnewline" exceeds max length (256 chars) or invalid characters found',
+      `TypeError: Step name "${"y".repeat(257)}" exceeds max length (256 chars) or invalid characters found`,
+    ]);
+    await done();
+  });
+
+  it("the step context and a rollback's stepName take the count the engine numbered", async () => {
+    const seen: unknown[] = [];
+    class Numbered extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await step.do("pay", async (ctx) => ctx.step.count, {
+          rollback: ({ ctx, stepName }) => {
+            seen.push([ctx.step.count, stepName]);
+          },
+        });
+      }
+    }
+    const { engine, done } = await setup({ workflows: { numbered: Numbered } });
+    engine.start("r1", "numbered");
+    await engine.next({ type: "op", seq: 0 });
+    engine.send({ type: "attempt", run: "r1", task: "t1", seq: 0, attempt: 1, step: { name: "pay", count: 3 } });
+    assert.equal((await engine.next({ type: "attemptResult" })).ok, 3);
+    const failure = { name: "Error", message: "later" };
+    engine.send({ type: "opResult", run: "r1", seq: 0, error: failure });
+    await engine.next({ type: "runResult" });
+    engine.send({ type: "rollback", run: "r1", task: "t2", seq: 0, attempt: 1, step: { name: "pay", count: 3 }, error: failure });
+    await engine.next({ type: "rollbackResult", task: "t2" });
+    assert.deepEqual(seen, [[3, "pay-3"]]);
+    await done();
+  });
+});
+
 describe("attempts", () => {
   it("call the callback with the step context and answer its value", async () => {
     class Counting extends WorkflowEntrypoint {
@@ -318,6 +396,45 @@ describe("attempts", () => {
         { name: "RateLimited", message: "slow down", nonRetryable: false },
         { name: "Error", message: "not an error", nonRetryable: false },
         { name: "TypeError", message: "no", nonRetryable: false },
+      ],
+    );
+    await done();
+  });
+
+  it("record a NonRetryableError known by its message's prefix as Cloudflare does: named so, prefix stripped", async () => {
+    // Review finding: `new Error("NonRetryableError: card declined")` stopped the retries
+    // but was recorded as {name: "Error", message: "NonRetryableError: card declined"}.
+    class Prefixed extends WorkflowEntrypoint {
+      async run(_event: WorkflowEvent<unknown>, step: WorkflowStep) {
+        await Promise.allSettled([
+          step.do("plain", async () => {
+            throw new Error("NonRetryableError: card declined");
+          }),
+          step.do("typed", async () => {
+            throw new NonRetryableError("NonRetryableError:  card declined");
+          }),
+          step.do("renamed", async () => {
+            throw new NonRetryableError("NonRetryableError: no stock", "OutOfStock");
+          }),
+          step.do("bare", async () => {
+            throw new Error("NonRetryableError");
+          }),
+        ]);
+      }
+    }
+    const { engine, done } = await setup({ workflows: { prefixed: Prefixed } });
+    engine.start("r1", "prefixed");
+    await engine.next({ type: "op", seq: 3 });
+    for (const seq of [0, 1, 2, 3]) engine.send({ type: "attempt", run: "r1", task: `t${seq}`, seq, attempt: 1 });
+    const errors = await Promise.all([0, 1, 2, 3].map((seq) => engine.next({ type: "attemptResult", task: `t${seq}` })));
+    assert.deepEqual(
+      errors.map((e) => e.error),
+      [
+        { name: "NonRetryableError", message: "card declined", nonRetryable: true },
+        { name: "NonRetryableError", message: "card declined", nonRetryable: true },
+        { name: "OutOfStock", message: "no stock", nonRetryable: true },
+        // No colon: nothing to strip, but known by its message all the same.
+        { name: "NonRetryableError", message: "NonRetryableError", nonRetryable: true },
       ],
     );
     await done();

@@ -590,32 +590,9 @@ async fn version_graph(
 struct CreateBody {
     instance_id: Option<String>,
     params: Option<Value>,
-    instance_retention: Option<Retention>,
+    instance_retention: Option<crate::actions::Retention>,
     #[allow(dead_code)]
     location_hint: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Retention {
-    success_retention: Option<Value>,
-    error_retention: Option<Value>,
-}
-
-/// A retention: milliseconds or a duration string such as `"30 days"`.
-fn retention(value: Option<&Value>, what: &str) -> CfResult<Option<std::time::Duration>> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .map(|ms| Some(std::time::Duration::from_millis(ms)))
-            .ok_or_else(|| ApiError::bad_request(format!("{what} must be a whole number of ms"))),
-        Some(Value::String(s)) => cairn::parse_duration(s)
-            .map(Some)
-            .map_err(|e| ApiError::bad_request(format!("{what}: {e}"))),
-        Some(_) => Err(ApiError::bad_request(format!(
-            "{what} must be milliseconds or a duration such as \"30 days\""
-        ))),
-    }
 }
 
 impl CreateBody {
@@ -632,15 +609,10 @@ impl CreateBody {
         };
         let mut options = CreateOptions::new(params);
         options.id = self.instance_id;
-        if let Some(r) = &self.instance_retention {
-            if let Some(d) = retention(r.success_retention.as_ref(), "success_retention")? {
-                options = options.success_retention(d);
-            }
-            if let Some(d) = retention(r.error_retention.as_ref(), "error_retention")? {
-                options = options.error_retention(d);
-            }
+        match &self.instance_retention {
+            Some(retention) => retention.apply(options),
+            None => Ok(options),
         }
-        Ok(options)
     }
 }
 

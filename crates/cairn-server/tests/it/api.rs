@@ -920,6 +920,97 @@ async fn batch_create_delete_and_describe() {
     engine.shutdown().await;
 }
 
+/// Review finding: the TypeScript binding dropped `create({ retention })` and the native
+/// route had no such field, so a port relying on a short retention kept its data 7 days.
+#[tokio::test(start_paused = true)]
+async fn a_retention_given_on_create_keeps_the_finished_instance_that_long() {
+    let (engine, _dir) = app().await;
+    let created = [
+        (
+            "/api/workflows/approval/instances",
+            r#"{"instance_id": "brief", "retention": {"successRetention": "1 hour"}}"#,
+        ),
+        (
+            "/api/workflows/approval/instances/batch",
+            r#"[{"instance_id": "batched", "retention": {"success_retention": 3600000, "error_retention": "2 days"}}]"#,
+        ),
+        (
+            "/api/workflows/approval/instances",
+            r#"{"instance_id": "kept"}"#,
+        ),
+    ];
+    for (uri, body) in created {
+        let (s, v) = call(&engine, Method::POST, uri, Some(body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    // A retention that is no duration, or a key it does not know, creates nothing.
+    for body in [
+        r#"{"instance_id": "bad", "retention": {"successRetention": "soon"}}"#,
+        r#"{"instance_id": "bad", "retention": {"success": "1 hour"}}"#,
+        r#"{"instance_id": "bad", "retention": {"successRetention": -1}}"#,
+    ] {
+        let (s, v) = call(
+            &engine,
+            Method::POST,
+            "/api/workflows/approval/instances",
+            Some(body),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {v}");
+    }
+    let (s, _) = call(
+        &engine,
+        Method::POST,
+        "/api/workflows/approval/instances/batch",
+        Some(r#"[{"instance_id": "bad2"}, {"retention": {"errorRetention": "never"}}]"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    for id in ["bad", "bad2"] {
+        let (s, _) = call(
+            &engine,
+            Method::GET,
+            &format!("/api/workflows/approval/instances/{id}"),
+            None,
+        )
+        .await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{id} was not created");
+    }
+    for id in ["brief", "batched", "kept"] {
+        until_status(&engine, id, "waiting").await;
+        call(
+            &engine,
+            Method::POST,
+            &format!("/api/workflows/approval/instances/{id}/events/approved"),
+            Some("{}"),
+        )
+        .await;
+        until_status(&engine, id, "complete").await;
+    }
+    // Virtual time: each look is ten minutes on, until both short-lived ones are purged.
+    let gone = |id: &'static str| {
+        let engine = engine.clone();
+        async move {
+            let uri = format!("/api/workflows/approval/instances/{id}");
+            call(&engine, Method::GET, &uri, None).await.0 == StatusCode::NOT_FOUND
+        }
+    };
+    let finished = engine.clock().now();
+    while !(gone("brief").await && gone("batched").await) {
+        tokio::time::sleep(std::time::Duration::from_secs(600)).await;
+    }
+    let waited = engine.clock().now().as_millis() - finished.as_millis();
+    assert!(
+        (3_600_000..4_000_000).contains(&waited),
+        "purged after {waited} ms"
+    );
+    assert!(
+        !gone("kept").await,
+        "the workflow's retention (7 days) keeps the other"
+    );
+    engine.shutdown().await;
+}
+
 /// Review finding: media types are case-insensitive (RFC 9110 §8.3.1); an event and every
 /// Cloudflare body were refused as `Application/JSON`.
 #[tokio::test(start_paused = true)]

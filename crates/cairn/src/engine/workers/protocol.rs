@@ -490,12 +490,13 @@ pub(crate) fn rollback(
     run: &str,
     task: &str,
     seq: u64,
-    attempt: u32,
+    ctx: &crate::context::StepContext,
     output: Option<&Value>,
     error: &ErrorInfo,
 ) -> String {
     let mut frame = json!({
-        "type": "rollback", "run": run, "task": task, "seq": seq, "attempt": attempt,
+        "type": "rollback", "run": run, "task": task, "seq": seq, "attempt": ctx.attempt,
+        "step": { "name": ctx.step.name, "count": ctx.step.count },
         "error": ErrorOut { name: &error.name, message: &error.message },
     });
     if let Some(output) = output {

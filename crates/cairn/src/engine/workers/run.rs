@@ -373,7 +373,7 @@ impl RunHandle {
         match self
             .channel
             .ask(TaskKind::Rollback, |task| {
-                protocol::rollback(id, task, seq, r.ctx.attempt, output.as_ref(), &r.error)
+                protocol::rollback(id, task, seq, &r.ctx, output.as_ref(), &r.error)
             })
             .await
         {
