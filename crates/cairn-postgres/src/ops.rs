@@ -835,6 +835,24 @@ async fn complete_pauses(
     Ok(())
 }
 
+/// Whether instance row `i` is a child its parent's end did not reach: attached (not
+/// detached), not being compensated, linked to its parent's run (a link from before runs
+/// were recorded may be a child restarted on purpose after its parent ended), and its
+/// parent's row ended or gone. The cascade from the parent's engine terminates such a
+/// child; when that engine stopped right after the end, or its store calls failed, the
+/// child's own engine finds it here, as its renewal leaves such a lease be: the lifetime
+/// stops, its driver takes the instance back and ends it as `family::orphaned` says.
+/// Without this, a child that never hibernates (one long step) ran to its end as if its
+/// parent were still waiting for it.
+macro_rules! orphaned_child {
+    () => {
+        "(i.parent_iid IS NOT NULL AND i.rollback_trigger IS NULL
+         AND (i.parent::jsonb ->> 'detached')::boolean IS NOT TRUE
+         AND (i.parent::jsonb -> 'run') IS NOT NULL AND (i.parent::jsonb -> 'run') <> 'null'::jsonb
+         AND COALESCE((SELECT p.status FROM instances p WHERE p.iid = i.parent_iid), 5) IN (3, 4, 5))"
+    };
+}
+
 pub(crate) async fn renew(
     tx: &Transaction<'_>,
     b: &mut Batch<'_>,
@@ -852,11 +870,14 @@ pub(crate) async fn renew(
         .map_err(corrupt)?;
     let rows = query(
         tx,
-        "UPDATE instances i SET lease_until = $1
-         FROM unnest($4::bigint[], $5::bigint[]) AS l(iid, epoch)
-         WHERE i.iid = l.iid AND i.lease_epoch = l.epoch
-           AND i.lease_owner = $2 AND i.lease_until >= $3
-         RETURNING i.iid, i.lease_epoch",
+        concat!(
+            "UPDATE instances i SET lease_until = $1
+             FROM unnest($4::bigint[], $5::bigint[]) AS l(iid, epoch)
+             WHERE i.iid = l.iid AND i.lease_epoch = l.epoch
+               AND i.lease_owner = $2 AND i.lease_until >= $3 AND NOT ",
+            orphaned_child!(),
+            " RETURNING i.iid, i.lease_epoch"
+        ),
         &[&until.as_millis(), &owner, &now.as_millis(), &iids, &epochs],
     )
     .await?;

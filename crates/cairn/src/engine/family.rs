@@ -14,6 +14,7 @@
 //! cannot leave a stale outcome behind.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use cairn_core::{InstanceId, InstanceStatus, WorkflowName};
 use cairn_store::{ControlOutcome, ControlRequest, InstanceRecord, InstanceRef, ParentLink};
@@ -103,18 +104,76 @@ pub(crate) fn control<'a>(
         };
         if let Some(cascade) = cascade {
             // Read after the transition, which fenced the parent's lifetime off: a child its
-            // last commit created is among them.
-            let children = store.children(instance).await?;
-            end_children(inner, &children, cascade).await;
+            // last commit created is among them. The transition is done whatever happens
+            // next: a store error here is tried again, not the caller's to see.
+            cascade_or_retry(inner, instance, cascade).await;
         }
         Ok(outcome)
     })
 }
 
+/// How many times a cascade that met a store error is tried again, the first after
+/// [`CASCADE_RETRY`], doubling (about two minutes in all).
+const CASCADE_TRIES: u32 = 10;
+const CASCADE_RETRY: Duration = Duration::from_millis(100);
+
+/// Ends the children of `parent` with `request` (see [`end_children`]); when a store call
+/// fails, tries the whole cascade again in the background, backing off, until it goes
+/// through, [`CASCADE_TRIES`] have failed, or the engine shuts down.
+///
+/// Why: a child its parent's end does not reach runs on as if its parent still waited for
+/// it. One that hibernates finds out when it is next claimed (`orphaned`), and on
+/// PostgreSQL one running on finds out at its next lease renewal (the store leaves its
+/// lease be); on SQLite a child that never hibernates (one long step) had nothing else to
+/// tell it, and ran to its end.
+async fn cascade_or_retry(inner: &Arc<Runtime>, parent: InstanceRef, request: ControlRequest) {
+    if cascade(inner, parent, &request).await.is_ok() {
+        return;
+    }
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let mut shutdown = inner.shutdown.subscribe();
+        let mut pause = CASCADE_RETRY;
+        for _ in 0..CASCADE_TRIES {
+            tokio::select! {
+                () = inner.env.clock.sleep(pause) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+            if cascade(&inner, parent, &request).await.is_ok() {
+                return;
+            }
+            pause = (pause * 2).min(Duration::from_secs(30));
+        }
+        // Each child finds out at its next claim (or, on PostgreSQL, lease renewal).
+        tracing::error!(
+            parent = parent.0,
+            "gave up ending the children of an instance that ended"
+        );
+    });
+}
+
+/// One try of a cascade: `Err` when a store call failed (each failure is logged).
+async fn cascade(
+    inner: &Arc<Runtime>,
+    parent: InstanceRef,
+    request: &ControlRequest,
+) -> Result<(), ()> {
+    let children = inner.env.store.children(parent).await.map_err(|e| {
+        tracing::warn!(error = %e, "could not read the children of an instance that ended");
+    })?;
+    end_children(inner, &children, request).await
+}
+
 /// Ends the children in `children` that are still running and not detached. One that is
 /// already being rolled back (terminated with rollback) is left to end by itself: a plain
-/// terminate would cut its compensation short.
-async fn end_children(inner: &Arc<Runtime>, children: &[InstanceRecord], request: ControlRequest) {
+/// terminate would cut its compensation short. `Err` when the store failed one of them
+/// (the others are ended all the same).
+async fn end_children(
+    inner: &Arc<Runtime>,
+    children: &[InstanceRecord],
+    request: &ControlRequest,
+) -> Result<(), ()> {
+    let mut failed = false;
     for child in children {
         if child.status.is_terminal()
             || child.rollback_trigger.is_some()
@@ -122,11 +181,16 @@ async fn end_children(inner: &Arc<Runtime>, children: &[InstanceRecord], request
         {
             continue;
         }
-        if let Err(e) = control(inner, &child.workflow, &child.id, request.clone()).await {
-            // Its next claim finds the parent ended and terminates it (`orphaned`).
-            tracing::warn!(workflow = %child.workflow, instance = %child.id, error = %e, "could not end a child with its parent");
+        match control(inner, &child.workflow, &child.id, request.clone()).await {
+            // Restarted, deleted or ended meanwhile: nothing left to do for it.
+            Ok(_) | Err(cairn_store::Error::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(workflow = %child.workflow, instance = %child.id, error = %e, "could not end a child with its parent");
+                failed = true;
+            }
         }
     }
+    if failed { Err(()) } else { Ok(()) }
 }
 
 /// After an instance's end is committed: a parent in memory learns that its child ended
@@ -144,24 +208,17 @@ pub(crate) async fn ended(
     if !invoked {
         return;
     }
-    match inner.env.store.children(instance).await {
-        Ok(children) => {
-            // A parent that failed, or was terminated with rollback (the only termination
-            // that ends in a driver), compensated its own steps: its children compensate
-            // theirs (a child asked already is left alone by the store). One that completed
-            // ends the rest plainly.
-            let rollback = matches!(status, InstanceStatus::Errored | InstanceStatus::Terminated)
-                .then(cairn_core::RollbackTrigger::terminate);
-            let request = ControlRequest::Terminate {
-                at: inner.env.clock.now(),
-                rollback,
-            };
-            end_children(inner, &children, request).await;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "could not read the children of an instance that ended");
-        }
-    }
+    // A parent that failed, or was terminated with rollback (the only termination that
+    // ends in a driver), compensated its own steps: its children compensate theirs (a
+    // child asked already is left alone by the store). One that completed ends the rest
+    // plainly.
+    let rollback = matches!(status, InstanceStatus::Errored | InstanceStatus::Terminated)
+        .then(cairn_core::RollbackTrigger::terminate);
+    let request = ControlRequest::Terminate {
+        at: inner.env.clock.now(),
+        rollback,
+    };
+    cascade_or_retry(inner, instance, request).await;
 }
 
 /// How a child whose parent has ended (or is gone) ends, found as it is claimed: the

@@ -657,9 +657,13 @@ async fn a_child_the_cascade_missed_is_compensated(retention: Option<Duration>) 
         .await
         .unwrap();
     // The read of the parent's children, after its end is committed, fails (released at
-    // once: a call held in the store's blocking thread would stop the virtual clock).
+    // once: a call held in the store's blocking thread would stop the virtual clock), and
+    // so does every try of the cascade after it.
     let missed = gates.arm_failing("children");
     missed.release();
+    for _ in 0..20 {
+        gates.arm_failing("children").release();
+    }
     assert_eq!(parent.wait().await.unwrap().status, InstanceStatus::Errored);
     // (The read comes just after the end's commit.)
     super::support::yield_until("the cascade's read of the children", || {
@@ -687,6 +691,67 @@ async fn a_child_the_cascade_missed_is_compensated(retention: Option<Duration>) 
             .unwrap();
         assert!(left.instances.is_empty(), "{:?}", left.instances);
     }
+    engine.shutdown().await;
+}
+
+/// Review finding: a cascade that met a store error was not tried again. A child that
+/// hibernates finds its parent ended when it is next claimed, but one that never does (a
+/// long step) ran to its end and completed, its compensation never run, while its parent's
+/// saga had been undone. Now the cascade is tried again, backing off.
+#[tokio::test(start_paused = true)]
+async fn a_busy_child_a_failed_cascade_missed_is_ended_by_the_next_try() {
+    let compensated = Arc::new(Counter::default());
+    let (_dir, path) = super::support::temp_db();
+    let gates = super::support::Gates::default();
+    let busy_child = {
+        let compensated = Arc::clone(&compensated);
+        named::<1, _, _>(move |_, step| {
+            let compensated = Arc::clone(&compensated);
+            async move {
+                step.run("hold", |_| async { Ok(1) })
+                    .rollback(move |_: cairn::Rollback<i32>| {
+                        let compensated = Arc::clone(&compensated);
+                        async move {
+                            compensated.bump();
+                            Ok(())
+                        }
+                    })
+                    .await?;
+                // Running a day, never hibernating: no claim comes to tell it.
+                step.run("work", |_| async {
+                    tokio::time::sleep(Duration::from_secs(86_400)).await;
+                    Ok(2)
+                })
+                .timeout(Duration::from_secs(2 * 86_400))
+                .await?;
+                Ok(Value::Null)
+            }
+        })
+    };
+    let engine = super::support::gated_builder(super::support::BACKEND, &path, gates.clone())
+        .await
+        .clock(cairn::Clock::virtual_now())
+        .register(failing_parent())
+        .register(busy_child)
+        .start()
+        .await
+        .unwrap();
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    let missed = gates.arm_failing("children");
+    missed.release();
+    assert_eq!(parent.wait().await.unwrap().status, InstanceStatus::Errored);
+    super::support::yield_until("the cascade's read of the children", || {
+        missed.has_arrived()
+    })
+    .await;
+    let child = only_child(&engine).await;
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.status, InstanceStatus::Terminated, "{status:?}");
+    assert_eq!(compensated.get(), 1, "the child's compensation ran");
     engine.shutdown().await;
 }
 

@@ -1036,3 +1036,128 @@ async fn a_listener_that_reconnects_stops_at_once_a_run_restarted_meanwhile() {
         b.shutdown().await;
     }
 }
+
+/// Review finding: a parent's end committed by an engine that stopped before its cascade
+/// (killed, or its read of the children failed) never reached a child running elsewhere
+/// that does not hibernate: nothing claimed the child again to find its parent ended, and
+/// it ran to its end, its compensation never run. Now the child's own engine finds it at
+/// its next lease renewal (the store leaves the lease be), stops it and ends it as the
+/// cascade would have: with rollback, after a parent that failed. The parent's end is
+/// written here as that stopped engine left it: its row ended, no cascade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_running_on_is_ended_when_its_parents_end_did_not_reach_it() {
+    #[cfg(feature = "postgres")]
+    {
+        let Some(url) = cairn::postgres::test_url() else {
+            return;
+        };
+        let (_dir, path) = temp_db();
+        let schema = crate::support::schema_for(&path);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let compensated = crate::support::Counter::default();
+        let parent = wf(|_, step| async move {
+            let child: Value = step.invoke::<FnWorkflow<1>>("child", json!({})).await?;
+            Ok(child)
+        });
+        let child = {
+            let (dropped, compensated) = (dropped.clone(), compensated.clone());
+            named::<1, _, _>(move |_, step| {
+                let (dropped, compensated) = (dropped.clone(), compensated.clone());
+                async move {
+                    step.run("hold", |_| async { Ok(1) })
+                        .rollback(move |_: cairn::Rollback<i32>| {
+                            let compensated = compensated.clone();
+                            async move {
+                                compensated.bump();
+                                Ok(())
+                            }
+                        })
+                        .await?;
+                    step.run("work", |_| {
+                        let dropped = dropped.clone();
+                        async move {
+                            let _guard = SetOnDrop(dropped);
+                            std::future::pending::<()>().await;
+                            Ok(2)
+                        }
+                    })
+                    .await?;
+                    Ok(Value::Null)
+                }
+            })
+        };
+        let engine = builder_on(crate::support::Backend::Postgres, &path)
+            .clock(Clock::system())
+            .lease_ttl(Duration::from_secs(2))
+            .register(parent)
+            .register(child)
+            .start()
+            .await
+            .unwrap();
+        let p = engine
+            .workflow::<FnWorkflow>()
+            .create(CreateOptions::new(json!({})).id("p"))
+            .await
+            .unwrap();
+        let start = Instant::now();
+        let c = loop {
+            let page = engine
+                .workflow::<FnWorkflow<1>>()
+                .list(&cairn::ListOptions::default())
+                .await
+                .unwrap();
+            if let Some(c) = page.instances.first() {
+                let c = engine
+                    .workflow::<FnWorkflow<1>>()
+                    .get(c.id.as_str())
+                    .await
+                    .unwrap();
+                if crate::support::targets(&c, cairn::LogKind::StepStart)
+                    .await
+                    .iter()
+                    .any(|t| t.starts_with("work"))
+                {
+                    break c;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the child never started work"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        // The count triggers name their tables without the schema.
+        admin
+            .batch_execute(&format!("SET search_path TO \"{schema}\""))
+            .await
+            .unwrap();
+        let ended = admin
+            .execute(
+                &format!(
+                    "UPDATE \"{schema}\".instances SET status = 3,
+                         ended_at = (extract(epoch FROM now()) * 1000)::bigint,
+                         error_name = 'Error', error_message = 'gave up',
+                         lease_owner = NULL, lease_until = NULL, lease_epoch = lease_epoch + 1,
+                         ready_at = NULL
+                     WHERE id = 'p'"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(ended, 1);
+        let status = tokio::time::timeout(Duration::from_secs(15), c.wait())
+            .await
+            .expect("the child still runs 15 s after its parent ended")
+            .unwrap();
+        assert_eq!(status.status, InstanceStatus::Terminated, "{status:?}");
+        assert!(dropped.load(Ordering::SeqCst), "its step was stopped");
+        assert_eq!(compensated.get(), 1, "its compensation ran once");
+        drop(p);
+        engine.shutdown().await;
+    }
+}
