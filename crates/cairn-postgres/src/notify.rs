@@ -266,8 +266,21 @@ async fn listen_once(
                 }
             }
             _ = look.tick() => {
+                let was_full = deployment.queue.full();
                 if let Err(e) = watch_queue(&client, deployment).await {
                     tracing::debug!(error = %e, "looking at the notification queue failed");
+                }
+                // While the queue is full no engine sends notices (`Notifier::send`), and
+                // the ones skipped are never sent: so each look of a full queue, and the
+                // first after it drained, tells this engine that anything may have
+                // changed, as a reconnect does. Its lifetimes read their statuses (and
+                // renew their leases early), and waits in memory look for their events
+                // and children, instead of learning nothing until they hibernate.
+                if was_full || deployment.queue.full() {
+                    let _ = sender.send(Changes {
+                        claimable: true,
+                        instances: None,
+                    });
                 }
             }
         }

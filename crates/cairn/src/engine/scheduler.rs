@@ -13,6 +13,14 @@ use crate::engine::runtime::Runtime;
 /// share the store.
 const POLL: Duration = Duration::from_secs(1);
 
+/// The most finished instances one purge deletes, in one transaction. Small enough that
+/// the store's other work (on PostgreSQL, lease renewals queue behind it on the writer)
+/// waits for no more than a fraction of a second: a purge of 1,000 instances, several
+/// statements each, could outlast a lease renewal's margin, and every lifetime of the
+/// engine then stopped as if its leases had run out. A wave of due instances is purged
+/// batch after batch all the same.
+const PURGE_BATCH: usize = 200;
+
 /// What one round of claims took.
 struct Claims {
     /// Each instance, with its place among its workers' slots for a worker's workflow.
@@ -155,13 +163,17 @@ pub(crate) async fn schedule(inner: Arc<Runtime>) {
         let store = &inner.env.store;
         let now = inner.env.clock.now();
         let next_purge = match store.next_purge().await {
-            Ok(Some(at)) if at <= now => match store.purge(now, 1_000).await {
-                Ok(purged) => {
+            Ok(Some(at)) if at <= now => match store.purge(now, PURGE_BATCH).await {
+                Ok(purged) if purged > 0 => {
                     tracing::debug!(purged, "purged finished instances");
                     inner.statuses_changed();
                     claim_now = true;
                     continue;
                 }
+                // Due, yet none purged: another engine is purging them (PostgreSQL skips
+                // the rows it holds). Looking again at once would spin on the store for as
+                // long as that engine's transaction lasts; a second later does.
+                Ok(_) => Some(now.saturating_add(Duration::from_secs(1))),
                 Err(e) => {
                     tracing::warn!(error = %e, "purging finished instances failed");
                     Some(now.saturating_add(Duration::from_secs(60)))

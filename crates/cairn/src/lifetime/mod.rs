@@ -932,10 +932,16 @@ impl Lifetime {
         let _ = self.started_at.set(at);
     }
 
-    /// When the lease runs out by this engine's clock, unless renewed before.
+    /// When this lifetime must stop unless its lease is renewed before: the end of the
+    /// lease by this engine's clock less the margin its writes keep ([`Leases::usable`]).
+    /// Another engine claims once the lease has run out by its own clock; stopping a tenth
+    /// of the TTL early keeps a body from running on beside that engine's run of it while
+    /// the two clocks are less than that apart.
+    ///
+    /// [`Leases::usable`]: crate::env::Leases::usable
     pub(crate) fn lease_until(&self) -> Timestamp {
         Timestamp::from_millis(self.lease_from.load(Ordering::SeqCst))
-            .saturating_add(self.env.leases.ttl())
+            .saturating_add(self.env.leases.usable())
     }
 
     /// A renewal sent at `at` kept this lifetime's lease: it holds for the TTL from then.
@@ -946,9 +952,7 @@ impl Lifetime {
     /// Whether the lease still holds. Past it, another engine may own the instance (and not
     /// have written yet, so the epoch would not fence a write off): write nothing.
     fn holds_lease(&self) -> bool {
-        Timestamp::from_millis(self.lease_from.load(Ordering::SeqCst))
-            .saturating_add(self.env.leases.usable())
-            > self.env.clock.now()
+        self.lease_until() > self.env.clock.now()
     }
 
     /// Whether the lifetime has been aborted (it is stopping, or has stopped).

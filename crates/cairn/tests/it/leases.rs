@@ -278,8 +278,14 @@ async fn a_renewal_answered_after_its_deadline_extends_no_lease_and_the_instance
 /// while another engine could take the instance and run the same body again. It must stop
 /// when its lease runs out, renewal or no renewal. (SQLite with a TTL; the renewal logic is
 /// the engine's.)
+///
+/// Review finding, later: it stopped at the very end of its lease by its own clock, while
+/// another engine claims once the lease has run out by *its* clock: one a little ahead
+/// claimed, and ran the same body again, while this one's still ran. It now stops a tenth
+/// of the TTL early (the margin its writes already kept), so clocks that many seconds apart
+/// never run a body twice at once.
 #[tokio::test(start_paused = true)]
-async fn a_lifetime_whose_renewals_fail_stops_when_its_lease_runs_out() {
+async fn a_lifetime_whose_renewals_fail_stops_a_tenth_of_the_ttl_before_its_lease_runs_out() {
     const TTL: Duration = Duration::from_secs(3);
     let (_dir, path) = temp_db();
     let started = Arc::new(std::sync::Mutex::new(None::<tokio::time::Instant>));
@@ -335,7 +341,7 @@ async fn a_lifetime_whose_renewals_fail_stops_when_its_lease_runs_out() {
     }
     let ran = stopped.lock().unwrap().unwrap() - started.lock().unwrap().unwrap();
     assert!(
-        ran <= TTL + Duration::from_millis(50),
+        ran <= TTL - TTL / 10 + Duration::from_millis(50),
         "the body ran {ran:?} under a lease of {TTL:?}"
     );
     engine.shutdown().await;

@@ -1161,3 +1161,187 @@ async fn a_child_running_on_is_ended_when_its_parents_end_did_not_reach_it() {
         engine.shutdown().await;
     }
 }
+
+/// Review finding: a purge that found due instances but deleted none (another engine is
+/// purging them: PostgreSQL skips the rows it holds) was followed by another at once, and
+/// another, for as long as that engine's transaction lasted, each a claim of the writer
+/// and a wake-up of every status waiter. Now the next look comes a second later. The other
+/// engine's purge is played here by a transaction holding the due row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_instances_another_engine_is_purging_are_looked_at_again_a_second_later() {
+    #[cfg(feature = "postgres")]
+    {
+        let Some(url) = cairn::postgres::test_url() else {
+            return;
+        };
+        let (_dir, path) = temp_db();
+        let schema = crate::support::schema_for(&path);
+        let store = crate::support::raw_store_on(crate::support::Backend::Postgres, &path).await;
+        let purges = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+        let seen = purges.clone();
+        let engine = cairn::Engine::builder()
+            .store(Arc::new(crate::support::Hooked {
+                inner: store,
+                before: Box::new(move |method| {
+                    if method == "purge" {
+                        seen.lock().unwrap().push(Instant::now());
+                    }
+                    Ok(())
+                }),
+                gates: crate::support::Gates::default(),
+                restart_behind: Duration::ZERO,
+            }))
+            .clock(Clock::system())
+            .workflow_retention(
+                "test",
+                cairn::Retention {
+                    success: Duration::from_secs(2),
+                    error: Duration::from_secs(2),
+                },
+            )
+            .register(wf(|_, _| async { Ok(Value::Null) }))
+            .start()
+            .await
+            .unwrap();
+        let done = engine
+            .workflow::<FnWorkflow>()
+            .create(CreateOptions::new(json!({})).id("done"))
+            .await
+            .unwrap();
+        assert_eq!(done.wait().await.unwrap().status, InstanceStatus::Complete);
+        let (mut admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let holding = admin.transaction().await.unwrap();
+        let held = holding
+            .execute(
+                &format!("SELECT 1 FROM \"{schema}\".instances WHERE id = 'done' FOR UPDATE"),
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(held, 1);
+        // Due in 2 s: the first look finds it held, and so does the next.
+        let start = Instant::now();
+        let (first, second) = loop {
+            if let [first, second, ..] = purges.lock().unwrap()[..] {
+                break (first, second);
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "no second purge");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let gap = second - first;
+        assert!(
+            gap >= Duration::from_millis(900),
+            "looked again {gap:?} after a purge that deleted nothing"
+        );
+        holding.rollback().await.unwrap();
+        let start = Instant::now();
+        while engine.workflow::<FnWorkflow>().get("done").await.is_ok() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "never purged once let go"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        engine.shutdown().await;
+    }
+}
+
+/// Review finding: while PostgreSQL's notification queue is past its limit, no engine
+/// sends notices, and those skipped were never made up: a wait in memory on another engine
+/// (one that cannot hibernate, another branch being busy) did not see an event sent
+/// through this one until it hibernated, here not before its busy step ended. Now each
+/// look at a full queue (every 5 s) tells the engine that anything may have changed. Both
+/// engines here see the queue as full (a limit of 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_in_memory_sees_an_event_sent_elsewhere_while_the_notice_queue_is_full() {
+    #[cfg(feature = "postgres")]
+    {
+        let Some(url) = cairn::postgres::test_url() else {
+            return;
+        };
+        let (_dir, path) = temp_db();
+        let schema = crate::support::schema_for(&path);
+        let builder = || {
+            let mut options = cairn::postgres::Options::new(url.clone())
+                .schema(schema.clone())
+                .connections(4);
+            options.notify_queue_limit = 0.0;
+            cairn::Engine::builder()
+                .postgres_options(options)
+                .clock(Clock::system())
+                .lease_ttl(Duration::from_secs(600))
+        };
+        let seen = Arc::new(AtomicBool::new(false));
+        let step_done = Arc::new(Semaphore::new(0));
+        let waiting = || {
+            let (seen, step_done) = (seen.clone(), step_done.clone());
+            wf(move |_, step| {
+                let (seen, step_done) = (seen.clone(), step_done.clone());
+                async move {
+                    let busy = step.run("busy", |_| {
+                        let step_done = step_done.clone();
+                        async move {
+                            step_done
+                                .acquire()
+                                .await
+                                .map_err(|e| e.to_string())?
+                                .forget();
+                            Ok(0)
+                        }
+                    });
+                    let wait = async {
+                        let e: StepEvent<Value> = step.wait_for_event("approval", "go").await?;
+                        seen.store(true, Ordering::SeqCst);
+                        Ok::<_, WorkflowError>(e.payload)
+                    };
+                    let (busy, payload) = tokio::join!(busy, wait);
+                    busy?;
+                    payload
+                }
+            })
+        };
+        let release = Arc::new(Semaphore::new(0));
+        let b = builder().register(waiting()).start().await.unwrap();
+        let a = busy(builder().register(waiting()), release.clone()).await;
+        let on_b = b
+            .workflow::<FnWorkflow>()
+            .create(CreateOptions::new(json!({})).id("w"))
+            .await
+            .unwrap();
+        let start = Instant::now();
+        while !crate::support::targets(&on_b, cairn::LogKind::WaitStart)
+            .await
+            .iter()
+            .any(|t| t.starts_with("approval"))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "the wait never started"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        a.workflow::<FnWorkflow>()
+            .get("w")
+            .await
+            .unwrap()
+            .send_event("go", &json!(7))
+            .await
+            .unwrap();
+        let start = Instant::now();
+        while !seen.load(Ordering::SeqCst) {
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "the wait on B has not seen the event sent through A"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        step_done.add_permits(1);
+        assert_eq!(on_b.wait().await.unwrap().output, Some(json!(7)));
+        release.add_permits(1);
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
