@@ -108,16 +108,32 @@ async fn apply(instance: &Instance<Value>, request: StatusChange) -> Result<(), 
 
 /// A per-instance retention on create (Cloudflare's `retention` of `create`, its REST
 /// API's `instance_retention`): how long the finished instance is kept, by outcome.
+/// Cloudflare's routes ignore keys they do not know (newer clients send more); the native
+/// route refuses them ([`Retention::apply_strictly`]).
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct Retention {
     #[serde(alias = "successRetention")]
     success_retention: Option<Value>,
     #[serde(alias = "errorRetention")]
     error_retention: Option<Value>,
+    #[serde(flatten)]
+    unknown: serde_json::Map<String, Value>,
 }
 
 impl Retention {
+    /// [`Retention::apply`], refusing a key it does not know.
+    pub(crate) fn apply_strictly(
+        &self,
+        options: cairn::CreateOptions<Value>,
+    ) -> Result<cairn::CreateOptions<Value>, ApiError> {
+        if let Some(key) = self.unknown.keys().next() {
+            return Err(ApiError::bad_request(format!(
+                "retention has no key {key:?} (success_retention, error_retention)"
+            )));
+        }
+        self.apply(options)
+    }
+
     /// `options` with these retentions, each milliseconds or a duration (`"30 days"`).
     pub(crate) fn apply(
         &self,

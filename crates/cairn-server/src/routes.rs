@@ -121,7 +121,7 @@ impl CreateBody {
         options.concurrency_key = self.concurrency_key;
         options.priority = self.priority.unwrap_or(0);
         match &self.retention {
-            Some(retention) => retention.apply(options),
+            Some(retention) => retention.apply_strictly(options),
             None => Ok(options),
         }
     }
