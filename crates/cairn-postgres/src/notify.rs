@@ -60,6 +60,9 @@ pub(crate) struct Deployment {
 #[derive(Debug)]
 pub(crate) struct QueueWatch {
     full: std::sync::atomic::AtomicBool,
+    /// A write skipped its notice since the queue was last seen below the limit: once it
+    /// is, one notice naming no instance makes up for all of them.
+    skipped: std::sync::atomic::AtomicBool,
     limit: f64,
     stuck_after: Duration,
 }
@@ -68,6 +71,7 @@ impl QueueWatch {
     pub(crate) fn new(limit: f64, stuck_after: Duration) -> Self {
         QueueWatch {
             full: std::sync::atomic::AtomicBool::new(false),
+            skipped: std::sync::atomic::AtomicBool::new(false),
             limit,
             stuck_after,
         }
@@ -121,8 +125,12 @@ impl Notifier {
             return Ok(());
         }
         if deployment.queue.full() {
-            // A hint lost: other engines poll. A notify into a full queue would fail this
-            // write.
+            // A notify into a full queue would fail this write. Made up for once the queue
+            // drains (`watch_queue`); other engines poll meanwhile.
+            deployment
+                .queue
+                .skipped
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             return Ok(());
         }
         let payload = encode(deployment, b.claimable, &b.changes);
@@ -322,6 +330,26 @@ async fn watch_queue(
         );
     } else if was {
         tracing::info!(usage, "the notification queue drained; notices resume");
+    }
+    if !full
+        && watch
+            .skipped
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+    {
+        // The notices this engine's writes skipped while the queue was full, as one that
+        // names no instance: the other engines look at everything (`Changes`). Each
+        // engine judges the queue on its own clock, so another may still think it full.
+        let payload = format!("{} *", encode(deployment, true, &[]));
+        if let Err(e) = client
+            .execute("SELECT pg_notify($1, $2)", &[&deployment.channel, &payload])
+            .await
+        {
+            // Sent at the next look instead.
+            watch
+                .skipped
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            return Err(e);
+        }
     }
     Ok(())
 }

@@ -378,11 +378,10 @@ fn schemas() -> Value {
                 "priority": { "type": "integer", "description": "Among the instances waiting for a slot of the key, higher first (default 0)" },
                 "retention": {
                     "type": "object",
-                    "additionalProperties": false,
-                    "description": "How long the finished instance is kept, by outcome, over the workflow's retention: milliseconds or a duration (\"30 days\"); successRetention and errorRetention are accepted too, as Cloudflare's binding spells them",
+                    "description": "How long the finished instance is kept, by outcome, over the workflow's retention: milliseconds or a duration (\"30 days\"); successRetention and errorRetention are accepted too, as Cloudflare's binding spells them; any other key is refused",
                     "properties": {
-                        "success_retention": { "type": ["integer", "string"] },
-                        "error_retention": { "type": ["integer", "string"] },
+                        "success_retention": { "oneOf": [{ "type": "integer" }, { "type": "string" }] },
+                        "error_retention": { "oneOf": [{ "type": "integer" }, { "type": "string" }] },
                     },
                 },
             },

@@ -78,6 +78,8 @@ export function wireDuration(
 
 /** The keys Cloudflare's schema allows, at each level (`.strict()` on both, SPEC §1.4). */
 const CONFIG_KEYS = ["retries", "timeout", "sensitive"];
+/** A rollback's config has no `sensitive` (SPEC §1.10). */
+const ROLLBACK_CONFIG_KEYS = ["retries", "timeout"];
 const RETRIES_KEYS = ["limit", "delay", "backoff"];
 
 /**
@@ -90,18 +92,19 @@ const RETRIES_KEYS = ["limit", "delay", "backoff"];
  * `"output"` is refused here, before the step is counted, rather than run with the
  * defaults in its place.
  *
- * @throws TypeError `Step config for "<name>" is in a invalid format: …` (`which` names
- * another config, a rollback's) for a config the schema would refuse.
+ * @throws TypeError `Step config for "<name>" is in a invalid format: …` (or `Rollback
+ * config for …`, whose keys are only `retries` and `timeout`) for a config the schema
+ * would refuse.
  */
 export function wireConfig(
   config: WorkflowStepConfig | undefined,
   step: string,
-  which = "Step config",
+  which: "Step config" | "Rollback config" = "Step config",
 ): { config: WireStepConfig | null; delayFunction: boolean } {
   const invalid = (why: string) => new TypeError(`${which} for "${step}" is in a invalid format: ${why}`);
   if (config === undefined || config === null) return { config: null, delayFunction: false };
   if (typeof config !== "object" || Array.isArray(config)) throw invalid(`it must be an object, not ${describe(config)}`);
-  unknownKey(config, CONFIG_KEYS, "", invalid);
+  unknownKey(config, which === "Step config" ? CONFIG_KEYS : ROLLBACK_CONFIG_KEYS, "", invalid);
   const wire: WireStepConfig = {};
   let delayFunction = false;
   if (config.retries !== undefined) {
@@ -128,7 +131,9 @@ export function wireConfig(
     wire.retries = retries;
   }
   if (config.timeout !== undefined) {
-    if (config.timeout === 0) throw invalid("timeout must be more than 0");
+    if (config.timeout === 0 || (typeof config.timeout === "string" && config.timeout.trim() === "0")) {
+      throw invalid("timeout must be more than 0");
+    }
     wire.timeout = wireDuration(config.timeout, "timeout", invalid);
   }
   if (config.sensitive !== undefined) {

@@ -142,7 +142,7 @@ export class RunStep extends WorkflowStep {
       const handlers: DoHandlers = { name, config: stepConfig, callback: callback as WorkflowStepCallback<unknown> };
       if (options !== undefined && options !== null) {
         const rollback = checkRollback(options, name);
-        body.rollback = { config: wireConfig(rollback.rollbackConfig, name, "The rollbackConfig").config };
+        body.rollback = { config: wireConfig(rollback.rollbackConfig, name, "Rollback config").config };
         handlers.rollback = rollback;
       }
       return this.#ops.submit(body, handlers);

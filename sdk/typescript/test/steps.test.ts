@@ -243,14 +243,17 @@ describe("configs and names Cloudflare's schema refuses", () => {
           { retries: { limit: 3 } },
           { retries: "none" },
           { timeout: 0 },
+          { timeout: "0" },
           { sensitive: "input" },
           [],
         ]) {
           await loose.do("x", config, async () => 1).catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
         }
-        await loose
-          .do("x", async () => 1, { rollback: () => {}, rollbackConfig: { retry: { limit: 1, delay: 1 } } })
-          .catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
+        for (const rollbackConfig of [{ retry: { limit: 1, delay: 1 } }, { sensitive: "output" }]) {
+          await loose
+            .do("x", async () => 1, { rollback: () => {}, rollbackConfig })
+            .catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
+        }
         await step.do("x\nnewline", async () => 1).catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
         await step.do("y".repeat(257), async () => 1).catch((e: Error) => errors.push(`${e.name}: ${e.message}`));
         const count = await step.do("x", async (ctx) => ctx.step.count);
@@ -271,9 +274,11 @@ describe("configs and names Cloudflare's schema refuses", () => {
       'TypeError: Step config for "x" is in a invalid format: retries needs both limit and delay',
       'TypeError: Step config for "x" is in a invalid format: retries must be an object, not "none"',
       'TypeError: Step config for "x" is in a invalid format: timeout must be more than 0',
+      'TypeError: Step config for "x" is in a invalid format: timeout must be more than 0',
       'TypeError: Step config for "x" is in a invalid format: sensitive must be "output", not "input"',
       'TypeError: Step config for "x" is in a invalid format: it must be an object, not an array',
-      'TypeError: The rollbackConfig for "x" is in a invalid format: retry is not a key of it (retries, timeout, sensitive)',
+      'TypeError: Rollback config for "x" is in a invalid format: retry is not a key of it (retries, timeout)',
+      'TypeError: Rollback config for "x" is in a invalid format: sensitive is not a key of it (retries, timeout)',
       'TypeError: Step name "x\\nnewline" exceeds max length (256 chars) or invalid characters found',
       `TypeError: Step name "${"y".repeat(257)}" exceeds max length (256 chars) or invalid characters found`,
     ]);

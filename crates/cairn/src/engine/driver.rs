@@ -329,7 +329,10 @@ async fn one_lifetime(
     // Live before the first await: a terminate, restart or delete from now on aborts this
     // lifetime in memory, not only through the fence at its next commit.
     let _live = inner.live.enter(&state);
-    if let Some(request) = crate::engine::family::orphaned(inner, record).await {
+    if let Some(request) = crate::engine::family::orphaned(inner, record)
+        .await
+        .map_err(Abort::Store)?
+    {
         // Its parent ended (or is gone) before the cascade reached it: end it now.
         tracing::debug!(workflow = %record.workflow, instance = %record.id, "terminating a child whose parent has ended");
         crate::engine::family::control(inner, &record.workflow, &record.id, request)
@@ -925,7 +928,7 @@ async fn finish(
     tracing::debug!(workflow = %state.workflow, instance = %state.instance_id, status = %status, "finished");
     crate::engine::family::ended(
         inner,
-        state.lease.instance,
+        state.lease,
         status,
         record.parent.as_ref(),
         state.invoked(),

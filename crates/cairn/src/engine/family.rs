@@ -106,7 +106,7 @@ pub(crate) fn control<'a>(
             // Read after the transition, which fenced the parent's lifetime off: a child its
             // last commit created is among them. The transition is done whatever happens
             // next: a store error here is tried again, not the caller's to see.
-            cascade_or_retry(inner, instance, cascade).await;
+            cascade_or_retry(inner, instance, epoch, cascade).await;
         }
         Ok(outcome)
     })
@@ -117,17 +117,25 @@ pub(crate) fn control<'a>(
 const CASCADE_TRIES: u32 = 10;
 const CASCADE_RETRY: Duration = Duration::from_millis(100);
 
-/// Ends the children of `parent` with `request` (see [`end_children`]); when a store call
-/// fails, tries the whole cascade again in the background, backing off, until it goes
-/// through, [`CASCADE_TRIES`] have failed, or the engine shuts down.
+/// Ends the children of `parent`'s run that ended at lease epoch `epoch` with `request`
+/// (see [`end_children`]); when a store call fails, tries the whole cascade again in the
+/// background, backing off, until it goes through, [`CASCADE_TRIES`] have failed, or the
+/// engine shuts down. Each try reads the children afresh, and leaves alone a child the
+/// parent's later run has adopted meanwhile (restarted), as one detached or being
+/// compensated.
 ///
 /// Why: a child its parent's end does not reach runs on as if its parent still waited for
 /// it. One that hibernates finds out when it is next claimed (`orphaned`), and on
 /// PostgreSQL one running on finds out at its next lease renewal (the store leaves its
 /// lease be); on SQLite a child that never hibernates (one long step) had nothing else to
 /// tell it, and ran to its end.
-async fn cascade_or_retry(inner: &Arc<Runtime>, parent: InstanceRef, request: ControlRequest) {
-    if cascade(inner, parent, &request).await.is_ok() {
+async fn cascade_or_retry(
+    inner: &Arc<Runtime>,
+    parent: InstanceRef,
+    epoch: u64,
+    request: ControlRequest,
+) {
+    if cascade(inner, parent, epoch, &request).await.is_ok() {
         return;
     }
     let inner = Arc::clone(inner);
@@ -139,7 +147,7 @@ async fn cascade_or_retry(inner: &Arc<Runtime>, parent: InstanceRef, request: Co
                 () = inner.env.clock.sleep(pause) => {}
                 _ = shutdown.wait_for(|stop| *stop) => return,
             }
-            if cascade(&inner, parent, &request).await.is_ok() {
+            if cascade(&inner, parent, epoch, &request).await.is_ok() {
                 return;
             }
             pause = (pause * 2).min(Duration::from_secs(30));
@@ -156,34 +164,39 @@ async fn cascade_or_retry(inner: &Arc<Runtime>, parent: InstanceRef, request: Co
 async fn cascade(
     inner: &Arc<Runtime>,
     parent: InstanceRef,
+    epoch: u64,
     request: &ControlRequest,
 ) -> Result<(), ()> {
     let children = inner.env.store.children(parent).await.map_err(|e| {
         tracing::warn!(error = %e, "could not read the children of an instance that ended");
     })?;
-    end_children(inner, &children, request).await
+    end_children(inner, &children, epoch, request).await
 }
 
-/// Ends the children in `children` that are still running and not detached. One that is
-/// already being rolled back (terminated with rollback) is left to end by itself: a plain
-/// terminate would cut its compensation short. `Err` when the store failed one of them
-/// (the others are ended all the same).
+/// Ends the children in `children` that are still running, not detached, and started by
+/// the parent's run at lease epoch `epoch` or before: one a later run of the parent adopted
+/// (after a restart) is that run's. One that is already being rolled back (terminated with
+/// rollback) is left to end by itself: a plain terminate would cut its compensation short.
+/// `Err` when the store failed one of them (the others are ended all the same).
 async fn end_children(
     inner: &Arc<Runtime>,
     children: &[InstanceRecord],
+    epoch: u64,
     request: &ControlRequest,
 ) -> Result<(), ()> {
     let mut failed = false;
     for child in children {
         if child.status.is_terminal()
             || child.rollback_trigger.is_some()
-            || child.parent.as_ref().is_some_and(|p| p.detached)
+            || child
+                .parent
+                .as_ref()
+                .is_some_and(|p| p.detached || p.run.is_some_and(|run| run > epoch))
         {
             continue;
         }
         match control(inner, &child.workflow, &child.id, request.clone()).await {
-            // Restarted, deleted or ended meanwhile: nothing left to do for it.
-            Ok(_) | Err(cairn_store::Error::NotFound(_)) => {}
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(workflow = %child.workflow, instance = %child.id, error = %e, "could not end a child with its parent");
                 failed = true;
@@ -197,7 +210,7 @@ async fn end_children(
 /// (the store woke it if it hibernates), and children still running end with it.
 pub(crate) async fn ended(
     inner: &Arc<Runtime>,
-    instance: InstanceRef,
+    lease: cairn_store::Lease,
     status: InstanceStatus,
     parent: Option<&ParentLink>,
     invoked: bool,
@@ -218,7 +231,7 @@ pub(crate) async fn ended(
         at: inner.env.clock.now(),
         rollback,
     };
-    cascade_or_retry(inner, instance, request).await;
+    cascade_or_retry(inner, lease.instance, lease.epoch, request).await;
 }
 
 /// How a child whose parent has ended (or is gone) ends, found as it is claimed: the
@@ -227,12 +240,19 @@ pub(crate) async fn ended(
 /// already being compensated, or its parent still running. A child an operator restarted
 /// after its parent ended was detached by that restart (the store decides it in the
 /// restart's transaction, from the parent's row), so no time written by another engine's
-/// clock is compared here. Store errors answer `None`; the next claim looks again.
-pub(crate) async fn orphaned(inner: &Runtime, record: &InstanceRecord) -> Option<ControlRequest> {
-    let link = record.parent.as_ref().filter(|p| !p.detached)?;
+/// clock is compared here. A store error is the caller's: its driver backs off and looks
+/// again, rather than run the child's body (on PostgreSQL, a lease renewal would stop it
+/// again, and each such round would cost an interrupted attempt).
+pub(crate) async fn orphaned(
+    inner: &Runtime,
+    record: &InstanceRecord,
+) -> Result<Option<ControlRequest>, cairn_store::Error> {
+    let Some(link) = record.parent.as_ref().filter(|p| !p.detached) else {
+        return Ok(None);
+    };
     if record.rollback_trigger.is_some() {
         // Being compensated: it ends by itself when its rollback is done.
-        return None;
+        return Ok(None);
     }
     // A link stored before runs were recorded may predate that rule: such a child
     // (re)started after its parent ended was restarted on purpose.
@@ -240,12 +260,7 @@ pub(crate) async fn orphaned(inner: &Runtime, record: &InstanceRecord) -> Option
         .run
         .is_none()
         .then(|| record.started_at.unwrap_or(record.created_at));
-    let parent = inner
-        .env
-        .store
-        .instance(&link.workflow, &link.id)
-        .await
-        .ok()?;
+    let parent = inner.env.store.instance(&link.workflow, &link.id).await?;
     // The same end the cascade gives: with rollback after a parent that failed or was
     // terminated with rollback (it compensated its own steps: `ended`), plainly after one
     // that completed, was terminated plainly, or is gone (deleted: `control`).
@@ -255,15 +270,15 @@ pub(crate) async fn orphaned(inner: &Runtime, record: &InstanceRecord) -> Option
                 && legacy_start
                     .is_none_or(|started| parent.ended_at.is_none_or(|end| end >= started));
             if !ended {
-                return None;
+                return Ok(None);
             }
             (parent.status == InstanceStatus::Errored || parent.rollback_trigger.is_some())
                 .then(cairn_core::RollbackTrigger::terminate)
         }
         _ => None,
     };
-    Some(ControlRequest::Terminate {
+    Ok(Some(ControlRequest::Terminate {
         at: inner.env.clock.now(),
         rollback,
-    })
+    }))
 }

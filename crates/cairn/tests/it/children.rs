@@ -755,6 +755,108 @@ async fn a_busy_child_a_failed_cascade_missed_is_ended_by_the_next_try() {
     engine.shutdown().await;
 }
 
+/// Review finding (of the retried cascade): a cascade tried again after a store error read
+/// the children afresh, and ended a child the parent's restarted run had adopted meanwhile,
+/// failing that run's `invoke`. A try now leaves alone a child started (or adopted) by a
+/// later run of the parent than the one that ended.
+#[tokio::test(start_paused = true)]
+async fn a_retried_cascade_leaves_alone_a_child_the_restarted_parent_adopted() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let compensated = Arc::new(Counter::default());
+    let runs = Arc::new(Counter::default());
+    let (_dir, path) = super::support::temp_db();
+    let gates = super::support::Gates::default();
+    // The first run fails a minute in, its child still waiting; a run after a restart
+    // waits for the child's output.
+    let parent = {
+        let runs = Arc::clone(&runs);
+        wf(move |_, step| {
+            let run = runs.bump();
+            async move {
+                let child = step.invoke::<Child>("child", json!({}));
+                if run > 1 {
+                    return child.await;
+                }
+                let fail = async {
+                    step.sleep("a while", "1 minute").await?;
+                    step.run("fail", |_| async {
+                        Err::<(), _>(cairn::NonRetryableError::new("gave up").into())
+                    })
+                    .await
+                };
+                tokio::select! {
+                    out = child => out,
+                    failed = fail => failed.map(|()| Value::Null),
+                }
+            }
+        })
+    };
+    // The parent's children cannot be read until the child has been adopted: the cascade
+    // is tried again and again meanwhile.
+    let unreadable = Arc::new(AtomicBool::new(true));
+    let hook = Arc::clone(&unreadable);
+    let store = super::support::raw_store_on(super::support::BACKEND, &path).await;
+    let engine = cairn::Engine::builder()
+        .store(Arc::new(super::support::Hooked {
+            inner: Arc::clone(&store),
+            before: Box::new(move |method| {
+                if method == "children" && hook.load(Ordering::SeqCst) {
+                    Err(cairn::store::Error::Unavailable("a test's failure".into()))
+                } else {
+                    Ok(())
+                }
+            }),
+            gates: gates.clone(),
+            restart_behind: Duration::ZERO,
+        }))
+        .clock(cairn::Clock::virtual_now())
+        .register(parent)
+        .register(compensating_child_waiting(Arc::clone(&compensated), "1 day"))
+        .start()
+        .await
+        .unwrap();
+    let parent = engine
+        .workflow::<Parent>()
+        .create(CreateOptions::new(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(parent.wait().await.unwrap().status, InstanceStatus::Errored);
+    let child = only_child(&engine).await;
+    let run_of_child = || async {
+        let record = store
+            .instance(&"second".parse().unwrap(), child.id())
+            .await
+            .unwrap()
+            .unwrap();
+        record.parent.unwrap().run
+    };
+    let first_run = run_of_child().await;
+    // Meanwhile the parent is restarted, and its new run adopts the waiting child.
+    parent.restart().await.unwrap();
+    let start = std::time::Instant::now();
+    while run_of_child().await == first_run {
+        assert!(start.elapsed() < Duration::from_secs(30), "the child was never adopted");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // A terminate of the child from here on would be the stale cascade's: held, and told.
+    let stale = gates.arm("control");
+    // The next try of the cascade reads the children.
+    let retried = gates.arm("children");
+    unreadable.store(false, Ordering::SeqCst);
+    retried.release();
+    retried.arrived().await;
+    // The adopted child runs on, and its output reaches the parent's new run.
+    child.send_event("never", &json!(1)).await.unwrap();
+    let status = parent.wait().await.unwrap();
+    stale.release();
+    assert!(
+        !stale.has_arrived(),
+        "the retried cascade ended the child the parent's new run adopted"
+    );
+    assert_eq!(status.status, InstanceStatus::Complete, "{status:?}");
+    engine.shutdown().await;
+}
+
 /// Review finding: a child restarted after its parent ended was restarted on purpose; the
 /// orphan check (a child whose parent ended before it ran) must let it run.
 #[tokio::test(start_paused = true)]
