@@ -195,20 +195,25 @@ fn compensating_child(compensated: Arc<Counter>) -> Child {
     compensating_child_waiting(compensated, "30 days")
 }
 
+/// A step `hold` whose rollback bumps `compensated`.
+async fn hold(step: &WorkflowStep, compensated: Arc<Counter>) -> Result<i32, WorkflowError> {
+    step.run("hold", |_| async { Ok(1) })
+        .rollback(move |_: cairn::Rollback<i32>| {
+            let compensated = Arc::clone(&compensated);
+            async move {
+                compensated.bump();
+                Ok(())
+            }
+        })
+        .await
+}
+
 /// [`compensating_child`] whose wait for an event times out after `timeout`.
 fn compensating_child_waiting(compensated: Arc<Counter>, timeout: &'static str) -> Child {
     named::<1, _, _>(move |_, step| {
         let compensated = Arc::clone(&compensated);
         async move {
-            step.run("hold", |_| async { Ok(1) })
-                .rollback(move |_: cairn::Rollback<i32>| {
-                    let compensated = Arc::clone(&compensated);
-                    async move {
-                        compensated.bump();
-                        Ok(())
-                    }
-                })
-                .await?;
+            hold(&step, compensated).await?;
             let _: StepEvent<Value> = step
                 .wait_for_event("never", "never")
                 .timeout(timeout)
@@ -708,15 +713,7 @@ async fn a_busy_child_a_failed_cascade_missed_is_ended_by_the_next_try() {
         named::<1, _, _>(move |_, step| {
             let compensated = Arc::clone(&compensated);
             async move {
-                step.run("hold", |_| async { Ok(1) })
-                    .rollback(move |_: cairn::Rollback<i32>| {
-                        let compensated = Arc::clone(&compensated);
-                        async move {
-                            compensated.bump();
-                            Ok(())
-                        }
-                    })
-                    .await?;
+                hold(&step, compensated).await?;
                 // Running a day, never hibernating: no claim comes to tell it.
                 step.run("work", |_| async {
                     tokio::time::sleep(Duration::from_secs(86_400)).await;
