@@ -222,11 +222,12 @@ export class Run implements OpSink {
     const op = this.#doOps.get(message.seq);
     this.#task(message.task, async () => {
       if (op?.rollback === undefined) throw new Error(`run ${this.id} has no rollback handler for step #${message.seq}`);
+      const ctx = this.#context(op, message.attempt, message.step);
       await op.rollback.rollback({
         output: "output" in message ? message.output : undefined,
         error: toError(message.error),
-        ctx: this.#context(op, message.attempt, message.step),
-        stepName: `${op.name}-${message.step?.count ?? op.count}`,
+        ctx,
+        stepName: `${ctx.step.name}-${ctx.step.count}`,
       });
       // What a handler returns is not kept: a rollback's outcome is done or failed.
       return null;

@@ -63,6 +63,19 @@ async fn call(
     (status, value)
 }
 
+/// Lets approval instance `id` take its event once it waits for it, and waits for its end.
+async fn approve_to_the_end(engine: &cairn::Engine, id: &str) {
+    until_status(engine, id, "waiting").await;
+    call(
+        engine,
+        Method::POST,
+        &format!("/api/workflows/approval/instances/{id}/events/approved"),
+        Some("{}"),
+    )
+    .await;
+    until_status(engine, id, "complete").await;
+}
+
 async fn until_status(engine: &cairn::Engine, id: &str, wanted: &str) {
     loop {
         let (_, d) = call(
@@ -982,15 +995,7 @@ async fn a_retention_given_on_create_keeps_the_finished_instance_that_long() {
         assert_eq!(s, StatusCode::NOT_FOUND, "{id} was not created");
     }
     for id in ["brief", "batched", "kept", "cloudy"] {
-        until_status(&engine, id, "waiting").await;
-        call(
-            &engine,
-            Method::POST,
-            &format!("/api/workflows/approval/instances/{id}/events/approved"),
-            Some("{}"),
-        )
-        .await;
-        until_status(&engine, id, "complete").await;
+        approve_to_the_end(&engine, id).await;
     }
     // Virtual time: each look is ten minutes on, until both short-lived ones are purged.
     let gone = |id: &'static str| {
@@ -1283,15 +1288,7 @@ async fn the_workflow_stream_carries_every_instance_and_resumes_from_a_cursor() 
             Some(&format!(r#"{{"instance_id": "{id}"}}"#)),
         )
         .await;
-        until_status(&engine, id, "waiting").await;
-        call(
-            &engine,
-            Method::POST,
-            &format!("/api/workflows/approval/instances/{id}/events/approved"),
-            Some("{}"),
-        )
-        .await;
-        until_status(&engine, id, "complete").await;
+        approve_to_the_end(&engine, id).await;
     }
     // Read until both terminal records arrived, then drop the connection (it never ends).
     let read = |last: Option<String>| {

@@ -195,12 +195,9 @@ async fn end_children(
         {
             continue;
         }
-        match control(inner, &child.workflow, &child.id, request.clone()).await {
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(workflow = %child.workflow, instance = %child.id, error = %e, "could not end a child with its parent");
-                failed = true;
-            }
+        if let Err(e) = control(inner, &child.workflow, &child.id, request.clone()).await {
+            tracing::warn!(workflow = %child.workflow, instance = %child.id, error = %e, "could not end a child with its parent");
+            failed = true;
         }
     }
     if failed { Err(()) } else { Ok(()) }

@@ -577,20 +577,23 @@ async fn a_child_finished_while_its_parent_is_paused<F: std::future::Future<Outp
 
 /// A parent that starts a child, stops waiting for it after a minute and fails.
 fn failing_parent() -> Parent {
-    wf(|_, step| async move {
-        let child = step.invoke::<Child>("child", json!({}));
-        let fail = async {
-            step.sleep("a while", "1 minute").await?;
-            step.run("fail", |_| async {
-                Err::<(), _>(cairn::NonRetryableError::new("gave up").into())
-            })
-            .await
-        };
-        tokio::select! {
-            out = child => out,
-            failed = fail => failed.map(|()| Value::Null),
-        }
-    })
+    wf(|_, step| async move { invoke_and_fail_a_minute_in(&step).await })
+}
+
+/// [`failing_parent`]'s run: starts a child, stops waiting for it after a minute, fails.
+async fn invoke_and_fail_a_minute_in(step: &WorkflowStep) -> Result<Value, WorkflowError> {
+    let child = step.invoke::<Child>("child", json!({}));
+    let fail = async {
+        step.sleep("a while", "1 minute").await?;
+        step.run("fail", |_| async {
+            Err::<(), _>(cairn::NonRetryableError::new("gave up").into())
+        })
+        .await
+    };
+    tokio::select! {
+        out = child => out,
+        failed = fail => failed.map(|()| Value::Null),
+    }
 }
 
 /// Review finding: a parent that fails compensates its own steps, and a child it leaves
@@ -770,21 +773,10 @@ async fn a_retried_cascade_leaves_alone_a_child_the_restarted_parent_adopted() {
         wf(move |_, step| {
             let run = runs.bump();
             async move {
-                let child = step.invoke::<Child>("child", json!({}));
                 if run > 1 {
-                    return child.await;
+                    return step.invoke::<Child>("child", json!({})).await;
                 }
-                let fail = async {
-                    step.sleep("a while", "1 minute").await?;
-                    step.run("fail", |_| async {
-                        Err::<(), _>(cairn::NonRetryableError::new("gave up").into())
-                    })
-                    .await
-                };
-                tokio::select! {
-                    out = child => out,
-                    failed = fail => failed.map(|()| Value::Null),
-                }
+                invoke_and_fail_a_minute_in(&step).await
             }
         })
     };
